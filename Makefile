@@ -1,0 +1,57 @@
+# One entry point for every workflow. `make help` lists them.
+SHELL := /bin/bash
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+PIP   := $(VENV)/bin/pip
+CDK   := npx --no-install cdk
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help venv synth test snapshot-update deploy diff destroy rehearse bench diagram lint clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
+
+$(STAMP): requirements.txt requirements-dev.txt payloads/requirements-cluster.txt pyproject.toml package-lock.json
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r requirements-dev.txt
+	# optimum-neuron is only read by the contract tests; its Neuron dependencies cannot install here.
+	$(PIP) install -q --no-deps optimum-neuron==0.4.5 optimum==2.0.0
+	$(PIP) install -q --no-deps -e .
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $(STAMP)
+
+venv: $(STAMP)  ## create .venv and node_modules from the pinned files
+
+synth: $(STAMP)  ## synthesize every stack offline, cfn-lint it, print a summary
+	$(CDK) synth --quiet
+	$(PY) -m stacks.summary cdk.out
+
+test: $(STAMP)  ## run the whole test suite
+	$(PY) -m pytest -n 2 --dist loadgroup
+
+snapshot-update: $(STAMP)  ## rewrite the template snapshots after an intended change
+	$(PY) -m pytest tests/infra -k snapshot --snapshot-update
+
+deploy: $(STAMP)  ## deploy to the AWS account of your credentials (needs Docker for the image)
+	$(CDK) deploy --require-approval never
+
+diff: $(STAMP)  ## show what a deploy would change
+	$(CDK) diff
+
+destroy: $(STAMP)  ## delete everything the stack created
+	$(CDK) destroy --force
+
+rehearse: $(STAMP)  ## run the whole pipeline on a local single-node Slurm with a tiny model
+	$(PY) -m lora_pipeline.rehearse
+
+bench: $(STAMP)  ## merge benchmark: streaming merge vs reference vs copy floor
+	$(PY) bench/merge_bench.py
+
+diagram: $(STAMP)  ## draw docs/architecture.svg from the synthesized template
+	$(CDK) synth --quiet
+	$(PY) -m stacks.diagram cdk.out docs/architecture.svg
+
+clean:  ## remove build outputs (keeps .venv)
+	rm -rf cdk.out .pytest_cache .bench .rehearsal
