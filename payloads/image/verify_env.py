@@ -1,0 +1,120 @@
+"""Build-time check of the training image (the last step of payloads/Dockerfile).
+
+It asserts that every pin of requirements-cluster.txt is installed at exactly its version and
+that the modules the pipeline steps import load, so a drifted or broken environment fails the
+image build instead of the first training job on the cluster. The versions are read from the
+requirements file itself; nothing here retypes them.
+
+Usage: python3 verify_env.py REQUIREMENTS_FILE   (exit 0 ok, 1 check failed, 2 bad input)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+# (module, names it must export): what the pipeline steps import on the cluster. The training
+# model class is the one in optimum.neuron.models.training, not the inference class of that name.
+KEY_IMPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("torch_neuronx", ()),
+    ("neuronx_distributed", ()),
+    ("optimum.neuron", ("NeuronSFTTrainer", "NeuronSFTConfig", "NeuronTrainingArguments")),
+    ("optimum.neuron.models.training", ("NeuronModelForCausalLM",)),
+    ("transformers", ()),
+    ("trl", ()),
+    ("peft", ()),
+)
+
+
+class PinError(ValueError):
+    """The requirements file holds something other than exact `name==version` pins."""
+
+
+def read_pins(path: Path) -> dict[str, str]:
+    """Return {distribution name: exact version}; every non-comment line must be `name==version`."""
+    pins: dict[str, str] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{path.name}:{number}"
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement as exc:
+            raise PinError(f"{where}: {line!r} is not a requirement ({exc}); write name==version") from exc
+        specs = list(requirement.specifier)
+        if len(specs) != 1 or specs[0].operator != "==" or "*" in specs[0].version:
+            raise PinError(f"{where}: {line!r} must pin one exact version with == (no ranges, no wildcards)")
+        if requirement.marker is not None:
+            raise PinError(f"{where}: {line!r} has an environment marker; the cluster set is unconditional")
+        name = canonicalize_name(requirement.name)
+        if name in pins:
+            raise PinError(f"{where}: {requirement.name} is pinned twice")
+        pins[name] = specs[0].version
+    if not pins:
+        raise PinError(f"{path.name}: no pins found")
+    return pins
+
+
+def version_problems(pins: dict[str, str]) -> list[str]:
+    """One message per pin that is missing or installed at another version.
+
+    A local version label (torch's `+cpu`, Neuron's `+<commit>`) is ignored, as pip does for `==`.
+    """
+    problems = []
+    for name, wanted in sorted(pins.items()):
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            problems.append(f"{name}: not installed (pinned {wanted})")
+            continue
+        if Version(installed).public != Version(wanted).public:
+            problems.append(f"{name}: installed {installed}, pinned {wanted}")
+    return problems
+
+
+def import_problems(imports=KEY_IMPORTS) -> list[str]:
+    """One message per module that fails to import or lacks a name it must export."""
+    problems = []
+    for module_name, names in imports:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # any import-time failure is a broken image, report them all
+            problems.append(f"import {module_name}: {type(exc).__name__}: {exc}")
+            continue
+        problems += [f"{module_name}.{name}: missing" for name in names if not hasattr(module, name)]
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("requirements", type=Path, help="the pinned requirements file the image installed")
+    args = parser.parse_args(argv)
+    if not args.requirements.is_file():
+        print(f"error: {args.requirements} not found; pass the requirements file copied into the image")
+        return 2
+    try:
+        pins = read_pins(args.requirements)
+    except PinError as exc:
+        print(f"error: {exc}")
+        return 2
+    print(f"checking {len(pins)} pins from {args.requirements.name} and {len(KEY_IMPORTS)} key imports")
+    problems = version_problems(pins) + import_problems()
+    for problem in problems:
+        print(f"FAIL {problem}")
+    if problems:
+        print(f"error: the image environment does not match {args.requirements.name} ({len(problems)} problems)")
+        return 1
+    print("ok: every pin installed at its version, every key import loads")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
