@@ -89,7 +89,13 @@ def import_problems(imports=KEY_IMPORTS) -> list[str]:
         except Exception as exc:  # any import-time failure is a broken image, report them all
             problems.append(f"import {module_name}: {type(exc).__name__}: {exc}")
             continue
-        problems += [f"{module_name}.{name}: missing" for name in names if not hasattr(module, name)]
+        for name in names:
+            try:  # lazy modules (optimum.neuron) import on attribute access, and may fail there
+                getattr(module, name)
+            except AttributeError:
+                problems.append(f"{module_name}.{name}: missing")
+            except Exception as exc:
+                problems.append(f"{module_name}.{name}: {type(exc).__name__}: {exc}")
     return problems
 
 

@@ -1,0 +1,92 @@
+"""The pins file and the build-time check that holds the image to it (payloads/image/verify_env.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
+from image_files import REQUIREMENTS, VERIFY_ENV
+
+
+def test_every_requirement_line_is_an_exact_pin(pins):
+    lines = [line.split("#", 1)[0].strip() for line in REQUIREMENTS.read_text().splitlines()]
+    assert len(pins) == len([line for line in lines if line])
+    for name in ("optimum-neuron", "torch-neuronx", "neuronx-cc", "neuronx-distributed", "trl", "peft"):
+        assert name in pins, f"{name} missing from requirements-cluster.txt"
+
+
+@pytest.mark.parametrize(
+    "line, reason",
+    [
+        ("trl>=0.24.0", "exact version"),
+        ("trl~=0.24.0", "exact version"),
+        ("trl==0.24.*", "exact version"),
+        ("trl", "exact version"),
+        ("trl==0.24.0; python_version < '3.12'", "environment marker"),
+        ("--extra-index-url https://example.invalid", "not a requirement"),
+        ("trl==0.24.0\nTRL==0.24.0", "pinned twice"),
+    ],
+)
+def test_read_pins_rejects_anything_but_one_exact_pin(verify_env, tmp_path, line, reason):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(f"# header\npeft==0.17.0\n{line}\n")
+    with pytest.raises(verify_env.PinError, match=reason):
+        verify_env.read_pins(requirements)
+
+
+def test_version_check_flags_missing_and_drifted_packages(verify_env):
+    installed_packaging = metadata.version("packaging")
+    problems = verify_env.version_problems(
+        {"packaging": installed_packaging, "pytest": "0.0.1", "no-such-distribution-here": "1.0"}
+    )
+    assert problems == [
+        "no-such-distribution-here: not installed (pinned 1.0)",
+        f"pytest: installed {metadata.version('pytest')}, pinned 0.0.1",
+    ]
+
+
+def test_version_check_ignores_local_labels_like_pip(verify_env):
+    # torch here is a +cpu build; Neuron wheels carry +<commit> labels: `==` ignores both.
+    installed = metadata.version("torch")
+    assert "+" in installed
+    assert verify_env.version_problems({"torch": installed.split("+")[0]}) == []
+
+
+def test_import_check_flags_missing_modules_and_names(verify_env):
+    problems = verify_env.import_problems((("json", ("dumps", "no_such_name")), ("no_such_module_here", ())))
+    assert problems[0] == "json.no_such_name: missing"
+    assert problems[1].startswith("import no_such_module_here: ModuleNotFoundError")
+    assert len(problems) == 2
+
+
+def test_import_check_covers_the_training_classes(verify_env):
+    wanted = dict(verify_env.KEY_IMPORTS)
+    assert set(wanted["optimum.neuron"]) == {"NeuronSFTTrainer", "NeuronSFTConfig", "NeuronTrainingArguments"}
+    assert wanted["optimum.neuron.models.training"] == ("NeuronModelForCausalLM",)
+    assert {"torch_neuronx", "neuronx_distributed", "transformers", "trl", "peft"} <= set(wanted)
+
+
+def run_check(requirements) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(VERIFY_ENV), str(requirements)], capture_output=True, text=True)
+
+
+def test_cli_bad_requirements_file_is_a_clear_usage_error(tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("trl>=0.24\n")
+    result = run_check(requirements)
+    assert result.returncode == 2
+    assert result.stdout.startswith("error: requirements.txt:1:")
+    assert "Traceback" not in result.stderr
+    assert run_check(tmp_path / "absent.txt").returncode == 2
+
+
+def test_cli_fails_the_build_when_a_pin_is_not_installed(tmp_path):
+    # Here the Neuron packages are absent, as in a base image that lost them: the check must say so.
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("packaging==0.0.1\n")
+    result = run_check(requirements)
+    assert result.returncode == 1
+    assert "FAIL packaging: installed" in result.stdout
+    assert "FAIL import torch_neuronx" in result.stdout
