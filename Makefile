@@ -49,9 +49,9 @@ rehearse: $(STAMP)  ## run the whole pipeline on a local single-node Slurm with 
 bench: $(STAMP)  ## merge benchmark: streaming merge vs reference vs copy floor
 	$(PY) bench/merge_bench.py
 
-diagram: $(STAMP)  ## draw docs/architecture.svg from the synthesized template
+diagram: $(STAMP)  ## draw docs/architecture.svg (and .dot) from the synthesized template
 	$(CDK) synth --quiet
-	$(PY) -m stacks.diagram cdk.out docs/architecture.svg
+	$(PY) tools/diagram.py cdk.out docs/architecture
 
 clean:  ## remove build outputs (keeps .venv)
 	rm -rf cdk.out .pytest_cache .bench .rehearsal
