@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# HyperPod OnInitComplete: runs as root on every node after HyperPod's own setup (Slurm, Docker,
+# Enroot/Pyxis, FSx mount), at create, scale-up and replacement. Adds only what this project needs:
+# the shared FSx layout, the cluster facts as HPL_* environment, Neuron checks on compute nodes and a
+# message of the day on controller/login nodes. Idempotent: a second run changes nothing.
+#
+# Overrides (for tests and unusual nodes):
+#   LIFECYCLE_ROOT                  prefix for every system path (default: none, i.e. /)
+#   LIFECYCLE_FACTS_FILE            cluster facts (default: cluster-facts.json next to this script)
+#   SAGEMAKER_RESOURCE_CONFIG_PATH  HyperPod's resource config (default: /opt/ml/config/resource_config.json)
+#   LIFECYCLE_NODE_IPS              this node's addresses (default: `hostname -I`)
+#   LIFECYCLE_FSX_TIMEOUT, LIFECYCLE_FSX_POLL  seconds to wait for the FSx mount, and between checks
+if [ -z "${BASH_VERSION:-}" ]; then exec bash "$0" "$@"; fi  # in case it is started with sh
+set -Eeuo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="${LIFECYCLE_ROOT:-}"
+FACTS_FILE="${LIFECYCLE_FACTS_FILE:-$HERE/cluster-facts.json}"
+RESOURCE_CONFIG="${SAGEMAKER_RESOURCE_CONFIG_PATH:-$ROOT/opt/ml/config/resource_config.json}"
+FSX_TIMEOUT="${LIFECYCLE_FSX_TIMEOUT:-600}"
+FSX_POLL="${LIFECYCLE_FSX_POLL:-5}"
+PROFILE_FILE="$ROOT/etc/profile.d/hyperpod-lora.sh"
+MOTD_FILE="$ROOT/etc/update-motd.d/99-hyperpod-lora"
+ENROOT_CONF="$ROOT/etc/enroot/enroot.conf"
+PATH="$PATH:$ROOT/opt/aws/neuron/bin"  # neuron-ls lives here on the HyperPod AMI
+STEP="start"
+
+log() { printf '[hyperpod-lora] %s [%s] %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$STEP" "$*"; }
+die() {
+  printf '[hyperpod-lora] ERROR in step %s: %s\n' "$STEP" "$*" >&2
+  exit 1
+}
+trap 'die "command failed (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
+step() {
+  STEP="$1"
+  log "begin"
+}
+
+# Install stdin at $1 with mode $2 unless the file already holds exactly that (no temp file then,
+# so a second run leaves even directory timestamps alone).
+install_if_changed() {
+  local dest="$1" mode="$2" content tmp
+  content="$(cat; printf x)"
+  content="${content%x}"
+  if [[ -f "$dest" ]] && printf '%s' "$content" | cmp -s - "$dest"; then
+    if [[ "$(stat -c %a "$dest")" != "${mode#0}" ]]; then
+      chmod "$mode" "$dest"
+      log "mode of ${dest#"$ROOT"} set to $mode"
+    fi
+    log "unchanged: ${dest#"$ROOT"}"
+    return
+  fi
+  mkdir -p "$(dirname "$dest")"
+  tmp="$(mktemp "$dest.XXXXXX")"
+  printf '%s' "$content" >"$tmp"
+  chmod "$mode" "$tmp"
+  mv -f "$tmp" "$dest"
+  log "wrote: ${dest#"$ROOT"}"
+}
+
+read_facts() {
+  step read-facts
+  local profile
+  profile="$(python3 "$HERE/node_facts.py" profile "$FACTS_FILE")" || die "cannot use the cluster facts (see error above)"
+  PROFILE_TEXT="$profile"
+  # shellcheck source=/dev/null
+  source <(printf '%s\n' "$profile")
+  log "cluster $HPL_CLUSTER_NAME, facts from $FACTS_FILE"
+}
+
+identify_node() {
+  step identify-node
+  local ips identity
+  read -r -a ips <<<"${LIFECYCLE_NODE_IPS:-$(hostname -I)}"
+  identity="$(python3 "$HERE/node_facts.py" identify "$FACTS_FILE" "$RESOURCE_CONFIG" "${ips[@]}")" \
+    || die "cannot find this node in the resource config (see error above)"
+  IFS=$'\t' read -r NODE_ROLE NODE_GROUP NODE_NAME <<<"$identity"
+  log "addresses ${ips[*]} -> instance $NODE_NAME, group $NODE_GROUP, role $NODE_ROLE"
+}
+
+write_profile() {
+  step write-profile
+  printf '%s\n' "$PROFILE_TEXT" | install_if_changed "$PROFILE_FILE" 0644
+}
+
+wait_for_fsx() {
+  step wait-fsx
+  local mount="$ROOT$HPL_FSX_MOUNT_PATH" deadline=$((SECONDS + FSX_TIMEOUT))
+  until mountpoint -q "$mount" && [[ -w "$mount" ]]; do
+    if ((SECONDS >= deadline)); then
+      if mountpoint -q "$mount"; then
+        die "$HPL_FSX_MOUNT_PATH is mounted but not writable after ${FSX_TIMEOUT}s"
+      fi
+      die "$HPL_FSX_MOUNT_PATH is not mounted after ${FSX_TIMEOUT}s; HyperPod mounts it from the instance group's" \
+        "FsxLustreConfig: check the file system is AVAILABLE and its security group allows TCP 988 and 1021-1023"
+    fi
+    log "waiting for $HPL_FSX_MOUNT_PATH to be mounted and writable ($((deadline - SECONDS))s left)"
+    sleep "$FSX_POLL"
+  done
+  log "$HPL_FSX_MOUNT_PATH is mounted and writable"
+}
+
+# The folders jobs write to, owned by the default user. Existing folders keep their content and mode.
+create_fsx_layout() {
+  step fsx-layout
+  local owner dir path
+  owner="$(id -u "$HPL_DEFAULT_USER"):$(id -g "$HPL_DEFAULT_USER")" \
+    || die "default user $HPL_DEFAULT_USER does not exist on this node (HyperPod creates it; check default_user in the facts)"
+  for dir in "$HPL_OUTPUTS_DIR" "$HPL_OUTPUTS_DIR/logs" "$HPL_MODELS_DIR" "$HPL_COMPILE_CACHE_DIR" \
+    "$HPL_IMAGES_DIR" "$HPL_SCRATCH_DIR"; do
+    path="$ROOT$dir"
+    if [[ ! -d "$path" ]]; then
+      install -d -m 0755 "$path"
+      log "created $dir"
+    fi
+    if [[ "$(stat -c %u:%g "$path")" != "$owner" ]]; then
+      chown "$owner" "$path"
+      log "owner of $dir set to $HPL_DEFAULT_USER ($owner)"
+    fi
+  done
+  log "layout ready under $HPL_FSX_MOUNT_PATH"
+}
+
+check_neuron_devices() {
+  step neuron-devices
+  if [[ "$HPL_COMPUTE_INSTANCE_TYPE" != ml.trn* && "$HPL_COMPUTE_INSTANCE_TYPE" != ml.inf* ]]; then
+    log "$HPL_COMPUTE_INSTANCE_TYPE has no Neuron devices; nothing to check"
+    return
+  fi
+  local devices=("$ROOT"/dev/neuron[0-9]*)
+  [[ -e "${devices[0]}" ]] \
+    || die "no /dev/neuron* devices on this $HPL_COMPUTE_INSTANCE_TYPE node: the Neuron driver (aws-neuronx-dkms) is not loaded"
+  log "${#devices[@]} Neuron devices: ${devices[*]#"$ROOT"}"
+  if command -v neuron-ls >/dev/null; then
+    neuron-ls | while IFS= read -r line; do log "neuron-ls: $line"; done
+  else
+    log "neuron-ls not installed; relying on /dev/neuron*"
+  fi
+}
+
+# Pyxis starts containers through Enroot; Enroot shows the host's /dev (so /dev/neuron*) unless
+# ENROOT_RESTRICT_DEV is on, in which case it would expose only a minimal device set.
+expose_neuron_to_enroot() {
+  step enroot-devices
+  if [[ "$HPL_RUNTIME" != pyxis ]]; then
+    log "runtime is $HPL_RUNTIME; containers are not used"
+    return
+  fi
+  command -v enroot >/dev/null || die "runtime is pyxis but enroot is not installed on this node"
+  log "enroot $(enroot version)"
+  local restrict='^[[:space:]]*ENROOT_RESTRICT_DEV[[:space:]]+"?([Yy]([Ee][Ss])?|[Tt][Rr][Uu][Ee]|1|[Oo][Nn])"?[[:space:]]*$'
+  if [[ -f "$ENROOT_CONF" ]] && grep -Eq "$restrict" "$ENROOT_CONF"; then
+    sed -E "s/$restrict/ENROOT_RESTRICT_DEV no/" "$ENROOT_CONF" | install_if_changed "$ENROOT_CONF" 0644
+    log "ENROOT_RESTRICT_DEV turned off so containers see /dev/neuron*"
+  else
+    log "enroot does not restrict /dev; containers see /dev/neuron*"
+  fi
+}
+
+write_motd() {
+  step motd
+  install_if_changed "$MOTD_FILE" 0755 <<EOF
+#!/bin/sh
+cat <<'MOTD'
+
+  HyperPod cluster $HPL_CLUSTER_NAME: Llama 3 LoRA fine-tuning on $HPL_COMPUTE_INSTANCE_TYPE ($NODE_ROLE node)
+
+  Submit the pipeline (as $HPL_DEFAULT_USER):
+    cd $HPL_PAYLOADS_DIR && python3 -m lora_pipeline.submit --config $HPL_PAYLOADS_DIR/configs/default.toml
+  or from your laptop:  hpctl submit
+
+  Watch it:     squeue; sinfo -p $HPL_PARTITION
+  Run outputs:  $HPL_OUTPUTS_DIR/<run>/ (job logs in its logs/), exported to s3://$HPL_BUCKET/outputs/
+  Node setup:   /var/log/provision/provisioning.log (CloudWatch stream LifecycleConfig/<group>/<instance-id>)
+
+MOTD
+EOF
+}
+
+main() {
+  log "on_init_complete.sh on $(hostname)"
+  read_facts
+  identify_node
+  write_profile
+  wait_for_fsx
+  create_fsx_layout
+  case "$NODE_ROLE" in
+    Compute)
+      check_neuron_devices
+      expose_neuron_to_enroot
+      ;;
+    Controller | Login) write_motd ;;
+  esac
+  STEP="done"
+  log "node $NODE_NAME ($NODE_ROLE) is ready"
+}
+
+main "$@"

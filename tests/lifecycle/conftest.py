@@ -1,0 +1,23 @@
+"""Fixtures for the lifecycle tests: fake HyperPod nodes (see lifecycle_node.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from lifecycle_node import FakeNode
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> FakeNode:
+    if os.geteuid() != 0:
+        pytest.fail("the lifecycle tests change file ownership like the script does on a node: run them as root")
+    return FakeNode(tmp_path / "node-a")
+
+
+@pytest.fixture
+def compute_node(node: FakeNode) -> FakeNode:
+    node.add_neuron_devices()
+    node.write_enroot_conf("ENROOT_RUNTIME_PATH /run/enroot/user-$(id -u)\nENROOT_RESTRICT_DEV yes\n")
+    return node

@@ -1,0 +1,168 @@
+"""A fake HyperPod node for lifecycle/on_init_complete.sh.
+
+The real script runs from a copy of lifecycle/ (as HyperPod downloads it, with cluster-facts.json
+beside it) against a temporary root (LIFECYCLE_ROOT). The node's system commands that tell about
+or change the machine (hostname, mountpoint, id, chown, neuron-ls, enroot) are recorders on PATH:
+each logs its call, then answers like the real one from the test's settings. chown really changes
+ownership (the tests run as root, like the script on a node).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+LIFECYCLE_DIR = Path(__file__).resolve().parents[2] / "lifecycle"
+USER_ID = 4242  # the default user's uid and gid on the fake node
+
+FACTS = {
+    "cluster_name": "lora-test",
+    "region": "us-west-2",
+    "bucket": "sagemaker-lora-test-bucket",
+    "image_uri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/lora:abc123",
+    "fsx_mount_path": "/fsx",
+    "payloads_dir": "/fsx/payloads",
+    "datasets_dir": "/fsx/datasets",
+    "outputs_dir": "/fsx/outputs",
+    "models_dir": "/fsx/models",
+    "compile_cache_dir": "/fsx/neuron-cache",
+    "images_dir": "/fsx/images",
+    "scratch_dir": "/fsx/scratch",
+    "controller_group": "controller",
+    "login_group": "login",
+    "compute_group": "trn1",
+    "partition": "trn1",
+    "default_user": "ubuntu",
+    "devices_per_node": 32,
+    "compute_instance_type": "ml.trn1.32xlarge",
+    "runtime": "pyxis",
+}
+
+# Group -> [(instance name, customer IP)], shaped like a cluster with a login group and 4 workers.
+CLUSTER = {
+    "controller": [("controller-1", "10.1.0.10")],
+    "login": [("login-1", "10.1.0.20")],
+    "trn1": [(f"trn1-{i}", f"10.1.1.{i}") for i in range(1, 5)],
+}
+CONTROLLER_IP, LOGIN_IP = "10.1.0.10", "10.1.0.20"
+COMPUTE_IPS = [ip for _, ip in CLUSTER["trn1"]]
+INSTANCE_TYPES = {"controller": "ml.m5.xlarge", "login": "ml.m5.xlarge", "trn1": "ml.trn1.32xlarge"}
+
+RECORDERS = {
+    "hostname": 'if [[ "${1:-}" == -I ]]; then echo "$FAKE_NODE_IPS "; else echo ip-fake-node; fi',
+    "mountpoint": '[[ " $FAKE_MOUNTPOINTS " == *" ${*: -1} "* ]]',
+    "id": """IFS=: read -r name uid gid <<<"$FAKE_USER"
+[[ "${2:-}" == "$name" ]] || { echo "id: '${2:-}': no such user" >&2; exit 1; }
+case "$1" in -u) echo "$uid" ;; -g) echo "$gid" ;; *) exit 2 ;; esac""",
+    "chown": 'exec "$REAL_CHOWN" "$@"',
+    "neuron-ls": 'echo "instance-type: trn1.32xlarge"; echo "NEURON DEVICES: 16  NEURON CORES: 32"',
+    "enroot": 'echo 3.5.0',
+}
+
+
+def resource_config(cluster: dict[str, list[tuple[str, str]]] = CLUSTER) -> dict:
+    """The shape HyperPod writes to /opt/ml/config/resource_config.json."""
+    groups = []
+    for group, instances in cluster.items():
+        groups.append({
+            "Name": group,
+            "InstanceType": INSTANCE_TYPES.get(group, "ml.m5.xlarge"),
+            "Instances": [
+                {"InstanceName": name, "InstanceId": f"i-0{index:016x}", "AgentIpAddress": f"172.16.0.{index}",
+                 "CustomerIpAddress": ip}
+                for index, (name, ip) in enumerate(instances, start=len(groups) * 10 + 1)
+            ],
+        })
+    return {"ClusterConfig": {"ClusterArn": "arn:aws:sagemaker:us-west-2:123456789012:cluster/abc123def456",
+                              "ClusterName": FACTS["cluster_name"]},
+            "InstanceGroups": groups}
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    calls: list[str]  # the recorded system commands, "name arg arg"
+
+    def called(self, name: str) -> list[str]:
+        return [call for call in self.calls if call.split(" ", 1)[0] == name]
+
+
+class FakeNode:
+    """One node: its own root (/etc, /dev, /opt, /fsx) and a copy of the uploaded lifecycle folder."""
+
+    def __init__(self, base: Path, *, facts: dict = FACTS, fsx: Path | None = None):
+        self.base = base
+        self.root = base / "root"
+        self.scripts = base / "lifecycle"  # what HyperPod downloads from s3://<bucket>/lifecycle/
+        self.bin = base / "bin"
+        self.record = base / "calls.log"
+        shutil.copytree(LIFECYCLE_DIR, self.scripts, ignore=shutil.ignore_patterns("__pycache__"))
+        (self.scripts / "cluster-facts.json").write_text(json.dumps(facts, indent=2))
+        self.resource_config_path = self.root / "opt/ml/config/resource_config.json"
+        self.resource_config_path.parent.mkdir(parents=True)
+        self.resource_config_path.write_text(json.dumps(resource_config(), indent=2))
+        if fsx is None:
+            (self.root / "fsx").mkdir()
+        else:  # another node's /fsx: the shared file system
+            (self.root / "fsx").symlink_to(fsx)
+        self.bin.mkdir()
+        self.install_recorders(*RECORDERS)
+
+    @property
+    def fsx(self) -> Path:
+        return self.root / "fsx"
+
+    def install_recorders(self, *names: str) -> None:
+        for name in names:
+            path = self.bin / name
+            path.write_text(f'#!/usr/bin/env bash\necho "{name} $*" >>"$RECORD_LOG"\n{RECORDERS[name]}\n')
+            path.chmod(0o755)
+
+    def remove_recorder(self, name: str) -> None:
+        (self.bin / name).unlink()
+
+    def add_neuron_devices(self, count: int = 16) -> None:
+        (self.root / "dev").mkdir(exist_ok=True)
+        for index in range(count):
+            (self.root / "dev" / f"neuron{index}").touch()
+
+    def write_enroot_conf(self, text: str) -> Path:
+        path = self.root / "etc/enroot/enroot.conf"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return path
+
+    def run(self, ips: str, *, mounted: bool = True, user: str = "ubuntu", shell: str = "bash", **env: str) -> Run:
+        self.record.write_text("")
+        environment = {
+            **os.environ,
+            "PATH": f"{self.bin}:{os.environ['PATH']}",
+            "LIFECYCLE_ROOT": str(self.root),
+            "RECORD_LOG": str(self.record),
+            "REAL_CHOWN": shutil.which("chown"),
+            "FAKE_NODE_IPS": ips,
+            "FAKE_MOUNTPOINTS": str(self.fsx) if mounted else "",
+            "FAKE_USER": f"{user}:{USER_ID}:{USER_ID}",
+            **env,
+        }
+        for inherited in ("SAGEMAKER_RESOURCE_CONFIG_PATH", "LIFECYCLE_NODE_IPS", "LIFECYCLE_FACTS_FILE"):
+            if inherited not in env:
+                environment.pop(inherited, None)
+        done = subprocess.run([shell, str(self.scripts / "on_init_complete.sh")], env=environment,
+                              capture_output=True, text=True, timeout=120, check=False)
+        return Run(done.returncode, done.stdout, done.stderr, self.record.read_text().splitlines())
+
+    def snapshot(self) -> dict[str, tuple]:
+        """Every path under the root with its type, mode, owner, mtime and content."""
+        state = {}
+        for path in sorted([self.root, *self.root.rglob("*"), *self.fsx.resolve().rglob("*")]):
+            info = path.lstat()
+            content = path.read_bytes() if path.is_file() and not path.is_symlink() else None
+            state[str(path)] = (info.st_mode, info.st_uid, info.st_gid, info.st_mtime_ns, content)
+        return state

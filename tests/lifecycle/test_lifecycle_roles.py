@@ -1,0 +1,161 @@
+"""What on_init_complete.sh does on each kind of node, and that a second run changes nothing."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from lifecycle_node import COMPUTE_IPS, CONTROLLER_IP, FACTS, LOGIN_IP, USER_ID, FakeNode
+
+LAYOUT = ["outputs", "outputs/logs", "models", "neuron-cache", "images", "scratch"]
+PROFILE = "etc/profile.d/hyperpod-lora.sh"
+MOTD = "etc/update-motd.d/99-hyperpod-lora"
+
+
+def profile_environment(node: FakeNode) -> dict[str, str]:
+    """Source the written profile in a clean shell, the way a login shell or sbatch job does."""
+    shell = subprocess.run(["env", "-i", "bash", "-c", f"source {node.root / PROFILE} && env"],
+                           capture_output=True, text=True, check=True)
+    return dict(line.split("=", 1) for line in shell.stdout.splitlines() if line.startswith("HPL_"))
+
+
+def assert_common_setup(node: FakeNode, run) -> None:
+    assert run.returncode == 0, run.stderr
+    assert profile_environment(node) == {f"HPL_{key.upper()}": str(value) for key, value in FACTS.items()}
+    for name in LAYOUT:
+        info = (node.fsx / name).stat()
+        assert (info.st_uid, info.st_gid) == (USER_ID, USER_ID), name
+    assert sorted(call.split()[-1] for call in run.called("chown")) == sorted(str(node.fsx / n) for n in LAYOUT)
+    assert run.called("mountpoint") == [f"mountpoint -q {node.fsx}"]
+
+
+def test_controller_gets_layout_profile_and_motd(node: FakeNode) -> None:
+    run = node.run(CONTROLLER_IP)
+
+    assert_common_setup(node, run)
+    assert "instance controller-1, group controller, role Controller" in run.stdout
+    motd = subprocess.run(["sh", str(node.root / MOTD)], capture_output=True, text=True, check=True).stdout
+    assert "cd /fsx/payloads && python3 -m lora_pipeline.submit --config /fsx/payloads/configs/default.toml" in motd
+    assert "hpctl submit" in motd and "lora-test" in motd and "/fsx/outputs/<run>/" in motd
+    assert not run.called("neuron-ls") and not run.called("enroot")
+
+
+def test_login_node_gets_motd_naming_its_role(node: FakeNode) -> None:
+    run = node.run(LOGIN_IP)
+
+    assert_common_setup(node, run)
+    assert "role Login" in run.stdout
+    assert "(Login node)" in (node.root / MOTD).read_text()
+    assert not run.called("neuron-ls")
+
+
+def test_compute_checks_neuron_and_unrestricts_enroot_dev(compute_node: FakeNode) -> None:
+    run = compute_node.run(f"{COMPUTE_IPS[2]} 172.17.0.1")
+
+    assert_common_setup(compute_node, run)
+    assert "instance trn1-3, group trn1, role Compute" in run.stdout
+    assert "16 Neuron devices" in run.stdout and "neuron-ls: NEURON DEVICES: 16" in run.stdout
+    assert run.called("neuron-ls") == ["neuron-ls "]
+    enroot_conf = (compute_node.root / "etc/enroot/enroot.conf").read_text()
+    assert enroot_conf == "ENROOT_RUNTIME_PATH /run/enroot/user-$(id -u)\nENROOT_RESTRICT_DEV no\n"
+    assert not (compute_node.root / MOTD).exists()
+
+
+def test_compute_without_neuron_ls_counts_devices(compute_node: FakeNode) -> None:
+    compute_node.remove_recorder("neuron-ls")
+    run = compute_node.run(COMPUTE_IPS[0])
+
+    assert run.returncode == 0, run.stderr
+    assert "16 Neuron devices" in run.stdout and "neuron-ls not installed" in run.stdout
+
+
+@pytest.mark.parametrize("conf", ["", "ENROOT_RESTRICT_DEV no\n", "#ENROOT_RESTRICT_DEV yes\n"])
+def test_enroot_conf_left_alone_when_it_does_not_restrict_dev(compute_node: FakeNode, conf: str) -> None:
+    path = compute_node.write_enroot_conf(conf)
+    before = path.stat().st_mtime_ns
+
+    run = compute_node.run(COMPUTE_IPS[0])
+
+    assert run.returncode == 0, run.stderr
+    assert path.read_text() == conf and path.stat().st_mtime_ns == before
+    assert "enroot does not restrict /dev" in run.stdout
+
+
+def test_multi_node_compute_shares_one_fsx_layout(compute_node: FakeNode) -> None:
+    first = compute_node.run(COMPUTE_IPS[0])
+    assert first.returncode == 0, first.stderr
+    others = []
+    for index, ip in enumerate(COMPUTE_IPS[1:], start=2):
+        other = FakeNode(compute_node.base.parent / f"node-{index}", fsx=compute_node.fsx)
+        other.add_neuron_devices()
+        others.append((other, other.run(ip), f"trn1-{index}"))
+
+    for other, run, name in others:
+        assert run.returncode == 0, run.stderr
+        assert f"instance {name}, group trn1, role Compute" in run.stdout
+        assert not run.called("chown") and "created" not in run.stdout  # the first node made the layout
+        assert profile_environment(other)["HPL_COMPUTE_GROUP"] == "trn1"
+
+
+def test_existing_fsx_content_is_kept_and_ownership_fixed(node: FakeNode) -> None:
+    outputs = node.fsx / "outputs"
+    (outputs / "old-run").mkdir(parents=True)
+    (outputs / "old-run" / "generation.txt").write_text("keep me")
+    outputs.chmod(0o750)
+
+    run = node.run(CONTROLLER_IP)
+
+    assert run.returncode == 0, run.stderr
+    assert (outputs / "old-run" / "generation.txt").read_text() == "keep me"
+    assert (outputs / "old-run").stat().st_uid == 0  # only the top folder changes owner
+    assert outputs.stat().st_uid == USER_ID and outputs.stat().st_mode & 0o777 == 0o750
+    assert "created /fsx/outputs\n" not in run.stdout and "created /fsx/outputs/logs" in run.stdout
+
+
+@pytest.mark.parametrize("ip", [CONTROLLER_IP, LOGIN_IP, COMPUTE_IPS[0]], ids=["controller", "login", "compute"])
+def test_second_run_changes_nothing(compute_node: FakeNode, ip: str) -> None:
+    first = compute_node.run(ip)
+    assert first.returncode == 0, first.stderr
+    before = compute_node.snapshot()
+
+    second = compute_node.run(ip)
+
+    assert second.returncode == 0, second.stderr
+    assert compute_node.snapshot() == before
+    assert not second.called("chown")
+    assert "wrote:" not in second.stdout and "created" not in second.stdout
+
+
+def test_changed_facts_rewrite_the_profile(node: FakeNode) -> None:
+    assert node.run(CONTROLLER_IP).returncode == 0
+    facts = node.scripts / "cluster-facts.json"
+    facts.write_text(facts.read_text().replace("lora-test", "lora-two"))
+
+    run = node.run(CONTROLLER_IP)
+
+    assert run.returncode == 0, run.stderr
+    assert "wrote: /etc/profile.d/hyperpod-lora.sh" in run.stdout
+    assert profile_environment(node)["HPL_CLUSTER_NAME"] == "lora-two"
+
+
+def test_node_address_override(node: FakeNode) -> None:
+    run = node.run("192.168.9.9", LIFECYCLE_NODE_IPS=LOGIN_IP)
+
+    assert run.returncode == 0, run.stderr
+    assert "role Login" in run.stdout and "hostname -I" not in run.calls
+
+
+def test_every_log_line_names_its_step(compute_node: FakeNode) -> None:
+    run = compute_node.run(COMPUTE_IPS[0])
+
+    steps = {line.split("[")[2].split("]")[0] for line in run.stdout.splitlines()}
+    assert steps == {"start", "read-facts", "identify-node", "write-profile", "wait-fsx", "fsx-layout",
+                     "neuron-devices", "enroot-devices", "done"}
+
+
+def test_started_with_sh_it_reruns_itself_with_bash(node: FakeNode) -> None:
+    run = node.run(CONTROLLER_IP, shell="sh")
+
+    assert run.returncode == 0, run.stderr
+    assert "node controller-1 (Controller) is ready" in run.stdout
