@@ -1,0 +1,5 @@
+import sys
+
+from hpctl.cli import main
+
+sys.exit(main())

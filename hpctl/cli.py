@@ -1,0 +1,87 @@
+"""hpctl: operate the deployed HyperPod cluster (status, wait, shell, submit, logs)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hpctl import commands
+from hpctl.errors import HpctlError
+
+
+def positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    return value
+
+
+def count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    where = common.add_argument_group("deployment (defaults: cdk.json context, then the AWS defaults)")
+    where.add_argument("--stack", help="stack name (cdk.json context stack_name, else HyperPodLlamaLora)")
+    where.add_argument("--region", help="AWS region (cdk.json context region, else AWS_REGION / profile)")
+    where.add_argument("--profile", help="AWS profile from ~/.aws/config (else AWS_PROFILE / default)")
+
+    parser = argparse.ArgumentParser(prog="hpctl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    status = sub.add_parser("status", parents=[common], help="stack outputs, cluster, nodes, FSx and image")
+    status.add_argument("--json", action="store_true", help="print one JSON document for scripts")
+    status.set_defaults(run=commands.status)
+
+    wait = sub.add_parser("wait", parents=[common], help="wait until the cluster is in service (or failed)")
+    wait.add_argument("--timeout", type=positive, default=5400, metavar="SECONDS", help="give up after (default 5400)")
+    wait.add_argument("--interval", type=positive, default=30, metavar="SECONDS", help="poll every (default 30)")
+    wait.set_defaults(run=commands.wait)
+
+    shell = sub.add_parser("shell", parents=[common], help="SSM shell on the controller (or another node)")
+    target = shell.add_mutually_exclusive_group()
+    target.add_argument("--node", metavar="INSTANCE_ID", help="connect to this instance")
+    target.add_argument("--group", help="connect to the first running node of this instance group")
+    shell.set_defaults(run=commands.shell)
+
+    submit = sub.add_parser("submit", parents=[common], help="submit the pipeline on the controller")
+    submit.add_argument("--config", required=True,
+                        help="run config under payloads/configs/: a name (llama3-8b), configs/<file> or a path")
+    submit.add_argument("--from", dest="from_step", metavar="STEP", help="start the chain at this step")
+    submit.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
+    submit.set_defaults(run=commands.submit)
+
+    logs = sub.add_parser("logs", help="lifecycle logs (CloudWatch) or pipeline step logs (S3)")
+    kinds = logs.add_subparsers(dest="kind", required=True, metavar="KIND")
+    lifecycle = kinds.add_parser("lifecycle", parents=[common], help="node lifecycle script logs")
+    lifecycle.add_argument("--node", metavar="INSTANCE_ID_OR_GROUP", help="only this instance or instance group")
+    lifecycle.add_argument("--tail", type=count, default=0, metavar="N", help="last N lines per node (0: all)")
+    lifecycle.add_argument("--follow", "-f", action="store_true", help="keep printing new lines (Ctrl-C stops)")
+    lifecycle.set_defaults(run=commands.logs_lifecycle)
+    steps = kinds.add_parser("steps", parents=[common], help="pipeline step logs of a run")
+    steps.add_argument("run", nargs="?", help="run folder under outputs/ (omit to list runs)")
+    steps.add_argument("log", nargs="?", help="log file, or a step name for its newest log (omit to list)")
+    steps.add_argument("--tail", type=count, default=0, metavar="N", help="last N lines (0: all)")
+    steps.set_defaults(run=commands.logs_steps)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.run(args)
+    except HpctlError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The HyperPod cluster as the SageMaker API reports it, and the choice of the node to talk to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import boto3
+
+from hpctl.errors import HpctlError, aws_errors
+
+
+@dataclass(frozen=True)
+class InstanceGroup:
+    name: str
+    instance_type: str
+    current: int
+    target: int
+
+
+@dataclass(frozen=True)
+class Node:
+    group: str
+    instance_id: str
+    instance_type: str
+    status: str  # Running, Pending, Failure, ShuttingDown, SystemUpdating, ...
+    message: str
+    launch_time: datetime | None
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    name: str
+    arn: str
+    status: str  # Creating, InService, Updating, Failed, Deleting, ...
+    failure_message: str
+    groups: tuple[InstanceGroup, ...]
+
+    @property
+    def cluster_id(self) -> str:
+        """The id SSM targets use: the last segment of the ARN (…:cluster/<id>)."""
+        return self.arn.rsplit("/", 1)[-1]
+
+
+def describe_cluster(session: boto3.Session, name: str) -> ClusterState:
+    with aws_errors(f"describe cluster {name}"):
+        reply = session.client("sagemaker").describe_cluster(ClusterName=name)
+    return ClusterState(
+        name=reply["ClusterName"],
+        arn=reply["ClusterArn"],
+        status=reply["ClusterStatus"],
+        failure_message=reply.get("FailureMessage", ""),
+        groups=tuple(
+            InstanceGroup(
+                name=group["InstanceGroupName"],
+                instance_type=group.get("InstanceType", ""),
+                current=group.get("CurrentCount", 0),
+                target=group.get("TargetCount", 0),
+            )
+            for group in reply.get("InstanceGroups", [])
+        ),
+    )
+
+
+def list_nodes(session: boto3.Session, name: str) -> list[Node]:
+    paginator = session.client("sagemaker").get_paginator("list_cluster_nodes")
+    nodes = []
+    with aws_errors(f"list the nodes of cluster {name}"):
+        for page in paginator.paginate(ClusterName=name):
+            for summary in page["ClusterNodeSummaries"]:
+                status = summary.get("InstanceStatus", {})
+                nodes.append(Node(
+                    group=summary["InstanceGroupName"],
+                    instance_id=summary["InstanceId"],
+                    instance_type=summary.get("InstanceType", ""),
+                    status=status.get("Status", ""),
+                    message=status.get("Message", ""),
+                    launch_time=summary.get("LaunchTime"),
+                ))
+    return sorted(nodes, key=lambda node: (node.group, node.instance_id))
+
+
+READY_STATES = ("InService", "Updating", "SystemUpdating")
+
+
+def require_usable(cluster: ClusterState, *, ready: bool) -> None:
+    """Stop when the cluster cannot take a session (failed, going away), or, with ``ready``, is not in service."""
+    if cluster.status == "Failed":
+        raise HpctlError(f"cluster {cluster.name} failed: {cluster.failure_message or 'no reason given'}")
+    if cluster.status == "Deleting":
+        raise HpctlError(f"cluster {cluster.name} is being deleted")
+    if ready and cluster.status not in READY_STATES:
+        raise HpctlError(f"cluster {cluster.name} is {cluster.status}: `hpctl wait` follows it until it is in service")
+
+
+def choose_node(nodes: list[Node], *, cluster: str, group: str, instance_id: str | None) -> Node:
+    """The node named by ``instance_id``, else the first running node of ``group``."""
+    if instance_id:
+        for node in nodes:
+            if node.instance_id == instance_id:
+                return node
+        known = ", ".join(node.instance_id for node in nodes) or "none"
+        raise HpctlError(f"node {instance_id} is not in cluster {cluster} (nodes: {known}); see `hpctl status`")
+    members = [node for node in nodes if node.group == group]
+    if not members:
+        groups = sorted({node.group for node in nodes})
+        present = f" (groups with nodes: {', '.join(groups)})" if groups else ""
+        raise HpctlError(
+            f"no nodes yet in group {group} of cluster {cluster}{present}: "
+            "wait until they are running (`hpctl wait`, `hpctl status`)"
+        )
+    running = [node for node in members if node.status == "Running"]
+    return (running or members)[0]
+
+
+def ssm_target(cluster: ClusterState, node: Node) -> str:
+    """Session Manager's name for a HyperPod node."""
+    return f"sagemaker-cluster:{cluster.cluster_id}_{node.group}-{node.instance_id}"

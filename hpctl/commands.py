@@ -1,0 +1,109 @@
+"""One function per hpctl command: each reads top to bottom, from the stack down to the node."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+
+from hpctl import ssm
+from hpctl.cluster import choose_node, describe_cluster, list_nodes, require_usable, ssm_target
+from hpctl.errors import HpctlError, aws_errors
+from hpctl.facts import read_cluster_facts
+from hpctl.lifecycle_logs import show_lifecycle_logs
+from hpctl.project import ProjectSettings, resolve_settings
+from hpctl.stack import StackInfo, describe_stack, require_outputs
+from hpctl.status import collect_status, render_json, render_text
+from hpctl.step_logs import show_step_logs
+from hpctl.submit import (
+    SubmitOptions, SubmitOutput, check_deployed_copy, print_jobs, remote_command, resolve_run_config,
+)
+from hpctl.wait import wait_in_service
+
+
+@dataclass(frozen=True)
+class Deployment:
+    settings: ProjectSettings
+    session: boto3.Session
+    profile: str | None
+
+    @property
+    def region(self) -> str:
+        return self.session.region_name
+
+    def stack(self) -> StackInfo:
+        return require_outputs(describe_stack(self.session, self.settings.stack_name))
+
+
+def connect(args: argparse.Namespace) -> Deployment:
+    settings = resolve_settings(stack=args.stack, region=args.region, cwd=Path.cwd())
+    with aws_errors("start an AWS session"):
+        session = boto3.Session(profile_name=args.profile, region_name=settings.region)
+    if not session.region_name:
+        raise HpctlError("no AWS region: pass --region, set `region` in cdk.json context, or set AWS_REGION")
+    return Deployment(settings=settings, session=session, profile=args.profile)
+
+
+def status(args: argparse.Namespace) -> None:
+    deployment = connect(args)
+    report = collect_status(deployment.session, deployment.stack())
+    print(render_json(report) if args.json else render_text(report))
+
+
+def wait(args: argparse.Namespace) -> None:
+    deployment = connect(args)
+    cluster = wait_in_service(
+        deployment.session, deployment.settings.stack_name, timeout_s=args.timeout, interval_s=args.interval
+    )
+    print(f"cluster {cluster.name} is in service: `hpctl shell` opens a shell on the controller")
+
+
+def session_request(deployment: Deployment, *, group: str | None, node: str | None, ready: bool,
+                    command: str | None = None) -> ssm.SessionRequest:
+    """The SSM session for a node of the deployed cluster (the controller unless told otherwise)."""
+    stack = deployment.stack()
+    cluster = describe_cluster(deployment.session, stack.output("ClusterName"))
+    require_usable(cluster, ready=ready)
+    nodes = list_nodes(deployment.session, cluster.name)
+    chosen = choose_node(nodes, cluster=cluster.name, group=group or stack.output("ControllerGroup"), instance_id=node)
+    print(f"session on {chosen.group}/{chosen.instance_id} ({chosen.status})", file=sys.stderr, flush=True)
+    return ssm.SessionRequest(
+        target=ssm_target(cluster, chosen), region=deployment.region, profile=deployment.profile, command=command
+    )
+
+
+def shell(args: argparse.Namespace) -> None:
+    ssm.find_session_tools()  # fail before any AWS call when the local tools are missing
+    deployment = connect(args)
+    ssm.exec_session(session_request(deployment, group=args.group, node=args.node, ready=False))
+
+
+def submit(args: argparse.Namespace) -> None:
+    ssm.find_session_tools()
+    deployment = connect(args)
+    local_config = resolve_run_config(args.config, project_root=deployment.settings.root)
+    stack = deployment.stack()
+    check_deployed_copy(deployment.session, bucket=stack.output("BucketName"), local=local_config)
+    facts = read_cluster_facts(deployment.session, stack.output("BucketName"))
+    options = SubmitOptions(config=f"configs/{local_config.name}", from_step=args.from_step, dry_run=args.dry_run)
+    request = session_request(
+        deployment, group=None, node=None, ready=True, command=remote_command(options, facts=facts)
+    )
+    output = SubmitOutput()
+    session_rc = ssm.run_session(request, output)
+    print_jobs(output.verdict(session_rc=session_rc, dry_run=args.dry_run))
+
+
+def logs_lifecycle(args: argparse.Namespace) -> None:
+    deployment = connect(args)
+    cluster = describe_cluster(deployment.session, deployment.stack().output("ClusterName"))
+    show_lifecycle_logs(deployment.session, cluster, node=args.node, tail=args.tail, follow=args.follow)
+
+
+def logs_steps(args: argparse.Namespace) -> None:
+    deployment = connect(args)
+    bucket = deployment.stack().output("BucketName")
+    show_step_logs(deployment.session, bucket, run=args.run, log=args.log, tail=args.tail)

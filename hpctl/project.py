@@ -1,0 +1,49 @@
+"""Where the deployment is: stack name and region from the command line or the project's cdk.json."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpctl.errors import HpctlError
+
+DEFAULT_STACK_NAME = "HyperPodLlamaLora"
+
+
+@dataclass(frozen=True)
+class ProjectSettings:
+    root: Path  # folder holding cdk.json (or the current folder when there is none)
+    stack_name: str
+    region: str | None  # None: let boto3 pick its default (AWS_REGION, profile)
+
+
+def find_project_root(start: Path) -> Path | None:
+    """The nearest folder at or above ``start`` that holds a cdk.json."""
+    for folder in (start, *start.parents):
+        if (folder / "cdk.json").is_file():
+            return folder
+    return None
+
+
+def read_cdk_context(root: Path) -> dict:
+    path = root / "cdk.json"
+    try:
+        document = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise HpctlError(f"{path} is not valid JSON: {error}") from error
+    context = document.get("context", {})
+    if not isinstance(context, dict):
+        raise HpctlError(f"{path}: `context` must be an object")
+    return context
+
+
+def resolve_settings(*, stack: str | None, region: str | None, cwd: Path) -> ProjectSettings:
+    """Command-line values win over cdk.json context, which wins over the defaults."""
+    root = find_project_root(cwd)
+    context = read_cdk_context(root) if root else {}
+    return ProjectSettings(
+        root=root or cwd,
+        stack_name=stack or str(context.get("stack_name") or DEFAULT_STACK_NAME),
+        region=region or (str(context["region"]) if context.get("region") else None),
+    )

@@ -1,0 +1,102 @@
+"""`hpctl status`: stack, cluster, instance groups, nodes, FSx and image in one view."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import boto3
+from botocore.exceptions import ClientError
+
+from hpctl.cluster import describe_cluster, list_nodes
+from hpctl.errors import aws_errors
+from hpctl.stack import StackInfo
+from hpctl.table import format_table
+
+
+def describe_fsx(session: boto3.Session, file_system_id: str) -> dict:
+    """Lifecycle and size of the cluster's file system; ``status`` says "not found" when it is gone."""
+    found = {"id": file_system_id, "status": "not found"}
+    if not file_system_id:
+        return found
+    with aws_errors(f"describe file system {file_system_id}"):
+        try:
+            systems = session.client("fsx").describe_file_systems(FileSystemIds=[file_system_id])["FileSystems"]
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "FileSystemNotFound":
+                raise
+            systems = []
+    for system in systems:
+        lustre = system.get("LustreConfiguration", {})
+        found.update(
+            status=system.get("Lifecycle", ""),
+            storage_gib=system.get("StorageCapacity"),
+            dns_name=system.get("DNSName", ""),
+            mount_name=lustre.get("MountName", ""),
+        )
+    return found
+
+
+def collect_status(session: boto3.Session, stack: StackInfo) -> dict:
+    cluster = describe_cluster(session, stack.output("ClusterName"))
+    nodes = list_nodes(session, cluster.name)
+    fsx = describe_fsx(session, stack.output("FsxFileSystemId"))
+    fsx.setdefault("dns_name", stack.output("FsxDnsName"))
+    fsx["mount_name"] = fsx.get("mount_name") or stack.output("FsxMountName")
+    return {
+        "stack": {"name": stack.name, "region": stack.region, "status": stack.status, "outputs": stack.outputs},
+        "cluster": {
+            "name": cluster.name,
+            "arn": cluster.arn,
+            "id": cluster.cluster_id,
+            "status": cluster.status,
+            "failure_message": cluster.failure_message,
+            "instance_groups": [asdict(group) for group in cluster.groups],
+        },
+        "nodes": [asdict(node) for node in nodes],
+        "fsx": fsx,
+        "image_uri": stack.output("ImageUri"),
+    }
+
+
+def render_json(status: dict) -> str:
+    return json.dumps(status, indent=2, default=str)
+
+
+def render_text(status: dict) -> str:
+    stack, cluster, fsx = status["stack"], status["cluster"], status["fsx"]
+    cluster_line = f"{cluster['name']}  {cluster['status']}  (id {cluster['id']})"
+    if cluster["status"] == "Failed":
+        cluster_line += f"\n             reason: {cluster['failure_message'] or 'none given'}"
+    size = f", {fsx['storage_gib']} GiB" if fsx.get("storage_gib") else ""
+    lines = [
+        f"Stack        {stack['name']}  {stack['status']}  ({stack['region']})",
+        f"Cluster      {cluster_line}",
+        f"FSx          {fsx['id']}  {fsx['status']}{size}  {fsx.get('dns_name', '')}@tcp:/{fsx.get('mount_name', '')}",
+        f"Image        {status['image_uri'] or '-'}",
+        f"Bucket       {stack['outputs'].get('BucketName', '-')}",
+        "",
+        "Instance groups",
+        format_table(
+            ["GROUP", "TYPE", "NODES (current/target)"],
+            [[g["name"], g["instance_type"], f"{g['current']}/{g['target']}"] for g in cluster["instance_groups"]],
+        ),
+        "",
+        "Nodes",
+    ]
+    if status["nodes"]:
+        lines.append(format_table(
+            ["GROUP", "INSTANCE", "TYPE", "STATUS", "LAUNCHED", "MESSAGE"],
+            [
+                [n["group"], n["instance_id"], n["instance_type"], n["status"], _when(n["launch_time"]),
+                 "" if n["status"] == "Running" else n["message"]]
+                for n in status["nodes"]
+            ],
+        ))
+    else:
+        lines.append("  none yet")
+    return "\n".join(lines)
+
+
+def _when(moment) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M") if moment else "-"

@@ -1,0 +1,222 @@
+"""A deployed project as AWS would show it, played by moto: stack outputs, cluster, FSx, bucket, logs.
+
+`deployed` builds it in-process under mock_aws; `moto_server` serves the same state over HTTP to
+an hpctl child process (the `shell` path replaces its process with the AWS CLI, so it must run as one).
+Both put a project folder (cdk.json, payloads/configs/) in the current directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+import pytest
+from moto import mock_aws
+from moto.cloudformation.models import cloudformation_backends
+from moto.core import DEFAULT_ACCOUNT_ID
+from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+from moto.sagemaker.models import sagemaker_backends
+
+from hpctl.cli import main
+
+REGION = "us-west-2"
+STACK = "HplTestStack"
+CLUSTER = "hpl-test-cluster"
+BUCKET = "sagemaker-hpl-test-bucket"
+CONFIG_TEXT = '[model]\nid = "tiny"\n'
+FACTS = {
+    "cluster_name": CLUSTER, "region": REGION, "bucket": BUCKET, "payloads_dir": "/fsx/payloads",
+    "outputs_dir": "/fsx/outputs", "default_user": "ubuntu", "controller_group": "controller",
+    "compute_group": "compute",
+}
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Deployment:
+    cluster_arn: str
+    fsx_id: str
+    region: str = REGION
+    stack: str = STACK
+    cluster: str = CLUSTER
+    bucket: str = BUCKET
+    config_text: str = CONFIG_TEXT
+
+    @property
+    def cluster_id(self) -> str:
+        return self.cluster_arn.rsplit("/", 1)[-1]
+
+    def set_cluster(self, *, status: str, failure: str = "") -> None:
+        """Move the fake cluster to a state moto never reaches on its own (it is InService at once)."""
+        cluster = sagemaker_backends[DEFAULT_ACCOUNT_ID][REGION].clusters[CLUSTER]
+        cluster.status, cluster.failure_message = status, failure
+
+    def set_stack_status(self, status: str) -> None:
+        backend = cloudformation_backends[DEFAULT_ACCOUNT_ID][REGION]
+        next(stack for stack in backend.stacks.values() if stack.name == STACK).status = status
+
+    def remove_nodes(self) -> None:
+        sagemaker_backends[DEFAULT_ACCOUNT_ID][REGION].clusters[CLUSTER].nodes.clear()
+
+
+@pytest.fixture
+def aws_env(monkeypatch, tmp_path):
+    """Fake credentials only: no real profile, config file or instance metadata can leak in."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "project"
+    (root / "payloads" / "configs").mkdir(parents=True)
+    (root / "cdk.json").write_text(json.dumps({"app": "python3 app.py", "context": {"stack_name": STACK, "region": REGION}}))
+    (root / "payloads" / "configs" / "tiny.toml").write_text(CONFIG_TEXT)
+    monkeypatch.chdir(root)
+    return root
+
+
+def build_deployment(client) -> Deployment:
+    """Create what `cdk deploy` leaves behind, through the AWS APIs (moto's CloudFormation cannot run the real template)."""
+    s3 = client("s3")
+    s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+    s3.put_object(Bucket=BUCKET, Key="lifecycle/cluster-facts.json", Body=json.dumps(FACTS).encode())
+    s3.put_object(Bucket=BUCKET, Key="payloads/configs/tiny.toml", Body=CONFIG_TEXT.encode())
+    lifecycle = {"SourceS3Uri": f"s3://{BUCKET}/lifecycle/", "OnCreate": "on_create.sh"}
+    role = f"arn:aws:iam::{DEFAULT_ACCOUNT_ID}:role/hpl-cluster"
+    arn = client("sagemaker").create_cluster(
+        ClusterName=CLUSTER,
+        InstanceGroups=[
+            {"InstanceGroupName": name, "InstanceType": kind, "InstanceCount": 1, "LifeCycleConfig": lifecycle,
+             "ExecutionRole": role, "ThreadsPerCore": 1}
+            for name, kind in (("controller", "ml.c5.xlarge"), ("compute", "ml.trn1.32xlarge"))
+        ],
+    )["ClusterArn"]
+    fsx_id = client("fsx").create_file_system(
+        FileSystemType="LUSTRE", StorageCapacity=1200, SubnetIds=["subnet-0123456789abcdef0"],
+        LustreConfiguration={"DeploymentType": "PERSISTENT_2", "PerUnitStorageThroughput": 250},
+    )["FileSystem"]["FileSystemId"]
+    outputs = {
+        "ClusterName": CLUSTER, "ClusterArn": arn, "ClusterId": arn.rsplit("/", 1)[-1], "BucketName": BUCKET,
+        "FsxFileSystemId": fsx_id, "FsxDnsName": f"{fsx_id}.fsx.{REGION}.amazonaws.com", "FsxMountName": "abcdefgh",
+        "ImageUri": f"{DEFAULT_ACCOUNT_ID}.dkr.ecr.{REGION}.amazonaws.com/hpl-train:1", "Region": REGION,
+        "ControllerGroup": "controller", "ComputeGroup": "compute",
+        "ShellCommand": "hpctl shell", "SubmitCommand": "hpctl submit --config <name>",
+    }
+    client("cloudformation").create_stack(StackName=STACK, TemplateBody=outputs_template(outputs))
+    return Deployment(cluster_arn=arn, fsx_id=fsx_id)
+
+
+def outputs_template(outputs: dict[str, str]) -> str:
+    """A template holding just the outputs (CloudFormation needs one resource; moto can create a topic)."""
+    template = {"Resources": {"Placeholder": {"Type": "AWS::SNS::Topic"}}}
+    if outputs:
+        template["Outputs"] = {key: {"Value": value} for key, value in outputs.items()}
+    return json.dumps(template)
+
+
+@pytest.fixture
+def bare_stack(aws_env, project):
+    """A stack with only the given outputs and status, under mock_aws (a deploy in progress, a foreign stack)."""
+    with mock_aws():
+        def create(outputs: dict[str, str], status: str = "CREATE_COMPLETE") -> None:
+            cloudformation = boto3.client("cloudformation", region_name=REGION)
+            cloudformation.create_stack(StackName=STACK, TemplateBody=outputs_template(outputs))
+            Deployment(cluster_arn="", fsx_id="").set_stack_status(status)
+
+        yield create
+
+
+@pytest.fixture
+def deployed(aws_env, project) -> Deployment:
+    with mock_aws():
+        yield build_deployment(lambda service: boto3.client(service, region_name=REGION))
+
+
+@pytest.fixture(scope="session")
+def _server():
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def moto_server(_server, aws_env, project, monkeypatch):
+    """The deployment behind an HTTP endpoint; AWS_ENDPOINT_URL points this process and its children at it."""
+    urllib.request.urlopen(urllib.request.Request(f"{_server}/moto-api/reset", method="POST")).close()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", _server)
+    build_deployment(lambda service: boto3.client(service, region_name=REGION))
+    return _server
+
+
+@pytest.fixture
+def hpctl(capsys):
+    """Run the CLI in-process: (exit code, stdout, stderr)."""
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        code = main(list(argv))
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
+
+
+RECORDER = """\
+#!{python}
+# Stands in for the AWS CLI: records its arguments, replays a session's output, exits as told.
+import json, os, sys
+with open(os.environ["HPCTL_TEST_RECORD"], "w") as record:
+    json.dump({{"argv": sys.argv[1:], "cwd": os.getcwd()}}, record)
+replay = os.environ.get("HPCTL_TEST_REPLAY")
+if replay:
+    sys.stdout.write(open(replay).read())
+sys.exit(int(os.environ.get("HPCTL_TEST_RC", "0")))
+"""
+
+
+@dataclass
+class Recorder:
+    bin_dir: Path
+    record: Path
+    replay: Path
+
+    def calls(self) -> list[str]:
+        return json.loads(self.record.read_text())["argv"]
+
+
+@pytest.fixture
+def session_tools(tmp_path, monkeypatch) -> Recorder:
+    """`aws` (the recorder) and `session-manager-plugin` alone on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    aws = bin_dir / "aws"
+    aws.write_text(RECORDER.format(python=sys.executable))
+    plugin = bin_dir / "session-manager-plugin"
+    plugin.write_text("#!/bin/sh\nexit 0\n")
+    for tool in (aws, plugin):
+        tool.chmod(0o755)
+    recorder = Recorder(bin_dir=bin_dir, record=tmp_path / "aws-argv.json", replay=tmp_path / "session-output.txt")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setenv("HPCTL_TEST_RECORD", str(recorder.record))
+    monkeypatch.setenv("HPCTL_TEST_REPLAY", str(recorder.replay))
+    return recorder
+
+
+def session_output(*lines: str) -> str:
+    """What `aws ssm start-session` prints around a non-interactive command's output (CRLF, as over SSM)."""
+    framing = ["", "Starting session with SessionId: tester-0123456789abcdef0", "", *lines, "", "",
+               "Exiting session with sessionId: tester-0123456789abcdef0.", "", ""]
+    return "\r\n".join(framing)

@@ -1,0 +1,41 @@
+import json
+
+import pytest
+
+from hpctl.errors import HpctlError
+from hpctl.project import DEFAULT_STACK_NAME, resolve_settings
+
+
+def write_cdk_json(folder, context):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "cdk.json").write_text(json.dumps({"app": "python3 app.py", "context": context}))
+
+
+def test_cdk_json_context_names_stack_and_region_from_a_subfolder(tmp_path):
+    write_cdk_json(tmp_path, {"stack_name": "MyStack", "region": "eu-west-1"})
+    (tmp_path / "docs").mkdir()
+    settings = resolve_settings(stack=None, region=None, cwd=tmp_path / "docs")
+    assert (settings.root, settings.stack_name, settings.region) == (tmp_path, "MyStack", "eu-west-1")
+
+
+def test_command_line_wins_over_cdk_json(tmp_path):
+    write_cdk_json(tmp_path, {"stack_name": "MyStack", "region": "eu-west-1"})
+    settings = resolve_settings(stack="Other", region="us-east-1", cwd=tmp_path)
+    assert (settings.stack_name, settings.region) == ("Other", "us-east-1")
+
+
+def test_defaults_without_cdk_json_leave_the_region_to_boto3(tmp_path):
+    settings = resolve_settings(stack=None, region=None, cwd=tmp_path)
+    assert (settings.root, settings.stack_name, settings.region) == (tmp_path, DEFAULT_STACK_NAME, None)
+
+
+def test_cdk_json_without_those_keys_uses_the_defaults(tmp_path):
+    write_cdk_json(tmp_path, {"instance_type": "ml.trn1.32xlarge"})
+    settings = resolve_settings(stack=None, region=None, cwd=tmp_path)
+    assert (settings.stack_name, settings.region) == (DEFAULT_STACK_NAME, None)
+
+
+def test_broken_cdk_json_is_named(tmp_path):
+    (tmp_path / "cdk.json").write_text("{not json")
+    with pytest.raises(HpctlError, match=r"cdk.json is not valid JSON"):
+        resolve_settings(stack=None, region=None, cwd=tmp_path)
