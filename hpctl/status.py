@@ -29,7 +29,7 @@ def describe_fsx(session: boto3.Session, file_system_id: str) -> dict:
     for system in systems:
         lustre = system.get("LustreConfiguration", {})
         found.update(
-            status=system.get("Lifecycle", ""),
+            status=system.get("Lifecycle") or "unknown",
             storage_gib=system.get("StorageCapacity"),
             dns_name=system.get("DNSName", ""),
             mount_name=lustre.get("MountName", ""),
@@ -39,7 +39,8 @@ def describe_fsx(session: boto3.Session, file_system_id: str) -> dict:
 
 def collect_status(session: boto3.Session, stack: StackInfo) -> dict:
     cluster = describe_cluster(session, stack.output("ClusterName"))
-    nodes = list_nodes(session, cluster.name)
+    order = {group.name: index for index, group in enumerate(cluster.groups)}
+    nodes = sorted(list_nodes(session, cluster.name), key=lambda node: order.get(node.group, len(order)))
     fsx = describe_fsx(session, stack.output("FsxFileSystemId"))
     fsx.setdefault("dns_name", stack.output("FsxDnsName"))
     fsx["mount_name"] = fsx.get("mount_name") or stack.output("FsxMountName")

@@ -34,7 +34,6 @@ FACTS = {
     "outputs_dir": "/fsx/outputs", "default_user": "ubuntu", "controller_group": "controller",
     "compute_group": "compute",
 }
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -126,16 +125,24 @@ def outputs_template(outputs: dict[str, str]) -> str:
     return json.dumps(template)
 
 
+class BareStack:
+    """A stack with only the given outputs and status (a deploy in progress, a foreign stack)."""
+
+    def create(self, outputs: dict[str, str], status: str = "CREATE_COMPLETE") -> None:
+        cloudformation = boto3.client("cloudformation", region_name=REGION)
+        cloudformation.create_stack(StackName=STACK, TemplateBody=outputs_template(outputs))
+        Deployment(cluster_arn="", fsx_id="").set_stack_status(status)
+
+    def finish_deploy(self) -> Deployment:
+        """What the deploy leaves once it completes: the full stack with outputs and its cluster."""
+        boto3.client("cloudformation", region_name=REGION).delete_stack(StackName=STACK)
+        return build_deployment(lambda service: boto3.client(service, region_name=REGION))
+
+
 @pytest.fixture
 def bare_stack(aws_env, project):
-    """A stack with only the given outputs and status, under mock_aws (a deploy in progress, a foreign stack)."""
     with mock_aws():
-        def create(outputs: dict[str, str], status: str = "CREATE_COMPLETE") -> None:
-            cloudformation = boto3.client("cloudformation", region_name=REGION)
-            cloudformation.create_stack(StackName=STACK, TemplateBody=outputs_template(outputs))
-            Deployment(cluster_arn="", fsx_id="").set_stack_status(status)
-
-        yield create
+        yield BareStack()
 
 
 @pytest.fixture
@@ -154,12 +161,11 @@ def _server():
 
 
 @pytest.fixture
-def moto_server(_server, aws_env, project, monkeypatch):
+def moto_server(_server, aws_env, project, monkeypatch) -> Deployment:
     """The deployment behind an HTTP endpoint; AWS_ENDPOINT_URL points this process and its children at it."""
     urllib.request.urlopen(urllib.request.Request(f"{_server}/moto-api/reset", method="POST")).close()
     monkeypatch.setenv("AWS_ENDPOINT_URL", _server)
-    build_deployment(lambda service: boto3.client(service, region_name=REGION))
-    return _server
+    return build_deployment(lambda service: boto3.client(service, region_name=REGION))
 
 
 @pytest.fixture
@@ -181,7 +187,7 @@ import json, os, sys
 with open(os.environ["HPCTL_TEST_RECORD"], "w") as record:
     json.dump({{"argv": sys.argv[1:], "cwd": os.getcwd()}}, record)
 replay = os.environ.get("HPCTL_TEST_REPLAY")
-if replay:
+if replay and os.path.exists(replay):
     sys.stdout.write(open(replay).read())
 sys.exit(int(os.environ.get("HPCTL_TEST_RC", "0")))
 """

@@ -62,7 +62,7 @@ def test_failed_deploy(deployed, hpctl):
 
 
 def test_stack_still_creating_has_no_outputs(bare_stack, hpctl):
-    bare_stack({}, status="CREATE_IN_PROGRESS")
+    bare_stack.create({}, status="CREATE_IN_PROGRESS")
     code, _, err = hpctl("status")
     assert code == 2
     assert err == (
@@ -72,7 +72,7 @@ def test_stack_still_creating_has_no_outputs(bare_stack, hpctl):
 
 
 def test_a_stack_without_the_contract_outputs(bare_stack, hpctl):
-    bare_stack({"ClusterName": "c"})
+    bare_stack.create({"ClusterName": "c"})
     code, _, err = hpctl("status")
     assert code == 2
     assert "lacks the outputs BucketName, ControllerGroup: is it this project's stack?" in err

@@ -1,0 +1,61 @@
+"""`hpctl status`: what the APIs report, in a table and as JSON."""
+
+import json
+
+import boto3
+
+
+def test_table_shows_stack_cluster_groups_nodes_fsx_and_image(deployed, hpctl):
+    code, out, err = hpctl("status")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == f"Stack        {deployed.stack}  CREATE_COMPLETE  ({deployed.region})"
+    assert lines[1] == f"Cluster      {deployed.cluster}  InService  (id {deployed.cluster_id})"
+    # moto's FSx reports no Lifecycle (the real API always does: AVAILABLE, CREATING, ...)
+    assert lines[2].startswith(f"FSx          {deployed.fsx_id}  unknown, 1200 GiB  {deployed.fsx_id}.fsx.")
+    assert lines[2].endswith("@tcp:/abcdefgh")
+    assert lines[3] == "Image        123456789012.dkr.ecr.us-west-2.amazonaws.com/hpl-train:1"
+    groups = out.split("Instance groups\n")[1].split("\n\n")[0].splitlines()
+    assert [line.split() for line in groups[1:]] == [["controller", "ml.c5.xlarge", "1/1"],
+                                                     ["compute", "ml.trn1.32xlarge", "1/1"]]
+    nodes = out.split("Nodes\n")[1].splitlines()
+    assert nodes[0].split() == ["GROUP", "INSTANCE", "TYPE", "STATUS", "LAUNCHED", "MESSAGE"]
+    assert [line.split()[:4] for line in nodes[1:]] == [
+        ["controller", "controller-0", "ml.c5.xlarge", "Running"],
+        ["compute", "compute-0", "ml.trn1.32xlarge", "Running"],
+    ]
+
+
+def test_json_for_scripts(deployed, hpctl):
+    code, out, _ = hpctl("status", "--json")
+    report = json.loads(out)
+    assert code == 0
+    assert report["cluster"]["status"] == "InService"
+    assert report["cluster"]["id"] == deployed.cluster_id
+    assert report["stack"]["outputs"]["BucketName"] == deployed.bucket
+    assert {(node["group"], node["status"]) for node in report["nodes"]} == {("controller", "Running"), ("compute", "Running")}
+    assert report["fsx"]["storage_gib"] == 1200 and report["fsx"]["mount_name"] == "abcdefgh"
+    assert report["image_uri"].endswith("/hpl-train:1")
+
+
+def test_failed_cluster_shows_the_reason(deployed, hpctl):
+    deployed.set_cluster(status="Failed", failure="Lifecycle script on_create.sh failed on controller-0")
+    code, out, _ = hpctl("status")
+    assert code == 0  # status reports; the commands that need the cluster stop
+    assert out.splitlines()[1:3] == [
+        f"Cluster      {deployed.cluster}  Failed  (id {deployed.cluster_id})",
+        "             reason: Lifecycle script on_create.sh failed on controller-0",
+    ]
+
+
+def test_no_nodes_yet(deployed, hpctl):
+    deployed.remove_nodes()
+    code, out, _ = hpctl("status")
+    assert code == 0
+    assert out.endswith("Nodes\n  none yet\n")
+
+
+def test_file_system_gone(deployed, hpctl):
+    boto3.client("fsx", region_name=deployed.region).delete_file_system(FileSystemId=deployed.fsx_id)
+    code, out, _ = hpctl("status", "--json")
+    assert json.loads(out)["fsx"]["status"] == "not found"

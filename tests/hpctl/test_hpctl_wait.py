@@ -1,0 +1,68 @@
+"""`hpctl wait`: polls the stack, then the cluster, until InService; stops on failure or timeout."""
+
+import boto3
+import pytest
+
+from hpctl.errors import HpctlError
+from hpctl.wait import wait_in_service
+
+
+def session(deployed):
+    return boto3.Session(region_name=deployed.region)
+
+
+def test_follows_a_creating_cluster_until_in_service(deployed, capsys):
+    deployed.set_cluster(status="Creating")
+    polls = []
+
+    def sleep(seconds):  # between polls the cluster moves on, as HyperPod's would
+        polls.append(seconds)
+        if len(polls) == 2:
+            deployed.set_cluster(status="InService")
+
+    cluster = wait_in_service(session(deployed), deployed.stack, timeout_s=600, interval_s=30, sleep=sleep)
+    assert cluster.status == "InService" and polls == [30, 30]
+    progress = [line.split("] ", 1)[1] for line in capsys.readouterr().out.splitlines()]
+    assert progress == [f"cluster {deployed.cluster} Creating (nodes controller 1/1, compute 1/1)"] * 2 + [
+        f"cluster {deployed.cluster} InService (nodes controller 1/1, compute 1/1)"]
+
+
+def test_follows_the_deploy_before_the_cluster_is_named(bare_stack, capsys):
+    bare_stack.create({}, status="CREATE_IN_PROGRESS")
+
+    def sleep(seconds):  # the deploy finishes: outputs appear, naming a cluster that is in service
+        bare_stack.finish_deploy()
+
+    cluster = wait_in_service(boto3.Session(region_name="us-west-2"), "HplTestStack", timeout_s=600,
+                              interval_s=30, sleep=sleep)
+    assert cluster.status == "InService"
+    out = capsys.readouterr().out
+    assert "stack HplTestStack CREATE_IN_PROGRESS (the cluster is named once the deploy finishes)" in out
+
+
+def test_failed_cluster_stops_with_the_reason(deployed, hpctl):
+    deployed.set_cluster(status="Failed", failure="InsufficientInstanceCapacity for ml.trn1.32xlarge")
+    code, _, err = hpctl("wait", "--interval", "1")
+    assert code == 2
+    assert err == f"error: cluster {deployed.cluster} failed: InsufficientInstanceCapacity for ml.trn1.32xlarge\n"
+
+
+def test_gives_up_after_the_timeout(deployed):
+    deployed.set_cluster(status="Creating")
+    slept = []
+    with pytest.raises(HpctlError, match=r"not in service after 0 s \(last: cluster hpl-test-cluster Creating"):
+        wait_in_service(session(deployed), deployed.stack, timeout_s=0, interval_s=30, sleep=slept.append)
+    assert slept == []
+
+
+def test_in_service_at_once(deployed, hpctl):
+    code, out, _ = hpctl("wait")
+    assert code == 0
+    assert out.splitlines()[-1] == f"cluster {deployed.cluster} is in service: `hpctl shell` opens a shell on the controller"
+
+
+def test_interval_and_timeout_must_be_positive(deployed, hpctl, capsys):
+    with pytest.raises(SystemExit) as stop:
+        hpctl("wait", "--timeout", "0")
+    assert stop.value.code == 2
+    assert "argument --timeout: must be greater than 0, got 0" in capsys.readouterr().err
