@@ -1,0 +1,26 @@
+#!/usr/bin/env python3
+"""CDK entry point: `npx cdk synth|deploy|diff|destroy` runs this (see cdk.json).
+
+Settings come from cdk.json context, overridable with `-c key=value` (see stacks/config.py).
+cdk-nag's AwsSolutions checks run on every synth (stacks/nag.py): a finding fails it.
+"""
+
+import sys
+
+from stacks.build import build_app
+from stacks.config import ConfigError
+from stacks.lifecycle import LifecycleLayoutError
+
+
+def main() -> int:
+    try:
+        app, _ = build_app()
+    except (ConfigError, LifecycleLayoutError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    app.synth()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Build the CDK app: parse the config, add the stack, turn on cdk-nag. Used by app.py and the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from aws_cdk import App
+
+from stacks.config import HyperPodConfig
+from stacks.nag import enable_checks
+from stacks.stack import HyperPodStack
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def build_app(
+    context: Mapping[str, Any] | None = None,
+    *,
+    source_root: Path = REPO_ROOT,
+    outdir: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[App, HyperPodStack]:
+    """``context=None`` takes the CDK CLI's context (cdk.json + ``-c``); tests pass their own.
+
+    ``source_root`` holds lifecycle/ and payloads/ (tests point it at a modified copy).
+    """
+    app = App(context=dict(context), outdir=outdir) if context is not None else App(outdir=outdir)
+    config = HyperPodConfig.from_context(_user_context(app, context), environ=environ)
+    stack = HyperPodStack(app, config.stack_name, config=config, source_root=source_root)
+    enable_checks(app)
+    return app, stack
+
+
+def _user_context(app: App, context: Mapping[str, Any] | None) -> dict[str, Any]:
+    # The CLI hands cdk.json + -c values to the app as context; feature flags ride along and are ignored.
+    return dict(context) if context is not None else dict(app.node.get_all_context())

@@ -1,0 +1,96 @@
+"""Cluster: the HyperPod Slurm cluster, configured through the API (no provisioning_parameters.json)."""
+
+from __future__ import annotations
+
+from aws_cdk import Fn, RemovalPolicy
+from aws_cdk import aws_sagemaker as sagemaker
+from constructs import Construct, IDependable
+
+from stacks.config import (COMPUTE_GROUP, CONTROLLER_GROUP, FSX_MOUNT_PATH, LIFECYCLE_SCRIPT, LOGIN_GROUP,
+                           HyperPodConfig)
+
+Cfn = sagemaker.CfnCluster
+
+
+class HyperPodCluster(Construct):
+    """Controller + (optional login) + Trainium compute groups, FSx at /fsx on every node.
+
+    HyperPod sets up Slurm, Docker/Enroot/Pyxis and the FSx mount itself; our lifecycle script
+    runs after that (OnInitComplete) on every node. ``depends_on`` lists what must exist first:
+    the lifecycle upload, the role's policies, the FSx folder links and the NAT route.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: HyperPodConfig,
+        role_arn: str,
+        subnet_id: str,
+        security_group_id: str,
+        fsx_dns_name: str,
+        fsx_mount_name: str,
+        depends_on: list[IDependable],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        fsx_storage = Cfn.ClusterInstanceStorageConfigProperty(
+            fsx_lustre_config=Cfn.ClusterFsxLustreConfigProperty(
+                dns_name=fsx_dns_name, mount_name=fsx_mount_name, mount_path=FSX_MOUNT_PATH
+            )
+        )
+        lifecycle = Cfn.ClusterLifeCycleConfigProperty(
+            source_s3_uri=config.lifecycle_s3_uri, on_init_complete=LIFECYCLE_SCRIPT
+        )
+
+        def group(name: str, node_type: str, instance_type: str, count: int, *, threads_per_core: int = 1,
+                  storage: tuple = (), partition: str | None = None) -> Cfn.ClusterInstanceGroupProperty:
+            return Cfn.ClusterInstanceGroupProperty(
+                instance_group_name=name,
+                instance_type=instance_type,
+                instance_count=count,
+                execution_role=role_arn,
+                threads_per_core=threads_per_core,
+                life_cycle_config=lifecycle,
+                instance_storage_configs=[*storage, fsx_storage],
+                slurm_config=Cfn.ClusterSlurmConfigProperty(
+                    node_type=node_type, partition_names=[partition] if partition else None
+                ),
+            )
+
+        groups = [group(CONTROLLER_GROUP, "Controller", config.controller_instance_type,
+                        config.controller_instance_count)]
+        if config.login_instance_count:
+            groups.append(group(LOGIN_GROUP, "Login", config.login_instance_type, config.login_instance_count))
+        groups.append(group(
+            COMPUTE_GROUP, "Compute", config.compute_instance_type, config.compute_instance_count,
+            threads_per_core=config.compute_threads_per_core,
+            storage=(Cfn.ClusterInstanceStorageConfigProperty(
+                ebs_volume_config=Cfn.ClusterEbsVolumeConfigProperty(volume_size_in_gb=config.compute_ebs_volume_gb)
+            ),),
+            partition=config.partition_name,
+        ))
+        self.cluster = Cfn(
+            self,
+            "Cluster",
+            cluster_name=config.cluster_name,
+            instance_groups=groups,
+            # Set explicitly: the docs disagree on the default (Managed vs Merge).
+            orchestrator=Cfn.OrchestratorProperty(
+                slurm=Cfn.ClusterOrchestratorSlurmConfigProperty(slurm_config_strategy=config.slurm_config_strategy)
+            ),
+            node_recovery=config.node_recovery,
+            vpc_config=Cfn.VpcConfigProperty(security_group_ids=[security_group_id], subnets=[subnet_id]),
+        )
+        self.cluster.apply_removal_policy(RemovalPolicy.DESTROY)
+        for dependency in depends_on:
+            self.cluster.node.add_dependency(dependency)
+
+    @property
+    def arn(self) -> str:
+        return self.cluster.attr_cluster_arn
+
+    @property
+    def cluster_id(self) -> str:
+        """The last segment of the ARN: what SSM targets and log groups are named after."""
+        return Fn.select(1, Fn.split("/", self.cluster.attr_cluster_arn))

@@ -1,0 +1,49 @@
+"""Lifecycle: the OnInitComplete script and the generated cluster facts, uploaded before the cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_s3_deployment as s3_deployment
+from constructs import Construct
+
+from stacks.config import CLUSTER_FACTS_FILE, LEGACY_PROVISIONING_FILE, LIFECYCLE_PREFIX, LIFECYCLE_SCRIPT
+from stacks.uploads import CACHE_EXCLUDES, deploy_to_prefix
+
+
+class LifecycleLayoutError(ValueError):
+    """The lifecycle/ folder cannot work with an API-configured Slurm cluster."""
+
+
+def check_lifecycle_dir(source_dir: Path) -> None:
+    """Fail at synth, not 20 minutes into CreateCluster."""
+    if not (source_dir / LIFECYCLE_SCRIPT).is_file():
+        raise LifecycleLayoutError(f"{source_dir / LIFECYCLE_SCRIPT} is missing: HyperPod runs it on every node "
+                                   "(OnInitComplete); restore it or fix LIFECYCLE_SCRIPT in stacks/config.py")
+    for name, why in ((LEGACY_PROVISIONING_FILE, "HyperPod rejects it next to an API Slurm configuration"),
+                      (CLUSTER_FACTS_FILE, "the stack generates it; a checked-in copy would be overwritten")):
+        found = sorted(source_dir.rglob(name))
+        if found:
+            raise LifecycleLayoutError(f"{found[0]} must not exist: {why}; delete it")
+
+
+class LifecycleUpload(Construct):
+    """s3://<bucket>/lifecycle/: the lifecycle/ folder plus cluster-facts.json (see stacks.config)."""
+
+    def __init__(
+        self, scope: Construct, construct_id: str, *, source_dir: Path, bucket: s3.IBucket, facts: Mapping[str, Any]
+    ) -> None:
+        super().__init__(scope, construct_id)
+        check_lifecycle_dir(source_dir)
+        self.deployment = deploy_to_prefix(
+            self,
+            "Deployment",
+            bucket=bucket,
+            prefix=LIFECYCLE_PREFIX,
+            sources=[
+                s3_deployment.Source.asset(str(source_dir), exclude=CACHE_EXCLUDES),
+                s3_deployment.Source.json_data(CLUSTER_FACTS_FILE, dict(facts)),
+            ],
+        )

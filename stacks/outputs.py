@@ -1,0 +1,47 @@
+"""The stack's outputs: the fixed contract hpctl and users read (logical ids must not change)."""
+
+from __future__ import annotations
+
+from aws_cdk import CfnOutput, Fn, Stack
+
+from stacks.cluster import HyperPodCluster
+from stacks.config import COMPUTE_GROUP, CONTROLLER_GROUP, HyperPodConfig
+from stacks.storage import DataBucket, SharedFileSystem
+
+DEFAULT_RUN_CONFIG = "llama3-8b"  # payloads/configs/llama3-8b.toml
+
+
+def add_outputs(
+    stack: Stack,
+    *,
+    config: HyperPodConfig,
+    cluster: HyperPodCluster,
+    data: DataBucket,
+    file_system: SharedFileSystem,
+    image_uri: str,
+) -> None:
+    where = f"--stack {config.stack_name} --region {config.region}"
+    ssm_target = Fn.join("", ["sagemaker-cluster:", cluster.cluster_id, f"_{CONTROLLER_GROUP}-<instance-id>"])
+    values = {
+        "ClusterName": (config.cluster_name, "HyperPod cluster name"),
+        "ClusterArn": (cluster.arn, "HyperPod cluster ARN"),
+        "ClusterId": (cluster.cluster_id, "HyperPod cluster id (SSM targets and log groups use it)"),
+        "BucketName": (data.bucket.bucket_name, "Data bucket: lifecycle/, payloads/, datasets/, outputs/"),
+        "FsxFileSystemId": (file_system.file_system.ref, "FSx for Lustre file system id"),
+        "FsxDnsName": (file_system.dns_name, "FSx for Lustre DNS name"),
+        "FsxMountName": (file_system.mount_name, "FSx for Lustre mount name"),
+        "ImageUri": (image_uri, "Training image in ECR"),
+        "Region": (config.region, "Region of the stack"),
+        "ControllerGroup": (CONTROLLER_GROUP, "Slurm controller instance group"),
+        "ComputeGroup": (COMPUTE_GROUP, "Trainium compute instance group"),
+        "ShellCommand": (
+            Fn.join("", [f"hpctl shell {where}   (or: aws ssm start-session --region {config.region} --target ",
+                         ssm_target, f"; instance ids: aws sagemaker list-cluster-nodes --region {config.region} "
+                         f"--cluster-name {config.cluster_name})"]),
+            "Shell on the controller node",
+        ),
+        "SubmitCommand": (f"hpctl submit {where} --config {DEFAULT_RUN_CONFIG}",
+                          "Submit the LoRA pipeline as chained Slurm jobs"),
+    }
+    for logical_id, (value, description) in values.items():
+        CfnOutput(stack, logical_id, value=value, description=description)

@@ -1,0 +1,85 @@
+"""Small helpers to coerce and check config values; the schema itself lives in stacks/config.py."""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+TRUE_WORDS = ("true", "yes", "1", "on")
+FALSE_WORDS = ("false", "no", "0", "off")
+
+
+class ConfigError(ValueError):
+    """A bad config value; the message names the key, the value and what is allowed."""
+
+    @classmethod
+    def bad_value(cls, key: str, value: Any, allowed: str) -> ConfigError:
+        return cls(f"config key '{key}' has value {value!r}; allowed: {allowed}. "
+                   f"Fix it in cdk.json (context) or pass -c {key}=<value>.")
+
+    @classmethod
+    def unknown_key(cls, key: str, known: Iterable[str]) -> ConfigError:
+        close = difflib.get_close_matches(key, list(known), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        return cls(f"unknown config key '{key}'{hint}; known keys: {', '.join(sorted(known))}.")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A check on one value and the words that tell the user what is allowed."""
+
+    check: Callable[[Any], bool]
+    allowed: str
+
+    def apply(self, key: str, value: Any) -> None:
+        if not self.check(value):
+            raise ConfigError.bad_value(key, value, self.allowed)
+
+
+def one_of(*choices: Any) -> Rule:
+    return Rule(lambda value: value in choices, "one of " + ", ".join(str(c) for c in choices))
+
+
+def int_range(low: int, high: int, extra: str = "") -> Rule:
+    return Rule(lambda value: low <= value <= high, f"an integer from {low} to {high}{extra}")
+
+
+def matches(pattern: str, description: str) -> Rule:
+    compiled = re.compile(pattern)
+    return Rule(lambda value: bool(compiled.fullmatch(value)), description)
+
+
+def ipv4_cidr(min_prefix: int, max_prefix: int) -> Rule:
+    def check(value: str) -> bool:
+        try:
+            network = ipaddress.IPv4Network(value, strict=True)
+        except ValueError:
+            return False
+        return network.is_private and min_prefix <= network.prefixlen <= max_prefix
+
+    return Rule(check, f"a private IPv4 network in CIDR form with a prefix from /{min_prefix} to /{max_prefix}, "
+                       "e.g. 10.0.0.0/16")
+
+
+def coerce(key: str, raw: Any, default: Any) -> Any:
+    """Turn a context value into the type of the field's default (``-c`` values are strings)."""
+    if isinstance(default, bool):
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.strip().lower() in TRUE_WORDS + FALSE_WORDS:
+            return raw.strip().lower() in TRUE_WORDS
+        raise ConfigError.bad_value(key, raw, "true or false")
+    if isinstance(default, int):
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and re.fullmatch(r"\s*-?\d+\s*", raw):
+            return int(raw)
+        raise ConfigError.bad_value(key, raw, "an integer")
+    if isinstance(raw, str):
+        return raw.strip()
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return str(raw)  # e.g. an account id written as a JSON number
+    raise ConfigError.bad_value(key, raw, "a string")
