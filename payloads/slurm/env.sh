@@ -1,0 +1,131 @@
+# shellcheck shell=bash
+# Sourced by every step script: paths, Neuron settings, the runtime switch and the launch logic,
+# written once. `source env.sh <step>`; then `hpl_step_python <module> [args]` (one process) or
+# `hpl_torchrun <module> [args]` (torchrun on every node of the allocation).
+#
+# Set by submit (python -m lora_pipeline.submit): HPL_PAYLOADS_DIR, HPL_RUN_CONFIG, HPL_RUN_DIR.
+# Cluster facts (/etc/profile.d/hyperpod-lora.sh on HyperPod nodes): HPL_FSX_MOUNT_PATH,
+# HPL_MODELS_DIR, HPL_DATASETS_DIR, HPL_OUTPUTS_DIR, HPL_COMPILE_CACHE_DIR, HPL_IMAGES_DIR,
+# HPL_SCRATCH_DIR, HPL_IMAGE_URI, HPL_RUNTIME (pyxis|host), HPL_DEVICES_PER_NODE, HPL_REGION.
+# Local fallbacks: paths under HPL_FSX_MOUNT_PATH (default /fsx), runtime host, PYTHON or python3.
+set -euo pipefail
+
+HPL_STEP="${1:?usage: source env.sh <step>}"
+: "${HPL_PAYLOADS_DIR:?is not set: submit with python3 -m lora_pipeline.submit --config <run.toml>}"
+: "${HPL_RUN_CONFIG:?is not set: submit with python3 -m lora_pipeline.submit --config <run.toml>}"
+: "${HPL_RUN_DIR:?is not set: submit with python3 -m lora_pipeline.submit --config <run.toml>}"
+
+# -- paths: cluster facts, with local fallbacks; exported so the Python config sees the same ------
+export HPL_FSX_MOUNT_PATH="${HPL_FSX_MOUNT_PATH:-/fsx}"
+export HPL_MODELS_DIR="${HPL_MODELS_DIR:-$HPL_FSX_MOUNT_PATH/models}"
+export HPL_DATASETS_DIR="${HPL_DATASETS_DIR:-$HPL_FSX_MOUNT_PATH/datasets}"
+export HPL_OUTPUTS_DIR="${HPL_OUTPUTS_DIR:-$HPL_FSX_MOUNT_PATH/outputs}"
+export HPL_COMPILE_CACHE_DIR="${HPL_COMPILE_CACHE_DIR:-$HPL_FSX_MOUNT_PATH/neuron-cache}"
+export HPL_IMAGES_DIR="${HPL_IMAGES_DIR:-$HPL_FSX_MOUNT_PATH/images}"
+export HPL_SCRATCH_DIR="${HPL_SCRATCH_DIR:-$HPL_FSX_MOUNT_PATH/scratch}"
+export HPL_RUNTIME="${HPL_RUNTIME:-host}"
+export PYTHONPATH="$HPL_PAYLOADS_DIR${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+# Host-side helpers (launch arguments) run on the node's own Python: stdlib only.
+HPL_HOST_PYTHON="${PYTHON:-python3}"
+HPL_STATE_DIR="$HPL_RUN_DIR/logs/state"
+
+# -- Neuron settings (harmless on the torch backend) ---------------------------------------------
+# The compile cache lives on FSx so every node and every later run reuses compiled graphs.
+export NEURON_CC_FLAGS="${NEURON_CC_FLAGS:---model-type transformer --retry_failed_compilation}"
+if [[ "$NEURON_CC_FLAGS" != *--cache_dir* ]]; then
+  NEURON_CC_FLAGS+=" --cache_dir=$HPL_COMPILE_CACHE_DIR"
+fi
+export NEURON_FUSE_SOFTMAX=1
+export NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS=3
+# Must be in the environment before torchrun starts: glibc arenas otherwise exhaust host memory
+# when checkpoints are written.
+export MALLOC_ARENA_MAX=64
+if (( ${SLURM_JOB_NUM_NODES:-1} > 1 )); then
+  export FI_PROVIDER=efa
+fi
+
+# -- runtime switch: host Python, or the training image through Pyxis ---------------------------
+case "$HPL_RUNTIME" in
+  host)
+    HPL_PYTHON="${PYTHON:-python3}"
+    ;;
+  pyxis)
+    : "${HPL_IMAGE_URI:?is not set: the cluster facts name the training image (HPL_IMAGE_URI)}"
+    HPL_PYTHON=python3  # the image's interpreter
+    # One squashfs per image tag on FSx, imported once by the prepare step.
+    HPL_IMAGE_FILE="$HPL_IMAGES_DIR/$(printf '%s' "${HPL_IMAGE_URI##*/}" | tr -c 'A-Za-z0-9._-' '_').sqsh"
+    export HPL_IMAGE_FILE
+    ;;
+  *)
+    echo "error: HPL_RUNTIME=$HPL_RUNTIME is not a runtime (use host or pyxis)" >&2
+    exit 2
+    ;;
+esac
+
+# srun with what every step launch shares: HyperPod auto-resume and, with Pyxis, the image.
+hpl_srun() {
+  local -a opts=(--kill-on-bad-exit=1)
+  if [[ -d /opt/sagemaker_cluster ]]; then
+    opts+=(--auto-resume=1)  # HyperPod replaces a faulty node and restarts the step
+  fi
+  if [[ "$HPL_RUNTIME" == pyxis ]]; then
+    opts+=(--container-image="$HPL_IMAGE_FILE"
+           --container-mounts="$HPL_FSX_MOUNT_PATH:$HPL_FSX_MOUNT_PATH"
+           --container-workdir="$HPL_PAYLOADS_DIR")
+  fi
+  echo "+ srun ${opts[*]} $*"
+  srun "${opts[@]}" "$@"
+}
+
+# One process on the first node: python -m <module> --config <run config> [args].
+hpl_step_python() {
+  local module="$1"
+  shift
+  hpl_srun --nodes=1 --ntasks=1 "$HPL_PYTHON" -m "$module" --config "$HPL_RUN_CONFIG" "$@"
+}
+
+# torchrun on every node of the allocation, optionally under a wrapper (neuron_parallel_compile):
+# hpl_torchrun [--wrap <command>] <module> [args].
+hpl_torchrun() {
+  local -a wrap=()
+  if [[ "$1" == --wrap ]]; then
+    wrap=("$2")
+    shift 2
+  fi
+  local module="$1" launch
+  shift
+  launch="$("$HPL_HOST_PYTHON" -m lora_pipeline.launch)"
+  local -a launch_args
+  mapfile -t launch_args <<<"$launch"
+  hpl_srun --ntasks-per-node=1 "${wrap[@]}" "$HPL_PYTHON" -m torch.distributed.run "${launch_args[@]}" \
+    -m "$module" --config "$HPL_RUN_CONFIG" "$@"
+}
+
+# -- step state markers (read by `submit status` once Slurm has forgotten the job) ---------------
+hpl_mark() {
+  local state="$1" exit_code="${2:-null}"
+  mkdir -p "$HPL_STATE_DIR"
+  printf '{"step": "%s", "job": "%s", "state": "%s", "exit": %s, "node": "%s", "time": "%s"}\n' \
+    "$HPL_STEP" "${SLURM_JOB_ID:-none}" "$state" "$exit_code" "$(hostname)" "$(date -u +%FT%TZ)" \
+    >"$HPL_STATE_DIR/$HPL_STEP.json.tmp"
+  mv -f "$HPL_STATE_DIR/$HPL_STEP.json.tmp" "$HPL_STATE_DIR/$HPL_STEP.json"
+}
+
+hpl_on_exit() {
+  local rc="$1" state=COMPLETED
+  if [[ -n "${HPL_SIGNAL:-}" ]]; then
+    state=CANCELLED
+  elif (( rc != 0 )); then
+    state=FAILED
+  fi
+  hpl_mark "$state" "$rc"
+  echo "== $HPL_STEP: $state (exit $rc) after $SECONDS s at $(date -u +%FT%TZ)"
+}
+
+trap 'HPL_SIGNAL=TERM; exit 143' TERM
+trap 'HPL_SIGNAL=INT; exit 130' INT
+trap 'hpl_on_exit $?' EXIT
+hpl_mark RUNNING
+echo "== $HPL_STEP: job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NODELIST:-$(hostname)} (${SLURM_JOB_NUM_NODES:-1} node(s)), runtime $HPL_RUNTIME"
+echo "== config $HPL_RUN_CONFIG, run folder $HPL_RUN_DIR, started $(date -u +%FT%TZ)"

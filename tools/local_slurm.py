@@ -1,0 +1,191 @@
+"""A throwaway Slurm cluster on this host: munged, slurmctld and one or more slurmd.
+
+Config, keys, state and logs live under one temp folder; the daemons run in the foreground as
+our children and are stopped by PID. Used by `make rehearse` and tests/slurm. Needs root and the
+Debian packages slurm-wlm and munge.
+
+    with LocalSlurm(Path("/tmp/x"), nodes=2) as slurm:
+        subprocess.run(["sbatch", "job.sh"], env=slurm.env())
+
+Several nodes on one host (`nodes=2`) run one slurmd each under its own NodeName and port.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+DAEMONS = ("munged", "slurmctld", "slurmd")
+PARTITION = "local"
+
+
+class LocalSlurmError(RuntimeError):
+    """The local Slurm could not start; the message says what is missing or which log to read."""
+
+
+def missing_binaries() -> list[str]:
+    return [name for name in (*DAEMONS, "sbatch", "squeue", "scontrol") if not shutil.which(name)]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _real_memory_mb() -> int:
+    out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, check=True).stdout
+    return int(out.split("RealMemory=")[1].split()[0])
+
+
+class LocalSlurm:
+    def __init__(self, root: Path, *, nodes: int = 1, cpus_per_node: int | None = None) -> None:
+        self.root = Path(root)
+        self.nodes = nodes
+        self.cpus_per_node = cpus_per_node or max(1, (os.cpu_count() or 1) // nodes)
+        self.conf = self.root / "slurm.conf"
+        self.socket = self.root / "munge" / "munge.socket.2"
+        self.node_names = [socket.gethostname()] if nodes == 1 else [f"node{i}" for i in range(1, nodes + 1)]
+        self._procs: list[tuple[str, subprocess.Popen]] = []
+
+    # -- environment -------------------------------------------------------------------------
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """An environment in which sbatch/squeue/scontrol talk to this cluster."""
+        env = dict(os.environ if base is None else base)
+        env["SLURM_CONF"] = str(self.conf)
+        return env
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(args), env=self.env(), capture_output=True, text=True, check=check)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self, timeout: float = 60.0) -> "LocalSlurm":
+        missing = missing_binaries()
+        if missing:
+            raise LocalSlurmError(f"missing {', '.join(missing)}: install them with `apt-get install -y slurm-wlm munge`")
+        if os.geteuid() != 0:
+            raise LocalSlurmError("the local Slurm runs its daemons as root: run as root (CI does)")
+        for sub in ("munge", "munge-key", "state", "spool", "log"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self._write_munge_key()
+        self.conf.write_text(self._slurm_conf())
+        self._spawn("munged", ["munged", "--foreground", f"--socket={self.socket}",
+                               f"--key-file={self.root / 'munge-key' / 'munge.key'}",
+                               f"--pid-file={self.root / 'munge' / 'munged.pid'}",
+                               f"--log-file={self.root / 'log' / 'munged.log'}",
+                               f"--seed-file={self.root / 'munge-key' / 'munged.seed'}"])
+        self._wait(lambda: self._alive() and self.socket.exists(), timeout, "munged socket", "munged.log")
+        self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
+        for name in self.node_names:
+            node_arg = ["-N", name] if self.nodes > 1 else []
+            self._spawn(f"slurmd-{name}", ["slurmd", "-D", "-f", str(self.conf), *node_arg])
+        self._wait(self._all_idle, timeout, "nodes to become idle", "slurmctld.log")
+        return self
+
+    def stop(self) -> None:
+        """Cancel what is left, then stop the daemons we started (by PID, newest first)."""
+        if any(name == "slurmctld" and proc.poll() is None for name, proc in self._procs):
+            self.run("scancel", "--partition", PARTITION, check=False)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and self.run("squeue", "-h", check=False).stdout.strip():
+                time.sleep(0.5)
+        for _, proc in reversed(self._procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _, proc in reversed(self._procs):
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._procs.clear()
+
+    def __enter__(self) -> "LocalSlurm":
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- internals ---------------------------------------------------------------------------
+    def _write_munge_key(self) -> None:
+        # munged wants a private key folder and a socket folder everyone may traverse.
+        (self.root / "munge").chmod(0o755)
+        munge_dir = self.root / "munge-key"
+        munge_dir.chmod(0o700)
+        key = munge_dir / "munge.key"
+        if not key.exists():
+            key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+
+    def _slurm_conf(self) -> str:
+        host = socket.gethostname()
+        memory = max(512, int(_real_memory_mb() * 0.8) // self.nodes)
+        lines = [
+            "ClusterName=hpl-local",
+            f"SlurmctldHost={host}(127.0.0.1)",
+            f"SlurmctldPort={_free_port()}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={self.socket}",
+            "CredType=cred/munge",
+            f"StateSaveLocation={self.root / 'state'}",
+            f"SlurmdSpoolDir={self.root / 'spool'}/%n",
+            f"SlurmctldPidFile={self.root / 'slurmctld.pid'}",
+            f"SlurmdPidFile={self.root / 'slurmd'}.%n.pid",
+            f"SlurmctldLogFile={self.root / 'log' / 'slurmctld.log'}",
+            f"SlurmdLogFile={self.root / 'log'}/slurmd.%n.log",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core_Memory",
+            "MpiDefault=none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "ReturnToService=2",
+            "DependencyParameters=kill_invalid_depend",
+            "SlurmdParameters=config_overrides",
+            "KillWait=5",
+            "InactiveLimit=0",
+        ]
+        for name in self.node_names:
+            lines.append(
+                f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} "
+                f"CPUs={self.cpus_per_node} RealMemory={memory} State=UNKNOWN"
+            )
+        lines.append(f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        return "\n".join(lines) + "\n"
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = (self.root / "log" / f"{name}.stdout").open("ab")
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True)
+        log.close()
+        self._procs.append((name, proc))
+
+    def _alive(self) -> bool:
+        for name, proc in self._procs:
+            if proc.poll() is not None:
+                raise LocalSlurmError(f"{name} exited with {proc.returncode}: see the logs in {self.root / 'log'}")
+        return True
+
+    def _all_idle(self) -> bool:
+        self._alive()
+        out = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False).stdout.split()
+        states = dict(zip(out[0::2], out[1::2]))
+        return all(states.get(name) == "idle" for name in self.node_names)
+
+    def _wait(self, ready, timeout: float, what: str, log: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if time.monotonic() > deadline:
+                raise LocalSlurmError(f"timed out waiting for {what}: see {self.root / 'log' / log}")
+            time.sleep(0.2)

@@ -1,0 +1,109 @@
+"""Rehearse the whole pipeline offline: a local Slurm, a tiny Llama on CPU, the real scripts.
+
+    make rehearse            (= python -m tools.rehearse [--root .rehearsal] [--config ...])
+
+1. starts munged/slurmctld/slurmd under <root>/slurm (tools/local_slurm.py);
+2. writes a tiny random Llama where the run config expects the downloaded model (so the real
+   download step finds it complete and skips the Hub) and dolly-format records as the dataset;
+3. submits the same pipeline a cluster runs (python -m lora_pipeline.submit --wait) with the
+   tiny-cpu run config; HPL_* variables point the FSx folders at <root>/fsx;
+4. shows the adapter, the merged model and the generated answer; stops the daemons by PID.
+Exit status 0 only when every step completed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tools.local_slurm import LocalSlurm, LocalSlurmError
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = REPO / "payloads" / "configs" / "tiny-cpu.toml"
+FSX_FOLDERS = {"MODELS": "models", "DATASETS": "datasets", "OUTPUTS": "outputs",
+               "COMPILE_CACHE": "neuron-cache", "IMAGES": "images", "SCRATCH": "scratch"}
+DOLLY_RECORDS = 240
+
+
+def fsx_environment(fsx: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The cluster-facts variables, pointed at a local folder; steps run on this host's Python."""
+    env = dict(os.environ if base is None else base)
+    env["HPL_FSX_MOUNT_PATH"] = str(fsx)
+    for key, folder in FSX_FOLDERS.items():
+        env[f"HPL_{key}_DIR"] = str(fsx / folder)
+    env.update(HPL_RUNTIME="host", HPL_DEVICES_PER_NODE="1", PYTHON=sys.executable)
+    for stray in ("HPL_IMAGE_URI", "HPL_PARTITION", "SLURM_JOB_ID"):
+        env.pop(stray, None)
+    return env
+
+
+def write_inputs(config_path: Path, env: dict[str, str], records: int = DOLLY_RECORDS) -> None:
+    """The tiny model where the download step looks, and the dolly records the data step reads."""
+    from lora_pipeline import config, tiny
+
+    cfg = config.load(config_path, env=env)
+    tiny.write_tiny_model(Path(cfg.paths.model_dir), dtype=cfg.model.dtype)
+    tiny.write_dolly_jsonl(Path(cfg.data.dataset), records)
+
+
+def submit(config_path: Path, env: dict[str, str], *extra: str, poll: float = 2.0) -> int:
+    command = [sys.executable, "-m", "lora_pipeline.submit", "--config", str(config_path), *extra]
+    if "--wait" in extra:
+        command += ["--poll", str(poll)]
+    return subprocess.run(command, env=env, cwd=REPO / "payloads").returncode
+
+
+def show_outputs(output_dir: Path) -> None:
+    for name in ("adapter", "merged"):
+        folder = output_dir / name
+        print(f"\n{folder}:")
+        for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+            print(f"  {path.name:<36} {path.stat().st_size:>12,} bytes")
+    answer = output_dir / "generation.txt"
+    print(f"\n{answer}:\n{answer.read_text() if answer.is_file() else '(missing)'}")
+
+
+def rehearse(root: Path, config_path: Path) -> int:
+    from lora_pipeline.run_facts import read_run_facts
+
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    start = time.monotonic()
+    print(f"[1/4] starting a local Slurm under {root / 'slurm'}", flush=True)
+    with LocalSlurm(root / "slurm") as slurm:
+        env = slurm.env(fsx_environment(root / "fsx"))
+        print(f"[2/4] writing the tiny model and {DOLLY_RECORDS} dolly records under {root / 'fsx'}", flush=True)
+        write_inputs(config_path, env)
+        print(f"[3/4] submitting the pipeline with {config_path.name} and following it", flush=True)
+        status = submit(config_path, env, "--wait")
+        output_dir = read_run_facts(config_path, env).output_dir
+        print("[4/4] results", flush=True)
+        show_outputs(output_dir)
+        if status != 0:
+            print(f"\nrehearsal FAILED: step logs are in {output_dir / 'logs'}", file=sys.stderr)
+    print(f"rehearsal {'passed' if status == 0 else 'failed'} in {time.monotonic() - start:.0f} s; daemons stopped")
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.rehearse", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, default=REPO / ".rehearsal", help="work folder, wiped first (default: %(default)s)")
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run config (default: %(default)s)")
+    args = parser.parse_args(argv)
+    if not args.config.is_file():
+        print(f"error: run config {args.config} does not exist", file=sys.stderr)
+        return 2
+    try:
+        return rehearse(args.root.resolve(), args.config.resolve())
+    except LocalSlurmError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
