@@ -1,0 +1,35 @@
+"""The dolly prompt format, used by training and generation alike.
+
+Real newlines separate the sections (the reference wrote a literal backslash-n). The context
+section is left out when a record has none. Training text is `format_prompt(...) + response`, so
+generation feeds the model exactly the prefix it was trained on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+INSTRUCTION_HEADER = "### Instruction"
+CONTEXT_HEADER = "### Context"
+ANSWER_HEADER = "### Answer"
+COLUMNS = ("instruction", "context", "response")
+REQUIRED_COLUMNS = ("instruction", "response")
+
+
+def format_prompt(instruction: str, context: str = "") -> str:
+    """The text up to where the answer starts."""
+    sections = [f"{INSTRUCTION_HEADER}\n{instruction.strip()}"]
+    if context and context.strip():
+        sections.append(f"{CONTEXT_HEADER}\n{context.strip()}")
+    sections.append(f"{ANSWER_HEADER}\n")
+    return "\n\n".join(sections)
+
+
+def format_example(record: Mapping[str, str | None]) -> str:
+    """One training text from one dolly record (the per-example formatting function)."""
+    return format_prompt(record["instruction"] or "", record.get("context") or "") + (record["response"] or "").strip()
+
+
+def template_skeleton() -> str:
+    """The longest form of the template with every field empty: what the headers alone cost."""
+    return f"{INSTRUCTION_HEADER}\n\n\n{CONTEXT_HEADER}\n\n\n{ANSWER_HEADER}\n"

@@ -1,0 +1,39 @@
+"""Torch backend: transformers + trl SFTTrainer + peft, on CPU or CUDA (also under torchrun/DDP).
+
+The transformers Trainer resumes exactly (weights, optimizer, scheduler, RNG, data position) from
+the checkpoint the plan names.
+"""
+
+from __future__ import annotations
+
+from lora_pipeline.config import RunConfig
+from lora_pipeline.prompt import format_example
+from lora_pipeline.train_callbacks import MetricsLogger, TokenCounter
+from lora_pipeline.train_common import TrainPlan, check_target_modules, check_trainable, peft_lora_config, sft_arguments
+
+
+def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable: int) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, PrinterCallback
+    from trl import SFTConfig, SFTTrainer
+
+    validation = datasets.get("validation")
+    evaluation = {"eval_strategy": "steps", "eval_steps": cfg.train.save_steps} if validation is not None else {}
+    args = SFTConfig(**sft_arguments(cfg, plan), **evaluation)
+    model = AutoModelForCausalLM.from_pretrained(cfg.paths.model_dir, dtype=torch.bfloat16 if cfg.train.bf16 else torch.float32)
+    check_target_modules(model, cfg.lora)
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=datasets["train"],
+        eval_dataset=validation,
+        processing_class=tokenizer,
+        peft_config=peft_lora_config(cfg.lora),
+        formatting_func=format_example,
+    )
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    check_trainable(trainable, expected_trainable, cfg.lora)
+    trainer.data_collator = tokens = TokenCounter(trainer.data_collator)
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(MetricsLogger(tokens=tokens, trainable=trainable, tensorboard_dir=plan.tensorboard_dir))
+    trainer.train(resume_from_checkpoint=str(plan.resume_from) if plan.resume_from else None)
