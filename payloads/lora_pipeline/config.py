@@ -62,6 +62,10 @@ class PathsConfig:
         return Path(self.output_dir) / "merged"
 
     @property
+    def data_dir(self) -> Path:
+        return Path(self.output_dir) / "data"
+
+    @property
     def tensorboard_dir(self) -> Path:
         return Path(self.output_dir) / "tensorboard"
 
@@ -248,6 +252,9 @@ def from_dict(raw: dict[str, Any], base_dir: Path | None = None, env: dict[str, 
             value = base_dir / value
         resolved[f.name] = str(value)
     parts["paths"] = PathsConfig(**resolved)
+    # The dataset may be a local file under a cluster folder (e.g. ${HPL_DATASETS_DIR}/dolly.jsonl).
+    data = parts["data"]
+    parts["data"] = dataclasses.replace(data, dataset=expand(data.dataset, "data.dataset", env))
     cfg = RunConfig(**parts)
     validate(cfg)
     return cfg
