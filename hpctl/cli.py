@@ -35,25 +35,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", parents=[common], help="stack outputs, cluster, nodes, FSx and image")
     status.add_argument("--json", action="store_true", help="print one JSON document for scripts")
-    status.set_defaults(run=commands.status)
+    status.set_defaults(handler=commands.status)
 
     wait = sub.add_parser("wait", parents=[common], help="wait until the cluster is in service (or failed)")
     wait.add_argument("--timeout", type=positive, default=5400, metavar="SECONDS", help="give up after (default 5400)")
     wait.add_argument("--interval", type=positive, default=30, metavar="SECONDS", help="poll every (default 30)")
-    wait.set_defaults(run=commands.wait)
+    wait.set_defaults(handler=commands.wait)
 
     shell = sub.add_parser("shell", parents=[common], help="SSM shell on the controller (or another node)")
     target = shell.add_mutually_exclusive_group()
     target.add_argument("--node", metavar="INSTANCE_ID", help="connect to this instance")
     target.add_argument("--group", help="connect to the first running node of this instance group")
-    shell.set_defaults(run=commands.shell)
+    shell.set_defaults(handler=commands.shell)
 
     submit = sub.add_parser("submit", parents=[common], help="submit the pipeline on the controller")
     submit.add_argument("--config", required=True,
                         help="run config under payloads/configs/: a name (llama3-8b), configs/<file> or a path")
     submit.add_argument("--from", dest="from_step", metavar="STEP", help="start the chain at this step")
     submit.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
-    submit.set_defaults(run=commands.submit)
+    submit.set_defaults(handler=commands.submit)
 
     logs = sub.add_parser("logs", help="lifecycle logs (CloudWatch) or pipeline step logs (S3)")
     kinds = logs.add_subparsers(dest="kind", required=True, metavar="KIND")
@@ -61,19 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
     lifecycle.add_argument("--node", metavar="INSTANCE_ID_OR_GROUP", help="only this instance or instance group")
     lifecycle.add_argument("--tail", type=count, default=0, metavar="N", help="last N lines per node (0: all)")
     lifecycle.add_argument("--follow", "-f", action="store_true", help="keep printing new lines (Ctrl-C stops)")
-    lifecycle.set_defaults(run=commands.logs_lifecycle)
+    lifecycle.set_defaults(handler=commands.logs_lifecycle)
     steps = kinds.add_parser("steps", parents=[common], help="pipeline step logs of a run")
     steps.add_argument("run", nargs="?", help="run folder under outputs/ (omit to list runs)")
     steps.add_argument("log", nargs="?", help="log file, or a step name for its newest log (omit to list)")
     steps.add_argument("--tail", type=count, default=0, metavar="N", help="last N lines (0: all)")
-    steps.set_defaults(run=commands.logs_steps)
+    steps.set_defaults(handler=commands.logs_steps)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.run(args)
+        args.handler(args)
     except HpctlError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

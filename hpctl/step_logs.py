@@ -39,7 +39,8 @@ def list_log_files(s3, bucket: str, run: str) -> list[LogFile]:
     with aws_errors(f"list s3://{bucket}/{prefix}"):
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             files += [
-                LogFile(key=item["Key"], name=item["Key"][len(prefix):], size=item["Size"], modified=item["LastModified"])
+                LogFile(key=item["Key"], name=item["Key"][len(prefix):], size=item["Size"],
+                        modified=item["LastModified"])
                 for item in page.get("Contents", [])
                 if not item["Key"].endswith("/")
             ]

@@ -110,7 +110,9 @@ class SubmitOutput:
                 f"the session ended before the submit command finished (aws exit {session_rc}): see the output above"
             )
         if self.exit_status != 0:
-            raise HpctlError(f"the submit command failed on the controller (exit {self.exit_status}): see its output above")
+            raise HpctlError(
+                f"the submit command failed on the controller (exit {self.exit_status}): see its output above"
+            )
         if not self.jobs and not dry_run:
             raise HpctlError("the submit command printed no job ids: see its output above")
         return self.jobs

@@ -80,14 +80,15 @@ def aws_env(monkeypatch, tmp_path):
 def project(tmp_path, monkeypatch) -> Path:
     root = tmp_path / "project"
     (root / "payloads" / "configs").mkdir(parents=True)
-    (root / "cdk.json").write_text(json.dumps({"app": "python3 app.py", "context": {"stack_name": STACK, "region": REGION}}))
+    cdk_json = {"app": "python3 app.py", "context": {"stack_name": STACK, "region": REGION}}
+    (root / "cdk.json").write_text(json.dumps(cdk_json))
     (root / "payloads" / "configs" / "tiny.toml").write_text(CONFIG_TEXT)
     monkeypatch.chdir(root)
     return root
 
 
 def build_deployment(client) -> Deployment:
-    """Create what `cdk deploy` leaves behind, through the AWS APIs (moto's CloudFormation cannot run the real template)."""
+    """What `cdk deploy` leaves behind, made through the AWS APIs (moto cannot deploy the real template)."""
     s3 = client("s3")
     s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
     s3.put_object(Bucket=BUCKET, Key="lifecycle/cluster-facts.json", Body=json.dumps(FACTS).encode())
@@ -202,6 +203,12 @@ class Recorder:
     def calls(self) -> list[str]:
         return json.loads(self.record.read_text())["argv"]
 
+    def replay_session(self, *lines: str) -> None:
+        """Make `aws` print what `ssm start-session` prints around a command's output (CRLF, as over SSM)."""
+        framing = ["", "Starting session with SessionId: tester-0123456789abcdef0", "", *lines, "", "",
+                   "Exiting session with sessionId: tester-0123456789abcdef0.", "", ""]
+        self.replay.write_text("\r\n".join(framing))
+
 
 @pytest.fixture
 def session_tools(tmp_path, monkeypatch) -> Recorder:
@@ -219,10 +226,3 @@ def session_tools(tmp_path, monkeypatch) -> Recorder:
     monkeypatch.setenv("HPCTL_TEST_RECORD", str(recorder.record))
     monkeypatch.setenv("HPCTL_TEST_REPLAY", str(recorder.replay))
     return recorder
-
-
-def session_output(*lines: str) -> str:
-    """What `aws ssm start-session` prints around a non-interactive command's output (CRLF, as over SSM)."""
-    framing = ["", "Starting session with SessionId: tester-0123456789abcdef0", "", *lines, "", "",
-               "Exiting session with sessionId: tester-0123456789abcdef0.", "", ""]
-    return "\r\n".join(framing)

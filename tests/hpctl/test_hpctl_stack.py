@@ -58,7 +58,8 @@ def test_failed_deploy(deployed, hpctl):
     deployed.set_stack_status("ROLLBACK_COMPLETE")
     code, _, err = hpctl("status")
     assert code == 2
-    assert err.startswith(f"error: stack {deployed.stack} is ROLLBACK_COMPLETE: its deploy failed; see the CloudFormation events")
+    assert err.startswith(
+        f"error: stack {deployed.stack} is ROLLBACK_COMPLETE: its deploy failed; see the CloudFormation events")
 
 
 def test_stack_still_creating_has_no_outputs(bare_stack, hpctl):
@@ -80,7 +81,8 @@ def test_a_stack_without_the_contract_outputs(bare_stack, hpctl):
 
 @pytest.mark.parametrize(("code", "expected"), [
     ("ExpiredToken", "AWS credentials have expired (ExpiredToken): refresh them (e.g. `aws sso login`) and retry"),
-    ("InvalidClientTokenId", "AWS rejected the credentials (InvalidClientTokenId): check AWS_PROFILE or run `aws configure`"),
+    ("InvalidClientTokenId",
+     "AWS rejected the credentials (InvalidClientTokenId): check AWS_PROFILE or run `aws configure`"),
     ("AccessDenied", "not allowed to read stack S: User arn:aws:iam::1:user/u is not authorized"),
     ("Throttling", "read stack S failed: Throttling: User arn:aws:iam::1:user/u is not authorized"),
 ])

@@ -33,7 +33,8 @@ def test_json_for_scripts(deployed, hpctl):
     assert report["cluster"]["status"] == "InService"
     assert report["cluster"]["id"] == deployed.cluster_id
     assert report["stack"]["outputs"]["BucketName"] == deployed.bucket
-    assert {(node["group"], node["status"]) for node in report["nodes"]} == {("controller", "Running"), ("compute", "Running")}
+    assert [(node["group"], node["status"]) for node in report["nodes"]] == [
+        ("controller", "Running"), ("compute", "Running")]
     assert report["fsx"]["storage_gib"] == 1200 and report["fsx"]["mount_name"] == "abcdefgh"
     assert report["image_uri"].endswith("/hpl-train:1")
 

@@ -58,7 +58,8 @@ def test_gives_up_after_the_timeout(deployed):
 def test_in_service_at_once(deployed, hpctl):
     code, out, _ = hpctl("wait")
     assert code == 0
-    assert out.splitlines()[-1] == f"cluster {deployed.cluster} is in service: `hpctl shell` opens a shell on the controller"
+    assert out.splitlines()[-1] == \
+        f"cluster {deployed.cluster} is in service: `hpctl shell` opens a shell on the controller"
 
 
 def test_interval_and_timeout_must_be_positive(deployed, hpctl, capsys):

@@ -1,0 +1,145 @@
+"""`hpctl submit`: run config checks, the remote command, and the session run for real against a recorder."""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import boto3
+import pytest
+
+from hpctl.errors import HpctlError
+from hpctl.submit import SubmitOptions, remote_command, resolve_run_config
+
+FACTS = {"payloads_dir": "/fsx/payloads", "default_user": "ubuntu"}
+REMOTE = ('cd "${HPL_PAYLOADS_DIR:-/fsx/payloads}" && '
+          'python3 -m lora_pipeline.submit --config configs/tiny.toml --from train --dry-run; '
+          'echo "hpctl-remote-exit=$?"')
+
+
+@pytest.mark.parametrize("value", ["tiny", "tiny.toml", "configs/tiny.toml", "payloads/configs/tiny.toml"])
+def test_run_config_spellings(project, value):
+    assert resolve_run_config(value, project_root=project) == (project / "payloads/configs/tiny.toml").resolve()
+
+
+def test_run_config_absolute_path(project):
+    path = project / "payloads/configs/tiny.toml"
+    assert resolve_run_config(str(path), project_root=project) == path.resolve()
+
+
+def test_run_config_outside_payloads_configs_cannot_reach_the_cluster(project, tmp_path):
+    stray = tmp_path / "mine.toml"
+    stray.write_text("")
+    with pytest.raises(HpctlError, match=r"^run config .*mine.toml is not in payloads/configs/: only that folder "
+                                         r"reaches the cluster; copy it there and deploy \(`make deploy`\)$"):
+        resolve_run_config(str(stray), project_root=project)
+
+
+def test_unknown_run_config_lists_the_available_ones(project):
+    with pytest.raises(HpctlError, match=r"^run config llama not found in payloads/configs/ \(available: tiny.toml\)$"):
+        resolve_run_config("llama", project_root=project)
+
+
+def test_remote_command_runs_submit_as_the_default_user_in_a_login_shell():
+    command = remote_command(SubmitOptions(config="configs/tiny.toml", from_step="train", dry_run=True), facts=FACTS)
+    # The SSM agent splits the command like a POSIX shell and runs it without one.
+    assert shlex.split(command) == ["sudo", "-n", "-u", "ubuntu", "-H", "bash", "-lc", REMOTE]
+
+
+def test_remote_script_runs_in_the_payloads_folder(tmp_path):
+    """Run the script part with bash for real: it must find the payloads folder, pass the options, report $?."""
+    payloads = tmp_path / "payloads"
+    (payloads / "lora_pipeline").mkdir(parents=True)
+    (payloads / "lora_pipeline" / "__init__.py").write_text("")
+    (payloads / "lora_pipeline" / "submit.py").write_text(
+        "import os, sys\nprint('cwd', os.getcwd())\nprint('args', *sys.argv[1:])\nsys.exit(3)\n")
+    facts = {**FACTS, "payloads_dir": str(payloads)}
+    script = shlex.split(remote_command(SubmitOptions(config="configs/x.toml"), facts=facts))[-1]
+    env = {"PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin"}
+    for label, extra in (("facts default", {}), ("HPL_PAYLOADS_DIR", {"HPL_PAYLOADS_DIR": str(payloads)})):
+        result = subprocess.run(["bash", "-c", script], env={**env, **extra}, capture_output=True, text=True,
+                                timeout=60)
+        expected = [f"cwd {payloads}", "args --config configs/x.toml", "hpctl-remote-exit=3"]
+        assert result.stdout.splitlines() == expected, label
+
+
+def test_submit_through_an_ssm_session(deployed, session_tools, hpctl):
+    session_tools.replay_session(
+        "submitted download job 101", "submitted data job 102", "submitted train job 103",
+        "logs: /fsx/outputs/tiny/logs", "hpctl-remote-exit=0")
+    code, out, err = hpctl("submit", "--config", "tiny", "--from", "download")
+    assert code == 0, err
+    argv = session_tools.calls()
+    target = f"sagemaker-cluster:{deployed.cluster_id}_controller-controller-0"
+    assert argv[:7] == ["ssm", "start-session", "--target", target, "--region", "us-west-2", "--document-name"]
+    assert argv[7:9] == ["AWS-StartNonInteractiveCommand", "--parameters"]
+    command = json.loads(argv[9])["command"]
+    assert len(command) == 1 and shlex.split(command[0])[:7] == ["sudo", "-n", "-u", "ubuntu", "-H", "bash", "-lc"]
+    assert "python3 -m lora_pipeline.submit --config configs/tiny.toml --from download;" in command[0]
+    assert "logs: /fsx/outputs/tiny/logs" in out and "hpctl-remote-exit" not in out
+    jobs = out.split("submitted jobs:\n")[1].splitlines()[:3]
+    assert jobs == ["  download  101", "  data      102", "  train     103"]
+
+
+def test_dry_run_prints_and_needs_no_job_ids(deployed, session_tools, hpctl):
+    session_tools.replay_session("sbatch --parsable download.sbatch", "hpctl-remote-exit=0")
+    code, out, _ = hpctl("submit", "--config", "configs/tiny.toml", "--dry-run")
+    assert code == 0 and "sbatch --parsable download.sbatch" in out
+    assert "--dry-run" in json.loads(session_tools.calls()[9])["command"][0]
+
+
+@pytest.mark.parametrize(("lines", "message"), [
+    (["Traceback ...", "ConfigError: [train] epochs must be > 0", "hpctl-remote-exit=1"],
+     "error: the submit command failed on the controller (exit 1): see its output above\n"),
+    (["sbatch: error: Batch job submission failed"],
+     "error: the session ended before the submit command finished (aws exit 0): see the output above\n"),
+    (["nothing to do", "hpctl-remote-exit=0"], "error: the submit command printed no job ids: see its output above\n"),
+])
+def test_remote_failures(deployed, session_tools, hpctl, lines, message):
+    session_tools.replay_session(*lines)
+    code, out, err = hpctl("submit", "--config", "tiny")
+    assert (code, err) == (2, "session on controller/controller-0 (Running)\n" + message)
+    assert lines[0] in out
+
+
+def test_edited_config_not_yet_deployed(deployed, session_tools, hpctl, project):
+    (project / "payloads/configs/tiny.toml").write_text('[model]\nid = "edited"\n')
+    code, _, err = hpctl("submit", "--config", "tiny")
+    assert code == 2
+    assert err == ("error: payloads/configs/tiny.toml differs from its deployed copy "
+                   f"s3://{deployed.bucket}/payloads/configs/tiny.toml: "
+                   "run `make deploy` so the cluster sees your edits\n")
+    assert not session_tools.record.exists()
+
+
+def test_new_config_never_deployed(deployed, session_tools, hpctl, project):
+    (project / "payloads/configs/new.toml").write_text("")
+    code, _, err = hpctl("submit", "--config", "new")
+    assert code == 2
+    assert err == ("error: payloads/configs/new.toml is not deployed yet "
+                   f"(no s3://{deployed.bucket}/payloads/configs/new.toml): "
+                   "run `make deploy` first\n")
+
+
+def test_cluster_must_be_in_service(deployed, session_tools, hpctl):
+    deployed.set_cluster(status="Creating")
+    code, _, err = hpctl("submit", "--config", "tiny")
+    assert (code, err) == (
+        2, f"error: cluster {deployed.cluster} is Creating: `hpctl wait` follows it until it is in service\n")
+
+
+def test_plugin_missing_stops_before_any_aws_call(aws_env, project, session_tools, hpctl):
+    (session_tools.bin_dir / "session-manager-plugin").unlink()
+    code, _, err = hpctl("submit", "--config", "tiny")  # no moto here: an AWS call would fail differently
+    assert code == 2 and err.startswith("error: the Session Manager plugin (`session-manager-plugin`) is not on PATH")
+
+
+def test_facts_choose_user_and_folder(deployed, session_tools, hpctl):
+    facts = {"payloads_dir": "/lustre/payloads", "default_user": "trainer"}
+    boto3.client("s3", region_name=deployed.region).put_object(
+        Bucket=deployed.bucket, Key="lifecycle/cluster-facts.json", Body=json.dumps(facts).encode())
+    session_tools.replay_session("submitted train job 7", "hpctl-remote-exit=0")
+    assert hpctl("submit", "--config", "tiny")[0] == 0
+    words = shlex.split(json.loads(session_tools.calls()[9])["command"][0])
+    assert words[3] == "trainer" and words[-1].startswith('cd "${HPL_PAYLOADS_DIR:-/lustre/payloads}" && ')
