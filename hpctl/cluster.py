@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import boto3
+from botocore.exceptions import ClientError
 
 from hpctl.errors import HpctlError, aws_errors
 
@@ -44,7 +45,15 @@ class ClusterState:
 
 def describe_cluster(session: boto3.Session, name: str) -> ClusterState:
     with aws_errors(f"describe cluster {name}"):
-        reply = session.client("sagemaker").describe_cluster(ClusterName=name)
+        try:
+            reply = session.client("sagemaker").describe_cluster(ClusterName=name)
+        except ClientError as error:
+            if not _is_not_found(error):
+                raise
+            raise HpctlError(
+                f"cluster {name} named by the stack does not exist in {session.region_name}: "
+                "was it deleted outside CloudFormation? `make deploy` recreates it"
+            ) from error
     return ClusterState(
         name=reply["ClusterName"],
         arn=reply["ClusterArn"],
@@ -60,6 +69,12 @@ def describe_cluster(session: boto3.Session, name: str) -> ClusterState:
             for group in reply.get("InstanceGroups", [])
         ),
     )
+
+
+def _is_not_found(error: ClientError) -> bool:
+    """The service answers ResourceNotFound; moto a ValidationException saying "Could not find"."""
+    details = error.response.get("Error", {})
+    return details.get("Code") == "ResourceNotFound" or "could not find" in details.get("Message", "").lower()
 
 
 def list_nodes(session: boto3.Session, name: str) -> list[Node]:

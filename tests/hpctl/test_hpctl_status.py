@@ -60,3 +60,10 @@ def test_file_system_gone(deployed, hpctl):
     boto3.client("fsx", region_name=deployed.region).delete_file_system(FileSystemId=deployed.fsx_id)
     code, out, _ = hpctl("status", "--json")
     assert json.loads(out)["fsx"]["status"] == "not found"
+
+
+def test_cluster_deleted_behind_the_stack_s_back(deployed, hpctl):
+    boto3.client("sagemaker", region_name=deployed.region).delete_cluster(ClusterName=deployed.cluster)
+    code, _, err = hpctl("status")
+    assert (code, err) == (2, f"error: cluster {deployed.cluster} named by the stack does not exist in us-west-2: "
+                              "was it deleted outside CloudFormation? `make deploy` recreates it\n")

@@ -103,23 +103,17 @@ def test_remote_failures(deployed, session_tools, hpctl, lines, message):
     assert lines[0] in out
 
 
-def test_edited_config_not_yet_deployed(deployed, session_tools, hpctl, project):
-    (project / "payloads/configs/tiny.toml").write_text('[model]\nid = "edited"\n')
-    code, _, err = hpctl("submit", "--config", "tiny")
-    assert code == 2
-    assert err == ("error: payloads/configs/tiny.toml differs from its deployed copy "
-                   f"s3://{deployed.bucket}/payloads/configs/tiny.toml: "
-                   "run `make deploy` so the cluster sees your edits\n")
+@pytest.mark.parametrize(("name", "expected"), [
+    ("tiny", "payloads/configs/tiny.toml differs from its deployed copy s3://{bucket}/payloads/configs/tiny.toml: "
+             "run `make deploy` so the cluster sees your edits"),
+    ("new", "payloads/configs/new.toml is not deployed yet (no s3://{bucket}/payloads/configs/new.toml): "
+            "run `make deploy` first"),
+])
+def test_local_config_must_match_the_deployed_copy(deployed, session_tools, hpctl, project, name, expected):
+    (project / f"payloads/configs/{name}.toml").write_text('[model]\nid = "edited"\n')
+    code, _, err = hpctl("submit", "--config", name)
+    assert (code, err) == (2, "error: " + expected.format(bucket=deployed.bucket) + "\n")
     assert not session_tools.record.exists()
-
-
-def test_new_config_never_deployed(deployed, session_tools, hpctl, project):
-    (project / "payloads/configs/new.toml").write_text("")
-    code, _, err = hpctl("submit", "--config", "new")
-    assert code == 2
-    assert err == ("error: payloads/configs/new.toml is not deployed yet "
-                   f"(no s3://{deployed.bucket}/payloads/configs/new.toml): "
-                   "run `make deploy` first\n")
 
 
 def test_cluster_must_be_in_service(deployed, session_tools, hpctl):
