@@ -17,8 +17,10 @@ from botocore.exceptions import ClientError
 
 from hpctl.errors import HpctlError, aws_errors
 
-CONFIGS_DIR = Path("payloads") / "configs"
+PAYLOADS_FOLDER = "payloads"  # the repo folder, its S3 prefix and its FSx folder share this name
+CONFIGS_DIR = Path(PAYLOADS_FOLDER) / "configs"
 JOB_LINE = re.compile(r"^submitted (?P<step>\S+) job (?P<job_id>\d+)\b")
+PLAIN_PATH = re.compile(r"/[A-Za-z0-9_./-]*")
 EXIT_MARKER = "hpctl-remote-exit="
 EXIT_LINE = re.compile(re.escape(EXIT_MARKER) + r"(?P<status>\d+)$")
 
@@ -34,7 +36,7 @@ def resolve_run_config(value: str, *, project_root: Path) -> Path:
     """The local run config file for ``value``: a name, configs/<file> or a path under payloads/configs."""
     configs = (project_root / CONFIGS_DIR).resolve()
     candidates = [Path(value)] if Path(value).is_absolute() else [
-        project_root / value, project_root / "payloads" / value, configs / value, configs / f"{value}.toml",
+        project_root / value, project_root / PAYLOADS_FOLDER / value, configs / value, configs / f"{value}.toml",
     ]
     for candidate in candidates:
         if candidate.is_file():
@@ -51,7 +53,7 @@ def resolve_run_config(value: str, *, project_root: Path) -> Path:
 
 def check_deployed_copy(session: boto3.Session, *, bucket: str, local: Path) -> None:
     """The controller reads the deployed copy; refuse to submit when it differs from the local file."""
-    key = f"payloads/configs/{local.name}"
+    key = f"{CONFIGS_DIR.as_posix()}/{local.name}"
     with aws_errors(f"read s3://{bucket}/{key}"):
         try:
             deployed = session.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
@@ -70,7 +72,9 @@ def check_deployed_copy(session: boto3.Session, *, bucket: str, local: Path) -> 
 
 def remote_command(options: SubmitOptions, *, facts: dict) -> str:
     """One command line for the node: the submit step as the default user in a login shell."""
-    payloads_dir = shlex.quote(facts["payloads_dir"])
+    payloads_dir = facts["payloads_dir"]
+    if not PLAIN_PATH.fullmatch(payloads_dir):  # it sits inside "${...:-default}", where quoting would not apply
+        raise HpctlError(f"cluster facts: payloads_dir {payloads_dir!r} is not a plain absolute path")
     submit = ["python3", "-m", "lora_pipeline.submit", "--config", options.config]
     if options.from_step:
         submit += ["--from", options.from_step]

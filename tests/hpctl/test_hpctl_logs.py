@@ -90,8 +90,8 @@ def test_follow_prints_new_lines_until_interrupted(lifecycle_logs, deployed, cap
 @pytest.fixture
 def step_logs(deployed):
     s3 = boto3.client("s3", region_name=deployed.region)
-    files = {"outputs/tiny/logs/download-101.out": "fetching\ndone\n",
-             "outputs/tiny/logs/train-103.out": "step 1 loss 2.0\nstep 2 loss 1.5\nstep 3 loss 1.2\n",
+    files = {"outputs/tiny/logs/download-101.log": "fetching\ndone\n",
+             "outputs/tiny/logs/train-103.log": "step 1 loss 2.0\nstep 2 loss 1.5\nstep 3 loss 1.2\n",
              "outputs/tiny/adapter/adapter_model.safetensors": "weights",
              "outputs/other/checkpoints/checkpoint-1/x": ""}
     for key, body in files.items():
@@ -109,10 +109,10 @@ def test_list_runs(step_logs, hpctl):
 def test_list_a_run_s_logs(step_logs, hpctl):
     code, out, _ = hpctl("logs", "steps", "tiny")
     assert code == 0
-    assert [line.split()[:2] for line in out.splitlines()[1:]] == [["download-101.out", "14"], ["train-103.out", "48"]]
+    assert [line.split()[:2] for line in out.splitlines()[1:]] == [["download-101.log", "14"], ["train-103.log", "48"]]
 
 
-@pytest.mark.parametrize("name", ["train", "train-103.out"])
+@pytest.mark.parametrize("name", ["train", "train-103.log"])
 def test_print_a_step_log_by_step_or_file(step_logs, hpctl, name):
     code, out, _ = hpctl("logs", "steps", "tiny", name, "--tail", "2")
     assert (code, out) == (0, "step 2 loss 1.5\nstep 3 loss 1.2\n")
@@ -122,7 +122,7 @@ def test_unknown_run_and_log(step_logs, hpctl):
     assert hpctl("logs", "steps", "nope")[2] == \
         "error: no run 'nope' in s3://sagemaker-hpl-test-bucket/outputs/ (runs: other, tiny)\n"
     assert hpctl("logs", "steps", "tiny", "merge")[2] == \
-        "error: no log 'merge' in run tiny (logs: download-101.out, train-103.out)\n"
+        "error: no log 'merge' in run tiny (logs: download-101.log, train-103.log)\n"
     assert hpctl("logs", "steps", "other")[2] == \
         "error: run other has no logs in s3://sagemaker-hpl-test-bucket/outputs/other/logs/ yet\n"
 

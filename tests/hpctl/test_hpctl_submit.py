@@ -47,6 +47,11 @@ def test_remote_command_runs_submit_as_the_default_user_in_a_login_shell():
     assert shlex.split(command) == ["sudo", "-n", "-u", "ubuntu", "-H", "bash", "-lc", REMOTE]
 
 
+def test_payloads_dir_must_be_a_plain_path():
+    with pytest.raises(HpctlError, match=r"payloads_dir '/fsx/my payloads' is not a plain absolute path"):
+        remote_command(SubmitOptions(config="configs/x.toml"), facts={**FACTS, "payloads_dir": "/fsx/my payloads"})
+
+
 def test_remote_script_runs_in_the_payloads_folder(tmp_path):
     """Run the script part with bash for real: it must find the payloads folder, pass the options, report $?."""
     payloads = tmp_path / "payloads"
