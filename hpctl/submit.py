@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,7 +125,7 @@ def print_jobs(jobs: list[tuple[str, str]]) -> None:
     if not jobs:
         return
     width = max(len(step) for step, _ in jobs)
-    print("\nsubmitted jobs:", file=sys.stdout)
+    print("\nsubmitted jobs:")
     for step, job_id in jobs:
         print(f"  {step:<{width}}  {job_id}")
     print("follow them with `hpctl shell` then `squeue`, or `hpctl logs steps`")

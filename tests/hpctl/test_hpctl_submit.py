@@ -121,6 +121,13 @@ def test_local_config_must_match_the_deployed_copy(deployed, session_tools, hpct
     assert not session_tools.record.exists()
 
 
+def test_unknown_step_is_refused_before_anything_runs(hpctl, capsys):
+    with pytest.raises(SystemExit) as stop:
+        hpctl("submit", "--config", "tiny", "--from", "finetune")
+    assert stop.value.code == 2
+    assert "argument --from: invalid choice: 'finetune'" in capsys.readouterr().err
+
+
 def test_cluster_must_be_in_service(deployed, session_tools, hpctl):
     deployed.set_cluster(status="Creating")
     code, _, err = hpctl("submit", "--config", "tiny")
