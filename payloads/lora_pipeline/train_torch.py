@@ -19,7 +19,10 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
 
     validation = datasets.get("validation")
     evaluation = {"eval_strategy": "steps", "eval_steps": cfg.train.save_steps} if validation is not None else {}
-    args = SFTConfig(**sft_arguments(cfg, plan), **evaluation)
+    # trl turns gradient checkpointing on; its default reentrant form breaks DDP under torchrun
+    # ("marked a variable ready only once") with peft, so use the non-reentrant form.
+    checkpointing = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
+    args = SFTConfig(**sft_arguments(cfg, plan), **evaluation, **checkpointing)
     model = AutoModelForCausalLM.from_pretrained(cfg.paths.model_dir, dtype=torch.bfloat16 if cfg.train.bf16 else torch.float32)
     check_target_modules(model, cfg.lora)
     trainer = SFTTrainer(
