@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,7 +50,7 @@ class LocalSlurm:
         self.nodes = nodes
         self.cpus_per_node = cpus_per_node or max(1, (os.cpu_count() or 1) // nodes)
         self.conf = self.root / "slurm.conf"
-        self.socket = self.root / "munge" / "munge.socket.2"
+        self.socket_dir: Path | None = None  # made at start: munged needs every parent folder world-searchable
         self.node_names = [socket.gethostname()] if nodes == 1 else [f"node{i}" for i in range(1, nodes + 1)]
         self._procs: list[tuple[str, subprocess.Popen]] = []
 
@@ -63,6 +64,11 @@ class LocalSlurm:
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(list(args), env=self.env(), capture_output=True, text=True, check=check)
 
+    @property
+    def socket(self) -> Path:
+        assert self.socket_dir is not None, "start() first"
+        return self.socket_dir / "munge.socket.2"
+
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, timeout: float = 60.0) -> "LocalSlurm":
         missing = missing_binaries()
@@ -70,13 +76,15 @@ class LocalSlurm:
             raise LocalSlurmError(f"missing {', '.join(missing)}: install them with `apt-get install -y slurm-wlm munge`")
         if os.geteuid() != 0:
             raise LocalSlurmError("the local Slurm runs its daemons as root: run as root (CI does)")
-        for sub in ("munge", "munge-key", "state", "spool", "log"):
+        for sub in ("munge-key", "state", "spool", "log"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.socket_dir = Path(tempfile.mkdtemp(prefix="hpl-munge-"))
+        self.socket_dir.chmod(0o755)
         self._write_munge_key()
         self.conf.write_text(self._slurm_conf())
         self._spawn("munged", ["munged", "--foreground", f"--socket={self.socket}",
                                f"--key-file={self.root / 'munge-key' / 'munge.key'}",
-                               f"--pid-file={self.root / 'munge' / 'munged.pid'}",
+                               f"--pid-file={self.socket_dir / 'munged.pid'}",
                                f"--log-file={self.root / 'log' / 'munged.log'}",
                                f"--seed-file={self.root / 'munge-key' / 'munged.seed'}"])
         self._wait(lambda: self._alive() and self.socket.exists(), timeout, "munged socket", "munged.log")
@@ -104,6 +112,8 @@ class LocalSlurm:
                 proc.kill()
                 proc.wait()
         self._procs.clear()
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def __enter__(self) -> "LocalSlurm":
         try:
@@ -117,8 +127,6 @@ class LocalSlurm:
 
     # -- internals ---------------------------------------------------------------------------
     def _write_munge_key(self) -> None:
-        # munged wants a private key folder and a socket folder everyone may traverse.
-        (self.root / "munge").chmod(0o755)
         munge_dir = self.root / "munge-key"
         munge_dir.chmod(0o700)
         key = munge_dir / "munge.key"

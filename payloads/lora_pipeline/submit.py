@@ -77,10 +77,15 @@ def steps_from(first: str) -> tuple[str, ...]:
 
 
 def dry_run(facts: RunFacts, first: str, env: dict[str, str]) -> None:
-    print(f"# dry run: nothing is submitted; these would run after creating {facts.logs_dir}")
+    """The submission as a shell script: each job id captured and fed to the next dependency."""
+    print(f"# dry run: nothing submitted. The same submission as a script:\nmkdir -p {shlex.quote(str(facts.logs_dir))}/state")
     previous = None
     for step in steps_from(first):
-        print(shlex.join(sbatch_command(step, facts, previous and f"<{previous} job>", env)))
+        words = [
+            f'--dependency=afterok:"${previous}_job"' if word.startswith("--dependency=") else shlex.quote(word)
+            for word in sbatch_command(step, facts, previous, env)
+        ]
+        print(f"{step}_job=$({' '.join(words)})")
         previous = step
 
 

@@ -1,0 +1,30 @@
+"""Local Slurm clusters for the pipeline tests (tools/local_slurm.py), one per test module."""
+
+from __future__ import annotations
+
+import pytest
+
+from tools.local_slurm import LocalSlurm, missing_binaries
+
+
+def require_slurm() -> None:
+    """CI installs slurm-wlm and munge (.ci/run); elsewhere say how to get them."""
+    missing = missing_binaries()
+    if missing:
+        pytest.fail(f"missing {', '.join(missing)}: `apt-get install -y slurm-wlm munge` (as root)", pytrace=False)
+
+
+def start_cluster(tmp_path_factory, nodes: int):
+    require_slurm()
+    with LocalSlurm(tmp_path_factory.mktemp(f"slurm{nodes}n"), nodes=nodes) as slurm:
+        yield slurm
+
+
+@pytest.fixture(scope="module")
+def one_node(tmp_path_factory):
+    yield from start_cluster(tmp_path_factory, 1)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    yield from start_cluster(tmp_path_factory, 2)

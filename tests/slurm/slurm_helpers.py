@@ -1,0 +1,28 @@
+"""Helpers shared by the Slurm tests: run submit as a user does, wait on files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def submit(env: dict[str, str], config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """python -m lora_pipeline.submit, as a user runs it."""
+    command = [sys.executable, "-m", "lora_pipeline.submit", *args, "--config", str(config)]
+    return subprocess.run(command, env=env, capture_output=True, text=True, cwd=REPO / "payloads")
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):
+    """Poll until predicate() is truthy; the timeout only stops a hung test, it asserts nothing about speed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what} after {timeout:.0f} s")
+        time.sleep(poll)

@@ -1,0 +1,109 @@
+"""torchrun launch arguments from the Slurm allocation, and a real 2-node gloo rendezvous."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lora_pipeline import launch
+from slurm_helpers import REPO, wait_for
+
+pytestmark = pytest.mark.xdist_group("slurm")
+
+
+def slurm_env(nodes: int, nodelist: str, job_id: int = 4242, **extra: str) -> dict[str, str]:
+    return {"SLURM_JOB_NUM_NODES": str(nodes), "SLURM_JOB_NODELIST": nodelist, "SLURM_JOB_ID": str(job_id), **extra}
+
+
+@pytest.mark.parametrize(
+    ("nodes", "nodelist", "first"),
+    [
+        (1, "ip-10-1-7-20", "ip-10-1-7-20"),
+        (2, "ip-10-1-7-[20-21]", "ip-10-1-7-20"),
+        (4, "ip-10-1-7-[20,22],ip-10-1-9-[3-4]", "ip-10-1-7-20"),
+    ],
+)
+def test_arguments_for_1_2_4_nodes(two_nodes, monkeypatch, nodes, nodelist, first):
+    # Host lists are expanded by the real `scontrol show hostnames`; these hosts are not in the
+    # local cluster, so the master address falls back to the first name, as Slurm names it.
+    monkeypatch.setenv("SLURM_CONF", str(two_nodes.conf))
+    env = slurm_env(nodes, nodelist, HPL_DEVICES_PER_NODE="32")
+    assert launch.torchrun_args(env) == [
+        f"--nnodes={nodes}",
+        "--nproc_per_node=32",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={first}:{launch.PORT_BASE + 4242}",
+        "--rdzv_id=4242",
+        "--max_restarts=0",
+    ]
+
+
+def test_master_is_the_first_node_address_and_port_override(two_nodes, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", str(two_nodes.conf))
+    args = launch.torchrun_args(slurm_env(2, "node[1-2]", HPL_MASTER_PORT="29501"))
+    assert "--rdzv_endpoint=127.0.0.1:29501" in args  # node1's NodeAddr in the local slurm.conf
+    assert "--nproc_per_node=1" in args  # no HPL_DEVICES_PER_NODE: one process per node
+
+
+def test_ports_of_different_jobs_differ():
+    names = lambda _: ["a"]  # noqa: E731
+    ports = {launch.torchrun_args(slurm_env(1, "a", job), hostnames=names, node_address=str)[3] for job in (7, 8, 9)}
+    assert len(ports) == 3
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({}, "SLURM_JOB_NUM_NODES is not set"),
+        (slurm_env(0, "a"), "SLURM_JOB_NUM_NODES='0' must be at least 1"),
+        (slurm_env(3, "a"), "names 1 hosts but SLURM_JOB_NUM_NODES=3"),
+        (slurm_env(1, "a", HPL_DEVICES_PER_NODE="many"), "HPL_DEVICES_PER_NODE='many' is not an integer"),
+    ],
+)
+def test_bad_slurm_environment_is_named(env, message):
+    with pytest.raises(launch.LaunchError, match=message.replace("[", r"\[")):
+        launch.torchrun_args(env, hostnames=lambda _: ["a"], node_address=str)
+
+
+def test_cli_outside_a_job_says_so():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    out = subprocess.run(["python3", "-m", "lora_pipeline.launch"], env={**env, "PYTHONPATH": str(REPO / "payloads")},
+                         capture_output=True, text=True)
+    assert out.returncode == 2
+    assert out.stderr.strip() == "error: SLURM_JOB_NUM_NODES is not set: run inside a Slurm job (sbatch/srun)"
+
+
+def test_two_node_gloo_rendezvous_through_env_sh(two_nodes, tmp_path):
+    """Two slurmd on this host, one torchrun agent each, 2 workers per node: world size 4."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    env = two_nodes.env()
+    env.update(
+        HPL_PAYLOADS_DIR=str(REPO / "payloads"), HPL_RUN_CONFIG=str(tmp_path / "unused.toml"), HPL_RUN_DIR=str(run_dir),
+        HPL_RUNTIME="host", HPL_DEVICES_PER_NODE="2", PYTHON=sys.executable, PYTHONPATH=str(Path(__file__).parent),
+        HPL_FSX_MOUNT_PATH=str(tmp_path / "fsx"),
+    )
+    log = tmp_path / "probe.log"
+    job = subprocess.run(
+        ["sbatch", "--parsable", "--nodes=2", f"--output={log}", str(Path(__file__).with_name("probe.sbatch"))],
+        env=env, capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    marker = run_dir / "logs" / "state" / "probe.json"
+    wait_for(lambda: marker.is_file() and json.loads(marker.read_text())["state"] != "RUNNING", 180, f"probe job {job}")
+    assert json.loads(marker.read_text())["state"] == "COMPLETED", log.read_text()
+
+    seen = [json.loads((run_dir / f"probe-{rank}.json").read_text()) for rank in range(4)]
+    assert {s["world"] for s in seen} == {4}
+    assert {s["sum"] for s in seen} == {1.0 + 2 + 3 + 4}
+    assert sorted(s["node"] for s in seen) == ["node1", "node1", "node2", "node2"]
+    assert len({(s["node"], s["group_rank"]) for s in seen}) == 2  # one torchrun agent per node
+    # env.sh's settings reach the workers; EFA is chosen because the job spans two nodes.
+    settings = seen[0]["env"]
+    assert settings["FI_PROVIDER"] == "efa"
+    assert settings["MALLOC_ARENA_MAX"] == "64"
+    assert f"--cache_dir={tmp_path / 'fsx' / 'neuron-cache'}" in settings["NEURON_CC_FLAGS"]
