@@ -31,6 +31,8 @@ def load_source(data: DataConfig):
     path = Path(spec).expanduser()
     try:
         if path.is_file():
+            if path.stat().st_size == 0:
+                raise StepError(f"data.dataset {spec} is empty: there is nothing to train on")
             if path.suffix.lower() not in FILE_FORMATS:
                 raise StepError(f"data.dataset {spec}: unsupported file type (use {', '.join(FILE_FORMATS)})")
             return datasets.load_dataset(FILE_FORMATS[path.suffix.lower()], data_files=str(path), split="train")
@@ -42,6 +44,8 @@ def load_source(data: DataConfig):
         if spec.startswith(("/", ".", "~")):
             raise StepError(f"data.dataset {spec}: no such file or folder")
         return datasets.load_dataset(spec, split=data.split)
+    except datasets.exceptions.DatasetGenerationError as exc:
+        raise StepError(f"data.dataset {spec} cannot be read: {exc.__cause__ or exc}") from None
     except (FileNotFoundError, ValueError, KeyError, datasets.exceptions.DatasetNotFoundError) as exc:
         raise StepError(f"data.dataset {spec} (split {data.split!r}) cannot be loaded: {exc}") from None
 

@@ -57,6 +57,9 @@ def explain(exc: Exception, model_id: str, revision: str, token: str | None) -> 
     if isinstance(exc, RepositoryNotFoundError):
         hint = "check model.id" if token else "check model.id, or set HF_TOKEN if it is private"
         return StepError(f"model {model_id} not found or not accessible (HTTP 401/404): {hint}")
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(exc, HfHubHTTPError) and status == 401:
+        return StepError(f"the Hub rejected the Hugging Face token (HTTP 401) for {model_id}: check HF_TOKEN")
     if isinstance(exc, HfHubHTTPError):
         return StepError(f"the Hub refused {model_id}: {str(exc).splitlines()[0]}")
     if isinstance(exc, requests.RequestException):
@@ -70,6 +73,7 @@ def fetch(model_id: str, revision: str, folder: Path, token: str | None, endpoin
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError
 
+    endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None  # read now, not at import (mirrors, tests)
     try:
         info = HfApi(endpoint=endpoint).model_info(model_id, revision=revision, token=token)
         check_access(model_id, info.gated, token)

@@ -1,0 +1,130 @@
+"""The dolly prompt format and the data step: sources, validation, split, padding report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from payload_configs import tiny_config, write_config
+
+from lora_pipeline import data, data_stats, tiny
+from lora_pipeline.config import DataConfig, RunConfig
+from lora_pipeline.errors import StepError
+from lora_pipeline.prompt import format_example, format_prompt
+
+
+def test_prompt_uses_real_newlines_and_skips_an_empty_context():
+    text = format_example({"instruction": "Why?", "context": "", "response": "Because."})
+    assert text == "### Instruction\nWhy?\n\n### Answer\nBecause."
+    assert "\\n" not in text
+
+
+def test_prompt_with_context_and_generation_prefix():
+    record = {"instruction": " Why? ", "context": "Some facts.", "response": "Because."}
+    assert format_example(record) == "### Instruction\nWhy?\n\n### Context\nSome facts.\n\n### Answer\nBecause."
+    assert format_example(record).startswith(format_prompt("Why?", "Some facts."))
+
+
+def _records_in_every_format(folder):
+    import datasets
+
+    records = tiny.dolly_records(12)
+    jsonl = tiny.write_dolly_jsonl(folder / "rows.jsonl", 12)
+    (folder / "rows.json").write_text(json.dumps(records))
+    datasets.Dataset.from_list(records).to_parquet(str(folder / "rows.parquet"))
+    tiny.write_dolly_jsonl(folder / "as-folder" / "train.jsonl", 12)
+    return records, [jsonl, folder / "rows.json", folder / "rows.parquet", folder / "as-folder"]
+
+
+def test_every_local_source_gives_the_same_records(tmp_path):
+    records, sources = _records_in_every_format(tmp_path)
+    for source in sources:
+        loaded = data.validate(data.load_source(DataConfig(dataset=str(source))), str(source))
+        assert [dict(row) for row in loaded] == [{k: r[k] for k in ("instruction", "context", "response")} for r in records], source
+
+
+def test_missing_context_column_becomes_empty_context(tmp_path):
+    import datasets
+
+    rows = datasets.Dataset.from_list([{"instruction": "Why?", "response": "Because."}])
+    assert list(data.validate(rows, "x")) == [{"instruction": "Why?", "context": "", "response": "Because."}]
+
+
+def test_missing_columns_are_named(tmp_path):
+    import datasets
+
+    rows = datasets.Dataset.from_list([{"question": "Why?", "response": "Because."}])
+    with pytest.raises(StepError, match="lacks column.*instruction.*has: question, response"):
+        data.validate(rows, "x")
+
+
+def test_empty_dataset_is_an_error(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    source = DataConfig(dataset=str(tmp_path / "empty.jsonl"))
+    with pytest.raises(StepError, match="is empty"):
+        data.validate(data.load_source(source), source.dataset)
+
+
+def test_missing_local_file_is_an_error(tmp_path):
+    with pytest.raises(StepError, match="no such file"):
+        data.load_source(DataConfig(dataset=str(tmp_path / "nope.jsonl")))
+
+
+def test_max_length_shorter_than_the_template_is_an_error():
+    tokenizer = tiny.build_tokenizer()
+    data_stats.check_template_fits(tokenizer, 16)
+    with pytest.raises(StepError, match="data.max_length 8 is shorter than the prompt template"):
+        data_stats.check_template_fits(tokenizer, 8)
+
+
+def test_blog_run_has_1251_optimizer_steps_per_epoch():
+    # 15,011 dolly rows, 32 cores / TP 8 = DP 4, batch 1, GA 3 (the blog's numbers).
+    assert data_stats.optimizer_steps_per_epoch(15011, RunConfig()) == 1251
+
+
+def test_prepare_splits_saves_and_reports_padding(hpl_env, capsys):
+    cfg = tiny_config(hpl_env)
+    target = data.prepare(cfg)
+    prepared = data.load_prepared(cfg)
+    assert (len(prepared["train"]), len(prepared["validation"])) == (180, 20)
+    report = json.loads((target / "stats.json").read_text())
+    assert report["examples"] == 180 and report["max_length"] == 128
+    padded, packed = report["padded_to_max_length"], report["packed"]
+    assert 0 <= packed["pad_fraction"] < padded["pad_fraction"] < 1
+    assert packed["sequences"] < padded["sequences"]
+    assert packed["optimizer_steps_per_epoch"] < padded["optimizer_steps_per_epoch"]
+    out = capsys.readouterr().out
+    assert f"{padded['pad_fraction']:.1%} padded to max_length" in out and f"{packed['pad_fraction']:.1%} packed" in out
+
+
+def test_prepared_data_from_another_config_is_refused(hpl_env):
+    data.prepare(tiny_config(hpl_env))
+    changed = tiny_config(hpl_env, data={"max_samples": 50})
+    assert not data.is_prepared(changed)
+    with pytest.raises(StepError, match="another \\[data\\] config"):
+        data.load_prepared(changed)
+
+
+def test_data_cli_reports_bad_input_and_exits_2(hpl_env, tmp_path, capsys):
+    path = write_config(tmp_path / "run.toml", hpl_env, data={"dataset": str(tmp_path / "missing.jsonl")})
+    assert data.main(["--config", str(path)]) == 2
+    assert capsys.readouterr().err.startswith("error: data.dataset")
+
+
+def test_data_cli_without_tokenizer_names_the_download_step(hpl_env, tmp_path, capsys):
+    path = write_config(tmp_path / "run.toml", hpl_env, paths={"model_dir": str(tmp_path / "no-model")})
+    assert data.main(["--config", str(path)]) == 2
+    assert "run the download step" in capsys.readouterr().err
+
+
+def test_empty_table_is_an_error():
+    import datasets
+
+    with pytest.raises(StepError, match="is empty"):
+        data.validate(datasets.Dataset.from_dict({"instruction": [], "response": []}), "x")
+
+
+def test_malformed_file_is_an_error(tmp_path):
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    with pytest.raises(StepError, match="cannot be read"):
+        data.load_source(DataConfig(dataset=str(tmp_path / "bad.jsonl")))

@@ -1,0 +1,50 @@
+"""The shipped run configs: default.toml is the blog run and equals the dataclass defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+
+import pytest
+from payload_configs import DEFAULT_TOML, TINY_TOML, tiny_config
+
+from lora_pipeline import config
+
+
+def test_default_toml_equals_the_dataclass_defaults():
+    env = {"HPL_OUTPUTS_DIR": "/out", "HPL_MODELS_DIR": "/models"}
+    assert config.load(DEFAULT_TOML, env=env) == config.from_dict({}, env=env)
+
+
+def test_default_toml_lists_every_key():
+    raw = tomllib.loads(DEFAULT_TOML.read_text())
+    for section in dataclasses.fields(config.RunConfig):
+        names = {f.name for f in dataclasses.fields(section.default_factory())}
+        assert set(raw[section.name]) == names, section.name
+
+
+def test_default_toml_is_the_blog_run():
+    cfg = config.load(DEFAULT_TOML, env={})
+    assert cfg.model.id == "meta-llama/Meta-Llama-3-8B" and cfg.model.dtype == "bfloat16"
+    assert (cfg.parallel.tensor_parallel_size, cfg.train.per_device_batch_size, cfg.train.gradient_accumulation_steps) == (8, 1, 3)
+    assert (cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.target_modules) == (16, 16, 0.05, ("q_proj", "v_proj"))
+    assert (cfg.data.max_length, cfg.train.bf16, cfg.train.seed) == (1024, True, 42)
+    assert cfg.paths.output_dir == "/fsx/outputs/llama3-8b-dolly-lora"
+
+
+def test_tiny_config_reads_its_paths_from_hpl_variables(hpl_env):
+    cfg = tiny_config(hpl_env)
+    assert cfg.paths.model_dir == f"{hpl_env['HPL_MODELS_DIR']}/tiny-llama"
+    assert cfg.data.dataset == f"{hpl_env['HPL_DATASETS_DIR']}/tiny-dolly.jsonl"
+    assert cfg.paths.checkpoints_dir.parent == cfg.paths.data_dir.parent
+    assert cfg.train.backend == "torch" and not cfg.train.bf16
+
+
+def test_tiny_config_without_hpl_variables_names_the_variable():
+    with pytest.raises(config.ConfigError, match="HPL_"):
+        config.load(TINY_TOML, env={})
+
+
+def test_unknown_target_module_is_a_config_error(hpl_env):
+    with pytest.raises(config.ConfigError, match="lora.target_modules.*c_attn"):
+        tiny_config(hpl_env, lora={"target_modules": ["q_proj", "c_attn"]})
