@@ -17,8 +17,12 @@ def enable_checks(app: IConstruct) -> None:
     Validations.of(app).add_plugins(AwsSolutionsChecks(app))
 
 
+PLUGIN_PREFIX = "AwsSolutions::"  # how the Validations API names findings of the AwsSolutions plugin
+
+
 def acknowledge(scope: IConstruct, rule_id: str, reason: str) -> None:
-    Validations.of(scope).acknowledge(Acknowledgment(id=rule_id, reason=reason))
+    """Acknowledge one AwsSolutions finding (e.g. ``AwsSolutions-IAM5[Resource::*]``) on ``scope`` and below."""
+    Validations.of(scope).acknowledge(Acknowledgment(id=PLUGIN_PREFIX + rule_id, reason=reason))
 
 
 # CDK's own custom-resource handlers, created once per stack at stack scope. Only what CDK itself

@@ -61,6 +61,9 @@ class ClusterSecurityGroup(Construct):
             "Group",
             vpc=vpc,
             description="HyperPod nodes and FSx for Lustre: all traffic within the group",
+            # With no L2 egress rules CDK writes a match-nothing placeholder egress rule; that keeps
+            # CloudFormation from adding its default allow-all rule, which the explicit
+            # InternetEgress rule below would otherwise duplicate ("rule already exists").
             allow_all_outbound=False,
         )
         group_id = self.group.security_group_id

@@ -31,55 +31,57 @@ class HyperPodStack(Stack):
             description="SageMaker HyperPod Slurm cluster on Trainium for Llama 3 LoRA fine-tuning",
             analytics_reporting=False,
         )
+        self.config = config
         Tags.of(self).add("project", config.name_prefix)
-        network = Network(self, "Network", cidr=config.vpc_cidr, availability_zone=config.availability_zone)
-        data = DataBucket(self, "Data", bucket_name=config.bucket_name, retain=config.retain_outputs)
-        file_system = SharedFileSystem(
+        self.network = Network(self, "Network", cidr=config.vpc_cidr, availability_zone=config.availability_zone)
+        security_group = self.network.security_group
+        self.data = DataBucket(self, "Data", bucket_name=config.bucket_name, retain=config.retain_outputs)
+        self.file_system = SharedFileSystem(
             self,
             "Fsx",
-            subnet=network.private_subnet,
-            security_group=network.security_group.group,
-            security_group_rules=network.security_group.rules,
-            data_bucket=data,
+            subnet=self.network.private_subnet,
+            security_group=security_group.group,
+            security_group_rules=security_group.rules,
+            data_bucket=self.data,
             storage_capacity_gib=config.fsx_storage_capacity_gib,
             throughput_mibps_per_tib=config.fsx_throughput_mibps_per_tib,
             compression=config.fsx_compression,
         )
-        image = TrainingImage(self, "TrainingImage", context_dir=source_root / "payloads")
-        role = ClusterRole(
+        self.image = TrainingImage(self, "TrainingImage", context_dir=source_root / "payloads")
+        self.role = ClusterRole(
             self,
             "ClusterRole",
             cluster_name=config.cluster_name,
-            bucket=data.bucket,
-            image_repository=image.asset.repository,
-            subnet=network.private_subnet,
-            security_group=network.security_group.group,
+            bucket=self.data.bucket,
+            image_repository=self.image.asset.repository,
+            subnet=self.network.private_subnet,
+            security_group=security_group.group,
         )
-        lifecycle = LifecycleUpload(
+        self.lifecycle = LifecycleUpload(
             self,
             "Lifecycle",
             source_dir=source_root / "lifecycle",
-            bucket=data.bucket,
-            facts=cluster_facts(config, image_uri=image.image_uri),
+            bucket=self.data.bucket,
+            facts=cluster_facts(config, image_uri=self.image.image_uri),
         )
-        PayloadUpload(self, "Payloads", source_dir=source_root / "payloads", bucket=data.bucket)
-        cluster = HyperPodCluster(
+        self.payloads = PayloadUpload(self, "Payloads", source_dir=source_root / "payloads", bucket=self.data.bucket)
+        self.cluster = HyperPodCluster(
             self,
             "HyperPod",
             config=config,
-            role_arn=role.role.role_arn,
-            subnet_id=network.private_subnet.subnet_id,
-            security_group_id=network.security_group.group.security_group_id,
-            fsx_dns_name=file_system.dns_name,
-            fsx_mount_name=file_system.mount_name,
+            role_arn=self.role.role.role_arn,
+            subnet_id=self.network.private_subnet.subnet_id,
+            security_group_id=security_group.group.security_group_id,
+            fsx_dns_name=self.file_system.dns_name,
+            fsx_mount_name=self.file_system.mount_name,
             depends_on=[
-                lifecycle,
-                role,
-                *file_system.associations,
-                *network.security_group.rules,
-                network.private_subnet.internet_connectivity_established,
+                self.lifecycle,
+                self.role,
+                *self.file_system.associations,
+                *security_group.rules,
+                self.network.private_subnet.internet_connectivity_established,
             ],
         )
-        add_outputs(self, config=config, cluster=cluster, data=data, file_system=file_system,
-                    image_uri=image.image_uri)
-        acknowledge_cdk_providers(self, destination=data.bucket)
+        add_outputs(self, config=config, cluster=self.cluster, data=self.data, file_system=self.file_system,
+                    image_uri=self.image.image_uri)
+        acknowledge_cdk_providers(self, destination=self.data.bucket)

@@ -9,7 +9,6 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks.config import AUTO_EVENTS, DATA_LINKS, DataLink
-from stacks.nag import acknowledge
 
 
 class DataBucket(Construct):
@@ -32,8 +31,6 @@ class DataBucket(Construct):
             removal_policy=removal,
             auto_delete_objects=not retain,
         )
-        acknowledge(self.access_logs, "AwsSolutions-S1",
-                    "This bucket is the access-log target of the data bucket; logging it to itself would loop.")
         # SSE-S3, not KMS: FSx's data repository service-linked role then needs no key policy.
         self.bucket = s3.Bucket(
             self,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from aws_cdk import RemovalPolicy, Stack
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_deployment as s3_deployment
 from constructs import Construct
@@ -30,4 +32,19 @@ def deploy_to_prefix(
         retain_on_delete=False,
         output_object_keys=False,  # keeps the custom resource's response small for large payload trees
         memory_limit=512,
+        log_group=handler_log_group(scope),
     )
+
+
+def handler_log_group(scope: Construct) -> logs.ILogGroup:
+    """One log group for the stack's single BucketDeployment handler (CDK keys the handler by memory size,
+    so every upload shares it); removed on destroy, where CDK's default log group would be retained."""
+    stack = Stack.of(scope)
+    existing = stack.node.try_find_child(UPLOAD_LOGS_ID)
+    if existing is not None:
+        return existing
+    return logs.LogGroup(stack, UPLOAD_LOGS_ID, retention=logs.RetentionDays.ONE_MONTH,
+                         removal_policy=RemovalPolicy.DESTROY)
+
+
+UPLOAD_LOGS_ID = "UploadHandlerLogs"

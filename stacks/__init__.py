@@ -1,0 +1,1 @@
+"""The CDK app: config, one construct module per concern, and the stack that composes them."""

@@ -1,0 +1,126 @@
+"""Fixtures for the CDK app tests: the app is synthesized once per session (one xdist group).
+
+Every test module here carries ``pytestmark = pytest.mark.xdist_group("infra")`` so that under
+``pytest -n 2 --dist loadgroup`` a single worker builds the app and runs them all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+# jsii prints a Node-20 end-of-life banner on every start; it is known and harmless here (see the
+# toolchain notes) and only buries test output. Must be set before aws_cdk is first imported.
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+
+from aws_cdk import CfnResource  # noqa: E402
+
+from stacks.build import REPO_ROOT, build_app  # noqa: E402
+from stacks.config import OFFLINE_ACCOUNT, HyperPodConfig  # noqa: E402
+from stacks.uploads import CACHE_EXCLUDES  # noqa: E402
+
+SOURCE_FOLDERS = ("lifecycle", "payloads")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    # Honoured when tests/infra is named on the command line (as `make snapshot-update` does).
+    parser.addoption("--snapshot-update", action="store_true", default=False,
+                     help="rewrite tests/infra/__snapshots__ from the current synth instead of comparing")
+
+
+@dataclass(frozen=True)
+class Synth:
+    """One synthesized app: its config, template, cloud assembly folder and construct tree."""
+
+    config: HyperPodConfig
+    template: dict[str, Any]
+    outdir: Path
+    app: Any
+    stack: Any
+
+    def resources(self, kind: str) -> dict[str, dict[str, Any]]:
+        return {key: res for key, res in self.template["Resources"].items() if res["Type"] == kind}
+
+    def one(self, kind: str) -> tuple[str, dict[str, Any]]:
+        found = self.resources(kind)
+        assert len(found) == 1, f"expected one {kind}, found {sorted(found)}"
+        return next(iter(found.items()))
+
+    def logical_id(self, construct: Any) -> str:
+        return self.stack.resolve(self.stack.get_logical_id(construct))
+
+    def cfn_ids_under(self, construct: Any, kind: str | None = None) -> set[str]:
+        """Logical ids of the CloudFormation resources inside ``construct`` (optionally of one type)."""
+        return {self.logical_id(c) for c in construct.node.find_all()
+                if isinstance(c, CfnResource) and kind in (None, c.cfn_resource_type)}
+
+    def assets_manifest(self) -> dict[str, Any]:
+        return json.loads((self.outdir / f"{self.config.stack_name}.assets.json").read_text())
+
+
+def repo_context(**overrides: Any) -> dict[str, Any]:
+    """cdk.json context as the CLI would pass it, pinned to the offline account."""
+    context = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+    return {**context, "account": OFFLINE_ACCOUNT, **overrides}
+
+
+def copy_sources(destination: Path, origin: Path = REPO_ROOT) -> Path:
+    """A private copy of lifecycle/ and payloads/ so concurrent edits in the checkout cannot race a test."""
+    for folder in SOURCE_FOLDERS:
+        shutil.copytree(origin / folder, destination / folder, ignore=shutil.ignore_patterns(*CACHE_EXCLUDES))
+    return destination
+
+
+def synthesize(outdir: Path, source_root: Path, **overrides: Any) -> Synth:
+    app, stack = build_app(repo_context(**overrides), source_root=source_root, outdir=str(outdir))
+    app.synth()
+    template = json.loads((outdir / f"{stack.stack_name}.template.json").read_text())
+    return Synth(stack.config, template, outdir, app, stack)
+
+
+@pytest.fixture(scope="session")
+def source_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_sources(tmp_path_factory.mktemp("sources"))
+
+
+@pytest.fixture(scope="session")
+def synth(tmp_path_factory: pytest.TempPathFactory, source_root: Path) -> Synth:
+    """The default app (cdk.json as committed), synthesized once for the whole session."""
+    return synthesize(tmp_path_factory.mktemp("cdk.out"), source_root)
+
+
+@pytest.fixture(scope="session")
+def synth_variant(tmp_path_factory: pytest.TempPathFactory, source_root: Path) -> Synth:
+    """Every non-default branch at once, values given as strings the way `-c key=value` passes them."""
+    return synthesize(
+        tmp_path_factory.mktemp("cdk.out.variant"),
+        source_root,
+        retain_outputs="true",
+        login_instance_count="1",
+        compute_instance_count="2",
+        region="us-east-1",
+        availability_zone="us-east-1a",
+        compute_instance_type="ml.trn1n.32xlarge",
+        fsx_storage_capacity_gib="2400",
+        slurm_config_strategy="Overwrite",
+    )
+
+
+@pytest.fixture(scope="session")
+def synthesize_from(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Synth]:
+    def run(source_root: Path, **overrides: Any) -> Synth:
+        return synthesize(tmp_path_factory.mktemp("cdk.out.extra"), source_root, **overrides)
+
+    return run
+
+
+@pytest.fixture
+def sources_copy(tmp_path: Path, source_root: Path) -> Path:
+    """A fresh copy of the session's sources, for a test to modify (same bytes as the baseline synth)."""
+    return copy_sources(tmp_path / "sources", origin=source_root)

@@ -1,0 +1,160 @@
+"""The config object: defaults, `-c` string coercion, and bad values that must stop synth."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from stacks.build import REPO_ROOT
+from stacks.config import (NEURON_CORES_PER_INSTANCE, OFFLINE_ACCOUNT, ConfigError, HyperPodConfig,
+                           cluster_facts)
+
+pytestmark = pytest.mark.xdist_group("infra")
+
+CDK_JSON = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+# The cluster-facts.json contract between the stack and the lifecycle script (project brief).
+FACT_KEYS = {
+    "cluster_name", "region", "bucket", "image_uri", "fsx_mount_path", "payloads_dir", "datasets_dir",
+    "outputs_dir", "models_dir", "compile_cache_dir", "images_dir", "scratch_dir", "controller_group",
+    "login_group", "compute_group", "partition", "default_user", "devices_per_node", "compute_instance_type",
+    "runtime",
+}
+
+
+def parse(**context: object) -> HyperPodConfig:
+    return HyperPodConfig.from_context(context, environ={})
+
+
+def test_cdk_json_sets_every_knob_to_the_dataclass_default():
+    ours = {key: value for key, value in CDK_JSON.items() if key in HyperPodConfig.keys()}
+    assert sorted(ours) == sorted(HyperPodConfig.keys()), "every config key is documented in cdk.json"
+    defaults = {field.name: field.default for field in dataclasses.fields(HyperPodConfig)}
+    assert ours == defaults
+
+
+def test_defaults_reproduce_the_blog_setup():
+    config = HyperPodConfig.from_context(CDK_JSON, environ={})
+    assert (config.controller_instance_type, config.controller_instance_count) == ("ml.c5.xlarge", 1)
+    assert (config.compute_instance_type, config.compute_instance_count) == ("ml.trn1.32xlarge", 1)
+    assert config.compute_threads_per_core == 1
+    assert (config.fsx_storage_capacity_gib, config.fsx_compression) == (1200, "LZ4")
+    assert config.retain_outputs is False
+    assert config.availability_zone.startswith(config.region)
+    assert config.account == OFFLINE_ACCOUNT  # no credentials: the account cdk.json answers lookups for
+    assert f"availability-zones:account={OFFLINE_ACCOUNT}:region={config.region}" in CDK_JSON
+    assert config.bucket_name.startswith("sagemaker-") and len(config.bucket_name) <= 63
+
+
+def test_account_auto_follows_the_credentials():
+    config = HyperPodConfig.from_context({"account": "auto"}, environ={"CDK_DEFAULT_ACCOUNT": "210987654321"})
+    assert config.account == "210987654321"
+    assert config.bucket_name == "sagemaker-hyperpod-lora-210987654321-us-west-2"
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("true", True), ("False", False), ("1", True), ("no", False),
+                                               (True, True)])
+def test_booleans_from_the_command_line(raw, expected):
+    assert parse(retain_outputs=raw).retain_outputs is expected
+
+
+def test_integers_and_strings_from_the_command_line():
+    config = parse(compute_instance_count="4", fsx_storage_capacity_gib=" 4800 ", account=123456789012)
+    assert (config.compute_instance_count, config.fsx_storage_capacity_gib) == (4, 4800)
+    assert config.account == "123456789012"
+
+
+# (key, bad value, words the message must contain to tell the user what is allowed)
+BAD_VALUES = [
+    ("fsx_storage_capacity_gib", "1000", "multiple of 2400"),
+    ("fsx_storage_capacity_gib", "3600", "multiple of 2400"),
+    ("fsx_throughput_mibps_per_tib", "200", "125, 250, 500, 1000"),
+    ("fsx_compression", "GZIP", "LZ4, NONE"),
+    ("compute_instance_type", "ml.p4d.24xlarge", "ml.trn1.32xlarge"),
+    ("compute_instance_count", "0", "from 1 to 256"),
+    ("compute_instance_count", "two", "an integer"),
+    ("compute_threads_per_core", "3", "one of 1, 2"),
+    ("compute_ebs_volume_gb", "0", "from 1 to 16384"),
+    ("controller_instance_count", "2", "exactly one"),
+    ("controller_instance_type", "c5.xlarge", "ml.c5.xlarge"),
+    ("login_instance_count", "-1", "0: no login group"),
+    ("vpc_cidr", "10.0.0.0/24", "/16 to /20"),
+    ("vpc_cidr", "8.8.0.0/16", "private IPv4"),
+    ("vpc_cidr", "10.0.0.1/16", "CIDR form"),
+    ("availability_zone", "us-east-1a", "zone of the configured region us-west-2"),
+    ("region", "uswest2", "region name"),
+    ("account", "12345", "12-digit"),
+    ("name_prefix", "HyperPod_Lora", "lowercase"),
+    ("name_prefix", "this-prefix-is-far-too-long", "3 to 20"),
+    ("partition_name", "dev", "not 'dev'"),
+    ("partition_name", "trn_1", "letters and digits"),
+    ("slurm_config_strategy", "managed", "Managed, Overwrite, Merge"),
+    ("node_recovery", "Off", "Automatic, None"),
+    ("runtime", "docker", "pyxis, host"),
+    ("retain_outputs", "maybe", "true or false"),
+    ("stack_name", "1stack", "CloudFormation stack name"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "allowed"), BAD_VALUES, ids=[f"{k}={v}" for k, v, _ in BAD_VALUES])
+def test_bad_value_names_key_value_and_what_is_allowed(key, value, allowed):
+    with pytest.raises(ConfigError) as caught:
+        parse(**{key: value})
+    message = str(caught.value)
+    assert f"'{key}'" in message
+    assert f"has value {value!r}" in message or f"has value {value}" in message
+    assert allowed in message
+    assert f"-c {key}=" in message
+
+
+def test_unknown_key_is_a_typo_with_a_suggestion():
+    with pytest.raises(ConfigError, match=r"unknown config key 'compute_instance_typ' \(did you mean "
+                                          r"'compute_instance_type'\?\)"):
+        parse(compute_instance_typ="ml.trn1.2xlarge")
+
+
+def test_cdk_feature_flags_and_lookups_are_not_config_keys():
+    config = parse(**{"@aws-cdk/core:checkSecretUsage": True, "availability-zones:account=1:region=x": ["a"]})
+    assert config == HyperPodConfig(account=OFFLINE_ACCOUNT)
+
+
+def test_direct_construction_is_validated_too():
+    with pytest.raises(ConfigError, match="'compute_instance_count' has value '2'; allowed: a value of type int"):
+        HyperPodConfig(compute_instance_count="2")
+
+
+def test_cluster_facts_follow_the_contract():
+    config = parse(compute_instance_type="ml.trn1.2xlarge", login_instance_count="1", runtime="host")
+    facts = cluster_facts(config, image_uri="123456789012.dkr.ecr.us-west-2.amazonaws.com/repo:tag")
+    assert set(facts) == FACT_KEYS
+    assert facts["devices_per_node"] == 2 and isinstance(facts["devices_per_node"], int)
+    assert facts["login_group"] == "login" and facts["runtime"] == "host"
+    paths = {key: value for key, value in facts.items() if key.endswith("_dir")}
+    assert all(value.startswith(facts["fsx_mount_path"] + "/") for value in paths.values())
+    assert facts["payloads_dir"] == "/fsx/payloads" and facts["outputs_dir"] == "/fsx/outputs"
+    assert all(isinstance(value, str) for key, value in facts.items() if key != "devices_per_node")
+
+
+def test_devices_per_instance_type():
+    assert NEURON_CORES_PER_INSTANCE["ml.trn1.32xlarge"] == 32
+    assert NEURON_CORES_PER_INSTANCE["ml.trn1n.32xlarge"] == 32
+    assert NEURON_CORES_PER_INSTANCE["ml.trn1.2xlarge"] == 2
+    assert parse().devices_per_node == 32
+    assert parse(login_instance_count="0").login_group == ""
+
+
+def test_app_prints_a_clean_error_and_exits_2(tmp_path):
+    """What `cdk synth -c fsx_throughput_mibps_per_tib=333` shows: one line, no traceback."""
+    env = {**os.environ, "CDK_OUTDIR": str(tmp_path),
+           "CDK_CONTEXT_JSON": json.dumps({**CDK_JSON, "fsx_throughput_mibps_per_tib": "333"})}
+    result = subprocess.run([sys.executable, "app.py"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == ["error: config key 'fsx_throughput_mibps_per_tib' has value 333; allowed: one of 125, 250, "
+                      "500, 1000. Fix it in cdk.json (context) or pass -c fsx_throughput_mibps_per_tib=<value>."]

@@ -1,0 +1,42 @@
+"""Destroy removes everything unless the user keeps the outputs (retain_outputs=true)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.xdist_group("infra")
+
+
+def data_bucket_id(synth) -> str:
+    return synth.logical_id(synth.stack.data.bucket.node.default_child)
+
+
+def test_default_destroy_leaves_nothing(synth):
+    kept = {i: r.get("DeletionPolicy") for i, r in synth.template["Resources"].items()
+            if r.get("DeletionPolicy", "Delete") != "Delete" or r.get("UpdateReplacePolicy", "Delete") != "Delete"}
+    assert kept == {}
+    for kind in ("AWS::SageMaker::Cluster", "AWS::FSx::FileSystem", "AWS::FSx::DataRepositoryAssociation",
+                 "AWS::S3::Bucket", "AWS::Logs::LogGroup"):
+        assert all(r.get("DeletionPolicy") == "Delete" for r in synth.resources(kind).values()), kind
+
+
+def test_buckets_are_emptied_before_deletion(synth):
+    emptied = {r["Properties"]["BucketName"]["Ref"] for r in synth.resources("Custom::S3AutoDeleteObjects").values()}
+    assert emptied == set(synth.resources("AWS::S3::Bucket"))
+    uploads = synth.resources("Custom::CDKBucketDeployment").values()
+    assert [u["Properties"]["RetainOnDelete"] for u in uploads] == [False, False]
+
+
+def test_links_go_before_the_bucket_is_emptied(synth):
+    auto_delete = synth.cfn_ids_under(synth.stack.data.bucket, "Custom::S3AutoDeleteObjects")
+    for link in synth.resources("AWS::FSx::DataRepositoryAssociation").values():
+        assert auto_delete <= set(link["DependsOn"])
+
+
+def test_retain_outputs_keeps_the_data_bucket_and_its_objects(synth_variant):
+    bucket = synth_variant.template["Resources"][data_bucket_id(synth_variant)]
+    assert (bucket["DeletionPolicy"], bucket["UpdateReplacePolicy"]) == ("Retain", "Retain")
+    assert synth_variant.resources("Custom::S3AutoDeleteObjects") == {}
+    for kind in ("AWS::SageMaker::Cluster", "AWS::FSx::FileSystem", "AWS::EC2::VPC"):
+        (_, resource), = synth_variant.resources(kind).items()
+        assert resource.get("DeletionPolicy", "Delete") == "Delete", kind
