@@ -35,8 +35,12 @@ class StackInfo:
         return self.outputs.get(key, "")
 
 
+class StackNotFound(HpctlError):
+    """No stack of that name in the region (not deployed yet, or another region)."""
+
+
 def describe_stack(session: boto3.Session, stack_name: str) -> StackInfo:
-    """The stack's status and outputs; a readable error when it is not deployed in this region."""
+    """The stack's status and outputs; StackNotFound when it is not deployed in this region."""
     cloudformation = session.client("cloudformation")
     region = session.region_name
     with aws_errors(f"read stack {stack_name}"):
@@ -47,7 +51,7 @@ def describe_stack(session: boto3.Session, stack_name: str) -> StackInfo:
                 raise
             stacks = []
     if not stacks:
-        raise HpctlError(
+        raise StackNotFound(
             f"stack {stack_name} not found in region {region}: deploy it (`make deploy`), "
             "or pass the region it lives in (--region) and its name (--stack)"
         )

@@ -9,7 +9,7 @@ import boto3
 
 from hpctl.cluster import ClusterState, describe_cluster
 from hpctl.errors import HpctlError
-from hpctl.stack import describe_stack, require_outputs
+from hpctl.stack import StackNotFound, describe_stack, require_outputs
 
 
 def progress_line(cluster: ClusterState) -> str:
@@ -19,7 +19,10 @@ def progress_line(cluster: ClusterState) -> str:
 
 def poll_once(session: boto3.Session, stack_name: str) -> tuple[ClusterState | None, str]:
     """The cluster when the stack already names it, and a one-line progress report."""
-    stack = describe_stack(session, stack_name)
+    try:
+        stack = describe_stack(session, stack_name)
+    except StackNotFound:  # `cdk deploy` publishes its assets (the image) before it creates the stack
+        return None, f"stack {stack_name} not created yet in {session.region_name}"
     if stack.in_progress and not stack.output("ClusterName"):
         return None, f"stack {stack_name} {stack.status} (the cluster is named once the deploy finishes)"
     cluster = describe_cluster(session, require_outputs(stack).output("ClusterName"))

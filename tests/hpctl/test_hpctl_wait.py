@@ -40,6 +40,31 @@ def test_follows_the_deploy_before_the_cluster_is_named(bare_stack, capsys):
     assert "stack HplTestStack CREATE_IN_PROGRESS (the cluster is named once the deploy finishes)" in out
 
 
+def test_waits_for_a_deploy_that_has_not_created_the_stack_yet(bare_stack, capsys):
+    polls = []
+
+    def sleep(seconds):
+        polls.append(seconds)
+        if len(polls) == 2:
+            bare_stack.create({}, status="CREATE_IN_PROGRESS")
+        if len(polls) == 3:
+            bare_stack.finish_deploy()
+
+    cluster = wait_in_service(boto3.Session(region_name="us-west-2"), "HplTestStack", timeout_s=600,
+                              interval_s=30, sleep=sleep)
+    assert cluster.status == "InService"
+    progress = [line.split("] ", 1)[1] for line in capsys.readouterr().out.splitlines()]
+    assert progress[:3] == ["stack HplTestStack not created yet in us-west-2"] * 2 + [
+        "stack HplTestStack CREATE_IN_PROGRESS (the cluster is named once the deploy finishes)"]
+
+
+def test_wrong_region_times_out_naming_the_region(deployed, hpctl):
+    code, out, err = hpctl("wait", "--region", "eu-west-1", "--timeout", "0.001", "--interval", "0.001")
+    assert code == 2
+    assert "stack HplTestStack not created yet in eu-west-1" in out
+    assert err.startswith("error: not in service after 0.001 s (last: stack HplTestStack not created yet in eu-west-1)")
+
+
 def test_failed_cluster_stops_with_the_reason(deployed, hpctl):
     deployed.set_cluster(status="Failed", failure="InsufficientInstanceCapacity for ml.trn1.32xlarge")
     code, _, err = hpctl("wait", "--interval", "1")
