@@ -82,11 +82,11 @@ def find_adapter(path: Path) -> PlainAdapter | ShardedAdapter:
     container = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     steps = sorted(int(m[1]) for p in container.glob("checkpoint-*") if (m := re.match(r"checkpoint-(\d+)$", p.name)))
     for step, checkpoint in reversed(complete_checkpoints(container)):
-        found = adapter_in_checkpoint(checkpoint)
-        if isinstance(found, PlainAdapter) or (found is not None and is_complete_sharded(found.folder)):
-            if steps and step != steps[-1]:
+        folders = adapter_folders(checkpoint)
+        if is_plain(checkpoint) or (folders and all(is_complete_sharded(f) for f in folders)):
+            if step != steps[-1]:
                 print(f"note: checkpoint-{steps[-1]} is incomplete; using checkpoint-{step}", flush=True)
-            return found
+            return adapter_in_checkpoint(checkpoint)
     if steps:
         raise CheckpointError(f"no complete checkpoint in {container} (found checkpoint-{steps[-1]} but it is incomplete)")
     raise CheckpointError(f"{path} holds no adapter and no checkpoint-<step> folders")

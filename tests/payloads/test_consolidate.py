@@ -1,0 +1,169 @@
+"""consolidate: sharded adapters (both file forms, TP 2/4/8, GQA) rebuild exactly; bad inputs stop clearly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from merge_fixtures import (
+    ATTENTION, MLP, Shape, adapter_config, full_adapter, run_config, shard_adapter,
+    write_plain_checkpoint, write_sharded_checkpoint,
+)  # fmt: skip
+from safetensors.torch import load_file
+
+from lora_pipeline import consolidate
+from lora_pipeline.checkpoint_errors import CheckpointError
+
+EVERYTHING = (*ATTENTION, *MLP, "embed_tokens", "lm_head")
+CASES = {
+    # name: (shape, TP, targets, fuse_qkv)
+    "tp2-default-qv": (Shape(), 2, ("q_proj", "v_proj"), False),
+    "tp4-all-modules": (Shape(), 4, EVERYTHING, False),
+    "tp8-all-modules": (Shape(), 8, EVERYTHING, False),
+    "gqa-tp4-kv-replicated": (Shape(kv_heads=2), 4, (*ATTENTION, *MLP), False),
+    "gqa-tp8-fused-qkv": (Shape(kv_heads=2), 8, (*ATTENTION, "lm_head"), True),
+}
+
+
+def sharded(tmp_path, case: str, *, xser: bool = True, step: int = 10):
+    shape, tp, targets, fuse_qkv = CASES[case]
+    full = full_adapter(shape, targets)
+    ranks, metadata = shard_adapter(shape, full, tp, fuse_qkv=fuse_qkv)
+    checkpoint = write_sharded_checkpoint(
+        tmp_path / "run" / "checkpoints" / f"checkpoint-{step}", ranks, metadata, adapter_config(targets), xser=xser
+    )
+    return full, checkpoint
+
+
+@pytest.mark.parametrize("xser", [True, False], ids=["xser", "plain-pt"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_round_trip_is_exact(tmp_path, case, xser):
+    full, checkpoint = sharded(tmp_path, case, xser=xser)
+    out = consolidate.consolidate_checkpoint(checkpoint, tmp_path / "adapter")
+    rebuilt = load_file(out / "adapter_model.safetensors")
+    assert sorted(rebuilt) == sorted(full)
+    for name, tensor in full.items():
+        assert torch.equal(rebuilt[name], tensor), name
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert set(config["target_modules"]) == set(CASES[case][2]) and config["inference_mode"] is True
+
+
+def test_default_targets_skip_the_untargeted_fused_mlp_spec(tmp_path):
+    # The metadata lists the MLP's FusedLinearsSpec even though only q/v carry LoRA (the case
+    # upstream's consolidation stumbles on); its tensors are absent, so it is skipped.
+    full, checkpoint = sharded(tmp_path, "tp2-default-qv")
+    metadata = json.loads(next(checkpoint.rglob("mp_metadata_pp_rank_0.json")).read_text())
+    assert any(s[0] == "FusedLinearsSpec" for g in metadata["model_weight_transformation_specs"] for s in g["specs"])
+    out = consolidate.consolidate_checkpoint(checkpoint, tmp_path / "adapter")
+    assert sorted(load_file(out / "adapter_model.safetensors")) == sorted(full)
+
+
+def test_cli_picks_the_newest_complete_checkpoint(tmp_path, capsys):
+    full, _ = sharded(tmp_path, "tp2-default-qv", step=10)
+    _, newer = sharded(tmp_path, "tp4-all-modules", step=20)
+    (newer / "adapter_default" / "adapter_shards" / "done").unlink()  # a save that never finished
+    config = run_config(tmp_path, tmp_path / "run")
+    assert consolidate.main(["--config", str(config)]) == 0
+    assert "checkpoint-20 is incomplete; using checkpoint-10" in capsys.readouterr().out
+    assert sorted(load_file(tmp_path / "run" / "adapter" / "adapter_model.safetensors")) == sorted(full)
+
+
+def test_plain_peft_checkpoint_passes_through(tmp_path):
+    full = full_adapter(Shape(), ("q_proj", "v_proj"), share_a=False)
+    checkpoint = write_plain_checkpoint(tmp_path / "checkpoints" / "checkpoint-3", full, adapter_config(("q_proj", "v_proj")))
+    out = consolidate.consolidate_checkpoint(tmp_path / "checkpoints", tmp_path / "adapter")
+    assert (out / "adapter_model.safetensors").read_bytes() == (checkpoint / "adapter_model.safetensors").read_bytes()
+
+
+def test_missing_rank_file_is_named(tmp_path):
+    _, checkpoint = sharded(tmp_path, "tp4-all-modules")
+    model = checkpoint / "adapter_default" / "adapter_shards" / "model"
+    (model / "dp_rank_00_tp_rank_01_pp_rank_00.pt").unlink()
+    with pytest.raises(CheckpointError, match="dp_rank_00_tp_rank_01_pp_rank_00.pt is missing"):
+        consolidate.consolidate_checkpoint(checkpoint, tmp_path / "adapter")
+    for path in model.glob("dp_rank_00_tp_rank_03_pp_rank_00.pt*"):  # the last rank: only the metadata can tell
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    (model / "dp_rank_00_tp_rank_01_pp_rank_00.pt").touch()
+    with pytest.raises(CheckpointError, match=r"tp_rank_01_pp_rank_00.pt cannot be read|describes TP=4"):
+        consolidate.consolidate_checkpoint(checkpoint, tmp_path / "adapter")
+
+
+def test_last_rank_missing_is_caught_by_the_metadata(tmp_path):
+    _, checkpoint = sharded(tmp_path, "tp4-all-modules", xser=False)
+    (checkpoint / "adapter_default" / "adapter_shards" / "model" / "dp_rank_00_tp_rank_03_pp_rank_00.pt").unlink()
+    with pytest.raises(CheckpointError, match=r"dp_rank_00_tp_rank_03_pp_rank_00.pt is missing: .*describes TP=4"):
+        consolidate.consolidate_checkpoint(checkpoint, tmp_path / "adapter")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ("drop-parameter", "which the metadata does not describe"),
+        ("wrong-partitions", "splits .* in 2 parts but there are 4 TP rank files"),
+        ("wrong-spec-tp", "says TP=2, files say TP=4"),
+        ("wrong-fused-dims", "the spec implies"),
+    ],
+)
+def test_metadata_disagreeing_with_files(tmp_path, edit, message):
+    _, checkpoint = sharded(tmp_path, "tp4-all-modules")
+    path = checkpoint / "adapter_default" / "adapter_shards" / "mp_metadata_pp_rank_0.json"
+    metadata = json.loads(path.read_text())
+    params, specs = metadata["parameters"], metadata["model_weight_transformation_specs"]
+    q_lora_b = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.default.weight"
+    if edit == "drop-parameter":
+        del params[q_lora_b]
+    elif edit == "wrong-partitions":
+        params[q_lora_b]["num_partitions"] = 2
+    elif edit == "wrong-spec-tp":
+        specs[1]["specs"][0][1]["tp_size"] = 2
+    else:
+        specs[1]["specs"][0][1]["original_dims"] = [64, 64]
+    path.write_text(json.dumps(metadata))
+    with pytest.raises(CheckpointError, match=message):
+        consolidate.consolidate_checkpoint(checkpoint, tmp_path / "adapter")
+
+
+@pytest.mark.parametrize("victim", ["rank-file", "xser-tensor", "xser-info"])
+def test_truncated_or_missing_files(tmp_path, victim):
+    _, checkpoint = sharded(tmp_path, "gqa-tp4-kv-replicated")
+    rank_file = checkpoint / "adapter_default" / "adapter_shards" / "model" / "dp_rank_00_tp_rank_02_pp_rank_00.pt"
+    if victim == "rank-file":
+        rank_file.write_bytes(rank_file.read_bytes()[:100])
+        message = "tp_rank_02_pp_rank_00.pt cannot be read"
+    elif victim == "xser-tensor":
+        tensor = rank_file.with_name(rank_file.name + ".tensors") / "tensor_1.pt"
+        tensor.write_bytes(tensor.read_bytes()[:-40])
+        message = "tensor_1.pt cannot be read"
+    else:
+        (rank_file.with_name(rank_file.name + ".tensors") / "tensor_0.pt").unlink()
+        message = "tensor_0.pt is missing"
+    with pytest.raises(CheckpointError, match=message):
+        consolidate.consolidate_checkpoint(checkpoint, tmp_path / "adapter")
+
+
+def test_cli_refuses_a_non_empty_output_folder(tmp_path, capsys):
+    _, checkpoint = sharded(tmp_path, "tp2-default-qv")
+    output = tmp_path / "adapter"
+    output.mkdir()
+    (output / "keep.txt").write_text("mine")
+    config = run_config(tmp_path, tmp_path / "run")
+    assert consolidate.main(["--config", str(config), "--checkpoint", str(checkpoint), "--output", str(output)]) == 2
+    assert "error: output folder" in capsys.readouterr().err and (output / "keep.txt").read_text() == "mine"
+    assert consolidate.main(["--config", str(config), "--checkpoint", str(checkpoint), "--output", str(output), "--overwrite"]) == 0
+    assert not (output / "keep.txt").exists() and (output / "adapter_model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".adapter")) == []
+
+
+@pytest.mark.parametrize("layout", ["nothing", "full-model", "old-0.1"])
+def test_unusable_inputs(tmp_path, layout):
+    folder = tmp_path / "checkpoint-1"
+    folder.mkdir()
+    if layout == "full-model":
+        (folder / "shards" / "model").mkdir(parents=True)
+    elif layout == "old-0.1":
+        (folder / "adapter_shards" / "model").mkdir(parents=True)
+    message = {"nothing": "holds no adapter", "full-model": "full-model checkpoint", "old-0.1": "0.1 adapter layout"}[layout]
+    with pytest.raises(CheckpointError, match=message):
+        consolidate.consolidate_checkpoint(folder, tmp_path / "adapter")
