@@ -108,6 +108,14 @@ def test_remote_failures(deployed, session_tools, hpctl, lines, message):
     assert lines[0] in out
 
 
+def test_session_refused(deployed, session_tools, hpctl, monkeypatch):
+    monkeypatch.setenv("HPCTL_TEST_RC", "254")  # e.g. TargetNotConnected: aws prints to stderr and exits
+    code, _, err = hpctl("submit", "--config", "tiny")
+    assert code == 2
+    assert err.endswith("error: the session ended before the submit command finished (aws exit 254): "
+                        "see the output above\n")
+
+
 @pytest.mark.parametrize(("name", "expected"), [
     ("tiny", "payloads/configs/tiny.toml differs from its deployed copy s3://{bucket}/payloads/configs/tiny.toml: "
              "run `make deploy` so the cluster sees your edits"),
