@@ -37,6 +37,10 @@ def test_cdk_json_sets_every_knob_to_the_dataclass_default():
     assert ours == defaults
 
 
+def test_cdk_json_turns_template_schema_findings_into_synth_errors():
+    assert CDK_JSON["@aws-cdk/core:validateAgainstDefaultRules"] is True
+
+
 def test_defaults_reproduce_the_blog_setup():
     config = HyperPodConfig.from_context(CDK_JSON, environ={})
     assert (config.controller_instance_type, config.controller_instance_count) == ("ml.c5.xlarge", 1)
