@@ -25,6 +25,8 @@ from moto.sagemaker.models import sagemaker_backends
 from hpctl.cli import main
 
 REGION = "us-west-2"
+# One session for the fixtures' own clients: it keeps botocore's parsed service models between tests.
+FIXTURE_SESSION = boto3.Session(region_name=REGION)
 STACK = "HplTestStack"
 CLUSTER = "hpl-test-cluster"
 BUCKET = "sagemaker-hpl-test-bucket"
@@ -130,14 +132,14 @@ class BareStack:
     """A stack with only the given outputs and status (a deploy in progress, a foreign stack)."""
 
     def create(self, outputs: dict[str, str], status: str = "CREATE_COMPLETE") -> None:
-        cloudformation = boto3.client("cloudformation", region_name=REGION)
+        cloudformation = FIXTURE_SESSION.client("cloudformation")
         cloudformation.create_stack(StackName=STACK, TemplateBody=outputs_template(outputs))
         Deployment(cluster_arn="", fsx_id="").set_stack_status(status)
 
     def finish_deploy(self) -> Deployment:
         """What the deploy leaves once it completes: the full stack with outputs and its cluster."""
-        boto3.client("cloudformation", region_name=REGION).delete_stack(StackName=STACK)
-        return build_deployment(lambda service: boto3.client(service, region_name=REGION))
+        FIXTURE_SESSION.client("cloudformation").delete_stack(StackName=STACK)
+        return build_deployment(FIXTURE_SESSION.client)
 
 
 @pytest.fixture
@@ -149,7 +151,7 @@ def bare_stack(aws_env, project):
 @pytest.fixture
 def deployed(aws_env, project) -> Deployment:
     with mock_aws():
-        yield build_deployment(lambda service: boto3.client(service, region_name=REGION))
+        yield build_deployment(FIXTURE_SESSION.client)
 
 
 @pytest.fixture(scope="session")
@@ -166,7 +168,7 @@ def moto_server(_server, aws_env, project, monkeypatch) -> Deployment:
     """The deployment behind an HTTP endpoint; AWS_ENDPOINT_URL points this process and its children at it."""
     urllib.request.urlopen(urllib.request.Request(f"{_server}/moto-api/reset", method="POST")).close()
     monkeypatch.setenv("AWS_ENDPOINT_URL", _server)
-    return build_deployment(lambda service: boto3.client(service, region_name=REGION))
+    return build_deployment(FIXTURE_SESSION.client)
 
 
 @pytest.fixture
