@@ -75,23 +75,34 @@ class AtomicOutputDir:
         self.check()
         self.final.parent.mkdir(parents=True, exist_ok=True)
         self._remove_stale_partials()
-        shutil.rmtree(self.partial, ignore_errors=True)
-        self.partial.mkdir()
-        for signum in _SIGNALS:
+        for signum in _SIGNALS:  # before the folder exists, so no signal can strand it
             self._old_handlers[signum] = signal.signal(signum, _raise_interrupted)
+        try:
+            shutil.rmtree(self.partial, ignore_errors=True)
+            self.partial.mkdir()
+        except BaseException as exc:
+            self._finish(exc)
+            raise
         return self.partial
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        self._finish(exc)
+        return False
+
+    def _finish(self, exc: BaseException | None) -> None:
+        # Signals wait while the folders are renamed and cleaned; one that came meanwhile is
+        # delivered afterwards to the caller's handler.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
         try:
-            if exc_type is None:
+            if exc is None:
                 self._publish()
         finally:
             shutil.rmtree(self.partial, ignore_errors=True)
             for signum, handler in self._old_handlers.items():
                 signal.signal(signum, handler)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
         if isinstance(exc, Interrupted):
             raise CheckpointError(f"interrupted by {exc}; nothing was written to {self.final}") from None
-        return False
 
     def _publish(self) -> None:
         self.check()  # the folder may have appeared while we worked
