@@ -8,7 +8,7 @@ from stacks.cluster import HyperPodCluster
 from stacks.config import COMPUTE_GROUP, CONTROLLER_GROUP, HyperPodConfig
 from stacks.storage import DataBucket, SharedFileSystem
 
-DEFAULT_RUN_CONFIG = "llama3-8b"  # payloads/configs/llama3-8b.toml
+DEFAULT_RUN_CONFIG = "default"  # payloads/configs/default.toml
 
 
 def add_outputs(
