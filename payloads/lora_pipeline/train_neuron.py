@@ -57,12 +57,17 @@ def restore_adapter(model, lora, checkpoint: Path) -> NeuronPeftModel:
     """The LoRA model with the adapter weights of a sharded checkpoint loaded into it."""
     from optimum.neuron.peft import get_peft_model
 
+    from lora_pipeline.checkpoint_errors import CheckpointError
     from lora_pipeline.consolidate import consolidate_checkpoint
 
-    with tempfile.TemporaryDirectory(prefix="resume-adapter-") as folder:
-        consolidate_checkpoint(checkpoint, Path(folder))
+    with tempfile.TemporaryDirectory(prefix="resume-") as scratch:
+        adapter = Path(scratch) / "adapter"
+        try:
+            consolidate_checkpoint(checkpoint, adapter)
+        except CheckpointError as exc:
+            raise StepError(f"cannot resume from {checkpoint}: {exc}") from None
         peft_model: NeuronPeftModel = get_peft_model(model, lora)
-        peft_model.load_adapter(folder, "default", is_trainable=True)
+        peft_model.load_adapter(str(adapter), "default", is_trainable=True)
     return peft_model
 
 

@@ -1,0 +1,127 @@
+"""The neuron backend against the real optimum-neuron 0.4.5 / trl 0.24.0 API, read from their sources.
+
+This machine has no torch_xla, so optimum-neuron's training classes cannot be imported; their
+installed sources are parsed instead (api_source), and every class, function, method, attribute and
+keyword argument our neuron path uses is taken from our own modules' syntax trees (api_usage).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+from pathlib import Path
+
+import api_source
+import pytest
+from api_usage import check_module
+from payload_configs import tiny_config
+
+from lora_pipeline import train, train_neuron
+from lora_pipeline.errors import StepError
+from lora_pipeline.train_common import TrainPlan
+
+PACKAGE = Path(train_neuron.__file__).parent
+NEURON_PATH = ("train_neuron", "train_common")  # the neuron module and the helpers it spreads into calls
+
+
+def _usage(name: str):
+    return check_module(f"lora_pipeline.{name}", (PACKAGE / f"{name}.py").read_text())
+
+
+def test_installed_versions_are_the_cluster_pins():
+    pins = dict(
+        line.split("==") for line in (PACKAGE.parent / "requirements-cluster.txt").read_text().splitlines() if "==" in line
+    )
+    for package in ("optimum-neuron", "trl", "peft", "transformers"):
+        assert importlib.metadata.version(package) == pins[package], package
+    assert pins["optimum-neuron"] == "0.4.5" and pins["trl"] == "0.24.0"
+
+
+@pytest.mark.parametrize("name", NEURON_PATH)
+def test_every_name_and_keyword_we_use_exists(name):
+    usage = _usage(name)
+    assert usage.problems == []
+    assert usage.checked_calls
+
+
+def test_the_checked_calls_are_the_training_api():
+    usage = _usage("train_neuron")
+    calls = {call.split("(")[0]: call for call in usage.checked_calls}
+    assert "tensor_parallel_size" in calls["NeuronSFTConfig"] and "max_length" in calls["NeuronSFTConfig"]
+    assert calls["NeuronSFTTrainer"] == "NeuronSFTTrainer(args, formatting_func, model, peft_config, processing_class, train_dataset)"
+    assert calls["NeuronModelForCausalLM.from_pretrained"] == "NeuronModelForCausalLM.from_pretrained(torch_dtype)"
+    assert {"NeuronSFTConfig.trn_config", "NeuronSFTTrainer.data_collator", "NeuronSFTTrainer.global_step_last_logged"} <= set(
+        usage.checked_members
+    )
+    # The training model class, not the inference class of the same name in optimum.neuron.
+    model_class = api_source.resolve("optimum.neuron.models.training", "NeuronModelForCausalLM")
+    assert model_class.module == "optimum.neuron.models.training.modeling_auto"
+
+
+def test_the_checker_rejects_removed_and_misspelled_api():
+    source = """
+from optimum.neuron import NeuronSFTConfig, NeuronSFTTrainer
+from optimum.neuron.models.training import NeuronModelForCausalLM
+from optimum.neuron.distributed import lazy_load_for_parallelism
+
+def build(tokenizer, model, extra):
+    args = NeuronSFTConfig(output_dir="out", max_seq_length=1024)
+    trainer = NeuronSFTTrainer(model=model, args=args, tokenizer=tokenizer)
+    trainer.save_everything()
+    loaded = NeuronModelForCausalLM.from_pretrained("id", args.trn_config, torch_dtype=None, lazy_load=True)
+    loaded.eval()
+    NeuronSFTConfig(**extra)
+"""
+    problems = "\n".join(check_module("example", source).problems)
+    for expected in (
+        "optimum.neuron.distributed has no lazy_load_for_parallelism",  # removed in 0.3.0
+        "NeuronSFTConfig has no keyword argument 'max_seq_length'",  # renamed max_length
+        "NeuronSFTTrainer has no keyword argument 'tokenizer'",  # renamed processing_class
+        "NeuronSFTTrainer.save_everything does not exist",
+        "from_pretrained has no keyword argument 'lazy_load'",
+        "loaded holds a library object of unknown type",
+        "cannot see the keys of **extra",
+    ):
+        assert expected in problems
+
+
+def _method(module: str, cls: str, name: str) -> ast.FunctionDef:
+    return api_source.member(api_source.resolve(module, cls), name)[1]
+
+
+def test_resume_assumptions_hold():
+    """NeuronTrainer refuses resume_from_checkpoint, and resets what ContinueStepCount sets before on_train_begin."""
+    train_body = ast.unparse(_method("optimum.neuron", "NeuronTrainer", "_train"))
+    assert "`resume_from_checkpoint` is not supported by the NeuronTrainer" in train_body
+    setup = ast.unparse(_method("optimum.neuron", "NeuronTrainer", "setup_training"))
+    order = [setup.index(text) for text in (
+        "self.create_optimizer_and_scheduler", "self.callback_handler.lr_scheduler = self.lr_scheduler",
+        "self.global_step_last_logged = 0", "self.callback_handler.on_train_begin",
+    )]  # fmt: skip
+    assert order == sorted(order)
+    call_event = ast.unparse(_method("transformers.trainer_callback", "CallbackHandler", "call_event"))
+    assert "lr_scheduler=self.lr_scheduler" in call_event
+
+
+def test_tp_that_does_not_divide_the_cores_is_refused(hpl_env, monkeypatch):
+    cfg = tiny_config(hpl_env, parallel={"tensor_parallel_size": 8, "devices_per_node": 32})
+    train_neuron.check_parallel_layout(cfg, 32)
+    with pytest.raises(StepError, match="parallel.tensor_parallel_size 8 .*does not divide the 12 NeuronCores"):
+        train_neuron.check_parallel_layout(cfg, 12)
+    monkeypatch.setenv("WORLD_SIZE", "12")
+    plan = TrainPlan("neuron", -1, 10, True, None, 0, None)
+    with pytest.raises(StepError, match="tensor_parallel_size"):
+        train_neuron.run(cfg, plan, {}, None, 0)
+
+
+def test_neuron_backend_without_neuron_software_is_a_clear_error(hpl_env, monkeypatch):
+    cfg = tiny_config(hpl_env)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(StepError, match="needs optimum-neuron with torch-neuronx"):
+        train_neuron.run(cfg, TrainPlan("neuron", -1, 10, True, None, 0, None), {}, None, 0)
+
+
+def test_auto_backend_is_torch_without_neuron_devices():
+    assert not train.neuron_available()
+    assert train.resolve_backend("auto") == "torch"
+    assert train.resolve_backend("neuron") == "neuron"
