@@ -44,7 +44,7 @@ destroy: $(STAMP)  ## delete everything the stack created
 	$(CDK) destroy --force
 
 rehearse: $(STAMP)  ## run the whole pipeline on a local single-node Slurm with a tiny model
-	$(PY) -m lora_pipeline.rehearse
+	$(PY) -m tools.rehearse
 
 bench: $(STAMP)  ## merge benchmark: streaming merge vs reference vs copy floor
 	$(PY) bench/merge_bench.py
