@@ -1,0 +1,145 @@
+"""submit without a cluster: the chain it would submit, what it reads from the run config, its
+errors, and that it runs on the HyperPod controller's python3 (3.10, stdlib only, no tomllib)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lora_pipeline import config as run_config
+from lora_pipeline.run_facts import RunFactsError, expand, read_run_facts
+from lora_pipeline.submit import STEPS
+from slurm_helpers import REPO
+
+pytestmark = pytest.mark.xdist_group("slurm")
+PAYLOADS = REPO / "payloads"
+CONTROLLER_SIDE = ("submit", "run_facts", "pipeline_status", "launch")  # run on host python3, not in the image
+
+
+def constrained_submit(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """python3 -S (no site-packages: stdlib only) with tomllib made unimportable, as on Python 3.10."""
+    code = (
+        "import runpy, sys; sys.modules['tomllib'] = None; "
+        f"sys.path.insert(0, {str(PAYLOADS)!r}); sys.argv = ['submit', *sys.argv[1:]]; "
+        "runpy.run_module('lora_pipeline.submit', run_name='__main__')"
+    )
+    return subprocess.run([sys.executable, "-S", "-c", code, *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+
+
+def write(tmp_path: Path, text: str, name: str = "run.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("module", CONTROLLER_SIDE)
+def test_controller_side_modules_are_python_3_10_stdlib(module):
+    source = (PAYLOADS / "lora_pipeline" / f"{module}.py").read_text()
+    tree = ast.parse(source, feature_version=(3, 10))  # a 3.11-only construct fails here
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+        for name in names:
+            top = name.split(".")[0]
+            assert top != "tomllib", f"{module} imports tomllib"
+            assert top in sys.stdlib_module_names or name in (f"lora_pipeline.{m}" for m in CONTROLLER_SIDE) \
+                or name in ("lora_pipeline", "__future__"), f"{module} imports {name}"
+
+
+def test_dry_run_prints_the_chain_without_tomllib_or_site_packages(tmp_path):
+    config = write(tmp_path, '[paths]\noutput_dir = "${HPL_OUTPUTS_DIR:-/unused}/run-a"  # the run\n[parallel]\nnodes = 4\n')
+    out = constrained_submit("--config", str(config), "--dry-run", env={"HPL_OUTPUTS_DIR": str(tmp_path / "outputs")})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[1] == f"mkdir -p {tmp_path}/outputs/run-a/logs/state"
+    jobs = lines[2:]
+    assert [line.split("=", 1)[0] for line in jobs] == [f"{step}_job" for step in STEPS]
+    for previous, step, line in zip((None, *STEPS), STEPS, jobs):
+        assert f"--job-name=hpl-{step} " in line and line.endswith(f"{PAYLOADS}/slurm/{step}.sbatch)")
+        assert f"--output={tmp_path}/outputs/run-a/logs/{step}-%j.log" in line
+        assert f"--nodes={4 if step in ('precompile', 'train') else 1} " in line
+        assert f"HPL_RUN_CONFIG={config}," in line and f"HPL_RUN_DIR={tmp_path}/outputs/run-a " in line
+        if previous:
+            assert f'--dependency=afterok:"${previous}_job" --kill-on-invalid-dep=yes' in line
+        else:
+            assert "--dependency" not in line
+    assert not (tmp_path / "outputs").exists()  # a dry run creates nothing
+
+
+def test_dry_run_from_a_step_starts_the_chain_there(tmp_path):
+    out = constrained_submit("--config", str(write(tmp_path, "")), "--dry-run", "--from", "train",
+                             env={"HPL_OUTPUTS_DIR": str(tmp_path)})
+    jobs = out.stdout.splitlines()[2:]
+    assert [line.split("=", 1)[0] for line in jobs] == ["train_job", "consolidate_job", "merge_job", "generate_job"]
+    assert "--dependency" not in jobs[0] and '--dependency=afterok:"$train_job"' in jobs[1]
+
+
+@pytest.mark.parametrize("name", ["default.toml", "tiny-cpu.toml"])
+def test_run_folder_agrees_with_the_full_config_loader(name, tmp_path):
+    env = {"HPL_OUTPUTS_DIR": str(tmp_path / "out"), "HPL_MODELS_DIR": "/m", "HPL_DATASETS_DIR": "/d"}
+    path = PAYLOADS / "configs" / name
+    cfg = run_config.load(path, env=env)
+    facts = read_run_facts(path, env)
+    assert (str(facts.output_dir), facts.nodes) == (cfg.paths.output_dir, cfg.parallel.nodes)
+
+
+def test_defaults_and_relative_paths_follow_config_py(tmp_path):
+    env = {"HPL_OUTPUTS_DIR": "/x"}
+    empty = write(tmp_path, "[model]\nid = 'a'\n")
+    assert str(read_run_facts(empty, env).output_dir) == run_config.load(empty, env=env).paths.output_dir
+    relative = write(tmp_path, "[paths]\noutput_dir = 'runs/b'\n[parallel]\nnodes = 2\n", "rel.toml")
+    facts = read_run_facts(relative, env)
+    assert str(facts.output_dir) == run_config.load(relative, env=env).paths.output_dir == str(tmp_path / "runs" / "b")
+
+
+@pytest.mark.parametrize("value", ["${A}/b", "${A:-x}/b", "${B:-x}/b", "${B:-}/b", "plain", "${A}${A:-q}"])
+def test_expansion_matches_the_config_loader(value):
+    env = {"A": "one"}
+    assert expand(value, "k", env) == run_config.expand(value, "k", env)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[paths]\noutput_dir = """/a"""\n', "cannot read"),
+        ("[paths]\noutput_dir = 3\n", "paths.output_dir must be a string"),
+        ("[parallel]\nnodes = 0\n", "parallel.nodes must be an integer >= 1"),
+        ("[paths]\noutput_dir = '${NOT_SET_ANYWHERE}/x'\n", "environment variable NOT_SET_ANYWHERE is not set"),
+    ],
+)
+def test_bad_run_config_values_are_named(tmp_path, text, message):
+    with pytest.raises(RunFactsError, match=re.escape(message)):
+        read_run_facts(write(tmp_path, text), {})
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    missing = constrained_submit("--config", str(tmp_path / "nope.toml"))
+    assert (missing.returncode, missing.stderr) == (2, f"error: run config {tmp_path / 'nope.toml'} does not exist\n")
+
+    config = write(tmp_path, f"[paths]\noutput_dir = '{tmp_path}/run'\n")
+    status = constrained_submit("status", "--config", str(config))
+    assert status.returncode == 2 and status.stderr.startswith(f"error: no pipeline submitted for {tmp_path}/run")
+
+    no_slurm = constrained_submit("--config", str(config), env={"PATH": str(tmp_path)})
+    assert no_slurm.returncode == 2
+    assert no_slurm.stderr == "error: sbatch not found: run this on the cluster's controller or login node\n"
+
+    comma = write(tmp_path, f"[paths]\noutput_dir = '{tmp_path}/a,b'\n", "comma.toml")
+    out = constrained_submit("--config", str(comma), "--dry-run")
+    assert out.returncode == 2 and "contains a comma" in out.stderr
+
+
+def test_scripts_are_shellcheck_clean():
+    scripts = sorted((PAYLOADS / "slurm").glob("*.sbatch")) + [PAYLOADS / "slurm" / "env.sh"]
+    scripts += sorted(Path(__file__).parent.glob("*.sbatch"))
+    assert len(scripts) >= 9
+    shellcheck = Path(sys.executable).with_name("shellcheck")
+    out = subprocess.run([str(shellcheck), "-x", *map(str, scripts)], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stdout + out.stderr
