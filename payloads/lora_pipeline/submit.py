@@ -56,6 +56,16 @@ def job_environment(facts: RunFacts) -> dict[str, str]:
     return values
 
 
+def check_runtime_sees(facts: RunFacts, env: dict[str, str]) -> None:
+    """With Pyxis the steps see only FSx: the config and the run folder must live there."""
+    if env.get("HPL_RUNTIME") != "pyxis":
+        return
+    fsx = Path(env.get("HPL_FSX_MOUNT_PATH") or "/fsx")
+    for what, path in (("run config", facts.config), ("run folder (paths.output_dir)", facts.output_dir)):
+        if fsx not in path.parents:
+            raise SubmitError(f"{what} {path} is outside {fsx}, which is all the training image sees: put it under {fsx}")
+
+
 def sbatch_command(step: str, facts: RunFacts, after: str | None, env: dict[str, str]) -> list[str]:
     exports = ",".join(["ALL", *(f"{key}={value}" for key, value in job_environment(facts).items())])
     command = [
@@ -134,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     try:
         facts = read_run_facts(args.config, env)
+        check_runtime_sees(facts, env)
         if args.action == "status":
             if not pipeline_status.read_record(facts.logs_dir):
                 raise SubmitError(f"no pipeline submitted for {facts.output_dir} (no {facts.logs_dir}/pipeline.json)")

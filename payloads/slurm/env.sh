@@ -66,8 +66,8 @@ esac
 # srun with what every step launch shares: HyperPod auto-resume and, with Pyxis, the image.
 hpl_srun() {
   local -a opts=(--kill-on-bad-exit=1)
-  if [[ -d /opt/sagemaker_cluster ]]; then
-    opts+=(--auto-resume=1)  # HyperPod replaces a faulty node and restarts the step
+  if [[ -d "${HPL_SAGEMAKER_CLUSTER_DIR:-/opt/sagemaker_cluster}" ]]; then
+    opts+=(--auto-resume=1)  # on HyperPod: replace a faulty node and restart the step
   fi
   if [[ "$HPL_RUNTIME" == pyxis ]]; then
     opts+=(--container-image="$HPL_IMAGE_FILE"

@@ -1,0 +1,125 @@
+"""The runtime switch in env.sh and the image import in prepare.sbatch.
+
+Pyxis, enroot, ECR and HyperPod's srun are not here, so stand-in `srun`, `enroot` and `aws`
+commands record what the scripts ask of them (the way moto stands in for AWS). The host runtime
+runs for real in test_pipeline.py.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lora_pipeline.submit import main as submit_main
+from slurm_helpers import REPO
+
+pytestmark = pytest.mark.xdist_group("slurm")
+REGISTRY = "123456789012.dkr.ecr.us-west-2.amazonaws.com"
+IMAGE = f"{REGISTRY}/cdk-hnb659fds-container-assets-123456789012-us-west-2:3f9a1c"
+SQSH = "cdk-hnb659fds-container-assets-123456789012-us-west-2_3f9a1c.sqsh"
+STAND_INS = {
+    "srun": 'printf "%s\\n" "$@" >"$CALLS/srun.$$"',
+    "aws": 'echo "$*" >"$CALLS/aws"; echo ecr-password-123',
+    # records the credentials enroot would read, then writes the image where it was told to
+    "enroot": 'echo "$*" >"$CALLS/enroot"; cp "$ENROOT_CONFIG_PATH/.credentials" "$CALLS/credentials"; '
+              'stat -c %a "$ENROOT_CONFIG_PATH/.credentials" >"$CALLS/credentials.mode"; '
+              'echo "$ENROOT_CONFIG_PATH" >"$CALLS/config_path"; echo squashfs >"$3"',
+}
+
+
+@pytest.fixture()
+def node(tmp_path):
+    """A fake compute node: stand-in commands first on PATH and the job environment submit gives."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    calls.mkdir()
+    for name, body in STAND_INS.items():
+        path = bin_dir / name
+        path.write_text(f"#!/usr/bin/env bash\nset -eu\n{body}\n")
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    env = {
+        **os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls), "SLURM_JOB_ID": "77",
+        "HPL_PAYLOADS_DIR": str(REPO / "payloads"), "HPL_RUN_CONFIG": "/fsx/payloads/configs/run.toml",
+        "HPL_RUN_DIR": str(tmp_path / "run"), "HPL_FSX_MOUNT_PATH": "/fsx", "HPL_IMAGES_DIR": str(tmp_path / "images"),
+        "HPL_SAGEMAKER_CLUSTER_DIR": str(tmp_path / "not-hyperpod"),
+    }
+    return env, calls
+
+
+def run_step(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(REPO / "payloads" / "slurm" / script)], env=env, capture_output=True, text=True)
+
+
+def srun_calls(calls: Path) -> list[list[str]]:
+    return [path.read_text().splitlines() for path in sorted(calls.glob("srun.*"))]
+
+
+def test_pyxis_prepare_imports_the_ecr_image_once_then_checks_inside_it(node, tmp_path):
+    env, calls = node
+    env.update(HPL_RUNTIME="pyxis", HPL_IMAGE_URI=IMAGE)
+    first = run_step("prepare.sbatch", env)
+    assert first.returncode == 0, first.stdout + first.stderr
+
+    image = tmp_path / "images" / SQSH
+    assert image.read_text() == "squashfs\n"
+    assert (calls / "aws").read_text().split() == ["ecr", "get-login-password", "--region", "us-west-2"]
+    assert (calls / "enroot").read_text().split() == ["import", "--output", f"{image}.partial-77", f"docker://{REGISTRY}#{IMAGE.split('/', 1)[1]}"]
+    assert (calls / "credentials").read_text() == f"machine {REGISTRY} login AWS password ecr-password-123\n"
+    assert (calls / "credentials.mode").read_text().strip() == "600"
+    assert not Path((calls / "config_path").read_text().strip()).exists()  # the credentials are gone after the import
+    [srun] = srun_calls(calls)
+    assert srun[:5] == ["--kill-on-bad-exit=1", f"--container-image={image}", "--container-mounts=/fsx:/fsx",
+                        f"--container-workdir={REPO / 'payloads'}", "--nodes=1"]
+    assert srun[6:] == ["python3", "-m", "lora_pipeline.preflight", "--config", "/fsx/payloads/configs/run.toml"]
+
+    (calls / "enroot").unlink()
+    again = run_step("prepare.sbatch", env)
+    assert again.returncode == 0 and f"image already imported: {image}" in again.stdout
+    assert not (calls / "enroot").exists()
+
+
+def test_host_runtime_uses_the_host_python_and_hyperpod_adds_auto_resume(node, tmp_path):
+    env, calls = node
+    env.update(HPL_RUNTIME="host", PYTHON="/opt/venv/bin/python", HPL_SAGEMAKER_CLUSTER_DIR=str(tmp_path))
+    out = run_step("merge.sbatch", env)
+    assert out.returncode == 0, out.stderr
+    assert srun_calls(calls) == [["--kill-on-bad-exit=1", "--auto-resume=1", "--nodes=1", "--ntasks=1", "/opt/venv/bin/python",
+                                  "-m", "lora_pipeline.merge", "--config", "/fsx/payloads/configs/run.toml"]]
+    assert '"state": "COMPLETED"' in (tmp_path / "run" / "logs" / "state" / "merge.json").read_text()
+
+
+def test_a_failing_launch_marks_the_step_failed(node, tmp_path):
+    env, calls = node
+    (Path(env["PATH"].split(":")[0]) / "srun").write_text("#!/usr/bin/env bash\nexit 3\n")
+    out = run_step("generate.sbatch", env)
+    assert out.returncode == 3 and "== generate: FAILED (exit 3)" in out.stdout
+    assert '"state": "FAILED", "exit": 3' in (tmp_path / "run" / "logs" / "state" / "generate.json").read_text()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"HPL_RUNTIME": "docker"}, "error: HPL_RUNTIME=docker is not a runtime (use host or pyxis)"),
+        ({"HPL_RUNTIME": "pyxis"}, "HPL_IMAGE_URI: is not set: the cluster facts name the training image"),
+        ({"HPL_RUN_CONFIG": ""}, "HPL_RUN_CONFIG: is not set: submit with python3 -m lora_pipeline.submit"),
+    ],
+)
+def test_bad_environment_stops_the_step_with_a_reason(node, change, message):
+    env, calls = node
+    env.pop("HPL_IMAGE_URI", None)
+    out = run_step("download.sbatch", {**env, **change})
+    assert out.returncode != 0 and message in out.stderr
+    assert srun_calls(calls) == []
+
+
+def test_submit_refuses_a_pyxis_run_outside_fsx(tmp_path, monkeypatch, capsys):
+    config = tmp_path / "run.toml"
+    config.write_text("[paths]\noutput_dir = '/fsx/outputs/x'\n")
+    monkeypatch.setenv("HPL_RUNTIME", "pyxis")
+    monkeypatch.setenv("HPL_FSX_MOUNT_PATH", "/fsx")
+    assert submit_main(["--config", str(config), "--dry-run"]) == 2
+    assert f"run config {config} is outside /fsx" in capsys.readouterr().err
