@@ -22,7 +22,9 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
     # trl turns gradient checkpointing on; its default reentrant form breaks DDP under torchrun
     # ("marked a variable ready only once") with peft, so use the non-reentrant form.
     checkpointing = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
-    args = SFTConfig(**sft_arguments(cfg, plan), **evaluation, **checkpointing)
+    # transformers refuses bf16 without a GPU unless told that the CPU is meant (CPU bf16 autocast).
+    cpu_bf16 = {"use_cpu": True} if cfg.train.bf16 and not torch.cuda.is_available() else {}
+    args = SFTConfig(**sft_arguments(cfg, plan), **evaluation, **checkpointing, **cpu_bf16)
     model = AutoModelForCausalLM.from_pretrained(cfg.paths.model_dir, dtype=torch.bfloat16 if cfg.train.bf16 else torch.float32)
     check_target_modules(model, cfg.lora)
     trainer = SFTTrainer(

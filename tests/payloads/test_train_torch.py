@@ -126,3 +126,9 @@ def test_unknown_scheduler_is_refused(hpl_env, tmp_path, capsys):
     path = write_config(tmp_path / "run.toml", hpl_env, train={"lr_scheduler": "zigzag"})
     assert train.main(["--config", str(path)]) == 2
     assert "train.lr_scheduler: invalid value 'zigzag'" in capsys.readouterr().err
+
+
+def test_bf16_trains_on_cpu(hpl_env, tmp_path, capsys):
+    path = write_config(tmp_path / "run.toml", hpl_env, train={"bf16": True, "precompile_steps": 2})
+    out = _train(path, capsys, "--precompile")
+    assert "step 2/2 | loss" in out
