@@ -19,7 +19,7 @@ from lora_pipeline import cli, data, lora_count, model_folder
 from lora_pipeline.checkpoints import newest_complete
 from lora_pipeline.config import BACKENDS, RunConfig
 from lora_pipeline.errors import StepError
-from lora_pipeline.train_common import TrainPlan, world_size
+from lora_pipeline.train_common import TrainPlan, say, world_size
 
 
 def neuron_available() -> bool:
@@ -60,7 +60,7 @@ def train(cfg: RunConfig, backend_override: str | None = None, precompile: bool 
     plan = make_plan(cfg, backend, precompile)
     what = "precompile run" if precompile else "training"
     start = f"resuming from {plan.resume_from}" if plan.resume_from else "from the base model"
-    print(f"{what} with the {backend} backend, {start}", flush=True)
+    say(f"{what} with the {backend} backend, {start}")
 
     if not data.is_prepared(cfg) and world_size() == 1:
         data.prepare(cfg)  # one process: preparing here is safe; many processes need the data step first
@@ -76,7 +76,7 @@ def train(cfg: RunConfig, backend_override: str | None = None, precompile: bool 
     chosen.run(cfg, plan, datasets, tokenizer, expected)
     if not precompile:
         newest = newest_complete(cfg.paths.checkpoints_dir)
-        print(f"training done; newest checkpoint: {newest[1] if newest else 'none'}", flush=True)
+        say(f"training done; newest checkpoint: {newest[1] if newest else 'none'}")
     return plan
 
 

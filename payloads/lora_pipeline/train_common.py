@@ -30,6 +30,12 @@ def world_size(env: Mapping[str, str] | None = None) -> int:
     return int((os.environ if env is None else env).get("WORLD_SIZE", "1"))
 
 
+def say(message: str) -> None:
+    """Print once per launch (global rank 0), not once per process."""
+    if os.environ.get("RANK", "0") == "0":
+        print(message, flush=True)
+
+
 def peft_lora_config(lora: config.LoraConfig):
     """The peft LoraConfig for the run's [lora] section (same for both backends)."""
     from peft import LoraConfig
@@ -87,4 +93,4 @@ def check_trainable(actual: int, expected: int, lora: config.LoraConfig) -> None
             f"{expected:,}: the adapter is not applied as configured (optimum-neuron issue #821 trained the full "
             "model when peft was too old); check the peft version against payloads/requirements-cluster.txt"
         )
-    print(f"trainable parameters: {actual:,} (the expected LoRA count)", flush=True)
+    say(f"trainable parameters: {actual:,} (the expected LoRA count)")

@@ -22,7 +22,7 @@ from lora_pipeline.config import RunConfig
 from lora_pipeline.errors import StepError
 from lora_pipeline.prompt import format_example
 from lora_pipeline.train_callbacks import MetricsLogger, TokenCounter
-from lora_pipeline.train_common import TrainPlan, check_trainable, peft_lora_config, sft_arguments, world_size
+from lora_pipeline.train_common import TrainPlan, check_trainable, peft_lora_config, say, sft_arguments, world_size
 
 if TYPE_CHECKING:
     from optimum.neuron import NeuronSFTTrainer
@@ -80,7 +80,7 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
     except ImportError as exc:
         raise StepError(f"the neuron backend needs optimum-neuron with torch-neuronx (the training image): {exc}") from None
     if "validation" in datasets:
-        print("note: optimum-neuron 0.4.5 trains without evaluation; the validation split is not used here", flush=True)
+        say("note: optimum-neuron 0.4.5 trains without evaluation; the validation split is not used here")
 
     args = NeuronSFTConfig(
         **sft_arguments(cfg, plan),
