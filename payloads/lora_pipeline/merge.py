@@ -11,6 +11,7 @@ output path only when complete (see atomic_output).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from collections import Counter
@@ -20,7 +21,8 @@ from . import cli
 from .adapter_files import AdapterFolder, open_adapter_folder
 from .atomic_output import AtomicOutputDir
 from .checkpoint_errors import CheckpointError
-from .merge_stream import TORCH_DTYPES, LoraFactors, ProgressPrinter, merge_shard
+from .float_codec import FLOAT_CODES
+from .merge_stream import LoraFactors, ProgressPrinter, merge_shard
 from .model_files import ModelFolder, open_model_folder
 
 
@@ -37,7 +39,7 @@ def check_fits(model: ModelFolder, adapter: AdapterFolder) -> None:
                 f"adapter module {update.module} has no base tensor {target} in {model.path}{hint}: "
                 "the adapter was trained for another model architecture"
             )
-        if slot.dtype not in TORCH_DTYPES or len(slot.shape) != 2:
+        if slot.dtype not in FLOAT_CODES or len(slot.shape) != 2:
             raise CheckpointError(f"base tensor {target} is {slot.dtype} {list(slot.shape)}: only 2-D float weights can be merged")
         a, b = adapter.tensors[update.a_key].shape, adapter.tensors[update.b_key].shape
         rows, cols = (a[1], b[0]) if update.kind == "embedding" else (b[0], a[1])
@@ -73,10 +75,9 @@ def merge(base: Path, adapter_dir: Path, output: Path, *, overwrite: bool = Fals
     )
     if not model.has_tokenizer:
         print(f"warning: {base} has no tokenizer files; the merged model will need one from elsewhere", flush=True)
-    lora = LoraFactors(adapter)
     used: Counter[str] = Counter()
     started = time.monotonic()
-    with atomic as partial:
+    with atomic as partial, contextlib.closing(LoraFactors(adapter)) as lora:
         for number, shard in enumerate(model.shards, 1):
             shard_started = time.monotonic()
             updates = {name: adapter.updates[name] for name in shard.tensors if name in adapter.updates}

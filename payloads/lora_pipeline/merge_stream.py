@@ -14,40 +14,53 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-from safetensors import safe_open
+import numpy as np
 
 from .adapter_files import AdapterFolder, LoraUpdate
+from .float_codec import compute_type, decode, encode
 from .safetensors_header import SafetensorsFile, TensorSlot
 
-TORCH_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 BLOCK_BYTES = 64 * 1024 * 1024  # fp32 bytes of W per row block
 COPY_CHUNK = 256 * 1024 * 1024
 
 Progress = Callable[[int], None]  # called with bytes done in the current shard
 
 
+def read_rows(fd: int, slot: TensorSlot, first: int, count: int) -> np.ndarray:
+    """Rows [first, first + count) of a tensor as an fp32 (fp64) array of shape (count, row)."""
+    row_bytes = slot.nbytes // slot.shape[0]
+    raw = bytearray(count * row_bytes)
+    if os.preadv(fd, [raw], slot.start + first * row_bytes) != len(raw):
+        raise OSError(f"short read of {slot.name}")
+    return decode(raw, slot.dtype).reshape(count, -1)
+
+
 class LoraFactors:
-    """The A/B factors of every update, loaded once in fp32 (they are small), plus base copies."""
+    """The A/B factors of every update, read once as fp32 (they are small), and base-weight copies."""
 
     def __init__(self, adapter: AdapterFolder) -> None:
-        self._handle = safe_open(str(adapter.weights_file), framework="pt")
+        self._fd = os.open(adapter.weights_file, os.O_RDONLY)
         self.scale = adapter.scale
-        self.factors = {
-            target: (self._handle.get_tensor(u.a_key).float(), self._handle.get_tensor(u.b_key).float())
-            for target, u in adapter.updates.items()
-        }
+        self.slots = adapter.tensors
+        self.factors = {target: (self._whole(u.a_key), self._whole(u.b_key)) for target, u in adapter.updates.items()}
 
-    def base_rows(self, update: LoraUpdate, rows: slice, dtype: torch.dtype) -> torch.Tensor:
-        """Rows of the full base weight saved in the adapter (embedding layers), in W's dtype."""
-        return self._handle.get_slice(update.base_copy_key)[rows].to(dtype)
+    def _whole(self, key: str) -> np.ndarray:
+        slot = self.slots[key]
+        return read_rows(self._fd, slot, 0, slot.shape[0]).astype(np.float32)
 
-    def delta_rows(self, update: LoraUpdate, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
-        """(left, right) with left @ right == (B @ A)[rows] (linear) or ((B @ A).T)[rows] (embedding)."""
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def base_rows(self, update: LoraUpdate, first: int, count: int) -> np.ndarray:
+        """Rows of the full base weight saved in the adapter (targeted embedding layers)."""
+        return read_rows(self._fd, self.slots[update.base_copy_key], first, count)
+
+    def delta_rows(self, update: LoraUpdate, first: int, count: int) -> np.ndarray:
+        """(B @ A)[rows] for a linear layer, ((B @ A).T)[rows] for an embedding, in fp32."""
         a, b = self.factors[update.target]
         if update.kind == "embedding":
-            return a[:, rows].T, b.T
-        return b[rows], a
+            return a[:, first : first + count].T @ b.T
+        return b[first : first + count] @ a
 
 
 def copy_range(src: int, dst: int, start: int, end: int, progress: Progress, base: int) -> None:
@@ -58,8 +71,7 @@ def copy_range(src: int, dst: int, start: int, end: int, progress: Progress, bas
         try:
             copied = os.copy_file_range(src, dst, count, offset, offset)
         except OSError:  # file systems without copy_file_range
-            data = os.pread(src, count, offset)
-            copied = os.pwrite(dst, data, offset)
+            copied = os.pwrite(dst, os.pread(src, count, offset), offset)
         if copied <= 0:
             raise OSError(f"short copy at byte {offset}")
         offset += copied
@@ -68,25 +80,20 @@ def copy_range(src: int, dst: int, start: int, end: int, progress: Progress, bas
 
 def merge_slot(src: int, dst: int, slot: TensorSlot, update: LoraUpdate, lora: LoraFactors) -> None:
     """Rewrite one target tensor block by block."""
-    dtype = TORCH_DTYPES[slot.dtype]
     rows_total = slot.shape[0]
-    row_elems = slot.nbytes // (rows_total * dtype.itemsize)
+    row_bytes = slot.nbytes // rows_total
+    row_elems = row_bytes // {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}[slot.dtype]
     block_rows = max(1, BLOCK_BYTES // (row_elems * 4))
     for first in range(0, rows_total, block_rows):
-        rows = slice(first, min(first + block_rows, rows_total))
-        count = rows.stop - rows.start
-        offset = slot.start + first * row_elems * dtype.itemsize
+        count = min(block_rows, rows_total - first)
         if update.base_copy_key is not None:
-            weight = lora.base_rows(update, rows, dtype).reshape(count, row_elems)
+            weight = lora.base_rows(update, first, count).astype(compute_type(slot.dtype))
         else:
-            raw = bytearray(count * row_elems * dtype.itemsize)
-            if os.preadv(src, [raw], offset) != len(raw):
-                raise OSError(f"short read of {slot.name}")
-            weight = torch.frombuffer(raw, dtype=dtype).view(count, row_elems)
-        left, right = lora.delta_rows(update, rows)
-        compute = torch.promote_types(dtype, torch.float32)  # fp32, or fp64 for an fp64 base
-        merged = weight.to(compute).addmm_(left.to(compute), right.to(compute), alpha=lora.scale).to(dtype)
-        os.pwrite(dst, merged.view(torch.uint8).numpy().data, offset)
+            weight = read_rows(src, slot, first, count)
+        delta = lora.delta_rows(update, first, count)
+        delta *= lora.scale
+        weight += delta
+        os.pwrite(dst, encode(weight, slot.dtype).data, slot.start + first * row_bytes)
 
 
 def merge_shard(
@@ -116,7 +123,7 @@ class ProgressPrinter:
 
     def __init__(self, label: str, total: int, every_s: float = 5.0) -> None:
         self.label, self.total, self.every_s = label, total, every_s
-        self.started = self._last = time.monotonic()
+        self._last = time.monotonic()
 
     def __call__(self, done: int) -> None:
         now = time.monotonic()

@@ -82,7 +82,8 @@ def test_merge_equals_peft_merge_and_unload_in_bf16(tmp_path, rslora):
     for name, tensor in ours.items():
         module = name.removesuffix(".weight")
         want = expected_weight(before[name], factors, module, scale) if module in updated else before[name]
-        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, want), name
+        assert tensor.dtype == torch.bfloat16, name  # within one bf16 step of the fp32 result (BLAS sum order)
+        torch.testing.assert_close(tensor, want, rtol=2**-7, atol=1e-30, msg=name)
 
     reference = peft_reference(base, adapter, torch.bfloat16)
     merged_reference = reference.merge_and_unload().state_dict()

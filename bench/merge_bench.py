@@ -1,0 +1,237 @@
+"""Merge benchmark: our streaming merge vs the reference approach vs a plain copy of the shards.
+
+    .venv/bin/python bench/merge_bench.py [--shapes 1b,8b] [--workdir .bench] [--reference auto|always|never]
+
+For each shape it writes a synthetic bf16 Llama checkpoint sharded like the Hub's and a LoRA
+adapter (r=16 on q/v, the default), then runs, each in its own child process, measuring wall time
+and peak RSS (os.wait4's ru_maxrss of that child):
+  (a) ours:      python -m lora_pipeline.merge
+  (b) reference: transformers from_pretrained + peft merge_and_unload + save_pretrained
+  (c) copy:      copying the shard files (the disk floor: the merge must write as many bytes)
+Results go to the console and docs/merge-benchmark.md. Generated files are removed afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "payloads")]
+
+# This process stays small (no torch): a child's ru_maxrss counts the parent's pages it was forked with.
+from bench.synthetic_llama import SHAPES, tensor_shapes  # noqa: E402
+
+GIB = 1024**3
+TARGETS = {"peak_rss_gib_8b": 2.0, "wall_vs_copy": 1.5, "speedup_vs_reference_1b": 3.0}
+REFERENCE = """
+import sys, torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+base, adapter, out = sys.argv[1:4]
+model = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, sys.argv[4]))
+PeftModel.from_pretrained(model, adapter).merge_and_unload().save_pretrained(out, safe_serialization=True)
+"""
+GENERATE = """
+import sys
+from pathlib import Path
+from bench.synthetic_llama import SHAPES, write_adapter, write_model
+folder, shape = Path(sys.argv[1]), SHAPES[sys.argv[2]]
+write_model(folder / "base", shape)
+write_adapter(folder / "adapter", shape)
+"""
+AGREE = """
+import json, sys, torch
+from pathlib import Path
+from safetensors import safe_open
+def tensor(folder, name):
+    index = folder / "model.safetensors.index.json"
+    file = json.loads(index.read_text())["weight_map"][name] if index.is_file() else "model.safetensors"
+    with safe_open(str(folder / file), "pt") as handle:
+        return handle.get_tensor(name).float()
+ours, ref = Path(sys.argv[1]), Path(sys.argv[2])
+# the reference rounds each delta to bf16 before adding it: agreement within bf16 rounding
+names = ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.v_proj.weight", "model.layers.0.mlp.up_proj.weight")
+ok = all(torch.allclose(a, b, rtol=2**-7, atol=2**-7 * float(a.abs().max())) for a, b in ((tensor(ours, n), tensor(ref, n)) for n in names))
+sys.exit(0 if ok else 1)
+"""
+COPY = """
+import shutil, sys
+for path in sys.argv[2:]:
+    shutil.copyfile(path, sys.argv[1] + "/" + path.rsplit("/", 1)[-1])
+"""
+
+
+def child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "payloads"), str(REPO)])}
+
+
+def python(code: str, *args: object) -> list[str]:
+    return [sys.executable, "-c", code, *map(str, args)]
+
+
+def measure(label: str, command: list[str], log: Path, *, quiet: bool = False) -> dict:
+    """Run one child; wall seconds and its peak resident set size."""
+    with log.open("w") as out:
+        started = time.perf_counter()
+        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=child_env())
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - started
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise SystemExit(f"{label} failed (exit {child.returncode}); see {log}:\n{log.read_text()[-2000:]}")
+    result = {"wall_s": round(wall, 2), "peak_rss_gib": round(usage.ru_maxrss * 1024 / GIB, 3)}
+    if not quiet:
+        print(f"  {label:<10} {result['wall_s']:8.1f} s   peak RSS {result['peak_rss_gib']:6.2f} GiB", flush=True)
+    return result
+
+
+def settle(*folders: Path) -> None:
+    """Remove outputs and flush dirty pages so one run's writeback does not slow the next."""
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    os.sync()
+
+
+def warm(folder: Path) -> None:
+    for shard in sorted(folder.glob("*.safetensors")):
+        with shard.open("rb") as handle:
+            while handle.read(64 * 1024 * 1024):
+                pass
+
+
+def reference_fits(model_bytes: int) -> tuple[bool, str]:
+    """The reference holds the whole model plus a save buffer of one shard; skip it when that cannot fit."""
+    available = next(int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemAvailable"))
+    needed = int(model_bytes * 1.35) + 2 * GIB
+    reason = f"needs about {needed / GIB:.0f} GiB of RAM, {available / GIB:.0f} GiB available"
+    return needed < 0.85 * available, reason
+
+
+def best(previous: dict | None, current: dict) -> dict:
+    if previous is None:
+        return current
+    return {"wall_s": min(previous["wall_s"], current["wall_s"]), "peak_rss_gib": max(previous["peak_rss_gib"], current["peak_rss_gib"])}
+
+
+def bench_shape(name: str, work: Path, reference: str, ref_dtype: str, repeats: int) -> dict:
+    shape = SHAPES[name]
+    folder = work / name
+    settle(folder)
+    folder.mkdir(parents=True)
+    generated = measure("generate", python(GENERATE, folder, name), folder / "generate.log", quiet=True)
+    base, adapter = folder / "base", folder / "adapter"
+    model_bytes = sum(p.stat().st_size for p in base.glob("*.safetensors"))
+    shards = sorted(str(p) for p in base.glob("*.safetensors"))
+    params = sum(math.prod(d) for d in tensor_shapes(shape).values())
+    print(f"{name}: {params / 1e9:.2f}B parameters, {model_bytes / 1e9:.2f} GB in {len(shards)} shard(s), "
+          f"written in {generated['wall_s']:.0f} s", flush=True)  # fmt: skip
+    config = folder / "run.toml"
+    config.write_text(f'[paths]\noutput_dir = "{folder / "run"}"\n')
+    runs: dict = {"shape": shape.__dict__, "parameters": params, "model_bytes": model_bytes, "shards": len(shards), "repeats": repeats}
+    settle()
+    warm(base)
+    copy_out, ours_out = folder / "copy", folder / "ours"
+    merge_command = [sys.executable, "-m", "lora_pipeline.merge", "--config", str(config), "--base", str(base), "--adapter", str(adapter), "--output", str(ours_out)]
+    for attempt in range(repeats):  # alternate, keep the best wall time of each (runs share a busy machine)
+        settle(copy_out, ours_out)
+        copy_out.mkdir()
+        runs["copy"] = best(runs.get("copy"), measure("copy", python(COPY, copy_out, *shards), folder / "copy.log"))
+        settle(copy_out)
+        runs["ours"] = best(runs.get("ours"), measure("ours", merge_command, folder / "ours.log"))
+    fits, reason = reference_fits(model_bytes)
+    if reference == "always" or (reference == "auto" and fits):
+        settle()
+        ref_out = folder / "reference"
+        runs["reference"] = measure("reference", python(REFERENCE, base, adapter, ref_out, ref_dtype), folder / "reference.log")
+        runs["outputs_agree"] = subprocess.run(python(AGREE, ours_out, ref_out), env=child_env()).returncode == 0
+        print(f"  outputs agree (bf16 rounding): {runs['outputs_agree']}", flush=True)
+        settle(ref_out)
+    else:
+        runs["reference"] = None
+        runs["reference_skipped"] = f"skipped: {reason}" if reference == "auto" else "skipped: --reference never"
+        print(f"  reference  {runs['reference_skipped']}", flush=True)
+    settle(ours_out)
+    return runs
+
+
+def verdicts(results: dict) -> list[str]:
+    lines = []
+    for name, runs in results.items():
+        ours, copy, ref = runs["ours"], runs["copy"], runs["reference"]
+        ratio = ours["wall_s"] / copy["wall_s"]
+        lines.append(f"{name}: wall {ratio:.2f}x the copy floor (target <= {TARGETS['wall_vs_copy']}): {'PASS' if ratio <= TARGETS['wall_vs_copy'] else 'FAIL'}")
+        if name == "8b":
+            ok = ours["peak_rss_gib"] < TARGETS["peak_rss_gib_8b"]
+            lines.append(f"8b: peak RSS {ours['peak_rss_gib']:.2f} GiB (target < {TARGETS['peak_rss_gib_8b']} GiB): {'PASS' if ok else 'FAIL'}")
+        if name == "1b" and ref:
+            speedup = ref["wall_s"] / ours["wall_s"]
+            lines.append(f"1b: {speedup:.1f}x faster than the reference (target >= {TARGETS['speedup_vs_reference_1b']}): {'PASS' if speedup >= TARGETS['speedup_vs_reference_1b'] else 'FAIL'}")
+    return lines
+
+
+def table(results: dict) -> list[str]:
+    rows = ["| shape | method | wall (s) | vs copy | peak RSS (GiB) | GB/s written |", "|---|---|---|---|---|---|"]
+    for name, runs in results.items():
+        for method in ("ours", "reference", "copy"):
+            run = runs[method]
+            if run is None:
+                rows.append(f"| {name} | {method} | {runs['reference_skipped']} | | | |")
+                continue
+            rate = runs["model_bytes"] / 1e9 / run["wall_s"]
+            rows.append(f"| {name} | {method} | {run['wall_s']:.1f} | {run['wall_s'] / runs['copy']['wall_s']:.2f}x | {run['peak_rss_gib']:.2f} | {rate:.2f} |")
+    return rows
+
+
+def write_report(path: Path, results: dict, ref_dtype: str) -> None:
+    machine = f"{os.cpu_count()} CPUs, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / GIB:.0f} GiB RAM, {platform.system()} {platform.release()}"
+    text = [
+        "# Merge benchmark", "",
+        "Produced by `make bench` (`bench/merge_bench.py`); do not edit by hand.", "",
+        f"Machine: {machine}. Synthetic bf16 Llama checkpoints sharded like the Hub's; adapter r=16 on q_proj/v_proj.",
+        f"Reference: `AutoModelForCausalLM.from_pretrained(dtype={ref_dtype})` + `PeftModel.merge_and_unload()` + `save_pretrained`.",
+        "Each method runs in its own process after the base shards were read once (warm page cache) and dirty pages were flushed; "
+        "copy and ours alternate and the best wall time of the repeats is kept; peak RSS is the process's `ru_maxrss` (highest of the repeats).", "",
+        *table(results), "", *[f"- {line}" for line in verdicts(results)], "",
+        "```json", json.dumps(results, indent=2), "```", "",
+    ]  # fmt: skip
+    path.write_text("\n".join(text))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="1b,8b", help="comma-separated: " + ", ".join(SHAPES))
+    parser.add_argument("--workdir", type=Path, default=REPO / ".bench")
+    parser.add_argument("--reference", choices=("auto", "always", "never"), default="auto", help="auto: skip it when it cannot fit in RAM")
+    parser.add_argument("--reference-dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    parser.add_argument("--report", type=Path, default=REPO / "docs" / "merge-benchmark.md")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of copy and ours per shape (best wall time is kept)")
+    parser.add_argument("--keep", action="store_true", help="keep the generated checkpoints")
+    args = parser.parse_args()
+    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        parser.error(f"unknown shape {unknown[0]} (known: {', '.join(SHAPES)})")
+    results = {}
+    try:
+        for name in shapes:
+            results[name] = bench_shape(name, args.workdir, args.reference, args.reference_dtype, args.repeats)
+    finally:
+        if not args.keep:
+            shutil.rmtree(args.workdir, ignore_errors=True)
+    print("\n".join(["", *table(results), "", *verdicts(results)]))
+    write_report(args.report, results, args.reference_dtype)
+    print(f"\nreport written to {args.report.relative_to(REPO) if args.report.is_relative_to(REPO) else args.report}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
