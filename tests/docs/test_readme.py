@@ -1,0 +1,81 @@
+"""The README is followed literally: its offline commands, keys and links must match the code."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from lora_pipeline.config import RunConfig
+from stacks.config import HyperPodConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+OFFLINE_SECTIONS = ("Quick start (offline", "How it is tested without AWS")
+
+
+def section(title_start: str) -> str:
+    match = re.search(rf"^## {re.escape(title_start)}.*?$(.*?)(?=^## |\Z)", README, re.M | re.S)
+    assert match, f"README has no section starting with '## {title_start}'"
+    return match.group(1)
+
+
+def fenced_commands(text: str) -> list[str]:
+    commands = []
+    for block in re.findall(r"```(?:bash|sh)\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                commands.append(line)
+    return commands
+
+
+def make_targets() -> set[str]:
+    return set(re.findall(r"^([a-z][a-z-]*):", (ROOT / "Makefile").read_text(), re.M))
+
+
+@pytest.mark.parametrize("title", OFFLINE_SECTIONS)
+def test_offline_commands_name_real_targets_or_scripts(title: str) -> None:
+    commands = fenced_commands(section(title))
+    if title.startswith("Quick start"):
+        assert commands, "the quick start must show its commands"
+    for command in commands:
+        words = command.split()
+        if words[0] == "make":
+            assert words[1] in make_targets(), f"`{command}`: no such Makefile target"
+        else:
+            assert (ROOT / words[0]).exists(), f"`{command}`: {words[0]} does not exist in the repo"
+
+
+def test_every_make_target_the_readme_mentions_exists() -> None:
+    mentioned = set(re.findall(r"`make ([a-z-]+)", README))
+    assert mentioned, "the README names no make target"
+    assert mentioned <= make_targets(), f"unknown targets: {sorted(mentioned - make_targets())}"
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    assert "make test" in fenced_commands(section("Quick start (offline"))
+    assert re.search(r"^make test$", (ROOT / ".ci" / "run").read_text(), re.M)
+
+
+def test_every_cdk_context_key_is_documented_with_its_default() -> None:
+    for field in dataclasses.fields(HyperPodConfig):
+        default = str(field.default).lower() if isinstance(field.default, bool) else str(field.default)
+        row = re.search(rf"^\| `{field.name}` \| `([^`]*)` \|", README, re.M)
+        assert row, f"cdk.json key {field.name} is missing from the README's configuration table"
+        assert row.group(1) == default, f"{field.name}: README says {row.group(1)}, code says {default}"
+
+
+def test_every_run_config_key_is_documented() -> None:
+    table = section("The run config")
+    for part in dataclasses.fields(RunConfig):
+        for field in dataclasses.fields(part.default_factory()):
+            assert f"`{part.name}.{field.name}`" in table, f"run config key {part.name}.{field.name} is not in the README"
+
+
+def test_local_links_resolve() -> None:
+    for target in re.findall(r"\]\(([^)#]+)\)", README):
+        if not target.startswith("http"):
+            assert (ROOT / target).exists(), f"README links to missing {target}"
