@@ -10,7 +10,6 @@ per-rank tensors against the splitting functions of the installed optimum-neuron
 
 from __future__ import annotations
 
-import io
 import json
 import pickle
 import types
@@ -267,20 +266,39 @@ def save_rank_file(path: Path, tensors: dict[str, torch.Tensor], *, xser: bool) 
     torch.save(info, path.with_name(path.name + ".info.pt"))
 
 
+def pipeline_stages(ranks: list[dict[str, torch.Tensor]], metadata: dict, first_layer_of_stage_1: int) -> list[tuple[list, dict]]:
+    """Split one stage's files into two pipeline stages at a layer boundary (embeddings first, lm_head last)."""
+
+    def stage_of(name: str) -> int:
+        if ".layers." in name:
+            return int(name.split(".layers.")[1].split(".")[0]) >= first_layer_of_stage_1
+        return 1 if "lm_head" in name or name.endswith("model.norm.weight") else 0
+
+    stages = []
+    for stage in (0, 1):
+        stage_ranks = [{k: v for k, v in tensors.items() if stage_of(k) == stage} for tensors in ranks]
+        params = {k: v for k, v in metadata["parameters"].items() if stage_of(k) == stage}
+        specs = [g for g in metadata["model_weight_transformation_specs"] if stage_of(g["module_fully_qualified_name"]) == stage]
+        stages.append((stage_ranks, {"parameters": params, "model_weight_transformation_specs": specs}))
+    return stages
+
+
 def write_sharded_checkpoint(
-    checkpoint: Path, ranks: list[dict[str, torch.Tensor]], metadata: dict, config: dict, *, xser: bool, done: bool = True
+    checkpoint: Path, ranks: list[dict[str, torch.Tensor]], metadata: dict, config: dict, *, xser: bool, done: bool = True,
+    stages: list[tuple[list, dict]] | None = None,
 ) -> Path:
     """checkpoint-N/ with adapter_default/adapter_shards/ laid out as neuronx-distributed saves it."""
     adapter = checkpoint / "adapter_default"
     shards = adapter / "adapter_shards"
     shards.mkdir(parents=True, exist_ok=True)
     (adapter / "adapter_config.json").write_text(json.dumps(config, indent=2))
-    (shards / "mp_metadata_pp_rank_0.json").write_text(json.dumps(metadata, indent=4))
     (shards / "checkpoint").write_text("1")
     if done:
         (shards / "done").write_text("1")
-    for rank, tensors in enumerate(ranks):
-        save_rank_file(shards / "model" / f"dp_rank_00_tp_rank_{rank:02d}_pp_rank_00.pt", tensors, xser=xser)
+    for pp, (stage_ranks, stage_metadata) in enumerate(stages or [(ranks, metadata)]):
+        (shards / f"mp_metadata_pp_rank_{pp}.json").write_text(json.dumps(stage_metadata, indent=4))
+        for rank, tensors in enumerate(stage_ranks):
+            save_rank_file(shards / "model" / f"dp_rank_00_tp_rank_{rank:02d}_pp_rank_{pp:02d}.pt", tensors, xser=xser)
     (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": int(checkpoint.name.split("-")[-1])}))
     return checkpoint
 

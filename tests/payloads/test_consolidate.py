@@ -8,13 +8,14 @@ import shutil
 import pytest
 import torch
 from merge_fixtures import (
-    ATTENTION, MLP, Shape, adapter_config, full_adapter, run_config, shard_adapter,
+    ATTENTION, MLP, Shape, adapter_config, full_adapter, pipeline_stages, run_config, shard_adapter,
     write_plain_checkpoint, write_sharded_checkpoint,
 )  # fmt: skip
 from safetensors.torch import load_file
 
 from lora_pipeline import consolidate
 from lora_pipeline.checkpoint_errors import CheckpointError
+from lora_pipeline.tp_layout import join_shards
 
 EVERYTHING = (*ATTENTION, *MLP, "embed_tokens", "lm_head")
 CASES = {
@@ -24,6 +25,7 @@ CASES = {
     "tp8-all-modules": (Shape(), 8, EVERYTHING, False),
     "gqa-tp4-kv-replicated": (Shape(kv_heads=2), 4, (*ATTENTION, *MLP), False),
     "gqa-tp8-fused-qkv": (Shape(kv_heads=2), 8, (*ATTENTION, "lm_head"), True),
+    "gqa-tp8-o-and-mlp-only": (Shape(kv_heads=2), 8, ("o_proj", *MLP), False),
 }
 
 
@@ -60,6 +62,28 @@ def test_default_targets_skip_the_untargeted_fused_mlp_spec(tmp_path):
     assert sorted(load_file(out / "adapter_model.safetensors")) == sorted(full)
 
 
+def test_two_pipeline_stages_rebuild_exactly(tmp_path):
+    shape, tp, targets, _ = CASES["tp4-all-modules"]
+    full = full_adapter(shape, targets)
+    ranks, metadata = shard_adapter(shape, full, tp)
+    checkpoint = write_sharded_checkpoint(
+        tmp_path / "checkpoint-7", ranks, metadata, adapter_config(targets), xser=True, stages=pipeline_stages(ranks, metadata, 1)
+    )
+    assert (checkpoint / "adapter_default/adapter_shards/model/dp_rank_00_tp_rank_03_pp_rank_01.pt").is_file()
+    rebuilt = load_file(consolidate.consolidate_checkpoint(checkpoint, tmp_path / "adapter") / "adapter_model.safetensors")
+    assert sorted(rebuilt) == sorted(full) and all(torch.equal(rebuilt[k], v) for k, v in full.items())
+
+
+def test_strided_split_interleaves_blocks_like_the_fused_gate_up():
+    # gate_up_proj's base layer is split with partition_stride 2: each rank holds its gate block,
+    # then its up block. Joining with that stride gives [gate; up] back.
+    gate, up = torch.randn(16, 3), torch.randn(16, 3)
+    pieces = [torch.cat([g, u]) for g, u in zip(gate.chunk(4), up.chunk(4))]
+    info = {"tensor_model_parallel": True, "partition_dim": 0, "partition_stride": 2, "num_partitions": 4}
+    assert torch.equal(join_shards("gate_up_proj.weight", pieces, info), torch.cat([gate, up]))
+    assert torch.equal(join_shards("x", pieces, {**info, "partition_stride": 1}), torch.cat(pieces))
+
+
 def test_cli_picks_the_newest_complete_checkpoint(tmp_path, capsys):
     full, _ = sharded(tmp_path, "tp2-default-qv", step=10)
     _, newer = sharded(tmp_path, "tp4-all-modules", step=20)
@@ -75,6 +99,16 @@ def test_plain_peft_checkpoint_passes_through(tmp_path):
     checkpoint = write_plain_checkpoint(tmp_path / "checkpoints" / "checkpoint-3", full, adapter_config(("q_proj", "v_proj")))
     out = consolidate.consolidate_checkpoint(tmp_path / "checkpoints", tmp_path / "adapter")
     assert (out / "adapter_model.safetensors").read_bytes() == (checkpoint / "adapter_model.safetensors").read_bytes()
+
+
+def test_truncated_plain_adapter_is_refused(tmp_path):
+    full = full_adapter(Shape(), ("q_proj", "v_proj"), share_a=False)
+    checkpoint = write_plain_checkpoint(tmp_path / "checkpoint-3", full, adapter_config(("q_proj", "v_proj")))
+    weights = checkpoint / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(CheckpointError, match="adapter_model.safetensors is truncated"):
+        consolidate.consolidate_checkpoint(checkpoint, tmp_path / "adapter")
+    assert not (tmp_path / "adapter").exists()
 
 
 def test_missing_rank_file_is_named(tmp_path):

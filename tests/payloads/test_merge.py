@@ -7,12 +7,11 @@ import math
 
 import pytest
 import torch
-from merge_fixtures import ATTENTION, MLP, Shape, adapter_config, run_config, shard_adapter, write_sharded_checkpoint
+from merge_fixtures import ATTENTION, MLP, Shape, run_config, shard_adapter, write_sharded_checkpoint
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lora_pipeline import consolidate, merge, tiny
-from lora_pipeline.checkpoint_errors import CheckpointError
 
 EVERYTHING = [*ATTENTION, *MLP, "embed_tokens", "lm_head"]
 
