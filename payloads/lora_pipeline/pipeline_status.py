@@ -68,6 +68,8 @@ def read_record(logs_dir: Path) -> list[StepJob]:
 def slurm_states(job_ids: list[str], run: Callable[[list[str]], subprocess.CompletedProcess]) -> dict[str, tuple[str, str]]:
     """{job id: (state, reason)} for the jobs Slurm still knows."""
     known: dict[str, tuple[str, str]] = {}
+    if not job_ids:
+        return known
     out = run(["squeue", "-h", "-t", "all", "-o", "%i|%T|%r"])
     if out.returncode == 0:
         for line in out.stdout.splitlines():

@@ -101,6 +101,11 @@ def dry_run(facts: RunFacts, first: str, env: dict[str, str]) -> None:
 
 def submit(facts: RunFacts, first: str, env: dict[str, str]) -> list[StepJob]:
     """Submit the chain from `first`; on a refused submission, cancel what this call submitted."""
+    active = [s for s in pipeline_status.step_states(facts.logs_dir, slurm) if s.active]
+    if active:
+        jobs = " ".join(s.job for s in active)
+        raise SubmitError(f"the last submission for {facts.output_dir} is still going (jobs {jobs}): "
+                          f"wait for it (status), or cancel it with `scancel {jobs}`, then submit again")
     facts.logs_dir.mkdir(parents=True, exist_ok=True)
     (facts.logs_dir / "state").mkdir(exist_ok=True)
     kept = [job for job in pipeline_status.read_record(facts.logs_dir) if STEPS.index(job.step) < STEPS.index(first)]

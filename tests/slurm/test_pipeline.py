@@ -129,6 +129,8 @@ def test_killed_training_resumes_from_its_checkpoint(cluster):
     first = submit(env, config, "--from", "data")
     assert first.returncode == 0, first.stderr
     jobs = submitted_jobs(first.stdout)
+    busy = submit(env, config, "--from", "train")  # two trainings must never share a run folder
+    assert busy.returncode == 2 and f"the last submission for {out_dir} is still going" in busy.stderr
     wait_for(lambda: (checkpoints / "checkpoint-4" / "trainer_state.json").is_file(), 300, "the first checkpoint")
     subprocess.run(["scancel", jobs["train"]], env=env, check=True)
     wait_for(lambda: queue_is_empty(env), 60, "the cancelled chain to clear")
