@@ -93,14 +93,17 @@ def consolidate_checkpoint(source: Path, output: Path, *, overwrite: bool = Fals
     adapter = find_adapter(source)
     atomic = AtomicOutputDir(output, overwrite=overwrite)
     atomic.check()
-    with atomic as partial:
-        if isinstance(adapter, PlainAdapter):
-            print(f"consolidate: {adapter.folder} is a plain peft adapter; checking and copying it", flush=True)
-            count = copy_plain(adapter, partial)
-        else:
-            print(f"consolidate: sharded adapter {adapter.folder} (TP={adapter.tp_size}, PP={len(adapter.rank_files)})", flush=True)
-            count = write_sharded(adapter, partial)
-        open_adapter_folder(partial)  # the result must read back as a mergeable adapter
+    try:
+        with atomic as partial:
+            if isinstance(adapter, PlainAdapter):
+                print(f"consolidate: {adapter.folder} is a plain peft adapter; checking and copying it", flush=True)
+                count = copy_plain(adapter, partial)
+            else:
+                print(f"consolidate: sharded adapter {adapter.folder} (TP={adapter.tp_size}, PP={len(adapter.rank_files)})", flush=True)
+                count = write_sharded(adapter, partial)
+            open_adapter_folder(partial)  # the result must read back as a mergeable adapter
+    except OSError as exc:
+        raise CheckpointError(f"consolidation failed while writing {output}: {exc}; nothing was written") from None
     print(f"adapter written to {output}: {count} tensors", flush=True)
     return output
 

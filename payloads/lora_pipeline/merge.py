@@ -60,6 +60,26 @@ def check_paths(output: Path, *inputs: Path) -> None:
             raise CheckpointError(f"output {output} would overwrite the input {path}; choose another --output")
 
 
+def write_merged(model: ModelFolder, adapter: AdapterFolder, folder: Path) -> Counter[str]:
+    """Write every merged shard, the index and the other files into ``folder``; verify every update applied once."""
+    used: Counter[str] = Counter()
+    with contextlib.closing(LoraFactors(adapter)) as lora:
+        for number, shard in enumerate(model.shards, 1):
+            started = time.monotonic()
+            updates = {name: adapter.updates[name] for name in shard.tensors if name in adapter.updates}
+            label = f"[{number}/{len(model.shards)}] {shard.path.name}"
+            used.update(merge_shard(shard, folder / shard.path.name, lora, updates, ProgressPrinter(label, shard.size)))
+            seconds = max(time.monotonic() - started, 1e-6)
+            print(f"{label}: {shard.size / 1e9:.2f} GB, {len(updates)} tensor(s) merged, {seconds:.1f} s ({shard.size / 1e6 / seconds:.0f} MB/s)", flush=True)
+    unmerged = sorted(set(adapter.updates) - set(used))
+    repeated = sorted(name for name, count in used.items() if count != 1)
+    if unmerged or repeated:
+        raise CheckpointError(f"merge verification failed: unmerged {unmerged[:3]}, merged more than once {repeated[:3]}")
+    for path in [*model.extra_files, *([model.index_file] if model.index_file else [])]:
+        shutil.copy2(path, folder / path.name)
+    return used
+
+
 def merge(base: Path, adapter_dir: Path, output: Path, *, overwrite: bool = False) -> Path:
     model = open_model_folder(base)
     adapter = open_adapter_folder(adapter_dir)
@@ -75,26 +95,12 @@ def merge(base: Path, adapter_dir: Path, output: Path, *, overwrite: bool = Fals
     )
     if not model.has_tokenizer:
         print(f"warning: {base} has no tokenizer files; the merged model will need one from elsewhere", flush=True)
-    used: Counter[str] = Counter()
     started = time.monotonic()
-    with atomic as partial, contextlib.closing(LoraFactors(adapter)) as lora:
-        for number, shard in enumerate(model.shards, 1):
-            shard_started = time.monotonic()
-            updates = {name: adapter.updates[name] for name in shard.tensors if name in adapter.updates}
-            label = f"[{number}/{len(model.shards)}] {shard.path.name}"
-            used.update(merge_shard(shard, partial / shard.path.name, lora, updates, ProgressPrinter(label, shard.size)))
-            seconds = time.monotonic() - shard_started
-            print(
-                f"{label}: {shard.size / 1e9:.2f} GB, {len(updates)} tensor(s) merged, {seconds:.1f} s "
-                f"({shard.size / 1e6 / max(seconds, 1e-6):.0f} MB/s)",
-                flush=True,
-            )
-        unmerged = sorted(set(adapter.updates) - set(used))
-        repeated = sorted(name for name, count in used.items() if count != 1)
-        if unmerged or repeated:
-            raise CheckpointError(f"merge verification failed: unmerged {unmerged[:3]}, merged more than once {repeated[:3]}")
-        for path in [*model.extra_files, *([model.index_file] if model.index_file else [])]:
-            shutil.copy2(path, partial / path.name)
+    try:
+        with atomic as partial:
+            used = write_merged(model, adapter, partial)
+    except OSError as exc:  # disk full, a file changing underneath: nothing was published
+        raise CheckpointError(f"merge failed while writing {output}: {exc}; nothing was written") from None
     print(
         f"merged model written to {output}: {len(used)} of {len(adapter.updates)} LoRA modules applied once, "
         f"{len(model.extra_files)} config/tokenizer file(s) copied, {time.monotonic() - started:.1f} s",

@@ -18,7 +18,7 @@ import numpy as np
 
 from .adapter_files import AdapterFolder, LoraUpdate
 from .float_codec import compute_type, decode, encode
-from .safetensors_header import SafetensorsFile, TensorSlot
+from .safetensors_header import DTYPE_SIZES, SafetensorsFile, TensorSlot
 
 BLOCK_BYTES = 64 * 1024 * 1024  # fp32 bytes of W per row block
 COPY_CHUNK = 256 * 1024 * 1024
@@ -82,7 +82,7 @@ def merge_slot(src: int, dst: int, slot: TensorSlot, update: LoraUpdate, lora: L
     """Rewrite one target tensor block by block."""
     rows_total = slot.shape[0]
     row_bytes = slot.nbytes // rows_total
-    row_elems = row_bytes // {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}[slot.dtype]
+    row_elems = row_bytes // DTYPE_SIZES[slot.dtype]
     block_rows = max(1, BLOCK_BYTES // (row_elems * 4))
     for first in range(0, rows_total, block_rows):
         count = min(block_rows, rows_total - first)
