@@ -213,7 +213,7 @@ def main() -> int:
     parser.add_argument("--reference", choices=("auto", "always", "never"), default="auto", help="auto: skip it when it cannot fit in RAM")
     parser.add_argument("--reference-dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--report", type=Path, default=REPO / "docs" / "merge-benchmark.md")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of copy and ours per shape (best wall time is kept)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of copy and ours per shape (best wall time is kept)")
     parser.add_argument("--keep", action="store_true", help="keep the generated checkpoints")
     args = parser.parse_args()
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]

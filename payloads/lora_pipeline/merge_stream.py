@@ -2,16 +2,18 @@
 
 The output shard has the input's header byte for byte (a merge changes values, never names,
 shapes or dtypes), so every tensor sits at the same offset in both files. Bytes between LoRA
-targets are moved with ``os.copy_file_range`` (kernel side, no Python buffers); each target is
-rewritten in row blocks: W' = W + scale * B @ A in fp32, cast back to W's dtype. Memory is bounded
-by one row block, whatever the model size.
+targets are moved with ``os.copy_file_range`` (kernel side, no Python buffers) by a helper thread
+while the main thread rewrites each target in row blocks: W' = W + scale * B @ A in fp32, cast back
+to W's dtype. Memory is bounded by one row block, whatever the model size.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +25,7 @@ from .safetensors_header import DTYPE_SIZES, SafetensorsFile, TensorSlot
 BLOCK_BYTES = 64 * 1024 * 1024  # fp32 bytes of W per row block
 COPY_CHUNK = 256 * 1024 * 1024
 
-Progress = Callable[[int], None]  # called with bytes done in the current shard
+Progress = Callable[[int], None]  # called with each number of bytes just written
 
 
 def read_rows(fd: int, slot: TensorSlot, first: int, count: int) -> np.ndarray:
@@ -63,10 +65,10 @@ class LoraFactors:
         return b[first : first + count] @ a
 
 
-def copy_range(src: int, dst: int, start: int, end: int, progress: Progress, base: int) -> None:
-    """Copy bytes [start, end) of src to the same offsets of dst."""
+def copy_range(src: int, dst: int, start: int, end: int, progress: Progress, stop: threading.Event) -> None:
+    """Copy bytes [start, end) of src to the same offsets of dst, in chunks, until done or stopped."""
     offset = start
-    while offset < end:
+    while offset < end and not stop.is_set():
         count = min(COPY_CHUNK, end - offset)
         try:
             copied = os.copy_file_range(src, dst, count, offset, offset)
@@ -75,7 +77,7 @@ def copy_range(src: int, dst: int, start: int, end: int, progress: Progress, bas
         if copied <= 0:
             raise OSError(f"short copy at byte {offset}")
         offset += copied
-        progress(offset - base)
+        progress(copied)
 
 
 def merge_slot(src: int, dst: int, slot: TensorSlot, update: LoraUpdate, lora: LoraFactors) -> None:
@@ -100,33 +102,38 @@ def merge_shard(
     shard: SafetensorsFile, out_path: Path, lora: LoraFactors, updates: dict[str, LoraUpdate], progress: Progress
 ) -> list[str]:
     """Write the merged copy of ``shard``; returns the names of the tensors it rewrote."""
-    merged = []
-    with shard.path.open("rb") as src_file, out_path.open("wb") as dst_file:
+    merged, copies, stop = [], [], threading.Event()
+    with shard.path.open("rb") as src_file, out_path.open("wb") as dst_file, ThreadPoolExecutor(1) as copier:
         src, dst = src_file.fileno(), dst_file.fileno()
-        os.pwrite(dst, shard.header, 0)
-        position = shard.data_start
-        for slot in sorted(shard.tensors.values(), key=lambda s: s.start):
-            update = updates.get(slot.name)
-            if update is None:
-                continue
-            copy_range(src, dst, position, slot.start, progress, shard.data_start)
-            merge_slot(src, dst, slot, update, lora)
-            merged.append(slot.name)
-            position = slot.end
-            progress(position - shard.data_start)
-        copy_range(src, dst, position, shard.size, progress, shard.data_start)
+        try:
+            os.pwrite(dst, shard.header, 0)
+            position = shard.data_start
+            for slot in sorted(shard.tensors.values(), key=lambda s: s.start):
+                if slot.name in updates:
+                    copies.append(copier.submit(copy_range, src, dst, position, slot.start, progress, stop))
+                    merge_slot(src, dst, slot, updates[slot.name], lora)
+                    progress(slot.nbytes)
+                    merged.append(slot.name)
+                    position = slot.end
+            copies.append(copier.submit(copy_range, src, dst, position, shard.size, progress, stop))
+            for copy in copies:
+                copy.result()
+        finally:
+            stop.set()  # on an error or a signal, the helper stops after its current chunk
     return merged
 
 
 class ProgressPrinter:
-    """Prints a shard's progress at most every few seconds (long shards on slow disks)."""
+    """Adds up bytes written and prints a shard's progress at most every few seconds."""
 
     def __init__(self, label: str, total: int, every_s: float = 5.0) -> None:
         self.label, self.total, self.every_s = label, total, every_s
+        self.done = 0
         self._last = time.monotonic()
 
-    def __call__(self, done: int) -> None:
+    def __call__(self, written: int) -> None:
+        self.done += written
         now = time.monotonic()
         if now - self._last >= self.every_s:
             self._last = now
-            print(f"  {self.label}: {done / 1e9:.2f}/{self.total / 1e9:.2f} GB", flush=True)
+            print(f"  {self.label}: {self.done / 1e9:.2f}/{self.total / 1e9:.2f} GB", flush=True)
