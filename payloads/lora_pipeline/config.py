@@ -4,6 +4,9 @@ Defaults reproduce the reference blog run (Llama 3 8B, dolly 15k, one trn1.32xla
 Path values may use ``${VAR}`` or ``${VAR:-default}``; the cluster's facts reach the nodes as
 ``HPL_*`` environment variables (see lifecycle/), so paths are never retyped here.
 Relative paths are resolved against the config file's folder.
+
+Importable with Python 3.10's stdlib (the controller's python3, which runs submit): tomllib is
+imported only where a whole file is parsed.
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -262,6 +264,8 @@ def from_dict(raw: dict[str, Any], base_dir: Path | None = None, env: dict[str, 
 
 def load(path: str | os.PathLike[str], env: dict[str, str] | None = None) -> RunConfig:
     """Read and validate a run config file."""
+    import tomllib  # Python 3.11+: the steps run in the training image, never on the controller
+
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"run config {path} does not exist")

@@ -1,26 +1,25 @@
 """The two facts submit needs from a run config, read with the stdlib of Python 3.10.
 
 submit runs on the HyperPod controller's system python3 (3.10: no tomllib, no third-party
-packages), so it cannot import lora_pipeline.config. It needs only where the run folder is
+packages), so it cannot parse a whole run config. It needs only where the run folder is
 (`[paths] output_dir`, for the log folder) and how many nodes train uses (`[parallel] nodes`).
-This module reads just those two keys; defaults are taken from config.py's own dataclasses
-(parsed, not imported) and `${VAR:-default}` is expanded with the same rules, so there is still
-one source of truth. The whole file is validated by the steps themselves (prepare first).
+This module reads just those two keys; defaults and `${VAR:-default}` expansion come from
+lora_pipeline.config itself (stdlib-only at import), so there is one source of truth. The whole
+file is validated by the steps themselves (prepare first).
 """
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-CONFIG_SOURCE = Path(__file__).with_name("config.py")
+from lora_pipeline.config import ConfigError, ParallelConfig, PathsConfig, expand
+
 _TABLE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.-]+)\s*\]\s*(#.*)?$")
 _KEY = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*=\s*(.*?)\s*$")
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class RunFactsError(ValueError):
@@ -36,17 +35,6 @@ class RunFacts:
     @property
     def logs_dir(self) -> Path:
         return self.output_dir / "logs"
-
-
-def config_default(class_name: str, field: str) -> object:
-    """A field default of a dataclass in config.py, read from its source."""
-    tree = ast.parse(CONFIG_SOURCE.read_text())
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == class_name:
-            for item in node.body:
-                if isinstance(item, ast.AnnAssign) and getattr(item.target, "id", None) == field:
-                    return ast.literal_eval(item.value)
-    raise RunFactsError(f"config.py has no default for {class_name}.{field}")
 
 
 def _scalar(raw: str, where: str) -> object:
@@ -80,20 +68,6 @@ def read_key(text: str, table: str, key: str, where: str) -> object | None:
     return None
 
 
-def expand(value: str, key: str, env: dict[str, str]) -> str:
-    """`${VAR}` / `${VAR:-default}`, as lora_pipeline.config.expand does it."""
-
-    def sub(match: re.Match[str]) -> str:
-        name, default = match.group(1), match.group(2)
-        if env.get(name):
-            return env[name]
-        if default is not None:
-            return default
-        raise RunFactsError(f"{key}: environment variable {name} is not set (value {value!r})")
-
-    return _VAR.sub(sub, value)
-
-
 def read_run_facts(path: str | os.PathLike[str], env: dict[str, str] | None = None) -> RunFacts:
     env = dict(os.environ if env is None else env)
     config = Path(path).expanduser().resolve()
@@ -102,15 +76,18 @@ def read_run_facts(path: str | os.PathLike[str], env: dict[str, str] | None = No
     text = config.read_text()
     output_dir = read_key(text, "paths", "output_dir", str(config))
     if output_dir is None:
-        output_dir = config_default("PathsConfig", "output_dir")
+        output_dir = PathsConfig().output_dir
     nodes = read_key(text, "parallel", "nodes", str(config))
     if nodes is None:
-        nodes = config_default("ParallelConfig", "nodes")
+        nodes = ParallelConfig().nodes
     if not isinstance(output_dir, str):
         raise RunFactsError(f"{config}: paths.output_dir must be a string, got {output_dir!r}")
     if not isinstance(nodes, int) or nodes < 1:
         raise RunFactsError(f"{config}: parallel.nodes must be an integer >= 1, got {nodes!r}")
-    out = Path(expand(output_dir, "paths.output_dir", env)).expanduser()
+    try:
+        out = Path(expand(output_dir, "paths.output_dir", env)).expanduser()
+    except ConfigError as exc:
+        raise RunFactsError(str(exc)) from None
     if not out.is_absolute():
         out = config.parent / out
     return RunFacts(config=config, output_dir=out, nodes=nodes)
