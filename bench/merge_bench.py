@@ -19,6 +19,7 @@ import math
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -116,10 +117,13 @@ def reference_fits(model_bytes: int) -> tuple[bool, str]:
     return needed < 0.85 * available, reason
 
 
-def best(previous: dict | None, current: dict) -> dict:
-    if previous is None:
-        return current
-    return {"wall_s": min(previous["wall_s"], current["wall_s"]), "peak_rss_gib": max(previous["peak_rss_gib"], current["peak_rss_gib"])}
+def summarize(samples: list[dict]) -> dict:
+    """Median wall time of the repeats (robust to a neighbour's burst of I/O), all samples kept."""
+    walls = sorted(sample["wall_s"] for sample in samples)
+    return {
+        "wall_s": round(statistics.median(walls), 2), "wall_s_min": walls[0], "walls_s": walls,
+        "peak_rss_gib": max(sample["peak_rss_gib"] for sample in samples),
+    }  # fmt: skip
 
 
 def bench_shape(name: str, work: Path, reference: str, ref_dtype: str, repeats: int) -> dict:
@@ -141,12 +145,17 @@ def bench_shape(name: str, work: Path, reference: str, ref_dtype: str, repeats: 
     warm(base)
     copy_out, ours_out = folder / "copy", folder / "ours"
     merge_command = [sys.executable, "-m", "lora_pipeline.merge", "--config", str(config), "--base", str(base), "--adapter", str(adapter), "--output", str(ours_out)]
-    for attempt in range(repeats):  # alternate, keep the best wall time of each (runs share a busy machine)
-        settle(copy_out, ours_out)
-        copy_out.mkdir()
-        runs["copy"] = best(runs.get("copy"), measure("copy", python(COPY, copy_out, *shards), folder / "copy.log"))
-        settle(copy_out)
-        runs["ours"] = best(runs.get("ours"), measure("ours", merge_command, folder / "ours.log"))
+    samples: dict[str, list[dict]] = {"copy": [], "ours": []}
+    for attempt in range(repeats):  # alternate the order so neither always follows the other
+        for method in ("copy", "ours") if attempt % 2 == 0 else ("ours", "copy"):
+            settle(copy_out if method == "copy" else ours_out)
+            if method == "copy":
+                copy_out.mkdir()
+                samples["copy"].append(measure("copy", python(COPY, copy_out, *shards), folder / "copy.log"))
+            else:
+                samples["ours"].append(measure("ours", merge_command, folder / "ours.log"))
+    settle(copy_out)
+    runs["copy"], runs["ours"] = summarize(samples["copy"]), summarize(samples["ours"])
     fits, reason = reference_fits(model_bytes)
     if reference == "always" or (reference == "auto" and fits):
         settle()
@@ -199,7 +208,8 @@ def write_report(path: Path, results: dict, ref_dtype: str) -> None:
         f"Machine: {machine}. Synthetic bf16 Llama checkpoints sharded like the Hub's; adapter r=16 on q_proj/v_proj.",
         f"Reference: `AutoModelForCausalLM.from_pretrained(dtype={ref_dtype})` + `PeftModel.merge_and_unload()` + `save_pretrained`.",
         "Each method runs in its own process after the base shards were read once (warm page cache) and dirty pages were flushed; "
-        "copy and ours alternate and the best wall time of the repeats is kept; peak RSS is the process's `ru_maxrss` (highest of the repeats).", "",
+        "copy and ours alternate, repeated; the table gives the median wall time (every sample is in the JSON below) "
+        "and the highest `ru_maxrss` of the process. The disk is shared with other work, so single samples vary a lot.", "",
         *table(results), "", *[f"- {line}" for line in verdicts(results)], "",
         "```json", json.dumps(results, indent=2), "```", "",
     ]  # fmt: skip
@@ -213,7 +223,7 @@ def main() -> int:
     parser.add_argument("--reference", choices=("auto", "always", "never"), default="auto", help="auto: skip it when it cannot fit in RAM")
     parser.add_argument("--reference-dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--report", type=Path, default=REPO / "docs" / "merge-benchmark.md")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of copy and ours per shape (best wall time is kept)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of copy and ours per shape (the median is reported)")
     parser.add_argument("--keep", action="store_true", help="keep the generated checkpoints")
     args = parser.parse_args()
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]

@@ -18,21 +18,30 @@ def compute_type(code: str) -> type:
     return np.float64 if code == "F64" else np.float32
 
 
-def decode(raw: bytes | bytearray | memoryview, code: str) -> np.ndarray:
+def decode(raw: np.ndarray | bytes | bytearray, code: str) -> np.ndarray:
     """Little-endian safetensors bytes -> a new fp32 (or fp64) array."""
     if code == "BF16":
-        return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+        halves = np.frombuffer(raw, np.uint16)
+        widened = np.empty(halves.shape, np.uint32)
+        np.left_shift(halves, 16, out=widened, dtype=np.uint32)  # shift in 32 bits, one pass
+        return widened.view(np.float32)
     return np.frombuffer(raw, NUMPY_TYPES[code]).astype(compute_type(code))
 
 
 def encode(values: np.ndarray, code: str) -> np.ndarray:
-    """fp32/fp64 values -> an array whose bytes are the tensor in ``code``."""
+    """fp32/fp64 values -> an array whose bytes are the tensor in ``code``. Overwrites ``values`` (bf16)."""
     if code != "BF16":
         with np.errstate(over="ignore"):  # beyond the format's range becomes inf, as in torch
             return values.astype(NUMPY_TYPES[code])
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
-    nan = np.isnan(values)
-    if nan.any():
-        rounded[nan] = 0x7FC0
-    return rounded
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    nan = np.isnan(values) if np.isnan(values.max(initial=0.0)) else None  # max() is a cheap NaN probe
+    bits = values.view(np.uint32)
+    rounding = bits >> 16  # round to nearest, ties to even: add 0x7FFF plus the kept part's lowest bit
+    rounding &= 1
+    rounding += 0x7FFF
+    bits += rounding
+    narrowed = np.empty(bits.shape, np.uint16)
+    np.right_shift(bits, 16, out=narrowed, casting="unsafe")
+    if nan is not None:
+        narrowed[nan] = 0x7FC0
+    return narrowed
