@@ -95,16 +95,44 @@ def measure(label: str, command: list[str], log: Path, *, quiet: bool = False) -
     return result
 
 
-def settle(*folders: Path) -> None:
-    """Remove outputs and flush dirty pages so one run's writeback does not slow the next."""
+def settle(*folders: Path, drop: list[str] | tuple[str, ...] = ()) -> None:
+    """Remove outputs, flush dirty pages (so one run's writeback does not slow the next) and evict
+    the input files from the page cache (only those files: nothing else on the machine is touched)."""
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
     os.sync()
+    wait_for_quiet_disk(Path(drop[0]) if drop else Path.cwd())
+    for path in drop:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
-def warm(folder: Path) -> None:
-    for shard in sorted(folder.glob("*.safetensors")):
-        with shard.open("rb") as handle:
+def wait_for_quiet_disk(path: Path, quiet_s: float = 1.0, limit_s: float = 30.0) -> None:
+    """Wait until the disk holding ``path`` has done no I/O for ``quiet_s`` (at most ``limit_s``).
+
+    Deleting a large output makes file systems mounted with ``discard`` trim it in the background,
+    which slows whatever runs next; waiting keeps that cost out of every measurement alike."""
+    device = os.stat(path).st_dev
+    stat = Path(f"/sys/dev/block/{os.major(device)}:{os.minor(device)}/stat")
+    if not stat.is_file():
+        return
+    deadline, last, quiet_since = time.monotonic() + limit_s, None, time.monotonic()
+    while time.monotonic() < deadline:
+        busy_ms = int(stat.read_text().split()[9])  # io_ticks: milliseconds spent doing I/O
+        now = time.monotonic()
+        if busy_ms != last:
+            last, quiet_since = busy_ms, now
+        elif now - quiet_since >= quiet_s:
+            return
+        time.sleep(0.1)
+
+
+def warm(paths: list[str]) -> None:
+    for path in paths:
+        with open(path, "rb") as handle:
             while handle.read(64 * 1024 * 1024):
                 pass
 
@@ -113,7 +141,7 @@ def reference_fits(model_bytes: int) -> tuple[bool, str]:
     """The reference holds the whole model plus a save buffer of one shard; skip it when that cannot fit."""
     available = next(int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemAvailable"))
     needed = int(model_bytes * 1.35) + 2 * GIB
-    reason = f"needs about {needed / GIB:.0f} GiB of RAM, {available / GIB:.0f} GiB available"
+    reason = f"it would hold about {needed / GIB:.0f} GiB in RAM; {available / GIB:.0f} GiB are available and other work shares them"
     return needed < 0.85 * available, reason
 
 
@@ -126,7 +154,7 @@ def summarize(samples: list[dict]) -> dict:
     }  # fmt: skip
 
 
-def bench_shape(name: str, work: Path, reference: str, ref_dtype: str, repeats: int) -> dict:
+def bench_shape(name: str, work: Path, reference: str, ref_dtype: str, repeats: int, cache: str) -> dict:
     shape = SHAPES[name]
     folder = work / name
     settle(folder)
@@ -140,15 +168,19 @@ def bench_shape(name: str, work: Path, reference: str, ref_dtype: str, repeats: 
           f"written in {generated['wall_s']:.0f} s", flush=True)  # fmt: skip
     config = folder / "run.toml"
     config.write_text(f'[paths]\noutput_dir = "{folder / "run"}"\n')
-    runs: dict = {"shape": shape.__dict__, "parameters": params, "model_bytes": model_bytes, "shards": len(shards), "repeats": repeats}
-    settle()
-    warm(base)
+    runs: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "shape": shape.__dict__, "parameters": params, "model_bytes": model_bytes, "shards": len(shards), "repeats": repeats, "cache": cache}
+    inputs = [*shards, *(str(p) for p in adapter.iterdir())] if cache == "cold" else []
+
+    def prepare(*outputs: Path) -> None:
+        settle(*outputs, drop=inputs)
+        if cache == "warm":
+            warm(shards)
     copy_out, ours_out = folder / "copy", folder / "ours"
     merge_command = [sys.executable, "-m", "lora_pipeline.merge", "--config", str(config), "--base", str(base), "--adapter", str(adapter), "--output", str(ours_out)]
     samples: dict[str, list[dict]] = {"copy": [], "ours": []}
     for attempt in range(repeats):  # alternate the order so neither always follows the other
         for method in ("copy", "ours") if attempt % 2 == 0 else ("ours", "copy"):
-            settle(copy_out if method == "copy" else ours_out)
+            prepare(copy_out, ours_out)  # every run starts from the same state: no earlier output on disk
             if method == "copy":
                 copy_out.mkdir()
                 samples["copy"].append(measure("copy", python(COPY, copy_out, *shards), folder / "copy.log"))
@@ -156,9 +188,11 @@ def bench_shape(name: str, work: Path, reference: str, ref_dtype: str, repeats: 
                 samples["ours"].append(measure("ours", merge_command, folder / "ours.log"))
     settle(copy_out)
     runs["copy"], runs["ours"] = summarize(samples["copy"]), summarize(samples["ours"])
+    if not ours_out.exists():  # the reference check below compares against our output
+        subprocess.run(merge_command, env=child_env(), stdout=subprocess.DEVNULL, check=True)
     fits, reason = reference_fits(model_bytes)
     if reference == "always" or (reference == "auto" and fits):
-        settle()
+        prepare()
         ref_out = folder / "reference"
         runs["reference"] = measure("reference", python(REFERENCE, base, adapter, ref_out, ref_dtype), folder / "reference.log")
         runs["outputs_agree"] = subprocess.run(python(AGREE, ours_out, ref_out), env=child_env()).returncode == 0
@@ -200,6 +234,14 @@ def table(results: dict) -> list[str]:
     return rows
 
 
+def previous_results(path: Path) -> dict:
+    """Results of an earlier run kept in the report (shapes not measured this time stay listed)."""
+    try:
+        return json.loads(path.read_text().split("```json", 1)[1].split("```", 1)[0])
+    except (OSError, IndexError, ValueError):
+        return {}
+
+
 def write_report(path: Path, results: dict, ref_dtype: str) -> None:
     machine = f"{os.cpu_count()} CPUs, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / GIB:.0f} GiB RAM, {platform.system()} {platform.release()}"
     text = [
@@ -207,7 +249,8 @@ def write_report(path: Path, results: dict, ref_dtype: str) -> None:
         "Produced by `make bench` (`bench/merge_bench.py`); do not edit by hand.", "",
         f"Machine: {machine}. Synthetic bf16 Llama checkpoints sharded like the Hub's; adapter r=16 on q_proj/v_proj.",
         f"Reference: `AutoModelForCausalLM.from_pretrained(dtype={ref_dtype})` + `PeftModel.merge_and_unload()` + `save_pretrained`.",
-        "Each method runs in its own process after the base shards were read once (warm page cache) and dirty pages were flushed; "
+        "Each method runs in its own process. Before each run the earlier outputs are deleted, dirty pages flushed, the disk "
+        f"left to go quiet (a `discard` mount trims deleted files in the background) and the inputs {'evicted from' if next(iter(results.values()))['cache'] == 'cold' else 'read into'} the page cache; "
         "copy and ours alternate, repeated; the table gives the median wall time (every sample is in the JSON below) "
         "and the highest `ru_maxrss` of the process. The disk is shared with other work, so single samples vary a lot.", "",
         *table(results), "", *[f"- {line}" for line in verdicts(results)], "",
@@ -224,6 +267,7 @@ def main() -> int:
     parser.add_argument("--reference-dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--report", type=Path, default=REPO / "docs" / "merge-benchmark.md")
     parser.add_argument("--repeats", type=int, default=5, help="runs of copy and ours per shape (the median is reported)")
+    parser.add_argument("--cache", choices=("cold", "warm"), default="cold", help="evict the inputs from the page cache before each run (cold: the disk floor) or read them first (warm)")
     parser.add_argument("--keep", action="store_true", help="keep the generated checkpoints")
     args = parser.parse_args()
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -233,12 +277,12 @@ def main() -> int:
     results = {}
     try:
         for name in shapes:
-            results[name] = bench_shape(name, args.workdir, args.reference, args.reference_dtype, args.repeats)
+            results[name] = bench_shape(name, args.workdir, args.reference, args.reference_dtype, args.repeats, args.cache)
     finally:
         if not args.keep:
             shutil.rmtree(args.workdir, ignore_errors=True)
     print("\n".join(["", *table(results), "", *verdicts(results)]))
-    write_report(args.report, results, args.reference_dtype)
+    write_report(args.report, {**previous_results(args.report), **results}, args.reference_dtype)
     print(f"\nreport written to {args.report.relative_to(REPO) if args.report.is_relative_to(REPO) else args.report}")
     return 0
 

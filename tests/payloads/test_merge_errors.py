@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -85,52 +86,57 @@ def _config(tmp_path: Path) -> Path:
     return path
 
 
-def _start_merge(tmp_path: Path, base: Path, adapter: Path, out: Path, *, nice: int = 19) -> subprocess.Popen:
+def _start_merge(tmp_path: Path, base: Path, adapter: Path, out: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "payloads"), str(REPO)])}
     command = [sys.executable, "-m", "lora_pipeline.merge", "--config", str(_config(tmp_path)),
                "--base", str(base), "--adapter", str(adapter), "--output", str(out)]  # fmt: skip
-    return subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        preexec_fn=lambda: os.nice(nice),  # a niced merge runs slower than the test reacts
-    )  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    fcntl.fcntl(process.stdout.fileno(), fcntl.F_SETPIPE_SZ, 4096)
+    return process
 
 
-def _wait_for_first_shard(process: subprocess.Popen) -> None:
-    for line in process.stdout:
-        if line.startswith("[1/"):
-            return
-    raise AssertionError(f"merge ended before its first shard: {process.wait()} {process.stderr.read()}")
+def _stop_reading_after_first_shard(process: subprocess.Popen) -> None:
+    """Read the merge's output up to its first shard line, then read no more: its progress lines
+    soon fill the one-page pipe and block it, mid-merge, until the test signals it."""
+    line = b""
+    while not line.startswith(b"[1/"):
+        line = b""
+        while not line.endswith(b"\n"):
+            byte = os.read(process.stdout.fileno(), 1)
+            assert byte, f"merge ended early: {process.wait()} {process.stderr.read().decode()}"
+            line += byte
+    shards = int(line.split(b"/")[1].split(b"]")[0])
+    assert shards * len(line) > 2 * 4096, "too few shards to fill the pipe"
 
 
 @pytest.fixture
-def big(tmp_path):
-    shape = LlamaShape(hidden=512, intermediate=1024, layers=12, heads=8, kv_heads=2, vocab=4096, tied=False)
-    base = write_model(tmp_path / "big", shape, dtype="float32", max_shard_size="6MB")
-    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    assert len(list(base.glob("model-*.safetensors"))) >= 16  # plenty left to do after the first
-    return base, write_adapter(tmp_path / "big-adapter", shape, targets=targets)
+def many_shards(tmp_path):
+    shape = LlamaShape(hidden=256, intermediate=512, layers=16, heads=4, kv_heads=2, vocab=2048, tied=False)
+    base = write_model(tmp_path / "big", shape, max_shard_size="100KB")  # about 100 shards
+    return base, write_adapter(tmp_path / "big-adapter", shape, targets=("q_proj", "v_proj", "down_proj"))
 
 
-def test_merge_terminated_half_way_leaves_nothing(tmp_path, big):
+def test_merge_terminated_half_way_leaves_nothing(tmp_path, many_shards):
     out = tmp_path / "merged"
-    process = _start_merge(tmp_path, *big, out)
-    _wait_for_first_shard(process)
+    process = _start_merge(tmp_path, *many_shards, out)
+    _stop_reading_after_first_shard(process)
+    assert list(tmp_path.glob(".merged.partial-*")) and not out.exists()  # mid-merge
     process.send_signal(signal.SIGTERM)
     assert process.wait() == 2
-    assert "interrupted by SIGTERM; nothing was written" in process.stderr.read()
+    assert "interrupted by SIGTERM; nothing was written" in process.stderr.read().decode()
     assert not out.exists() and not list(tmp_path.glob(".merged.partial-*"))
 
 
-def test_merge_killed_half_way_leaves_no_output_and_the_next_run_cleans_up(tmp_path, big):
+def test_merge_killed_half_way_leaves_no_output_and_the_next_run_cleans_up(tmp_path, many_shards):
     out = tmp_path / "merged"
-    process = _start_merge(tmp_path, *big, out)
-    _wait_for_first_shard(process)
+    process = _start_merge(tmp_path, *many_shards, out)
+    _stop_reading_after_first_shard(process)
     process.kill()
     assert process.wait() == -signal.SIGKILL
     assert not out.exists()
     (partial,) = tmp_path.glob(".merged.partial-*")  # hidden, beside the output; never the output itself
-    rerun = _start_merge(tmp_path, *big, out, nice=0)
+    rerun = _start_merge(tmp_path, *many_shards, out)
     stdout, stderr = rerun.communicate()
     assert rerun.returncode == 0, stderr
-    assert f"removing {partial} left by an interrupted run" in stdout
+    assert f"removing {partial} left by an interrupted run" in stdout.decode()
     assert not partial.exists() and (out / "model.safetensors.index.json").is_file()
