@@ -14,10 +14,8 @@ Results go to the console and docs/merge-benchmark.md. Generated files are remov
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -29,10 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "payloads")]
 
 # This process stays small (no torch): a child's ru_maxrss counts the parent's pages it was forked with.
+from bench.merge_report import GIB, previous_results, table, verdicts, write_report  # noqa: E402
 from bench.synthetic_llama import SHAPES, tensor_shapes  # noqa: E402
 
-GIB = 1024**3
-TARGETS = {"peak_rss_gib_8b": 2.0, "wall_vs_copy": 1.5, "speedup_vs_reference_1b": 3.0}
 REFERENCE = """
 import sys, torch
 from peft import PeftModel
@@ -204,59 +201,6 @@ def bench_shape(name: str, work: Path, reference: str, ref_dtype: str, repeats: 
         print(f"  reference  {runs['reference_skipped']}", flush=True)
     settle(ours_out)
     return runs
-
-
-def verdicts(results: dict) -> list[str]:
-    lines = []
-    for name, runs in results.items():
-        ours, copy, ref = runs["ours"], runs["copy"], runs["reference"]
-        ratio = ours["wall_s"] / copy["wall_s"]
-        lines.append(f"{name}: wall {ratio:.2f}x the copy floor (target <= {TARGETS['wall_vs_copy']}): {'PASS' if ratio <= TARGETS['wall_vs_copy'] else 'FAIL'}")
-        if name == "8b":
-            ok = ours["peak_rss_gib"] < TARGETS["peak_rss_gib_8b"]
-            lines.append(f"8b: peak RSS {ours['peak_rss_gib']:.2f} GiB (target < {TARGETS['peak_rss_gib_8b']} GiB): {'PASS' if ok else 'FAIL'}")
-        if name == "1b" and ref:
-            speedup = ref["wall_s"] / ours["wall_s"]
-            lines.append(f"1b: {speedup:.1f}x faster than the reference (target >= {TARGETS['speedup_vs_reference_1b']}): {'PASS' if speedup >= TARGETS['speedup_vs_reference_1b'] else 'FAIL'}")
-    return lines
-
-
-def table(results: dict) -> list[str]:
-    rows = ["| shape | method | wall (s) | vs copy | peak RSS (GiB) | GB/s written |", "|---|---|---|---|---|---|"]
-    for name, runs in results.items():
-        for method in ("ours", "reference", "copy"):
-            run = runs[method]
-            if run is None:
-                rows.append(f"| {name} | {method} | {runs['reference_skipped']} | | | |")
-                continue
-            rate = runs["model_bytes"] / 1e9 / run["wall_s"]
-            rows.append(f"| {name} | {method} | {run['wall_s']:.1f} | {run['wall_s'] / runs['copy']['wall_s']:.2f}x | {run['peak_rss_gib']:.2f} | {rate:.2f} |")
-    return rows
-
-
-def previous_results(path: Path) -> dict:
-    """Results of an earlier run kept in the report (shapes not measured this time stay listed)."""
-    try:
-        return json.loads(path.read_text().split("```json", 1)[1].split("```", 1)[0])
-    except (OSError, IndexError, ValueError):
-        return {}
-
-
-def write_report(path: Path, results: dict, ref_dtype: str) -> None:
-    machine = f"{os.cpu_count()} CPUs, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / GIB:.0f} GiB RAM, {platform.system()} {platform.release()}"
-    text = [
-        "# Merge benchmark", "",
-        "Produced by `make bench` (`bench/merge_bench.py`); do not edit by hand.", "",
-        f"Machine: {machine}. Synthetic bf16 Llama checkpoints sharded like the Hub's; adapter r=16 on q_proj/v_proj.",
-        f"Reference: `AutoModelForCausalLM.from_pretrained(dtype={ref_dtype})` + `PeftModel.merge_and_unload()` + `save_pretrained`.",
-        "Each method runs in its own process. Before each run the earlier outputs are deleted, dirty pages flushed, the disk "
-        f"left to go quiet (a `discard` mount trims deleted files in the background) and the inputs {'evicted from' if next(iter(results.values()))['cache'] == 'cold' else 'read into'} the page cache; "
-        "copy and ours alternate, repeated; the table gives the median wall time (every sample is in the JSON below) "
-        "and the highest `ru_maxrss` of the process. The disk is shared with other work, so single samples vary a lot.", "",
-        *table(results), "", *[f"- {line}" for line in verdicts(results)], "",
-        "```json", json.dumps(results, indent=2), "```", "",
-    ]  # fmt: skip
-    path.write_text("\n".join(text))
 
 
 def main() -> int:

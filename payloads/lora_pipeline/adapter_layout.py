@@ -100,7 +100,11 @@ def sharded_adapter(folder: Path) -> ShardedAdapter:
     if not is_complete_sharded(folder):
         raise CheckpointError(f"{shards} has no 'done' marker: the save was interrupted; use an earlier checkpoint")
     metadata = {int(m[1]): p for p in shards.glob("mp_metadata_pp_rank_*") if (m := METADATA_FILE.match(p.name))}
-    ranks = {(int(m[2]), int(m[3])): p for p in (shards / "model").glob("dp_rank_*.pt") if (m := RANK_FILE.match(p.name)) and int(m[1]) == 0}
+    ranks = {
+        (int(m[2]), int(m[3])): p
+        for p in (shards / "model").glob("dp_rank_*.pt")
+        if (m := RANK_FILE.match(p.name)) and int(m[1]) == 0  # the model is saved by data-parallel rank 0 only
+    }
     if not metadata:
         raise CheckpointError(f"{shards} has no mp_metadata_pp_rank_<p>.json; cannot tell how the adapter was split")
     if not ranks:

@@ -84,7 +84,8 @@ def write_sharded(adapter: ShardedAdapter, output: Path) -> int:
 def copy_plain(adapter: PlainAdapter, output: Path) -> int:
     checked = open_adapter_folder(adapter.folder)  # headers, key names and ranks are checked here
     shutil.copy2(adapter.folder / WEIGHTS_NAME, output / WEIGHTS_NAME)
-    (output / CONFIG_NAME).write_text(json.dumps(hf_adapter_config(checked.config, checked.tensors, checked.weights_file), indent=2) + "\n")
+    config = hf_adapter_config(checked.config, checked.tensors, checked.weights_file)
+    (output / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
     return len(checked.tensors)
 
 
@@ -110,7 +111,9 @@ def consolidate_checkpoint(source: Path, output: Path, *, overwrite: bool = Fals
 
 def build_parser():
     parser = cli.parser("consolidate", __doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", type=Path, help="checkpoint, adapter, checkpoints or run folder (default: newest in paths.checkpoints_dir)")
+    parser.add_argument(
+        "--checkpoint", type=Path, help="checkpoint, adapter, checkpoints or run folder (default: newest in paths.checkpoints_dir)"
+    )
     parser.add_argument("--output", type=Path, help="adapter folder to write (default: paths.adapter_dir)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output folder")
     return parser

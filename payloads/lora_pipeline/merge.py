@@ -70,7 +70,8 @@ def write_merged(model: ModelFolder, adapter: AdapterFolder, folder: Path) -> Co
             label = f"[{number}/{len(model.shards)}] {shard.path.name}"
             used.update(merge_shard(shard, folder / shard.path.name, lora, updates, ProgressPrinter(label, shard.size)))
             seconds = max(time.monotonic() - started, 1e-6)
-            print(f"{label}: {shard.size / 1e9:.2f} GB, {len(updates)} tensor(s) merged, {seconds:.1f} s ({shard.size / 1e6 / seconds:.0f} MB/s)", flush=True)
+            rate = shard.size / 1e6 / seconds
+            print(f"{label}: {shard.size / 1e9:.2f} GB, {len(updates)} tensor(s) merged, {seconds:.1f} s ({rate:.0f} MB/s)", flush=True)
     unmerged = sorted(set(adapter.updates) - set(used))
     repeated = sorted(name for name, count in used.items() if count != 1)
     if unmerged or repeated:

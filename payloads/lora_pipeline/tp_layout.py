@@ -208,7 +208,8 @@ def _consolidate(metadata: dict, ranks: Ranks, adapter: str) -> dict[str, torch.
             if handler is None:
                 raise CheckpointError(f"unknown transformation spec {class_name} (written by a newer optimum-neuron?)")
             if spec.get("tp_size", tp) != tp:
-                raise CheckpointError(f"{class_name} for {group['module_fully_qualified_name']} says TP={spec['tp_size']}, files say TP={tp}")
+                module = group["module_fully_qualified_name"]
+                raise CheckpointError(f"{class_name} for {module} says TP={spec['tp_size']}, files say TP={tp}")
             tensors, used = handler(group["module_fully_qualified_name"], spec, ranks, params, tp)
             _add(rebuilt, tensors)
             consumed |= used

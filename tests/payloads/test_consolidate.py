@@ -7,10 +7,8 @@ import shutil
 
 import pytest
 import torch
-from merge_fixtures import (
-    ATTENTION, MLP, Shape, adapter_config, full_adapter, pipeline_stages, run_config, shard_adapter,
-    write_plain_checkpoint, write_sharded_checkpoint,
-)  # fmt: skip
+from merge_fixtures import ATTENTION, MLP, Shape, adapter_config, full_adapter, shard_adapter
+from nxd_files import pipeline_stages, run_config, write_plain_checkpoint, write_sharded_checkpoint
 from safetensors.torch import load_file
 
 from lora_pipeline import consolidate

@@ -7,7 +7,8 @@ import math
 
 import pytest
 import torch
-from merge_fixtures import ATTENTION, MLP, Shape, run_config, shard_adapter, write_sharded_checkpoint
+from merge_fixtures import ATTENTION, MLP, Shape, shard_adapter
+from nxd_files import run_config, write_sharded_checkpoint
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
