@@ -7,7 +7,7 @@ CDK   := npx --no-install cdk
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv synth test snapshot-update deploy diff destroy rehearse bench diagram lint clean
+.PHONY: help venv synth test snapshot-update deploy diff destroy rehearse bench diagram clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
