@@ -50,7 +50,7 @@ def open_model_folder(path: Path) -> ModelFolder:
         raise CheckpointError(f"{path} has no config.json: not a Hugging Face model folder")
     index_file = path / INDEX_NAME
     if index_file.is_file():
-        weight_map = _read_weight_map(index_file)
+        weight_map = read_weight_map(index_file)
         names = sorted(set(weight_map.values()))
     elif (path / SINGLE_NAME).is_file():
         index_file, weight_map, names = None, None, [SINGLE_NAME]
@@ -75,7 +75,8 @@ def open_model_folder(path: Path) -> ModelFolder:
     return ModelFolder(path=path, shards=shards, index_file=index_file, extra_files=extra)
 
 
-def _read_weight_map(index_file: Path) -> dict[str, str]:
+def read_weight_map(index_file: Path) -> dict[str, str]:
+    """The tensor -> shard map of a safetensors index; a broken index is a CheckpointError."""
     try:
         weight_map = json.loads(index_file.read_text())["weight_map"]
     except (OSError, ValueError, KeyError, TypeError) as exc:

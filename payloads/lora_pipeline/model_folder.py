@@ -14,11 +14,12 @@ from pathlib import Path
 from lora_pipeline import safetensors_header
 from lora_pipeline.checkpoint_errors import CheckpointError
 from lora_pipeline.errors import StepError
+from lora_pipeline.model_files import INDEX_NAME as INDEX
+from lora_pipeline.model_files import SINGLE_NAME as SINGLE_WEIGHTS
+from lora_pipeline.model_files import read_weight_map
 from lora_pipeline.safetensors_header import FLOAT_DTYPES, SafetensorsFile
 
 CONFIG = "config.json"
-INDEX = "model.safetensors.index.json"
-SINGLE_WEIGHTS = "model.safetensors"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")  # fast tokenizer or sentencepiece model
 SAFETENSORS_CODES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
@@ -45,7 +46,10 @@ def weight_files(folder: Path) -> list[Path]:
     """The safetensors files the folder declares (index) or holds (single file); may not all exist."""
     index = folder / INDEX
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        try:
+            weight_map = read_weight_map(index)
+        except CheckpointError as exc:
+            raise StepError(str(exc)) from None
         return [folder / name for name in sorted(set(weight_map.values()))]
     if (folder / SINGLE_WEIGHTS).is_file():
         return [folder / SINGLE_WEIGHTS]
