@@ -5,7 +5,7 @@
 For each shape it writes a synthetic bf16 Llama checkpoint sharded like the Hub's and a LoRA
 adapter (r=16 on q/v, the default), then runs, each in its own child process, measuring wall time
 and peak RSS (os.wait4's ru_maxrss of that child):
-  (a) ours:      python -m lora_pipeline.merge
+  (a) ours:      python -m llm_pipeline.merge
   (b) reference: transformers from_pretrained + peft merge_and_unload + save_pretrained
   (c) copy:      copying the shard files (the disk floor: the merge must write as many bytes)
 Results go to the console and docs/merge-benchmark.md. Generated files are removed afterwards.
@@ -165,15 +165,36 @@ def bench_shape(name: str, work: Path, reference: str, ref_dtype: str, repeats: 
           f"written in {generated['wall_s']:.0f} s", flush=True)  # fmt: skip
     config = folder / "run.toml"
     config.write_text(f'[paths]\noutput_dir = "{folder / "run"}"\n')
-    runs: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "shape": shape.__dict__, "parameters": params, "model_bytes": model_bytes, "shards": len(shards), "repeats": repeats, "cache": cache}
+    runs: dict = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "shape": shape.__dict__,
+        "parameters": params,
+        "model_bytes": model_bytes,
+        "shards": len(shards),
+        "repeats": repeats,
+        "cache": cache,
+    }
     inputs = [*shards, *(str(p) for p in adapter.iterdir())] if cache == "cold" else []
 
     def prepare(*outputs: Path) -> None:
         settle(*outputs, drop=inputs)
         if cache == "warm":
             warm(shards)
+
     copy_out, ours_out = folder / "copy", folder / "ours"
-    merge_command = [sys.executable, "-m", "lora_pipeline.merge", "--config", str(config), "--base", str(base), "--adapter", str(adapter), "--output", str(ours_out)]
+    merge_command = [
+        sys.executable,
+        "-m",
+        "llm_pipeline.merge",
+        "--config",
+        str(config),
+        "--base",
+        str(base),
+        "--adapter",
+        str(adapter),
+        "--output",
+        str(ours_out),
+    ]
     samples: dict[str, list[dict]] = {"copy": [], "ours": []}
     for attempt in range(repeats):  # alternate the order so neither always follows the other
         for method in ("copy", "ours") if attempt % 2 == 0 else ("ours", "copy"):
@@ -191,7 +212,9 @@ def bench_shape(name: str, work: Path, reference: str, ref_dtype: str, repeats: 
     if reference == "always" or (reference == "auto" and fits):
         prepare()
         ref_out = folder / "reference"
-        runs["reference"] = measure("reference", python(REFERENCE, base, adapter, ref_out, ref_dtype), folder / "reference.log")
+        runs["reference"] = measure(
+            "reference", python(REFERENCE, base, adapter, ref_out, ref_dtype), folder / "reference.log"
+        )
         runs["outputs_agree"] = subprocess.run(python(AGREE, ours_out, ref_out), env=child_env()).returncode == 0
         print(f"  outputs agree (bf16 rounding): {runs['outputs_agree']}", flush=True)
         settle(ref_out)
@@ -207,11 +230,23 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="1b,8b", help="comma-separated: " + ", ".join(SHAPES))
     parser.add_argument("--workdir", type=Path, default=REPO / ".bench")
-    parser.add_argument("--reference", choices=("auto", "always", "never"), default="auto", help="auto: skip it when it cannot fit in RAM")
+    parser.add_argument(
+        "--reference",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="auto: skip it when it cannot fit in RAM",
+    )
     parser.add_argument("--reference-dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--report", type=Path, default=REPO / "docs" / "merge-benchmark.md")
-    parser.add_argument("--repeats", type=int, default=5, help="runs of copy and ours per shape (the median is reported)")
-    parser.add_argument("--cache", choices=("cold", "warm"), default="cold", help="evict the inputs from the page cache before each run (cold: the disk floor) or read them first (warm)")
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="runs of copy and ours per shape (the median is reported)"
+    )
+    parser.add_argument(
+        "--cache",
+        choices=("cold", "warm"),
+        default="cold",
+        help="evict the inputs from the page cache before each run (cold: the disk floor) or read them first (warm)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the generated checkpoints")
     args = parser.parse_args()
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -221,7 +256,9 @@ def main() -> int:
     results = {}
     try:
         for name in shapes:
-            results[name] = bench_shape(name, args.workdir, args.reference, args.reference_dtype, args.repeats, args.cache)
+            results[name] = bench_shape(
+                name, args.workdir, args.reference, args.reference_dtype, args.repeats, args.cache
+            )
     finally:
         if not args.keep:
             shutil.rmtree(args.workdir, ignore_errors=True)

@@ -16,13 +16,19 @@ def verdicts(results: dict) -> list[str]:
     for name, runs in results.items():
         ours, copy, ref = runs["ours"], runs["copy"], runs["reference"]
         ratio = ours["wall_s"] / copy["wall_s"]
-        lines.append(f"{name}: wall {ratio:.2f}x the copy floor (target <= {TARGETS['wall_vs_copy']}): {'PASS' if ratio <= TARGETS['wall_vs_copy'] else 'FAIL'}")
+        lines.append(
+            f"{name}: wall {ratio:.2f}x the copy floor (target <= {TARGETS['wall_vs_copy']}): {'PASS' if ratio <= TARGETS['wall_vs_copy'] else 'FAIL'}"
+        )
         if name == "8b":
             ok = ours["peak_rss_gib"] < TARGETS["peak_rss_gib_8b"]
-            lines.append(f"8b: peak RSS {ours['peak_rss_gib']:.2f} GiB (target < {TARGETS['peak_rss_gib_8b']} GiB): {'PASS' if ok else 'FAIL'}")
+            lines.append(
+                f"8b: peak RSS {ours['peak_rss_gib']:.2f} GiB (target < {TARGETS['peak_rss_gib_8b']} GiB): {'PASS' if ok else 'FAIL'}"
+            )
         if name == "1b" and ref:
             speedup = ref["wall_s"] / ours["wall_s"]
-            lines.append(f"1b: {speedup:.1f}x faster than the reference (target >= {TARGETS['speedup_vs_reference_1b']}): {'PASS' if speedup >= TARGETS['speedup_vs_reference_1b'] else 'FAIL'}")
+            lines.append(
+                f"1b: {speedup:.1f}x faster than the reference (target >= {TARGETS['speedup_vs_reference_1b']}): {'PASS' if speedup >= TARGETS['speedup_vs_reference_1b'] else 'FAIL'}"
+            )
     return lines
 
 
@@ -35,7 +41,9 @@ def table(results: dict) -> list[str]:
                 rows.append(f"| {name} | {method} | {runs['reference_skipped']} | | | |")
                 continue
             rate = runs["model_bytes"] / 1e9 / run["wall_s"]
-            rows.append(f"| {name} | {method} | {run['wall_s']:.1f} | {run['wall_s'] / runs['copy']['wall_s']:.2f}x | {run['peak_rss_gib']:.2f} | {rate:.2f} |")
+            rows.append(
+                f"| {name} | {method} | {run['wall_s']:.1f} | {run['wall_s'] / runs['copy']['wall_s']:.2f}x | {run['peak_rss_gib']:.2f} | {rate:.2f} |"
+            )
     return rows
 
 

@@ -89,11 +89,14 @@ def write_safetensors(path: Path, shapes: dict[str, tuple[int, ...]], dtype: str
     return 8 + len(text) + offset
 
 
-def write_model(folder: Path, shape: LlamaShape, *, dtype: str = "bfloat16", max_shard_size: int | str = "5GB", seed: int = 0) -> Path:
+def write_model(
+    folder: Path, shape: LlamaShape, *, dtype: str = "bfloat16", max_shard_size: int | str = "5GB", seed: int = 0
+) -> Path:
     """A complete model folder (config, generation config, tokenizer, shards, index) for ``shape``."""
     from huggingface_hub import split_state_dict_into_shards_factory
-    from lora_pipeline import tiny
     from transformers import GenerationConfig, LlamaConfig
+
+    from tools import tiny_model as tiny
 
     folder.mkdir(parents=True, exist_ok=True)
     shapes = tensor_shapes(shape)
@@ -121,7 +124,15 @@ def write_model(folder: Path, shape: LlamaShape, *, dtype: str = "bfloat16", max
     return folder
 
 
-def write_adapter(folder: Path, shape: LlamaShape, *, targets: tuple[str, ...] = ("q_proj", "v_proj"), r: int = 16, alpha: int = 16, seed: int = 0) -> Path:
+def write_adapter(
+    folder: Path,
+    shape: LlamaShape,
+    *,
+    targets: tuple[str, ...] = ("q_proj", "v_proj"),
+    r: int = 16,
+    alpha: int = 16,
+    seed: int = 0,
+) -> Path:
     """A peft LoRA adapter for ``shape`` with random (non-zero) A and B, saved as peft saves it."""
     import torch
     from peft import LoraConfig
@@ -134,7 +145,9 @@ def write_adapter(folder: Path, shape: LlamaShape, *, targets: tuple[str, ...] =
         if len(dims) != 2 or module.rsplit(".", 1)[-1] not in targets or module.endswith("embed_tokens"):
             continue
         out_features, in_features = dims
-        tensors[f"base_model.model.{module}.lora_A.weight"] = torch.randn(r, in_features, generator=generator) / in_features**0.5
+        tensors[f"base_model.model.{module}.lora_A.weight"] = (
+            torch.randn(r, in_features, generator=generator) / in_features**0.5
+        )
         tensors[f"base_model.model.{module}.lora_B.weight"] = torch.randn(out_features, r, generator=generator) * 0.01
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, folder / "adapter_model.safetensors", metadata={"format": "pt"})

@@ -7,7 +7,7 @@ import sys
 
 from hpctl import commands
 from hpctl.errors import HpctlError
-from lora_pipeline.submit import STEPS as PIPELINE_STEPS  # stdlib-only module, shipped with hpctl
+from llm_pipeline.submit import STEPS as PIPELINE_STEPS  # stdlib-only module, shipped with hpctl
 
 
 def positive(text: str) -> float:
@@ -50,10 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
     shell.set_defaults(handler=commands.shell)
 
     submit = sub.add_parser("submit", parents=[common], help="submit the pipeline on the controller")
-    submit.add_argument("--config", required=True,
-                        help="run config in payloads/configs/: a name (default), configs/<file> or a path")
-    submit.add_argument("--from", dest="from_step", choices=PIPELINE_STEPS, metavar="STEP",
-                        help=f"start the chain at this step ({', '.join(PIPELINE_STEPS)})")
+    submit.add_argument(
+        "--config", required=True, help="run config in payloads/configs/: a name (default), configs/<file> or a path"
+    )
+    submit.add_argument(
+        "--from",
+        dest="from_step",
+        choices=PIPELINE_STEPS,
+        metavar="STEP",
+        help=f"start the chain at this step ({', '.join(PIPELINE_STEPS)})",
+    )
     submit.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
     submit.set_defaults(handler=commands.submit)
 

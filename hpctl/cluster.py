@@ -84,14 +84,16 @@ def list_nodes(session: boto3.Session, name: str) -> list[Node]:
         for page in paginator.paginate(ClusterName=name):
             for summary in page["ClusterNodeSummaries"]:
                 status = summary.get("InstanceStatus", {})
-                nodes.append(Node(
-                    group=summary["InstanceGroupName"],
-                    instance_id=summary["InstanceId"],
-                    instance_type=summary.get("InstanceType", ""),
-                    status=status.get("Status", ""),
-                    message=status.get("Message", ""),
-                    launch_time=summary.get("LaunchTime"),
-                ))
+                nodes.append(
+                    Node(
+                        group=summary["InstanceGroupName"],
+                        instance_id=summary["InstanceId"],
+                        instance_type=summary.get("InstanceType", ""),
+                        status=status.get("Status", ""),
+                        message=status.get("Message", ""),
+                        launch_time=summary.get("LaunchTime"),
+                    )
+                )
     return sorted(nodes, key=lambda node: (node.group, node.instance_id))
 
 

@@ -19,7 +19,12 @@ from hpctl.stack import StackInfo, describe_stack, require_outputs
 from hpctl.status import collect_status, render_json, render_text
 from hpctl.step_logs import show_step_logs
 from hpctl.submit import (
-    SubmitOptions, SubmitOutput, check_deployed_copy, print_jobs, remote_command, resolve_run_config,
+    SubmitOptions,
+    SubmitOutput,
+    check_deployed_copy,
+    print_jobs,
+    remote_command,
+    resolve_run_config,
 )
 from hpctl.wait import wait_in_service
 
@@ -61,8 +66,9 @@ def wait(args: argparse.Namespace) -> None:
     print(f"cluster {cluster.name} is in service: `hpctl shell` opens a shell on the controller")
 
 
-def session_request(deployment: Deployment, *, group: str | None, node: str | None, ready: bool,
-                    command: str | None = None) -> ssm.SessionRequest:
+def session_request(
+    deployment: Deployment, *, group: str | None, node: str | None, ready: bool, command: str | None = None
+) -> ssm.SessionRequest:
     """The SSM session for a node of the deployed cluster (the controller unless told otherwise)."""
     stack = deployment.stack()
     cluster = describe_cluster(deployment.session, stack.output("ClusterName"))

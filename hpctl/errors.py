@@ -30,10 +30,7 @@ class HpctlError(Exception):
 
 
 def no_credentials_message() -> str:
-    return (
-        "no AWS credentials found: run `aws configure` (or `aws sso login`), "
-        "or set AWS_PROFILE / AWS_ACCESS_KEY_ID"
-    )
+    return "no AWS credentials found: run `aws configure` (or `aws sso login`), or set AWS_PROFILE / AWS_ACCESS_KEY_ID"
 
 
 def client_error_message(error: ClientError, *, doing: str) -> str:
@@ -60,9 +57,7 @@ def aws_errors(doing: str) -> Iterator[None]:
     except ProfileNotFound as error:
         raise HpctlError(f"{error}: check --profile / AWS_PROFILE against ~/.aws/config") from error
     except NoRegionError as error:
-        raise HpctlError(
-            "no AWS region: pass --region, set `region` in cdk.json context, or set AWS_REGION"
-        ) from error
+        raise HpctlError("no AWS region: pass --region, set `region` in cdk.json context, or set AWS_REGION") from error
     except EndpointConnectionError as error:
         raise HpctlError(
             f"cannot reach {error.kwargs.get('endpoint_url', 'the AWS endpoint')}: "

@@ -86,7 +86,12 @@ def _all_pages(logs, group: str, stream: str):
 
 
 def follow_streams(
-    logs, group: str, streams: list[str], *, since_ms: int, interval_s: float,
+    logs,
+    group: str,
+    streams: list[str],
+    *,
+    since_ms: int,
+    interval_s: float,
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     """Print new events of ``streams`` as they arrive, until interrupted (Ctrl-C)."""
@@ -111,8 +116,14 @@ def follow_streams(
 
 
 def show_lifecycle_logs(
-    session: boto3.Session, cluster: ClusterState, *, node: str | None, tail: int, follow: bool,
-    interval_s: float = 5.0, sleep: Callable[[float], None] = time.sleep,
+    session: boto3.Session,
+    cluster: ClusterState,
+    *,
+    node: str | None,
+    tail: int,
+    follow: bool,
+    interval_s: float = 5.0,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     logs = session.client("logs")
     group = log_group_name(cluster)

@@ -40,8 +40,10 @@ class SessionRequest:
             argv += ["--profile", self.profile]
         if self.command is not None:
             argv += [
-                "--document-name", NON_INTERACTIVE_DOCUMENT,
-                "--parameters", json.dumps({"command": [self.command]}),
+                "--document-name",
+                NON_INTERACTIVE_DOCUMENT,
+                "--parameters",
+                json.dumps({"command": [self.command]}),
             ]
         return argv
 

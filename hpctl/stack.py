@@ -11,8 +11,19 @@ from hpctl.errors import HpctlError, aws_errors
 
 # Logical ids of the stack's CfnOutputs (fixed by the project's contract).
 OUTPUT_KEYS = (
-    "ClusterName", "ClusterArn", "ClusterId", "BucketName", "FsxFileSystemId", "FsxDnsName",
-    "FsxMountName", "ImageUri", "Region", "ControllerGroup", "ComputeGroup", "ShellCommand", "SubmitCommand",
+    "ClusterName",
+    "ClusterArn",
+    "ClusterId",
+    "BucketName",
+    "FsxFileSystemId",
+    "FsxDnsName",
+    "FsxMountName",
+    "ImageUri",
+    "Region",
+    "ControllerGroup",
+    "ComputeGroup",
+    "ShellCommand",
+    "SubmitCommand",
 )
 # hpctl cannot work without these; the others are shown when present.
 REQUIRED_KEYS = ("ClusterName", "BucketName", "ControllerGroup")

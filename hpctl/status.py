@@ -86,14 +86,22 @@ def render_text(status: dict) -> str:
         "Nodes",
     ]
     if status["nodes"]:
-        lines.append(format_table(
-            ["GROUP", "INSTANCE", "TYPE", "STATUS", "LAUNCHED", "MESSAGE"],
-            [
-                [n["group"], n["instance_id"], n["instance_type"], n["status"], _when(n["launch_time"]),
-                 "" if n["status"] == "Running" else n["message"]]
-                for n in status["nodes"]
-            ],
-        ))
+        lines.append(
+            format_table(
+                ["GROUP", "INSTANCE", "TYPE", "STATUS", "LAUNCHED", "MESSAGE"],
+                [
+                    [
+                        n["group"],
+                        n["instance_id"],
+                        n["instance_type"],
+                        n["status"],
+                        _when(n["launch_time"]),
+                        "" if n["status"] == "Running" else n["message"],
+                    ]
+                    for n in status["nodes"]
+                ],
+            )
+        )
     else:
         lines.append("  none yet")
     return "\n".join(lines)

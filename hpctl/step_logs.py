@@ -29,7 +29,7 @@ def list_runs(s3, bucket: str) -> list[str]:
     runs: list[str] = []
     with aws_errors(f"list s3://{bucket}/{OUTPUTS_PREFIX}"):
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=OUTPUTS_PREFIX, Delimiter="/"):
-            runs += [item["Prefix"][len(OUTPUTS_PREFIX):].rstrip("/") for item in page.get("CommonPrefixes", [])]
+            runs += [item["Prefix"][len(OUTPUTS_PREFIX) :].rstrip("/") for item in page.get("CommonPrefixes", [])]
     return sorted(runs)
 
 
@@ -39,8 +39,9 @@ def list_log_files(s3, bucket: str, run: str) -> list[LogFile]:
     with aws_errors(f"list s3://{bucket}/{prefix}"):
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             files += [
-                LogFile(key=item["Key"], name=item["Key"][len(prefix):], size=item["Size"],
-                        modified=item["LastModified"])
+                LogFile(
+                    key=item["Key"], name=item["Key"][len(prefix) :], size=item["Size"], modified=item["LastModified"]
+                )
                 for item in page.get("Contents", [])
                 if not item["Key"].endswith("/")
             ]
@@ -84,10 +85,12 @@ def show_step_logs(session: boto3.Session, bucket: str, *, run: str | None, log:
     if not files:
         raise HpctlError(f"run {run} has no logs in s3://{bucket}/{OUTPUTS_PREFIX}{run}/logs/ yet")
     if log is None:
-        print(format_table(
-            ["LOG", "BYTES", "MODIFIED"],
-            [[item.name, item.size, item.modified.strftime("%Y-%m-%d %H:%M")] for item in files],
-            indent="",
-        ))
+        print(
+            format_table(
+                ["LOG", "BYTES", "MODIFIED"],
+                [[item.name, item.size, item.modified.strftime("%Y-%m-%d %H:%M")] for item in files],
+                indent="",
+            )
+        )
         return
     print_log(s3, bucket, choose_log(files, log, run=run), tail=tail)

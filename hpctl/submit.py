@@ -34,9 +34,16 @@ class SubmitOptions:
 def resolve_run_config(value: str, *, project_root: Path) -> Path:
     """The local run config file for ``value``: a name, configs/<file> or a path under payloads/configs."""
     configs = (project_root / CONFIGS_DIR).resolve()
-    candidates = [Path(value)] if Path(value).is_absolute() else [
-        project_root / value, project_root / PAYLOADS_FOLDER / value, configs / value, configs / f"{value}.toml",
-    ]
+    candidates = (
+        [Path(value)]
+        if Path(value).is_absolute()
+        else [
+            project_root / value,
+            project_root / PAYLOADS_FOLDER / value,
+            configs / value,
+            configs / f"{value}.toml",
+        ]
+    )
     for candidate in candidates:
         if candidate.is_file():
             path = candidate.resolve()
@@ -74,16 +81,13 @@ def remote_command(options: SubmitOptions, *, facts: dict) -> str:
     payloads_dir = facts["payloads_dir"]
     if not PLAIN_PATH.fullmatch(payloads_dir):  # it sits inside "${...:-default}", where quoting would not apply
         raise HpctlError(f"cluster facts: payloads_dir {payloads_dir!r} is not a plain absolute path")
-    submit = ["python3", "-m", "lora_pipeline.submit", "--config", options.config]
+    submit = ["python3", "-m", "llm_pipeline.submit", "--config", options.config]
     if options.from_step:
         submit += ["--from", options.from_step]
     if options.dry_run:
         submit.append("--dry-run")
     # HPL_PAYLOADS_DIR comes from /etc/profile.d on the node; the facts file gives the same value.
-    script = (
-        f'cd "${{HPL_PAYLOADS_DIR:-{payloads_dir}}}" && {shlex.join(submit)}; '
-        f'echo "{EXIT_MARKER}$?"'
-    )
+    script = f'cd "${{HPL_PAYLOADS_DIR:-{payloads_dir}}}" && {shlex.join(submit)}; echo "{EXIT_MARKER}$?"'
     return shlex.join(["sudo", "-n", "-u", facts["default_user"], "-H", "bash", "-lc", script])
 
 

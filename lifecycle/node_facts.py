@@ -15,10 +15,26 @@ import sys
 
 # The keys the CDK stack writes into cluster-facts.json (the contract in the project brief).
 FACT_KEYS = (
-    "cluster_name", "region", "bucket", "image_uri", "fsx_mount_path", "payloads_dir", "datasets_dir",
-    "outputs_dir", "models_dir", "compile_cache_dir", "images_dir", "scratch_dir", "controller_group",
-    "login_group", "compute_group", "partition", "default_user", "devices_per_node",
-    "compute_instance_type", "runtime",
+    "cluster_name",
+    "region",
+    "bucket",
+    "image_uri",
+    "fsx_mount_path",
+    "payloads_dir",
+    "datasets_dir",
+    "outputs_dir",
+    "models_dir",
+    "compile_cache_dir",
+    "images_dir",
+    "scratch_dir",
+    "controller_group",
+    "login_group",
+    "compute_group",
+    "partition",
+    "default_user",
+    "devices_per_node",
+    "compute_instance_type",
+    "runtime",
 )
 KEY_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 PROFILE_HEADER = (
@@ -38,7 +54,9 @@ def load_json(path: str, what: str) -> object:
     except FileNotFoundError:
         raise InputError(f"{what} not found: {path}") from None
     except json.JSONDecodeError as exc:
-        raise InputError(f"{what} {path} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+        raise InputError(
+            f"{what} {path} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        ) from None
     except OSError as exc:
         raise InputError(f"{what} {path} cannot be read: {exc.strerror}") from None
 
@@ -49,7 +67,9 @@ def load_facts(path: str) -> dict[str, str]:
         raise InputError(f"cluster facts file {path} must hold a JSON object, not {type(facts).__name__}")
     missing = [key for key in FACT_KEYS if key not in facts]
     if missing:
-        raise InputError(f"cluster facts file {path} lacks keys {', '.join(missing)}; redeploy the stack to regenerate it")
+        raise InputError(
+            f"cluster facts file {path} lacks keys {', '.join(missing)}; redeploy the stack to regenerate it"
+        )
     values = {}
     for key, value in facts.items():
         if not KEY_PATTERN.match(key):

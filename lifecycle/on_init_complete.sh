@@ -166,7 +166,7 @@ cat <<'MOTD'
   HyperPod cluster $HPL_CLUSTER_NAME: Llama 3 LoRA fine-tuning on $HPL_COMPUTE_INSTANCE_TYPE ($NODE_ROLE node)
 
   Submit the pipeline (as $HPL_DEFAULT_USER):
-    cd $HPL_PAYLOADS_DIR && python3 -m lora_pipeline.submit --config $HPL_PAYLOADS_DIR/configs/default.toml
+    cd $HPL_PAYLOADS_DIR && python3 -m llm_pipeline.submit --config $HPL_PAYLOADS_DIR/configs/default.toml
   or from your laptop:  hpctl submit
 
   Watch it:     squeue; sinfo -p $HPL_PARTITION

@@ -6,8 +6,7 @@ from aws_cdk import Fn, RemovalPolicy
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct, IDependable
 
-from stacks.config import (COMPUTE_GROUP, CONTROLLER_GROUP, FSX_MOUNT_PATH, LIFECYCLE_SCRIPT, LOGIN_GROUP,
-                           HyperPodConfig)
+from stacks.config import COMPUTE_GROUP, CONTROLLER_GROUP, FSX_MOUNT_PATH, LIFECYCLE_SCRIPT, LOGIN_GROUP, HyperPodConfig
 
 Cfn = sagemaker.CfnCluster
 
@@ -43,8 +42,16 @@ class HyperPodCluster(Construct):
             source_s3_uri=config.lifecycle_s3_uri, on_init_complete=LIFECYCLE_SCRIPT
         )
 
-        def group(name: str, node_type: str, instance_type: str, count: int, *, threads_per_core: int = 1,
-                  storage: tuple = (), partition: str | None = None) -> Cfn.ClusterInstanceGroupProperty:
+        def group(
+            name: str,
+            node_type: str,
+            instance_type: str,
+            count: int,
+            *,
+            threads_per_core: int = 1,
+            storage: tuple = (),
+            partition: str | None = None,
+        ) -> Cfn.ClusterInstanceGroupProperty:
             return Cfn.ClusterInstanceGroupProperty(
                 instance_group_name=name,
                 instance_type=instance_type,
@@ -58,18 +65,28 @@ class HyperPodCluster(Construct):
                 ),
             )
 
-        groups = [group(CONTROLLER_GROUP, "Controller", config.controller_instance_type,
-                        config.controller_instance_count)]
+        groups = [
+            group(CONTROLLER_GROUP, "Controller", config.controller_instance_type, config.controller_instance_count)
+        ]
         if config.login_instance_count:
             groups.append(group(LOGIN_GROUP, "Login", config.login_instance_type, config.login_instance_count))
-        groups.append(group(
-            COMPUTE_GROUP, "Compute", config.compute_instance_type, config.compute_instance_count,
-            threads_per_core=config.compute_threads_per_core,
-            storage=(Cfn.ClusterInstanceStorageConfigProperty(
-                ebs_volume_config=Cfn.ClusterEbsVolumeConfigProperty(volume_size_in_gb=config.compute_ebs_volume_gb)
-            ),),
-            partition=config.partition_name,
-        ))
+        groups.append(
+            group(
+                COMPUTE_GROUP,
+                "Compute",
+                config.compute_instance_type,
+                config.compute_instance_count,
+                threads_per_core=config.compute_threads_per_core,
+                storage=(
+                    Cfn.ClusterInstanceStorageConfigProperty(
+                        ebs_volume_config=Cfn.ClusterEbsVolumeConfigProperty(
+                            volume_size_in_gb=config.compute_ebs_volume_gb
+                        )
+                    ),
+                ),
+                partition=config.partition_name,
+            )
+        )
         self.cluster = Cfn(
             self,
             "Cluster",

@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from stacks.validation import ConfigError, Rule, coerce, int_range, ipv4_cidr, matches, one_of
 
-__all__ = ["ConfigError", "HyperPodConfig", "cluster_facts", "DataLink", "DATA_LINKS"]
+__all__ = ["DATA_LINKS", "ConfigError", "DataLink", "HyperPodConfig", "cluster_facts"]
 
 # Used when no account is configured and no credentials name one (offline synth, tests);
 # cdk.json answers this account's availability-zone lookup so synth needs no AWS call.
@@ -166,31 +167,42 @@ class HyperPodConfig:
 
 INSTANCE_TYPE = matches(r"ml\.[a-z0-9-]+\.[a-z0-9]+", "a SageMaker instance type such as ml.c5.xlarge")
 RULES: dict[str, Rule] = {
-    "stack_name": matches(r"[A-Za-z][A-Za-z0-9-]{0,127}",
-                          "a CloudFormation stack name: a letter, then letters, digits or hyphens (128 at most)"),
-    "name_prefix": matches(r"[a-z][a-z0-9-]{1,18}[a-z0-9]",
-                           "3 to 20 lowercase letters, digits or hyphens, starting with a letter and not ending "
-                           "with a hyphen (it starts the bucket and cluster names)"),
+    "stack_name": matches(
+        r"[A-Za-z][A-Za-z0-9-]{0,127}",
+        "a CloudFormation stack name: a letter, then letters, digits or hyphens (128 at most)",
+    ),
+    "name_prefix": matches(
+        r"[a-z][a-z0-9-]{1,18}[a-z0-9]",
+        "3 to 20 lowercase letters, digits or hyphens, starting with a letter and not ending "
+        "with a hyphen (it starts the bucket and cluster names)",
+    ),
     "account": matches(r"auto|\d{12}", "a 12-digit AWS account id, or auto (the account of your credentials)"),
     "region": matches(r"[a-z]{2}(-gov)?-[a-z]+-\d", "an AWS region name such as us-west-2"),
     "availability_zone": matches(r"[a-z]{2}(-gov)?-[a-z]+-\d[a-z]", "an availability zone name such as us-west-2d"),
     "vpc_cidr": ipv4_cidr(16, 20),
     "controller_instance_type": INSTANCE_TYPE,
-    "controller_instance_count": Rule(lambda v: v == 1, "1 (an API-configured Slurm cluster has exactly one "
-                                      "controller; multi-head clusters need the legacy provisioning file)"),
+    "controller_instance_count": Rule(
+        lambda v: v == 1,
+        "1 (an API-configured Slurm cluster has exactly one "
+        "controller; multi-head clusters need the legacy provisioning file)",
+    ),
     "login_instance_type": INSTANCE_TYPE,
     "login_instance_count": int_range(0, 8, " (0: no login group)"),
     "compute_instance_type": one_of(*NEURON_CORES_PER_INSTANCE),
     "compute_instance_count": int_range(1, 256),
     "compute_threads_per_core": one_of(1, 2),
     "compute_ebs_volume_gb": int_range(1, 16384),
-    "fsx_storage_capacity_gib": Rule(lambda v: v == 1200 or (v > 0 and v % 2400 == 0),
-                                     "1200 or a multiple of 2400 (FSx for Lustre PERSISTENT_2 SSD sizes)"),
+    "fsx_storage_capacity_gib": Rule(
+        lambda v: v == 1200 or (v > 0 and v % 2400 == 0),
+        "1200 or a multiple of 2400 (FSx for Lustre PERSISTENT_2 SSD sizes)",
+    ),
     "fsx_throughput_mibps_per_tib": one_of(125, 250, 500, 1000),
     "fsx_compression": one_of("LZ4", "NONE"),
-    "partition_name": Rule(lambda v: v != "dev" and bool(re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}", v)),
-                           "letters and digits, inner hyphens allowed, 64 at most, and not 'dev' (HyperPod "
-                           "already puts every node in a partition of that name)"),
+    "partition_name": Rule(
+        lambda v: v != "dev" and bool(re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}", v)),
+        "letters and digits, inner hyphens allowed, 64 at most, and not 'dev' (HyperPod "
+        "already puts every node in a partition of that name)",
+    ),
     "slurm_config_strategy": one_of("Managed", "Overwrite", "Merge"),
     "node_recovery": one_of("Automatic", "None"),
     "runtime": one_of("pyxis", "host"),
@@ -200,8 +212,11 @@ RULES: dict[str, Rule] = {
 
 def _check_combinations(config: HyperPodConfig) -> None:
     if not config.availability_zone.startswith(config.region):
-        raise ConfigError.bad_value("availability_zone", config.availability_zone,
-                                    f"a zone of the configured region {config.region}, e.g. {config.region}a")
+        raise ConfigError.bad_value(
+            "availability_zone",
+            config.availability_zone,
+            f"a zone of the configured region {config.region}, e.g. {config.region}a",
+        )
 
 
 def fsx_dir(folder: str) -> str:

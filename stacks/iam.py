@@ -14,11 +14,17 @@ from stacks.nag import acknowledge
 MANAGED_INSTANCE_POLICY = "AmazonSageMakerClusterInstanceRolePolicy"
 # Reads without resource-level permissions in EC2, so they can only be granted on "*".
 ENI_READ_ACTIONS = [
-    "ec2:DescribeNetworkInterfaces", "ec2:DescribeVpcs", "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups",
-    "ec2:DescribeDhcpOptions", "ec2:DetachNetworkInterface",
+    "ec2:DescribeNetworkInterfaces",
+    "ec2:DescribeVpcs",
+    "ec2:DescribeSubnets",
+    "ec2:DescribeSecurityGroups",
+    "ec2:DescribeDhcpOptions",
+    "ec2:DetachNetworkInterface",
 ]
 ENI_WRITE_ACTIONS = [
-    "ec2:DeleteNetworkInterface", "ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterfacePermission",
+    "ec2:DeleteNetworkInterface",
+    "ec2:CreateNetworkInterfacePermission",
+    "ec2:DeleteNetworkInterfacePermission",
 ]
 
 
@@ -51,51 +57,63 @@ class ClusterRole(Construct):
         )
         eni_arn = stack.format_arn(service="ec2", resource="network-interface", resource_name="*")
         subnet_arn = stack.format_arn(service="ec2", resource="subnet", resource_name=subnet.subnet_id)
-        group_arn = stack.format_arn(service="ec2", resource="security-group",
-                                     resource_name=security_group.security_group_id)
-        log_group_arn = stack.format_arn(service="logs", resource="log-group",
-                                         resource_name=f"/aws/sagemaker/Clusters/{cluster_name}/*",
-                                         arn_format=ArnFormat.COLON_RESOURCE_NAME)
+        group_arn = stack.format_arn(
+            service="ec2", resource="security-group", resource_name=security_group.security_group_id
+        )
+        log_group_arn = stack.format_arn(
+            service="logs",
+            resource="log-group",
+            resource_name=f"/aws/sagemaker/Clusters/{cluster_name}/*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
         statements = [
             iam.PolicyStatement(sid="VpcNetworkInterfaceReads", actions=ENI_READ_ACTIONS, resources=["*"]),
-            iam.PolicyStatement(sid="CreateNodeInterfaces", actions=["ec2:CreateNetworkInterface"],
-                                resources=[eni_arn, subnet_arn, group_arn]),
+            iam.PolicyStatement(
+                sid="CreateNodeInterfaces",
+                actions=["ec2:CreateNetworkInterface"],
+                resources=[eni_arn, subnet_arn, group_arn],
+            ),
             iam.PolicyStatement(sid="ManageNodeInterfaces", actions=ENI_WRITE_ACTIONS, resources=[eni_arn]),
             iam.PolicyStatement(sid="TagNodeInterfaces", actions=["ec2:CreateTags"], resources=[eni_arn]),
             iam.PolicyStatement(sid="ListDataBucket", actions=["s3:ListBucket"], resources=[bucket.bucket_arn]),
-            iam.PolicyStatement(sid="ReadWriteDataBucket",
-                                actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-                                resources=[bucket.arn_for_objects("*")]),
-            iam.PolicyStatement(sid="PullTrainingImage",
-                                actions=["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
-                                         "ecr:BatchCheckLayerAvailability"],
-                                resources=[image_repository.repository_arn]),
+            iam.PolicyStatement(
+                sid="ReadWriteDataBucket",
+                actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+                resources=[bucket.arn_for_objects("*")],
+            ),
+            iam.PolicyStatement(
+                sid="PullTrainingImage",
+                actions=["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
+                resources=[image_repository.repository_arn],
+            ),
             iam.PolicyStatement(sid="EcrLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"]),
-            iam.PolicyStatement(sid="ClusterLogs",
-                                actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents",
-                                         "logs:DescribeLogStreams"],
-                                resources=[log_group_arn, f"{log_group_arn}:log-stream:*"]),
+            iam.PolicyStatement(
+                sid="ClusterLogs",
+                actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
+                resources=[log_group_arn, f"{log_group_arn}:log-stream:*"],
+            ),
         ]
         self.policy = iam.Policy(self, "NodeAccess", statements=statements, roles=[self.role])
         self._acknowledge(eni_arn, log_group_arn, bucket)
 
     def _acknowledge(self, eni_arn: str, log_group_arn: str, bucket: s3.IBucket) -> None:
-        acknowledge(self.role, "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/"
-                    f"{MANAGED_INSTANCE_POLICY}]",
-                    "HyperPod requires its managed instance policy on the node role; AWS maintains it as the "
-                    "service adds node agents (SSM, health monitoring, lifecycle reads from sagemaker-* buckets).")
+        acknowledge(
+            self.role,
+            f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{MANAGED_INSTANCE_POLICY}]",
+            "HyperPod requires its managed instance policy on the node role; AWS maintains it as the "
+            "service adds node agents (SSM, health monitoring, lifecycle reads from sagemaker-* buckets).",
+        )
         wildcard_reasons = {
             "Resource::*": "EC2 Describe* and DetachNetworkInterface, and ecr:GetAuthorizationToken, have no "
-                           "resource-level permissions, so they can only be granted on '*'.",
+            "resource-level permissions, so they can only be granted on '*'.",
             f"Resource::{eni_arn}": "HyperPod creates one network interface per node in our subnet at "
-                                    "provisioning time; their ids are unknown when the role is created.",
+            "provisioning time; their ids are unknown when the role is created.",
             f"Resource::<{Stack.of(self).get_logical_id(bucket.node.default_child)}.Arn>/*": "Nodes read payloads and datasets and "
             "write run outputs anywhere under this one bucket (the cluster's own, named in the statement).",
             f"Resource::{log_group_arn}": "HyperPod creates one log group per CreateCluster call "
-                                          "(/aws/sagemaker/Clusters/<name>/<cluster id>), scoped here to this cluster.",
+            "(/aws/sagemaker/Clusters/<name>/<cluster id>), scoped here to this cluster.",
             f"Resource::{log_group_arn}:log-stream:*": "One log stream per node and agent inside this "
-                                                       "cluster's log group; names are only known at runtime.",
+            "cluster's log group; names are only known at runtime.",
         }
         for finding, reason in wildcard_reasons.items():
             acknowledge(self.policy, f"AwsSolutions-IAM5[{finding}]", reason)
-

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_deployment as s3_deployment
@@ -20,10 +21,14 @@ class LifecycleLayoutError(ValueError):
 def check_lifecycle_dir(source_dir: Path) -> None:
     """Fail at synth, not 20 minutes into CreateCluster."""
     if not (source_dir / LIFECYCLE_SCRIPT).is_file():
-        raise LifecycleLayoutError(f"{source_dir / LIFECYCLE_SCRIPT} is missing: HyperPod runs it on every node "
-                                   "(OnInitComplete); restore it or fix LIFECYCLE_SCRIPT in stacks/config.py")
-    for name, why in ((LEGACY_PROVISIONING_FILE, "HyperPod rejects it next to an API Slurm configuration"),
-                      (CLUSTER_FACTS_FILE, "the stack generates it; a checked-in copy would be overwritten")):
+        raise LifecycleLayoutError(
+            f"{source_dir / LIFECYCLE_SCRIPT} is missing: HyperPod runs it on every node "
+            "(OnInitComplete); restore it or fix LIFECYCLE_SCRIPT in stacks/config.py"
+        )
+    for name, why in (
+        (LEGACY_PROVISIONING_FILE, "HyperPod rejects it next to an API Slurm configuration"),
+        (CLUSTER_FACTS_FILE, "the stack generates it; a checked-in copy would be overwritten"),
+    ):
         found = sorted(source_dir.rglob(name))
         if found:
             raise LifecycleLayoutError(f"{found[0]} must not exist: {why}; delete it")

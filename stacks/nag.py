@@ -29,20 +29,19 @@ def acknowledge(scope: IConstruct, rule_id: str, reason: str) -> None:
 # generates is acknowledged here; the Lambda code and its runtime are maintained with aws-cdk-lib.
 BUCKET_DEPLOYMENT_FINDINGS = {
     "AwsSolutions-L1": "The BucketDeployment handler's runtime is pinned by aws-cdk-lib (2.275.0 here) to the "
-                       "version its bundled AWS CLI layer supports; it moves with CDK upgrades, not in this app.",
-    "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole]":
-        "The BucketDeployment handler only needs to write its own CloudWatch logs, which is exactly this "
-        "AWS managed policy.",
+    "version its bundled AWS CLI layer supports; it moves with CDK upgrades, not in this app.",
+    "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole]": "The BucketDeployment handler only needs to write its own CloudWatch logs, which is exactly this "
+    "AWS managed policy.",
     "AwsSolutions-IAM5[Action::s3:GetBucket*]": "CDK's grant for the BucketDeployment handler: it reads the CDK "
-                                                "asset bucket to copy lifecycle/ and payloads/ zips.",
+    "asset bucket to copy lifecycle/ and payloads/ zips.",
     "AwsSolutions-IAM5[Action::s3:GetObject*]": "CDK's grant for the BucketDeployment handler: it reads asset zips "
-                                                "and the destination objects it syncs.",
+    "and the destination objects it syncs.",
     "AwsSolutions-IAM5[Action::s3:List*]": "CDK's grant for the BucketDeployment handler: `aws s3 sync` lists the "
-                                           "asset and destination prefixes to compute the diff.",
+    "asset and destination prefixes to compute the diff.",
     "AwsSolutions-IAM5[Action::s3:Abort*]": "CDK's grant for the BucketDeployment handler: aborting its own "
-                                            "multipart uploads of large payload files.",
+    "multipart uploads of large payload files.",
     "AwsSolutions-IAM5[Action::s3:DeleteObject*]": "CDK's grant for the BucketDeployment handler: prune deletes "
-                                                   "stale files under lifecycle/ and payloads/ only.",
+    "stale files under lifecycle/ and payloads/ only.",
 }
 
 
@@ -54,9 +53,15 @@ def acknowledge_cdk_providers(stack: Stack, *, destination: s3.IBucket) -> None:
         if child.node.id.startswith("Custom::CDKBucketDeployment"):
             for rule_id, reason in BUCKET_DEPLOYMENT_FINDINGS.items():
                 acknowledge(child, rule_id, reason)
-            acknowledge(child, f"AwsSolutions-IAM5[Resource::arn:aws:s3:::{asset_bucket}/*]",
-                        "CDK's grant for the BucketDeployment handler: read the staged asset zips in the CDK "
-                        "bootstrap asset bucket of this account and region.")
-            acknowledge(child, f"AwsSolutions-IAM5[Resource::<{destination_id}.Arn>/*]",
-                        "CDK's grant for the BucketDeployment handler: write and prune objects in the data "
-                        "bucket (its lifecycle/ and payloads/ prefixes).")
+            acknowledge(
+                child,
+                f"AwsSolutions-IAM5[Resource::arn:aws:s3:::{asset_bucket}/*]",
+                "CDK's grant for the BucketDeployment handler: read the staged asset zips in the CDK "
+                "bootstrap asset bucket of this account and region.",
+            )
+            acknowledge(
+                child,
+                f"AwsSolutions-IAM5[Resource::<{destination_id}.Arn>/*]",
+                "CDK's grant for the BucketDeployment handler: write and prune objects in the data "
+                "bucket (its lifecycle/ and payloads/ prefixes).",
+            )

@@ -30,8 +30,9 @@ class Network(Construct):
             availability_zones=[availability_zone],
             nat_gateways=1,
             subnet_configuration=[
-                ec2.SubnetConfiguration(name="Private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,
-                                        cidr_mask=prefix + 1),
+                ec2.SubnetConfiguration(
+                    name="Private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=prefix + 1
+                ),
                 ec2.SubnetConfiguration(name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=prefix + 2),
             ],
             # Cluster nodes reach the bucket (lifecycle scripts, DRAs' data path) without the NAT.
@@ -68,15 +69,27 @@ class ClusterSecurityGroup(Construct):
         )
         group_id = self.group.security_group_id
         self.self_ingress = ec2.CfnSecurityGroupIngress(
-            self, "SelfIngress", group_id=group_id, source_security_group_id=group_id, ip_protocol="-1",
+            self,
+            "SelfIngress",
+            group_id=group_id,
+            source_security_group_id=group_id,
+            ip_protocol="-1",
             description="All traffic from members of this group (Slurm, EFA, Lustre)",
         )
         self.self_egress = ec2.CfnSecurityGroupEgress(
-            self, "SelfEgress", group_id=group_id, destination_security_group_id=group_id, ip_protocol="-1",
+            self,
+            "SelfEgress",
+            group_id=group_id,
+            destination_security_group_id=group_id,
+            ip_protocol="-1",
             description="All traffic to members of this group (EFA health checks need it)",
         )
         self.internet_egress = ec2.CfnSecurityGroupEgress(
-            self, "InternetEgress", group_id=group_id, cidr_ip="0.0.0.0/0", ip_protocol="-1",
+            self,
+            "InternetEgress",
+            group_id=group_id,
+            cidr_ip="0.0.0.0/0",
+            ip_protocol="-1",
             description="Outbound through the NAT: ECR image pulls, model downloads, AWS APIs",
         )
 

@@ -35,13 +35,21 @@ def add_outputs(
         "ControllerGroup": (CONTROLLER_GROUP, "Slurm controller instance group"),
         "ComputeGroup": (COMPUTE_GROUP, "Trainium compute instance group"),
         "ShellCommand": (
-            Fn.join("", [f"hpctl shell {where}   (or: aws ssm start-session --region {config.region} --target ",
-                         ssm_target, f"; instance ids: aws sagemaker list-cluster-nodes --region {config.region} "
-                         f"--cluster-name {config.cluster_name})"]),
+            Fn.join(
+                "",
+                [
+                    f"hpctl shell {where}   (or: aws ssm start-session --region {config.region} --target ",
+                    ssm_target,
+                    f"; instance ids: aws sagemaker list-cluster-nodes --region {config.region} "
+                    f"--cluster-name {config.cluster_name})",
+                ],
+            ),
             "Shell on the controller node",
         ),
-        "SubmitCommand": (f"hpctl submit {where} --config {DEFAULT_RUN_CONFIG}",
-                          "Submit the LoRA pipeline as chained Slurm jobs"),
+        "SubmitCommand": (
+            f"hpctl submit {where} --config {DEFAULT_RUN_CONFIG}",
+            "Submit the LoRA pipeline as chained Slurm jobs",
+        ),
     }
     for logical_id, (value, description) in values.items():
         CfnOutput(stack, logical_id, value=value, description=description)

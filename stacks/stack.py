@@ -82,6 +82,12 @@ class HyperPodStack(Stack):
                 self.network.private_subnet.internet_connectivity_established,
             ],
         )
-        add_outputs(self, config=config, cluster=self.cluster, data=self.data, file_system=self.file_system,
-                    image_uri=self.image.image_uri)
+        add_outputs(
+            self,
+            config=config,
+            cluster=self.cluster,
+            data=self.data,
+            file_system=self.file_system,
+            image_uri=self.image.image_uri,
+        )
         acknowledge_cdk_providers(self, destination=self.data.bucket)

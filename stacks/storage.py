@@ -44,8 +44,10 @@ class DataBucket(Construct):
             server_access_logs_bucket=self.access_logs,
             server_access_logs_prefix="data-bucket/",
             lifecycle_rules=[
-                s3.LifecycleRule(noncurrent_version_expiration=Duration.days(30),
-                                 abort_incomplete_multipart_upload_after=Duration.days(7)),
+                s3.LifecycleRule(
+                    noncurrent_version_expiration=Duration.days(30),
+                    abort_incomplete_multipart_upload_after=Duration.days(7),
+                ),
             ],
             removal_policy=removal,
             auto_delete_objects=not retain,
@@ -107,9 +109,11 @@ class SharedFileSystem(Construct):
             batch_import_meta_data_on_create=link.auto_import,
             s3=fsx.CfnDataRepositoryAssociation.S3Property(
                 auto_import_policy=fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty(events=events)
-                if link.auto_import else None,
+                if link.auto_import
+                else None,
                 auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(events=events)
-                if link.auto_export else None,
+                if link.auto_export
+                else None,
             ),
         )
         association.apply_removal_policy(RemovalPolicy.DESTROY)
@@ -123,4 +127,3 @@ class SharedFileSystem(Construct):
     @property
     def mount_name(self) -> str:
         return self.file_system.attr_lustre_mount_name
-

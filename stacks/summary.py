@@ -37,23 +37,32 @@ def describe(template: dict) -> list[str]:
         props = resource.get("Properties", {})
         if resource["Type"] == "AWS::SageMaker::Cluster":
             strategy = props.get("Orchestrator", {}).get("Slurm", {}).get("SlurmConfigStrategy", "?")
-            lines.append(f"  cluster {props.get('ClusterName')} (Slurm, {strategy}, recovery "
-                         f"{props.get('NodeRecovery', '?')}):")
+            lines.append(
+                f"  cluster {props.get('ClusterName')} (Slurm, {strategy}, recovery {props.get('NodeRecovery', '?')}):"
+            )
             for group in props.get("InstanceGroups", []):
                 slurm = group.get("SlurmConfig", {})
                 partition = ",".join(slurm.get("PartitionNames", [])) or "-"
-                lines.append(f"    {group['InstanceGroupName']:<12} {slurm.get('NodeType', '?'):<10} "
-                             f"{group.get('InstanceType')} x{group['InstanceCount']}  partition {partition}")
+                lines.append(
+                    f"    {group['InstanceGroupName']:<12} {slurm.get('NodeType', '?'):<10} "
+                    f"{group.get('InstanceType')} x{group['InstanceCount']}  partition {partition}"
+                )
         elif resource["Type"] == "AWS::FSx::FileSystem":
             lustre = props.get("LustreConfiguration", {})
-            lines.append(f"  fsx: Lustre {props.get('FileSystemTypeVersion')} {lustre.get('DeploymentType')} "
-                         f"{props.get('StorageCapacity')} GiB, {lustre.get('PerUnitStorageThroughput')} MB/s/TiB, "
-                         f"compression {lustre.get('DataCompressionType', 'NONE')}")
+            lines.append(
+                f"  fsx: Lustre {props.get('FileSystemTypeVersion')} {lustre.get('DeploymentType')} "
+                f"{props.get('StorageCapacity')} GiB, {lustre.get('PerUnitStorageThroughput')} MB/s/TiB, "
+                f"compression {lustre.get('DataCompressionType', 'NONE')}"
+            )
         elif resource["Type"] == "AWS::FSx::DataRepositoryAssociation":
             policies = props.get("S3", {})
-            modes = [m for m, key in (("import", "AutoImportPolicy"), ("export", "AutoExportPolicy")) if key in policies]
-            lines.append(f"    link {props.get('FileSystemPath')} <-> bucket prefix "
-                         f"{_last_literal(props.get('DataRepositoryPath'))} ({'+'.join(modes)})")
+            modes = [
+                m for m, key in (("import", "AutoImportPolicy"), ("export", "AutoExportPolicy")) if key in policies
+            ]
+            lines.append(
+                f"    link {props.get('FileSystemPath')} <-> bucket prefix "
+                f"{_last_literal(props.get('DataRepositoryPath'))} ({'+'.join(modes)})"
+            )
     outputs = template.get("Outputs", {})
     lines.append(f"  outputs: {', '.join(outputs)}")
     return lines
@@ -73,16 +82,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     artifacts = stack_artifacts(args.cdk_out) if args.cdk_out.is_dir() else []
     if not artifacts:
-        print(f"error: no synthesized stacks under {args.cdk_out}: run `make synth` (or `npx cdk synth`) first",
-              file=sys.stderr)
+        print(
+            f"error: no synthesized stacks under {args.cdk_out}: run `make synth` (or `npx cdk synth`) first",
+            file=sys.stderr,
+        )
         return 2
     errors = 0
     for template_path, region in artifacts:
         regions = sorted({BASE_LINT_REGION, region})
         matches = lint_template(template_path, regions)
         errors += sum(is_error(m) for m in matches)
-        print(f"{template_path.name} (region {region}): cfn-lint {'/'.join(regions)}: "
-              f"{sum(is_error(m) for m in matches)} errors, {sum(not is_error(m) for m in matches)} other findings")
+        print(
+            f"{template_path.name} (region {region}): cfn-lint {'/'.join(regions)}: "
+            f"{sum(is_error(m) for m in matches)} errors, {sum(not is_error(m) for m in matches)} other findings"
+        )
         for match in matches:
             print(f"  {match.rule.id} {match.message} ({'/'.join(str(p) for p in match.path)})")
         print("\n".join(describe(json.loads(template_path.read_text()))))

@@ -43,8 +43,9 @@ def handler_log_group(scope: Construct) -> logs.ILogGroup:
     existing = stack.node.try_find_child(UPLOAD_LOGS_ID)
     if existing is not None:
         return existing
-    return logs.LogGroup(stack, UPLOAD_LOGS_ID, retention=logs.RetentionDays.ONE_MONTH,
-                         removal_policy=RemovalPolicy.DESTROY)
+    return logs.LogGroup(
+        stack, UPLOAD_LOGS_ID, retention=logs.RetentionDays.ONE_MONTH, removal_policy=RemovalPolicy.DESTROY
+    )
 
 
 UPLOAD_LOGS_ID = "UploadHandlerLogs"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 TRUE_WORDS = ("true", "yes", "1", "on")
 FALSE_WORDS = ("false", "no", "0", "off")
@@ -17,8 +18,10 @@ class ConfigError(ValueError):
 
     @classmethod
     def bad_value(cls, key: str, value: Any, allowed: str) -> ConfigError:
-        return cls(f"config key '{key}' has value {value!r}; allowed: {allowed}. "
-                   f"Fix it in cdk.json (context) or pass -c {key}=<value>.")
+        return cls(
+            f"config key '{key}' has value {value!r}; allowed: {allowed}. "
+            f"Fix it in cdk.json (context) or pass -c {key}=<value>."
+        )
 
     @classmethod
     def unknown_key(cls, key: str, known: Iterable[str]) -> ConfigError:
@@ -60,8 +63,10 @@ def ipv4_cidr(min_prefix: int, max_prefix: int) -> Rule:
             return False
         return network.is_private and min_prefix <= network.prefixlen <= max_prefix
 
-    return Rule(check, f"a private IPv4 network in CIDR form with a prefix from /{min_prefix} to /{max_prefix}, "
-                       "e.g. 10.0.0.0/16")
+    return Rule(
+        check,
+        f"a private IPv4 network in CIDR form with a prefix from /{min_prefix} to /{max_prefix}, e.g. 10.0.0.0/16",
+    )
 
 
 def coerce(key: str, raw: Any, default: Any) -> Any:

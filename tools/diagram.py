@@ -104,12 +104,18 @@ def label(logical_id: str, resource: dict) -> str:
     elif resource["Type"] == "AWS::SageMaker::Cluster":
         for group in props.get("InstanceGroups", []):
             node_type = group.get("SlurmConfig", {}).get("NodeType", "")
-            lines.append(f"{group.get('InstanceGroupName')}: {group.get('InstanceCount')} x {group.get('InstanceType')} {node_type}")
+            lines.append(
+                f"{group.get('InstanceGroupName')}: {group.get('InstanceCount')} x {group.get('InstanceType')} {node_type}"
+            )
     elif resource["Type"] == "Custom::CDKBucketDeployment":
         prefix = props.get("DestinationBucketKeyPrefix", "")
         lines = [f"Upload to /{prefix}" if isinstance(prefix, str) else "Upload"]
     elif resource["Type"] == "AWS::S3::Bucket":
-        lines = ["S3 access-log bucket" if "Log" in logical_id else "S3 bucket (sagemaker-...)\\nlifecycle/ payloads/ datasets/ outputs/"]
+        lines = [
+            "S3 access-log bucket"
+            if "Log" in logical_id
+            else "S3 bucket (sagemaker-...)\\nlifecycle/ payloads/ datasets/ outputs/"
+        ]
     elif resource["Type"] == "AWS::IAM::Role":
         lines = ["Cluster execution role"]
     return "\\n".join(lines)
@@ -121,24 +127,38 @@ def subnet_of(resource: dict, subnets: set[str]) -> str | None:
 
 
 def to_dot(templates: dict[str, dict]) -> str:
-    out = ["digraph architecture {", '  graph [rankdir=LR, fontname="Helvetica", fontsize=11, compound=true];',
-           '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10];',
-           '  edge [color="#777777", arrowsize=0.6];']
+    out = [
+        "digraph architecture {",
+        '  graph [rankdir=LR, fontname="Helvetica", fontsize=11, compound=true];',
+        '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=10];',
+        '  edge [color="#777777", arrowsize=0.6];',
+    ]
     for stack_name, template in sorted(templates.items()):
         kept = kept_resources(template)
         subnets = {i for i, r in kept.items() if r["Type"] == "AWS::EC2::Subnet"}
         vpcs = [i for i, r in kept.items() if r["Type"] == "AWS::EC2::VPC"]
-        placed = {i: subnet_of(r, subnets) for i, r in kept.items() if i not in subnets and r["Type"] != "AWS::EC2::VPC"}
-        in_vpc = {i for i, r in kept.items() if r["Type"] in ("AWS::EC2::SecurityGroup", "AWS::EC2::InternetGateway", "AWS::EC2::VPCEndpoint", "AWS::EC2::FlowLog")}
+        placed = {
+            i: subnet_of(r, subnets) for i, r in kept.items() if i not in subnets and r["Type"] != "AWS::EC2::VPC"
+        }
+        in_vpc = {
+            i
+            for i, r in kept.items()
+            if r["Type"]
+            in ("AWS::EC2::SecurityGroup", "AWS::EC2::InternetGateway", "AWS::EC2::VPCEndpoint", "AWS::EC2::FlowLog")
+        }
 
         def node(i: str, indent: str) -> str:
             return f'{indent}"{i}" [label="{label(i, kept[i])}", fillcolor="{KEPT[kept[i]["Type"]][1]}"];'
 
         out.append(f'  subgraph "cluster_{stack_name}" {{ label="stack {stack_name}"; style=dashed;')
         for vpc in vpcs:
-            out.append(f'    subgraph "cluster_{vpc}" {{ label="{label(vpc, kept[vpc])}"; style="rounded,filled"; fillcolor="#f7fbff";')
+            out.append(
+                f'    subgraph "cluster_{vpc}" {{ label="{label(vpc, kept[vpc])}"; style="rounded,filled"; fillcolor="#f7fbff";'
+            )
             for subnet in sorted(subnets):
-                out.append(f'      subgraph "cluster_{subnet}" {{ label="{label(subnet, kept[subnet])}"; style="rounded,filled"; fillcolor="#ffffff";')
+                out.append(
+                    f'      subgraph "cluster_{subnet}" {{ label="{label(subnet, kept[subnet])}"; style="rounded,filled"; fillcolor="#ffffff";'
+                )
                 out.extend(node(i, "        ") for i, s in sorted(placed.items()) if s == subnet and i not in in_vpc)
                 out.append("      }")
             out.extend(node(i, "      ") for i in sorted(in_vpc) if placed.get(i) is None or i in in_vpc)

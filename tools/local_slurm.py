@@ -70,10 +70,12 @@ class LocalSlurm:
         return self.socket_dir / "munge.socket.2"
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def start(self, timeout: float = 60.0) -> "LocalSlurm":
+    def start(self, timeout: float = 60.0) -> LocalSlurm:
         missing = missing_binaries()
         if missing:
-            raise LocalSlurmError(f"missing {', '.join(missing)}: install them with `apt-get install -y slurm-wlm munge`")
+            raise LocalSlurmError(
+                f"missing {', '.join(missing)}: install them with `apt-get install -y slurm-wlm munge`"
+            )
         if os.geteuid() != 0:
             raise LocalSlurmError("the local Slurm runs its daemons as root: run as root (CI does)")
         for sub in ("munge-key", "state", "spool", "log"):
@@ -82,11 +84,18 @@ class LocalSlurm:
         self.socket_dir.chmod(0o755)
         self._write_munge_key()
         self.conf.write_text(self._slurm_conf())
-        self._spawn("munged", ["munged", "--foreground", f"--socket={self.socket}",
-                               f"--key-file={self.root / 'munge-key' / 'munge.key'}",
-                               f"--pid-file={self.socket_dir / 'munged.pid'}",
-                               f"--log-file={self.root / 'log' / 'munged.log'}",
-                               f"--seed-file={self.root / 'munge-key' / 'munged.seed'}"])
+        self._spawn(
+            "munged",
+            [
+                "munged",
+                "--foreground",
+                f"--socket={self.socket}",
+                f"--key-file={self.root / 'munge-key' / 'munge.key'}",
+                f"--pid-file={self.socket_dir / 'munged.pid'}",
+                f"--log-file={self.root / 'log' / 'munged.log'}",
+                f"--seed-file={self.root / 'munge-key' / 'munged.seed'}",
+            ],
+        )
         self._wait(lambda: self._alive() and self.socket.exists(), timeout, "munged socket", "munged.log")
         self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
         for name in self.node_names:
@@ -115,7 +124,7 @@ class LocalSlurm:
         if self.socket_dir is not None:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
 
-    def __enter__(self) -> "LocalSlurm":
+    def __enter__(self) -> LocalSlurm:
         try:
             return self.start()
         except BaseException:

@@ -5,7 +5,7 @@
 1. starts munged/slurmctld/slurmd under <root>/slurm (tools/local_slurm.py);
 2. writes a tiny random Llama where the run config expects the downloaded model (so the real
    download step finds it complete and skips the Hub) and dolly-format records as the dataset;
-3. submits the same pipeline a cluster runs (python -m lora_pipeline.submit --wait) with the
+3. submits the same pipeline a cluster runs (python -m llm_pipeline.submit --wait) with the
    tiny-cpu run config; HPL_* variables point the FSx folders at <root>/fsx;
 4. shows the adapter, the merged model and the generated answer; stops the daemons by PID.
 Exit status 0 only when every step completed.
@@ -25,8 +25,14 @@ from tools.local_slurm import LocalSlurm, LocalSlurmError
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "payloads" / "configs" / "tiny-cpu.toml"
-FSX_FOLDERS = {"MODELS": "models", "DATASETS": "datasets", "OUTPUTS": "outputs",
-               "COMPILE_CACHE": "neuron-cache", "IMAGES": "images", "SCRATCH": "scratch"}
+FSX_FOLDERS = {
+    "MODELS": "models",
+    "DATASETS": "datasets",
+    "OUTPUTS": "outputs",
+    "COMPILE_CACHE": "neuron-cache",
+    "IMAGES": "images",
+    "SCRATCH": "scratch",
+}
 DOLLY_RECORDS = 240
 
 
@@ -44,7 +50,8 @@ def fsx_environment(fsx: Path, base: dict[str, str] | None = None) -> dict[str, 
 
 def write_inputs(config_path: Path, env: dict[str, str], records: int = DOLLY_RECORDS) -> None:
     """The tiny model where the download step looks, and the dolly records the data step reads."""
-    from lora_pipeline import config, tiny
+    from llm_pipeline import config
+    from tools import tiny_model as tiny
 
     cfg = config.load(config_path, env=env)
     tiny.write_tiny_model(Path(cfg.paths.model_dir), dtype=cfg.model.dtype)
@@ -52,7 +59,7 @@ def write_inputs(config_path: Path, env: dict[str, str], records: int = DOLLY_RE
 
 
 def submit(config_path: Path, env: dict[str, str], *extra: str, poll: float = 2.0) -> int:
-    command = [sys.executable, "-m", "lora_pipeline.submit", "--config", str(config_path), *extra]
+    command = [sys.executable, "-m", "llm_pipeline.submit", "--config", str(config_path), *extra]
     if "--wait" in extra:
         command += ["--poll", str(poll)]
     return subprocess.run(command, env=env, cwd=REPO / "payloads").returncode
@@ -69,7 +76,7 @@ def show_outputs(output_dir: Path) -> None:
 
 
 def rehearse(root: Path, config_path: Path) -> int:
-    from lora_pipeline.run_facts import read_run_facts
+    from llm_pipeline.jobs.run_facts import read_run_facts
 
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -92,7 +99,9 @@ def rehearse(root: Path, config_path: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.rehearse", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--root", type=Path, default=REPO / ".rehearsal", help="work folder, wiped first (default: %(default)s)")
+    parser.add_argument(
+        "--root", type=Path, default=REPO / ".rehearsal", help="work folder, wiped first (default: %(default)s)"
+    )
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run config (default: %(default)s)")
     args = parser.parse_args(argv)
     if not args.config.is_file():

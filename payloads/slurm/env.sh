@@ -3,7 +3,7 @@
 # written once. `source env.sh <step>`; then `hpl_step_python <module> [args]` (one process) or
 # `hpl_torchrun <module> [args]` (torchrun on every node of the allocation).
 #
-# Set by submit (python -m lora_pipeline.submit): HPL_PAYLOADS_DIR, HPL_RUN_CONFIG, HPL_RUN_DIR.
+# Set by submit (python -m llm_pipeline.submit): HPL_PAYLOADS_DIR, HPL_RUN_CONFIG, HPL_RUN_DIR.
 # Cluster facts (/etc/profile.d/hyperpod-lora.sh on HyperPod nodes): HPL_FSX_MOUNT_PATH,
 # HPL_MODELS_DIR, HPL_DATASETS_DIR, HPL_OUTPUTS_DIR, HPL_COMPILE_CACHE_DIR, HPL_IMAGES_DIR,
 # HPL_SCRATCH_DIR, HPL_IMAGE_URI, HPL_RUNTIME (pyxis|host), HPL_DEVICES_PER_NODE, HPL_REGION.
@@ -11,9 +11,9 @@
 set -euo pipefail
 
 HPL_STEP="${1:?usage: source env.sh <step>}"
-: "${HPL_PAYLOADS_DIR:?is not set: submit with python3 -m lora_pipeline.submit --config <run.toml>}"
-: "${HPL_RUN_CONFIG:?is not set: submit with python3 -m lora_pipeline.submit --config <run.toml>}"
-: "${HPL_RUN_DIR:?is not set: submit with python3 -m lora_pipeline.submit --config <run.toml>}"
+: "${HPL_PAYLOADS_DIR:?is not set: submit with python3 -m llm_pipeline.submit --config <run.toml>}"
+: "${HPL_RUN_CONFIG:?is not set: submit with python3 -m llm_pipeline.submit --config <run.toml>}"
+: "${HPL_RUN_DIR:?is not set: submit with python3 -m llm_pipeline.submit --config <run.toml>}"
 
 # -- paths: cluster facts, with local fallbacks; exported so the Python config sees the same ------
 export HPL_FSX_MOUNT_PATH="${HPL_FSX_MOUNT_PATH:-/fsx}"
@@ -95,7 +95,7 @@ hpl_torchrun() {
   fi
   local module="$1" launch
   shift
-  launch="$("$HPL_HOST_PYTHON" -m lora_pipeline.launch)"
+  launch="$("$HPL_HOST_PYTHON" -m llm_pipeline.jobs.launch)"
   local -a launch_args
   mapfile -t launch_args <<<"$launch"
   hpl_srun --ntasks-per-node=1 "${wrap[@]}" "$HPL_PYTHON" -m torch.distributed.run "${launch_args[@]}" \

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lora_pipeline.config import RunConfig
+from llm_pipeline.config import RunConfig
 from stacks.config import HyperPodConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +72,9 @@ def test_every_run_config_key_is_documented() -> None:
     table = section("The run config")
     for part in dataclasses.fields(RunConfig):
         for field in dataclasses.fields(part.default_factory()):
-            assert f"`{part.name}.{field.name}`" in table, f"run config key {part.name}.{field.name} is not in the README"
+            assert f"`{part.name}.{field.name}`" in table, (
+                f"run config key {part.name}.{field.name} is not in the README"
+            )
 
 
 def test_local_links_resolve() -> None:

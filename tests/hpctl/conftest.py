@@ -32,8 +32,13 @@ CLUSTER = "hpl-test-cluster"
 BUCKET = "sagemaker-hpl-test-bucket"
 CONFIG_TEXT = '[model]\nid = "tiny"\n'
 FACTS = {
-    "cluster_name": CLUSTER, "region": REGION, "bucket": BUCKET, "payloads_dir": "/fsx/payloads",
-    "outputs_dir": "/fsx/outputs", "default_user": "ubuntu", "controller_group": "controller",
+    "cluster_name": CLUSTER,
+    "region": REGION,
+    "bucket": BUCKET,
+    "payloads_dir": "/fsx/payloads",
+    "outputs_dir": "/fsx/outputs",
+    "default_user": "ubuntu",
+    "controller_group": "controller",
     "compute_group": "compute",
 }
 
@@ -100,21 +105,37 @@ def build_deployment(client) -> Deployment:
     arn = client("sagemaker").create_cluster(
         ClusterName=CLUSTER,
         InstanceGroups=[
-            {"InstanceGroupName": name, "InstanceType": kind, "InstanceCount": 1, "LifeCycleConfig": lifecycle,
-             "ExecutionRole": role, "ThreadsPerCore": 1}
+            {
+                "InstanceGroupName": name,
+                "InstanceType": kind,
+                "InstanceCount": 1,
+                "LifeCycleConfig": lifecycle,
+                "ExecutionRole": role,
+                "ThreadsPerCore": 1,
+            }
             for name, kind in (("controller", "ml.c5.xlarge"), ("compute", "ml.trn1.32xlarge"))
         ],
     )["ClusterArn"]
     fsx_id = client("fsx").create_file_system(
-        FileSystemType="LUSTRE", StorageCapacity=1200, SubnetIds=["subnet-0123456789abcdef0"],
+        FileSystemType="LUSTRE",
+        StorageCapacity=1200,
+        SubnetIds=["subnet-0123456789abcdef0"],
         LustreConfiguration={"DeploymentType": "PERSISTENT_2", "PerUnitStorageThroughput": 250},
     )["FileSystem"]["FileSystemId"]
     outputs = {
-        "ClusterName": CLUSTER, "ClusterArn": arn, "ClusterId": arn.rsplit("/", 1)[-1], "BucketName": BUCKET,
-        "FsxFileSystemId": fsx_id, "FsxDnsName": f"{fsx_id}.fsx.{REGION}.amazonaws.com", "FsxMountName": "abcdefgh",
-        "ImageUri": f"{DEFAULT_ACCOUNT_ID}.dkr.ecr.{REGION}.amazonaws.com/hpl-train:1", "Region": REGION,
-        "ControllerGroup": "controller", "ComputeGroup": "compute",
-        "ShellCommand": "hpctl shell", "SubmitCommand": "hpctl submit --config <name>",
+        "ClusterName": CLUSTER,
+        "ClusterArn": arn,
+        "ClusterId": arn.rsplit("/", 1)[-1],
+        "BucketName": BUCKET,
+        "FsxFileSystemId": fsx_id,
+        "FsxDnsName": f"{fsx_id}.fsx.{REGION}.amazonaws.com",
+        "FsxMountName": "abcdefgh",
+        "ImageUri": f"{DEFAULT_ACCOUNT_ID}.dkr.ecr.{REGION}.amazonaws.com/hpl-train:1",
+        "Region": REGION,
+        "ControllerGroup": "controller",
+        "ComputeGroup": "compute",
+        "ShellCommand": "hpctl shell",
+        "SubmitCommand": "hpctl submit --config <name>",
     }
     client("cloudformation").create_stack(StackName=STACK, TemplateBody=outputs_template(outputs))
     return Deployment(cluster_arn=arn, fsx_id=fsx_id)
@@ -207,8 +228,17 @@ class Recorder:
 
     def replay_session(self, *lines: str) -> None:
         """Make `aws` print what `ssm start-session` prints around a command's output (CRLF, as over SSM)."""
-        framing = ["", "Starting session with SessionId: tester-0123456789abcdef0", "", *lines, "", "",
-                   "Exiting session with sessionId: tester-0123456789abcdef0.", "", ""]
+        framing = [
+            "",
+            "Starting session with SessionId: tester-0123456789abcdef0",
+            "",
+            *lines,
+            "",
+            "",
+            "Exiting session with sessionId: tester-0123456789abcdef0.",
+            "",
+            "",
+        ]
         self.replay.write_text("\r\n".join(framing))
 
 

@@ -7,19 +7,19 @@ from hpctl.project import DEFAULT_STACK_NAME
 
 
 def test_facts_file_location():
-    assert facts.FACTS_KEY == f"{stack_config.LIFECYCLE_PREFIX}/{stack_config.CLUSTER_FACTS_FILE}"
+    assert f"{stack_config.LIFECYCLE_PREFIX}/{stack_config.CLUSTER_FACTS_FILE}" == facts.FACTS_KEY
 
 
 def test_fallback_node_values_match_the_generated_facts():
-    assert facts.CONTRACT_DEFAULTS == {
+    assert {
         "payloads_dir": stack_config.fsx_dir(stack_config.PAYLOADS_FOLDER),
         "default_user": stack_config.DEFAULT_USER,
         "outputs_dir": stack_config.fsx_dir(stack_config.OUTPUTS_FOLDER),
-    }
+    } == facts.CONTRACT_DEFAULTS
 
 
 def test_bucket_prefixes():
-    assert step_logs.OUTPUTS_PREFIX == f"{stack_config.OUTPUTS_FOLDER}/"
+    assert f"{stack_config.OUTPUTS_FOLDER}/" == step_logs.OUTPUTS_PREFIX
     assert submit.PAYLOADS_FOLDER == stack_config.PAYLOADS_FOLDER
 
 

@@ -22,8 +22,10 @@ def test_no_credentials(deployed, hpctl, monkeypatch):
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     code, out, err = hpctl("status")
     assert code == 2 and out == ""
-    assert err == "error: no AWS credentials found: run `aws configure` (or `aws sso login`), " \
-                  "or set AWS_PROFILE / AWS_ACCESS_KEY_ID\n"
+    assert (
+        err == "error: no AWS credentials found: run `aws configure` (or `aws sso login`), "
+        "or set AWS_PROFILE / AWS_ACCESS_KEY_ID\n"
+    )
 
 
 def test_unknown_profile(deployed, hpctl):
@@ -59,7 +61,8 @@ def test_failed_deploy(deployed, hpctl):
     code, _, err = hpctl("status")
     assert code == 2
     assert err.startswith(
-        f"error: stack {deployed.stack} is ROLLBACK_COMPLETE: its deploy failed; see the CloudFormation events")
+        f"error: stack {deployed.stack} is ROLLBACK_COMPLETE: its deploy failed; see the CloudFormation events"
+    )
 
 
 def test_stack_still_creating_has_no_outputs(bare_stack, hpctl):
@@ -79,16 +82,22 @@ def test_a_stack_without_the_contract_outputs(bare_stack, hpctl):
     assert "lacks the outputs BucketName, ControllerGroup: is it this project's stack?" in err
 
 
-@pytest.mark.parametrize(("code", "expected"), [
-    ("ExpiredToken", "AWS credentials have expired (ExpiredToken): refresh them (e.g. `aws sso login`) and retry"),
-    ("InvalidClientTokenId",
-     "AWS rejected the credentials (InvalidClientTokenId): check AWS_PROFILE or run `aws configure`"),
-    ("AccessDenied", "not allowed to read stack S: User arn:aws:iam::1:user/u is not authorized"),
-    ("Throttling", "read stack S failed: Throttling: User arn:aws:iam::1:user/u is not authorized"),
-])
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ("ExpiredToken", "AWS credentials have expired (ExpiredToken): refresh them (e.g. `aws sso login`) and retry"),
+        (
+            "InvalidClientTokenId",
+            "AWS rejected the credentials (InvalidClientTokenId): check AWS_PROFILE or run `aws configure`",
+        ),
+        ("AccessDenied", "not allowed to read stack S: User arn:aws:iam::1:user/u is not authorized"),
+        ("Throttling", "read stack S failed: Throttling: User arn:aws:iam::1:user/u is not authorized"),
+    ],
+)
 def test_service_refusals_read_as_one_line(code, expected):
-    error = ClientError({"Error": {"Code": code, "Message": "User arn:aws:iam::1:user/u is not authorized"}},
-                        "DescribeStacks")
+    error = ClientError(
+        {"Error": {"Code": code, "Message": "User arn:aws:iam::1:user/u is not authorized"}}, "DescribeStacks"
+    )
     assert client_error_message(error, doing="read stack S") == expected
 
 

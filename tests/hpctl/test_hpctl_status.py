@@ -16,8 +16,10 @@ def test_table_shows_stack_cluster_groups_nodes_fsx_and_image(deployed, hpctl):
     assert lines[2].endswith("@tcp:/abcdefgh")
     assert lines[3] == "Image        123456789012.dkr.ecr.us-west-2.amazonaws.com/hpl-train:1"
     groups = out.split("Instance groups\n")[1].split("\n\n")[0].splitlines()
-    assert [line.split() for line in groups[1:]] == [["controller", "ml.c5.xlarge", "1/1"],
-                                                     ["compute", "ml.trn1.32xlarge", "1/1"]]
+    assert [line.split() for line in groups[1:]] == [
+        ["controller", "ml.c5.xlarge", "1/1"],
+        ["compute", "ml.trn1.32xlarge", "1/1"],
+    ]
     nodes = out.split("Nodes\n")[1].splitlines()
     assert nodes[0].split() == ["GROUP", "INSTANCE", "TYPE", "STATUS", "LAUNCHED", "MESSAGE"]
     assert [line.split()[:4] for line in nodes[1:]] == [
@@ -34,7 +36,9 @@ def test_json_for_scripts(deployed, hpctl):
     assert report["cluster"]["id"] == deployed.cluster_id
     assert report["stack"]["outputs"]["BucketName"] == deployed.bucket
     assert [(node["group"], node["status"]) for node in report["nodes"]] == [
-        ("controller", "Running"), ("compute", "Running")]
+        ("controller", "Running"),
+        ("compute", "Running"),
+    ]
     assert report["fsx"]["storage_gib"] == 1200 and report["fsx"]["mount_name"] == "abcdefgh"
     assert report["image_uri"].endswith("/hpl-train:1")
 
@@ -65,5 +69,8 @@ def test_file_system_gone(deployed, hpctl):
 def test_cluster_deleted_behind_the_stack_s_back(deployed, hpctl):
     boto3.client("sagemaker", region_name=deployed.region).delete_cluster(ClusterName=deployed.cluster)
     code, _, err = hpctl("status")
-    assert (code, err) == (2, f"error: cluster {deployed.cluster} named by the stack does not exist in us-west-2: "
-                              "was it deleted outside CloudFormation? `make deploy` recreates it\n")
+    assert (code, err) == (
+        2,
+        f"error: cluster {deployed.cluster} named by the stack does not exist in us-west-2: "
+        "was it deleted outside CloudFormation? `make deploy` recreates it\n",
+    )

@@ -13,9 +13,11 @@ from hpctl.errors import HpctlError
 from hpctl.submit import SubmitOptions, remote_command, resolve_run_config
 
 FACTS = {"payloads_dir": "/fsx/payloads", "default_user": "ubuntu"}
-REMOTE = ('cd "${HPL_PAYLOADS_DIR:-/fsx/payloads}" && '
-          'python3 -m lora_pipeline.submit --config configs/tiny.toml --from train --dry-run; '
-          'echo "hpctl-remote-exit=$?"')
+REMOTE = (
+    'cd "${HPL_PAYLOADS_DIR:-/fsx/payloads}" && '
+    "python3 -m llm_pipeline.submit --config configs/tiny.toml --from train --dry-run; "
+    'echo "hpctl-remote-exit=$?"'
+)
 
 
 @pytest.mark.parametrize("value", ["tiny", "tiny.toml", "configs/tiny.toml", "payloads/configs/tiny.toml"])
@@ -31,8 +33,11 @@ def test_run_config_absolute_path(project):
 def test_run_config_outside_payloads_configs_cannot_reach_the_cluster(project, tmp_path):
     stray = tmp_path / "mine.toml"
     stray.write_text("")
-    with pytest.raises(HpctlError, match=r"^run config .*mine.toml is not in payloads/configs/: only that folder "
-                                         r"reaches the cluster; copy it there and deploy \(`make deploy`\)$"):
+    with pytest.raises(
+        HpctlError,
+        match=r"^run config .*mine.toml is not in payloads/configs/: only that folder "
+        r"reaches the cluster; copy it there and deploy \(`make deploy`\)$",
+    ):
         resolve_run_config(str(stray), project_root=project)
 
 
@@ -55,24 +60,30 @@ def test_payloads_dir_must_be_a_plain_path():
 def test_remote_script_runs_in_the_payloads_folder(tmp_path):
     """Run the script part with bash for real: it must find the payloads folder, pass the options, report $?."""
     payloads = tmp_path / "payloads"
-    (payloads / "lora_pipeline").mkdir(parents=True)
-    (payloads / "lora_pipeline" / "__init__.py").write_text("")
-    (payloads / "lora_pipeline" / "submit.py").write_text(
-        "import os, sys\nprint('cwd', os.getcwd())\nprint('args', *sys.argv[1:])\nsys.exit(3)\n")
+    (payloads / "llm_pipeline").mkdir(parents=True)
+    (payloads / "llm_pipeline" / "__init__.py").write_text("")
+    (payloads / "llm_pipeline" / "submit.py").write_text(
+        "import os, sys\nprint('cwd', os.getcwd())\nprint('args', *sys.argv[1:])\nsys.exit(3)\n"
+    )
     facts = {**FACTS, "payloads_dir": str(payloads)}
     script = shlex.split(remote_command(SubmitOptions(config="configs/x.toml"), facts=facts))[-1]
     env = {"PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin"}
     for label, extra in (("facts default", {}), ("HPL_PAYLOADS_DIR", {"HPL_PAYLOADS_DIR": str(payloads)})):
-        result = subprocess.run(["bash", "-c", script], env={**env, **extra}, capture_output=True, text=True,
-                                timeout=60)
+        result = subprocess.run(
+            ["bash", "-c", script], env={**env, **extra}, capture_output=True, text=True, timeout=60
+        )
         expected = [f"cwd {payloads}", "args --config configs/x.toml", "hpctl-remote-exit=3"]
         assert result.stdout.splitlines() == expected, label
 
 
 def test_submit_through_an_ssm_session(deployed, session_tools, hpctl):
     session_tools.replay_session(
-        "submitted download job 101", "submitted data job 102", "submitted train job 103",
-        "logs: /fsx/outputs/tiny/logs", "hpctl-remote-exit=0")
+        "submitted download job 101",
+        "submitted data job 102",
+        "submitted train job 103",
+        "logs: /fsx/outputs/tiny/logs",
+        "hpctl-remote-exit=0",
+    )
     code, out, err = hpctl("submit", "--config", "tiny", "--from", "download")
     assert code == 0, err
     argv = session_tools.calls()
@@ -81,7 +92,7 @@ def test_submit_through_an_ssm_session(deployed, session_tools, hpctl):
     assert argv[7:9] == ["AWS-StartNonInteractiveCommand", "--parameters"]
     command = json.loads(argv[9])["command"]
     assert len(command) == 1 and shlex.split(command[0])[:7] == ["sudo", "-n", "-u", "ubuntu", "-H", "bash", "-lc"]
-    assert "python3 -m lora_pipeline.submit --config configs/tiny.toml --from download;" in command[0]
+    assert "python3 -m llm_pipeline.submit --config configs/tiny.toml --from download;" in command[0]
     assert "logs: /fsx/outputs/tiny/logs" in out and "hpctl-remote-exit" not in out
     jobs = out.split("submitted jobs:\n")[1].splitlines()[:3]
     assert jobs == ["  download  101", "  data      102", "  train     103"]
@@ -94,13 +105,23 @@ def test_dry_run_prints_and_needs_no_job_ids(deployed, session_tools, hpctl):
     assert "--dry-run" in json.loads(session_tools.calls()[9])["command"][0]
 
 
-@pytest.mark.parametrize(("lines", "message"), [
-    (["Traceback ...", "ConfigError: [train] epochs must be > 0", "hpctl-remote-exit=1"],
-     "error: the submit command failed on the controller (exit 1): see its output above\n"),
-    (["sbatch: error: Batch job submission failed"],
-     "error: the session ended before the submit command finished (aws exit 0): see the output above\n"),
-    (["nothing to do", "hpctl-remote-exit=0"], "error: the submit command printed no job ids: see its output above\n"),
-])
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (
+            ["Traceback ...", "ConfigError: [train] epochs must be > 0", "hpctl-remote-exit=1"],
+            "error: the submit command failed on the controller (exit 1): see its output above\n",
+        ),
+        (
+            ["sbatch: error: Batch job submission failed"],
+            "error: the session ended before the submit command finished (aws exit 0): see the output above\n",
+        ),
+        (
+            ["nothing to do", "hpctl-remote-exit=0"],
+            "error: the submit command printed no job ids: see its output above\n",
+        ),
+    ],
+)
 def test_remote_failures(deployed, session_tools, hpctl, lines, message):
     session_tools.replay_session(*lines)
     code, out, err = hpctl("submit", "--config", "tiny")
@@ -112,16 +133,26 @@ def test_session_refused(deployed, session_tools, hpctl, monkeypatch):
     monkeypatch.setenv("HPCTL_TEST_RC", "254")  # e.g. TargetNotConnected: aws prints to stderr and exits
     code, _, err = hpctl("submit", "--config", "tiny")
     assert code == 2
-    assert err.endswith("error: the session ended before the submit command finished (aws exit 254): "
-                        "see the output above\n")
+    assert err.endswith(
+        "error: the session ended before the submit command finished (aws exit 254): see the output above\n"
+    )
 
 
-@pytest.mark.parametrize(("name", "expected"), [
-    ("tiny", "payloads/configs/tiny.toml differs from its deployed copy s3://{bucket}/payloads/configs/tiny.toml: "
-             "run `make deploy` so the cluster sees your edits"),
-    ("new", "payloads/configs/new.toml is not deployed yet (no s3://{bucket}/payloads/configs/new.toml): "
-            "run `make deploy` first"),
-])
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (
+            "tiny",
+            "payloads/configs/tiny.toml differs from its deployed copy s3://{bucket}/payloads/configs/tiny.toml: "
+            "run `make deploy` so the cluster sees your edits",
+        ),
+        (
+            "new",
+            "payloads/configs/new.toml is not deployed yet (no s3://{bucket}/payloads/configs/new.toml): "
+            "run `make deploy` first",
+        ),
+    ],
+)
 def test_local_config_must_match_the_deployed_copy(deployed, session_tools, hpctl, project, name, expected):
     (project / f"payloads/configs/{name}.toml").write_text('[model]\nid = "edited"\n')
     code, _, err = hpctl("submit", "--config", name)
@@ -140,7 +171,9 @@ def test_cluster_must_be_in_service(deployed, session_tools, hpctl):
     deployed.set_cluster(status="Creating")
     code, _, err = hpctl("submit", "--config", "tiny")
     assert (code, err) == (
-        2, f"error: cluster {deployed.cluster} is Creating: `hpctl wait` follows it until it is in service\n")
+        2,
+        f"error: cluster {deployed.cluster} is Creating: `hpctl wait` follows it until it is in service\n",
+    )
 
 
 def test_plugin_missing_stops_before_any_aws_call(aws_env, project, session_tools, hpctl):
@@ -152,7 +185,8 @@ def test_plugin_missing_stops_before_any_aws_call(aws_env, project, session_tool
 def test_facts_choose_user_and_folder(deployed, session_tools, hpctl):
     facts = {"payloads_dir": "/lustre/payloads", "default_user": "trainer"}
     boto3.client("s3", region_name=deployed.region).put_object(
-        Bucket=deployed.bucket, Key="lifecycle/cluster-facts.json", Body=json.dumps(facts).encode())
+        Bucket=deployed.bucket, Key="lifecycle/cluster-facts.json", Body=json.dumps(facts).encode()
+    )
     session_tools.replay_session("submitted train job 7", "hpctl-remote-exit=0")
     assert hpctl("submit", "--config", "tiny")[0] == 0
     words = shlex.split(json.loads(session_tools.calls()[9])["command"][0])

@@ -24,7 +24,8 @@ def test_follows_a_creating_cluster_until_in_service(deployed, capsys):
     assert cluster.status == "InService" and polls == [30, 30]
     progress = [line.split("] ", 1)[1] for line in capsys.readouterr().out.splitlines()]
     assert progress == [f"cluster {deployed.cluster} Creating (nodes controller 1/1, compute 1/1)"] * 2 + [
-        f"cluster {deployed.cluster} InService (nodes controller 1/1, compute 1/1)"]
+        f"cluster {deployed.cluster} InService (nodes controller 1/1, compute 1/1)"
+    ]
 
 
 def test_follows_the_deploy_before_the_cluster_is_named(bare_stack, capsys):
@@ -33,8 +34,9 @@ def test_follows_the_deploy_before_the_cluster_is_named(bare_stack, capsys):
     def sleep(seconds):  # the deploy finishes: outputs appear, naming a cluster that is in service
         bare_stack.finish_deploy()
 
-    cluster = wait_in_service(boto3.Session(region_name="us-west-2"), "HplTestStack", timeout_s=600,
-                              interval_s=30, sleep=sleep)
+    cluster = wait_in_service(
+        boto3.Session(region_name="us-west-2"), "HplTestStack", timeout_s=600, interval_s=30, sleep=sleep
+    )
     assert cluster.status == "InService"
     out = capsys.readouterr().out
     assert "stack HplTestStack CREATE_IN_PROGRESS (the cluster is named once the deploy finishes)" in out
@@ -50,12 +52,14 @@ def test_waits_for_a_deploy_that_has_not_created_the_stack_yet(bare_stack, capsy
         if len(polls) == 3:
             bare_stack.finish_deploy()
 
-    cluster = wait_in_service(boto3.Session(region_name="us-west-2"), "HplTestStack", timeout_s=600,
-                              interval_s=30, sleep=sleep)
+    cluster = wait_in_service(
+        boto3.Session(region_name="us-west-2"), "HplTestStack", timeout_s=600, interval_s=30, sleep=sleep
+    )
     assert cluster.status == "InService"
     progress = [line.split("] ", 1)[1] for line in capsys.readouterr().out.splitlines()]
     assert progress[:3] == ["stack HplTestStack not created yet in us-west-2"] * 2 + [
-        "stack HplTestStack CREATE_IN_PROGRESS (the cluster is named once the deploy finishes)"]
+        "stack HplTestStack CREATE_IN_PROGRESS (the cluster is named once the deploy finishes)"
+    ]
 
 
 def test_wrong_region_times_out_naming_the_region(deployed, hpctl):
@@ -83,8 +87,10 @@ def test_gives_up_after_the_timeout(deployed):
 def test_in_service_at_once(deployed, hpctl):
     code, out, _ = hpctl("wait")
     assert code == 0
-    assert out.splitlines()[-1] == \
-        f"cluster {deployed.cluster} is in service: `hpctl shell` opens a shell on the controller"
+    assert (
+        out.splitlines()[-1]
+        == f"cluster {deployed.cluster} is in service: `hpctl shell` opens a shell on the controller"
+    )
 
 
 def test_interval_and_timeout_must_be_positive(deployed, hpctl, capsys):

@@ -44,8 +44,8 @@ def test_context_holds_only_what_the_build_needs(tmp_path):
 
 def test_payload_code_changes_keep_the_image_hash(payloads_copy, tmp_path):
     before, _ = stage(payloads_copy, tmp_path / "before")
-    (payloads_copy / "lora_pipeline").mkdir(exist_ok=True)
-    (payloads_copy / "lora_pipeline" / "added_step.py").write_text("print('new step')\n")
+    (payloads_copy / "llm_pipeline").mkdir(exist_ok=True)
+    (payloads_copy / "llm_pipeline" / "added_step.py").write_text("print('new step')\n")
     (payloads_copy / "slurm").mkdir(exist_ok=True)
     (payloads_copy / "slurm" / "extra.sbatch").write_text("#!/bin/bash\n")
     (payloads_copy / "image" / "__pycache__").mkdir()

@@ -87,7 +87,9 @@ def test_base_torch_matches_the_torch_neuronx_pin(instructions, pins):
 
 def test_labels_name_the_sdk_line_and_base(instructions):
     _, image, tag = from_image(instructions)
-    labels = dict(shlex.split(pair)[0].split("=", 1) for pair in re.findall(r'\S+="[^"]*"', only(instructions, "LABEL")))
+    labels = dict(
+        shlex.split(pair)[0].split("=", 1) for pair in re.findall(r'\S+="[^"]*"', only(instructions, "LABEL"))
+    )
     assert labels["com.amazonaws.neuron.sdk.version"] == TAG.match(tag)["sdk"]
     assert labels["org.opencontainers.image.base.name"] == f"{image}:{tag}"
 
@@ -117,7 +119,10 @@ def test_build_ends_with_the_smoke_check_against_the_same_file(instructions):
     last_name, last_arguments = instructions[-1]
     assert last_name == "RUN"
     check = shlex.split(last_arguments.split("&&")[0])
-    assert check[:2] == ["python3", copied_requirements_path(instructions).replace("requirements-cluster.txt", "verify_env.py")]
+    assert check[:2] == [
+        "python3",
+        copied_requirements_path(instructions).replace("requirements-cluster.txt", "verify_env.py"),
+    ]
     assert check[2:] == [copied_requirements_path(instructions)]
 
 

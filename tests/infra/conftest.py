@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -19,19 +20,23 @@ import pytest
 # toolchain notes) and only buries test output. Must be set before aws_cdk is first imported.
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
-from aws_cdk import CfnResource  # noqa: E402
+from aws_cdk import CfnResource
 
-from stacks.build import REPO_ROOT, build_app  # noqa: E402
-from stacks.config import OFFLINE_ACCOUNT, HyperPodConfig  # noqa: E402
-from stacks.uploads import CACHE_EXCLUDES  # noqa: E402
+from stacks.build import REPO_ROOT, build_app
+from stacks.config import OFFLINE_ACCOUNT, HyperPodConfig
+from stacks.uploads import CACHE_EXCLUDES
 
 SOURCE_FOLDERS = ("lifecycle", "payloads")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     # Honoured when tests/infra is named on the command line (as `make snapshot-update` does).
-    parser.addoption("--snapshot-update", action="store_true", default=False,
-                     help="rewrite tests/infra/__snapshots__ from the current synth instead of comparing")
+    parser.addoption(
+        "--snapshot-update",
+        action="store_true",
+        default=False,
+        help="rewrite tests/infra/__snapshots__ from the current synth instead of comparing",
+    )
 
 
 @dataclass(frozen=True)
@@ -57,8 +62,11 @@ class Synth:
 
     def cfn_ids_under(self, construct: Any, kind: str | None = None) -> set[str]:
         """Logical ids of the CloudFormation resources inside ``construct`` (optionally of one type)."""
-        return {self.logical_id(c) for c in construct.node.find_all()
-                if isinstance(c, CfnResource) and kind in (None, c.cfn_resource_type)}
+        return {
+            self.logical_id(c)
+            for c in construct.node.find_all()
+            if isinstance(c, CfnResource) and kind in (None, c.cfn_resource_type)
+        }
 
     def assets_manifest(self) -> dict[str, Any]:
         return json.loads((self.outdir / f"{self.config.stack_name}.assets.json").read_text())

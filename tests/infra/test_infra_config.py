@@ -11,17 +11,32 @@ import sys
 import pytest
 
 from stacks.build import REPO_ROOT
-from stacks.config import (NEURON_CORES_PER_INSTANCE, OFFLINE_ACCOUNT, ConfigError, HyperPodConfig,
-                           cluster_facts)
+from stacks.config import NEURON_CORES_PER_INSTANCE, OFFLINE_ACCOUNT, ConfigError, HyperPodConfig, cluster_facts
 
 pytestmark = pytest.mark.xdist_group("infra")
 
 CDK_JSON = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
 # The cluster-facts.json contract between the stack and the lifecycle script (project brief).
 FACT_KEYS = {
-    "cluster_name", "region", "bucket", "image_uri", "fsx_mount_path", "payloads_dir", "datasets_dir",
-    "outputs_dir", "models_dir", "compile_cache_dir", "images_dir", "scratch_dir", "controller_group",
-    "login_group", "compute_group", "partition", "default_user", "devices_per_node", "compute_instance_type",
+    "cluster_name",
+    "region",
+    "bucket",
+    "image_uri",
+    "fsx_mount_path",
+    "payloads_dir",
+    "datasets_dir",
+    "outputs_dir",
+    "models_dir",
+    "compile_cache_dir",
+    "images_dir",
+    "scratch_dir",
+    "controller_group",
+    "login_group",
+    "compute_group",
+    "partition",
+    "default_user",
+    "devices_per_node",
+    "compute_instance_type",
     "runtime",
 }
 
@@ -60,8 +75,9 @@ def test_account_auto_follows_the_credentials():
     assert config.bucket_name == "sagemaker-hyperpod-lora-210987654321-us-west-2"
 
 
-@pytest.mark.parametrize(("raw", "expected"), [("true", True), ("False", False), ("1", True), ("no", False),
-                                               (True, True)])
+@pytest.mark.parametrize(
+    ("raw", "expected"), [("true", True), ("False", False), ("1", True), ("no", False), (True, True)]
+)
 def test_booleans_from_the_command_line(raw, expected):
     assert parse(retain_outputs=raw).retain_outputs is expected
 
@@ -116,8 +132,11 @@ def test_bad_value_names_key_value_and_what_is_allowed(key, value, allowed):
 
 
 def test_unknown_key_is_a_typo_with_a_suggestion():
-    with pytest.raises(ConfigError, match=r"unknown config key 'compute_instance_typ' \(did you mean "
-                                          r"'compute_instance_type'\?\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown config key 'compute_instance_typ' \(did you mean "
+        r"'compute_instance_type'\?\)",
+    ):
         parse(compute_instance_typ="ml.trn1.2xlarge")
 
 
@@ -153,12 +172,18 @@ def test_devices_per_instance_type():
 
 def test_app_prints_a_clean_error_and_exits_2(tmp_path):
     """What `cdk synth -c fsx_throughput_mibps_per_tib=333` shows: one line, no traceback."""
-    env = {**os.environ, "CDK_OUTDIR": str(tmp_path),
-           "CDK_CONTEXT_JSON": json.dumps({**CDK_JSON, "fsx_throughput_mibps_per_tib": "333"})}
-    result = subprocess.run([sys.executable, "app.py"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                            timeout=300)
+    env = {
+        **os.environ,
+        "CDK_OUTDIR": str(tmp_path),
+        "CDK_CONTEXT_JSON": json.dumps({**CDK_JSON, "fsx_throughput_mibps_per_tib": "333"}),
+    }
+    result = subprocess.run(
+        [sys.executable, "app.py"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert errors == ["error: config key 'fsx_throughput_mibps_per_tib' has value 333; allowed: one of 125, 250, "
-                      "500, 1000. Fix it in cdk.json (context) or pass -c fsx_throughput_mibps_per_tib=<value>."]
+    assert errors == [
+        "error: config key 'fsx_throughput_mibps_per_tib' has value 333; allowed: one of 125, 250, "
+        "500, 1000. Fix it in cdk.json (context) or pass -c fsx_throughput_mibps_per_tib=<value>."
+    ]

@@ -12,11 +12,19 @@ def data_bucket_id(synth) -> str:
 
 
 def test_default_destroy_leaves_nothing(synth):
-    kept = {i: r.get("DeletionPolicy") for i, r in synth.template["Resources"].items()
-            if r.get("DeletionPolicy", "Delete") != "Delete" or r.get("UpdateReplacePolicy", "Delete") != "Delete"}
+    kept = {
+        i: r.get("DeletionPolicy")
+        for i, r in synth.template["Resources"].items()
+        if r.get("DeletionPolicy", "Delete") != "Delete" or r.get("UpdateReplacePolicy", "Delete") != "Delete"
+    }
     assert kept == {}
-    for kind in ("AWS::SageMaker::Cluster", "AWS::FSx::FileSystem", "AWS::FSx::DataRepositoryAssociation",
-                 "AWS::S3::Bucket", "AWS::Logs::LogGroup"):
+    for kind in (
+        "AWS::SageMaker::Cluster",
+        "AWS::FSx::FileSystem",
+        "AWS::FSx::DataRepositoryAssociation",
+        "AWS::S3::Bucket",
+        "AWS::Logs::LogGroup",
+    ):
         assert all(r.get("DeletionPolicy") == "Delete" for r in synth.resources(kind).values()), kind
 
 
@@ -38,5 +46,5 @@ def test_retain_outputs_keeps_the_data_bucket_and_its_objects(synth_variant):
     assert (bucket["DeletionPolicy"], bucket["UpdateReplacePolicy"]) == ("Retain", "Retain")
     assert synth_variant.resources("Custom::S3AutoDeleteObjects") == {}
     for kind in ("AWS::SageMaker::Cluster", "AWS::FSx::FileSystem", "AWS::EC2::VPC"):
-        (_, resource), = synth_variant.resources(kind).items()
+        ((_, resource),) = synth_variant.resources(kind).items()
         assert resource.get("DeletionPolicy", "Delete") == "Delete", kind

@@ -12,7 +12,7 @@ import pytest
 from stacks.build import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "tools"))
-import diagram  # noqa: E402
+import diagram
 
 pytestmark = pytest.mark.xdist_group("infra")
 COMMITTED = REPO_ROOT / "docs" / "architecture.dot"
@@ -27,7 +27,9 @@ def test_diagram_shows_cluster_fsx_bucket_and_links(synth) -> None:
     dot = diagram.to_dot(diagram.load_templates(synth.outdir))
     cluster_id, _ = synth.one("AWS::SageMaker::Cluster")
     fsx_id, _ = synth.one("AWS::FSx::FileSystem")
-    private_subnet = [i for i, r in synth.resources("AWS::EC2::Subnet").items() if not r["Properties"].get("MapPublicIpOnLaunch")]
+    private_subnet = [
+        i for i, r in synth.resources("AWS::EC2::Subnet").items() if not r["Properties"].get("MapPublicIpOnLaunch")
+    ]
     assert "SageMaker HyperPod cluster" in dot and "ml.trn1.32xlarge" in dot
     assert "FSx for Lustre" in dot and "S3 bucket" in dot and "ECR training image" in dot
     # The cluster and FSx sit inside the private subnet's box; every data repository association is drawn.
@@ -39,8 +41,11 @@ def test_diagram_shows_cluster_fsx_bucket_and_links(synth) -> None:
 
 def test_diagram_renders_to_svg(synth, tmp_path: Path) -> None:
     assert shutil.which("dot"), "Graphviz `dot` is missing: apt-get install graphviz (.ci/run does)"
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "diagram.py"), str(synth.outdir), str(tmp_path / "arch")],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tools" / "diagram.py"), str(synth.outdir), str(tmp_path / "arch")],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     svg = (tmp_path / "arch.svg").read_text()
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg

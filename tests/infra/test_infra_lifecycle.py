@@ -57,11 +57,14 @@ def test_generated_facts_hold_the_config_and_the_image_uri(synth):
     assert "container-assets" in json.dumps(markers[marker])
 
 
-@pytest.mark.parametrize(("layout", "message"), [
-    ({}, f"{LIFECYCLE_SCRIPT} is missing"),
-    ({LIFECYCLE_SCRIPT: "", f"sub/{LEGACY_PROVISIONING_FILE}": "{}"}, "HyperPod rejects it"),
-    ({LIFECYCLE_SCRIPT: "", CLUSTER_FACTS_FILE: "{}"}, "the stack generates it"),
-])
+@pytest.mark.parametrize(
+    ("layout", "message"),
+    [
+        ({}, f"{LIFECYCLE_SCRIPT} is missing"),
+        ({LIFECYCLE_SCRIPT: "", f"sub/{LEGACY_PROVISIONING_FILE}": "{}"}, "HyperPod rejects it"),
+        ({LIFECYCLE_SCRIPT: "", CLUSTER_FACTS_FILE: "{}"}, "the stack generates it"),
+    ],
+)
 def test_bad_lifecycle_layouts_stop_synth(tmp_path, layout, message):
     for name, content in layout.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

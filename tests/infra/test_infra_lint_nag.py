@@ -86,5 +86,6 @@ def test_every_acknowledgment_is_used_and_explained(synth):
     reasons = list(recorded.values())
     assert all(len(reason) >= 60 for reason in reasons), "a reason says why, for this app"
     assert len(set(reasons)) == len(reasons), "no copy-pasted reasons"
-    assert not any(rule_id == PLUGIN_PREFIX + "AwsSolutions-IAM5" for _, rule_id in recorded), \
+    assert not any(rule_id == PLUGIN_PREFIX + "AwsSolutions-IAM5" for _, rule_id in recorded), (
         "IAM5 acknowledgments name the exact wildcard"
+    )

@@ -11,7 +11,7 @@ from stacks.image import TrainingImage
 
 pytestmark = pytest.mark.xdist_group("infra")
 
-PAYLOAD_FILE = Path("payloads/lora_pipeline/config.py")
+PAYLOAD_FILE = Path("payloads/llm_pipeline/config.py")
 
 
 def changed_resources(before: dict, after: dict) -> set[str]:
@@ -39,9 +39,9 @@ def image_hash(context_dir: Path) -> str:
 def test_image_hash_ignores_payload_code_but_tracks_the_image_inputs(sources_copy):
     payloads = sources_copy / "payloads"
     original = image_hash(payloads)
-    for path in (payloads / "lora_pipeline").rglob("*.py"):
+    for path in (payloads / "llm_pipeline").rglob("*.py"):
         path.write_text(path.read_text() + "\n# edited\n")
-    (payloads / "lora_pipeline" / "new_step.py").write_text("print('new')\n")
+    (payloads / "llm_pipeline" / "new_step.py").write_text("print('new')\n")
     assert image_hash(payloads) == original
     pins = payloads / "requirements-cluster.txt"
     pins.write_text(pins.read_text() + "\n# a pin change rebuilds the image\n")
@@ -53,8 +53,14 @@ def test_payload_upload_skips_image_inputs_tests_and_caches(synth):
     (key,) = synth.template["Resources"][deployment]["Properties"]["SourceObjectKeys"]
     staged = synth.outdir / f"asset.{key.removesuffix('.zip')}"
     names = {p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file()}
-    assert "lora_pipeline/config.py" in names and "requirements-cluster.txt" in names
-    unwanted = [n for n in names if n in {"Dockerfile", ".dockerignore"} or n.startswith(("image/", "tests/"))
-                or "__pycache__" in n or n.endswith(".pyc")]
+    assert "llm_pipeline/config.py" in names and "requirements-cluster.txt" in names
+    unwanted = [
+        n
+        for n in names
+        if n in {"Dockerfile", ".dockerignore"}
+        or n.startswith(("image/", "tests/"))
+        or "__pycache__" in n
+        or n.endswith(".pyc")
+    ]
     assert unwanted == []
     assert synth.template["Resources"][deployment]["Properties"]["DestinationBucketKeyPrefix"] == "payloads/"

@@ -7,12 +7,25 @@ import json
 
 import pytest
 
-from stacks.config import (COMPUTE_GROUP, CONTROLLER_GROUP, FSX_MOUNT_PATH, LIFECYCLE_SCRIPT, LOGIN_GROUP)
+from stacks.config import COMPUTE_GROUP, CONTROLLER_GROUP, FSX_MOUNT_PATH, LIFECYCLE_SCRIPT, LOGIN_GROUP
 
 pytestmark = pytest.mark.xdist_group("infra")
 
-OUTPUT_IDS = ["ClusterName", "ClusterArn", "ClusterId", "BucketName", "FsxFileSystemId", "FsxDnsName",
-              "FsxMountName", "ImageUri", "Region", "ControllerGroup", "ComputeGroup", "ShellCommand", "SubmitCommand"]
+OUTPUT_IDS = [
+    "ClusterName",
+    "ClusterArn",
+    "ClusterId",
+    "BucketName",
+    "FsxFileSystemId",
+    "FsxDnsName",
+    "FsxMountName",
+    "ImageUri",
+    "Region",
+    "ControllerGroup",
+    "ComputeGroup",
+    "ShellCommand",
+    "SubmitCommand",
+]
 
 
 def getatt(logical_id: str, attribute: str) -> dict:
@@ -45,8 +58,10 @@ def test_security_group_allows_all_traffic_to_and_from_itself_as_explicit_rules(
     ingress = [r["Properties"] for r in synth.resources("AWS::EC2::SecurityGroupIngress").values()]
     egress = [r["Properties"] for r in synth.resources("AWS::EC2::SecurityGroupEgress").values()]
     assert {"GroupId": self_ref, "SourceSecurityGroupId": self_ref, "IpProtocol": "-1"}.items() <= ingress[0].items()
-    assert any({"GroupId": self_ref, "DestinationSecurityGroupId": self_ref, "IpProtocol": "-1"}.items()
-               <= rule.items() for rule in egress)
+    assert any(
+        {"GroupId": self_ref, "DestinationSecurityGroupId": self_ref, "IpProtocol": "-1"}.items() <= rule.items()
+        for rule in egress
+    )
     assert not group["Properties"].get("SecurityGroupIngress"), "no inline ingress: only the self rule"
 
 
@@ -55,29 +70,44 @@ def test_bucket_is_named_for_sagemaker_private_encrypted_versioned_logged_and_tl
     props = synth.template["Resources"][bucket_id]["Properties"]
     assert props["BucketName"] == synth.config.bucket_name and props["BucketName"].startswith("sagemaker-")
     assert props["PublicAccessBlockConfiguration"] == {
-        "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True, "RestrictPublicBuckets": True}
+        "BlockPublicAcls": True,
+        "BlockPublicPolicy": True,
+        "IgnorePublicAcls": True,
+        "RestrictPublicBuckets": True,
+    }
     assert props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]["ServerSideEncryptionByDefault"] == {
-        "SSEAlgorithm": "AES256"}
+        "SSEAlgorithm": "AES256"
+    }
     assert props["VersioningConfiguration"] == {"Status": "Enabled"}
     logs_id = synth.logical_id(synth.stack.data.access_logs.node.default_child)
     assert props["LoggingConfiguration"]["DestinationBucketName"] == ref(logs_id)
-    policies = [p["Properties"] for p in synth.resources("AWS::S3::BucketPolicy").values()
-                if p["Properties"]["Bucket"] == ref(bucket_id)]
+    policies = [
+        p["Properties"]
+        for p in synth.resources("AWS::S3::BucketPolicy").values()
+        if p["Properties"]["Bucket"] == ref(bucket_id)
+    ]
     statements = policies[0]["PolicyDocument"]["Statement"]
-    assert any(s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
-               for s in statements)
+    assert any(
+        s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}} for s in statements
+    )
 
 
 def test_fsx_is_persistent_2_lustre_2_15_lz4_in_the_private_subnet_after_the_group_rules(synth):
     fs_id, fs = synth.one("AWS::FSx::FileSystem")
     props = fs["Properties"]
-    assert (props["FileSystemType"], props["FileSystemTypeVersion"], props["StorageCapacity"]) == ("LUSTRE", "2.15", 1200)
+    assert (props["FileSystemType"], props["FileSystemTypeVersion"], props["StorageCapacity"]) == (
+        "LUSTRE",
+        "2.15",
+        1200,
+    )
     lustre = props["LustreConfiguration"]
     assert (lustre["DeploymentType"], lustre["DataCompressionType"]) == ("PERSISTENT_2", "LZ4")
     assert lustre["PerUnitStorageThroughput"] == synth.config.fsx_throughput_mibps_per_tib
     private = synth.logical_id(synth.stack.network.private_subnet.node.default_child)
     assert props["SubnetIds"] == [ref(private)]
-    rules = set(synth.resources("AWS::EC2::SecurityGroupIngress")) | set(synth.resources("AWS::EC2::SecurityGroupEgress"))
+    rules = set(synth.resources("AWS::EC2::SecurityGroupIngress")) | set(
+        synth.resources("AWS::EC2::SecurityGroupEgress")
+    )
     assert rules <= set(fs["DependsOn"])
 
 
@@ -89,10 +119,15 @@ def test_repository_links_import_payloads_and_datasets_and_sync_outputs_both_way
         props = link["Properties"]
         assert props["FileSystemId"] == ref(fs_id)
         assert bucket_id in link["DependsOn"], "the bucket (and its auto-delete) goes only after the link"
-        assert props["DataRepositoryPath"] == {"Fn::Join": ["", ["s3://", ref(bucket_id), f"{props['FileSystemPath']}/"]]}
+        assert props["DataRepositoryPath"] == {
+            "Fn::Join": ["", ["s3://", ref(bucket_id), f"{props['FileSystemPath']}/"]]
+        }
         links[props["FileSystemPath"]] = sorted(props["S3"])
-    assert links == {"/payloads": ["AutoImportPolicy"], "/datasets": ["AutoImportPolicy"],
-                     "/outputs": ["AutoExportPolicy", "AutoImportPolicy"]}
+    assert links == {
+        "/payloads": ["AutoImportPolicy"],
+        "/datasets": ["AutoImportPolicy"],
+        "/outputs": ["AutoExportPolicy", "AutoImportPolicy"],
+    }
 
 
 def test_training_image_is_an_asset_from_payloads_dockerfile(synth):
@@ -102,14 +137,15 @@ def test_training_image_is_an_asset_from_payloads_dockerfile(synth):
     assert image["source"]["dockerFile"] == "Dockerfile" and image["source"]["platform"] == "linux/amd64"
     staged = synth.outdir / image["source"]["directory"]
     assert (staged / "Dockerfile").is_file()
-    assert not (staged / "lora_pipeline").exists(), "payload code stays out of the image build context"
+    assert not (staged / "llm_pipeline").exists(), "payload code stays out of the image build context"
 
 
 def test_cluster_role_is_for_sagemaker_with_the_managed_policy_and_scoped_access(synth):
     role_id = synth.logical_id(synth.stack.role.role.node.default_child)
     role = synth.template["Resources"][role_id]["Properties"]
     assert role["AssumeRolePolicyDocument"]["Statement"] == [
-        {"Action": "sts:AssumeRole", "Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}}]
+        {"Action": "sts:AssumeRole", "Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}}
+    ]
     assert json.dumps(role["ManagedPolicyArns"]).count("AmazonSageMakerClusterInstanceRolePolicy") == 1
     policy_id = synth.logical_id(synth.stack.role.policy.node.default_child)
     policy = synth.template["Resources"][policy_id]["Properties"]
@@ -129,8 +165,11 @@ def test_role_can_pull_exactly_the_training_image_repository(synth):
     policy_id = synth.logical_id(synth.stack.role.policy.node.default_child)
     statements = synth.template["Resources"][policy_id]["Properties"]["PolicyDocument"]["Statement"]
     pull = next(s for s in statements if s["Sid"] == "PullTrainingImage")
-    assert sorted(pull["Action"]) == ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage",
-                                      "ecr:GetDownloadUrlForLayer"]
+    assert sorted(pull["Action"]) == [
+        "ecr:BatchCheckLayerAvailability",
+        "ecr:BatchGetImage",
+        "ecr:GetDownloadUrlForLayer",
+    ]
     assert pull["Resource"].endswith(f":repository/{destination['repositoryName']}")
     assert destination["imageTag"] in json.dumps(synth.template["Outputs"]["ImageUri"])
 
@@ -151,14 +190,23 @@ def test_cluster_is_api_driven_slurm_with_controller_and_trainium_compute(synth)
     assert (compute["InstanceType"], compute["InstanceCount"], compute["ThreadsPerCore"]) == ("ml.trn1.32xlarge", 1, 1)
     assert {"EbsVolumeConfig": {"VolumeSizeInGB": config.compute_ebs_volume_gb}} in compute["InstanceStorageConfigs"]
     fs_id, _ = synth.one("AWS::FSx::FileSystem")
-    fsx = {"FsxLustreConfig": {"DnsName": getatt(fs_id, "DNSName"), "MountName": getatt(fs_id, "LustreMountName"),
-                               "MountPath": FSX_MOUNT_PATH}}
+    fsx = {
+        "FsxLustreConfig": {
+            "DnsName": getatt(fs_id, "DNSName"),
+            "MountName": getatt(fs_id, "LustreMountName"),
+            "MountPath": FSX_MOUNT_PATH,
+        }
+    }
     for group in groups.values():
         assert fsx in group["InstanceStorageConfigs"]
-        assert group["LifeCycleConfig"] == {"SourceS3Uri": f"s3://{config.bucket_name}/lifecycle/",
-                                            "OnInitComplete": LIFECYCLE_SCRIPT}
+        assert group["LifeCycleConfig"] == {
+            "SourceS3Uri": f"s3://{config.bucket_name}/lifecycle/",
+            "OnInitComplete": LIFECYCLE_SCRIPT,
+        }
         assert group["ExecutionRole"] == getatt(synth.logical_id(synth.stack.role.role.node.default_child), "Arn")
-    assert props["VpcConfig"]["Subnets"] == [ref(synth.logical_id(synth.stack.network.private_subnet.node.default_child))]
+    assert props["VpcConfig"]["Subnets"] == [
+        ref(synth.logical_id(synth.stack.network.private_subnet.node.default_child))
+    ]
 
 
 def test_cluster_waits_for_lifecycle_upload_role_policies_links_and_nat(synth):
@@ -193,8 +241,7 @@ def test_outputs_have_the_contract_ids_and_next_commands(synth):
     assert outputs["ClusterName"]["Value"] == config.cluster_name
     assert outputs["ControllerGroup"]["Value"] == CONTROLLER_GROUP and outputs["ComputeGroup"]["Value"] == COMPUTE_GROUP
     cluster_id, _ = synth.one("AWS::SageMaker::Cluster")
-    assert outputs["ClusterId"]["Value"] == {
-        "Fn::Select": [1, {"Fn::Split": ["/", getatt(cluster_id, "ClusterArn")]}]}
+    assert outputs["ClusterId"]["Value"] == {"Fn::Select": [1, {"Fn::Split": ["/", getatt(cluster_id, "ClusterArn")]}]}
     shell = json.dumps(outputs["ShellCommand"]["Value"])
     assert "hpctl shell" in shell and "aws ssm start-session" in shell and "sagemaker-cluster:" in shell
     assert f"_{CONTROLLER_GROUP}-<instance-id>" in shell

@@ -60,7 +60,7 @@ RECORDERS = {
 case "$1" in -u) echo "$uid" ;; -g) echo "$gid" ;; *) exit 2 ;; esac""",
     "chown": 'exec "$REAL_CHOWN" "$@"',
     "neuron-ls": 'echo "instance-type: trn1.32xlarge"; echo "NEURON DEVICES: 16  NEURON CORES: 32"',
-    "enroot": 'echo 3.5.0',
+    "enroot": "echo 3.5.0",
 }
 
 
@@ -68,18 +68,28 @@ def resource_config(cluster: dict[str, list[tuple[str, str]]] = CLUSTER) -> dict
     """The shape HyperPod writes to /opt/ml/config/resource_config.json."""
     groups = []
     for group, instances in cluster.items():
-        groups.append({
-            "Name": group,
-            "InstanceType": INSTANCE_TYPES.get(group, "ml.m5.xlarge"),
-            "Instances": [
-                {"InstanceName": name, "InstanceId": f"i-0{index:016x}", "AgentIpAddress": f"172.16.0.{index}",
-                 "CustomerIpAddress": ip}
-                for index, (name, ip) in enumerate(instances, start=len(groups) * 10 + 1)
-            ],
-        })
-    return {"ClusterConfig": {"ClusterArn": "arn:aws:sagemaker:us-west-2:123456789012:cluster/abc123def456",
-                              "ClusterName": FACTS["cluster_name"]},
-            "InstanceGroups": groups}
+        groups.append(
+            {
+                "Name": group,
+                "InstanceType": INSTANCE_TYPES.get(group, "ml.m5.xlarge"),
+                "Instances": [
+                    {
+                        "InstanceName": name,
+                        "InstanceId": f"i-0{index:016x}",
+                        "AgentIpAddress": f"172.16.0.{index}",
+                        "CustomerIpAddress": ip,
+                    }
+                    for index, (name, ip) in enumerate(instances, start=len(groups) * 10 + 1)
+                ],
+            }
+        )
+    return {
+        "ClusterConfig": {
+            "ClusterArn": "arn:aws:sagemaker:us-west-2:123456789012:cluster/abc123def456",
+            "ClusterName": FACTS["cluster_name"],
+        },
+        "InstanceGroups": groups,
+    }
 
 
 @dataclass
@@ -154,8 +164,14 @@ class FakeNode:
         for inherited in ("SAGEMAKER_RESOURCE_CONFIG_PATH", "LIFECYCLE_NODE_IPS", "LIFECYCLE_FACTS_FILE"):
             if inherited not in env:
                 environment.pop(inherited, None)
-        done = subprocess.run([shell, str(self.scripts / "on_init_complete.sh")], env=environment,
-                              capture_output=True, text=True, timeout=120, check=False)
+        done = subprocess.run(
+            [shell, str(self.scripts / "on_init_complete.sh")],
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         return Run(done.returncode, done.stdout, done.stderr, self.record.read_text().splitlines())
 
     def snapshot(self) -> dict[str, tuple]:

@@ -14,15 +14,19 @@ SHELLCHECK = Path(sys.executable).parent / "shellcheck"
 
 
 def shell_scripts() -> list[Path]:
-    found = [path for path in LIFECYCLE_DIR.rglob("*") if path.is_file()
-             and (path.suffix == ".sh" or path.read_bytes().startswith(b"#!/usr/bin/env bash"))]
+    found = [
+        path
+        for path in LIFECYCLE_DIR.rglob("*")
+        if path.is_file() and (path.suffix == ".sh" or path.read_bytes().startswith(b"#!/usr/bin/env bash"))
+    ]
     assert LIFECYCLE_DIR / "on_init_complete.sh" in found
     return found
 
 
 def test_shellcheck_clean() -> None:
-    done = subprocess.run([str(SHELLCHECK), "--severity=style", *map(str, shell_scripts())],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [str(SHELLCHECK), "--severity=style", *map(str, shell_scripts())], capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-
 from lifecycle_node import COMPUTE_IPS, CONTROLLER_IP, FACTS, LOGIN_IP, USER_ID, FakeNode
 
 LAYOUT = ["outputs", "outputs/logs", "models", "neuron-cache", "images", "scratch"]
@@ -15,8 +14,9 @@ MOTD = "etc/update-motd.d/99-hyperpod-lora"
 
 def profile_environment(node: FakeNode) -> dict[str, str]:
     """Source the written profile in a clean shell, the way a login shell or sbatch job does."""
-    shell = subprocess.run(["env", "-i", "bash", "-c", f"source {node.root / PROFILE} && env"],
-                           capture_output=True, text=True, check=True)
+    shell = subprocess.run(
+        ["env", "-i", "bash", "-c", f"source {node.root / PROFILE} && env"], capture_output=True, text=True, check=True
+    )
     return dict(line.split("=", 1) for line in shell.stdout.splitlines() if line.startswith("HPL_"))
 
 
@@ -36,7 +36,7 @@ def test_controller_gets_layout_profile_and_motd(node: FakeNode) -> None:
     assert_common_setup(node, run)
     assert "instance controller-1, group controller, role Controller" in run.stdout
     motd = subprocess.run(["sh", str(node.root / MOTD)], capture_output=True, text=True, check=True).stdout
-    assert "cd /fsx/payloads && python3 -m lora_pipeline.submit --config /fsx/payloads/configs/default.toml" in motd
+    assert "cd /fsx/payloads && python3 -m llm_pipeline.submit --config /fsx/payloads/configs/default.toml" in motd
     assert "hpctl submit" in motd and "lora-test" in motd and "/fsx/outputs/<run>/" in motd
     assert not run.called("neuron-ls") and not run.called("enroot")
 
@@ -150,8 +150,17 @@ def test_every_log_line_names_its_step(compute_node: FakeNode) -> None:
     run = compute_node.run(COMPUTE_IPS[0])
 
     steps = {line.split("[")[2].split("]")[0] for line in run.stdout.splitlines()}
-    assert steps == {"start", "read-facts", "identify-node", "write-profile", "wait-fsx", "fsx-layout",
-                     "neuron-devices", "enroot-devices", "done"}
+    assert steps == {
+        "start",
+        "read-facts",
+        "identify-node",
+        "write-profile",
+        "wait-fsx",
+        "fsx-layout",
+        "neuron-devices",
+        "enroot-devices",
+        "done",
+    }
 
 
 def test_started_with_sh_it_reruns_itself_with_bash(node: FakeNode) -> None:

@@ -93,9 +93,7 @@ def resolve(module: str, name: str, depth: int = 0) -> Definition | None:
                         return found
                     if module_path(f"{target}.{alias.name}"):
                         return Definition(f"{target}.{alias.name}", None)
-        elif isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-            return Definition(module, node)
-        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+        elif (isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name) or (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)):
             return Definition(module, node)
     return None
 
@@ -143,9 +141,16 @@ def class_mro(cls: Definition) -> list[Definition]:
 
 def _self_assigned(function: ast.AST, name: str) -> ast.AST | None:
     for node in ast.walk(function):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
         for target in targets:
-            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self" and target.attr == name:
+            if (
+                isinstance(target, ast.Attribute)
+                and isinstance(target.value, ast.Name)
+                and target.value.id == "self"
+                and target.attr == name
+            ):
                 return node
     return None
 
@@ -180,7 +185,9 @@ def has_unreadable_base(cls: Definition) -> bool:
 
 def is_dataclass(cls: Definition) -> bool:
     return any(
-        _expr_name(d.func if isinstance(d, ast.Call) else d) == "dataclass" for owner in class_mro(cls) for d in owner.node.decorator_list
+        _expr_name(d.func if isinstance(d, ast.Call) else d) == "dataclass"
+        for owner in class_mro(cls)
+        for d in owner.node.decorator_list
     )
 
 
@@ -188,7 +195,11 @@ def dataclass_fields(cls: Definition) -> set[str]:
     fields = set()
     for owner in class_mro(cls):
         for node in owner.node.body:
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and "ClassVar" not in ast.unparse(node.annotation):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and "ClassVar" not in ast.unparse(node.annotation)
+            ):
                 fields.add(node.target.id)
     return fields
 
@@ -199,7 +210,12 @@ def parameters(function: ast.FunctionDef, *, bound: bool) -> Parameters:
     positional = [a.arg for a in args.posonlyargs + args.args]
     if bound and not any(_expr_name(d) == "staticmethod" for d in function.decorator_list):
         positional = positional[1:]
-    return Parameters(tuple(positional), tuple(a.arg for a in args.kwonlyargs), args.vararg is not None, args.kwarg.arg if args.kwarg else None)
+    return Parameters(
+        tuple(positional),
+        tuple(a.arg for a in args.kwonlyargs),
+        args.vararg is not None,
+        args.kwarg.arg if args.kwarg else None,
+    )
 
 
 def keys_read_from_kwargs(function: ast.FunctionDef) -> set[str]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import api_source as src
 
-CHECKED_PACKAGES = ("optimum", "trl", "peft", "lora_pipeline")
+CHECKED_PACKAGES = ("optimum", "trl", "peft", "llm_pipeline")
 # Functions that hand their **kwargs on to another one: (module, class, method) -> the receiver.
 # For Llama, optimum-neuron's auto class forwards from_pretrained(**kwargs) to the Llama training class.
 KWARGS_FORWARDS = {
@@ -53,7 +53,9 @@ def _resolve_import(usage: Usage, local: str) -> src.Definition | None:
 
 
 def _is_class(definition: src.Definition | None) -> bool:
-    return definition is not None and (isinstance(definition.node, ast.ClassDef) or src._type_call(definition.node) is not None)
+    return definition is not None and (
+        isinstance(definition.node, ast.ClassDef) or src._type_call(definition.node) is not None
+    )
 
 
 def _annotation_class(usage: Usage, annotation: ast.expr | None) -> src.Definition | None:
@@ -79,7 +81,11 @@ def _calls_api(usage: Usage, value: ast.expr) -> bool:
     root = value.func
     while isinstance(root, ast.Attribute):
         root = root.value
-    return isinstance(root, ast.Name) and root.id in usage.imports and usage.imports[root.id][0].split(".")[0] != "lora_pipeline"
+    return (
+        isinstance(root, ast.Name)
+        and root.id in usage.imports
+        and usage.imports[root.id][0].split(".")[0] != "llm_pipeline"
+    )
 
 
 @dataclass
@@ -144,13 +150,17 @@ def _splat_keys(usage: Usage, node: ast.Call, splat: ast.expr) -> set[str] | Non
         helper = _resolve_import(usage, splat.func.id)
         if helper is not None and isinstance(helper.node, ast.FunctionDef):
             returns = [n.value for n in ast.walk(helper.node) if isinstance(n, ast.Return)]
-            if returns and all(isinstance(r, ast.Dict) and all(isinstance(k, ast.Constant) for k in r.keys) for r in returns):
+            if returns and all(
+                isinstance(r, ast.Dict) and all(isinstance(k, ast.Constant) for k in r.keys) for r in returns
+            ):
                 return {k.value for r in returns for k in r.keys}
     usage.problem(node, f"cannot see the keys of **{ast.unparse(splat)}: spread a helper that returns a dict literal")
     return None
 
 
-def _allowed_keywords(owner: src.Definition | None, function: ast.FunctionDef, *, bound: bool) -> tuple[src.Parameters, set[str]]:
+def _allowed_keywords(
+    owner: src.Definition | None, function: ast.FunctionDef, *, bound: bool
+) -> tuple[src.Parameters, set[str]]:
     params = src.parameters(function, bound=bound)
     allowed = params.names
     if params.varkw:
@@ -164,7 +174,15 @@ def _allowed_keywords(owner: src.Definition | None, function: ast.FunctionDef, *
     return params, allowed
 
 
-def _check_call(usage: Usage, node: ast.Call, label: str, owner: src.Definition | None, function: ast.FunctionDef | None, fields: set[str] | None, bound: bool) -> None:
+def _check_call(
+    usage: Usage,
+    node: ast.Call,
+    label: str,
+    owner: src.Definition | None,
+    function: ast.FunctionDef | None,
+    fields: set[str] | None,
+    bound: bool,
+) -> None:
     keywords = set()
     for keyword in node.keywords:
         if keyword.arg is None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lora_pipeline import tiny
+from tools import tiny_model as tiny
 
 
 @pytest.fixture(scope="session")

@@ -51,7 +51,9 @@ def module_path(module: str, layer: int) -> str:
     return f"model.layers.{layer}.{group}.{module}"
 
 
-def full_adapter(shape: Shape, targets: tuple[str, ...], r: int = 4, seed: int = 0, *, share_a: bool = True) -> dict[str, torch.Tensor]:
+def full_adapter(
+    shape: Shape, targets: tuple[str, ...], r: int = 4, seed: int = 0, *, share_a: bool = True
+) -> dict[str, torch.Tensor]:
     """A peft-format adapter with random non-zero factors. With share_a, modules optimum-neuron fuses
     (gate/up, and q/k/v) share one lora_A, as any adapter trained on Neuron does."""
     g = torch.Generator().manual_seed(seed)
@@ -62,8 +64,18 @@ def full_adapter(shape: Shape, targets: tuple[str, ...], r: int = 4, seed: int =
             if module not in targets:
                 continue
             out_f, in_f = shape.linear_dims(module)
-            group = "qkv" if module in ("q_proj", "k_proj", "v_proj") else "gate_up" if module in ("gate_proj", "up_proj") else module
-            a = shared.setdefault(group, torch.randn(r, in_f, generator=g)) if share_a else torch.randn(r, in_f, generator=g)
+            group = (
+                "qkv"
+                if module in ("q_proj", "k_proj", "v_proj")
+                else "gate_up"
+                if module in ("gate_proj", "up_proj")
+                else module
+            )
+            a = (
+                shared.setdefault(group, torch.randn(r, in_f, generator=g))
+                if share_a
+                else torch.randn(r, in_f, generator=g)
+            )
             key = P + module_path(module, layer)
             tensors[f"{key}.lora_A.weight"] = a.clone()
             tensors[f"{key}.lora_B.weight"] = torch.randn(out_f, r, generator=g)
@@ -123,7 +135,12 @@ class _Sharder:
         self.params: dict[str, dict] = {}
 
     def split(self, dim: int, stride: int = 1) -> dict:
-        return {"tensor_model_parallel": True, "partition_dim": dim, "partition_stride": stride, "num_partitions": self.tp}
+        return {
+            "tensor_model_parallel": True,
+            "partition_dim": dim,
+            "partition_stride": stride,
+            "num_partitions": self.tp,
+        }
 
     def describe(self, name: str, meta: dict) -> None:
         self.params[_with_adapter(name, self.adapter)] = meta
@@ -150,7 +167,9 @@ def _shared_a(adapter: dict, keys: list[str]) -> torch.Tensor:
     return first
 
 
-def shard_adapter(shape: Shape, adapter: dict[str, torch.Tensor], tp: int, *, fuse_qkv: bool = False, adapter_name: str = "default"):
+def shard_adapter(
+    shape: Shape, adapter: dict[str, torch.Tensor], tp: int, *, fuse_qkv: bool = False, adapter_name: str = "default"
+):
     """(per-rank {name: tensor} dicts, mp_metadata dict) as optimum-neuron saves them at this TP size."""
     s = _Sharder(tp, adapter_name)
     gqa = uses_gqa_layout(shape, tp)
@@ -167,11 +186,17 @@ def shard_adapter(shape: Shape, adapter: dict[str, torch.Tensor], tp: int, *, fu
             for part in ("q", "k", "v"):
                 s.describe(f"{base}.weight_{part}", s.split(0))
             if "q_proj" in targeted:
-                s.replicated(f"{qkv}.lora_A.weight", _shared_a(adapter, [lora(m, "A") for m in ("q_proj", "k_proj", "v_proj")]))
+                s.replicated(
+                    f"{qkv}.lora_A.weight", _shared_a(adapter, [lora(m, "A") for m in ("q_proj", "k_proj", "v_proj")])
+                )
                 q = [_rows_of_heads(adapter[lora("q_proj", "B")], heads_on[r], shape.head_dim, 0) for r in range(tp)]
                 k, v = (list(adapter[lora(m, "B")].repeat(multiplier, 1).chunk(tp)) for m in ("k_proj", "v_proj"))
                 if fuse_qkv:  # neuronx-distributed sets no TP attributes on weight_qkv
-                    s.put(f"{qkv}.lora_B.weight_qkv", [torch.cat(t) for t in zip(q, k, v)], {"tensor_model_parallel": False})
+                    s.put(
+                        f"{qkv}.lora_B.weight_qkv",
+                        [torch.cat(t) for t in zip(q, k, v)],
+                        {"tensor_model_parallel": False},
+                    )
                 else:
                     for part, pieces in zip("qkv", (q, k, v)):
                         s.put(f"{qkv}.lora_B.weight_{part}", pieces, s.split(0))
@@ -197,11 +222,17 @@ def shard_adapter(shape: Shape, adapter: dict[str, torch.Tensor], tp: int, *, fu
             s.describe(f"{key}.base_layer.weight" if module in targeted else f"{key}.weight", s.split(1))
             if module in targeted:
                 a = adapter[lora(module, "A")]
-                permuted = [_rows_of_heads(a, heads_on[r], shape.head_dim, 1) for r in range(tp)] if gqa and module == "o_proj" else None
+                permuted = (
+                    [_rows_of_heads(a, heads_on[r], shape.head_dim, 1) for r in range(tp)]
+                    if gqa and module == "o_proj"
+                    else None
+                )
                 s.row(lora(module, "A"), a, permuted)
                 s.replicated(lora(module, "B"), adapter[lora(module, "B")])
         gate_up = f"{mlp}.gate_up_proj"
-        s.describe(f"{gate_up}.base_layer.weight" if "gate_proj" in targeted else f"{gate_up}.weight", s.split(0, stride=2))
+        s.describe(
+            f"{gate_up}.base_layer.weight" if "gate_proj" in targeted else f"{gate_up}.weight", s.split(0, stride=2)
+        )
         if "gate_proj" in targeted:
             s.replicated(f"{gate_up}.lora_A.weight", _shared_a(adapter, [lora("gate_proj", "A"), lora("up_proj", "A")]))
             gate, up = (adapter[lora(m, "B")].chunk(tp) for m in ("gate_proj", "up_proj"))
@@ -214,7 +245,9 @@ def shard_adapter(shape: Shape, adapter: dict[str, torch.Tensor], tp: int, *, fu
         for norm in ("input_layernorm", "post_attention_layernorm"):
             s.describe(f"{P}model.layers.{layer}.{norm}.weight", {"tensor_model_parallel": False})
     embed, head = f"{P}model.embed_tokens", f"{P}lm_head"
-    s.describe(f"{embed}.base_layer.weight" if f"{embed}.lora_embedding_A" in adapter else f"{embed}.weight", s.split(0))
+    s.describe(
+        f"{embed}.base_layer.weight" if f"{embed}.lora_embedding_A" in adapter else f"{embed}.weight", s.split(0)
+    )
     if f"{embed}.lora_embedding_A" in adapter:
         s.replicated(f"{embed}.lora_embedding_A", adapter[f"{embed}.lora_embedding_A"])
         s.replicated(f"{embed}.lora_embedding_B", adapter[f"{embed}.lora_embedding_B"])

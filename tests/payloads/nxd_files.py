@@ -46,7 +46,9 @@ def save_rank_file(path: Path, tensors: dict[str, torch.Tensor], *, xser: bool) 
     torch.save(info, path.with_name(path.name + ".info.pt"))
 
 
-def pipeline_stages(ranks: list[dict[str, torch.Tensor]], metadata: dict, first_layer_of_stage_1: int) -> list[tuple[list, dict]]:
+def pipeline_stages(
+    ranks: list[dict[str, torch.Tensor]], metadata: dict, first_layer_of_stage_1: int
+) -> list[tuple[list, dict]]:
     """Split one stage's files into two pipeline stages at a layer boundary (embeddings first, lm_head last)."""
 
     def stage_of(name: str) -> int:
@@ -58,13 +60,23 @@ def pipeline_stages(ranks: list[dict[str, torch.Tensor]], metadata: dict, first_
     for stage in (0, 1):
         stage_ranks = [{k: v for k, v in tensors.items() if stage_of(k) == stage} for tensors in ranks]
         params = {k: v for k, v in metadata["parameters"].items() if stage_of(k) == stage}
-        specs = [g for g in metadata["model_weight_transformation_specs"] if stage_of(g["module_fully_qualified_name"]) == stage]
+        specs = [
+            g
+            for g in metadata["model_weight_transformation_specs"]
+            if stage_of(g["module_fully_qualified_name"]) == stage
+        ]
         stages.append((stage_ranks, {"parameters": params, "model_weight_transformation_specs": specs}))
     return stages
 
 
 def write_sharded_checkpoint(
-    checkpoint: Path, ranks: list[dict[str, torch.Tensor]], metadata: dict, config: dict, *, xser: bool, done: bool = True,
+    checkpoint: Path,
+    ranks: list[dict[str, torch.Tensor]],
+    metadata: dict,
+    config: dict,
+    *,
+    xser: bool,
+    done: bool = True,
     stages: list[tuple[list, dict]] | None = None,
 ) -> Path:
     """checkpoint-N/ with adapter_default/adapter_shards/ laid out as neuronx-distributed saves it."""
@@ -88,7 +100,11 @@ def write_plain_checkpoint(checkpoint: Path, adapter: dict[str, torch.Tensor], c
     from safetensors.torch import save_file
 
     checkpoint.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in adapter.items()}, checkpoint / "adapter_model.safetensors", metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in adapter.items()},
+        checkpoint / "adapter_model.safetensors",
+        metadata={"format": "pt"},
+    )
     (checkpoint / "adapter_config.json").write_text(json.dumps(config, indent=2))
     (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": int(checkpoint.name.split("-")[-1])}))
     return checkpoint

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 
-from lora_pipeline import config
+import tomllib
+
+from llm_pipeline import config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "payloads" / "configs"
 TINY_TOML = CONFIGS / "tiny-cpu.toml"

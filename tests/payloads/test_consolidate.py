@@ -11,9 +11,9 @@ from merge_fixtures import ATTENTION, MLP, Shape, adapter_config, full_adapter, 
 from nxd_files import pipeline_stages, run_config, write_plain_checkpoint, write_sharded_checkpoint
 from safetensors.torch import load_file
 
-from lora_pipeline import consolidate
-from lora_pipeline.checkpoint_errors import CheckpointError
-from lora_pipeline.tp_layout import join_shards
+from llm_pipeline import consolidate
+from llm_pipeline.errors import CheckpointError
+from llm_pipeline.weights.tp_layout import join_shards
 
 EVERYTHING = (*ATTENTION, *MLP, "embed_tokens", "lm_head")
 CASES = {
@@ -65,10 +65,17 @@ def test_two_pipeline_stages_rebuild_exactly(tmp_path):
     full = full_adapter(shape, targets)
     ranks, metadata = shard_adapter(shape, full, tp)
     checkpoint = write_sharded_checkpoint(
-        tmp_path / "checkpoint-7", ranks, metadata, adapter_config(targets), xser=True, stages=pipeline_stages(ranks, metadata, 1)
+        tmp_path / "checkpoint-7",
+        ranks,
+        metadata,
+        adapter_config(targets),
+        xser=True,
+        stages=pipeline_stages(ranks, metadata, 1),
     )
     assert (checkpoint / "adapter_default/adapter_shards/model/dp_rank_00_tp_rank_03_pp_rank_01.pt").is_file()
-    rebuilt = load_file(consolidate.consolidate_checkpoint(checkpoint, tmp_path / "adapter") / "adapter_model.safetensors")
+    rebuilt = load_file(
+        consolidate.consolidate_checkpoint(checkpoint, tmp_path / "adapter") / "adapter_model.safetensors"
+    )
     assert sorted(rebuilt) == sorted(full) and all(torch.equal(rebuilt[k], v) for k, v in full.items())
 
 
@@ -94,7 +101,9 @@ def test_cli_picks_the_newest_complete_checkpoint(tmp_path, capsys):
 
 def test_plain_peft_checkpoint_passes_through(tmp_path):
     full = full_adapter(Shape(), ("q_proj", "v_proj"), share_a=False)
-    checkpoint = write_plain_checkpoint(tmp_path / "checkpoints" / "checkpoint-3", full, adapter_config(("q_proj", "v_proj")))
+    checkpoint = write_plain_checkpoint(
+        tmp_path / "checkpoints" / "checkpoint-3", full, adapter_config(("q_proj", "v_proj"))
+    )
     out = consolidate.consolidate_checkpoint(tmp_path / "checkpoints", tmp_path / "adapter")
     assert (out / "adapter_model.safetensors").read_bytes() == (checkpoint / "adapter_model.safetensors").read_bytes()
 
@@ -183,7 +192,12 @@ def test_cli_refuses_a_non_empty_output_folder(tmp_path, capsys):
     config = run_config(tmp_path, tmp_path / "run")
     assert consolidate.main(["--config", str(config), "--checkpoint", str(checkpoint), "--output", str(output)]) == 2
     assert "error: output folder" in capsys.readouterr().err and (output / "keep.txt").read_text() == "mine"
-    assert consolidate.main(["--config", str(config), "--checkpoint", str(checkpoint), "--output", str(output), "--overwrite"]) == 0
+    assert (
+        consolidate.main(
+            ["--config", str(config), "--checkpoint", str(checkpoint), "--output", str(output), "--overwrite"]
+        )
+        == 0
+    )
     assert not (output / "keep.txt").exists() and (output / "adapter_model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".adapter")) == []
 
@@ -196,6 +210,8 @@ def test_unusable_inputs(tmp_path, layout):
         (folder / "shards" / "model").mkdir(parents=True)
     elif layout == "old-0.1":
         (folder / "adapter_shards" / "model").mkdir(parents=True)
-    message = {"nothing": "holds no adapter", "full-model": "full-model checkpoint", "old-0.1": "0.1 adapter layout"}[layout]
+    message = {"nothing": "holds no adapter", "full-model": "full-model checkpoint", "old-0.1": "0.1 adapter layout"}[
+        layout
+    ]
     with pytest.raises(CheckpointError, match=message):
         consolidate.consolidate_checkpoint(folder, tmp_path / "adapter")

@@ -17,7 +17,7 @@ import pytest
 import torch
 from merge_fixtures import ATTENTION, MLP, Shape, full_adapter, shard_adapter
 
-from lora_pipeline.tp_layout import query_head_order
+from llm_pipeline.weights.tp_layout import query_head_order
 
 WANTED = {
     "compute_query_indices_for_rank",
@@ -70,7 +70,9 @@ def test_gqa_writer_matches_upstream_split(tp):
         )
         assert torch.equal(ranks[rank][f"{layer}.o_proj.lora_A.weight"], o)
         kv_rows = shape.kv_heads * multiplier * shape.head_dim // tp
-        k = fns["create_kv_proj_local_weight_from_regular_weight"](full[f"{layer}.k_proj.lora_B.weight"].clone(), multiplier, kv_rows)
+        k = fns["create_kv_proj_local_weight_from_regular_weight"](
+            full[f"{layer}.k_proj.lora_B.weight"].clone(), multiplier, kv_rows
+        )
         assert torch.equal(ranks[rank][f"{layer}.qkv_proj.lora_B.weight_k"], k)
     spec = metadata["model_weight_transformation_specs"][0]["specs"][0][1]
     assert (spec["q_output_size_per_partition"], spec["kv_output_size_per_partition"]) == (shape.hidden // tp, kv_rows)

@@ -7,10 +7,12 @@ import json
 import pytest
 from payload_configs import tiny_config, write_config
 
-from lora_pipeline import data, data_stats, tiny
-from lora_pipeline.config import DataConfig, RunConfig
-from lora_pipeline.errors import StepError
-from lora_pipeline.prompt import format_example, format_prompt
+from llm_pipeline import data
+from llm_pipeline.config import DataConfig, RunConfig
+from llm_pipeline.errors import StepError
+from llm_pipeline.prompt import format_example, format_prompt
+from llm_pipeline.training import data_stats
+from tools import tiny_model as tiny
 
 
 def test_prompt_uses_real_newlines_and_skips_an_empty_context():
@@ -40,7 +42,9 @@ def test_every_local_source_gives_the_same_records(tmp_path):
     records, sources = _records_in_every_format(tmp_path)
     for source in sources:
         loaded = data.validate(data.load_source(DataConfig(dataset=str(source))), str(source))
-        assert [dict(row) for row in loaded] == [{k: r[k] for k in ("instruction", "context", "response")} for r in records], source
+        assert [dict(row) for row in loaded] == [
+            {k: r[k] for k in ("instruction", "context", "response")} for r in records
+        ], source
 
 
 def test_missing_context_column_becomes_empty_context(tmp_path):

@@ -14,8 +14,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from payload_configs import tiny_config
 
-from lora_pipeline import download, model_folder, tiny
-from lora_pipeline.errors import StepError
+from llm_pipeline import download
+from llm_pipeline.errors import StepError
+from llm_pipeline.weights import model_files
+from tools import tiny_model as tiny
 
 
 def test_token_from_environment_first(tmp_path):
@@ -44,10 +46,10 @@ def model_copy(tiny_models_dir, tmp_path):
 
 
 def test_completeness_of_a_model_folder(model_copy):
-    assert model_folder.is_complete(model_copy, "float32")
-    assert not model_folder.is_complete(model_copy, "bfloat16")  # complete files, wrong dtype
+    assert model_files.is_complete(model_copy, "float32")
+    assert not model_files.is_complete(model_copy, "bfloat16")  # complete files, wrong dtype
     (model_copy / "tokenizer.json").unlink()
-    assert model_folder.missing_parts(model_copy) == ["tokenizer.json or tokenizer.model"]
+    assert model_files.missing_parts(model_copy) == ["tokenizer.json or tokenizer.model"]
 
 
 def test_truncated_or_missing_shard_is_incomplete(tmp_path):
@@ -57,12 +59,12 @@ def test_truncated_or_missing_shard_is_incomplete(tmp_path):
 
     AutoModelForCausalLM.from_pretrained(folder).save_pretrained(folder, max_shard_size="100KB")
     (folder / "model.safetensors").unlink(missing_ok=True)
-    shards = model_folder.weight_files(folder)
-    assert len(shards) > 1 and model_folder.is_complete(folder, "float32")
+    shards = model_files.weight_files(folder)
+    assert len(shards) > 1 and model_files.is_complete(folder, "float32")
     shards[0].write_bytes(shards[0].read_bytes()[:-10])
-    assert not model_folder.is_complete(folder, "float32")
+    assert not model_files.is_complete(folder, "float32")
     shards[1].unlink()
-    assert model_folder.missing_parts(folder) == [shards[1].name]
+    assert model_files.missing_parts(folder) == [shards[1].name]
 
 
 def test_fp32_weights_are_converted_to_bf16_shard_by_shard(tmp_path):
@@ -75,10 +77,10 @@ def test_fp32_weights_are_converted_to_bf16_shard_by_shard(tmp_path):
     original.save_pretrained(folder, max_shard_size="100KB")
     (folder / "model.safetensors").unlink(missing_ok=True)
     messages = []
-    converted = model_folder.convert_dtype(folder, "bfloat16", progress=messages.append)
-    assert converted == len(model_folder.weight_files(folder)) > 1
+    converted = model_files.convert_dtype(folder, "bfloat16", progress=messages.append)
+    assert converted == len(model_files.weight_files(folder)) > 1
     assert len(messages) == converted  # one progress line per shard
-    assert model_folder.is_complete(folder, "bfloat16")
+    assert model_files.is_complete(folder, "bfloat16")
     assert json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
     index = json.loads((folder / "model.safetensors.index.json").read_text())
     assert index["metadata"]["total_size"] == sum(p.numel() * 2 for p in original.parameters())
@@ -86,7 +88,7 @@ def test_fp32_weights_are_converted_to_bf16_shard_by_shard(tmp_path):
     assert reloaded.dtype == torch.bfloat16
     for (name, before), after in zip(original.state_dict().items(), reloaded.state_dict().values()):
         assert torch.equal(before.to(torch.bfloat16), after), name
-    assert model_folder.convert_dtype(folder, "bfloat16") == 0  # nothing left to convert
+    assert model_files.convert_dtype(folder, "bfloat16") == 0  # nothing left to convert
 
 
 def test_complete_folder_is_not_downloaded_again(hpl_env, capsys):
@@ -99,9 +101,13 @@ def test_complete_folder_is_not_downloaded_again(hpl_env, capsys):
 class FakeHub(BaseHTTPRequestHandler):
     """Model info the way the Hub answers it: a gated model, a rejected token, an unknown model."""
 
-    def do_GET(self):  # noqa: N802 (http.server's naming)
+    def do_GET(self):
         if self.headers.get("Authorization") == "Bearer hf_bad_token":
-            self._reply(401, {"error": "Invalid credentials"}, {"X-Error-Message": "Invalid credentials in Authorization header"})
+            self._reply(
+                401,
+                {"error": "Invalid credentials"},
+                {"X-Error-Message": "Invalid credentials in Authorization header"},
+            )
         elif self.path.startswith("/api/models/org/gated-model"):
             body = {"id": "org/gated-model", "sha": "0" * 40, "private": False, "gated": "manual",
                     "siblings": [{"rfilename": "config.json"}, {"rfilename": "model.safetensors"}]}  # fmt: skip

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from transformers import LlamaConfig
 
-from lora_pipeline import tiny
-from lora_pipeline.config import LoraConfig
-from lora_pipeline.lora_count import expected_lora_parameters
-from lora_pipeline.train_common import check_target_modules, check_trainable, peft_lora_config
-from lora_pipeline.errors import StepError
+from llm_pipeline.config import LoraConfig
+from llm_pipeline.errors import StepError
+from llm_pipeline.training.lora_count import expected_lora_parameters
+from llm_pipeline.training.plan import check_target_modules, check_trainable, peft_lora_config
+from tools import tiny_model as tiny
 
 LLAMA_3_8B = LlamaConfig(
     hidden_size=4096,
@@ -49,7 +49,10 @@ def test_formula_matches_peft_on_the_tiny_model(r, targets):
 def test_fused_gate_up_shares_one_lora_a():
     lora = LoraConfig(r=16, target_modules=ALL_LINEAR)
     saved = 32 * 16 * 4096  # one [r, hidden] A matrix per layer
-    assert expected_lora_parameters(LLAMA_3_8B, lora, fused_gate_up=True) == expected_lora_parameters(LLAMA_3_8B, lora) - saved
+    assert (
+        expected_lora_parameters(LLAMA_3_8B, lora, fused_gate_up=True)
+        == expected_lora_parameters(LLAMA_3_8B, lora) - saved
+    )
     assert expected_lora_parameters(LLAMA_3_8B, LoraConfig(), fused_gate_up=True) == 6_815_744
 
 

@@ -12,7 +12,8 @@ from nxd_files import run_config, write_sharded_checkpoint
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lora_pipeline import consolidate, merge, tiny
+from llm_pipeline import consolidate, merge
+from tools import tiny_model as tiny
 
 EVERYTHING = [*ATTENTION, *MLP, "embed_tokens", "lm_head"]
 
@@ -39,7 +40,9 @@ def peft_adapter(base, folder, targets, *, rslora: bool, neuron_shared_a: bool =
             for group in ((layer.self_attn, ("k_proj", "v_proj"), "q_proj"), (layer.mlp, ("up_proj",), "gate_proj")):
                 parent, followers, leader = group
                 for name in followers:
-                    getattr(parent, name).lora_A["default"].weight.data.copy_(getattr(parent, leader).lora_A["default"].weight.data)
+                    getattr(parent, name).lora_A["default"].weight.data.copy_(
+                        getattr(parent, leader).lora_A["default"].weight.data
+                    )
     peft_model.save_pretrained(folder)
     return folder
 
@@ -88,10 +91,18 @@ def test_merge_equals_peft_merge_and_unload_in_bf16(tmp_path, rslora):
     reference = peft_reference(base, adapter, torch.bfloat16)
     merged_reference = reference.merge_and_unload().state_dict()
     for name, tensor in ours.items():  # peft rounds the delta to bf16 before adding: within bf16 rounding
-        torch.testing.assert_close(tensor.float(), merged_reference[name].float(), rtol=2**-7, atol=2**-7 * float(tensor.abs().max()))
+        torch.testing.assert_close(
+            tensor.float(), merged_reference[name].float(), rtol=2**-7, atol=2**-7 * float(tensor.abs().max())
+        )
 
     assert (merged / "model.safetensors.index.json").read_text() == (base / "model.safetensors.index.json").read_text()
-    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+    for name in (
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ):
         assert (merged / name).read_bytes() == (base / name).read_bytes(), name
 
 

@@ -6,9 +6,23 @@ import numpy as np
 import pytest
 import torch
 
-from lora_pipeline.float_codec import decode, encode
+from llm_pipeline.weights.float_codec import decode, encode
 
-SPECIAL = [0.0, -0.0, 1.0, -1.0, float("inf"), float("-inf"), float("nan"), 3.4e38, -3.4e38, 1e-40, -1e-42, 1.00390625, 1.01171875]
+SPECIAL = [
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+    3.4e38,
+    -3.4e38,
+    1e-40,
+    -1e-42,
+    1.00390625,
+    1.01171875,
+]
 
 
 @pytest.mark.parametrize(("code", "dtype"), [("BF16", torch.bfloat16), ("F16", torch.float16), ("F32", torch.float32)])
@@ -20,6 +34,9 @@ def test_encode_and_decode_match_torch_bit_for_bit(code, dtype):
     theirs = values.to(dtype)
     numbers = ~torch.isnan(values).numpy()  # NaN payloads may differ; NaN stays NaN (checked below)
     bits = {2: np.uint16, 4: np.uint32}[dtype.itemsize]
-    assert np.array_equal(ours.view(bits)[numbers], theirs.view({2: torch.int16, 4: torch.int32}[dtype.itemsize]).numpy().view(bits)[numbers])
+    assert np.array_equal(
+        ours.view(bits)[numbers],
+        theirs.view({2: torch.int16, 4: torch.int32}[dtype.itemsize]).numpy().view(bits)[numbers],
+    )
     back = decode(ours.tobytes(), code)
     assert back.dtype == np.float32 and np.array_equal(back, theirs.float().numpy(), equal_nan=True)

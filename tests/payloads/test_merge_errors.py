@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench.synthetic_llama import LlamaShape, write_adapter, write_model
-from lora_pipeline import merge
-from lora_pipeline.checkpoint_errors import CheckpointError
+from llm_pipeline import merge
+from llm_pipeline.errors import CheckpointError
 
 SMALL = LlamaShape(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=128, tied=False)
 REPO = Path(__file__).resolve().parents[2]
@@ -43,7 +43,9 @@ def test_missing_shard_is_named(tmp_path, model):
 def test_adapter_for_another_shape_names_the_module(tmp_path, model):
     other = LlamaShape(hidden=96, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=128, tied=False)
     adapter = write_adapter(tmp_path / "adapter", other, targets=("v_proj",))
-    with pytest.raises(CheckpointError, match=r"adapter module model.layers.0.self_attn.v_proj does not fit .* another model"):
+    with pytest.raises(
+        CheckpointError, match=r"adapter module model.layers.0.self_attn.v_proj does not fit .* another model"
+    ):
         merge.merge(model, adapter, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -51,7 +53,9 @@ def test_adapter_for_another_shape_names_the_module(tmp_path, model):
 def test_adapter_for_another_architecture_names_the_module(tmp_path, model):
     tied = write_model(tmp_path / "tied", LlamaShape(**{**SMALL.__dict__, "tied": True}))
     adapter = write_adapter(tmp_path / "adapter", SMALL, targets=("q_proj", "lm_head"))
-    with pytest.raises(CheckpointError, match=r"adapter module lm_head has no base tensor lm_head.weight .* ties lm_head"):
+    with pytest.raises(
+        CheckpointError, match=r"adapter module lm_head has no base tensor lm_head.weight .* ties lm_head"
+    ):
         merge.merge(tied, adapter, tmp_path / "out")
     deeper = write_adapter(tmp_path / "deeper", LlamaShape(**{**SMALL.__dict__, "layers": 3}))
     with pytest.raises(CheckpointError, match="model.layers.2.self_attn.q_proj has no base tensor"):
@@ -88,7 +92,7 @@ def _config(tmp_path: Path) -> Path:
 
 def _start_merge(tmp_path: Path, base: Path, adapter: Path, out: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "payloads"), str(REPO)])}
-    command = [sys.executable, "-m", "lora_pipeline.merge", "--config", str(_config(tmp_path)),
+    command = [sys.executable, "-m", "llm_pipeline.merge", "--config", str(_config(tmp_path)),
                "--base", str(base), "--adapter", str(adapter), "--output", str(out)]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     fcntl.fcntl(process.stdout.fileno(), fcntl.F_SETPIPE_SZ, 4096)

@@ -16,21 +16,24 @@ import pytest
 from api_usage import check_module
 from payload_configs import tiny_config
 
-from lora_pipeline import train, train_neuron
-from lora_pipeline.errors import StepError
-from lora_pipeline.train_common import TrainPlan
+from llm_pipeline import train
+from llm_pipeline.errors import StepError
+from llm_pipeline.training import neuron_backend as train_neuron
+from llm_pipeline.training.plan import TrainPlan
 
-PACKAGE = Path(train_neuron.__file__).parent
-NEURON_PATH = ("train_neuron", "train_common")  # the neuron module and the helpers it spreads into calls
+PACKAGE = Path(train_neuron.__file__).parents[1]
+NEURON_PATH = ("training.neuron_backend", "training.plan")  # the neuron module and the helpers it spreads into calls
 
 
 def _usage(name: str):
-    return check_module(f"lora_pipeline.{name}", (PACKAGE / f"{name}.py").read_text())
+    return check_module(f"llm_pipeline.{name}", (PACKAGE / (name.replace(".", "/") + ".py")).read_text())
 
 
 def test_installed_versions_are_the_cluster_pins():
     pins = dict(
-        line.split("==") for line in (PACKAGE.parent / "requirements-cluster.txt").read_text().splitlines() if "==" in line
+        line.split("==")
+        for line in (PACKAGE.parent / "requirements-cluster.txt").read_text().splitlines()
+        if "==" in line
     )
     for package in ("optimum-neuron", "trl", "peft", "transformers"):
         assert importlib.metadata.version(package) == pins[package], package
@@ -45,14 +48,19 @@ def test_every_name_and_keyword_we_use_exists(name):
 
 
 def test_the_checked_calls_are_the_training_api():
-    usage = _usage("train_neuron")
+    usage = _usage("training.neuron_backend")
     calls = {call.split("(")[0]: call for call in usage.checked_calls}
     assert "tensor_parallel_size" in calls["NeuronSFTConfig"] and "max_length" in calls["NeuronSFTConfig"]
-    assert calls["NeuronSFTTrainer"] == "NeuronSFTTrainer(args, formatting_func, model, peft_config, processing_class, train_dataset)"
-    assert calls["NeuronModelForCausalLM.from_pretrained"] == "NeuronModelForCausalLM.from_pretrained(torch_dtype)"
-    assert {"NeuronSFTConfig.trn_config", "NeuronSFTTrainer.data_collator", "NeuronSFTTrainer.global_step_last_logged"} <= set(
-        usage.checked_members
+    assert (
+        calls["NeuronSFTTrainer"]
+        == "NeuronSFTTrainer(args, formatting_func, model, peft_config, processing_class, train_dataset)"
     )
+    assert calls["NeuronModelForCausalLM.from_pretrained"] == "NeuronModelForCausalLM.from_pretrained(torch_dtype)"
+    assert {
+        "NeuronSFTConfig.trn_config",
+        "NeuronSFTTrainer.data_collator",
+        "NeuronSFTTrainer.global_step_last_logged",
+    } <= set(usage.checked_members)
     # The training model class, not the inference class of the same name in optimum.neuron.
     model_class = api_source.resolve("optimum.neuron.models.training", "NeuronModelForCausalLM")
     assert model_class.module == "optimum.neuron.models.training.modeling_auto"

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 
 import pytest
+import tomllib
 from payload_configs import DEFAULT_TOML, TINY_TOML, tiny_config
 
-from lora_pipeline import config
+from llm_pipeline import config
 
 
 def test_default_toml_equals_the_dataclass_defaults():
@@ -26,8 +26,17 @@ def test_default_toml_lists_every_key():
 def test_default_toml_is_the_blog_run():
     cfg = config.load(DEFAULT_TOML, env={})
     assert cfg.model.id == "meta-llama/Meta-Llama-3-8B" and cfg.model.dtype == "bfloat16"
-    assert (cfg.parallel.tensor_parallel_size, cfg.train.per_device_batch_size, cfg.train.gradient_accumulation_steps) == (8, 1, 3)
-    assert (cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.target_modules) == (16, 16, 0.05, ("q_proj", "v_proj"))
+    assert (
+        cfg.parallel.tensor_parallel_size,
+        cfg.train.per_device_batch_size,
+        cfg.train.gradient_accumulation_steps,
+    ) == (8, 1, 3)
+    assert (cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.target_modules) == (
+        16,
+        16,
+        0.05,
+        ("q_proj", "v_proj"),
+    )
     assert (cfg.data.max_length, cfg.train.bf16, cfg.train.seed) == (1024, True, 42)
     assert cfg.paths.output_dir == "/fsx/outputs/llama3-8b-dolly-lora"
 

@@ -1,4 +1,4 @@
-"""Each step is a command: `python -m lora_pipeline.<step>` with --help, and `error: ...` + exit 2 on bad input."""
+"""Each step is a command: `python -m llm_pipeline.<step>` with --help, and `error: ...` + exit 2 on bad input."""
 
 from __future__ import annotations
 
@@ -20,20 +20,23 @@ def _run(*args: str, cwd: Path = PAYLOADS) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("step", STEPS)
 def test_help(step):
-    result = _run(f"lora_pipeline.{step}", "--help")
+    result = _run(f"llm_pipeline.{step}", "--help")
     assert result.returncode == 0
-    assert f"usage: python -m lora_pipeline.{step}" in result.stdout and "--config" in result.stdout
+    assert f"usage: python -m llm_pipeline.{step}" in result.stdout and "--config" in result.stdout
 
 
 def test_bad_config_is_one_error_line_and_exit_2(tmp_path):
     (tmp_path / "run.toml").write_text("[lora]\nr = 0\n")
-    result = _run("lora_pipeline.train", "--config", str(tmp_path / "run.toml"))
+    result = _run("llm_pipeline.train", "--config", str(tmp_path / "run.toml"))
     assert result.returncode == 2
     assert result.stderr.strip() == "error: lora.r: invalid value 0 (allowed: > 0)"
 
 
 def test_missing_config_file_and_missing_option(tmp_path):
-    result = _run("lora_pipeline.generate", "--config", str(tmp_path / "absent.toml"))
-    assert (result.returncode, result.stderr.strip()) == (2, f"error: run config {tmp_path / 'absent.toml'} does not exist")
-    result = _run("lora_pipeline.data")
+    result = _run("llm_pipeline.generate", "--config", str(tmp_path / "absent.toml"))
+    assert (result.returncode, result.stderr.strip()) == (
+        2,
+        f"error: run config {tmp_path / 'absent.toml'} does not exist",
+    )
+    result = _run("llm_pipeline.data")
     assert result.returncode == 2 and "the following arguments are required: --config" in result.stderr

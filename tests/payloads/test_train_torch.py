@@ -8,15 +8,19 @@ import shutil
 import pytest
 from payload_configs import write_config
 
-from lora_pipeline import generate, train
-from lora_pipeline.checkpoints import newest_complete
+from llm_pipeline import generate, train
+from llm_pipeline.weights.checkpoints import newest_complete
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, tiny_models_dir, tiny_datasets_dir):
     """One 30-step training run of tiny-cpu.toml (checkpoints every 10 steps), its config and output."""
     folder = tmp_path_factory.mktemp("run")
-    env = {"HPL_MODELS_DIR": str(tiny_models_dir), "HPL_DATASETS_DIR": str(tiny_datasets_dir), "HPL_OUTPUTS_DIR": str(folder / "outputs")}
+    env = {
+        "HPL_MODELS_DIR": str(tiny_models_dir),
+        "HPL_DATASETS_DIR": str(tiny_datasets_dir),
+        "HPL_OUTPUTS_DIR": str(folder / "outputs"),
+    }
     path = write_config(folder / "run.toml", env, train={"max_steps": 30, "save_steps": 10})
     cfg = train.cli.load(path)
     return path, cfg
@@ -45,7 +49,11 @@ def _trainer_state(checkpoint):
 
 def test_loss_goes_down(run, first_output):
     cfg = run[1]
-    losses = [entry["loss"] for entry in _trainer_state(cfg.paths.checkpoints_dir / "checkpoint-30")["log_history"] if "loss" in entry]
+    losses = [
+        entry["loss"]
+        for entry in _trainer_state(cfg.paths.checkpoints_dir / "checkpoint-30")["log_history"]
+        if "loss" in entry
+    ]
     assert len(losses) == 6  # every 5 steps
     # The tiny model's frozen random lm_head caps how far LoRA on the decoder layers can go.
     assert losses[-1] < losses[0] - 0.1, losses
@@ -70,7 +78,13 @@ def test_tensorboard_events_hold_loss_and_throughput(run, first_output):
     events = EventAccumulator(str(run[1].paths.tensorboard_dir))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"train/loss", "train/samples_per_second", "train/tokens_per_second", "model/trainable_parameters", "eval/loss"} <= tags
+    assert {
+        "train/loss",
+        "train/samples_per_second",
+        "train/tokens_per_second",
+        "model/trainable_parameters",
+        "eval/loss",
+    } <= tags
     assert [event.step for event in events.Scalars("train/loss")] == [5, 10, 15, 20, 25, 30]
 
 

@@ -11,8 +11,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def submit(env: dict[str, str], config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """python -m lora_pipeline.submit, as a user runs it."""
-    command = [sys.executable, "-m", "lora_pipeline.submit", *args, "--config", str(config)]
+    """python -m llm_pipeline.submit, as a user runs it."""
+    command = [sys.executable, "-m", "llm_pipeline.submit", *args, "--config", str(config)]
     return subprocess.run(command, env=env, capture_output=True, text=True, cwd=REPO / "payloads")
 
 

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from lora_pipeline import launch
 from slurm_helpers import REPO, wait_for
+
+from llm_pipeline.jobs import launch
 
 pytestmark = pytest.mark.xdist_group("slurm")
 
@@ -72,8 +72,12 @@ def test_bad_slurm_environment_is_named(env, message):
 
 def test_cli_outside_a_job_says_so():
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    out = subprocess.run(["python3", "-m", "lora_pipeline.launch"], env={**env, "PYTHONPATH": str(REPO / "payloads")},
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["python3", "-m", "llm_pipeline.jobs.launch"],
+        env={**env, "PYTHONPATH": str(REPO / "payloads")},
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 2
     assert out.stderr.strip() == "error: SLURM_JOB_NUM_NODES is not set: run inside a Slurm job (sbatch/srun)"
 
@@ -84,14 +88,22 @@ def test_two_node_gloo_rendezvous_through_env_sh(two_nodes, tmp_path):
     run_dir.mkdir()
     env = two_nodes.env()
     env.update(
-        HPL_PAYLOADS_DIR=str(REPO / "payloads"), HPL_RUN_CONFIG=str(tmp_path / "unused.toml"), HPL_RUN_DIR=str(run_dir),
-        HPL_RUNTIME="host", HPL_DEVICES_PER_NODE="2", PYTHON=sys.executable, PYTHONPATH=str(Path(__file__).parent),
+        HPL_PAYLOADS_DIR=str(REPO / "payloads"),
+        HPL_RUN_CONFIG=str(tmp_path / "unused.toml"),
+        HPL_RUN_DIR=str(run_dir),
+        HPL_RUNTIME="host",
+        HPL_DEVICES_PER_NODE="2",
+        PYTHON=sys.executable,
+        PYTHONPATH=str(Path(__file__).parent),
         HPL_FSX_MOUNT_PATH=str(tmp_path / "fsx"),
     )
     log = tmp_path / "probe.log"
     job = subprocess.run(
         ["sbatch", "--parsable", "--nodes=2", f"--output={log}", str(Path(__file__).with_name("probe.sbatch"))],
-        env=env, capture_output=True, text=True, check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     marker = run_dir / "logs" / "state" / "probe.json"
     wait_for(lambda: marker.is_file() and json.loads(marker.read_text())["state"] != "RUNNING", 180, f"probe job {job}")

@@ -1,6 +1,6 @@
 """The whole pipeline under a real local Slurm: end to end, a failing step, and a resumed training.
 
-Each test submits the real sbatch scripts with `python -m lora_pipeline.submit`, on the host
+Each test submits the real sbatch scripts with `python -m llm_pipeline.submit`, on the host
 runtime with the tiny-cpu run config and a tiny random Llama (no downloads).
 """
 
@@ -12,10 +12,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from lora_pipeline import pipeline_status
-from lora_pipeline.submit import STEPS
 from slurm_helpers import REPO, submit, wait_for
+
+from llm_pipeline.jobs import pipeline_status
+from llm_pipeline.submit import STEPS
 from tools.rehearse import fsx_environment, write_inputs
 
 pytestmark = pytest.mark.xdist_group("slurm")
@@ -51,7 +51,9 @@ def submitted_jobs(stdout: str) -> dict[str, str]:
 
 
 def queue_is_empty(env: dict[str, str]) -> bool:
-    out = subprocess.run(["squeue", "-h", "-t", "PENDING,RUNNING,COMPLETING"], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["squeue", "-h", "-t", "PENDING,RUNNING,COMPLETING"], env=env, capture_output=True, text=True, check=True
+    )
     return out.stdout.strip() == ""
 
 
@@ -73,7 +75,13 @@ def test_whole_pipeline_produces_every_step_output(cluster):
         log = (out_dir / "logs" / f"{step}-{job}.log").read_text()
         assert f"== {step}: COMPLETED (exit 0)" in log
         assert marker(out_dir, step) | {"time": None, "node": None} == {
-            "step": step, "job": job, "state": "COMPLETED", "exit": 0, "time": None, "node": None}
+            "step": step,
+            "job": job,
+            "state": "COMPLETED",
+            "exit": 0,
+            "time": None,
+            "node": None,
+        }
 
     logs = {step: (out_dir / "logs" / f"{step}-{job}.log").read_text() for step, job in jobs.items()}
     assert "run config ok" in logs["prepare"] and "transformers" in logs["prepare"]
@@ -105,10 +113,22 @@ def test_failed_step_cancels_the_rest_and_is_named(cluster):
 
     status = submit(env, config, "status")
     assert status.returncode == 1
-    assert f"pipeline: FAILED at step data (job {jobs['data']}, FAILED): see {out_dir}/logs/data-{jobs['data']}.log" in status.stdout
-    states = {s.step: s.state for s in pipeline_status.step_states(out_dir / "logs", lambda argv: subprocess.run(argv, env=env, capture_output=True, text=True))}
-    assert states == {"prepare": "COMPLETED", "download": "COMPLETED", "data": "FAILED",
-                      **{step: "CANCELLED" for step in STEPS[3:]}}
+    assert (
+        f"pipeline: FAILED at step data (job {jobs['data']}, FAILED): see {out_dir}/logs/data-{jobs['data']}.log"
+        in status.stdout
+    )
+    states = {
+        s.step: s.state
+        for s in pipeline_status.step_states(
+            out_dir / "logs", lambda argv: subprocess.run(argv, env=env, capture_output=True, text=True)
+        )
+    }
+    assert states == {
+        "prepare": "COMPLETED",
+        "download": "COMPLETED",
+        "data": "FAILED",
+        **{step: "CANCELLED" for step in STEPS[3:]},
+    }
     assert "no-such-file.jsonl" in (out_dir / "logs" / f"data-{jobs['data']}.log").read_text()
     assert marker(out_dir, "data")["state"] == "FAILED"
     assert not (out_dir / "logs" / "state" / "train.json").exists()  # the cancelled steps never started
@@ -136,13 +156,18 @@ def test_killed_training_resumes_from_its_checkpoint(cluster):
     wait_for(lambda: queue_is_empty(env), 60, "the cancelled chain to clear")
     killed_at = max(int(p.name.split("-")[1]) for p in checkpoints.glob("checkpoint-*"))
     assert 4 <= killed_at < 12  # killed mid-run
-    states = {s.step: s.state for s in pipeline_status.step_states(out_dir / "logs", lambda a: subprocess.run(a, env=env, capture_output=True, text=True))}
+    states = {
+        s.step: s.state
+        for s in pipeline_status.step_states(
+            out_dir / "logs", lambda a: subprocess.run(a, env=env, capture_output=True, text=True)
+        )
+    }
     assert states["train"] == "CANCELLED" and states["generate"] == "CANCELLED"
 
     second = submit(env, config, "--from", "train", "--wait", "--poll", "1")
     assert second.returncode == 0, second.stdout + second.stderr
     resumed = submitted_jobs(second.stdout)
-    assert list(resumed) == list(STEPS[STEPS.index("train"):])
+    assert list(resumed) == list(STEPS[STEPS.index("train") :])
     train_log = (out_dir / "logs" / f"train-{resumed['train']}.log").read_text()
     resumed_from = int(re.search(rf"resuming from {re.escape(str(checkpoints))}/checkpoint-(\d+)", train_log).group(1))
     assert 4 <= resumed_from <= killed_at

@@ -13,9 +13,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from lora_pipeline.submit import main as submit_main
 from slurm_helpers import REPO
+
+from llm_pipeline.submit import main as submit_main
 
 pytestmark = pytest.mark.xdist_group("slurm")
 REGISTRY = "123456789012.dkr.ecr.us-west-2.amazonaws.com"
@@ -26,8 +26,8 @@ STAND_INS = {
     "aws": 'echo "$*" >"$CALLS/aws"; echo ecr-password-123',
     # records the credentials enroot would read, then writes the image where it was told to
     "enroot": 'echo "$*" >"$CALLS/enroot"; cp "$ENROOT_CONFIG_PATH/.credentials" "$CALLS/credentials"; '
-              'stat -c %a "$ENROOT_CONFIG_PATH/.credentials" >"$CALLS/credentials.mode"; '
-              'echo "$ENROOT_CONFIG_PATH" >"$CALLS/config_path"; echo squashfs >"$3"',
+    'stat -c %a "$ENROOT_CONFIG_PATH/.credentials" >"$CALLS/credentials.mode"; '
+    'echo "$ENROOT_CONFIG_PATH" >"$CALLS/config_path"; echo squashfs >"$3"',
 }
 
 
@@ -42,9 +42,15 @@ def node(tmp_path):
         path.write_text(f"#!/usr/bin/env bash\nset -eu\n{body}\n")
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
     env = {
-        **os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls), "SLURM_JOB_ID": "77",
-        "HPL_PAYLOADS_DIR": str(REPO / "payloads"), "HPL_RUN_CONFIG": "/fsx/payloads/configs/run.toml",
-        "HPL_RUN_DIR": str(tmp_path / "run"), "HPL_FSX_MOUNT_PATH": "/fsx", "HPL_IMAGES_DIR": str(tmp_path / "images"),
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "CALLS": str(calls),
+        "SLURM_JOB_ID": "77",
+        "HPL_PAYLOADS_DIR": str(REPO / "payloads"),
+        "HPL_RUN_CONFIG": "/fsx/payloads/configs/run.toml",
+        "HPL_RUN_DIR": str(tmp_path / "run"),
+        "HPL_FSX_MOUNT_PATH": "/fsx",
+        "HPL_IMAGES_DIR": str(tmp_path / "images"),
         "HPL_SAGEMAKER_CLUSTER_DIR": str(tmp_path / "not-hyperpod"),
     }
     return env, calls
@@ -67,14 +73,24 @@ def test_pyxis_prepare_imports_the_ecr_image_once_then_checks_inside_it(node, tm
     image = tmp_path / "images" / SQSH
     assert image.read_text() == "squashfs\n"
     assert (calls / "aws").read_text().split() == ["ecr", "get-login-password", "--region", "us-west-2"]
-    assert (calls / "enroot").read_text().split() == ["import", "--output", f"{image}.partial-77", f"docker://{REGISTRY}#{IMAGE.split('/', 1)[1]}"]
+    assert (calls / "enroot").read_text().split() == [
+        "import",
+        "--output",
+        f"{image}.partial-77",
+        f"docker://{REGISTRY}#{IMAGE.split('/', 1)[1]}",
+    ]
     assert (calls / "credentials").read_text() == f"machine {REGISTRY} login AWS password ecr-password-123\n"
     assert (calls / "credentials.mode").read_text().strip() == "600"
     assert not Path((calls / "config_path").read_text().strip()).exists()  # the credentials are gone after the import
     [srun] = srun_calls(calls)
-    assert srun[:5] == ["--kill-on-bad-exit=1", f"--container-image={image}", "--container-mounts=/fsx:/fsx",
-                        f"--container-workdir={REPO / 'payloads'}", "--nodes=1"]
-    assert srun[6:] == ["python3", "-m", "lora_pipeline.preflight", "--config", "/fsx/payloads/configs/run.toml"]
+    assert srun[:5] == [
+        "--kill-on-bad-exit=1",
+        f"--container-image={image}",
+        "--container-mounts=/fsx:/fsx",
+        f"--container-workdir={REPO / 'payloads'}",
+        "--nodes=1",
+    ]
+    assert srun[6:] == ["python3", "-m", "llm_pipeline.prepare", "--config", "/fsx/payloads/configs/run.toml"]
 
     (calls / "enroot").unlink()
     again = run_step("prepare.sbatch", env)
@@ -87,8 +103,19 @@ def test_host_runtime_uses_the_host_python_and_hyperpod_adds_auto_resume(node, t
     env.update(HPL_RUNTIME="host", PYTHON="/opt/venv/bin/python", HPL_SAGEMAKER_CLUSTER_DIR=str(tmp_path))
     out = run_step("merge.sbatch", env)
     assert out.returncode == 0, out.stderr
-    assert srun_calls(calls) == [["--kill-on-bad-exit=1", "--auto-resume=1", "--nodes=1", "--ntasks=1", "/opt/venv/bin/python",
-                                  "-m", "lora_pipeline.merge", "--config", "/fsx/payloads/configs/run.toml"]]
+    assert srun_calls(calls) == [
+        [
+            "--kill-on-bad-exit=1",
+            "--auto-resume=1",
+            "--nodes=1",
+            "--ntasks=1",
+            "/opt/venv/bin/python",
+            "-m",
+            "llm_pipeline.merge",
+            "--config",
+            "/fsx/payloads/configs/run.toml",
+        ]
+    ]
     assert '"state": "COMPLETED"' in (tmp_path / "run" / "logs" / "state" / "merge.json").read_text()
 
 
@@ -105,7 +132,7 @@ def test_a_failing_launch_marks_the_step_failed(node, tmp_path):
     [
         ({"HPL_RUNTIME": "docker"}, "error: HPL_RUNTIME=docker is not a runtime (use host or pyxis)"),
         ({"HPL_RUNTIME": "pyxis"}, "HPL_IMAGE_URI: is not set: the cluster facts name the training image"),
-        ({"HPL_RUN_CONFIG": ""}, "HPL_RUN_CONFIG: is not set: submit with python3 -m lora_pipeline.submit"),
+        ({"HPL_RUN_CONFIG": ""}, "HPL_RUN_CONFIG: is not set: submit with python3 -m llm_pipeline.submit"),
     ],
 )
 def test_bad_environment_stops_the_step_with_a_reason(node, change, message):

@@ -11,15 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from lora_pipeline import config as run_config
-from lora_pipeline.run_facts import RunFactsError, read_run_facts
-from lora_pipeline.submit import STEPS
 from slurm_helpers import REPO
+
+from llm_pipeline import config as run_config
+from llm_pipeline.jobs.run_facts import RunFactsError, read_run_facts
+from llm_pipeline.submit import STEPS
 
 pytestmark = pytest.mark.xdist_group("slurm")
 PAYLOADS = REPO / "payloads"
-CONTROLLER_SIDE = ("submit", "run_facts", "pipeline_status", "launch", "config")  # run on host python3, not in the image
+CONTROLLER_SIDE = ("submit", "config", "errors", "jobs", "jobs.run_facts", "jobs.pipeline_status", "jobs.launch")
 
 
 def constrained_submit(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -27,10 +27,11 @@ def constrained_submit(*args: str, env: dict[str, str] | None = None) -> subproc
     code = (
         "import runpy, sys; sys.modules['tomllib'] = None; "
         f"sys.path.insert(0, {str(PAYLOADS)!r}); sys.argv = ['submit', *sys.argv[1:]]; "
-        "runpy.run_module('lora_pipeline.submit', run_name='__main__')"
+        "runpy.run_module('llm_pipeline.submit', run_name='__main__')"
     )
-    return subprocess.run([sys.executable, "-S", "-c", code, *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-S", "-c", code, *args], capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
 
 
 def write(tmp_path: Path, text: str, name: str = "run.toml") -> Path:
@@ -41,24 +42,36 @@ def write(tmp_path: Path, text: str, name: str = "run.toml") -> Path:
 
 @pytest.mark.parametrize("module", CONTROLLER_SIDE)
 def test_controller_side_modules_are_python_3_10_stdlib(module):
-    source = (PAYLOADS / "lora_pipeline" / f"{module}.py").read_text()
+    path = PAYLOADS / "llm_pipeline" / module.replace(".", "/")
+    source = (path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text()
     tree = ast.parse(source, feature_version=(3, 10))  # a 3.11-only construct fails here
     # Import-time dependencies only: config.load imports tomllib lazily, and submit never calls it
     # (test_dry_run_prints_the_chain_without_tomllib_or_site_packages runs it with tomllib blocked).
-    module_level = [n for stmt in tree.body if not isinstance(stmt, (ast.FunctionDef, ast.ClassDef))
-                    for n in ast.walk(stmt)]
+    module_level = [
+        n for stmt in tree.body if not isinstance(stmt, (ast.FunctionDef, ast.ClassDef)) for n in ast.walk(stmt)
+    ]
     for node in module_level:
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module]
+            if isinstance(node, ast.ImportFrom) and node.module
+            else []
+        )
         for name in names:
             top = name.split(".")[0]
             assert top != "tomllib", f"{module} imports tomllib"
-            assert top in sys.stdlib_module_names or name in (f"lora_pipeline.{m}" for m in CONTROLLER_SIDE) \
-                or name in ("lora_pipeline", "__future__"), f"{module} imports {name}"
+            assert (
+                top in sys.stdlib_module_names
+                or name in (f"llm_pipeline.{m}" for m in CONTROLLER_SIDE)
+                or name in ("llm_pipeline", "__future__")
+            ), f"{module} imports {name}"
 
 
 def test_dry_run_prints_the_chain_without_tomllib_or_site_packages(tmp_path):
-    config = write(tmp_path, '[paths]\noutput_dir = "${HPL_OUTPUTS_DIR:-/unused}/run-a"  # the run\n[parallel]\nnodes = 4\n')
+    config = write(
+        tmp_path, '[paths]\noutput_dir = "${HPL_OUTPUTS_DIR:-/unused}/run-a"  # the run\n[parallel]\nnodes = 4\n'
+    )
     out = constrained_submit("--config", str(config), "--dry-run", env={"HPL_OUTPUTS_DIR": str(tmp_path / "outputs")})
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
@@ -78,8 +91,9 @@ def test_dry_run_prints_the_chain_without_tomllib_or_site_packages(tmp_path):
 
 
 def test_dry_run_from_a_step_starts_the_chain_there(tmp_path):
-    out = constrained_submit("--config", str(write(tmp_path, "")), "--dry-run", "--from", "train",
-                             env={"HPL_OUTPUTS_DIR": str(tmp_path)})
+    out = constrained_submit(
+        "--config", str(write(tmp_path, "")), "--dry-run", "--from", "train", env={"HPL_OUTPUTS_DIR": str(tmp_path)}
+    )
     jobs = out.stdout.splitlines()[2:]
     assert [line.split("=", 1)[0] for line in jobs] == ["train_job", "consolidate_job", "merge_job", "generate_job"]
     assert "--dependency" not in jobs[0] and '--dependency=afterok:"$train_job"' in jobs[1]

@@ -1,0 +1,289 @@
+"""The run config: one TOML file, read by every pipeline step.
+
+Defaults reproduce the reference blog run (Llama 3 8B, dolly 15k, one trn1.32xlarge, TP 8).
+Path values may use ``${VAR}`` or ``${VAR:-default}``; the cluster's facts reach the nodes as
+``HPL_*`` environment variables (see lifecycle/), so paths are never retyped here.
+Relative paths are resolved against the config file's folder.
+
+Importable with Python 3.10's stdlib (the controller's python3, which runs submit): tomllib is
+imported only where a whole file is parsed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BACKENDS = ("auto", "neuron", "torch")
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head")
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+class ConfigError(ValueError):
+    """A bad run config; the message names the key, the value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    id: str = "meta-llama/Meta-Llama-3-8B"
+    dtype: str = "bfloat16"  # the download is saved in this dtype; never fp32 by accident
+    revision: str = "main"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = "databricks/databricks-dolly-15k"  # Hub id, local file or folder
+    split: str = "train"
+    validation_fraction: float = 0.0
+    max_length: int = 1024
+    packing: bool = False  # the reference pads every example to max_length; packing is faster
+    max_samples: int = 0  # 0 = all rows
+
+
+@dataclass(frozen=True)
+class PathsConfig:
+    model_dir: str = "${HPL_MODELS_DIR:-/fsx/models}/Meta-Llama-3-8B"
+    output_dir: str = "${HPL_OUTPUTS_DIR:-/fsx/outputs}/llama3-8b-dolly-lora"
+    compile_cache_dir: str = "${HPL_COMPILE_CACHE_DIR:-/fsx/neuron-cache}"
+
+    # The run folder layout every step agrees on.
+    @property
+    def checkpoints_dir(self) -> Path:
+        return Path(self.output_dir) / "checkpoints"
+
+    @property
+    def adapter_dir(self) -> Path:
+        return Path(self.output_dir) / "adapter"
+
+    @property
+    def merged_dir(self) -> Path:
+        return Path(self.output_dir) / "merged"
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.output_dir) / "data"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return Path(self.output_dir) / "tensorboard"
+
+    @property
+    def logs_dir(self) -> Path:
+        return Path(self.output_dir) / "logs"
+
+    @property
+    def generation_file(self) -> Path:
+        return Path(self.output_dir) / "generation.txt"
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    r: int = 16
+    alpha: int = 16
+    dropout: float = 0.05
+    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
+    use_rslora: bool = False
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / (self.r**0.5 if self.use_rslora else self.r)
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int = 8
+    pipeline_parallel_size: int = 1
+    devices_per_node: int = 32  # NeuronCores on a trn1.32xlarge; processes per node at launch
+    nodes: int = 1
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    backend: str = "auto"  # auto picks neuron when torch_xla/Neuron devices exist, else torch
+    per_device_batch_size: int = 1
+    gradient_accumulation_steps: int = 3
+    epochs: float = 3.0
+    max_steps: int = -1  # > 0 overrides epochs
+    learning_rate: float = 2e-5
+    lr_scheduler: str = "linear"
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    bf16: bool = True
+    seed: int = 42
+    logging_steps: int = 10
+    save_steps: int = 500
+    save_total_limit: int = 2
+    precompile_steps: int = 10  # steps run under neuron_parallel_compile
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    instruction: str = "What are the main differences between a llama and an alpaca?"
+    context: str = ""
+    max_new_tokens: int = 128
+    temperature: float = 0.0  # 0 = greedy
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand(value: str, key: str, env: dict[str, str] | None = None) -> str:
+    """Expand ``${VAR}`` / ``${VAR:-default}``; an unset variable without default is an error."""
+    env = os.environ if env is None else env
+
+    def sub(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if env.get(name):
+            return env[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{key}: environment variable {name} is not set (value {value!r})")
+
+    return _VAR.sub(sub, value)
+
+
+def _build(cls: type, table: Any, section: str) -> Any:
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{section}] must be a table, got {type(table).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - set(fields))
+    if unknown:
+        raise ConfigError(f"{section}.{unknown[0]}: unknown key (known: {', '.join(fields)})")
+    values = {}
+    for name, value in table.items():
+        default = getattr(cls(), name)
+        key = f"{section}.{name}"
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        elif isinstance(default, int):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        elif isinstance(default, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{key}: expected a number, got {value!r}")
+            value = float(value)
+        elif isinstance(default, str):
+            if not isinstance(value, str):
+                raise ConfigError(f"{key}: expected a string, got {value!r}")
+        elif isinstance(default, tuple):
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"{key}: expected a list of strings, got {value!r}")
+            value = tuple(value)
+        values[name] = value
+    return cls(**values)
+
+
+def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: invalid value {value!r} (allowed: {allowed})")
+
+
+def validate(cfg: RunConfig) -> None:
+    """Cross-field and range checks; each failure names the key."""
+    _require(cfg.model.dtype in DTYPES, "model.dtype", cfg.model.dtype, ", ".join(DTYPES))
+    _require(
+        0.0 <= cfg.data.validation_fraction < 1.0,
+        "data.validation_fraction",
+        cfg.data.validation_fraction,
+        "0 <= x < 1",
+    )
+    _require(cfg.data.max_length >= 16, "data.max_length", cfg.data.max_length, ">= 16")
+    _require(cfg.data.max_samples >= 0, "data.max_samples", cfg.data.max_samples, ">= 0")
+    _require(cfg.lora.r > 0, "lora.r", cfg.lora.r, "> 0")
+    _require(cfg.lora.alpha > 0, "lora.alpha", cfg.lora.alpha, "> 0")
+    _require(0.0 <= cfg.lora.dropout < 1.0, "lora.dropout", cfg.lora.dropout, "0 <= x < 1")
+    _require(
+        len(cfg.lora.target_modules) > 0, "lora.target_modules", list(cfg.lora.target_modules), "at least one module"
+    )
+    for module in cfg.lora.target_modules:
+        _require(module in LORA_MODULES, "lora.target_modules", module, ", ".join(LORA_MODULES))
+    # The Neuron training model fuses gate/up: LoRA has to target both or neither.
+    gate_up = {"gate_proj", "up_proj"} & set(cfg.lora.target_modules)
+    _require(len(gate_up) != 1, "lora.target_modules", sorted(gate_up), "gate_proj and up_proj together or neither")
+    par = cfg.parallel
+    for name in ("tensor_parallel_size", "pipeline_parallel_size", "devices_per_node", "nodes"):
+        _require(getattr(par, name) >= 1, f"parallel.{name}", getattr(par, name), ">= 1")
+    world = par.devices_per_node * par.nodes
+    model_parallel = par.tensor_parallel_size * par.pipeline_parallel_size
+    _require(
+        world % model_parallel == 0,
+        "parallel.tensor_parallel_size",
+        par.tensor_parallel_size,
+        f"TP x PP must divide the {world} devices (devices_per_node x nodes)",
+    )
+    tr = cfg.train
+    _require(tr.backend in BACKENDS, "train.backend", tr.backend, ", ".join(BACKENDS))
+    for name in (
+        "per_device_batch_size",
+        "gradient_accumulation_steps",
+        "logging_steps",
+        "save_steps",
+        "precompile_steps",
+    ):
+        _require(getattr(tr, name) >= 1, f"train.{name}", getattr(tr, name), ">= 1")
+    _require(tr.max_steps == -1 or tr.max_steps > 0, "train.max_steps", tr.max_steps, "-1 (use epochs) or > 0")
+    _require(tr.epochs > 0, "train.epochs", tr.epochs, "> 0")
+    _require(tr.learning_rate > 0, "train.learning_rate", tr.learning_rate, "> 0")
+    _require(tr.warmup_steps >= 0, "train.warmup_steps", tr.warmup_steps, ">= 0")
+    _require(tr.weight_decay >= 0, "train.weight_decay", tr.weight_decay, ">= 0")
+    _require(tr.save_total_limit >= 1, "train.save_total_limit", tr.save_total_limit, ">= 1")
+    _require(cfg.generate.max_new_tokens >= 1, "generate.max_new_tokens", cfg.generate.max_new_tokens, ">= 1")
+    _require(cfg.generate.temperature >= 0, "generate.temperature", cfg.generate.temperature, ">= 0")
+
+
+def from_dict(raw: dict[str, Any], base_dir: Path | None = None, env: dict[str, str] | None = None) -> RunConfig:
+    sections = {f.name: f.type for f in dataclasses.fields(RunConfig)}
+    unknown = sorted(set(raw) - set(sections))
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown section (known: {', '.join(sections)})")
+    parts = {}
+    for f in dataclasses.fields(RunConfig):
+        cls = type(f.default_factory())
+        parts[f.name] = _build(cls, raw.get(f.name, {}), f.name)
+    paths = parts["paths"]
+    resolved = {}
+    for f in dataclasses.fields(PathsConfig):
+        value = Path(expand(getattr(paths, f.name), f"paths.{f.name}", env)).expanduser()
+        if not value.is_absolute() and base_dir is not None:
+            value = base_dir / value
+        resolved[f.name] = str(value)
+    parts["paths"] = PathsConfig(**resolved)
+    # The dataset may be a local file under a cluster folder (e.g. ${HPL_DATASETS_DIR}/dolly.jsonl).
+    data = parts["data"]
+    parts["data"] = dataclasses.replace(data, dataset=expand(data.dataset, "data.dataset", env))
+    cfg = RunConfig(**parts)
+    validate(cfg)
+    return cfg
+
+
+def load(path: str | os.PathLike[str], env: dict[str, str] | None = None) -> RunConfig:
+    """Read and validate a run config file."""
+    import tomllib  # Python 3.11+: the steps run in the training image, never on the controller
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"run config {path} does not exist")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"run config {path} is not valid TOML: {exc}") from None
+    return from_dict(raw, base_dir=path.resolve().parent, env=env)

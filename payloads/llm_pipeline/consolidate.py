@@ -1,0 +1,148 @@
+"""Turn a training checkpoint's adapter into one peft adapter folder.
+
+    python -m llm_pipeline.consolidate --config run.toml [--checkpoint DIR] [--output DIR]
+
+Defaults: the newest complete checkpoint in paths.checkpoints_dir -> paths.adapter_dir. A sharded
+neuronx-distributed adapter (neuron backend) is rebuilt into full tensors (tp_layout); a plain peft
+adapter (torch backend) is checked and copied. The output holds ``adapter_model.safetensors`` and
+``adapter_config.json`` with Hugging Face module names, so ``PeftModel.from_pretrained`` loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from llm_pipeline import cli
+from llm_pipeline.errors import CheckpointError
+from llm_pipeline.weights.adapter_files import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    open_adapter_folder,
+    plan_updates,
+    read_adapter_config,
+)
+from llm_pipeline.weights.adapter_layout import PlainAdapter, ShardedAdapter, find_adapter
+from llm_pipeline.weights.atomic_output import AtomicOutputDir
+from llm_pipeline.weights.tp_layout import StageShards, consolidate_stage
+from llm_pipeline.weights.xser_reader import load_rank_file
+
+# optimum-neuron's fused modules, in case a config still names them: fused name -> HF names.
+FUSED_TARGETS = {"gate_up_proj": ("gate_proj", "up_proj"), "qkv_proj": ("q_proj", "k_proj", "v_proj")}
+
+
+def read_metadata(path: Path, tp_size: int, rank_dir: Path, pp: int) -> dict:
+    try:
+        metadata = json.loads(path.read_text())
+        parameters = metadata["parameters"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path} is not valid neuronx-distributed metadata ({exc})") from None
+    expected = max(
+        (p.get("num_partitions", 1) for p in parameters.values() if p.get("tensor_model_parallel")), default=1
+    )
+    if expected > tp_size:
+        raise CheckpointError(
+            f"rank file {rank_dir / f'dp_rank_00_tp_rank_{tp_size:02d}_pp_rank_{pp:02d}.pt'} is missing: {path.name} "
+            f"describes TP={expected} but only {tp_size} rank file(s) exist"
+        )
+    return metadata
+
+
+def consolidated_tensors(adapter: ShardedAdapter) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for pp, (metadata_file, rank_files) in enumerate(zip(adapter.metadata_files, adapter.rank_files, strict=True)):
+        metadata = read_metadata(metadata_file, adapter.tp_size, rank_files[0].parent, pp)
+        print(f"reading pipeline stage {pp}: {len(rank_files)} TP rank file(s) in {rank_files[0].parent}", flush=True)
+        stage = StageShards(metadata=metadata, ranks=[load_rank_file(f) for f in rank_files], source=str(metadata_file))
+        for name, tensor in consolidate_stage(stage, adapter.adapter_name).items():
+            if name in tensors and tensors[name].shape != tensor.shape:
+                raise CheckpointError(f"{name} differs between pipeline stages")
+            tensors.setdefault(name, tensor)
+    return tensors
+
+
+def hf_adapter_config(config: dict, tensors: dict[str, torch.Tensor], source: Path) -> dict:
+    """The adapter config with HF target module names, checked against the weights it ships with."""
+    config = dict(config, inference_mode=True)
+    targets = config.get("target_modules")
+    if isinstance(targets, list):
+        names = []
+        for target in targets:
+            names.extend(FUSED_TARGETS.get(target, (target,)))
+        config["target_modules"] = sorted(set(names))
+        for update in plan_updates(tensors, source=source).values():
+            if not any(update.module == t or update.module.endswith("." + t) for t in config["target_modules"]):
+                raise CheckpointError(
+                    f"{source}: weights for {update.module} but target_modules is {config['target_modules']}"
+                )
+    return config
+
+
+def write_sharded(adapter: ShardedAdapter, output: Path) -> int:
+    config = read_adapter_config(adapter.folder)
+    tensors = {name: t.contiguous() for name, t in sorted(consolidated_tensors(adapter).items())}
+    source = adapter.folder / CONFIG_NAME
+    (output / CONFIG_NAME).write_text(json.dumps(hf_adapter_config(config, tensors, source), indent=2) + "\n")
+    save_file(tensors, output / WEIGHTS_NAME, metadata={"format": "pt"})
+    return len(tensors)
+
+
+def copy_plain(adapter: PlainAdapter, output: Path) -> int:
+    checked = open_adapter_folder(adapter.folder)  # headers, key names and ranks are checked here
+    shutil.copy2(adapter.folder / WEIGHTS_NAME, output / WEIGHTS_NAME)
+    config = hf_adapter_config(checked.config, checked.tensors, checked.weights_file)
+    (output / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+    return len(checked.tensors)
+
+
+def consolidate_checkpoint(source: Path, output: Path, *, overwrite: bool = False) -> Path:
+    """Consolidate the adapter found at ``source`` (any accepted input) into ``output``."""
+    adapter = find_adapter(source)
+    atomic = AtomicOutputDir(output, overwrite=overwrite)
+    atomic.check()
+    try:
+        with atomic as partial:
+            if isinstance(adapter, PlainAdapter):
+                print(f"consolidate: {adapter.folder} is a plain peft adapter; checking and copying it", flush=True)
+                count = copy_plain(adapter, partial)
+            else:
+                print(
+                    f"consolidate: sharded adapter {adapter.folder} (TP={adapter.tp_size}, PP={len(adapter.rank_files)})",
+                    flush=True,
+                )
+                count = write_sharded(adapter, partial)
+            open_adapter_folder(partial)  # the result must read back as a mergeable adapter
+    except OSError as exc:
+        raise CheckpointError(f"consolidation failed while writing {output}: {exc}; nothing was written") from None
+    print(f"adapter written to {output}: {count} tensors", flush=True)
+    return output
+
+
+def build_parser():
+    parser = cli.parser("consolidate", __doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="checkpoint, adapter, checkpoints or run folder (default: newest in paths.checkpoints_dir)",
+    )
+    parser.add_argument("--output", type=Path, help="adapter folder to write (default: paths.adapter_dir)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output folder")
+    return parser
+
+
+def run(cfg, args) -> None:
+    consolidate_checkpoint(
+        args.checkpoint or cfg.paths.checkpoints_dir, args.output or cfg.paths.adapter_dir, overwrite=args.overwrite
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run_step(build_parser, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,154 @@
+"""Data step: dolly records from a Hub dataset, a local JSON/JSONL/Parquet file or a folder ->
+validated, optionally split, saved in the run folder (paths.data_dir) with a padding report.
+
+Every training process then reads the same prepared copy: the Hub is hit once, the split is fixed
+once, and a change of the [data] config is noticed instead of silently training on stale data.
+Formatting into prompt text happens in the trainer, per example (prompt.format_example).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+from llm_pipeline import cli
+from llm_pipeline.config import DataConfig, RunConfig
+from llm_pipeline.errors import StepError
+from llm_pipeline.prompt import COLUMNS, REQUIRED_COLUMNS
+from llm_pipeline.training import data_stats
+from llm_pipeline.weights import model_files
+
+FILE_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+SOURCE_FILE = "source.json"  # the [data] config + seed the prepared copy was made from
+STATS_FILE = "stats.json"
+
+
+def load_source(data: DataConfig):
+    """The raw records, from a local file, a local folder, or a Hub dataset id."""
+    import datasets
+
+    spec = data.dataset
+    path = Path(spec).expanduser()
+    try:
+        if path.is_file():
+            if path.stat().st_size == 0:
+                raise StepError(f"data.dataset {spec} is empty: there is nothing to train on")
+            if path.suffix.lower() not in FILE_FORMATS:
+                raise StepError(f"data.dataset {spec}: unsupported file type (use {', '.join(FILE_FORMATS)})")
+            return datasets.load_dataset(FILE_FORMATS[path.suffix.lower()], data_files=str(path), split="train")
+        if path.is_dir():
+            if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+                saved = datasets.load_from_disk(str(path))
+                return saved[data.split] if isinstance(saved, datasets.DatasetDict) else saved
+            return datasets.load_dataset(str(path), split=data.split)
+        if spec.startswith(("/", ".", "~")):
+            raise StepError(f"data.dataset {spec}: no such file or folder")
+        return datasets.load_dataset(spec, split=data.split)
+    except datasets.exceptions.DatasetGenerationError as exc:
+        raise StepError(f"data.dataset {spec} cannot be read: {exc.__cause__ or exc}") from None
+    except (FileNotFoundError, ValueError, KeyError, datasets.exceptions.DatasetNotFoundError) as exc:
+        raise StepError(f"data.dataset {spec} (split {data.split!r}) cannot be loaded: {exc}") from None
+
+
+def validate(dataset, source: str):
+    """Keep the dolly columns as strings; stop on an empty dataset or missing columns."""
+    if len(dataset) == 0:
+        raise StepError(f"data.dataset {source} is empty: there is nothing to train on")
+    missing = [name for name in REQUIRED_COLUMNS if name not in dataset.column_names]
+    if missing:
+        raise StepError(
+            f"data.dataset {source} lacks column(s) {', '.join(missing)} (has: {', '.join(dataset.column_names)}); "
+            f"dolly records need {', '.join(REQUIRED_COLUMNS)} and optionally context"
+        )
+    if "context" not in dataset.column_names:
+        dataset = dataset.add_column("context", [""] * len(dataset))
+    for name in COLUMNS:
+        dtype = getattr(dataset.features[name], "dtype", None)
+        if dtype not in ("string", "large_string", "null"):
+            raise StepError(f"data.dataset {source}: column {name} holds {dataset.features[name]}, expected text")
+    dataset = dataset.select_columns(list(COLUMNS))
+    return dataset.map(lambda record: {name: record[name] or "" for name in COLUMNS}, desc="cleaning records")
+
+
+def split(dataset, data: DataConfig, seed: int):
+    import datasets
+
+    if data.max_samples:
+        dataset = dataset.select(range(min(data.max_samples, len(dataset))))
+    if not data.validation_fraction:
+        return datasets.DatasetDict(train=dataset)
+    try:
+        parts = dataset.train_test_split(test_size=data.validation_fraction, seed=seed)
+    except ValueError as exc:
+        raise StepError(
+            f"data.validation_fraction {data.validation_fraction}: cannot split {len(dataset)} rows ({exc})"
+        ) from None
+    return datasets.DatasetDict(train=parts["train"], validation=parts["test"])
+
+
+def load_tokenizer(model_dir: str):
+    from transformers import AutoTokenizer
+
+    folder = Path(model_dir)
+    model_files.require_model_folder(folder, "the tokenizer is read from it")
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as exc:
+        raise StepError(f"no usable tokenizer in {folder}: {exc}") from None
+
+
+def _source_record(cfg: RunConfig) -> dict:
+    return {"data": dataclasses.asdict(cfg.data), "seed": cfg.train.seed}
+
+
+def prepare(cfg: RunConfig) -> Path:
+    """Load, validate, split and save the dataset; write and print the padding report."""
+    tokenizer = load_tokenizer(cfg.paths.model_dir)
+    data_stats.check_template_fits(tokenizer, cfg.data.max_length)
+    print(f"loading {cfg.data.dataset} (split {cfg.data.split})", flush=True)
+    prepared = split(validate(load_source(cfg.data), cfg.data.dataset), cfg.data, cfg.train.seed)
+    report = data_stats.padding_report(prepared["train"], tokenizer, cfg)
+    target = cfg.paths.data_dir
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    prepared.save_to_disk(str(partial))
+    (partial / SOURCE_FILE).write_text(json.dumps(_source_record(cfg), indent=2) + "\n")
+    (partial / STATS_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    sizes = ", ".join(f"{name} {len(part)}" for name, part in prepared.items())
+    print(f"prepared {sizes} rows in {target}", flush=True)
+    print(data_stats.describe(report), flush=True)
+    return target
+
+
+def is_prepared(cfg: RunConfig) -> bool:
+    """True when the run folder holds data prepared from this very [data] config and seed."""
+    source = cfg.paths.data_dir / SOURCE_FILE
+    return source.is_file() and json.loads(source.read_text()) == _source_record(cfg)
+
+
+def load_prepared(cfg: RunConfig):
+    """The prepared dataset of this run; stale or missing data is an error naming the data step."""
+    import datasets
+
+    target = cfg.paths.data_dir
+    if not (target / SOURCE_FILE).is_file():
+        raise StepError(f"no prepared data in {target}: run `python -m llm_pipeline.data --config ...` first")
+    if not is_prepared(cfg):
+        raise StepError(f"the data in {target} was prepared from another [data] config or seed: rerun the data step")
+    return datasets.load_from_disk(str(target))
+
+
+def build_parser():
+    return cli.parser("data", "Validate, split and save the dolly dataset; report padding with and without packing.")
+
+
+def main(argv=None) -> int:
+    return cli.run_step(build_parser, lambda cfg, args: prepare(cfg), argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

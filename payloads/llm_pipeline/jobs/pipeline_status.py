@@ -1,0 +1,163 @@
+"""Where a submitted pipeline stands: each step's state and the step that failed.
+
+Sources, best first: Slurm (squeue knows jobs until MinJobAge after they end; sacct where the
+cluster keeps accounting), then the marker each step script writes to <run>/logs/state/<step>.json
+when it starts and ends. A job Slurm has forgotten that never wrote a marker never ran (it was
+cancelled because an earlier step failed, or by hand).
+
+Stdlib only: runs on the controller's system python3 (3.10).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "STAGE_OUT"}
+NEVER_RAN = "NOT_RUN"
+
+
+@dataclass(frozen=True)
+class StepJob:
+    step: str
+    job: str
+    log: str
+
+
+@dataclass(frozen=True)
+class StepState:
+    step: str
+    job: str
+    state: str  # a Slurm job state, or NOT_RUN / LOST
+    detail: str  # Slurm's reason or where the state came from
+    log: str
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "COMPLETED"
+
+
+# -- the record submit writes --------------------------------------------------------------------
+def record_path(logs_dir: Path) -> Path:
+    return logs_dir / "pipeline.json"
+
+
+def write_record(logs_dir: Path, config: Path, jobs: list[StepJob]) -> None:
+    body = {"config": str(config), "steps": [vars(job) for job in jobs]}
+    tmp = record_path(logs_dir).with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(body, indent=2) + "\n")
+    tmp.replace(record_path(logs_dir))
+
+
+def read_record(logs_dir: Path) -> list[StepJob]:
+    path = record_path(logs_dir)
+    if not path.is_file():
+        return []
+    return [StepJob(**entry) for entry in json.loads(path.read_text())["steps"]]
+
+
+# -- Slurm's view --------------------------------------------------------------------------------
+def slurm_states(
+    job_ids: list[str], run: Callable[[list[str]], subprocess.CompletedProcess]
+) -> dict[str, tuple[str, str]]:
+    """{job id: (state, reason)} for the jobs Slurm still knows."""
+    known: dict[str, tuple[str, str]] = {}
+    if not job_ids:
+        return known
+    out = run(["squeue", "-h", "-t", "all", "-o", "%i|%T|%r"])
+    if out.returncode == 0:
+        for line in out.stdout.splitlines():
+            job, state, reason = (line.split("|") + ["", ""])[:3]
+            if job in job_ids:
+                known[job] = (state, "" if reason == "None" else reason)
+    missing = [job for job in job_ids if job not in known]
+    if missing:  # accounting, where the cluster keeps it (HyperPod can; the local rehearsal does not)
+        out = run(["sacct", "-n", "-P", "-X", "-j", ",".join(missing), "-o", "JobID,State"])
+        if out.returncode == 0:
+            for line in out.stdout.splitlines():
+                job, _, state = line.partition("|")
+                if job in missing and state:
+                    known[job] = (state.split()[0], "from sacct")
+    return known
+
+
+def _marker(state_dir: Path, step: str) -> dict:
+    try:
+        return json.loads((state_dir / f"{step}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def step_states(logs_dir: Path, run: Callable[[list[str]], subprocess.CompletedProcess]) -> list[StepState]:
+    jobs = read_record(logs_dir)
+    known = slurm_states([job.job for job in jobs], run)
+    states = []
+    for job in jobs:
+        marker = _marker(logs_dir / "state", job.step)
+        marker = marker if str(marker.get("job")) == job.job else {}
+        if job.job in known:
+            state, detail = known[job.job]
+        elif marker.get("state") in ("COMPLETED", "FAILED", "CANCELLED"):
+            state, detail = marker["state"], f"exit {marker.get('exit')} (step marker)"
+        elif marker:
+            state, detail = (
+                "LOST",
+                f"marked {marker.get('state')} on {marker.get('node')} but gone from Slurm (node failure?)",
+            )
+        else:
+            state, detail = NEVER_RAN, "gone from Slurm without starting (cancelled)"
+        states.append(StepState(job.step, job.job, state, detail, job.log))
+    return states
+
+
+def verdict(states: list[StepState]) -> tuple[str, StepState | None]:
+    """("COMPLETED" | "RUNNING" | "FAILED", the failed or current step)."""
+    for state in states:
+        if not state.ok and not state.active:
+            return "FAILED", state
+    for state in states:
+        if state.active:
+            return "RUNNING", state
+    return "COMPLETED", None
+
+
+def describe(states: list[StepState]) -> list[str]:
+    lines = [f"{'step':<12} {'job':>8}  {'state':<10} detail"]
+    lines += [f"{s.step:<12} {s.job:>8}  {s.state:<10} {s.detail}" for s in states]
+    overall, step = verdict(states)
+    if overall == "FAILED":
+        lines.append(f"pipeline: FAILED at step {step.step} (job {step.job}, {step.state}): see {step.log}")
+    elif overall == "RUNNING":
+        lines.append(f"pipeline: RUNNING, at step {step.step} (job {step.job}, {step.state})")
+    else:
+        lines.append("pipeline: COMPLETED")
+    return lines
+
+
+def wait(
+    logs_dir: Path,
+    run: Callable[[list[str]], subprocess.CompletedProcess],
+    *,
+    poll_s: float = 5.0,
+    echo: Callable[[str], None] = print,
+) -> list[StepState]:
+    """Poll until no step is pending or running; print each state change as it happens."""
+    seen: dict[str, str] = {}
+    start = time.monotonic()
+    while True:
+        states = step_states(logs_dir, run)
+        for s in states:
+            if seen.get(s.step) != s.state:
+                seen[s.step] = s.state
+                echo(f"[{time.monotonic() - start:6.0f}s] {s.step:<12} {s.state:<10} job {s.job}  {s.detail}")
+        if not any(s.active for s in states):
+            return states
+        time.sleep(poll_s)

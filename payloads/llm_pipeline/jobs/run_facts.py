@@ -1,0 +1,93 @@
+"""The two facts submit needs from a run config, read with the stdlib of Python 3.10.
+
+submit runs on the HyperPod controller's system python3 (3.10: no tomllib, no third-party
+packages), so it cannot parse a whole run config. It needs only where the run folder is
+(`[paths] output_dir`, for the log folder) and how many nodes train uses (`[parallel] nodes`).
+This module reads just those two keys; defaults and `${VAR:-default}` expansion come from
+llm_pipeline.config itself (stdlib-only at import), so there is one source of truth. The whole
+file is validated by the steps themselves (prepare first).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from llm_pipeline.config import ConfigError, ParallelConfig, PathsConfig, expand
+
+_TABLE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.-]+)\s*\]\s*(#.*)?$")
+_KEY = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*=\s*(.*?)\s*$")
+
+
+class RunFactsError(ValueError):
+    """The run config cannot be read for submission; the message names the file and key."""
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    config: Path  # absolute
+    output_dir: Path
+    nodes: int
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.output_dir / "logs"
+
+
+def _scalar(raw: str, where: str) -> object:
+    """A TOML basic/literal string or integer, with an optional trailing comment."""
+    if raw.startswith('"') and not raw.startswith('"""'):
+        end = re.match(r'"(?:[^"\\]|\\.)*"', raw)
+        if end and re.fullmatch(r"\s*(#.*)?", raw[end.end() :]):
+            return json.loads(end.group(0))
+    elif raw.startswith("'") and not raw.startswith("'''"):
+        end = raw.find("'", 1)
+        if end > 0 and re.fullmatch(r"\s*(#.*)?", raw[end + 1 :]):
+            return raw[1:end]
+    else:
+        number = re.fullmatch(r"([+-]?[0-9_]+)\s*(#.*)?", raw)
+        if number:
+            return int(number.group(1).replace("_", ""))
+    raise RunFactsError(f"{where}: cannot read {raw!r} (write a one-line string or an integer)")
+
+
+def read_key(text: str, table: str, key: str, where: str) -> object | None:
+    """The value of `key` in `[table]`, or None when the file does not set it."""
+    current = ""
+    for number, line in enumerate(text.splitlines(), 1):
+        header = _TABLE.match(line)
+        if header:
+            current = header.group(1)
+            continue
+        match = _KEY.match(line)
+        if current == table and match and match.group(1) == key:
+            return _scalar(match.group(2), f"{where}:{number} {table}.{key}")
+    return None
+
+
+def read_run_facts(path: str | os.PathLike[str], env: dict[str, str] | None = None) -> RunFacts:
+    env = dict(os.environ if env is None else env)
+    config = Path(path).expanduser().resolve()
+    if not config.is_file():
+        raise RunFactsError(f"run config {path} does not exist")
+    text = config.read_text()
+    output_dir = read_key(text, "paths", "output_dir", str(config))
+    if output_dir is None:
+        output_dir = PathsConfig().output_dir
+    nodes = read_key(text, "parallel", "nodes", str(config))
+    if nodes is None:
+        nodes = ParallelConfig().nodes
+    if not isinstance(output_dir, str):
+        raise RunFactsError(f"{config}: paths.output_dir must be a string, got {output_dir!r}")
+    if not isinstance(nodes, int) or nodes < 1:
+        raise RunFactsError(f"{config}: parallel.nodes must be an integer >= 1, got {nodes!r}")
+    try:
+        out = Path(expand(output_dir, "paths.output_dir", env)).expanduser()
+    except ConfigError as exc:
+        raise RunFactsError(str(exc)) from None
+    if not out.is_absolute():
+        out = config.parent / out
+    return RunFacts(config=config, output_dir=out, nodes=nodes)

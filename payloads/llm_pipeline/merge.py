@@ -1,0 +1,156 @@
+"""Merge a LoRA adapter into its base model, streaming tensor by tensor.
+
+    python -m llm_pipeline.merge --config run.toml [--base DIR] [--adapter DIR] [--output DIR]
+
+Defaults: paths.model_dir + paths.adapter_dir -> paths.merged_dir. Every adapter module is checked
+against the base model (name, shape, dtype) before anything is written; the output keeps the base
+model's shards and index, with config, generation config and tokenizer files copied, so it loads
+with ``AutoModelForCausalLM.from_pretrained`` and no Hub access. The result appears under the
+output path only when complete (see atomic_output).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+
+from llm_pipeline import cli
+from llm_pipeline.errors import CheckpointError
+from llm_pipeline.weights.adapter_files import AdapterFolder, open_adapter_folder
+from llm_pipeline.weights.atomic_output import AtomicOutputDir
+from llm_pipeline.weights.merge_stream import LoraFactors, ProgressPrinter, merge_shard
+from llm_pipeline.weights.model_files import ModelFolder, open_model_folder
+from llm_pipeline.weights.safetensors_header import FLOAT_DTYPES
+
+
+def check_fits(model: ModelFolder, adapter: AdapterFolder) -> None:
+    """Every update must name a float base tensor whose shape matches its factors."""
+    base_tensors = model.tensors
+    for target, update in adapter.updates.items():
+        slot = base_tensors.get(target)
+        if slot is None:
+            hint = ""
+            if update.module.endswith("lm_head") and "model.embed_tokens.weight" in base_tensors:
+                hint = " (this model ties lm_head to embed_tokens, so lm_head has no weight of its own)"
+            raise CheckpointError(
+                f"adapter module {update.module} has no base tensor {target} in {model.path}{hint}: "
+                "the adapter was trained for another model architecture"
+            )
+        if slot.dtype not in FLOAT_DTYPES or len(slot.shape) != 2:
+            raise CheckpointError(
+                f"base tensor {target} is {slot.dtype} {list(slot.shape)}: only 2-D float weights can be merged"
+            )
+        a, b = adapter.tensors[update.a_key].shape, adapter.tensors[update.b_key].shape
+        rows, cols = (a[1], b[0]) if update.kind == "embedding" else (b[0], a[1])
+        copy_ok = update.base_copy_key is None or adapter.tensors[update.base_copy_key].shape == slot.shape
+        if (rows, cols) != slot.shape or not copy_ok:
+            raise CheckpointError(
+                f"adapter module {update.module} does not fit the base model: LoRA A {list(a)} and B {list(b)} "
+                f"imply a {rows}x{cols} weight, but {target} in {model.path} is {slot.shape[0]}x{slot.shape[1]}; "
+                "the adapter was trained for another model (check --base)"
+            )
+
+
+def check_paths(output: Path, *inputs: Path) -> None:
+    out = output.resolve()
+    for path in inputs:
+        src = path.resolve()
+        if out == src or src.is_relative_to(out):
+            raise CheckpointError(f"output {output} would overwrite the input {path}; choose another --output")
+
+
+def write_merged(model: ModelFolder, adapter: AdapterFolder, folder: Path) -> Counter[str]:
+    """Write every merged shard, the index and the other files into ``folder``; verify every update applied once."""
+    used: Counter[str] = Counter()
+    with contextlib.closing(LoraFactors(adapter)) as lora:
+        for number, shard in enumerate(model.shards, 1):
+            started = time.monotonic()
+            updates = {name: adapter.updates[name] for name in shard.tensors if name in adapter.updates}
+            label = f"[{number}/{len(model.shards)}] {shard.path.name}"
+            used.update(merge_shard(shard, folder / shard.path.name, lora, updates, ProgressPrinter(label, shard.size)))
+            seconds = max(time.monotonic() - started, 1e-6)
+            rate = shard.size / 1e6 / seconds
+            print(
+                f"{label}: {shard.size / 1e9:.2f} GB, {len(updates)} tensor(s) merged, {seconds:.1f} s ({rate:.0f} MB/s)",
+                flush=True,
+            )
+    unmerged = sorted(set(adapter.updates) - set(used))
+    repeated = sorted(name for name, count in used.items() if count != 1)
+    if unmerged or repeated:
+        raise CheckpointError(
+            f"merge verification failed: unmerged {unmerged[:3]}, merged more than once {repeated[:3]}"
+        )
+    for path in [*model.extra_files, *([model.index_file] if model.index_file else [])]:
+        shutil.copy2(path, folder / path.name)
+    return used
+
+
+def merge(base: Path, adapter_dir: Path, output: Path, *, overwrite: bool = False) -> Path:
+    model = open_model_folder(base)
+    adapter = open_adapter_folder(adapter_dir)
+    check_fits(model, adapter)
+    check_paths(output, base, adapter_dir)
+    atomic = AtomicOutputDir(output, overwrite=overwrite)
+    atomic.check()
+    print(
+        f"merge: base {base} ({len(model.shards)} shard(s), {model.total_bytes / 1e9:.2f} GB); adapter {adapter_dir} "
+        f"({len(adapter.updates)} LoRA modules, r={adapter.rank}, alpha={adapter.config['lora_alpha']}, "
+        f"rslora={bool(adapter.config.get('use_rslora'))}, scale={adapter.scale:g})",
+        flush=True,
+    )
+    if not model.has_tokenizer:
+        print(f"warning: {base} has no tokenizer files; the merged model will need one from elsewhere", flush=True)
+    started = time.monotonic()
+    try:
+        with atomic as partial:
+            used = write_merged(model, adapter, partial)
+    except OSError as exc:  # disk full, a file changing underneath: nothing was published
+        raise CheckpointError(f"merge failed while writing {output}: {exc}; nothing was written") from None
+    print(
+        f"merged model written to {output}: {len(used)} of {len(adapter.updates)} LoRA modules applied once, "
+        f"{len(model.extra_files)} config/tokenizer file(s) copied, {time.monotonic() - started:.1f} s",
+        flush=True,
+    )
+    return output
+
+
+def _warn_if_config_differs(cfg, adapter_dir: Path) -> None:
+    try:
+        adapter = open_adapter_folder(adapter_dir)
+    except CheckpointError:
+        return  # merge() reports it
+    ours = (cfg.lora.r, cfg.lora.alpha, cfg.lora.use_rslora)
+    theirs = (adapter.rank, adapter.config["lora_alpha"], bool(adapter.config.get("use_rslora")))
+    if ours != theirs:
+        print(
+            f"note: the run config says r/alpha/rslora={ours}, the adapter says {theirs}; using the adapter's",
+            flush=True,
+        )
+
+
+def build_parser():
+    parser = cli.parser("merge", __doc__.split("\n\n")[0])
+    parser.add_argument("--base", type=Path, help="base model folder (default: paths.model_dir)")
+    parser.add_argument("--adapter", type=Path, help="peft adapter folder (default: paths.adapter_dir)")
+    parser.add_argument("--output", type=Path, help="merged model folder (default: paths.merged_dir)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output folder")
+    return parser
+
+
+def run(cfg, args) -> None:
+    adapter = args.adapter or cfg.paths.adapter_dir
+    _warn_if_config_differs(cfg, adapter)
+    merge(
+        args.base or Path(cfg.paths.model_dir), adapter, args.output or cfg.paths.merged_dir, overwrite=args.overwrite
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run_step(build_parser, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,47 @@
+"""Prepare step check: in the runtime every step uses, the run config validates and the training
+stack imports, so a bad config or a broken image fails in seconds, not after the download.
+
+    python -m llm_pipeline.prepare --config run.toml
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import platform
+import sys
+
+from llm_pipeline import config
+
+STACK = ("torch", "transformers", "peft", "trl", "datasets", "safetensors")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m llm_pipeline.prepare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="run config (TOML)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = config.load(args.config)
+    except config.ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"run config ok: model {cfg.model.id}, run folder {cfg.paths.output_dir}")
+    print(f"python {platform.python_version()} at {sys.executable}")
+    for name in STACK:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            print(
+                f"error: {name} does not import in this runtime ({exc}): rebuild the image or the environment",
+                file=sys.stderr,
+            )
+            return 2
+        print(f"  {name} {getattr(module, '__version__', '?')}")
+    neuron = importlib.util.find_spec("torch_xla") is not None
+    print(f"neuron backend available: {'yes' if neuron else 'no (torch backend)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

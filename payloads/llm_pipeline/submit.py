@@ -1,0 +1,197 @@
+"""Submit the whole pipeline as chained Slurm jobs, or report where a submitted one stands.
+
+    python3 -m llm_pipeline.submit --config configs/llama3-8b.toml [--from train] [--dry-run] [--wait]
+    python3 -m llm_pipeline.submit status --config configs/llama3-8b.toml
+
+One sbatch job per step (payloads/slurm/<step>.sbatch), each after the previous one succeeded
+(--dependency=afterok, --kill-on-invalid-dep=yes: a failed step cancels the rest). Prints one line
+`submitted <step> job <id>` per step and where the logs are (<run folder>/logs/<step>-<job>.log).
+Runs on the controller's system python3 (3.10, stdlib only): it reads from the run config just
+the run folder and the node count (llm_pipeline.jobs.run_facts); the steps validate the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from llm_pipeline.jobs import pipeline_status
+from llm_pipeline.jobs.pipeline_status import StepJob
+from llm_pipeline.jobs.run_facts import RunFacts, RunFactsError, read_run_facts
+
+STEPS = ("prepare", "download", "data", "precompile", "train", "consolidate", "merge", "generate")
+MULTI_NODE_STEPS = ("precompile", "train")  # the others run one process on one node
+PAYLOADS_DIR = Path(__file__).resolve().parents[1]
+SLURM_FALLBACK_BIN = Path("/opt/slurm/bin")  # HyperPod's Slurm, for shells without it on PATH
+
+
+class SubmitError(RuntimeError):
+    """Submission cannot go on; the message says what to do."""
+
+
+def slurm(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run a Slurm client command; a missing command reads as a failed one (exit 127)."""
+    binary = shutil.which(argv[0]) or str(SLURM_FALLBACK_BIN / argv[0])
+    try:
+        return subprocess.run([binary, *argv[1:]], capture_output=True, text=True)
+    except FileNotFoundError:
+        return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: command not found")
+
+
+def job_environment(facts: RunFacts) -> dict[str, str]:
+    """What every job needs beyond the submitting shell's environment (sbatch exports that too)."""
+    values = {
+        "HPL_PAYLOADS_DIR": str(PAYLOADS_DIR),
+        "HPL_RUN_CONFIG": str(facts.config),
+        "HPL_RUN_DIR": str(facts.output_dir),
+    }
+    for name, value in values.items():
+        if "," in value:  # --export separates variables with commas
+            raise SubmitError(f"{name}={value} contains a comma: move it to a path without one")
+    return values
+
+
+def check_runtime_sees(facts: RunFacts, env: dict[str, str]) -> None:
+    """With Pyxis the steps see only FSx: the config and the run folder must live there."""
+    if env.get("HPL_RUNTIME") != "pyxis":
+        return
+    fsx = Path(env.get("HPL_FSX_MOUNT_PATH") or "/fsx")
+    for what, path in (("run config", facts.config), ("run folder (paths.output_dir)", facts.output_dir)):
+        if fsx not in path.parents:
+            raise SubmitError(
+                f"{what} {path} is outside {fsx}, which is all the training image sees: put it under {fsx}"
+            )
+
+
+def sbatch_command(step: str, facts: RunFacts, after: str | None, env: dict[str, str]) -> list[str]:
+    exports = ",".join(["ALL", *(f"{key}={value}" for key, value in job_environment(facts).items())])
+    command = [
+        "sbatch",
+        "--parsable",
+        f"--job-name=hpl-{step}",
+        f"--output={facts.logs_dir / step}-%j.log",
+        f"--nodes={facts.nodes if step in MULTI_NODE_STEPS else 1}",
+        f"--export={exports}",
+    ]
+    if env.get("HPL_PARTITION"):
+        command.append(f"--partition={env['HPL_PARTITION']}")
+    if after:
+        command += [f"--dependency=afterok:{after}", "--kill-on-invalid-dep=yes"]
+    return [*command, str(PAYLOADS_DIR / "slurm" / f"{step}.sbatch")]
+
+
+def steps_from(first: str) -> tuple[str, ...]:
+    return STEPS[STEPS.index(first) :]
+
+
+def dry_run(facts: RunFacts, first: str, env: dict[str, str]) -> None:
+    """The submission as a shell script: each job id captured and fed to the next dependency."""
+    print(
+        f"# dry run: nothing submitted. The same submission as a script:\nmkdir -p {shlex.quote(str(facts.logs_dir))}/state"
+    )
+    previous = None
+    for step in steps_from(first):
+        words = [
+            f'--dependency=afterok:"${previous}_job"' if word.startswith("--dependency=") else shlex.quote(word)
+            for word in sbatch_command(step, facts, previous, env)
+        ]
+        print(f"{step}_job=$({' '.join(words)})")
+        previous = step
+
+
+def submit(facts: RunFacts, first: str, env: dict[str, str]) -> list[StepJob]:
+    """Submit the chain from `first`; on a refused submission, cancel what this call submitted."""
+    active = [s for s in pipeline_status.step_states(facts.logs_dir, slurm) if s.active]
+    if active:
+        jobs = " ".join(s.job for s in active)
+        raise SubmitError(
+            f"the last submission for {facts.output_dir} is still going (jobs {jobs}): "
+            f"wait for it (status), or cancel it with `scancel {jobs}`, then submit again"
+        )
+    facts.logs_dir.mkdir(parents=True, exist_ok=True)
+    (facts.logs_dir / "state").mkdir(exist_ok=True)
+    kept = [job for job in pipeline_status.read_record(facts.logs_dir) if STEPS.index(job.step) < STEPS.index(first)]
+    submitted: list[StepJob] = []
+    for step in steps_from(first):
+        after = submitted[-1].job if submitted else None
+        out = slurm(sbatch_command(step, facts, after, env))
+        if out.returncode != 0:
+            if submitted:
+                slurm(["scancel", *(job.job for job in submitted)])
+            raise SubmitError(
+                f"sbatch refused step {step}: {out.stderr.strip() or out.stdout.strip()}"
+                + (" (cancelled the steps submitted before it)" if submitted else "")
+            )
+        job = out.stdout.strip().split(";")[0]
+        submitted.append(StepJob(step, job, str(facts.logs_dir / f"{step}-{job}.log")))
+        print(f"submitted {step} job {job}", flush=True)
+    pipeline_status.write_record(facts.logs_dir, facts.config, kept + submitted)
+    return submitted
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python3 -m llm_pipeline.submit", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "action",
+        nargs="?",
+        choices=("submit", "status"),
+        default="submit",
+        help="submit the pipeline (default) or report the state of the last submission",
+    )
+    parser.add_argument("--config", required=True, help="run config (TOML), e.g. configs/llama3-8b.toml")
+    parser.add_argument(
+        "--from",
+        dest="first",
+        choices=STEPS,
+        default=STEPS[0],
+        help="start at this step; earlier steps' outputs must exist (default: %(default)s)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
+    parser.add_argument(
+        "--wait", action="store_true", help="after submitting, follow the steps until the pipeline ends"
+    )
+    parser.add_argument(
+        "--poll", type=float, default=10.0, help="seconds between checks with --wait (default: %(default)s)"
+    )
+    return parser.parse_args(argv)
+
+
+def report(facts: RunFacts, states: list[pipeline_status.StepState]) -> int:
+    for line in pipeline_status.describe(states):
+        print(line)
+    return 1 if pipeline_status.verdict(states)[0] == "FAILED" else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    env = dict(os.environ)
+    try:
+        facts = read_run_facts(args.config, env)
+        check_runtime_sees(facts, env)
+        if args.action == "status":
+            if not pipeline_status.read_record(facts.logs_dir):
+                raise SubmitError(f"no pipeline submitted for {facts.output_dir} (no {facts.logs_dir}/pipeline.json)")
+            return report(facts, pipeline_status.step_states(facts.logs_dir, slurm))
+        if args.dry_run:
+            dry_run(facts, args.first, env)
+            return 0
+        if slurm(["sbatch", "--version"]).returncode != 0:
+            raise SubmitError("sbatch not found: run this on the cluster's controller or login node")
+        submit(facts, args.first, env)
+        print(f"logs: {facts.logs_dir}/<step>-<job>.log")
+        print(f"status: python3 -m llm_pipeline.submit status --config {facts.config}")
+        if args.wait:
+            return report(facts, pipeline_status.wait(facts.logs_dir, slurm, poll_s=args.poll))
+        return 0
+    except (RunFactsError, SubmitError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

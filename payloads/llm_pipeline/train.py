@@ -1,0 +1,105 @@
+"""Train step: LoRA fine-tuning with the neuron backend (Trainium) or the torch backend (CPU/CUDA).
+
+    python -m llm_pipeline.train --config run.toml [--backend auto|neuron|torch] [--precompile]
+
+Checkpoints go to paths.checkpoints_dir/checkpoint-<step> every train.save_steps and at the last
+step; TensorBoard events to paths.tensorboard_dir. A restart resumes from the newest complete
+checkpoint and the step count continues. --precompile runs train.precompile_steps steps with the
+same settings and saves nothing: the Slurm precompile step runs it under neuron_parallel_compile
+so the real run finds every graph in the compile cache.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+from pathlib import Path
+
+from llm_pipeline import cli, data
+from llm_pipeline.config import BACKENDS, RunConfig
+from llm_pipeline.errors import StepError
+from llm_pipeline.training import lora_count
+from llm_pipeline.training.plan import TrainPlan, say, world_size
+from llm_pipeline.weights import model_files
+from llm_pipeline.weights.checkpoints import newest_complete
+
+
+def neuron_available() -> bool:
+    """Neuron devices on this host, or the Neuron torch plugin installed."""
+    return bool(glob.glob("/dev/neuron[0-9]*")) or importlib.util.find_spec("torch_neuronx") is not None
+
+
+def resolve_backend(name: str) -> str:
+    if name == "auto":
+        return "neuron" if neuron_available() else "torch"
+    return name
+
+
+def make_plan(cfg: RunConfig, backend: str, precompile: bool) -> TrainPlan:
+    train = cfg.train
+    if precompile:
+        # Same graphs as the real run, a few steps, one log event (its graph is compiled too), no saving.
+        return TrainPlan(
+            backend, train.precompile_steps, min(train.logging_steps, train.precompile_steps), False, None, 0, None
+        )
+    newest = newest_complete(cfg.paths.checkpoints_dir)
+    step, folder = newest if newest else (0, None)
+    return TrainPlan(backend, train.max_steps, train.logging_steps, True, folder, step, cfg.paths.tensorboard_dir)
+
+
+def check_scheduler(name: str) -> None:
+    from transformers import SchedulerType
+
+    allowed = [kind.value for kind in SchedulerType]
+    if name not in allowed:
+        raise StepError(f"train.lr_scheduler: invalid value {name!r} (allowed: {', '.join(allowed)})")
+
+
+def train(cfg: RunConfig, backend_override: str | None = None, precompile: bool = False) -> TrainPlan:
+    from transformers import AutoConfig
+
+    check_scheduler(cfg.train.lr_scheduler)
+    backend = resolve_backend(backend_override or cfg.train.backend)
+    model_dir = model_files.require_model_folder(Path(cfg.paths.model_dir), "the base model to train")
+    plan = make_plan(cfg, backend, precompile)
+    what = "precompile run" if precompile else "training"
+    start = f"resuming from {plan.resume_from}" if plan.resume_from else "from the base model"
+    say(f"{what} with the {backend} backend, {start}")
+
+    if not data.is_prepared(cfg) and world_size() == 1:
+        data.prepare(cfg)  # one process: preparing here is safe; many processes need the data step first
+    datasets = data.load_prepared(cfg)
+    tokenizer = data.load_tokenizer(cfg.paths.model_dir)
+    expected = lora_count.expected_lora_parameters(
+        AutoConfig.from_pretrained(model_dir), cfg.lora, fused_gate_up=backend == "neuron"
+    )
+    if backend == "neuron":
+        from llm_pipeline.training import neuron_backend as chosen
+    else:
+        from llm_pipeline.training import torch_backend as chosen
+    chosen.run(cfg, plan, datasets, tokenizer, expected)
+    if not precompile:
+        newest = newest_complete(cfg.paths.checkpoints_dir)
+        say(f"training done; newest checkpoint: {newest[1] if newest else 'none'}")
+    return plan
+
+
+def build_parser():
+    parser = cli.parser(
+        "train", "LoRA fine-tuning on Trainium (neuron) or CPU/CUDA (torch); resumes from the newest checkpoint."
+    )
+    parser.add_argument("--backend", choices=BACKENDS, help="override train.backend")
+    parser.add_argument(
+        "--precompile",
+        action="store_true",
+        help="run train.precompile_steps steps, save nothing (for neuron_parallel_compile)",
+    )
+    return parser
+
+
+def main(argv=None) -> int:
+    return cli.run_step(build_parser, lambda cfg, args: train(cfg, args.backend, args.precompile), argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,103 @@
+"""Trainer callbacks shared by both backends: progress lines on stdout and TensorBoard scalars.
+
+Throughput is measured between two log events: samples = optimizer steps x batch x GA x data-parallel
+replicas; tokens are the real (non-padding) tokens the data collator handed out on this rank, times
+the replicas. The blog's "samples/s" is per replica, so that is logged too.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+
+class TokenCounter:
+    """Wraps a data collator and counts the tokens of the batches it builds."""
+
+    def __init__(self, collator):
+        self.collator = collator
+        self.real = 0
+        self.total = 0
+
+    def __call__(self, features):
+        batch = self.collator(features)
+        ids = batch["input_ids"]
+        mask = batch.get("attention_mask")
+        self.total += ids.numel()
+        self.real += int(mask.sum()) if mask is not None else ids.numel()
+        return batch
+
+
+def _scalar_name(key: str) -> str:
+    if key.startswith("eval_"):
+        return "eval/" + key[len("eval_") :]
+    if key.startswith("train_"):
+        return "summary/" + key[len("train_") :]
+    return "train/" + key
+
+
+class MetricsLogger(TrainerCallback):
+    """Prints one progress line per log event and writes the same numbers to TensorBoard."""
+
+    def __init__(self, *, tokens: TokenCounter, trainable: int, tensorboard_dir: Path | None):
+        self.tokens = tokens
+        self.trainable = trainable
+        self.tensorboard_dir = tensorboard_dir
+        self.writer = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.last_time, self.last_step, self.last_tokens = time.perf_counter(), state.global_step, self.tokens.real
+        if not state.is_world_process_zero:
+            return
+        if self.tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=str(self.tensorboard_dir))
+            self.writer.add_scalar("model/trainable_parameters", self.trainable, state.global_step)
+        print(
+            f"training steps {state.global_step} -> {state.max_steps}, {args.world_size} data-parallel replica(s)",
+            flush=True,
+        )
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        metrics = {key: float(value) for key, value in logs.items() if isinstance(value, (int, float))}
+        now, steps = time.perf_counter(), state.global_step - self.last_step
+        if steps > 0 and "loss" in metrics:
+            elapsed = max(now - self.last_time, 1e-9)
+            replicas = args.world_size
+            samples = steps * args.per_device_train_batch_size * args.gradient_accumulation_steps * replicas
+            metrics["samples_per_second"] = samples / elapsed
+            metrics["samples_per_second_per_replica"] = samples / elapsed / replicas
+            metrics["tokens_per_second"] = (self.tokens.real - self.last_tokens) * replicas / elapsed
+            eta = timedelta(seconds=round(elapsed / steps * (state.max_steps - state.global_step)))
+            self.last_time, self.last_step, self.last_tokens = now, state.global_step, self.tokens.real
+            print(
+                f"step {state.global_step}/{state.max_steps} | loss {metrics['loss']:.4f} | "
+                f"lr {metrics.get('learning_rate', 0.0):.2e} | {metrics['samples_per_second']:.2f} samples/s | "
+                f"{metrics['tokens_per_second']:.0f} tokens/s | eta {eta}",
+                flush=True,
+            )
+        else:
+            print(
+                f"step {state.global_step}/{state.max_steps} | "
+                + " | ".join(f"{k} {v:.4g}" for k, v in metrics.items()),
+                flush=True,
+            )
+        if self.writer is not None:
+            for key, value in metrics.items():
+                self.writer.add_scalar(_scalar_name(key), value, state.global_step)
+            self.writer.flush()
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            print(f"checkpoint saved: {Path(args.output_dir) / f'checkpoint-{state.global_step}'}", flush=True)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

@@ -1,0 +1,80 @@
+"""How much of each batch is padding, padded to max_length (the reference) and packed.
+
+Texts are tokenized exactly as the trainer does it (prompt format + EOS, the tokenizer's own special
+tokens), and packing uses trl's own best-fit-decreasing packer, so the numbers describe the run.
+"""
+
+from __future__ import annotations
+
+import math
+
+from llm_pipeline.config import RunConfig
+from llm_pipeline.errors import StepError
+from llm_pipeline.prompt import format_example, format_prompt, template_skeleton
+
+
+def check_template_fits(tokenizer, max_length: int) -> None:
+    """The headers, EOS and at least one answer token must fit in max_length."""
+    needed = len(tokenizer(template_skeleton() + tokenizer.eos_token)["input_ids"]) + 1
+    if needed > max_length:
+        raise StepError(
+            f"data.max_length {max_length} is shorter than the prompt template ({needed} tokens with an empty "
+            "instruction, context and a one-token answer): raise data.max_length"
+        )
+
+
+def optimizer_steps_per_epoch(sequences: int, cfg: RunConfig) -> int:
+    """Optimizer steps for one pass, with the data-parallel layout of the config (per rank, then GA)."""
+    par = cfg.parallel
+    data_parallel = par.devices_per_node * par.nodes // (par.tensor_parallel_size * par.pipeline_parallel_size)
+    batches_per_rank = math.ceil(sequences / (data_parallel * cfg.train.per_device_batch_size))
+    return math.ceil(batches_per_rank / cfg.train.gradient_accumulation_steps)
+
+
+def padding_report(dataset, tokenizer, cfg: RunConfig) -> dict:
+    import datasets
+    from trl import pack_dataset
+
+    length = cfg.data.max_length
+    texts = [format_example(record) + tokenizer.eos_token for record in dataset]
+    prompts = [format_prompt(record["instruction"], record["context"]) for record in dataset]
+    ids = tokenizer(texts)["input_ids"]
+    prompt_lengths = [len(p) for p in tokenizer(prompts)["input_ids"]]
+    kept = sum(min(len(x), length) for x in ids)
+    packed_rows = len(pack_dataset(datasets.Dataset.from_dict({"input_ids": ids}), length, "bfd"))
+    return {
+        "examples": len(ids),
+        "max_length": length,
+        "tokens": kept,
+        "mean_tokens_per_example": round(kept / len(ids), 1),
+        "truncated_examples": sum(len(x) > length for x in ids),
+        "prompts_filling_max_length": sum(n >= length for n in prompt_lengths),
+        "packing_enabled": cfg.data.packing,
+        "padded_to_max_length": {
+            "sequences": len(ids),
+            "pad_fraction": round(1 - kept / (len(ids) * length), 4),
+            "optimizer_steps_per_epoch": optimizer_steps_per_epoch(len(ids), cfg),
+        },
+        "packed": {
+            "sequences": packed_rows,
+            "pad_fraction": round(1 - kept / (packed_rows * length), 4),
+            "optimizer_steps_per_epoch": optimizer_steps_per_epoch(packed_rows, cfg),
+        },
+    }
+
+
+def describe(report: dict) -> str:
+    padded, packed = report["padded_to_max_length"], report["packed"]
+    lines = [
+        f"{report['examples']} examples, {report['mean_tokens_per_example']} tokens on average, "
+        f"{report['truncated_examples']} longer than max_length {report['max_length']}",
+        f"pad tokens: {padded['pad_fraction']:.1%} padded to max_length ({padded['sequences']} sequences, "
+        f"{padded['optimizer_steps_per_epoch']} optimizer steps/epoch), {packed['pad_fraction']:.1%} packed "
+        f"({packed['sequences']} sequences, {packed['optimizer_steps_per_epoch']} steps/epoch)",
+        f"packing is {'on' if report['packing_enabled'] else 'off'} (data.packing)",
+    ]
+    if report["prompts_filling_max_length"]:
+        lines.append(
+            f"warning: {report['prompts_filling_max_length']} prompts fill max_length and leave no room for the answer"
+        )
+    return "\n".join(lines)

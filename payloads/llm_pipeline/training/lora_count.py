@@ -1,0 +1,51 @@
+"""The number of trainable parameters a LoRA config must give on a Llama-shaped model.
+
+Training checks the real count against this and stops when they differ: optimum-neuron issue #821
+reports LoRA silently dropped and the whole model trained. Each adapted linear layer of shape
+(in -> out) adds A [r, in] and B [out, r]; an adapted embedding adds A [r, vocab] and B [hidden, r].
+For Llama 3 8B, r=16 on q_proj and v_proj: 32 x (16*4096 + 4096*16 + 16*4096 + 1024*16) = 6,815,744.
+"""
+
+from __future__ import annotations
+
+from llm_pipeline.config import LoraConfig
+
+
+def layer_shapes(model_config) -> dict[str, tuple[int, int]]:
+    """(in_features, out_features) of each adaptable module of one decoder layer."""
+    hidden = model_config.hidden_size
+    heads = model_config.num_attention_heads
+    head_dim = getattr(model_config, "head_dim", None) or hidden // heads
+    kv = model_config.num_key_value_heads * head_dim
+    inter = model_config.intermediate_size
+    return {
+        "q_proj": (hidden, heads * head_dim),
+        "k_proj": (hidden, kv),
+        "v_proj": (hidden, kv),
+        "o_proj": (heads * head_dim, hidden),
+        "gate_proj": (hidden, inter),
+        "up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
+    }
+
+
+def expected_lora_parameters(model_config, lora: LoraConfig, *, fused_gate_up: bool = False) -> int:
+    """Trainable parameters of `lora` on a Llama-shaped model.
+
+    fused_gate_up: the Neuron training model fuses gate_proj and up_proj into one layer whose LoRA
+    A matrix is shared, so the pair costs r*hidden + 2*inter*r instead of twice r*(hidden + inter).
+    """
+    r = lora.r
+    targets = set(lora.target_modules)
+    per_layer = sum(
+        r * (fan_in + fan_out) for name, (fan_in, fan_out) in layer_shapes(model_config).items() if name in targets
+    )
+    if fused_gate_up and {"gate_proj", "up_proj"} <= targets:
+        per_layer -= r * model_config.hidden_size
+    total = per_layer * model_config.num_hidden_layers
+    vocab, hidden = model_config.vocab_size, model_config.hidden_size
+    if "embed_tokens" in targets:
+        total += r * (vocab + hidden)
+    if "lm_head" in targets:
+        total += r * (hidden + vocab)
+    return total

@@ -1,0 +1,112 @@
+"""Neuron backend: optimum-neuron 0.4.x on Trainium (run under torchrun, one process per NeuronCore).
+
+Thin on purpose: data, LoRA config, trainer arguments, callbacks and checks come from train_common
+and train_callbacks; only the model class, the trainer and the parallel layout are Neuron's. Every
+class, function and keyword used here is checked against the installed optimum-neuron 0.4.5 and
+trl 0.24.0 sources by tests/payloads/test_neuron_contract.py (this machine cannot import them).
+
+Resume: optimum-neuron 0.4.5's NeuronTrainer refuses `resume_from_checkpoint`, so a restart
+consolidates the newest sharded adapter, loads it into the LoRA model, and continues the step count
+and the learning-rate schedule from that step; the optimizer moments and the data order restart.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from transformers import PrinterCallback, TrainerCallback
+
+from llm_pipeline.config import RunConfig
+from llm_pipeline.errors import StepError
+from llm_pipeline.prompt import format_example
+from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
+from llm_pipeline.training.plan import TrainPlan, check_trainable, peft_lora_config, say, sft_arguments, world_size
+
+if TYPE_CHECKING:
+    from optimum.neuron import NeuronSFTTrainer
+    from optimum.neuron.peft import NeuronPeftModel
+
+
+def check_parallel_layout(cfg: RunConfig, world: int) -> None:
+    """TP x PP must divide the NeuronCores of the launch; the rest is data parallelism."""
+    tp, pp = cfg.parallel.tensor_parallel_size, cfg.parallel.pipeline_parallel_size
+    if world % (tp * pp):
+        raise StepError(
+            f"parallel.tensor_parallel_size {tp} (x pipeline_parallel_size {pp}) does not divide the {world} "
+            "NeuronCores of this launch (WORLD_SIZE): choose a tensor_parallel_size that divides it"
+        )
+
+
+class ContinueStepCount(TrainerCallback):
+    """Start the step counter, the loss average and the LR schedule at the resumed step."""
+
+    def __init__(self, trainer: NeuronSFTTrainer, start_step: int):
+        self.trainer = trainer
+        self.start_step = start_step
+
+    def on_train_begin(self, args, state, control, lr_scheduler=None, **kwargs):
+        state.global_step = self.start_step
+        self.trainer.global_step_last_logged = self.start_step
+        for _ in range(self.start_step):
+            lr_scheduler.step()
+
+
+def restore_adapter(model, lora, checkpoint: Path) -> NeuronPeftModel:
+    """The LoRA model with the adapter weights of a sharded checkpoint loaded into it."""
+    from optimum.neuron.peft import get_peft_model
+
+    from llm_pipeline.consolidate import consolidate_checkpoint
+    from llm_pipeline.errors import CheckpointError
+
+    with tempfile.TemporaryDirectory(prefix="resume-") as scratch:
+        adapter = Path(scratch) / "adapter"
+        try:
+            consolidate_checkpoint(checkpoint, adapter)
+        except CheckpointError as exc:
+            raise StepError(f"cannot resume from {checkpoint}: {exc}") from None
+        peft_model: NeuronPeftModel = get_peft_model(model, lora)
+        peft_model.load_adapter(str(adapter), "default", is_trainable=True)
+    return peft_model
+
+
+def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable: int) -> None:
+    check_parallel_layout(cfg, world_size())
+    try:
+        import torch
+        from optimum.neuron import NeuronSFTConfig, NeuronSFTTrainer
+        from optimum.neuron.models.training import NeuronModelForCausalLM
+    except ImportError as exc:
+        raise StepError(
+            f"the neuron backend needs optimum-neuron with torch-neuronx (the training image): {exc}"
+        ) from None
+    if "validation" in datasets:
+        say("note: optimum-neuron 0.4.5 trains without evaluation; the validation split is not used here")
+
+    args = NeuronSFTConfig(
+        **sft_arguments(cfg, plan),
+        tensor_parallel_size=cfg.parallel.tensor_parallel_size,
+        pipeline_parallel_size=cfg.parallel.pipeline_parallel_size,
+    )
+    dtype = torch.bfloat16 if cfg.train.bf16 else torch.float32
+    model = NeuronModelForCausalLM.from_pretrained(cfg.paths.model_dir, args.trn_config, torch_dtype=dtype)
+    lora = peft_lora_config(cfg.lora)
+    if plan.resume_from is not None:
+        model = restore_adapter(model, lora, plan.resume_from)
+    trainer: NeuronSFTTrainer = NeuronSFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=datasets["train"],
+        processing_class=tokenizer,
+        peft_config=lora,
+        formatting_func=format_example,
+    )
+    trainable = trainer.get_num_trainable_parameters()
+    check_trainable(trainable, expected_trainable, cfg.lora)
+    trainer.data_collator = tokens = TokenCounter(trainer.data_collator)
+    trainer.remove_callback(PrinterCallback)
+    if plan.start_step:  # before the logger, which reads the start step at train begin
+        trainer.add_callback(ContinueStepCount(trainer, plan.start_step))
+    trainer.add_callback(MetricsLogger(tokens=tokens, trainable=trainable, tensorboard_dir=plan.tensorboard_dir))
+    trainer.train()

@@ -1,0 +1,96 @@
+"""What both training backends share: the plan, the LoRA config, the trainer arguments, the checks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llm_pipeline import config
+from llm_pipeline.errors import StepError
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """What this invocation does: a real run (maybe resumed) or a short precompile run."""
+
+    backend: str
+    max_steps: int  # -1: train.epochs decides
+    logging_steps: int
+    save_checkpoints: bool
+    resume_from: Path | None  # newest complete checkpoint, when restarting
+    start_step: int
+    tensorboard_dir: Path | None  # None: precompile metrics would be noise
+
+
+def world_size(env: Mapping[str, str] | None = None) -> int:
+    """Processes in this launch (torchrun's WORLD_SIZE; one per NeuronCore on Trainium)."""
+    return int((os.environ if env is None else env).get("WORLD_SIZE", "1"))
+
+
+def say(message: str) -> None:
+    """Print once per launch (global rank 0), not once per process."""
+    if os.environ.get("RANK", "0") == "0":
+        print(message, flush=True)
+
+
+def peft_lora_config(lora: config.LoraConfig):
+    """The peft LoraConfig for the run's [lora] section (same for both backends)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        use_rslora=lora.use_rslora,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def sft_arguments(cfg: config.RunConfig, plan: TrainPlan) -> dict[str, Any]:
+    """Keyword arguments common to trl's SFTConfig and optimum-neuron's NeuronSFTConfig."""
+    train = cfg.train
+    return {
+        "output_dir": str(cfg.paths.checkpoints_dir),
+        "per_device_train_batch_size": train.per_device_batch_size,
+        "gradient_accumulation_steps": train.gradient_accumulation_steps,
+        "num_train_epochs": train.epochs,
+        "max_steps": plan.max_steps,
+        "learning_rate": train.learning_rate,
+        "lr_scheduler_type": train.lr_scheduler,
+        "warmup_steps": train.warmup_steps,
+        "weight_decay": train.weight_decay,
+        "bf16": train.bf16,
+        "seed": train.seed,
+        "logging_steps": plan.logging_steps,
+        "save_strategy": "steps" if plan.save_checkpoints else "no",
+        "save_steps": train.save_steps,
+        "save_total_limit": train.save_total_limit,
+        "report_to": "none",  # our MetricsLogger writes TensorBoard itself, on the logging rank only
+        "disable_tqdm": True,
+        "max_length": cfg.data.max_length,
+        "packing": cfg.data.packing,
+    }
+
+
+def check_target_modules(model, lora: config.LoraConfig) -> None:
+    """Every LoRA target must name a module of the model (peft's own error is easy to miss)."""
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [name for name in lora.target_modules if name not in present]
+    if missing:
+        raise StepError(f"lora.target_modules: {', '.join(missing)} not found in the model ({type(model).__name__})")
+
+
+def check_trainable(actual: int, expected: int, lora: config.LoraConfig) -> None:
+    """Stop when the trainable count is not the LoRA count (optimum-neuron issue #821)."""
+    if actual != expected:
+        raise StepError(
+            f"{actual:,} trainable parameters, but LoRA r={lora.r} on {', '.join(lora.target_modules)} should give "
+            f"{expected:,}: the adapter is not applied as configured (optimum-neuron issue #821 trained the full "
+            "model when peft was too old); check the peft version against payloads/requirements-cluster.txt"
+        )
+    say(f"trainable parameters: {actual:,} (the expected LoRA count)")

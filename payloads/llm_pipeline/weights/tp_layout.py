@@ -1,0 +1,238 @@
+"""Rebuild full LoRA tensors from tensor-parallel shards, as described by neuronx-distributed metadata.
+
+``mp_metadata_pp_rank_<p>.json`` describes every parameter (``tensor_model_parallel``,
+``partition_dim``, ``partition_stride``, ``num_partitions``; names carry the adapter name, e.g.
+``.lora_A.default.weight``; the rank files' names do not) and lists the transformation specs that
+map optimum-neuron's fused layers back to Hugging Face ones:
+
+- FusedLinearsSpec (``gate_up_proj`` = gate then up): each rank's lora_B holds its slice of gate
+  followed by its slice of up; the shared lora_A becomes both modules' lora_A.
+- GQAQKVColumnParallelLinearSpec (``qkv_proj``, used when TP exceeds the KV heads): one shared
+  lora_A for q/k/v; k/v lora_B repeated ``kv_size_multiplier`` times before splitting (keep one
+  copy); q lora_B rows and o_proj lora_A columns are grouped per rank by KV head (undo the order).
+
+Everything else is column-split (concatenate on ``partition_dim``, interleaving ``partition_stride``
+blocks) or replicated (every rank holds it whole). A spec whose tensors are absent (modules the
+adapter does not target) is skipped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from llm_pipeline.errors import CheckpointError
+
+_ADAPTER_IN_NAME = re.compile(
+    r"^(?P<head>.+\.(?:lora_(?:embedding_)?[AB]|lora_magnitude_vector))\.(?P<adapter>[^.]+)(?P<tail>(?:\..+)?)$"
+)
+Ranks = list[dict[str, torch.Tensor]]
+Rebuilt = tuple[dict[str, torch.Tensor], set[str]]  # full tensors, rank-file names consumed
+
+
+@dataclass
+class StageShards:
+    """One pipeline stage: its metadata and the ``{name: tensor}`` dict of each TP rank, in rank order."""
+
+    metadata: dict
+    ranks: Ranks
+    source: str  # the metadata file, for messages
+
+
+def name_without_adapter(name: str, adapter: str) -> str | None:
+    """``x.lora_A.default.weight`` -> ``x.lora_A.weight``; None for another adapter's parameter."""
+    match = _ADAPTER_IN_NAME.match(name)
+    if match is None:
+        return name
+    return match["head"] + match["tail"] if match["adapter"] == adapter else None
+
+
+def query_head_order(tp: int, heads: int, kv_heads: int, kv_multiplier: int) -> list[int]:
+    """Position p of the rank-concatenated q rows holds original query head ``order[p]``.
+
+    The KV heads, repeated kv_multiplier times (0..K-1, 0..K-1, ...), are dealt to the ranks in
+    order; copy c of KV head h serves the c-th equal share of h's query group.
+    """
+    slots = kv_heads * kv_multiplier
+    if heads % tp or slots % tp or heads % slots:
+        raise CheckpointError(
+            f"GQA layout with {heads} heads, {kv_heads} KV heads x{kv_multiplier} cannot split over TP={tp}"
+        )
+    per_slot, group = heads // slots, heads // kv_heads
+    order = []
+    for slot in range(slots):
+        first = (slot % kv_heads) * group + (slot // kv_heads) * per_slot
+        order.extend(range(first, first + per_slot))
+    if sorted(order) != list(range(heads)):
+        raise CheckpointError(
+            f"GQA layout with {heads} heads, {kv_heads} KV heads x{kv_multiplier} is not a permutation"
+        )
+    return order
+
+
+def restore_head_order(full: torch.Tensor, order: list[int], dim: int) -> torch.Tensor:
+    rows = full.movedim(dim, 0)
+    if rows.shape[0] % len(order):
+        raise CheckpointError(f"a {list(full.shape)} tensor cannot hold {len(order)} heads on dim {dim}")
+    heads = rows.reshape(len(order), -1, *rows.shape[1:])
+    restored = torch.empty_like(heads)
+    restored[torch.tensor(order)] = heads
+    return restored.reshape(rows.shape).movedim(0, dim).contiguous()
+
+
+def _one_copy(full: torch.Tensor, copies: int, name: str) -> torch.Tensor:
+    if full.shape[0] % copies:
+        raise CheckpointError(f"{name}: {full.shape[0]} rows cannot hold {copies} KV copies")
+    parts = full.split(full.shape[0] // copies)
+    drift = max((float((p.float() - parts[0].float()).abs().max()) for p in parts[1:]), default=0.0)
+    if drift > 0:
+        print(f"note: {name}: the {copies} KV-head copies differ by up to {drift:.3g}; keeping the first", flush=True)
+    return parts[0].clone()
+
+
+def _need_all(keys: list[str], ranks: Ranks) -> bool:
+    present = [k for k in keys if k in ranks[0]]
+    if present and len(present) != len(keys):
+        missing = sorted(set(keys) - set(present))
+        raise CheckpointError(f"rank files hold {present[0]} but not {missing[0]}")
+    return bool(present)
+
+
+def _fused_linears(module: str, spec: dict, ranks: Ranks, params: dict, tp: int) -> Rebuilt:
+    fused = f"{module}.{spec['fused_linear_name']}"
+    a_key, b_key = f"{fused}.lora_A.weight", f"{fused}.lora_B.weight"
+    if not _need_all([a_key, b_key], ranks):
+        return {}, set()
+    if spec["fuse_axis"] not in (0, "column") or f"{fused}.lora_B.bias" in ranks[0]:
+        raise CheckpointError(f"{fused}: only column-fused layers without LoRA bias are supported")
+    sizes = [dim // tp for dim in spec["original_dims"]]
+    for rank, tensors in enumerate(ranks):
+        if tensors[b_key].shape[0] != sum(sizes):
+            raise CheckpointError(
+                f"{b_key} on TP rank {rank} has {tensors[b_key].shape[0]} rows; the spec implies {sum(sizes)}"
+            )
+    parts = [tensors[b_key].split(sizes) for tensors in ranks]
+    rebuilt = {}
+    for index, linear in enumerate(spec["linear_names"]):
+        rebuilt[f"{module}.{linear}.lora_B.weight"] = torch.cat([p[index] for p in parts])
+        rebuilt[f"{module}.{linear}.lora_A.weight"] = ranks[0][a_key].clone()
+    return rebuilt, {a_key, b_key}
+
+
+def _gqa_qkv(module: str, spec: dict, ranks: Ranks, params: dict, tp: int) -> Rebuilt:
+    qkv = f"{module}.{spec['gqa_qkv_projection_name']}"
+    proj = {p: f"{module}.{spec[p + '_projection_name']}" for p in ("query", "key", "value", "output")}
+    order = query_head_order(tp, spec["num_attention_heads"], spec["num_key_value_heads"], spec["kv_size_multiplier"])
+    q_rows, kv_rows = spec["q_output_size_per_partition"], spec["kv_output_size_per_partition"]
+    a_key = f"{qkv}.lora_A.weight"
+    b_keys = [f"{qkv}.lora_B.weight_qkv"] if spec["fuse_qkv"] else [f"{qkv}.lora_B.weight_{x}" for x in "qkv"]
+    rebuilt: dict[str, torch.Tensor] = {}
+    used: set[str] = set()
+    if _need_all([a_key, *b_keys], ranks):
+        pieces: dict[str, list[torch.Tensor]] = {"query": [], "key": [], "value": []}
+        for rank, tensors in enumerate(ranks):
+            if spec["fuse_qkv"]:
+                fused = tensors[b_keys[0]]
+                split = (fused[:q_rows], fused[q_rows : q_rows + kv_rows], fused[q_rows + kv_rows :])
+            else:
+                split = tuple(tensors[key] for key in b_keys)
+            for part, tensor, rows in zip(pieces, split, (q_rows, kv_rows, kv_rows), strict=True):
+                if tensor.shape[0] != rows:
+                    raise CheckpointError(
+                        f"{qkv} {part} lora_B on TP rank {rank} has {tensor.shape[0]} rows; the spec implies {rows}"
+                    )
+                pieces[part].append(tensor)
+        full = {
+            "query": restore_head_order(torch.cat(pieces["query"]), order, 0),
+            "key": _one_copy(torch.cat(pieces["key"]), spec["kv_size_multiplier"], f"{proj['key']}.lora_B"),
+            "value": _one_copy(torch.cat(pieces["value"]), spec["kv_size_multiplier"], f"{proj['value']}.lora_B"),
+        }
+        for part, tensor in full.items():
+            rebuilt[f"{proj[part]}.lora_B.weight"] = tensor
+            rebuilt[f"{proj[part]}.lora_A.weight"] = ranks[0][a_key].clone()
+        used |= {a_key, *b_keys}
+    o_key = f"{proj['output']}.lora_A.weight"
+    if o_key in ranks[0]:
+        dim = params.get(o_key, {}).get("partition_dim", 1)
+        rebuilt[o_key] = restore_head_order(torch.cat([t[o_key] for t in ranks], dim), order, dim)
+        used.add(o_key)
+    return rebuilt, used
+
+
+SPEC_HANDLERS: dict[str, Callable[[str, dict, Ranks, dict, int], Rebuilt]] = {
+    "FusedLinearsSpec": _fused_linears,
+    "GQAQKVColumnParallelLinearSpec": _gqa_qkv,
+}
+
+
+def join_shards(name: str, pieces: list[torch.Tensor], info: dict) -> torch.Tensor:
+    """Concatenate a split tensor (interleaving stride blocks) or take one copy of a replicated one."""
+    if any(p.shape != pieces[0].shape for p in pieces):
+        raise CheckpointError(f"{name} has different shapes on different TP ranks: {[list(p.shape) for p in pieces]}")
+    if not info.get("tensor_model_parallel"):
+        return pieces[0]
+    dim, stride = info["partition_dim"], info.get("partition_stride") or 1
+    if pieces[0].shape[dim] % stride:
+        raise CheckpointError(
+            f"{name}: {pieces[0].shape[dim]} elements per rank on dim {dim} do not split into stride {stride}"
+        )
+    blocks = [p.split(p.shape[dim] // stride, dim) for p in pieces]
+    return torch.cat([blocks[rank][s] for s in range(stride) for rank in range(len(pieces))], dim)
+
+
+def consolidate_stage(stage: StageShards, adapter: str = "default") -> dict[str, torch.Tensor]:
+    """Full tensors of one pipeline stage, keyed like the rank files (no adapter name)."""
+    try:
+        return _consolidate(stage.metadata, stage.ranks, adapter)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{stage.source}: {exc}") from None
+    except (KeyError, TypeError) as exc:
+        raise CheckpointError(f"{stage.source}: malformed metadata ({type(exc).__name__}: {exc})") from None
+
+
+def _consolidate(metadata: dict, ranks: Ranks, adapter: str) -> dict[str, torch.Tensor]:
+    tp = len(ranks)
+    params = {}
+    for name, info in metadata["parameters"].items():
+        plain = name_without_adapter(name, adapter)
+        if plain is not None:
+            params[plain] = info
+    saved = set(ranks[0])
+    for rank, tensors in enumerate(ranks[1:], 1):
+        if set(tensors) != saved:
+            extra = sorted(set(tensors) ^ saved)
+            raise CheckpointError(f"TP rank {rank} and TP rank 0 hold different tensors (e.g. {extra[0]})")
+    undescribed = sorted(saved - set(params))
+    if undescribed:
+        raise CheckpointError(f"the rank files hold {undescribed[0]}, which the metadata does not describe")
+    for name in saved:
+        parts = params[name].get("num_partitions", tp) if params[name].get("tensor_model_parallel") else tp
+        if parts != tp:
+            raise CheckpointError(f"the metadata splits {name} in {parts} parts but there are {tp} TP rank files")
+    rebuilt: dict[str, torch.Tensor] = {}
+    consumed: set[str] = set()
+    for group in metadata.get("model_weight_transformation_specs", []):
+        for class_name, spec in group["specs"]:
+            handler = SPEC_HANDLERS.get(class_name)
+            if handler is None:
+                raise CheckpointError(f"unknown transformation spec {class_name} (written by a newer optimum-neuron?)")
+            if spec.get("tp_size", tp) != tp:
+                module = group["module_fully_qualified_name"]
+                raise CheckpointError(f"{class_name} for {module} says TP={spec['tp_size']}, files say TP={tp}")
+            tensors, used = handler(group["module_fully_qualified_name"], spec, ranks, params, tp)
+            _add(rebuilt, tensors)
+            consumed |= used
+    _add(
+        rebuilt, {name: join_shards(name, [t[name] for t in ranks], params[name]) for name in sorted(saved - consumed)}
+    )
+    return rebuilt
+
+
+def _add(into: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> None:
+    for name, tensor in tensors.items():
+        if name in into:
+            raise CheckpointError(f"{name} is produced twice (two specs or a spec and a plain tensor)")
+        into[name] = tensor

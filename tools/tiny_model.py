@@ -1,0 +1,106 @@
+"""A tiny random Llama, a tiny tokenizer and dolly-format records, all made locally.
+
+Used by the offline rehearsal and the tests: nothing is downloaded, yet every step runs the same
+code paths it runs on the real model (a Llama config, a fast tokenizer with a chat-free prompt
+format, safetensors weights).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+WORDS = ["llama", "alpaca", "camel", "wool", "andes", "herd", "graze", "fiber", "animal", "mountain", "valley", "farmer", "river", "cloud", "water", "stone", "green", "small", "large", "gentle", "quick", "slow", "warm", "cold", "high", "low", "bright", "dark", "answer", "question", "context", "instruction", "response", "explain", "describe", "list", "name", "compare", "why", "how", "what"]
+CATEGORIES = ("open_qa", "closed_qa", "brainstorming", "summarization", "classification")
+
+
+def dolly_records(count: int, seed: int = 0) -> list[dict[str, str]]:
+    """Records with the dolly-15k columns; about a third carry a context."""
+    rng = random.Random(seed)
+
+    def sentence(low: int, high: int) -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
+
+    return [
+        {
+            "instruction": sentence(4, 10).capitalize() + "?",
+            "context": sentence(8, 20).capitalize() + "." if i % 3 == 0 else "",
+            "response": sentence(6, 24).capitalize() + ".",
+            "category": CATEGORIES[i % len(CATEGORIES)],
+        }
+        for i in range(count)
+    ]
+
+
+def write_dolly_jsonl(path: Path, count: int, seed: int = 0) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for record in dolly_records(count, seed):
+            out.write(json.dumps(record) + "\n")
+    return path
+
+
+def build_tokenizer():
+    """A word-level fast tokenizer over the tiny vocabulary, saved like a Hub tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|pad|>", "<|begin_of_text|>", "<|end_of_text|>", "<|unk|>"]
+    punctuation = list("#:.,?!'\"-()\n")
+    vocab = {
+        token: i
+        for i, token in enumerate(specials + punctuation + sorted(set(WORDS) | {w.capitalize() for w in WORDS}))
+    }
+    for word in ("Instruction", "Context", "Answer", "Response", "Below", "is", "an", "that", "a", "task"):
+        vocab.setdefault(word, len(vocab))
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation(behavior="isolated")]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token="<|begin_of_text|>",
+        eos_token="<|end_of_text|>",
+        pad_token="<|pad|>",
+        unk_token="<|unk|>",
+    )
+
+
+def build_llama(
+    vocab_size: int, *, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2, seed: int = 0
+):
+    """A randomly initialised LlamaForCausalLM with GQA (kv_heads < heads), like Llama 3."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(config)
+
+
+def write_tiny_model(folder: Path, *, dtype: str = "float32", seed: int = 0, **shape) -> Path:
+    """Save a tiny Llama + tokenizer to `folder` as a Hub-style model folder (safetensors)."""
+    import torch
+
+    tokenizer = build_tokenizer()
+    model = build_llama(len(tokenizer), seed=seed, **shape).to(getattr(torch, dtype))
+    model.config.bos_token_id = tokenizer.bos_token_id
+    model.config.eos_token_id = tokenizer.eos_token_id
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return folder
