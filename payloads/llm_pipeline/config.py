@@ -21,10 +21,18 @@ from typing import Any
 BACKENDS = ("auto", "neuron", "torch")
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head")
 DTYPES = ("bfloat16", "float16", "float32")
+METHODS = ("lora", "dora", "qlora", "full")
+STRATEGIES = ("fsdp", "ddp")
+ATTENTIONS = ("sdpa", "flash_attention_2", "eager")
 
 
 class ConfigError(ValueError):
     """A bad run config; the message names the key, the value and what is allowed."""
+
+
+def described(default: Any, description: str) -> Any:
+    """A dataclass field with its one-line description (the README and docs tables are checked against it)."""
+    return field(default=default, metadata={"description": description})
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,10 @@ class PathsConfig:
         return Path(self.output_dir) / "tensorboard"
 
     @property
+    def profile_dir(self) -> Path:
+        return Path(self.output_dir) / "profile"
+
+    @property
     def logs_dir(self) -> Path:
         return Path(self.output_dir) / "logs"
 
@@ -99,6 +111,11 @@ class ParallelConfig:
     pipeline_parallel_size: int = 1
     devices_per_node: int = 32  # NeuronCores on a trn1.32xlarge; processes per node at launch
     nodes: int = 1
+    strategy: str = described(
+        "fsdp",
+        "torch backend data parallelism: fsdp (FSDP2: full shard, activation checkpointing, bf16 mixed "
+        "precision) or ddp (a full replica per GPU); the neuron backend shards by tensor_parallel_size instead",
+    )
 
 
 @dataclass(frozen=True)
@@ -118,6 +135,31 @@ class TrainConfig:
     save_steps: int = 500
     save_total_limit: int = 2
     precompile_steps: int = 10  # steps run under neuron_parallel_compile
+    method: str = described(
+        "lora",
+        "what is trained: lora (adapter), dora (weight-decomposed LoRA), qlora (LoRA on an NF4 4-bit base, "
+        "torch backend on CUDA), full (every parameter, no adapter; merge is skipped)",
+    )
+    compile: bool = described(False, "torch.compile the model (torch backend)")
+    liger_kernel: bool = described(
+        False, "liger-kernel's fused RMSNorm/RoPE/SwiGLU/cross-entropy (torch backend on CUDA)"
+    )
+    attention: str = described(
+        "sdpa", "attention kernel: sdpa, flash_attention_2 (when flash-attn is installed) or eager (torch backend)"
+    )
+    profile: str = described(
+        "",
+        "steps to profile as 'FIRST-LAST' (e.g. '20-22'); torch.profiler writes per-rank traces and a memory "
+        "timeline under the run folder's profile/ (torch backend); empty: off",
+    )
+
+    @property
+    def profile_window(self) -> tuple[int, int] | None:
+        """(first, last) step of the profiled window, both included; None when profiling is off."""
+        if not self.profile:
+            return None
+        first, _, last = self.profile.partition("-")
+        return int(first), int(last or first)
 
 
 @dataclass(frozen=True)
@@ -246,8 +288,46 @@ def validate(cfg: RunConfig) -> None:
     _require(tr.warmup_steps >= 0, "train.warmup_steps", tr.warmup_steps, ">= 0")
     _require(tr.weight_decay >= 0, "train.weight_decay", tr.weight_decay, ">= 0")
     _require(tr.save_total_limit >= 1, "train.save_total_limit", tr.save_total_limit, ">= 1")
+    _require(tr.method in METHODS, "train.method", tr.method, ", ".join(METHODS))
+    _require(par.strategy in STRATEGIES, "parallel.strategy", par.strategy, ", ".join(STRATEGIES))
+    _require(tr.attention in ATTENTIONS, "train.attention", tr.attention, ", ".join(ATTENTIONS))
+    _require(
+        re.fullmatch(r"(\d+)(-\d+)?", tr.profile) is not None or tr.profile == "",
+        "train.profile",
+        tr.profile,
+        "'' (off) or a step window 'FIRST-LAST', e.g. '20-22'",
+    )
+    if tr.profile_window is not None:
+        first, last = tr.profile_window
+        _require(1 <= first <= last, "train.profile", tr.profile, "1 <= FIRST <= LAST")
+    if tr.backend != "auto":
+        check_backend(cfg, tr.backend)
     _require(cfg.generate.max_new_tokens >= 1, "generate.max_new_tokens", cfg.generate.max_new_tokens, ">= 1")
     _require(cfg.generate.temperature >= 0, "generate.temperature", cfg.generate.temperature, ">= 0")
+
+
+# What the neuron backend cannot run today, and what to do instead (full fine-tuning on Trainium is
+# a separate, upcoming path).
+NEURON_REFUSALS = {
+    ("method", "dora"): "DoRA needs peft's weight-decomposed layers, which optimum-neuron does not shard; "
+    "use method lora, or the torch backend",
+    ("method", "qlora"): "4-bit NF4 bases need bitsandbytes CUDA kernels; use method lora, or the torch backend",
+    ("method", "full"): "full fine-tuning is not available on the neuron backend yet; use method lora, "
+    "or the torch backend",
+    ("compile", True): "neuronx-cc already compiles every graph; set it to false",
+    ("liger_kernel", True): "liger-kernel is Triton (GPU) code; set it to false",
+    ("attention", "flash_attention_2"): "optimum-neuron picks its own attention kernel; use sdpa",
+    ("attention", "eager"): "optimum-neuron picks its own attention kernel; use sdpa",
+}
+
+
+def check_backend(cfg: RunConfig, backend: str) -> None:
+    """Refuse a train.* setting the chosen backend cannot run (called at load and at prepare)."""
+    if backend != "neuron":
+        return
+    for (name, value), reason in NEURON_REFUSALS.items():
+        if getattr(cfg.train, name) == value:
+            raise ConfigError(f"train.{name}: {value!r} cannot run on the neuron backend: {reason}")
 
 
 def from_dict(raw: dict[str, Any], base_dir: Path | None = None, env: dict[str, str] | None = None) -> RunConfig:

@@ -13,6 +13,7 @@ import platform
 import sys
 
 from llm_pipeline import config
+from llm_pipeline.train import resolve_backend
 
 STACK = ("torch", "transformers", "peft", "trl", "datasets", "safetensors")
 
@@ -23,10 +24,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = config.load(args.config)
+        backend = resolve_backend(cfg.train.backend)
+        config.check_backend(cfg, backend)  # train.method etc. against the backend this runtime picks
     except config.ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"run config ok: model {cfg.model.id}, run folder {cfg.paths.output_dir}")
+    print(f"backend {backend}: method {cfg.train.method}, strategy {cfg.parallel.strategy}")
     print(f"python {platform.python_version()} at {sys.executable}")
     for name in STACK:
         try:

@@ -16,7 +16,7 @@ import importlib.util
 from pathlib import Path
 
 from llm_pipeline import cli, data
-from llm_pipeline.config import BACKENDS, RunConfig
+from llm_pipeline.config import BACKENDS, RunConfig, check_backend
 from llm_pipeline.errors import StepError
 from llm_pipeline.training import lora_count
 from llm_pipeline.training.plan import TrainPlan, say, world_size
@@ -60,6 +60,7 @@ def train(cfg: RunConfig, backend_override: str | None = None, precompile: bool 
 
     check_scheduler(cfg.train.lr_scheduler)
     backend = resolve_backend(backend_override or cfg.train.backend)
+    check_backend(cfg, backend)
     model_dir = model_files.require_model_folder(Path(cfg.paths.model_dir), "the base model to train")
     plan = make_plan(cfg, backend, precompile)
     what = "precompile run" if precompile else "training"
