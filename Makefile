@@ -7,7 +7,7 @@ CDK   := npx --no-install cdk
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv synth test snapshot-update deploy diff destroy rehearse bench diagram clean
+.PHONY: help venv synth lint test snapshot-update deploy diff destroy rehearse bench diagram clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -28,7 +28,11 @@ synth: $(STAMP)  ## synthesize every stack offline, cfn-lint it, print a summary
 	$(CDK) synth --quiet
 	$(PY) -m stacks.summary cdk.out
 
-test: $(STAMP)  ## run the whole test suite
+lint: $(STAMP)  ## ruff lint and format check (shellcheck and hadolint run inside the tests)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint  ## lint, then run the whole test suite
 	$(PY) -m pytest -n 2 --dist loadgroup
 
 snapshot-update: $(STAMP)  ## rewrite the template snapshots after an intended change

@@ -57,8 +57,9 @@ def tensor(folder, name):
         return handle.get_tensor(name).float()
 ours, ref = Path(sys.argv[1]), Path(sys.argv[2])
 # the reference rounds each delta to bf16 before adding it: agreement within bf16 rounding
-names = ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.v_proj.weight", "model.layers.0.mlp.up_proj.weight")
-ok = all(torch.allclose(a, b, rtol=2**-7, atol=2**-7 * float(a.abs().max())) for a, b in ((tensor(ours, n), tensor(ref, n)) for n in names))
+names = ("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj")
+pairs = ((tensor(ours, f"model.layers.0.{n}.weight"), tensor(ref, f"model.layers.0.{n}.weight")) for n in names)
+ok = all(torch.allclose(a, b, rtol=2**-7, atol=2**-7 * float(a.abs().max())) for a, b in pairs)
 sys.exit(0 if ok else 1)
 """
 COPY = """
@@ -136,9 +137,13 @@ def warm(paths: list[str]) -> None:
 
 def reference_fits(model_bytes: int) -> tuple[bool, str]:
     """The reference holds the whole model plus a save buffer of one shard; skip it when that cannot fit."""
-    available = next(int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemAvailable"))
+    with open("/proc/meminfo") as meminfo:
+        available = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable"))
     needed = int(model_bytes * 1.35) + 2 * GIB
-    reason = f"it would hold about {needed / GIB:.0f} GiB in RAM; {available / GIB:.0f} GiB are available and other work shares them"
+    reason = (
+        f"it would hold about {needed / GIB:.0f} GiB in RAM; "
+        f"{available / GIB:.0f} GiB are available and other work shares them"
+    )
     return needed < 0.85 * available, reason
 
 
@@ -146,9 +151,11 @@ def summarize(samples: list[dict]) -> dict:
     """Median wall time of the repeats (robust to a neighbour's burst of I/O), all samples kept."""
     walls = sorted(sample["wall_s"] for sample in samples)
     return {
-        "wall_s": round(statistics.median(walls), 2), "wall_s_min": walls[0], "walls_s": walls,
+        "wall_s": round(statistics.median(walls), 2),
+        "wall_s_min": walls[0],
+        "walls_s": walls,
         "peak_rss_gib": max(sample["peak_rss_gib"] for sample in samples),
-    }  # fmt: skip
+    }
 
 
 def bench_shape(name: str, work: Path, reference: str, ref_dtype: str, repeats: int, cache: str) -> dict:
@@ -161,8 +168,11 @@ def bench_shape(name: str, work: Path, reference: str, ref_dtype: str, repeats: 
     model_bytes = sum(p.stat().st_size for p in base.glob("*.safetensors"))
     shards = sorted(str(p) for p in base.glob("*.safetensors"))
     params = sum(math.prod(d) for d in tensor_shapes(shape).values())
-    print(f"{name}: {params / 1e9:.2f}B parameters, {model_bytes / 1e9:.2f} GB in {len(shards)} shard(s), "
-          f"written in {generated['wall_s']:.0f} s", flush=True)  # fmt: skip
+    print(
+        f"{name}: {params / 1e9:.2f}B parameters, {model_bytes / 1e9:.2f} GB in {len(shards)} shard(s), "
+        f"written in {generated['wall_s']:.0f} s",
+        flush=True,
+    )
     config = folder / "run.toml"
     config.write_text(f'[paths]\noutput_dir = "{folder / "run"}"\n')
     runs: dict = {

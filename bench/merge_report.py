@@ -16,20 +16,21 @@ def verdicts(results: dict) -> list[str]:
     for name, runs in results.items():
         ours, copy, ref = runs["ours"], runs["copy"], runs["reference"]
         ratio = ours["wall_s"] / copy["wall_s"]
-        lines.append(
-            f"{name}: wall {ratio:.2f}x the copy floor (target <= {TARGETS['wall_vs_copy']}): {'PASS' if ratio <= TARGETS['wall_vs_copy'] else 'FAIL'}"
-        )
+        target = TARGETS["wall_vs_copy"]
+        lines.append(f"{name}: wall {ratio:.2f}x the copy floor (target <= {target}): {_verdict(ratio <= target)}")
         if name == "8b":
-            ok = ours["peak_rss_gib"] < TARGETS["peak_rss_gib_8b"]
-            lines.append(
-                f"8b: peak RSS {ours['peak_rss_gib']:.2f} GiB (target < {TARGETS['peak_rss_gib_8b']} GiB): {'PASS' if ok else 'FAIL'}"
-            )
+            peak, target = ours["peak_rss_gib"], TARGETS["peak_rss_gib_8b"]
+            lines.append(f"8b: peak RSS {peak:.2f} GiB (target < {target} GiB): {_verdict(peak < target)}")
         if name == "1b" and ref:
-            speedup = ref["wall_s"] / ours["wall_s"]
+            speedup, target = ref["wall_s"] / ours["wall_s"], TARGETS["speedup_vs_reference_1b"]
             lines.append(
-                f"1b: {speedup:.1f}x faster than the reference (target >= {TARGETS['speedup_vs_reference_1b']}): {'PASS' if speedup >= TARGETS['speedup_vs_reference_1b'] else 'FAIL'}"
+                f"1b: {speedup:.1f}x faster than the reference (target >= {target}): {_verdict(speedup >= target)}"
             )
     return lines
+
+
+def _verdict(passed: bool) -> str:
+    return "PASS" if passed else "FAIL"
 
 
 def table(results: dict) -> list[str]:
@@ -41,8 +42,9 @@ def table(results: dict) -> list[str]:
                 rows.append(f"| {name} | {method} | {runs['reference_skipped']} | | | |")
                 continue
             rate = runs["model_bytes"] / 1e9 / run["wall_s"]
+            vs_copy = run["wall_s"] / runs["copy"]["wall_s"]
             rows.append(
-                f"| {name} | {method} | {run['wall_s']:.1f} | {run['wall_s'] / runs['copy']['wall_s']:.2f}x | {run['peak_rss_gib']:.2f} | {rate:.2f} |"
+                f"| {name} | {method} | {run['wall_s']:.1f} | {vs_copy:.2f}x | {run['peak_rss_gib']:.2f} | {rate:.2f} |"
             )
     return rows
 
@@ -56,17 +58,30 @@ def previous_results(path: Path) -> dict:
 
 
 def write_report(path: Path, results: dict, ref_dtype: str) -> None:
-    machine = f"{os.cpu_count()} CPUs, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / GIB:.0f} GiB RAM, {platform.system()} {platform.release()}"
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    machine = f"{os.cpu_count()} CPUs, {memory:.0f} GiB RAM, {platform.system()} {platform.release()}"
+    cache = "evicted from" if next(iter(results.values()))["cache"] == "cold" else "read into"
     text = [
-        "# Merge benchmark", "",
-        "Produced by `make bench` (`bench/merge_bench.py`); do not edit by hand.", "",
+        "# Merge benchmark",
+        "",
+        "Produced by `make bench` (`bench/merge_bench.py`); do not edit by hand.",
+        "",
         f"Machine: {machine}. Synthetic bf16 Llama checkpoints sharded like the Hub's; adapter r=16 on q_proj/v_proj.",
-        f"Reference: `AutoModelForCausalLM.from_pretrained(dtype={ref_dtype})` + `PeftModel.merge_and_unload()` + `save_pretrained`.",
-        "Each method runs in its own process. Before each run the earlier outputs are deleted, dirty pages flushed, the disk "
-        f"left to go quiet (a `discard` mount trims deleted files in the background) and the inputs {'evicted from' if next(iter(results.values()))['cache'] == 'cold' else 'read into'} the page cache; "
+        f"Reference: `AutoModelForCausalLM.from_pretrained(dtype={ref_dtype})` + `PeftModel.merge_and_unload()` "
+        "+ `save_pretrained`.",
+        "Each method runs in its own process. Before each run the earlier outputs are deleted, dirty pages flushed, "
+        "the disk left to go quiet (a `discard` mount trims deleted files in the background) "
+        f"and the inputs {cache} the page cache; "
         "copy and ours alternate, repeated; the table gives the median wall time (every sample is in the JSON below) "
-        "and the highest `ru_maxrss` of the process. The disk is shared with other work, so single samples vary a lot.", "",
-        *table(results), "", *[f"- {line}" for line in verdicts(results)], "",
-        "```json", json.dumps(results, indent=2), "```", "",
-    ]  # fmt: skip
+        "and the highest `ru_maxrss` of the process. The disk is shared with other work, so single samples vary a lot.",
+        "",
+        *table(results),
+        "",
+        *[f"- {line}" for line in verdicts(results)],
+        "",
+        "```json",
+        json.dumps(results, indent=2),
+        "```",
+        "",
+    ]
     path.write_text("\n".join(text))

@@ -114,10 +114,16 @@ def write_model(
         index = {"metadata": {"total_size": split.metadata["total_size"]}, "weight_map": split.tensor_to_filename}
         (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     config = LlamaConfig(
-        vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-        tie_word_embeddings=shape.tied, torch_dtype=dtype, architectures=["LlamaForCausalLM"],
-    )  # fmt: skip
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        tie_word_embeddings=shape.tied,
+        torch_dtype=dtype,
+        architectures=["LlamaForCausalLM"],
+    )
     config.save_pretrained(folder)
     GenerationConfig(bos_token_id=1, eos_token_id=2).save_pretrained(folder)
     tiny.build_tokenizer().save_pretrained(folder)

@@ -97,6 +97,7 @@ class ClusterRole(Construct):
         self._acknowledge(eni_arn, log_group_arn, bucket)
 
     def _acknowledge(self, eni_arn: str, log_group_arn: str, bucket: s3.IBucket) -> None:
+        bucket_logical_id = Stack.of(self).get_logical_id(bucket.node.default_child)
         acknowledge(
             self.role,
             f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{MANAGED_INSTANCE_POLICY}]",
@@ -108,7 +109,7 @@ class ClusterRole(Construct):
             "resource-level permissions, so they can only be granted on '*'.",
             f"Resource::{eni_arn}": "HyperPod creates one network interface per node in our subnet at "
             "provisioning time; their ids are unknown when the role is created.",
-            f"Resource::<{Stack.of(self).get_logical_id(bucket.node.default_child)}.Arn>/*": "Nodes read payloads and datasets and "
+            f"Resource::<{bucket_logical_id}.Arn>/*": "Nodes read payloads and datasets and "
             "write run outputs anywhere under this one bucket (the cluster's own, named in the statement).",
             f"Resource::{log_group_arn}": "HyperPod creates one log group per CreateCluster call "
             "(/aws/sagemaker/Clusters/<name>/<cluster id>), scoped here to this cluster.",

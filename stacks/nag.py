@@ -17,6 +17,7 @@ def enable_checks(app: IConstruct) -> None:
     Validations.of(app).add_plugins(AwsSolutionsChecks(app))
 
 
+LAMBDA_BASIC_EXECUTION_ROLE = "arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"
 PLUGIN_PREFIX = "AwsSolutions::"  # how the Validations API names findings of the AwsSolutions plugin
 
 
@@ -30,8 +31,8 @@ def acknowledge(scope: IConstruct, rule_id: str, reason: str) -> None:
 BUCKET_DEPLOYMENT_FINDINGS = {
     "AwsSolutions-L1": "The BucketDeployment handler's runtime is pinned by aws-cdk-lib (2.275.0 here) to the "
     "version its bundled AWS CLI layer supports; it moves with CDK upgrades, not in this app.",
-    "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole]": "The BucketDeployment handler only needs to write its own CloudWatch logs, which is exactly this "
-    "AWS managed policy.",
+    f"AwsSolutions-IAM4[Policy::{LAMBDA_BASIC_EXECUTION_ROLE}]": "The BucketDeployment handler only needs to write "
+    "its own CloudWatch logs, which is exactly this AWS managed policy.",
     "AwsSolutions-IAM5[Action::s3:GetBucket*]": "CDK's grant for the BucketDeployment handler: it reads the CDK "
     "asset bucket to copy lifecycle/ and payloads/ zips.",
     "AwsSolutions-IAM5[Action::s3:GetObject*]": "CDK's grant for the BucketDeployment handler: it reads asset zips "

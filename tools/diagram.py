@@ -32,6 +32,7 @@ KEPT = {
     "Custom::CDKBucketDeployment": ("Upload", "#fff9e0"),
 }
 IMAGE_NODE = "TrainingImage"
+FILLED = 'style="rounded,filled"'
 
 
 def load_templates(cdk_out: Path) -> dict[str, dict]:
@@ -104,9 +105,8 @@ def label(logical_id: str, resource: dict) -> str:
     elif resource["Type"] == "AWS::SageMaker::Cluster":
         for group in props.get("InstanceGroups", []):
             node_type = group.get("SlurmConfig", {}).get("NodeType", "")
-            lines.append(
-                f"{group.get('InstanceGroupName')}: {group.get('InstanceCount')} x {group.get('InstanceType')} {node_type}"
-            )
+            name, count, instance_type = (group.get(k) for k in ("InstanceGroupName", "InstanceCount", "InstanceType"))
+            lines.append(f"{name}: {count} x {instance_type} {node_type}")
     elif resource["Type"] == "Custom::CDKBucketDeployment":
         prefix = props.get("DestinationBucketKeyPrefix", "")
         lines = [f"Upload to /{prefix}" if isinstance(prefix, str) else "Upload"]
@@ -147,17 +147,18 @@ def to_dot(templates: dict[str, dict]) -> str:
             in ("AWS::EC2::SecurityGroup", "AWS::EC2::InternetGateway", "AWS::EC2::VPCEndpoint", "AWS::EC2::FlowLog")
         }
 
-        def node(i: str, indent: str) -> str:
+        def node(i: str, indent: str, kept: dict = kept) -> str:
             return f'{indent}"{i}" [label="{label(i, kept[i])}", fillcolor="{KEPT[kept[i]["Type"]][1]}"];'
 
         out.append(f'  subgraph "cluster_{stack_name}" {{ label="stack {stack_name}"; style=dashed;')
         for vpc in vpcs:
             out.append(
-                f'    subgraph "cluster_{vpc}" {{ label="{label(vpc, kept[vpc])}"; style="rounded,filled"; fillcolor="#f7fbff";'
+                f'    subgraph "cluster_{vpc}" {{ label="{label(vpc, kept[vpc])}"; {FILLED}; fillcolor="#f7fbff";'
             )
             for subnet in sorted(subnets):
+                subnet_label = label(subnet, kept[subnet])
                 out.append(
-                    f'      subgraph "cluster_{subnet}" {{ label="{label(subnet, kept[subnet])}"; style="rounded,filled"; fillcolor="#ffffff";'
+                    f'      subgraph "cluster_{subnet}" {{ label="{subnet_label}"; {FILLED}; fillcolor="#ffffff";'
                 )
                 out.extend(node(i, "        ") for i, s in sorted(placed.items()) if s == subnet and i not in in_vpc)
                 out.append("      }")

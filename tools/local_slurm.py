@@ -197,7 +197,7 @@ class LocalSlurm:
     def _all_idle(self) -> bool:
         self._alive()
         out = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False).stdout.split()
-        states = dict(zip(out[0::2], out[1::2]))
+        states = dict(zip(out[0::2], out[1::2], strict=True))
         return all(states.get(name) == "idle" for name in self.node_names)
 
     def _wait(self, ready, timeout: float, what: str, log: str) -> None:

@@ -11,7 +11,49 @@ import json
 import random
 from pathlib import Path
 
-WORDS = ["llama", "alpaca", "camel", "wool", "andes", "herd", "graze", "fiber", "animal", "mountain", "valley", "farmer", "river", "cloud", "water", "stone", "green", "small", "large", "gentle", "quick", "slow", "warm", "cold", "high", "low", "bright", "dark", "answer", "question", "context", "instruction", "response", "explain", "describe", "list", "name", "compare", "why", "how", "what"]
+WORDS = [
+    "llama",
+    "alpaca",
+    "camel",
+    "wool",
+    "andes",
+    "herd",
+    "graze",
+    "fiber",
+    "animal",
+    "mountain",
+    "valley",
+    "farmer",
+    "river",
+    "cloud",
+    "water",
+    "stone",
+    "green",
+    "small",
+    "large",
+    "gentle",
+    "quick",
+    "slow",
+    "warm",
+    "cold",
+    "high",
+    "low",
+    "bright",
+    "dark",
+    "answer",
+    "question",
+    "context",
+    "instruction",
+    "response",
+    "explain",
+    "describe",
+    "list",
+    "name",
+    "compare",
+    "why",
+    "how",
+    "what",
+]
 CATEGORIES = ("open_qa", "closed_qa", "brainstorming", "summarization", "classification")
 
 

@@ -111,7 +111,8 @@ def consolidate_checkpoint(source: Path, output: Path, *, overwrite: bool = Fals
                 count = copy_plain(adapter, partial)
             else:
                 print(
-                    f"consolidate: sharded adapter {adapter.folder} (TP={adapter.tp_size}, PP={len(adapter.rank_files)})",
+                    f"consolidate: sharded adapter {adapter.folder} "
+                    f"(TP={adapter.tp_size}, PP={len(adapter.rank_files)})",
                     flush=True,
                 )
                 count = write_sharded(adapter, partial)

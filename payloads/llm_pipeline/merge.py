@@ -74,7 +74,8 @@ def write_merged(model: ModelFolder, adapter: AdapterFolder, folder: Path) -> Co
             seconds = max(time.monotonic() - started, 1e-6)
             rate = shard.size / 1e6 / seconds
             print(
-                f"{label}: {shard.size / 1e9:.2f} GB, {len(updates)} tensor(s) merged, {seconds:.1f} s ({rate:.0f} MB/s)",
+                f"{label}: {shard.size / 1e9:.2f} GB, {len(updates)} tensor(s) merged, "
+                f"{seconds:.1f} s ({rate:.0f} MB/s)",
                 flush=True,
             )
     unmerged = sorted(set(adapter.updates) - set(used))

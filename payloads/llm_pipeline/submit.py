@@ -91,9 +91,8 @@ def steps_from(first: str) -> tuple[str, ...]:
 
 def dry_run(facts: RunFacts, first: str, env: dict[str, str]) -> None:
     """The submission as a shell script: each job id captured and fed to the next dependency."""
-    print(
-        f"# dry run: nothing submitted. The same submission as a script:\nmkdir -p {shlex.quote(str(facts.logs_dir))}/state"
-    )
+    print("# dry run: nothing submitted. The same submission as a script:")
+    print(f"mkdir -p {shlex.quote(str(facts.logs_dir))}/state")
     previous = None
     for step in steps_from(first):
         words = [

@@ -62,7 +62,7 @@ def test_no_nodes_yet(deployed, hpctl):
 
 def test_file_system_gone(deployed, hpctl):
     boto3.client("fsx", region_name=deployed.region).delete_file_system(FileSystemId=deployed.fsx_id)
-    code, out, _ = hpctl("status", "--json")
+    _, out, _ = hpctl("status", "--json")
     assert json.loads(out)["fsx"]["status"] == "not found"
 
 

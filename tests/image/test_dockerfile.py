@@ -26,7 +26,7 @@ def from_image(instructions) -> tuple[str, str, str]:
     """(platform, image, tag) of the single FROM."""
     words = only(instructions, "FROM").split()
     platform = next((w.split("=", 1)[1] for w in words if w.startswith("--platform=")), "")
-    image, _, tag = [w for w in words if not w.startswith("--")][0].partition(":")
+    image, _, tag = next(w for w in words if not w.startswith("--")).partition(":")
     return platform, image, tag
 
 

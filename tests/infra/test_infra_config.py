@@ -46,8 +46,9 @@ def parse(**context: object) -> HyperPodConfig:
 
 
 def test_cdk_json_sets_every_knob_to_the_dataclass_default():
-    ours = {key: value for key, value in CDK_JSON.items() if key in HyperPodConfig.keys()}
-    assert sorted(ours) == sorted(HyperPodConfig.keys()), "every config key is documented in cdk.json"
+    known = HyperPodConfig.keys()
+    ours = {key: value for key, value in CDK_JSON.items() if key in known}
+    assert sorted(ours) == sorted(known), "every config key is documented in cdk.json"
     defaults = {field.name: field.default for field in dataclasses.fields(HyperPodConfig)}
     assert ours == defaults
 

@@ -93,7 +93,7 @@ def test_bucket_is_named_for_sagemaker_private_encrypted_versioned_logged_and_tl
 
 
 def test_fsx_is_persistent_2_lustre_2_15_lz4_in_the_private_subnet_after_the_group_rules(synth):
-    fs_id, fs = synth.one("AWS::FSx::FileSystem")
+    _, fs = synth.one("AWS::FSx::FileSystem")
     props = fs["Properties"]
     assert (props["FileSystemType"], props["FileSystemTypeVersion"], props["StorageCapacity"]) == (
         "LUSTRE",
@@ -115,7 +115,7 @@ def test_repository_links_import_payloads_and_datasets_and_sync_outputs_both_way
     fs_id, _ = synth.one("AWS::FSx::FileSystem")
     bucket_id = synth.logical_id(synth.stack.data.bucket.node.default_child)
     links = {}
-    for link_id, link in synth.resources("AWS::FSx::DataRepositoryAssociation").items():
+    for link in synth.resources("AWS::FSx::DataRepositoryAssociation").values():
         props = link["Properties"]
         assert props["FileSystemId"] == ref(fs_id)
         assert bucket_id in link["DependsOn"], "the bucket (and its auto-delete) goes only after the link"
@@ -175,7 +175,7 @@ def test_role_can_pull_exactly_the_training_image_repository(synth):
 
 
 def test_cluster_is_api_driven_slurm_with_controller_and_trainium_compute(synth):
-    cluster_id, cluster = synth.one("AWS::SageMaker::Cluster")
+    _, cluster = synth.one("AWS::SageMaker::Cluster")
     props = cluster["Properties"]
     config = synth.config
     assert props["ClusterName"] == config.cluster_name

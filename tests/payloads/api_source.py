@@ -93,7 +93,9 @@ def resolve(module: str, name: str, depth: int = 0) -> Definition | None:
                         return found
                     if module_path(f"{target}.{alias.name}"):
                         return Definition(f"{target}.{alias.name}", None)
-        elif (isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name) or (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)):
+        elif (isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name) or (
+            isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+        ):
             return Definition(module, node)
     return None
 

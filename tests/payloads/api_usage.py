@@ -232,7 +232,7 @@ def check_module(module: str, source: str) -> Usage:
     """Problems in `source` (our module `module`) against the installed packages' sources."""
     tree = ast.parse(source)
     usage = Usage(module, _collect_imports(tree))
-    for local, (from_module, name) in usage.imports.items():
+    for from_module, name in usage.imports.values():
         if src.resolve(from_module, name) is None and src.module_path(f"{from_module}.{name}") is None:
             usage.problem(tree, f"{from_module} has no {name}")
     self_types = {}

@@ -37,11 +37,15 @@ class Shape:
         """(out_features, in_features) of a Llama linear module."""
         kv = self.kv_heads * self.head_dim
         return {
-            "q_proj": (self.hidden, self.hidden), "k_proj": (kv, self.hidden), "v_proj": (kv, self.hidden),
-            "o_proj": (self.hidden, self.hidden), "gate_proj": (self.intermediate, self.hidden),
-            "up_proj": (self.intermediate, self.hidden), "down_proj": (self.hidden, self.intermediate),
+            "q_proj": (self.hidden, self.hidden),
+            "k_proj": (kv, self.hidden),
+            "v_proj": (kv, self.hidden),
+            "o_proj": (self.hidden, self.hidden),
+            "gate_proj": (self.intermediate, self.hidden),
+            "up_proj": (self.intermediate, self.hidden),
+            "down_proj": (self.hidden, self.intermediate),
             "lm_head": (self.vocab, self.hidden),
-        }[module]  # fmt: skip
+        }[module]
 
 
 def module_path(module: str, layer: int) -> str:
@@ -177,7 +181,10 @@ def shard_adapter(
     specs = []
     for layer in range(shape.layers):
         attn, mlp = f"{P}model.layers.{layer}.self_attn", f"{P}model.layers.{layer}.mlp"
-        lora = lambda module, f: f"{P}{module_path(module, layer)}.lora_{f}.weight"  # noqa: E731
+
+        def lora(module: str, f: str, layer: int = layer) -> str:
+            return f"{P}{module_path(module, layer)}.lora_{f}.weight"
+
         targeted = {m for m in (*ATTENTION, *MLP) if lora(m, "A") in adapter}
         heads_on = [query_heads_on_rank(r, tp, shape.heads, shape.kv_heads, multiplier) for r in range(tp)]
         if gqa:
@@ -194,20 +201,28 @@ def shard_adapter(
                 if fuse_qkv:  # neuronx-distributed sets no TP attributes on weight_qkv
                     s.put(
                         f"{qkv}.lora_B.weight_qkv",
-                        [torch.cat(t) for t in zip(q, k, v)],
+                        [torch.cat(t) for t in zip(q, k, v, strict=True)],
                         {"tensor_model_parallel": False},
                     )
                 else:
-                    for part, pieces in zip("qkv", (q, k, v)):
+                    for part, pieces in zip("qkv", (q, k, v), strict=True):
                         s.put(f"{qkv}.lora_B.weight_{part}", pieces, s.split(0))
             fields = {
-                "gqa_qkv_projection_name": "qkv_proj", "query_projection_name": "q_proj", "key_projection_name": "k_proj",
-                "value_projection_name": "v_proj", "output_projection_name": "o_proj", "num_attention_heads": shape.heads,
-                "num_key_value_heads": shape.kv_heads, "kv_size_multiplier": multiplier,
+                "gqa_qkv_projection_name": "qkv_proj",
+                "query_projection_name": "q_proj",
+                "key_projection_name": "k_proj",
+                "value_projection_name": "v_proj",
+                "output_projection_name": "o_proj",
+                "num_attention_heads": shape.heads,
+                "num_key_value_heads": shape.kv_heads,
+                "kv_size_multiplier": multiplier,
                 "q_output_size_per_partition": shape.hidden // tp,
                 "kv_output_size_per_partition": shape.kv_heads * multiplier * shape.head_dim // tp,
-                "fuse_qkv": fuse_qkv, "bias": False, "tp_size": tp, "peft_type": "lora" if "q_proj" in targeted else None,
-            }  # fmt: skip
+                "fuse_qkv": fuse_qkv,
+                "bias": False,
+                "tp_size": tp,
+                "peft_type": "lora" if "q_proj" in targeted else None,
+            }
             specs.append({"module_fully_qualified_name": attn, "specs": [["GQAQKVColumnParallelLinearSpec", fields]]})
         else:
             for module in ("q_proj", "k_proj", "v_proj"):
@@ -236,11 +251,16 @@ def shard_adapter(
         if "gate_proj" in targeted:
             s.replicated(f"{gate_up}.lora_A.weight", _shared_a(adapter, [lora("gate_proj", "A"), lora("up_proj", "A")]))
             gate, up = (adapter[lora(m, "B")].chunk(tp) for m in ("gate_proj", "up_proj"))
-            s.put(f"{gate_up}.lora_B.weight", [torch.cat(pair) for pair in zip(gate, up)], s.split(0))
+            s.put(f"{gate_up}.lora_B.weight", [torch.cat(pair) for pair in zip(gate, up, strict=True)], s.split(0))
         fused = {
-            "fused_linear_name": "gate_up_proj", "linear_names": ["gate_proj", "up_proj"], "bias": False, "fuse_axis": 0,
-            "original_dims": [shape.intermediate] * 2, "tp_size": tp, "peft_type": "lora" if "gate_proj" in targeted else None,
-        }  # fmt: skip
+            "fused_linear_name": "gate_up_proj",
+            "linear_names": ["gate_proj", "up_proj"],
+            "bias": False,
+            "fuse_axis": 0,
+            "original_dims": [shape.intermediate] * 2,
+            "tp_size": tp,
+            "peft_type": "lora" if "gate_proj" in targeted else None,
+        }
         specs.append({"module_fully_qualified_name": mlp, "specs": [["FusedLinearsSpec", fused]]})
         for norm in ("input_layernorm", "post_attention_layernorm"):
             s.describe(f"{P}model.layers.{layer}.{norm}.weight", {"tensor_model_parallel": False})

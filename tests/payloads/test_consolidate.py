@@ -83,7 +83,7 @@ def test_strided_split_interleaves_blocks_like_the_fused_gate_up():
     # gate_up_proj's base layer is split with partition_stride 2: each rank holds its gate block,
     # then its up block. Joining with that stride gives [gate; up] back.
     gate, up = torch.randn(16, 3), torch.randn(16, 3)
-    pieces = [torch.cat([g, u]) for g, u in zip(gate.chunk(4), up.chunk(4))]
+    pieces = [torch.cat([g, u]) for g, u in zip(gate.chunk(4), up.chunk(4), strict=True)]
     info = {"tensor_model_parallel": True, "partition_dim": 0, "partition_stride": 2, "num_partitions": 4}
     assert torch.equal(join_shards("gate_up_proj.weight", pieces, info), torch.cat([gate, up]))
     assert torch.equal(join_shards("x", pieces, {**info, "partition_stride": 1}), torch.cat(pieces))
@@ -113,7 +113,7 @@ def test_truncated_plain_adapter_is_refused(tmp_path):
     checkpoint = write_plain_checkpoint(tmp_path / "checkpoint-3", full, adapter_config(("q_proj", "v_proj")))
     weights = checkpoint / "adapter_model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-100])
-    with pytest.raises(CheckpointError, match="adapter_model.safetensors is truncated"):
+    with pytest.raises(CheckpointError, match=r"adapter_model\.safetensors is truncated"):
         consolidate.consolidate_checkpoint(checkpoint, tmp_path / "adapter")
     assert not (tmp_path / "adapter").exists()
 
@@ -122,7 +122,7 @@ def test_missing_rank_file_is_named(tmp_path):
     _, checkpoint = sharded(tmp_path, "tp4-all-modules")
     model = checkpoint / "adapter_default" / "adapter_shards" / "model"
     (model / "dp_rank_00_tp_rank_01_pp_rank_00.pt").unlink()
-    with pytest.raises(CheckpointError, match="dp_rank_00_tp_rank_01_pp_rank_00.pt is missing"):
+    with pytest.raises(CheckpointError, match=r"dp_rank_00_tp_rank_01_pp_rank_00\.pt is missing"):
         consolidate.consolidate_checkpoint(checkpoint, tmp_path / "adapter")
     for path in model.glob("dp_rank_00_tp_rank_03_pp_rank_00.pt*"):  # the last rank: only the metadata can tell
         shutil.rmtree(path) if path.is_dir() else path.unlink()

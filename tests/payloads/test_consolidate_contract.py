@@ -34,9 +34,11 @@ def upstream_functions(tp: int, rank: int) -> dict:
     found = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name in WANTED]
     assert {node.name for node in found} == WANTED, "optimum-neuron changed: update the contract"
     namespace: dict = {
-        "torch": torch, "Literal": Literal,
-        "get_tensor_model_parallel_size": lambda: tp, "get_tensor_model_parallel_rank": lambda: rank,
-    }  # fmt: skip
+        "torch": torch,
+        "Literal": Literal,
+        "get_tensor_model_parallel_size": lambda: tp,
+        "get_tensor_model_parallel_rank": lambda: rank,
+    }
     for node in found:
         node.decorator_list = []
         exec(compile(ast.Module(body=[node], type_ignores=[]), "transformations_utils.py", "exec"), namespace)

@@ -58,7 +58,7 @@ def test_missing_columns_are_named(tmp_path):
     import datasets
 
     rows = datasets.Dataset.from_list([{"question": "Why?", "response": "Because."}])
-    with pytest.raises(StepError, match="lacks column.*instruction.*has: question, response"):
+    with pytest.raises(StepError, match=r"lacks column.*instruction.*has: question, response"):
         data.validate(rows, "x")
 
 
@@ -77,7 +77,7 @@ def test_missing_local_file_is_an_error(tmp_path):
 def test_max_length_shorter_than_the_template_is_an_error():
     tokenizer = tiny.build_tokenizer()
     data_stats.check_template_fits(tokenizer, 16)
-    with pytest.raises(StepError, match="data.max_length 8 is shorter than the prompt template"):
+    with pytest.raises(StepError, match=r"data\.max_length 8 is shorter than the prompt template"):
         data_stats.check_template_fits(tokenizer, 8)
 
 

@@ -36,7 +36,7 @@ def test_token_from_the_login_file(tmp_path):
 def test_gated_model_without_token_is_refused():
     download.check_access("org/open-model", False, None)
     download.check_access("meta-llama/Meta-Llama-3-8B", "manual", "hf_x")
-    with pytest.raises(StepError, match="gated model and no Hugging Face token.*HF_TOKEN"):
+    with pytest.raises(StepError, match=r"gated model and no Hugging Face token.*HF_TOKEN"):
         download.check_access("meta-llama/Meta-Llama-3-8B", "manual", None)
 
 
@@ -86,7 +86,7 @@ def test_fp32_weights_are_converted_to_bf16_shard_by_shard(tmp_path):
     assert index["metadata"]["total_size"] == sum(p.numel() * 2 for p in original.parameters())
     reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype="auto")  # what config.json says
     assert reloaded.dtype == torch.bfloat16
-    for (name, before), after in zip(original.state_dict().items(), reloaded.state_dict().values()):
+    for (name, before), after in zip(original.state_dict().items(), reloaded.state_dict().values(), strict=True):
         assert torch.equal(before.to(torch.bfloat16), after), name
     assert model_files.convert_dtype(folder, "bfloat16") == 0  # nothing left to convert
 
@@ -109,8 +109,13 @@ class FakeHub(BaseHTTPRequestHandler):
                 {"X-Error-Message": "Invalid credentials in Authorization header"},
             )
         elif self.path.startswith("/api/models/org/gated-model"):
-            body = {"id": "org/gated-model", "sha": "0" * 40, "private": False, "gated": "manual",
-                    "siblings": [{"rfilename": "config.json"}, {"rfilename": "model.safetensors"}]}  # fmt: skip
+            body = {
+                "id": "org/gated-model",
+                "sha": "0" * 40,
+                "private": False,
+                "gated": "manual",
+                "siblings": [{"rfilename": "config.json"}, {"rfilename": "model.safetensors"}],
+            }
             self._reply(200, body)
         else:  # the Hub answers 401 + RepoNotFound for missing, private and gated-without-token repos
             self._reply(401, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
@@ -145,19 +150,23 @@ def test_gated_model_without_token_stops_before_downloading(fake_hub, tmp_path):
 
 
 def test_unknown_or_unauthorised_model_is_a_clear_error(fake_hub, tmp_path):
-    with pytest.raises(StepError, match="org/private-model not found or not accessible.*set HF_TOKEN"):
+    with pytest.raises(StepError, match=r"org/private-model not found or not accessible.*set HF_TOKEN"):
         download.fetch("org/private-model", "main", tmp_path / "model", None, endpoint=fake_hub)
-    with pytest.raises(StepError, match="not found or not accessible.*check model.id$"):
+    with pytest.raises(StepError, match=r"not found or not accessible.*check model\.id$"):
         download.fetch("org/private-model", "main", tmp_path / "model", "hf_good_token", endpoint=fake_hub)
-    with pytest.raises(StepError, match="rejected the Hugging Face token.*check HF_TOKEN"):
+    with pytest.raises(StepError, match=r"rejected the Hugging Face token.*check HF_TOKEN"):
         download.fetch("org/private-model", "main", tmp_path / "model", "hf_bad_token", endpoint=fake_hub)
 
 
 def test_download_cli_turns_hub_errors_into_exit_2(fake_hub, hpl_env, tmp_path, capsys, monkeypatch):
     from payload_configs import write_config
 
-    path = write_config(tmp_path / "run.toml", hpl_env, model={"id": "org/gated-model", "dtype": "bfloat16"},
-                        paths={"model_dir": str(tmp_path / "model")})  # fmt: skip
+    path = write_config(
+        tmp_path / "run.toml",
+        hpl_env,
+        model={"id": "org/gated-model", "dtype": "bfloat16"},
+        paths={"model_dir": str(tmp_path / "model")},
+    )
     monkeypatch.setenv("HF_ENDPOINT", fake_hub)
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))

@@ -58,12 +58,12 @@ def test_fused_gate_up_shares_one_lora_a():
 
 def test_a_different_trainable_count_stops_training():
     check_trainable(6_815_744, 6_815_744, LoraConfig())
-    with pytest.raises(StepError, match="7,570,591,744 trainable parameters.*6,815,744.*#821"):
+    with pytest.raises(StepError, match=r"7,570,591,744 trainable parameters.*6,815,744.*#821"):
         check_trainable(7_570_591_744, 6_815_744, LoraConfig())
 
 
 def test_target_module_missing_from_the_model_is_named():
     model = tiny.build_llama(len(tiny.build_tokenizer()), hidden=32, layers=1, heads=4, kv_heads=2)
     check_target_modules(model, LoraConfig(target_modules=ALL_LINEAR))
-    with pytest.raises(StepError, match="lora.target_modules: c_attn not found"):
+    with pytest.raises(StepError, match=r"lora\.target_modules: c_attn not found"):
         check_target_modules(model, LoraConfig(target_modules=("q_proj", "c_attn")))

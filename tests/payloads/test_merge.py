@@ -1,4 +1,6 @@
-"""merge: equals peft's merge_and_unload on a tiny Llama, logits match, output loads offline; bad inputs stop clearly."""
+"""merge: equals peft's merge_and_unload on a tiny Llama, logits match, output loads offline.
+
+Bad inputs stop clearly."""
 
 from __future__ import annotations
 

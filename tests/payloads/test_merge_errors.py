@@ -36,7 +36,7 @@ def test_truncated_shard_is_named(tmp_path, model):
 def test_missing_shard_is_named(tmp_path, model):
     adapter = write_adapter(tmp_path / "adapter", SMALL)
     sorted(model.glob("model-*.safetensors"))[0].unlink()
-    with pytest.raises(CheckpointError, match="model-00001-of-.*is missing"):
+    with pytest.raises(CheckpointError, match=r"model-00001-of-.*is missing"):
         merge.merge(model, adapter, tmp_path / "out")
 
 
@@ -58,7 +58,7 @@ def test_adapter_for_another_architecture_names_the_module(tmp_path, model):
     ):
         merge.merge(tied, adapter, tmp_path / "out")
     deeper = write_adapter(tmp_path / "deeper", LlamaShape(**{**SMALL.__dict__, "layers": 3}))
-    with pytest.raises(CheckpointError, match="model.layers.2.self_attn.q_proj has no base tensor"):
+    with pytest.raises(CheckpointError, match=r"model\.layers\.2\.self_attn\.q_proj has no base tensor"):
         merge.merge(model, deeper, tmp_path / "out")
 
 
@@ -92,8 +92,19 @@ def _config(tmp_path: Path) -> Path:
 
 def _start_merge(tmp_path: Path, base: Path, adapter: Path, out: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "payloads"), str(REPO)])}
-    command = [sys.executable, "-m", "llm_pipeline.merge", "--config", str(_config(tmp_path)),
-               "--base", str(base), "--adapter", str(adapter), "--output", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "llm_pipeline.merge",
+        "--config",
+        str(_config(tmp_path)),
+        "--base",
+        str(base),
+        "--adapter",
+        str(adapter),
+        "--output",
+        str(out),
+    ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     fcntl.fcntl(process.stdout.fileno(), fcntl.F_SETPIPE_SZ, 4096)
     return process

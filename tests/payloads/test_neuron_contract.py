@@ -102,10 +102,15 @@ def test_resume_assumptions_hold():
     train_body = ast.unparse(_method("optimum.neuron", "NeuronTrainer", "_train"))
     assert "`resume_from_checkpoint` is not supported by the NeuronTrainer" in train_body
     setup = ast.unparse(_method("optimum.neuron", "NeuronTrainer", "setup_training"))
-    order = [setup.index(text) for text in (
-        "self.create_optimizer_and_scheduler", "self.callback_handler.lr_scheduler = self.lr_scheduler",
-        "self.global_step_last_logged = 0", "self.callback_handler.on_train_begin",
-    )]  # fmt: skip
+    order = [
+        setup.index(text)
+        for text in (
+            "self.create_optimizer_and_scheduler",
+            "self.callback_handler.lr_scheduler = self.lr_scheduler",
+            "self.global_step_last_logged = 0",
+            "self.callback_handler.on_train_begin",
+        )
+    ]
     assert order == sorted(order)
     call_event = ast.unparse(_method("transformers.trainer_callback", "CallbackHandler", "call_event"))
     assert "lr_scheduler=self.lr_scheduler" in call_event
@@ -114,7 +119,7 @@ def test_resume_assumptions_hold():
 def test_tp_that_does_not_divide_the_cores_is_refused(hpl_env, monkeypatch):
     cfg = tiny_config(hpl_env, parallel={"tensor_parallel_size": 8, "devices_per_node": 32})
     train_neuron.check_parallel_layout(cfg, 32)
-    with pytest.raises(StepError, match="parallel.tensor_parallel_size 8 .*does not divide the 12 NeuronCores"):
+    with pytest.raises(StepError, match=r"parallel\.tensor_parallel_size 8 .*does not divide the 12 NeuronCores"):
         train_neuron.check_parallel_layout(cfg, 12)
     monkeypatch.setenv("WORLD_SIZE", "12")
     plan = TrainPlan("neuron", -1, 10, True, None, 0, None)

@@ -55,5 +55,5 @@ def test_tiny_config_without_hpl_variables_names_the_variable():
 
 
 def test_unknown_target_module_is_a_config_error(hpl_env):
-    with pytest.raises(config.ConfigError, match="lora.target_modules.*c_attn"):
+    with pytest.raises(config.ConfigError, match=r"lora\.target_modules.*c_attn"):
         tiny_config(hpl_env, lora={"target_modules": ["q_proj", "c_attn"]})

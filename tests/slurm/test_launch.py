@@ -51,7 +51,9 @@ def test_master_is_the_first_node_address_and_port_override(two_nodes, monkeypat
 
 
 def test_ports_of_different_jobs_differ():
-    names = lambda _: ["a"]  # noqa: E731
+    def names(_: str) -> list[str]:
+        return ["a"]
+
     ports = {launch.torchrun_args(slurm_env(1, "a", job), hostnames=names, node_address=str)[3] for job in (7, 8, 9)}
     assert len(ports) == 3
 

@@ -134,7 +134,9 @@ def test_failed_step_cancels_the_rest_and_is_named(cluster):
     assert not (out_dir / "logs" / "state" / "train.json").exists()  # the cancelled steps never started
 
     # Once Slurm has forgotten the jobs (MinJobAge), the step markers tell the same story.
-    forgotten = lambda argv: subprocess.CompletedProcess(argv, 0 if argv[0] == "squeue" else 1, "", "")  # noqa: E731
+    def forgotten(argv: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.CompletedProcess(argv, 0 if argv[0] == "squeue" else 1, "", "")
+
     later = pipeline_status.step_states(out_dir / "logs", forgotten)
     assert [s.state for s in later] == ["COMPLETED", "COMPLETED", "FAILED"] + [pipeline_status.NEVER_RAN] * 5
     assert pipeline_status.verdict(later)[1].step == "data"

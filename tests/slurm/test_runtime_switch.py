@@ -120,7 +120,7 @@ def test_host_runtime_uses_the_host_python_and_hyperpod_adds_auto_resume(node, t
 
 
 def test_a_failing_launch_marks_the_step_failed(node, tmp_path):
-    env, calls = node
+    env, _ = node
     (Path(env["PATH"].split(":")[0]) / "srun").write_text("#!/usr/bin/env bash\nexit 3\n")
     out = run_step("generate.sbatch", env)
     assert out.returncode == 3 and "== generate: FAILED (exit 3)" in out.stdout

@@ -75,7 +75,7 @@ def slurm_states(
     out = run(["squeue", "-h", "-t", "all", "-o", "%i|%T|%r"])
     if out.returncode == 0:
         for line in out.stdout.splitlines():
-            job, state, reason = (line.split("|") + ["", ""])[:3]
+            job, state, reason = [*line.split("|"), "", ""][:3]
             if job in job_ids:
                 known[job] = (state, "" if reason == "None" else reason)
     missing = [job for job in job_ids if job not in known]

@@ -21,16 +21,22 @@ WEIGHTS_NAME = "adapter_model.safetensors"
 KEY_PREFIX = "base_model.model."
 # Adapter features a plain W + scale * B @ A merge cannot express; refused with a clear message.
 UNSUPPORTED_OPTIONS = {
-    "use_dora": "DoRA", "lora_bias": "LoRA bias", "fan_in_fan_out": "fan_in_fan_out",
-    "rank_pattern": "per-module ranks (rank_pattern)", "alpha_pattern": "per-module alphas (alpha_pattern)",
-    "modules_to_save": "modules_to_save", "trainable_token_indices": "trainable tokens",
+    "use_dora": "DoRA",
+    "lora_bias": "LoRA bias",
+    "fan_in_fan_out": "fan_in_fan_out",
+    "rank_pattern": "per-module ranks (rank_pattern)",
+    "alpha_pattern": "per-module alphas (alpha_pattern)",
+    "modules_to_save": "modules_to_save",
+    "trainable_token_indices": "trainable tokens",
     "layer_replication": "layer replication",
-}  # fmt: skip
+}
 _SUFFIXES = {
-    ".lora_A.weight": ("linear", "A"), ".lora_B.weight": ("linear", "B"),
-    ".lora_embedding_A": ("embedding", "A"), ".lora_embedding_B": ("embedding", "B"),
+    ".lora_A.weight": ("linear", "A"),
+    ".lora_B.weight": ("linear", "B"),
+    ".lora_embedding_A": ("embedding", "A"),
+    ".lora_embedding_B": ("embedding", "B"),
     ".base_layer.weight": (None, "base"),
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -105,7 +111,8 @@ def open_adapter_folder(path: Path) -> AdapterFolder:
         a_rank, b_rank = header.tensors[update.a_key].shape[0], header.tensors[update.b_key].shape[-1]
         if a_rank != rank or b_rank != rank:
             raise CheckpointError(
-                f"{path / WEIGHTS_NAME}: {update.module} has rank {a_rank}/{b_rank} but adapter_config.json says r={rank}"
+                f"{path / WEIGHTS_NAME}: {update.module} has rank {a_rank}/{b_rank} "
+                f"but adapter_config.json says r={rank}"
             )
     return AdapterFolder(path=path, config=config, updates=updates, tensors=header.tensors)
 
@@ -119,18 +126,16 @@ def plan_updates(shapes: dict[str, object], *, source: Path) -> dict[str, LoraUp
             raise CheckpointError(
                 f"{source}: tensor {key!r} does not start with {KEY_PREFIX!r}: not a peft causal-LM adapter"
             )
-        for suffix, (kind, role) in _SUFFIXES.items():
-            if key.endswith(suffix):
-                module = key[len(KEY_PREFIX) : -len(suffix)]
-                break
-        else:
+        suffix = next((suffix for suffix in _SUFFIXES if key.endswith(suffix)), None)
+        if suffix is None:
             raise CheckpointError(f"{source}: tensor {key!r} is not a LoRA weight this merge understands")
+        kind, role = _SUFFIXES[suffix]
+        module = key[len(KEY_PREFIX) : -len(suffix)]
         if role in parts.setdefault(module, {}):
             raise CheckpointError(f"{source}: module {module} has two {role} tensors")
         parts[module][role] = key
-        if kind is not None:
-            if kinds.setdefault(module, kind) != kind:
-                raise CheckpointError(f"{source}: module {module} mixes linear and embedding LoRA tensors")
+        if kind is not None and kinds.setdefault(module, kind) != kind:
+            raise CheckpointError(f"{source}: module {module} mixes linear and embedding LoRA tensors")
     updates = {}
     for module, roles in sorted(parts.items()):
         if "A" not in roles or "B" not in roles:
