@@ -6,6 +6,8 @@ Defaults: the newest complete checkpoint in paths.checkpoints_dir -> paths.adapt
 neuronx-distributed adapter (neuron backend) is rebuilt into full tensors (tp_layout); a plain peft
 adapter (torch backend) is checked and copied. The output holds ``adapter_model.safetensors`` and
 ``adapter_config.json`` with Hugging Face module names, so ``PeftModel.from_pretrained`` loads it.
+A full-model checkpoint (neuron backend, ``train.method = full``: ``checkpoint-N/shards/``) becomes a
+Hugging Face model folder instead, by default in paths.merged_dir (weights/full_consolidation).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from llm_pipeline.weights.adapter_files import (
 )
 from llm_pipeline.weights.adapter_layout import PlainAdapter, ShardedAdapter, find_adapter
 from llm_pipeline.weights.atomic_output import AtomicOutputDir
+from llm_pipeline.weights.full_checkpoint import FullCheckpoint, find_full_checkpoint
+from llm_pipeline.weights.full_consolidation import consolidate_full
 from llm_pipeline.weights.tp_layout import StageShards, consolidate_stage
 from llm_pipeline.weights.xser_reader import load_rank_file
 
@@ -123,6 +127,30 @@ def consolidate_checkpoint(source: Path, output: Path, *, overwrite: bool = Fals
     return output
 
 
+def consolidate_full_checkpoint(
+    checkpoint: FullCheckpoint, output: Path, *, overwrite: bool = False, base: Path | None = None
+) -> Path:
+    """Write the Hugging Face model folder of a full-model neuron checkpoint, atomically."""
+    atomic = AtomicOutputDir(output, overwrite=overwrite)
+    atomic.check()
+    print(
+        f"consolidate: full-model checkpoint {checkpoint.folder} (TP={checkpoint.tp_size}, "
+        f"PP={len(checkpoint.rank_files)})",
+        flush=True,
+    )
+    try:
+        with atomic as partial:
+            summary = consolidate_full(checkpoint, partial, base=base)
+    except OSError as exc:
+        raise CheckpointError(f"consolidation failed while writing {output}: {exc}; nothing was written") from None
+    print(
+        f"model folder written to {output}: {summary['tensors']} tensors, {summary['bytes'] / 1e9:.2f} GB "
+        f"in {summary['shards']} shard(s), {summary['seconds']:.1f} s",
+        flush=True,
+    )
+    return output
+
+
 def build_parser():
     parser = cli.parser("consolidate", __doc__.split("\n\n")[0])
     parser.add_argument(
@@ -130,12 +158,21 @@ def build_parser():
         type=Path,
         help="checkpoint, adapter, checkpoints or run folder (default: newest in paths.checkpoints_dir)",
     )
-    parser.add_argument("--output", type=Path, help="adapter folder to write (default: paths.adapter_dir)")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        help="folder to write (default: paths.adapter_dir; paths.merged_dir for a full-model checkpoint)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output folder")
     return parser
 
 
 def run(cfg, args) -> None:
+    full = find_full_checkpoint(args.checkpoint or cfg.paths.checkpoints_dir)
+    if full is not None:
+        output = args.output or cfg.paths.merged_dir
+        consolidate_full_checkpoint(full, output, overwrite=args.overwrite, base=Path(cfg.paths.model_dir))
+        return
     consolidate_checkpoint(
         args.checkpoint or cfg.paths.checkpoints_dir, args.output or cfg.paths.adapter_dir, overwrite=args.overwrite
     )

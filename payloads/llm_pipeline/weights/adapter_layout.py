@@ -78,7 +78,10 @@ def find_adapter(path: Path) -> PlainAdapter | ShardedAdapter:
     if found is not None:
         return found
     if (path / "shards").is_dir():
-        raise CheckpointError(f"{path} is a full-model checkpoint (shards/); consolidate handles LoRA adapters only")
+        raise CheckpointError(
+            f"{path} is a full-model checkpoint (shards/), not an adapter: "
+            "the consolidate step writes it as a model folder"
+        )
     if (path / SHARDS_DIR).is_dir():
         raise CheckpointError(
             f"{path} uses the optimum-neuron 0.1 adapter layout (no adapter_<name>/ folder), which is not supported"
@@ -105,6 +108,19 @@ def sharded_adapter(folder: Path) -> ShardedAdapter:
         raise CheckpointError(f"{folder / CONFIG_NAME} is missing; the checkpoint is incomplete")
     if not is_complete_sharded(folder):
         raise CheckpointError(f"{shards} has no 'done' marker: the save was interrupted; use an earlier checkpoint")
+    tp_size, metadata_files, rank_files = stage_files(shards, "adapter")
+    return ShardedAdapter(
+        folder=folder,
+        adapter_name=folder.name.removeprefix("adapter_"),
+        tp_size=tp_size,
+        metadata_files=metadata_files,
+        rank_files=rank_files,
+    )
+
+
+def stage_files(shards: Path, what: str) -> tuple[int, list[Path], list[list[Path]]]:
+    """(TP size, metadata file per pipeline rank, rank files [pp][tp]) of a neuronx-distributed shards
+    folder (``adapter_shards/`` or a full model's ``shards/``), checked complete."""
     metadata = {int(m[1]): p for p in shards.glob("mp_metadata_pp_rank_*") if (m := METADATA_FILE.match(p.name))}
     ranks = {
         (int(m[2]), int(m[3])): p
@@ -112,7 +128,7 @@ def sharded_adapter(folder: Path) -> ShardedAdapter:
         if (m := RANK_FILE.match(p.name)) and int(m[1]) == 0  # the model is saved by data-parallel rank 0 only
     }
     if not metadata:
-        raise CheckpointError(f"{shards} has no mp_metadata_pp_rank_<p>.json; cannot tell how the adapter was split")
+        raise CheckpointError(f"{shards} has no mp_metadata_pp_rank_<p>.json; cannot tell how the {what} was split")
     if not ranks:
         raise CheckpointError(f"{shards / 'model'} has no dp_rank_00_tp_rank_*_pp_rank_*.pt files")
     pp_size = max(max(metadata), max(pp for _, pp in ranks)) + 1
@@ -128,10 +144,8 @@ def sharded_adapter(folder: Path) -> ShardedAdapter:
                     f"rank file {shards / 'model' / f'dp_rank_00_tp_rank_{tp:02d}_pp_rank_{pp:02d}.pt'} is missing "
                     f"(other files show TP={tp_size}); the checkpoint was copied partially"
                 )
-    return ShardedAdapter(
-        folder=folder,
-        adapter_name=folder.name.removeprefix("adapter_"),
-        tp_size=tp_size,
-        metadata_files=[metadata[pp] for pp in range(pp_size)],
-        rank_files=[[ranks[(tp, pp)] for tp in range(tp_size)] for pp in range(pp_size)],
+    return (
+        tp_size,
+        [metadata[pp] for pp in range(pp_size)],
+        [[ranks[(tp, pp)] for tp in range(tp_size)] for pp in range(pp_size)],
     )

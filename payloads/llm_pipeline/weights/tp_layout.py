@@ -83,7 +83,7 @@ def restore_head_order(full: torch.Tensor, order: list[int], dim: int) -> torch.
     return restored.reshape(rows.shape).movedim(0, dim).contiguous()
 
 
-def _one_copy(full: torch.Tensor, copies: int, name: str) -> torch.Tensor:
+def one_kv_copy(full: torch.Tensor, copies: int, name: str) -> torch.Tensor:
     if full.shape[0] % copies:
         raise CheckpointError(f"{name}: {full.shape[0]} rows cannot hold {copies} KV copies")
     parts = full.split(full.shape[0] // copies)
@@ -147,8 +147,8 @@ def _gqa_qkv(module: str, spec: dict, ranks: Ranks, params: dict, tp: int) -> Re
                 pieces[part].append(tensor)
         full = {
             "query": restore_head_order(torch.cat(pieces["query"]), order, 0),
-            "key": _one_copy(torch.cat(pieces["key"]), spec["kv_size_multiplier"], f"{proj['key']}.lora_B"),
-            "value": _one_copy(torch.cat(pieces["value"]), spec["kv_size_multiplier"], f"{proj['value']}.lora_B"),
+            "key": one_kv_copy(torch.cat(pieces["key"]), spec["kv_size_multiplier"], f"{proj['key']}.lora_B"),
+            "value": one_kv_copy(torch.cat(pieces["value"]), spec["kv_size_multiplier"], f"{proj['value']}.lora_B"),
         }
         for part, tensor in full.items():
             rebuilt[f"{proj[part]}.lora_B.weight"] = tensor

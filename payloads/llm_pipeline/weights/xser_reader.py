@@ -63,7 +63,7 @@ def _load_reference(path: Path, name: str, ref: TensorReference, info: dict) -> 
     tensor = _load(tensor_file, f"xser tensor file for {name!r}:")
     if not isinstance(tensor, torch.Tensor):
         raise CheckpointError(f"xser tensor file {tensor_file} does not hold a tensor")
-    expected = info.get(ref.tid) or {"dtype": ref.dtype, "shape": ref.shape}
+    expected = info.get(ref.tid) or {"dtype": getattr(ref, "dtype", None), "shape": getattr(ref, "shape", None)}
     for key, actual in (("dtype", tensor.dtype), ("shape", tuple(tensor.shape))):
         want = expected.get(key)
         if want is not None and (tuple(want) if key == "shape" else want) != actual:
@@ -71,3 +71,81 @@ def _load_reference(path: Path, name: str, ref: TensorReference, info: dict) -> 
                 f"xser tensor file {tensor_file} for {name!r} has {key} {actual}, but {path.name}.info.pt says {want}"
             )
     return tensor
+
+
+class LazyRankFile:
+    """One rank file read a few tensors at a time, so memory holds what is being rebuilt, not the file.
+
+    xser: the reference dict and ``.info.pt`` give every tensor's id, dtype and shape; a tensor is
+    read from its own file on demand. Plain: the file is memory-mapped while a batch of tensors is
+    copied out, then unmapped, so its pages never accumulate in this process.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.xser = self.path.with_name(self.path.name + ".tensors").is_dir()
+        state = _load(self.path, "rank file") if self.xser else self._mapped()
+        if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
+            raise CheckpointError(f"rank file {self.path} does not hold a {{name: tensor}} dict")
+        info_path = self.path.with_name(self.path.name + ".info.pt")
+        info = _load(info_path, "xser info file") if self.xser and info_path.is_file() else {}
+        self._refs: dict[str, TensorReference] = {}
+        self._inline: dict[str, torch.Tensor] = {}  # xser files may keep a small tensor in the dict itself
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.dtypes: dict[str, torch.dtype] = {}
+        for name, value in state.items():
+            if isinstance(value, TensorReference):
+                self._refs[name] = value
+                known = info.get(value.tid) or {}
+                dtype, shape = (
+                    known.get("dtype", getattr(value, "dtype", None)),
+                    known.get("shape", getattr(value, "shape", None)),
+                )
+                if dtype is None or shape is None:  # no info file: read the tensor once to learn it
+                    tensor = _load_reference(self.path, name, value, info)
+                    dtype, shape = tensor.dtype, tensor.shape
+                self.dtypes[name], self.shapes[name] = dtype, tuple(shape)
+            elif isinstance(value, torch.Tensor):
+                self.dtypes[name], self.shapes[name] = value.dtype, tuple(value.shape)
+                if self.xser:
+                    self._inline[name] = value
+            else:
+                raise CheckpointError(
+                    f"rank file {self.path}: entry {name!r} is a {type(value).__name__}, not a tensor"
+                )
+        self._info = info
+
+    def _mapped(self) -> dict:
+        if not self.path.is_file():
+            raise CheckpointError(
+                f"rank file {self.path} is missing; the checkpoint is incomplete or was copied partially"
+            )
+        try:
+            return torch.load(self.path, map_location="cpu", weights_only=True, mmap=True)
+        except (RuntimeError, pickle.UnpicklingError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CheckpointError(
+                f"rank file {self.path} cannot be read ({first_line}); it may be truncated or corrupt"
+            ) from None
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.shapes)
+
+    def load(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """Copies of the named tensors (owned memory, nothing left mapped)."""
+        missing = [name for name in names if name not in self.shapes]
+        if missing:
+            raise CheckpointError(f"rank file {self.path} has no tensor {missing[0]!r}")
+        if self.xser:
+            return {
+                name: self._inline[name].clone()
+                if name in self._inline
+                else _load_reference(self.path, name, self._refs[name], self._info)
+                for name in names
+            }
+        mapped = self._mapped()
+        try:
+            return {name: mapped[name].clone() for name in names}
+        finally:
+            del mapped
