@@ -5,9 +5,11 @@ PY    := $(VENV)/bin/python
 PIP   := $(VENV)/bin/pip
 CDK   := npx --no-install cdk
 STAMP := $(VENV)/.installed
+# This checkout's code wins over whatever an editable install points at (as in pytest's pythonpath).
+export PYTHONPATH := $(CURDIR):$(CURDIR)/payloads
 
 .DEFAULT_GOAL := help
-.PHONY: help venv synth lint test snapshot-update deploy diff destroy rehearse bench diagram clean
+.PHONY: help venv synth lint doc-tables test snapshot-update deploy diff destroy rehearse bench diagram clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -31,6 +33,9 @@ synth: $(STAMP)  ## synthesize every stack offline, cfn-lint it, print a summary
 lint: $(STAMP)  ## ruff lint and format check (shellcheck and hadolint run inside the tests)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+doc-tables: $(STAMP)  ## rewrite the run-config tables in README.md and docs/training.md from config.py
+	$(PY) -m tools.doc_tables
 
 test: lint  ## lint, then run the whole test suite
 	$(PY) -m pytest -n 2 --dist loadgroup

@@ -31,32 +31,55 @@ class ConfigError(ValueError):
 
 
 def described(default: Any, description: str) -> Any:
-    """A dataclass field with its one-line description (the README and docs tables are checked against it)."""
+    """A run-config field with its one-line description: the only place a key is described.
+
+    The run-config tables in README.md and docs/training.md are generated from these by
+    `make doc-tables` (tools/doc_tables.py); tests/docs/test_doc_tables.py fails when they drift.
+    """
     return field(default=default, metadata={"description": description})
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    id: str = "meta-llama/Meta-Llama-3-8B"
-    dtype: str = "bfloat16"  # the download is saved in this dtype; never fp32 by accident
-    revision: str = "main"
+    id: str = described(
+        "meta-llama/Meta-Llama-3-8B",
+        "Hub model id; a gated model needs HF_TOKEN (or `huggingface-cli login`) with its license accepted",
+    )
+    dtype: str = described(
+        "bfloat16", "bfloat16, float16 or float32: the download is saved in this dtype, and generation runs in it"
+    )
+    revision: str = described("main", "branch, tag or commit of the Hub repo")
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = "databricks/databricks-dolly-15k"  # Hub id, local file or folder
-    split: str = "train"
-    validation_fraction: float = 0.0
-    max_length: int = 1024
-    packing: bool = False  # the reference pads every example to max_length; packing is faster
-    max_samples: int = 0  # 0 = all rows
+    dataset: str = described(
+        "databricks/databricks-dolly-15k",
+        "Hub dataset id, local .json/.jsonl/.parquet file, or folder (data files or a `save_to_disk` folder)",
+    )
+    split: str = described("train", "split to read (Hub ids and folders)")
+    validation_fraction: float = described(0.0, "0 <= x < 1: rows held out for evaluation (torch backend only)")
+    max_length: int = described(1024, ">= 16 and longer than the prompt template: tokens per training sequence")
+    packing: bool = described(
+        False,
+        "pack several examples into each max_length sequence (trl best-fit-decreasing); the reference pads "
+        "every example, packing is the big throughput lever",
+    )
+    max_samples: int = described(0, ">= 0: first N rows only; 0 = all")
 
 
 @dataclass(frozen=True)
 class PathsConfig:
-    model_dir: str = "${HPL_MODELS_DIR:-/fsx/models}/Meta-Llama-3-8B"
-    output_dir: str = "${HPL_OUTPUTS_DIR:-/fsx/outputs}/llama3-8b-dolly-lora"
-    compile_cache_dir: str = "${HPL_COMPILE_CACHE_DIR:-/fsx/neuron-cache}"
+    model_dir: str = described(
+        "${HPL_MODELS_DIR:-/fsx/models}/Meta-Llama-3-8B", "base model folder (written by the download step)"
+    )
+    output_dir: str = described(
+        "${HPL_OUTPUTS_DIR:-/fsx/outputs}/llama3-8b-dolly-lora",
+        "the run folder: data/, checkpoints/, tensorboard/, adapter/, merged/, profile/, logs/, generation.txt",
+    )
+    compile_cache_dir: str = described(
+        "${HPL_COMPILE_CACHE_DIR:-/fsx/neuron-cache}", "Neuron compile cache (the Slurm scripts' NEURON_CC_FLAGS)"
+    )
 
     # The run folder layout every step agrees on.
     @property
@@ -94,11 +117,15 @@ class PathsConfig:
 
 @dataclass(frozen=True)
 class LoraConfig:
-    r: int = 16
-    alpha: int = 16
-    dropout: float = 0.05
-    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
-    use_rslora: bool = False
+    r: int = described(16, "> 0: LoRA rank")
+    alpha: int = described(16, "> 0: LoRA scale numerator (scale = alpha / r)")
+    dropout: float = described(0.05, "0 <= x < 1: dropout on the LoRA input")
+    target_modules: tuple[str, ...] = described(
+        ("q_proj", "v_proj"),
+        "non-empty subset of " + " ".join(LORA_MODULES) + "; gate_proj and up_proj together or neither "
+        "(fused on Neuron)",
+    )
+    use_rslora: bool = described(False, "scale by alpha / sqrt(r) instead of alpha / r (rsLoRA)")
 
     @property
     def scale(self) -> float:
@@ -107,10 +134,12 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    tensor_parallel_size: int = 8
-    pipeline_parallel_size: int = 1
-    devices_per_node: int = 32  # NeuronCores on a trn1.32xlarge; processes per node at launch
-    nodes: int = 1
+    tensor_parallel_size: int = described(
+        8, ">= 1: tensor parallel degree; TP x PP must divide devices_per_node x nodes"
+    )
+    pipeline_parallel_size: int = described(1, ">= 1: pipeline parallel degree")
+    devices_per_node: int = described(32, ">= 1: NeuronCores (or GPUs) per node = processes per node at launch")
+    nodes: int = described(1, ">= 1: nodes of the training job (multi-node: torchrun rendezvous over EFA)")
     strategy: str = described(
         "fsdp",
         "torch backend data parallelism: fsdp (FSDP2: full shard, activation checkpointing, bf16 mixed "
@@ -120,21 +149,27 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    backend: str = "auto"  # auto picks neuron when torch_xla/Neuron devices exist, else torch
-    per_device_batch_size: int = 1
-    gradient_accumulation_steps: int = 3
-    epochs: float = 3.0
-    max_steps: int = -1  # > 0 overrides epochs
-    learning_rate: float = 2e-5
-    lr_scheduler: str = "linear"
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    bf16: bool = True
-    seed: int = 42
-    logging_steps: int = 10
-    save_steps: int = 500
-    save_total_limit: int = 2
-    precompile_steps: int = 10  # steps run under neuron_parallel_compile
+    backend: str = described(
+        "auto", "auto (neuron when torch_xla and Neuron devices exist, else torch), neuron or torch"
+    )
+    per_device_batch_size: int = described(1, ">= 1: sequences per device per micro-step")
+    gradient_accumulation_steps: int = described(3, ">= 1: micro-steps per optimizer step")
+    epochs: float = described(3.0, "> 0: passes over the training split")
+    max_steps: int = described(-1, "-1 (epochs decide) or > 0 (optimizer steps; overrides epochs)")
+    learning_rate: float = described(2e-5, "> 0: peak learning rate")
+    lr_scheduler: str = described(
+        "linear",
+        "a transformers scheduler: linear, cosine, cosine_with_restarts, polynomial, constant, "
+        "constant_with_warmup, inverse_sqrt, cosine_with_min_lr, ... (checked when training starts)",
+    )
+    warmup_steps: int = described(0, ">= 0: steps of linear warm-up")
+    weight_decay: float = described(0.0, ">= 0: AdamW weight decay")
+    bf16: bool = described(True, "load the base model in bf16 and compute in bf16 (both backends; CPU bf16 works too)")
+    seed: int = described(42, "seeds training and the validation split")
+    logging_steps: int = described(10, ">= 1: stdout and TensorBoard every N optimizer steps")
+    save_steps: int = described(500, ">= 1: checkpoint every N steps, and always at the last step")
+    save_total_limit: int = described(2, ">= 1: checkpoints kept; older ones are deleted")
+    precompile_steps: int = described(10, ">= 1: steps run by `train --precompile` (under neuron_parallel_compile)")
     method: str = described(
         "lora",
         "what is trained: lora (adapter), dora (weight-decomposed LoRA), qlora (LoRA on an NF4 4-bit base, "
@@ -164,10 +199,12 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class GenerateConfig:
-    instruction: str = "What are the main differences between a llama and an alpaca?"
-    context: str = ""
-    max_new_tokens: int = 128
-    temperature: float = 0.0  # 0 = greedy
+    instruction: str = described(
+        "What are the main differences between a llama and an alpaca?", "the test question the generate step asks"
+    )
+    context: str = described("", "optional context for the question")
+    max_new_tokens: int = described(128, ">= 1: tokens to generate")
+    temperature: float = described(0.0, ">= 0: sampling temperature; 0 = greedy")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from llm_pipeline.config import RunConfig
 from stacks.config import HyperPodConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,15 +65,6 @@ def test_every_cdk_context_key_is_documented_with_its_default() -> None:
         row = re.search(rf"^\| `{field.name}` \| `([^`]*)` \|", README, re.M)
         assert row, f"cdk.json key {field.name} is missing from the README's configuration table"
         assert row.group(1) == default, f"{field.name}: README says {row.group(1)}, code says {default}"
-
-
-def test_every_run_config_key_is_documented() -> None:
-    table = section("The run config")
-    for part in dataclasses.fields(RunConfig):
-        for field in dataclasses.fields(part.default_factory()):
-            assert f"`{part.name}.{field.name}`" in table, (
-                f"run config key {part.name}.{field.name} is not in the README"
-            )
 
 
 def test_local_links_resolve() -> None:
