@@ -353,8 +353,10 @@ NEURON_REFUSALS = {
     "or the torch backend",
     ("compile", True): "neuronx-cc already compiles every graph; set it to false",
     ("liger_kernel", True): "liger-kernel is Triton (GPU) code; set it to false",
-    ("attention", "flash_attention_2"): "optimum-neuron picks its own attention kernel; use sdpa",
-    ("attention", "eager"): "optimum-neuron picks its own attention kernel; use sdpa",
+    ("attention", "flash_attention_2"): "the neuron backend always runs optimum-neuron's NKI flash-attention "
+    "kernel (training/neuron_backend.py); leave train.attention at sdpa",
+    ("attention", "eager"): "the neuron backend always runs optimum-neuron's NKI flash-attention kernel "
+    "(training/neuron_backend.py); leave train.attention at sdpa",
 }
 
 

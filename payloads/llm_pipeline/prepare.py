@@ -44,6 +44,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name} {getattr(module, '__version__', '?')}")
     neuron = importlib.util.find_spec("torch_xla") is not None
     print(f"neuron backend available: {'yes' if neuron else 'no (torch backend)'}")
+    if backend == "neuron":
+        return check_neuron(cfg)
+    return 0
+
+
+def check_neuron(cfg: config.RunConfig) -> int:
+    """optimum-neuron's rules for this run (packing, fused q/k/v), with the model's config when downloaded."""
+    from llm_pipeline.errors import StepError
+    from llm_pipeline.training.neuron_rules import check_neuron_run, read_model_config
+
+    config_file = f"{cfg.paths.model_dir}/config.json"
+    try:
+        model_config = read_model_config(cfg.paths.model_dir)
+        check_neuron_run(cfg, model_config, config_file)
+    except StepError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if model_config is None:
+        print(f"note: {config_file} is not there yet; the train step checks the layout against it")
     return 0
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from llm_pipeline import cli, data
 from llm_pipeline.config import BACKENDS, RunConfig, check_backend
 from llm_pipeline.errors import StepError
-from llm_pipeline.training import lora_count
+from llm_pipeline.training import lora_count, neuron_rules
 from llm_pipeline.training.plan import TrainPlan, say, world_size
 from llm_pipeline.weights import model_files
 from llm_pipeline.weights.checkpoints import newest_complete
@@ -71,8 +71,13 @@ def train(cfg: RunConfig, backend_override: str | None = None, precompile: bool 
         data.prepare(cfg)  # one process: preparing here is safe; many processes need the data step first
     datasets = data.load_prepared(cfg)
     tokenizer = data.load_tokenizer(cfg.paths.model_dir)
+    model_config = AutoConfig.from_pretrained(model_dir)
+    fused_qkv = neuron_rules.kv_size_multiplier(model_config.num_key_value_heads, cfg.parallel.tensor_parallel_size)
     expected = lora_count.expected_lora_parameters(
-        AutoConfig.from_pretrained(model_dir), cfg.lora, fused_gate_up=backend == "neuron"
+        model_config,
+        cfg.lora,
+        fused_gate_up=backend == "neuron",
+        kv_size_multiplier=fused_qkv if backend == "neuron" else None,
     )
     if backend == "neuron":
         from llm_pipeline.training import neuron_backend as chosen

@@ -33,6 +33,7 @@ class Usage:
     problems: list[str] = field(default_factory=list)
     checked_calls: list[str] = field(default_factory=list)  # "Callee(kw1, kw2)" for the test's report
     checked_members: list[str] = field(default_factory=list)  # "Class.attribute" uses that are not calls
+    local_functions: dict[str, ast.FunctionDef] = field(default_factory=dict)  # the module's own top-level functions
 
     def problem(self, node: ast.AST, text: str) -> None:
         self.problems.append(f"{self.module}:{getattr(node, 'lineno', '?')}: {text}")
@@ -145,11 +146,16 @@ def _receiver_key(expr: ast.expr) -> str | None:
 
 
 def _splat_keys(usage: Usage, node: ast.Call, splat: ast.expr) -> set[str] | None:
-    """Keys of `**helper(...)` when helper is one of ours returning a dict literal."""
-    if isinstance(splat, ast.Call) and isinstance(splat.func, ast.Name) and splat.func.id in usage.imports:
-        helper = _resolve_import(usage, splat.func.id)
-        if helper is not None and isinstance(helper.node, ast.FunctionDef):
-            returns = [n.value for n in ast.walk(helper.node) if isinstance(n, ast.Return)]
+    """Keys of `**helper(...)` when helper is one of ours (imported or in this module) returning a dict literal."""
+    helper = None
+    if isinstance(splat, ast.Call) and isinstance(splat.func, ast.Name):
+        if splat.func.id in usage.local_functions:
+            helper = usage.local_functions[splat.func.id]
+        elif splat.func.id in usage.imports:
+            found = _resolve_import(usage, splat.func.id)
+            helper = found.node if found is not None and isinstance(found.node, ast.FunctionDef) else None
+        if helper is not None:
+            returns = [n.value for n in ast.walk(helper) if isinstance(n, ast.Return)]
             if returns and all(
                 isinstance(r, ast.Dict) and all(isinstance(k, ast.Constant) for k in r.keys) for r in returns
             ):
@@ -232,6 +238,7 @@ def check_module(module: str, source: str) -> Usage:
     """Problems in `source` (our module `module`) against the installed packages' sources."""
     tree = ast.parse(source)
     usage = Usage(module, _collect_imports(tree))
+    usage.local_functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
     for from_module, name in usage.imports.values():
         if src.resolve(from_module, name) is None and src.module_path(f"{from_module}.{name}") is None:
             usage.problem(tree, f"{from_module} has no {name}")

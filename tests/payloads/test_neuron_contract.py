@@ -50,20 +50,81 @@ def test_every_name_and_keyword_we_use_exists(name):
 def test_the_checked_calls_are_the_training_api():
     usage = _usage("training.neuron_backend")
     calls = {call.split("(")[0]: call for call in usage.checked_calls}
-    assert "tensor_parallel_size" in calls["NeuronSFTConfig"] and "max_length" in calls["NeuronSFTConfig"]
-    assert (
-        calls["NeuronSFTTrainer"]
-        == "NeuronSFTTrainer(args, formatting_func, model, peft_config, processing_class, train_dataset)"
+    for keyword in ("tensor_parallel_size", "max_length", "disable_sequence_parallel", "skip_cache_push"):
+        assert keyword in calls["NeuronSFTConfig"], keyword
+    assert calls["NeuronSFTTrainer"] == (
+        "NeuronSFTTrainer(args, data_collator, formatting_func, model, peft_config, processing_class, train_dataset)"
     )
-    assert calls["NeuronModelForCausalLM.from_pretrained"] == "NeuronModelForCausalLM.from_pretrained(torch_dtype)"
-    assert {
-        "NeuronSFTConfig.trn_config",
-        "NeuronSFTTrainer.data_collator",
-        "NeuronSFTTrainer.global_step_last_logged",
-    } <= set(usage.checked_members)
+    assert (
+        calls["NeuronModelForCausalLM.from_pretrained"]
+        == "NeuronModelForCausalLM.from_pretrained(attn_implementation, torch_dtype)"
+    )
+    assert {"NeuronSFTConfig.trn_config", "NeuronSFTTrainer.global_step_last_logged"} <= set(usage.checked_members)
     # The training model class, not the inference class of the same name in optimum.neuron.
     model_class = api_source.resolve("optimum.neuron.models.training", "NeuronModelForCausalLM")
     assert model_class.module == "optimum.neuron.models.training.modeling_auto"
+
+
+def _source(module: str, cls: str, name: str) -> str:
+    return ast.unparse(_method(module, cls, name))
+
+
+def test_sequence_parallelism_is_off_so_tp_ranks_share_one_lora_factor(hpl_env):
+    """optimum-neuron turns SP on unless told; only SP-tagged parameters get their gradients summed over TP,
+    and peft's replicated LoRA factor is a plain nn.Linear, so with SP on each rank trains its own copy."""
+    args = train_neuron.neuron_arguments(
+        tiny_config(hpl_env, parallel={"tensor_parallel_size": 8, "devices_per_node": 32})
+    )
+    assert args["disable_sequence_parallel"] is True and args["tensor_parallel_size"] == 8
+    post_init = _source("optimum.neuron.trainers.training_args", "NeuronTrainingArguments", "__post_init__")
+    assert "sequence_parallel_enabled=not self.disable_sequence_parallel" in post_init
+    lora_layer = ast.unparse(api_source.resolve("optimum.neuron.peft.tuners.lora.layer", "NeuronLoraLayer").node)
+    assert "self.lora_A[adapter_name] = nn.Linear(self.in_features, r, bias=False)" in lora_layer
+    reduce = ast.unparse(
+        api_source.resolve("optimum.neuron.accelerate.optimizer", "allreduce_sequence_parallel_gradients").node
+    )
+    assert "getattr(p, 'sequence_parallel_enabled', False)" in reduce
+
+
+def test_training_never_pushes_to_the_hub_cache(hpl_env):
+    """train() ends with synchronize_hub_cache(), which asks the Hub for write access unless skip_cache_push."""
+    assert train_neuron.neuron_arguments(tiny_config(hpl_env))["skip_cache_push"] is True
+    train = _source("optimum.neuron", "NeuronTrainer", "train")
+    assert "self.synchronize_hub_cache()" in train
+    sync = _method("optimum.neuron", "NeuronTrainer", "synchronize_hub_cache")
+    guard = next(node for node in ast.walk(sync) if isinstance(node, ast.If))
+    assert ast.unparse(guard.test) == "not self.args.skip_cache_push"
+    assert "has_write_access_to_repo" in ast.unparse(guard.body[0]) and "synchronize_hub_cache(" in ast.unparse(guard)
+    fields = api_source.dataclass_fields(
+        api_source.resolve("optimum.neuron.trainers.training_args", "NeuronTrainingArguments")
+    )
+    assert {"skip_cache_push", "disable_sequence_parallel"} <= fields
+
+
+def test_attention_is_the_nki_flash_kernel(hpl_env):
+    """The value we pass is a key of optimum-neuron's attention table; from_pretrained puts it on the config."""
+    value = train_neuron.model_arguments(tiny_config(hpl_env))["attn_implementation"]
+    tree = api_source.module_tree("optimum.neuron.models.training.modeling_utils")
+    table = next(
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.AnnAssign) and ast.unparse(node.target) == "ALL_ATTENTION_FUNCTIONS"
+    )
+    keys = [key.value for key in table.keys]
+    assert value in keys and value == "flash_attention_2"
+    loading = _source("optimum.neuron.models.training.modeling_utils", "NeuronModelMixin", "from_pretrained")
+    assert "config._attn_implementation = kwargs.pop('attn_implementation')" in loading
+    attention = ast.unparse(
+        api_source.resolve("optimum.neuron.models.training.llama.modeling_llama", "LlamaAttention").node
+    )
+    assert "self.config._attn_implementation == 'flash_attention_2'" in attention
+
+
+def test_the_collator_we_pass_replaces_the_default(hpl_env):
+    """NeuronSFTTrainer builds its padding-labelling default collator only when given none."""
+    init = _source("optimum.neuron", "NeuronSFTTrainer", "__init__")
+    assert "if data_collator is None and (not self._is_vision_dataset):" in init
+    assert "data_collator=data_collator" in init
 
 
 def test_the_checker_rejects_removed_and_misspelled_api():
@@ -117,7 +178,7 @@ def test_resume_assumptions_hold():
 
 
 def test_tp_that_does_not_divide_the_cores_is_refused(hpl_env, monkeypatch):
-    cfg = tiny_config(hpl_env, parallel={"tensor_parallel_size": 8, "devices_per_node": 32})
+    cfg = tiny_config(hpl_env, data={"packing": False}, parallel={"tensor_parallel_size": 8, "devices_per_node": 32})
     train_neuron.check_parallel_layout(cfg, 32)
     with pytest.raises(StepError, match=r"parallel\.tensor_parallel_size 8 .*does not divide the 12 NeuronCores"):
         train_neuron.check_parallel_layout(cfg, 12)
@@ -128,7 +189,7 @@ def test_tp_that_does_not_divide_the_cores_is_refused(hpl_env, monkeypatch):
 
 
 def test_neuron_backend_without_neuron_software_is_a_clear_error(hpl_env, monkeypatch):
-    cfg = tiny_config(hpl_env)
+    cfg = tiny_config(hpl_env, data={"packing": False})
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(StepError, match="needs optimum-neuron with torch-neuronx"):
         train_neuron.run(cfg, TrainPlan("neuron", -1, 10, True, None, 0, None), {}, None, 0)

@@ -15,7 +15,11 @@ from transformers import TrainerCallback
 
 
 class TokenCounter:
-    """Wraps a data collator and counts the tokens of the batches it builds."""
+    """Wraps a data collator and counts the real tokens of the batches it builds, and all positions.
+
+    Real tokens are measured on the examples before the collator sees them (their length, capped at
+    the batch width), so padding never counts, whatever the collator does to its input or mask.
+    """
 
     def __init__(self, collator):
         self.collator = collator
@@ -23,11 +27,11 @@ class TokenCounter:
         self.total = 0
 
     def __call__(self, features):
+        lengths = [len(feature["input_ids"]) for feature in features]
         batch = self.collator(features)
         ids = batch["input_ids"]
-        mask = batch.get("attention_mask")
         self.total += ids.numel()
-        self.real += int(mask.sum()) if mask is not None else ids.numel()
+        self.real += sum(min(length, ids.shape[-1]) for length in lengths)
         return batch
 
 

@@ -29,11 +29,16 @@ def layer_shapes(model_config) -> dict[str, tuple[int, int]]:
     }
 
 
-def expected_lora_parameters(model_config, lora: LoraConfig, *, fused_gate_up: bool = False) -> int:
+def expected_lora_parameters(
+    model_config, lora: LoraConfig, *, fused_gate_up: bool = False, kv_size_multiplier: int | None = None
+) -> int:
     """Trainable parameters of `lora` on a Llama-shaped model.
 
     fused_gate_up: the Neuron training model fuses gate_proj and up_proj into one layer whose LoRA
     A matrix is shared, so the pair costs r*hidden + 2*inter*r instead of twice r*(hidden + inter).
+    kv_size_multiplier: set when the Neuron model fuses q/k/v into qkv_proj (TP above the KV heads,
+    see neuron_rules): one A matrix is shared by q, k and v, and optimum-neuron counts the k and v
+    B rows once per KV-head copy. Llama 3 8B, r=16 on q/k/v: 6,291,456 at TP 16, 8,388,608 at TP 32.
     """
     r = lora.r
     targets = set(lora.target_modules)
@@ -42,6 +47,10 @@ def expected_lora_parameters(model_config, lora: LoraConfig, *, fused_gate_up: b
     )
     if fused_gate_up and {"gate_proj", "up_proj"} <= targets:
         per_layer -= r * model_config.hidden_size
+    if kv_size_multiplier is not None and {"q_proj", "k_proj", "v_proj"} <= targets:
+        kv_out = layer_shapes(model_config)["k_proj"][1]
+        per_layer -= 2 * r * model_config.hidden_size
+        per_layer += 2 * r * kv_out * (kv_size_multiplier - 1)
     total = per_layer * model_config.num_hidden_layers
     vocab, hidden = model_config.vocab_size, model_config.hidden_size
     if "embed_tokens" in targets:

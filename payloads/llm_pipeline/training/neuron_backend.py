@@ -1,9 +1,21 @@
 """Neuron backend: optimum-neuron 0.4.x on Trainium (run under torchrun, one process per NeuronCore).
 
-Thin on purpose: data, LoRA config, trainer arguments, callbacks and checks come from train_common
-and train_callbacks; only the model class, the trainer and the parallel layout are Neuron's. Every
-class, function and keyword used here is checked against the installed optimum-neuron 0.4.5 and
-trl 0.24.0 sources by tests/payloads/test_neuron_contract.py (this machine cannot import them).
+Thin on purpose: data, LoRA config, trainer arguments, callbacks and checks come from plan and
+callbacks; only the model class, the trainer and the parallel layout are Neuron's. Every class,
+function and keyword used here, and the values we pass, are checked against the installed
+optimum-neuron 0.4.5 and trl 0.24.0 sources by tests/payloads/test_neuron_contract.py (this machine
+cannot import the trainer). What we change from optimum-neuron's defaults, and why:
+
+- data_collator: a fixed-length collator that masks padding (training/collator.py); the default one
+  labels the padding and attends to it.
+- disable_sequence_parallel: LoRA's replicated factor (lora_A of q/k/v/gate/up, lora_B of o/down)
+  is a plain nn.Linear; with sequence parallelism each TP rank would feed it only its slice of the
+  sequence and nothing sums its gradient across ranks (only parameters tagged
+  sequence_parallel_enabled are), so every rank would train its own copy.
+- skip_cache_push: train() otherwise ends by checking write access to, and pushing to, the Hub's
+  compile cache, which raises on network errors after the checkpoints are saved. The Slurm steps
+  after download and data also run with HF_HUB_OFFLINE=1 (payloads/slurm/env.sh).
+- attn_implementation="flash_attention_2": the NKI flash-attention kernel (the default is eager).
 
 Resume: optimum-neuron 0.4.5's NeuronTrainer refuses `resume_from_checkpoint`, so a restart
 consolidates the newest sharded adapter, loads it into the LoRA model, and continues the step count
@@ -14,7 +26,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from transformers import PrinterCallback, TrainerCallback
 
@@ -22,6 +34,8 @@ from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import format_example
 from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
+from llm_pipeline.training.collator import FixedLengthCollator, pad_token_id
+from llm_pipeline.training.neuron_rules import check_neuron_run, read_model_config
 from llm_pipeline.training.plan import TrainPlan, check_trainable, peft_lora_config, say, sft_arguments, world_size
 
 if TYPE_CHECKING:
@@ -37,6 +51,32 @@ def check_parallel_layout(cfg: RunConfig, world: int) -> None:
             f"parallel.tensor_parallel_size {tp} (x pipeline_parallel_size {pp}) does not divide the {world} "
             "NeuronCores of this launch (WORLD_SIZE): choose a tensor_parallel_size that divides it"
         )
+
+
+# optimum-neuron 0.4.5 maps this name to its NKI flash-attention kernel (models/training/modeling_utils.py).
+ATTENTION = "flash_attention_2"
+
+
+def neuron_arguments(cfg: RunConfig) -> dict[str, Any]:
+    """NeuronSFTConfig keywords beyond the shared ones (why each value: see the module docstring)."""
+    return {
+        "tensor_parallel_size": cfg.parallel.tensor_parallel_size,
+        "pipeline_parallel_size": cfg.parallel.pipeline_parallel_size,
+        "disable_sequence_parallel": True,
+        "skip_cache_push": True,
+    }
+
+
+def model_arguments(cfg: RunConfig) -> dict[str, Any]:
+    """NeuronModelForCausalLM.from_pretrained keywords: dtype and attention kernel."""
+    import torch
+
+    return {"torch_dtype": torch.bfloat16 if cfg.train.bf16 else torch.float32, "attn_implementation": ATTENTION}
+
+
+def data_collator(cfg: RunConfig, tokenizer) -> FixedLengthCollator:
+    """Batches exactly data.max_length wide (one compiled graph), padding masked from attention and loss."""
+    return FixedLengthCollator(pad_token_id=pad_token_id(tokenizer), max_length=cfg.data.max_length)
 
 
 class ContinueStepCount(TrainerCallback):
@@ -72,9 +112,9 @@ def restore_adapter(model, lora, checkpoint: Path) -> NeuronPeftModel:
 
 
 def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable: int) -> None:
+    check_neuron_run(cfg, read_model_config(cfg.paths.model_dir), f"{cfg.paths.model_dir}/config.json")
     check_parallel_layout(cfg, world_size())
     try:
-        import torch
         from optimum.neuron import NeuronSFTConfig, NeuronSFTTrainer
         from optimum.neuron.models.training import NeuronModelForCausalLM
     except ImportError as exc:
@@ -84,19 +124,16 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
     if "validation" in datasets:
         say("note: optimum-neuron 0.4.5 trains without evaluation; the validation split is not used here")
 
-    args = NeuronSFTConfig(
-        **sft_arguments(cfg, plan),
-        tensor_parallel_size=cfg.parallel.tensor_parallel_size,
-        pipeline_parallel_size=cfg.parallel.pipeline_parallel_size,
-    )
-    dtype = torch.bfloat16 if cfg.train.bf16 else torch.float32
-    model = NeuronModelForCausalLM.from_pretrained(cfg.paths.model_dir, args.trn_config, torch_dtype=dtype)
+    args = NeuronSFTConfig(**sft_arguments(cfg, plan), **neuron_arguments(cfg))
+    model = NeuronModelForCausalLM.from_pretrained(cfg.paths.model_dir, args.trn_config, **model_arguments(cfg))
     lora = peft_lora_config(cfg.lora)
     if plan.resume_from is not None:
         model = restore_adapter(model, lora, plan.resume_from)
+    tokens = TokenCounter(data_collator(cfg, tokenizer))
     trainer: NeuronSFTTrainer = NeuronSFTTrainer(
         model=model,
         args=args,
+        data_collator=tokens,
         train_dataset=datasets["train"],
         processing_class=tokenizer,
         peft_config=lora,
@@ -104,7 +141,6 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
     )
     trainable = trainer.get_num_trainable_parameters()
     check_trainable(trainable, expected_trainable, cfg.lora)
-    trainer.data_collator = tokens = TokenCounter(trainer.data_collator)
     trainer.remove_callback(PrinterCallback)
     if plan.start_step:  # before the logger, which reads the start step at train begin
         trainer.add_callback(ContinueStepCount(trainer, plan.start_step))

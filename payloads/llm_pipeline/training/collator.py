@@ -1,0 +1,46 @@
+"""Fixed-length batches for Neuron: padding is masked out of the attention and out of the loss.
+
+The Neuron graphs are compiled for one input shape, so every batch must be exactly
+data.max_length wide. optimum-neuron 0.4.5's default collator gets that width by appending the pad
+id (EOS on Llama 3) to ``input_ids`` before trl's collator runs, and trl then labels every position
+and sets the attention mask to ones: the loss is mostly padding. This collator lets trl pad instead
+(labels -100, attention mask 0) and only fixes the width: examples are cut to max_length and the
+batch is padded up to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llm_pipeline.errors import StepError
+
+
+class FixedLengthCollator:
+    """trl's language-modeling collator, with every batch exactly ``max_length`` tokens wide."""
+
+    def __init__(self, *, pad_token_id: int, max_length: int):
+        from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+        self.max_length = max_length
+        # Padding to a multiple of max_length, after cutting to max_length, is padding to max_length.
+        self.collator = DataCollatorForLanguageModeling(
+            pad_token_id=pad_token_id, completion_only_loss=False, pad_to_multiple_of=max_length
+        )
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        cut = [
+            {key: value[: self.max_length] if isinstance(value, list) else value for key, value in example.items()}
+            for example in examples
+        ]
+        return self.collator(cut)
+
+
+def pad_token_id(tokenizer) -> int:
+    """The tokenizer's pad id, else its EOS id (Llama 3 has no pad token), as optimum-neuron picks it."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise StepError(
+            f"the tokenizer ({type(tokenizer).__name__}) has neither a pad token nor an EOS token: "
+            "use a model folder with a complete tokenizer"
+        )
+    return int(pad)

@@ -1,0 +1,77 @@
+"""What optimum-neuron 0.4.5 allows and how it lays out a run, checked before anything starts.
+
+Stdlib only, so the prepare step can run these checks (with the model's config.json when the model
+folder exists) and the train step runs them again before loading anything.
+
+- Packing: the Neuron Llama recomputes a causal mask and ignores the attention mask
+  (``recompute_causal_mask``), so packed examples would attend to each other. Refused.
+- Tensor parallelism above the KV-head count (TP 16/32 on Llama 3 8B): q/k/v become one fused
+  ``qkv_proj`` whose KV heads are replicated ``kv_size_multiplier`` times, and optimum-neuron
+  refuses a LoRA config that targets only some of q/k/v.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from llm_pipeline.config import RunConfig
+from llm_pipeline.errors import StepError
+
+QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def read_model_config(model_dir: str | Path) -> dict[str, Any] | None:
+    """The model folder's config.json, or None while the model is not downloaded yet."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise StepError(f"{path} is not valid JSON ({exc}): download the model again") from None
+
+
+def kv_size_multiplier(kv_heads: int, tensor_parallel_size: int) -> int | None:
+    """None when q/k/v stay separate layers; else how often each KV head is replicated in qkv_proj.
+
+    optimum-neuron 0.4.5 fuses q/k/v when the KV heads are fewer than the TP ranks or not a multiple
+    of them (modeling_llama.py), with the smallest multiplier tp // kv_heads (at least 1).
+    """
+    if kv_heads >= tensor_parallel_size and kv_heads % tensor_parallel_size == 0:
+        return None
+    return max(1, tensor_parallel_size // kv_heads)
+
+
+def check_packing(cfg: RunConfig) -> None:
+    if cfg.data.packing:
+        raise StepError(
+            "data.packing = true is not supported with the neuron backend: optimum-neuron 0.4.5's Llama ignores "
+            "the attention mask (it recomputes a causal mask), so packed examples would attend to each other; "
+            "set data.packing = false (every example is padded to data.max_length and padding is masked)"
+        )
+
+
+def check_qkv_targets(cfg: RunConfig, model_config: Mapping[str, Any], source: str) -> None:
+    """With fused q/k/v, LoRA must target all three or none (else optimum-neuron raises mid-launch)."""
+    tp = cfg.parallel.tensor_parallel_size
+    kv_heads = int(model_config["num_key_value_heads"])
+    if kv_size_multiplier(kv_heads, tp) is None:
+        return
+    targeted = [name for name in QKV if name in cfg.lora.target_modules]
+    if targeted and len(targeted) != len(QKV):
+        raise StepError(
+            f"parallel.tensor_parallel_size = {tp} is above the {kv_heads} KV heads of the model ({source}), so "
+            f"optimum-neuron fuses q_proj, k_proj and v_proj into one qkv_proj: lora.target_modules must name all "
+            f"three or none of them (it names {', '.join(targeted)}); or choose a tensor_parallel_size that "
+            f"divides {kv_heads}"
+        )
+
+
+def check_neuron_run(cfg: RunConfig, model_config: Mapping[str, Any] | None, source: str = "config.json") -> None:
+    """Every rule above; the model-dependent ones only when the model's config is known."""
+    check_packing(cfg)
+    if model_config is not None:
+        check_qkv_targets(cfg, model_config, source)
