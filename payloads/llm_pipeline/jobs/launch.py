@@ -9,6 +9,10 @@ on the allocation's first node, so the same command works on 1 node or many:
 Runs on the host Python of a compute node (stdlib only, Python 3.10).
 Settings: HPL_DEVICES_PER_NODE (processes per node: 32 NeuronCores on a trn1.32xlarge; 1 when
 unset), HPL_MASTER_PORT (default: derived from the job id, so jobs sharing a node do not collide).
+
+Inside a SageMaker training job (SM_HOSTS set) the hosts come from the job instead of Slurm: one
+host runs torchrun --standalone; several meet at the first host (algo-1) on SM_MASTER_PORT, each
+with its rank in the sorted host list, as the SageMaker SDK's own torchrun driver does.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
+
+from llm_pipeline.jobs import sagemaker_env
 
 PORT_BASE, PORT_SPAN = 20000, 20000
 
@@ -84,12 +90,39 @@ def torchrun_args(
     ]
 
 
+def sagemaker_torchrun_args(env: Mapping[str, str]) -> list[str]:
+    """torchrun arguments for this host of a SageMaker training job (SM_HOSTS / resourceconfig.json)."""
+    try:
+        job = sagemaker_env.read_hosts(env)
+    except sagemaker_env.SageMakerEnvError as exc:
+        raise LaunchError(str(exc)) from None
+    nproc = sagemaker_env.devices_per_node(env)
+    if len(job.hosts) == 1:
+        # A free local port: jobs rehearsed side by side on one machine never collide.
+        return ["--standalone", "--nnodes=1", f"--nproc_per_node={nproc}", "--max_restarts=0"]
+    return [
+        f"--nnodes={len(job.hosts)}",
+        f"--nproc_per_node={nproc}",
+        f"--node_rank={job.rank}",
+        f"--master_addr={job.leader}",
+        f"--master_port={job.master_port}",
+        "--max_restarts=0",  # SageMaker restarts the whole job (managed spot), not single workers
+    ]
+
+
+def launch_args(env: Mapping[str, str]) -> list[str]:
+    """The torchrun arguments for where this runs: a SageMaker training job, else a Slurm allocation."""
+    if sagemaker_env.in_training_job(env):
+        return sagemaker_torchrun_args(env)
+    return torchrun_args(env)
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0
     try:
-        print("\n".join(torchrun_args(os.environ)))
+        print("\n".join(launch_args(os.environ)))
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,156 @@
+"""The whole pipeline as one SageMaker training job: the command every container of the job runs.
+
+    python3 -m llm_pipeline.sagemaker_job --config configs/<run>.toml [--from STEP]
+
+`hpctl job submit` builds the job with the sagemaker SDK; SageMaker starts the project's training
+image on every host, the SDK's container driver exports SM_* and runs this command in the code
+channel. It lays the job's facts over the HPL_* variables (jobs/sagemaker_env.py), then runs the
+step modules the Slurm scripts run, in the same order, with the same arguments:
+
+    prepare, download, data       every host (no shared file system: each host needs its own copy)
+    precompile                    every host, only where Neuron devices exist (neuron_parallel_compile)
+    train                         torchrun on every host, arguments from the job's hosts (jobs/launch.py)
+    consolidate, merge, generate  the first host only: its run folder holds global rank 0's checkpoint
+
+The run folder is the job's checkpoint folder (synced to s3://<bucket>/outputs/<run>/, restored on a
+spot restart, when train resumes from its newest checkpoint). Finally the adapter and the generated
+answer are copied to SM_MODEL_DIR (the job's model.tar.gz) and a step summary to SM_OUTPUT_DATA_DIR.
+A failed step stops the job with that step's exit status and names it in /opt/ml/output/failure,
+which SageMaker reports as the job's FailureReason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from llm_pipeline import config, submit
+from llm_pipeline.jobs import launch, sagemaker_env
+
+STEPS = submit.STEPS  # the order the Slurm chain runs
+LEADER_ONLY_STEPS = ("consolidate", "merge", "generate")
+# The job owns its run folder: a restarted job rewrites what an earlier attempt left half done.
+STEP_ARGS = {"consolidate": ["--overwrite"], "merge": ["--overwrite"]}
+PAYLOADS_DIR = Path(__file__).resolve().parents[1]
+SUMMARY_FILE = "pipeline-summary-{host}.json"
+
+
+def neuron_devices() -> bool:
+    return bool(glob.glob("/dev/neuron[0-9]*"))
+
+
+def step_environment(env: dict[str, str], hosts: sagemaker_env.JobHosts) -> dict[str, str]:
+    """What every step process gets: the job's HPL_* facts and the settings payloads/slurm/env.sh sets."""
+    result = sagemaker_env.job_environment(env)
+    result["PYTHONPATH"] = os.pathsep.join(p for p in (str(PAYLOADS_DIR), env.get("PYTHONPATH", "")) if p)
+    result["PYTHONUNBUFFERED"] = "1"
+    # Same Neuron and memory settings as slurm/env.sh (tests/jobs checks the two agree).
+    flags = result.get("NEURON_CC_FLAGS") or "--model-type transformer --retry_failed_compilation"
+    if "--cache_dir" not in flags:
+        flags += f" --cache_dir={result['HPL_COMPILE_CACHE_DIR']}"
+    result["NEURON_CC_FLAGS"] = flags
+    result["NEURON_FUSE_SOFTMAX"] = "1"
+    result["NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS"] = "3"
+    result["MALLOC_ARENA_MAX"] = "64"
+    if len(hosts.hosts) > 1:
+        result["FI_PROVIDER"] = "efa"
+    return result
+
+
+def step_command(step: str, run_config: Path, env: dict[str, str]) -> list[str] | None:
+    """The command of one step on this host, or None when the step has nothing to do here."""
+    python = sys.executable
+    if step in ("precompile", "train"):
+        if step == "precompile" and not neuron_devices():
+            return None
+        torchrun = [python, "-m", "torch.distributed.run", *launch.launch_args(env)]
+        command = [*torchrun, "-m", "llm_pipeline.train", "--config", str(run_config)]
+        return ["neuron_parallel_compile", *command, "--precompile"] if step == "precompile" else command
+    return [python, "-m", f"llm_pipeline.{step}", "--config", str(run_config), *STEP_ARGS.get(step, [])]
+
+
+def write_failure(env: dict[str, str], message: str) -> None:
+    """SageMaker shows the first 1 KiB of this file as the job's FailureReason."""
+    failure = sagemaker_env.container_root(env) / "output" / "failure"
+    try:
+        failure.parent.mkdir(parents=True, exist_ok=True)
+        failure.write_text(message + "\n")
+    except OSError as exc:
+        print(f"warning: could not write {failure}: {exc}", file=sys.stderr, flush=True)
+
+
+def publish(cfg: config.RunConfig, env: dict[str, str]) -> None:
+    """The adapter and the answer into SM_MODEL_DIR: the job's model.tar.gz is a usable adapter."""
+    model_dir = Path(env.get("SM_MODEL_DIR") or sagemaker_env.container_root(env) / "model")
+    model_dir.mkdir(parents=True, exist_ok=True)
+    adapter = cfg.paths.adapter_dir
+    if adapter.is_dir():
+        shutil.copytree(adapter, model_dir / "adapter", dirs_exist_ok=True)
+    if cfg.paths.generation_file.is_file():
+        shutil.copy2(cfg.paths.generation_file, model_dir / cfg.paths.generation_file.name)
+    print(f"== model artifact folder {model_dir}: {sorted(p.name for p in model_dir.iterdir())}", flush=True)
+
+
+def write_summary(env: dict[str, str], host: str, record: dict) -> None:
+    out = Path(env.get("SM_OUTPUT_DATA_DIR") or sagemaker_env.container_root(env) / "output" / "data")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SUMMARY_FILE.format(host=host)).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def run(run_config: Path, *, first_step: str, env: dict[str, str]) -> int:
+    hosts = sagemaker_env.read_hosts(env)
+    env = step_environment(env, hosts)
+    cfg = config.load(run_config, env=env)
+    role = "leader" if hosts.is_leader else "worker"
+    print(
+        f"== job {env.get('TRAINING_JOB_NAME', '?')}: host {hosts.current} ({role}, {hosts.rank + 1} of "
+        f"{len(hosts.hosts)}), run folder {cfg.paths.output_dir}, models {env['HPL_MODELS_DIR']}",
+        flush=True,
+    )
+    record: dict = {"host": hosts.current, "hosts": list(hosts.hosts), "config": str(run_config), "steps": []}
+    for step in STEPS[STEPS.index(first_step) :]:
+        if step in LEADER_ONLY_STEPS and not hosts.is_leader:
+            continue
+        command = step_command(step, run_config, env)
+        if command is None:
+            print(f"== {step}: nothing to do on this host (no Neuron devices)", flush=True)
+            continue
+        print(f"== {step}: {' '.join(command)}", flush=True)
+        start = time.monotonic()
+        code = subprocess.run(command, env=env, cwd=PAYLOADS_DIR).returncode
+        seconds = round(time.monotonic() - start, 1)
+        record["steps"].append({"step": step, "exit": code, "seconds": seconds})
+        print(f"== {step}: {'COMPLETED' if code == 0 else 'FAILED'} (exit {code}) after {seconds} s", flush=True)
+        if code != 0:
+            write_summary(env, hosts.current, record)
+            write_failure(env, f"pipeline step {step} failed on {hosts.current} (exit {code}); see its log lines")
+            return code
+    if hosts.is_leader:
+        publish(cfg, env)
+    write_summary(env, hosts.current, record)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m llm_pipeline.sagemaker_job", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, type=Path, metavar="RUN.toml", help="the run config")
+    parser.add_argument("--from", dest="first_step", choices=STEPS, default=STEPS[0], help="start at this step")
+    args = parser.parse_args(argv)
+    env = dict(os.environ)
+    try:
+        return run(args.config.resolve(), first_step=args.first_step, env=env)
+    except (config.ConfigError, sagemaker_env.SageMakerEnvError, launch.LaunchError) as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        write_failure(env, str(exc))
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
