@@ -43,8 +43,8 @@ test: lint  ## lint, then run the whole test suite
 snapshot-update: $(STAMP)  ## rewrite the template snapshots after an intended change
 	$(PY) -m pytest tests/infra -k snapshot --snapshot-update
 
-deploy: $(STAMP)  ## deploy to the AWS account of your credentials (needs Docker for the image)
-	$(CDK) deploy --require-approval never
+deploy: $(STAMP)  ## deploy to the AWS account of your credentials (needs Docker; DEPLOY_ARGS=--no-rollback keeps a failed create)
+	$(CDK) deploy --require-approval never $(DEPLOY_ARGS)
 
 diff: $(STAMP)  ## show what a deploy would change
 	$(CDK) diff

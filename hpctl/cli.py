@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     kinds = logs.add_subparsers(dest="kind", required=True, metavar="KIND")
     lifecycle = kinds.add_parser("lifecycle", parents=[common], help="node lifecycle script logs")
     lifecycle.add_argument("--node", metavar="INSTANCE_ID_OR_GROUP", help="only this instance or instance group")
+    lifecycle.add_argument(
+        "--cluster", metavar="NAME", help="cluster name, when the stack is gone (default: the stack's cluster)"
+    )
     lifecycle.add_argument("--tail", type=count, default=0, metavar="N", help="last N lines per node (0: all)")
     lifecycle.add_argument("--follow", "-f", action="store_true", help="keep printing new lines (Ctrl-C stops)")
     lifecycle.set_defaults(handler=commands.logs_lifecycle)

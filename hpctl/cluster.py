@@ -43,6 +43,10 @@ class ClusterState:
         return self.arn.rsplit("/", 1)[-1]
 
 
+class ClusterNotFound(HpctlError):
+    """No cluster of that name in the region (never created, rolled back, or deleted)."""
+
+
 def describe_cluster(session: boto3.Session, name: str) -> ClusterState:
     with aws_errors(f"describe cluster {name}"):
         try:
@@ -50,7 +54,7 @@ def describe_cluster(session: boto3.Session, name: str) -> ClusterState:
         except ClientError as error:
             if not _is_not_found(error):
                 raise
-            raise HpctlError(
+            raise ClusterNotFound(
                 f"cluster {name} named by the stack does not exist in {session.region_name}: "
                 "was it deleted outside CloudFormation? `make deploy` recreates it"
             ) from error

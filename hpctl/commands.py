@@ -13,7 +13,7 @@ from hpctl import ssm
 from hpctl.cluster import choose_node, describe_cluster, list_nodes, require_usable, ssm_target
 from hpctl.errors import HpctlError, aws_errors
 from hpctl.facts import read_cluster_facts
-from hpctl.lifecycle_logs import show_lifecycle_logs
+from hpctl.lifecycle_logs import find_log_group, show_lifecycle_logs
 from hpctl.project import ProjectSettings, resolve_settings
 from hpctl.stack import StackInfo, describe_stack, require_outputs
 from hpctl.status import collect_status, render_json, render_text
@@ -105,8 +105,8 @@ def submit(args: argparse.Namespace) -> None:
 
 def logs_lifecycle(args: argparse.Namespace) -> None:
     deployment = connect(args)
-    cluster = describe_cluster(deployment.session, deployment.stack().output("ClusterName"))
-    show_lifecycle_logs(deployment.session, cluster, node=args.node, tail=args.tail, follow=args.follow)
+    group = find_log_group(deployment.session, stack_name=deployment.settings.stack_name, cluster_name=args.cluster)
+    show_lifecycle_logs(deployment.session, group, node=args.node, tail=args.tail, follow=args.follow)
 
 
 def logs_steps(args: argparse.Namespace) -> None:

@@ -1,26 +1,76 @@
 """`hpctl logs lifecycle`: what each node's lifecycle script wrote, from CloudWatch Logs.
 
 HyperPod writes one log group per cluster creation and one stream per node:
-/aws/sagemaker/Clusters/<name>/<id>, stream LifecycleConfig/<group>/<instance-id>.
+/aws/sagemaker/Clusters/<name>/<id>, stream LifecycleConfig/<group>/<instance-id>. The group outlives
+the cluster, so after a failed create (rolled back, cluster gone) the newest group under the
+cluster name's prefix still holds what the nodes did.
 """
 
 from __future__ import annotations
 
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 
 import boto3
 from botocore.exceptions import ClientError
 
-from hpctl.cluster import ClusterState
+from hpctl.cluster import ClusterNotFound, ClusterState, describe_cluster
 from hpctl.errors import HpctlError, aws_errors
+from hpctl.stack import StackNotFound, describe_stack, template_cluster_name
 
 STREAM_PREFIX = "LifecycleConfig/"
+LOG_GROUP_ROOT = "/aws/sagemaker/Clusters/"
 
 
 def log_group_name(cluster: ClusterState) -> str:
-    return f"/aws/sagemaker/Clusters/{cluster.name}/{cluster.cluster_id}"
+    return f"{LOG_GROUP_ROOT}{cluster.name}/{cluster.cluster_id}"
+
+
+def cluster_name_of(session: boto3.Session, stack_name: str) -> str:
+    """The stack's cluster name: its output, or (failed create, no outputs) its template."""
+    try:
+        stack = describe_stack(session, stack_name)
+        return stack.output("ClusterName") or template_cluster_name(session, stack_name)
+    except StackNotFound as error:
+        raise HpctlError(
+            f"stack {stack_name} not found in region {session.region_name}: name the cluster instead "
+            "(`hpctl logs lifecycle --cluster <name_prefix>-cluster`), or pass --stack / --region"
+        ) from error
+
+
+def newest_log_group(session: boto3.Session, cluster_name: str) -> str:
+    """The log group of the cluster's latest CreateCluster (one per creation, never deleted)."""
+    prefix = f"{LOG_GROUP_ROOT}{cluster_name}/"
+    groups = []
+    with aws_errors(f"list the log groups under {prefix}"):
+        for page in session.client("logs").get_paginator("describe_log_groups").paginate(logGroupNamePrefix=prefix):
+            groups += page["logGroups"]
+    if not groups:
+        raise HpctlError(
+            f"cluster {cluster_name} does not exist in {session.region_name} and left no log group "
+            f"under {prefix}: its creation never reached the nodes; `hpctl wait` shows the stack's events"
+        )
+    newest = max(groups, key=lambda group: group.get("creationTime", 0))
+    created = datetime.fromtimestamp(newest.get("creationTime", 0) / 1000, tz=timezone.utc)
+    print(
+        f"note: cluster {cluster_name} does not exist (a failed create rolls it back); showing its newest "
+        f"log group {newest['logGroupName']} (created {created:%Y-%m-%d %H:%M:%S} UTC, "
+        f"{len(groups)} under {prefix})",
+        file=sys.stderr,
+        flush=True,
+    )
+    return newest["logGroupName"]
+
+
+def find_log_group(session: boto3.Session, *, stack_name: str, cluster_name: str | None) -> str:
+    """The running cluster's log group, else the newest one its name left behind."""
+    name = cluster_name or cluster_name_of(session, stack_name)
+    try:
+        return log_group_name(describe_cluster(session, name))
+    except ClusterNotFound:
+        return newest_log_group(session, name)
 
 
 def _is_missing(error: ClientError) -> bool:
@@ -85,6 +135,15 @@ def _all_pages(logs, group: str, stream: str):
         token = reply["nextForwardToken"]
 
 
+# FilterLogEvents takes at most this many stream names per call (the API's limit); clusters have up to 256 nodes.
+MAX_STREAMS_PER_FILTER = 100
+
+
+def batches(items: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
 def follow_streams(
     logs,
     group: str,
@@ -101,10 +160,15 @@ def follow_streams(
     try:
         while True:
             with aws_errors(f"read {group}"):
-                pages = logs.get_paginator("filter_log_events").paginate(
-                    logGroupName=group, logStreamNames=streams, startTime=since_ms
-                )
-                events = [event for page in pages for event in page["events"] if event["eventId"] not in seen]
+                events = [
+                    event
+                    for batch in batches(streams, MAX_STREAMS_PER_FILTER)
+                    for page in logs.get_paginator("filter_log_events").paginate(
+                        logGroupName=group, logStreamNames=batch, startTime=since_ms
+                    )
+                    for event in page["events"]
+                    if event["eventId"] not in seen
+                ]
             for event in sorted(events, key=lambda item: item["timestamp"]):
                 seen.add(event["eventId"])
                 label = f"[{event['logStreamName'].removeprefix(STREAM_PREFIX)}] " if labelled else ""
@@ -117,7 +181,7 @@ def follow_streams(
 
 def show_lifecycle_logs(
     session: boto3.Session,
-    cluster: ClusterState,
+    group: str,
     *,
     node: str | None,
     tail: int,
@@ -126,7 +190,6 @@ def show_lifecycle_logs(
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     logs = session.client("logs")
-    group = log_group_name(cluster)
     streams = lifecycle_streams(logs, group, node=node)
     newest = 0
     for stream in streams:

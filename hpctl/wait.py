@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import boto3
 
 from hpctl.cluster import ClusterState, describe_cluster
 from hpctl.errors import HpctlError
-from hpctl.stack import StackNotFound, describe_stack, require_outputs
+from hpctl.stack import FAILED_STATES, NO_ROLLBACK_HINT, EventFeed, StackNotFound, describe_stack, require_outputs
 
 
 def progress_line(cluster: ClusterState) -> str:
@@ -17,18 +18,40 @@ def progress_line(cluster: ClusterState) -> str:
     return f"cluster {cluster.name} {cluster.status}" + (f" (nodes {groups})" if groups else "")
 
 
-def poll_once(session: boto3.Session, stack_name: str) -> tuple[ClusterState | None, str]:
-    """The cluster when the stack already names it, and a one-line progress report."""
+def stack_failed(stack_name: str, status: str, feed: EventFeed) -> HpctlError:
+    cause = feed.first_failure()
+    where = f": {cause.logical_id} ({cause.resource_type}) {cause.status}: {cause.reason}" if cause else ""
+    return HpctlError(
+        f"stack {stack_name} is {status}{where}. `hpctl logs lifecycle` shows the nodes' setup logs "
+        f"(they outlive the rollback); {NO_ROLLBACK_HINT}"
+    )
+
+
+@dataclass(frozen=True)
+class Poll:
+    cluster: ClusterState | None  # once the stack names it
+    events: list[str]  # stack events new since the last poll, while the stack changes
+    line: str  # one-line progress report
+    failure: HpctlError | None = None
+
+
+def poll_once(session: boto3.Session, stack_name: str, feed: EventFeed) -> Poll:
     try:
         stack = describe_stack(session, stack_name)
     except StackNotFound:  # `cdk deploy` publishes its assets (the image) before it creates the stack
-        return None, f"stack {stack_name} not created yet in {session.region_name}"
+        return Poll(None, [], f"stack {stack_name} not created yet in {session.region_name}")
+    failed = stack.status in FAILED_STATES
+    events = [event.line() for event in feed.new_events(session)] if stack.in_progress or failed else []
+    line = f"stack {stack_name} {stack.status}"
+    if failed:
+        return Poll(None, events, line, failure=stack_failed(stack_name, stack.status, feed))
     if stack.in_progress and not stack.output("ClusterName"):
-        return None, f"stack {stack_name} {stack.status} (the cluster is named once the deploy finishes)"
+        return Poll(None, events, f"{line} (the cluster is named once the deploy finishes)")
     cluster = describe_cluster(session, require_outputs(stack).output("ClusterName"))
     if cluster.status == "Failed":
-        raise HpctlError(f"cluster {cluster.name} failed: {cluster.failure_message or 'no reason given'}")
-    return cluster, progress_line(cluster)
+        failure = HpctlError(f"cluster {cluster.name} failed: {cluster.failure_message or 'no reason given'}")
+        return Poll(cluster, events, progress_line(cluster), failure=failure)
+    return Poll(cluster, events, progress_line(cluster))
 
 
 def wait_in_service(
@@ -41,12 +64,18 @@ def wait_in_service(
     clock: Callable[[], float] = time.monotonic,
 ) -> ClusterState:
     start = clock()
+    feed = EventFeed(stack_name)
     while True:
-        cluster, line = poll_once(session, stack_name)
+        poll = poll_once(session, stack_name, feed)
         elapsed = clock() - start
+        for event in poll.events:
+            print(event, flush=True)
+        if poll.failure:
+            raise poll.failure
+        line = poll.line
         print(f"[{int(elapsed) // 60:02d}:{int(elapsed) % 60:02d}] {line}", flush=True)
-        if cluster is not None and cluster.status == "InService":
-            return cluster
+        if poll.cluster is not None and poll.cluster.status == "InService":
+            return poll.cluster
         if elapsed >= timeout_s:
             raise HpctlError(
                 f"not in service after {timeout_s:g} s (last: {line}): run `hpctl wait` again; "

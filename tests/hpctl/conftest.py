@@ -11,14 +11,17 @@ import json
 import os
 import sys
 import urllib.request
+import warnings
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import boto3
 import pytest
 from moto import mock_aws
-from moto.cloudformation.models import cloudformation_backends
+from moto.cloudformation.models import Event, cloudformation_backends
 from moto.core import DEFAULT_ACCOUNT_ID
+from moto.logs.models import logs_backends
 from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 from moto.sagemaker.models import sagemaker_backends
 
@@ -68,6 +71,57 @@ class Deployment:
 
     def remove_nodes(self) -> None:
         sagemaker_backends[DEFAULT_ACCOUNT_ID][REGION].clusters[CLUSTER].nodes.clear()
+
+    def roll_back_first_create(self) -> None:
+        """A first deploy whose cluster failed: CloudFormation deleted the cluster and every output,
+        and kept the stack (ROLLBACK_COMPLETE) with its template, which names the cluster."""
+        FIXTURE_SESSION.client("sagemaker").delete_cluster(ClusterName=CLUSTER)
+        cloudformation = FIXTURE_SESSION.client("cloudformation")
+        cloudformation.delete_stack(StackName=STACK)
+        template = {
+            "Resources": {
+                "Placeholder": {"Type": "AWS::SNS::Topic"},
+                "HyperPodCluster": {"Type": "AWS::SageMaker::Cluster", "Properties": {"ClusterName": CLUSTER}},
+            }
+        }
+        with warnings.catch_warnings():  # moto cannot create the cluster type and says so; the template is what counts
+            warnings.simplefilter("ignore")
+            cloudformation.create_stack(StackName=STACK, TemplateBody=json.dumps(template))
+        self.set_stack_status("ROLLBACK_COMPLETE")
+
+
+def _set_log_group_created(name: str, when: datetime) -> None:
+    naive_utc = when.astimezone(timezone.utc).replace(tzinfo=None)  # how moto keeps times
+    logs_backends[DEFAULT_ACCOUNT_ID][REGION].groups[name].creation_time = naive_utc
+
+
+@pytest.fixture
+def log_group_created():
+    """Set when a log group was created (moto stamps the present; HyperPod's groups come from past creates)."""
+    return _set_log_group_created
+
+
+def _add_stack_event(stack: str, logical_id: str, resource_type: str, status: str, reason: str = "") -> None:
+    backend = cloudformation_backends[DEFAULT_ACCOUNT_ID][REGION]
+    target = next(item for item in backend.stacks.values() if item.name == stack)
+    target.events.append(
+        Event(
+            stack_id=target.stack_id,
+            stack_name=stack,
+            logical_resource_id=logical_id,
+            physical_resource_id="",
+            resource_type=resource_type,
+            resource_status=status,
+            resource_status_reason=reason or None,
+            resource_properties=None,
+        )
+    )
+
+
+@pytest.fixture
+def add_stack_event():
+    """Add one event to a stack's history, as CloudFormation does while it deploys."""
+    return _add_stack_event
 
 
 @pytest.fixture
@@ -155,6 +209,14 @@ class BareStack:
     def create(self, outputs: dict[str, str], status: str = "CREATE_COMPLETE") -> None:
         cloudformation = FIXTURE_SESSION.client("cloudformation")
         cloudformation.create_stack(StackName=STACK, TemplateBody=outputs_template(outputs))
+        self.set_status(status)
+        if status != "CREATE_COMPLETE":  # moto creates at once; a real create has only begun
+            stack = next(
+                s for s in cloudformation_backends[DEFAULT_ACCOUNT_ID][REGION].stacks.values() if s.name == STACK
+            )
+            stack.events = [event for event in stack.events if event.resource_status != "CREATE_COMPLETE"]
+
+    def set_status(self, status: str) -> None:
         Deployment(cluster_arn="", fsx_id="").set_stack_status(status)
 
     def finish_deploy(self) -> Deployment:

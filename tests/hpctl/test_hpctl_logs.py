@@ -6,7 +6,6 @@ from datetime import datetime, timezone
 import boto3
 import pytest
 
-from hpctl.cluster import describe_cluster
 from hpctl.lifecycle_logs import show_lifecycle_logs
 
 NOW_MS = int(time.time() * 1000)
@@ -94,9 +93,7 @@ def test_follow_prints_new_lines_until_interrupted(lifecycle_logs, deployed, cap
             raise KeyboardInterrupt
 
     session = boto3.Session(region_name=deployed.region)
-    show_lifecycle_logs(
-        session, describe_cluster(session, deployed.cluster), node=None, tail=1, follow=True, interval_s=2, sleep=sleep
-    )
+    show_lifecycle_logs(session, group, node=None, tail=1, follow=True, interval_s=2, sleep=sleep)
     out = capsys.readouterr().out.splitlines()
     assert polls == [2, 2, 2]
     assert out[-2:] == [f"[controller/controller-0] {stamp(NOW_MS + 10)}  slurmctld is up", ""]

@@ -56,7 +56,7 @@ def test_waits_for_a_deploy_that_has_not_created_the_stack_yet(bare_stack, capsy
         boto3.Session(region_name="us-west-2"), "HplTestStack", timeout_s=600, interval_s=30, sleep=sleep
     )
     assert cluster.status == "InService"
-    progress = [line.split("] ", 1)[1] for line in capsys.readouterr().out.splitlines()]
+    progress = [line.split("] ", 1)[1] for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
     assert progress[:3] == ["stack HplTestStack not created yet in us-west-2"] * 2 + [
         "stack HplTestStack CREATE_IN_PROGRESS (the cluster is named once the deploy finishes)"
     ]
@@ -98,3 +98,46 @@ def test_interval_and_timeout_must_be_positive(deployed, hpctl, capsys):
         hpctl("wait", "--timeout", "0")
     assert stop.value.code == 2
     assert "argument --timeout: must be greater than 0, got 0" in capsys.readouterr().err
+
+
+def test_shows_the_stack_events_while_the_first_deploy_creates(bare_stack, add_stack_event, capsys):
+    bare_stack.create({}, status="CREATE_IN_PROGRESS")
+    add_stack_event("HplTestStack", "FsxFileSystem", "AWS::FSx::FileSystem", "CREATE_IN_PROGRESS")
+    polls = []
+
+    def sleep(seconds):
+        polls.append(seconds)
+        if len(polls) == 1:
+            add_stack_event("HplTestStack", "FsxFileSystem", "AWS::FSx::FileSystem", "CREATE_COMPLETE")
+            add_stack_event("HplTestStack", "HyperPodCluster", "AWS::SageMaker::Cluster", "CREATE_IN_PROGRESS")
+        if len(polls) == 2:
+            bare_stack.finish_deploy()
+
+    cluster = wait_in_service(
+        boto3.Session(region_name="us-west-2"), "HplTestStack", timeout_s=600, interval_s=30, sleep=sleep
+    )
+    assert cluster.status == "InService"
+    lines = capsys.readouterr().out.splitlines()
+    events = [" ".join(line.split()[1:]) for line in lines if line.startswith("  ")]
+    assert events == [
+        "CREATE_IN_PROGRESS AWS::CloudFormation::Stack HplTestStack (User Initiated)",
+        "CREATE_IN_PROGRESS AWS::FSx::FileSystem FsxFileSystem",
+        "CREATE_COMPLETE AWS::FSx::FileSystem FsxFileSystem",
+        "CREATE_IN_PROGRESS AWS::SageMaker::Cluster HyperPodCluster",
+    ], "each event once, oldest first, only while the deploy runs"
+
+
+def test_a_failed_create_stops_with_the_first_cause(bare_stack, add_stack_event, hpctl):
+    bare_stack.create({}, status="CREATE_IN_PROGRESS")
+    reason = "Resource handler returned message: lifecycle script failed on compute"
+    add_stack_event("HplTestStack", "HyperPodCluster", "AWS::SageMaker::Cluster", "CREATE_FAILED", reason)
+    add_stack_event("HplTestStack", "FsxLink", "AWS::FSx::DataRepositoryAssociation", "CREATE_FAILED", "cancelled")
+    bare_stack.set_status("ROLLBACK_IN_PROGRESS")
+    code, out, err = hpctl("wait", "--interval", "1")
+    assert code == 2
+    assert f"CREATE_FAILED AWS::SageMaker::Cluster HyperPodCluster ({reason})" in out
+    assert err.startswith(
+        f"error: stack HplTestStack is ROLLBACK_IN_PROGRESS: HyperPodCluster (AWS::SageMaker::Cluster) "
+        f"CREATE_FAILED: {reason}. `hpctl logs lifecycle` shows the nodes' setup logs"
+    )
+    assert "--no-rollback" in err

@@ -70,6 +70,20 @@ def test_compute_without_neuron_ls_counts_devices(compute_node: FakeNode) -> Non
     assert "16 Neuron devices" in run.stdout and "neuron-ls not installed" in run.stdout
 
 
+def test_failing_neuron_ls_is_logged_and_provisioning_continues(compute_node: FakeNode) -> None:
+    (compute_node.bin / "neuron-ls").write_text(
+        '#!/usr/bin/env bash\necho "neuron-ls $*" >>"$RECORD_LOG"\n'
+        'echo "error: no devices found by the runtime" >&2\nexit 5\n'
+    )
+    run = compute_node.run(COMPUTE_IPS[0])
+
+    assert run.returncode == 0, run.stderr
+    assert "neuron-ls: error: no devices found by the runtime" in run.stdout
+    assert "neuron-ls failed (exit 5); continuing" in run.stdout
+    assert "is ready" in run.stdout.splitlines()[-1]
+    assert "[enroot-devices] begin" in run.stdout, "the steps after the check still ran"
+
+
 @pytest.mark.parametrize("conf", ["", "ENROOT_RESTRICT_DEV no\n", "#ENROOT_RESTRICT_DEV yes\n"])
 def test_enroot_conf_left_alone_when_it_does_not_restrict_dev(compute_node: FakeNode, conf: str) -> None:
     path = compute_node.write_enroot_conf(conf)
