@@ -29,6 +29,7 @@ from llm_pipeline.weights.adapter_files import (
     read_adapter_config,
 )
 from llm_pipeline.weights.adapter_layout import PlainAdapter, ShardedAdapter, find_adapter
+from llm_pipeline.weights.adapter_shapes import check_adapter_shapes, read_model_config
 from llm_pipeline.weights.atomic_output import AtomicOutputDir
 from llm_pipeline.weights.full_checkpoint import FullCheckpoint, find_full_checkpoint
 from llm_pipeline.weights.full_consolidation import consolidate_full
@@ -103,8 +104,14 @@ def copy_plain(adapter: PlainAdapter, output: Path) -> int:
     return len(checked.tensors)
 
 
-def consolidate_checkpoint(source: Path, output: Path, *, overwrite: bool = False) -> Path:
-    """Consolidate the adapter found at ``source`` (any accepted input) into ``output``."""
+def consolidate_checkpoint(
+    source: Path, output: Path, *, overwrite: bool = False, model_dir: Path | None = None
+) -> Path:
+    """Consolidate the adapter found at ``source`` (any accepted input) into ``output``.
+
+    With ``model_dir``, every rebuilt shape is checked against the model's config.json.
+    """
+    model_config = read_model_config(model_dir) if model_dir is not None else None
     adapter = find_adapter(source)
     atomic = AtomicOutputDir(output, overwrite=overwrite)
     atomic.check()
@@ -120,7 +127,10 @@ def consolidate_checkpoint(source: Path, output: Path, *, overwrite: bool = Fals
                     flush=True,
                 )
                 count = write_sharded(adapter, partial)
-            open_adapter_folder(partial)  # the result must read back as a mergeable adapter
+            written = open_adapter_folder(partial)  # the result must read back as a mergeable adapter
+            if model_config is not None:
+                config_file = Path(model_dir) / "config.json"
+                check_adapter_shapes(written, model_config, config_file, label=f"the adapter rebuilt from {source}")
     except OSError as exc:
         raise CheckpointError(f"consolidation failed while writing {output}: {exc}; nothing was written") from None
     print(f"adapter written to {output}: {count} tensors", flush=True)
@@ -174,7 +184,10 @@ def run(cfg, args) -> None:
         consolidate_full_checkpoint(full, output, overwrite=args.overwrite, base=Path(cfg.paths.model_dir))
         return
     consolidate_checkpoint(
-        args.checkpoint or cfg.paths.checkpoints_dir, args.output or cfg.paths.adapter_dir, overwrite=args.overwrite
+        args.checkpoint or cfg.paths.checkpoints_dir,
+        args.output or cfg.paths.adapter_dir,
+        overwrite=args.overwrite,
+        model_dir=Path(cfg.paths.model_dir),
     )
 
 

@@ -12,6 +12,7 @@ output path only when complete (see atomic_output).
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import time
 from collections import Counter
@@ -54,6 +55,37 @@ def check_fits(model: ModelFolder, adapter: AdapterFolder) -> None:
             )
 
 
+def same_model(named: str, base: Path) -> bool:
+    """Whether an adapter's base_model_name_or_path names the base folder: the same folder, or the same
+    model name (the Hub id's last part or the folder name, as the download step names folders)."""
+    if Path(named).exists() and Path(named).resolve() == base.resolve():
+        return True
+    names = {base.resolve().name}
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        names.add(
+            str(json.loads((base / "config.json").read_text()).get("_name_or_path", "")).rstrip("/").split("/")[-1]
+        )
+    return named.rstrip("/").split("/")[-1] in names - {""}
+
+
+def check_base_model(adapter: AdapterFolder, base: Path, *, allow_other: bool) -> None:
+    """Refuse an adapter trained on another model (same shapes do not make it the same model)."""
+    named = adapter.config.get("base_model_name_or_path")
+    if not named or same_model(str(named), base):
+        return
+    message = (
+        f"the adapter {adapter.path} was trained on {named!r} (base_model_name_or_path in adapter_config.json), "
+        f"but the base folder is {base}"
+    )
+    if allow_other:
+        print(f"warning: {message}; merging anyway (--allow-other-base)", flush=True)
+        return
+    raise CheckpointError(
+        f"{message}: merging into another model gives a wrong model; pass that model as --base (or set "
+        "paths.model_dir), or add --allow-other-base when this folder holds the same weights under another name"
+    )
+
+
 def check_paths(output: Path, *inputs: Path) -> None:
     out = output.resolve()
     for path in inputs:
@@ -89,9 +121,12 @@ def write_merged(model: ModelFolder, adapter: AdapterFolder, folder: Path) -> Co
     return used
 
 
-def merge(base: Path, adapter_dir: Path, output: Path, *, overwrite: bool = False) -> Path:
+def merge(
+    base: Path, adapter_dir: Path, output: Path, *, overwrite: bool = False, allow_other_base: bool = False
+) -> Path:
     model = open_model_folder(base)
     adapter = open_adapter_folder(adapter_dir)
+    check_base_model(adapter, base, allow_other=allow_other_base)
     check_fits(model, adapter)
     check_paths(output, base, adapter_dir)
     atomic = AtomicOutputDir(output, overwrite=overwrite)
@@ -138,6 +173,11 @@ def build_parser():
     parser.add_argument("--adapter", type=Path, help="peft adapter folder (default: paths.adapter_dir)")
     parser.add_argument("--output", type=Path, help="merged model folder (default: paths.merged_dir)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output folder")
+    parser.add_argument(
+        "--allow-other-base",
+        action="store_true",
+        help="merge even when the adapter's base_model_name_or_path names another model than --base",
+    )
     return parser
 
 
@@ -145,7 +185,11 @@ def run(cfg, args) -> None:
     adapter = args.adapter or cfg.paths.adapter_dir
     _warn_if_config_differs(cfg, adapter)
     merge(
-        args.base or Path(cfg.paths.model_dir), adapter, args.output or cfg.paths.merged_dir, overwrite=args.overwrite
+        args.base or Path(cfg.paths.model_dir),
+        adapter,
+        args.output or cfg.paths.merged_dir,
+        overwrite=args.overwrite,
+        allow_other_base=args.allow_other_base,
     )
 
 

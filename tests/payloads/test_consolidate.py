@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -215,3 +216,74 @@ def test_unusable_inputs(tmp_path, layout):
     ]
     with pytest.raises(CheckpointError, match=message):
         consolidate.consolidate_checkpoint(folder, tmp_path / "adapter")
+
+
+@pytest.mark.parametrize(
+    ("case", "replicated"),
+    [
+        ("tp4-all-modules", "layers.1.self_attn.q_proj.lora_A.weight"),  # plain replicated factor
+        ("tp4-all-modules", "layers.0.self_attn.o_proj.lora_B.weight"),  # replicated B of a row-parallel layer
+        ("tp4-all-modules", "layers.0.mlp.gate_up_proj.lora_A.weight"),  # shared A of the fused gate/up
+        ("gqa-tp8-fused-qkv", "layers.1.self_attn.qkv_proj.lora_A.weight"),  # shared A of the fused q/k/v
+    ],
+)
+def test_replicated_copies_that_differ_are_refused_naming_tensor_and_ranks(tmp_path, case, replicated):
+    """Sequence parallelism on a LoRA run makes each TP rank train its own copy: no copy is the adapter."""
+    shape, tp, targets, fuse_qkv = CASES[case]
+    ranks, metadata = shard_adapter(shape, full_adapter(shape, targets), tp, fuse_qkv=fuse_qkv)
+    name = next(key for key in ranks[0] if key.endswith(replicated))
+    for rank in (2, 3):
+        ranks[rank][name] = ranks[rank][name] + 1e-3 * rank  # drifted copies
+    checkpoint = write_sharded_checkpoint(
+        tmp_path / "checkpoint-5", ranks, metadata, adapter_config(targets), xser=True
+    )
+    with pytest.raises(CheckpointError) as refused:
+        consolidate.consolidate_checkpoint(checkpoint, tmp_path / "adapter")
+    message = str(refused.value)
+    assert f"{name} is replicated over the {tp} TP ranks" in message
+    assert "TP rank(s) 2, 3 differ from TP rank 0's (by up to 0.003)" in message
+    assert "sequence parallelism" in message and not (tmp_path / "adapter").exists()
+
+
+def _model_config_dir(tmp_path, shape, **changes):
+    folder = tmp_path / "base-model"
+    folder.mkdir(exist_ok=True)
+    config = {
+        "hidden_size": shape.hidden,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "intermediate_size": shape.intermediate,
+        "num_hidden_layers": shape.layers,
+        "vocab_size": shape.vocab,
+    }
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({}, None),
+        (
+            {"num_key_value_heads": 4},
+            r"k_proj\.lora_B\.weight is \[16, 4\] after consolidation, but .* implies \[32, 4\]",
+        ),
+        (
+            {"hidden_size": 128, "intermediate_size": 256},
+            r"down_proj\.lora_A\.weight is \[4, 128\] .* implies \[4, 256\]",
+        ),
+        ({"num_hidden_layers": 1}, r"layers\.1\.mlp\.down_proj is beyond the 1 layers of"),
+    ],
+    ids=["fits", "other-kv-heads", "other-hidden-size", "fewer-layers"],
+)
+def test_rebuilt_shapes_are_checked_against_the_model_config(tmp_path, capsys, changes, message):
+    shape = CASES["gqa-tp4-kv-replicated"][0]
+    _, checkpoint = sharded(tmp_path, "gqa-tp4-kv-replicated")
+    model = _model_config_dir(tmp_path, shape, **changes)
+    config = run_config(tmp_path, tmp_path / "run", model_dir=model)
+    status = consolidate.main(["--config", str(config), "--checkpoint", str(checkpoint)])
+    if message is None:
+        assert status == 0 and (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
+        return
+    assert status == 2 and not (tmp_path / "run" / "adapter").exists()
+    assert re.search(message, capsys.readouterr().err)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import subprocess
@@ -155,3 +156,33 @@ def test_merge_killed_half_way_leaves_no_output_and_the_next_run_cleans_up(tmp_p
     assert rerun.returncode == 0, stderr
     assert f"removing {partial} left by an interrupted run" in stdout.decode()
     assert not partial.exists() and (out / "model.safetensors.index.json").is_file()
+
+
+def _name_base_model(adapter: Path, named: str) -> None:
+    config_file = adapter / "adapter_config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**config, "base_model_name_or_path": named}))
+
+
+@pytest.mark.parametrize(
+    ("named", "refused"),
+    [
+        ("{base}", False),  # the folder training loaded (the pipeline's case)
+        ("meta-llama/base", False),  # the Hub id the download step named the folder after
+        ("meta-llama/Meta-Llama-3-8B-Instruct", True),  # same shapes, another model
+    ],
+)
+def test_adapter_trained_on_another_model_is_refused_unless_allowed(tmp_path, model, capsys, named, refused):
+    adapter = write_adapter(tmp_path / "adapter", SMALL)
+    _name_base_model(adapter, named.format(base=model))
+    if not refused:
+        merge.merge(model, adapter, tmp_path / "out")
+        assert "warning" not in capsys.readouterr().out
+        return
+    with pytest.raises(
+        CheckpointError, match=r"trained on 'meta-llama/Meta-Llama-3-8B-Instruct' .* --allow-other-base"
+    ):
+        merge.merge(model, adapter, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    merge.merge(model, adapter, tmp_path / "out", allow_other_base=True)
+    assert "warning: the adapter" in capsys.readouterr().out and (tmp_path / "out").is_dir()

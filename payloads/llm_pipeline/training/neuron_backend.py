@@ -93,7 +93,7 @@ class ContinueStepCount(TrainerCallback):
             lr_scheduler.step()
 
 
-def restore_adapter(model, lora, checkpoint: Path) -> NeuronPeftModel:
+def restore_adapter(cfg: RunConfig, model, lora, checkpoint: Path) -> NeuronPeftModel:
     """The LoRA model with the adapter weights of a sharded checkpoint loaded into it."""
     from optimum.neuron.peft import get_peft_model
 
@@ -103,7 +103,7 @@ def restore_adapter(model, lora, checkpoint: Path) -> NeuronPeftModel:
     with tempfile.TemporaryDirectory(prefix="resume-") as scratch:
         adapter = Path(scratch) / "adapter"
         try:
-            consolidate_checkpoint(checkpoint, adapter)
+            consolidate_checkpoint(checkpoint, adapter, model_dir=Path(cfg.paths.model_dir))
         except CheckpointError as exc:
             raise StepError(f"cannot resume from {checkpoint}: {exc}") from None
         peft_model: NeuronPeftModel = get_peft_model(model, lora)
@@ -128,7 +128,7 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
     model = NeuronModelForCausalLM.from_pretrained(cfg.paths.model_dir, args.trn_config, **model_arguments(cfg))
     lora = peft_lora_config(cfg.lora)
     if plan.resume_from is not None:
-        model = restore_adapter(model, lora, plan.resume_from)
+        model = restore_adapter(cfg, model, lora, plan.resume_from)
     tokens = TokenCounter(data_collator(cfg, tokenizer))
     trainer: NeuronSFTTrainer = NeuronSFTTrainer(
         model=model,

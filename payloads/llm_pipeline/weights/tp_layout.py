@@ -12,8 +12,8 @@ map optimum-neuron's fused layers back to Hugging Face ones:
   copy); q lora_B rows and o_proj lora_A columns are grouped per rank by KV head (undo the order).
 
 Everything else is column-split (concatenate on ``partition_dim``, interleaving ``partition_stride``
-blocks) or replicated (every rank holds it whole). A spec whose tensors are absent (modules the
-adapter does not target) is skipped.
+blocks) or replicated (every rank holds it whole; the copies must be equal). A spec whose tensors are
+absent (modules the adapter does not target) is skipped.
 """
 
 from __future__ import annotations
@@ -93,6 +93,26 @@ def one_kv_copy(full: torch.Tensor, copies: int, name: str) -> torch.Tensor:
     return parts[0].clone()
 
 
+def replicated_copy(name: str, pieces: list[torch.Tensor]) -> torch.Tensor:
+    """The value of a tensor every TP rank holds whole; refused when the ranks' copies differ.
+
+    Replicated LoRA factors get identical gradients on every rank only without sequence parallelism;
+    a checkpoint whose copies differ was trained with each rank updating its own copy, so no single
+    copy is the trained adapter.
+    """
+    differing = [rank for rank, piece in enumerate(pieces[1:], 1) if not torch.equal(piece, pieces[0])]
+    if differing:
+        drift = max(float((pieces[rank].float() - pieces[0].float()).abs().max()) for rank in differing)
+        shown = ", ".join(str(rank) for rank in differing[:8]) + (" ..." if len(differing) > 8 else "")
+        raise CheckpointError(
+            f"{name} is replicated over the {len(pieces)} TP ranks, but the copies on TP rank(s) {shown} differ "
+            f"from TP rank 0's (by up to {drift:.3g}): each rank trained its own copy (sequence parallelism was on "
+            "for a LoRA run), so no copy is the trained adapter; retrain with the neuron backend as it is now "
+            "(sequence parallelism off for LoRA)"
+        )
+    return pieces[0]
+
+
 def _need_all(keys: list[str], ranks: Ranks) -> bool:
     present = [k for k in keys if k in ranks[0]]
     if present and len(present) != len(keys):
@@ -115,10 +135,11 @@ def _fused_linears(module: str, spec: dict, ranks: Ranks, params: dict, tp: int)
                 f"{b_key} on TP rank {rank} has {tensors[b_key].shape[0]} rows; the spec implies {sum(sizes)}"
             )
     parts = [tensors[b_key].split(sizes) for tensors in ranks]
+    shared_a = replicated_copy(a_key, [tensors[a_key] for tensors in ranks])
     rebuilt = {}
     for index, linear in enumerate(spec["linear_names"]):
         rebuilt[f"{module}.{linear}.lora_B.weight"] = torch.cat([p[index] for p in parts])
-        rebuilt[f"{module}.{linear}.lora_A.weight"] = ranks[0][a_key].clone()
+        rebuilt[f"{module}.{linear}.lora_A.weight"] = shared_a.clone()
     return rebuilt, {a_key, b_key}
 
 
@@ -145,6 +166,7 @@ def _gqa_qkv(module: str, spec: dict, ranks: Ranks, params: dict, tp: int) -> Re
                         f"{qkv} {part} lora_B on TP rank {rank} has {tensor.shape[0]} rows; the spec implies {rows}"
                     )
                 pieces[part].append(tensor)
+        shared_a = replicated_copy(a_key, [tensors[a_key] for tensors in ranks])
         full = {
             "query": restore_head_order(torch.cat(pieces["query"]), order, 0),
             "key": one_kv_copy(torch.cat(pieces["key"]), spec["kv_size_multiplier"], f"{proj['key']}.lora_B"),
@@ -152,7 +174,7 @@ def _gqa_qkv(module: str, spec: dict, ranks: Ranks, params: dict, tp: int) -> Re
         }
         for part, tensor in full.items():
             rebuilt[f"{proj[part]}.lora_B.weight"] = tensor
-            rebuilt[f"{proj[part]}.lora_A.weight"] = ranks[0][a_key].clone()
+            rebuilt[f"{proj[part]}.lora_A.weight"] = shared_a.clone()
         used |= {a_key, *b_keys}
     o_key = f"{proj['output']}.lora_A.weight"
     if o_key in ranks[0]:
@@ -173,7 +195,7 @@ def join_shards(name: str, pieces: list[torch.Tensor], info: dict) -> torch.Tens
     if any(p.shape != pieces[0].shape for p in pieces):
         raise CheckpointError(f"{name} has different shapes on different TP ranks: {[list(p.shape) for p in pieces]}")
     if not info.get("tensor_model_parallel"):
-        return pieces[0]
+        return replicated_copy(name, pieces)
     dim, stride = info["partition_dim"], info.get("partition_stride") or 1
     if pieces[0].shape[dim] % stride:
         raise CheckpointError(

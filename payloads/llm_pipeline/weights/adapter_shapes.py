@@ -1,0 +1,75 @@
+"""The shapes a LoRA adapter must have on its base model, from the model's config.json.
+
+A consolidated adapter whose factors do not fit the model config was rebuilt from a checkpoint of
+another model, or with a wrong tensor-parallel layout; either way it must not reach the merge.
+Each adapted module (in -> out) has A [r, in] and B [out, r]; embeddings are vocab -> hidden.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from llm_pipeline.errors import CheckpointError
+from llm_pipeline.weights.adapter_files import AdapterFolder
+
+_LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+def module_dims(model_config: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """(in, out) features of every module LoRA can adapt on a Llama-shaped model."""
+    hidden, heads = model_config["hidden_size"], model_config["num_attention_heads"]
+    head_dim = model_config.get("head_dim") or hidden // heads
+    kv = model_config.get("num_key_value_heads", heads) * head_dim
+    inter, vocab = model_config["intermediate_size"], model_config["vocab_size"]
+    return {
+        "q_proj": (hidden, heads * head_dim),
+        "k_proj": (hidden, kv),
+        "v_proj": (hidden, kv),
+        "o_proj": (heads * head_dim, hidden),
+        "gate_proj": (hidden, inter),
+        "up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
+        "embed_tokens": (vocab, hidden),
+        "lm_head": (hidden, vocab),
+    }
+
+
+def read_model_config(model_dir: Path) -> dict[str, Any] | None:
+    """config.json of a model folder; None when the folder has none (nothing to check against)."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON ({exc})") from None
+
+
+def check_adapter_shapes(
+    adapter: AdapterFolder, model_config: Mapping[str, Any], config_file: Path, *, label: str
+) -> None:
+    """Every factor's shape and every layer index must fit the model config; errors start with ``label``."""
+    dims, layers, r = module_dims(model_config), model_config.get("num_hidden_layers"), adapter.rank
+    for update in adapter.updates.values():
+        name = update.module.rsplit(".", 1)[-1]
+        if name not in dims:
+            raise CheckpointError(f"{label}: {update.module} is not a module of a Llama-shaped model")
+        layer = _LAYER.search(f".{update.module}.")
+        if layer and layers is not None and int(layer[1]) >= layers:
+            raise CheckpointError(
+                f"{label}: {update.module} is beyond the {layers} layers of {config_file}: "
+                "the checkpoint was trained from another model than paths.model_dir"
+            )
+        fan_in, fan_out = dims[name]
+        for key, expected in ((update.a_key, [r, fan_in]), (update.b_key, [fan_out, r])):
+            actual = list(adapter.tensors[key].shape)
+            if actual != expected:
+                raise CheckpointError(
+                    f"{label}: {key} is {actual} after consolidation, but {config_file} implies "
+                    f"{expected} ({name}: {fan_in} -> {fan_out}, r={r}): the checkpoint was trained from another "
+                    "model than paths.model_dir, or its tensor-parallel layout was not read as written"
+                )
