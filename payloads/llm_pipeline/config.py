@@ -24,6 +24,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 METHODS = ("lora", "dora", "qlora", "full")
 STRATEGIES = ("fsdp", "ddp")
 ATTENTIONS = ("sdpa", "flash_attention_2", "eager")
+TORCHTITAN_RUNGS = ("baseline", "compile", "fp8", "fp8_allgather")  # the ladder, in climbing order
 
 
 class ConfigError(ValueError):
@@ -208,6 +209,27 @@ class GenerateConfig:
 
 
 @dataclass(frozen=True)
+class TorchtitanConfig:
+    job_file: str = described(
+        "configs/torchtitan/llama3_8b.toml",
+        "pretraining ladder (docs/pretraining.md): the torchtitan 0.2.2 job TOML every rung starts from; "
+        "a relative path is read under payloads/",
+    )
+    rungs: tuple[str, ...] = described(
+        TORCHTITAN_RUNGS,
+        "ladder rungs to run, in order, each adding its options to the one before: baseline, compile, "
+        "fp8 (tensorwise float8 linears), fp8_allgather (+ float8 FSDP all-gather, precomputed scales)",
+    )
+    steps: int = described(2000, "training steps of every rung (torchtitan training.steps)")
+    overrides: tuple[str, ...] = described(
+        (), "torchtitan keys set for every rung, as TOML lines, e.g. 'training.local_batch_size = 2'"
+    )
+    export_hf: bool = described(
+        True, "after the report, convert the last rung's final checkpoint to a Hugging Face folder"
+    )
+
+
+@dataclass(frozen=True)
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -216,6 +238,7 @@ class RunConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
+    torchtitan: TorchtitanConfig = field(default_factory=TorchtitanConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -341,6 +364,19 @@ def validate(cfg: RunConfig) -> None:
         check_backend(cfg, tr.backend)
     _require(cfg.generate.max_new_tokens >= 1, "generate.max_new_tokens", cfg.generate.max_new_tokens, ">= 1")
     _require(cfg.generate.temperature >= 0, "generate.temperature", cfg.generate.temperature, ">= 0")
+    titan = cfg.torchtitan
+    _require(len(titan.rungs) > 0, "torchtitan.rungs", list(titan.rungs), "at least one rung")
+    for rung in titan.rungs:
+        _require(rung in TORCHTITAN_RUNGS, "torchtitan.rungs", rung, ", ".join(TORCHTITAN_RUNGS))
+    _require(len(set(titan.rungs)) == len(titan.rungs), "torchtitan.rungs", list(titan.rungs), "each rung once")
+    _require(titan.steps >= 1, "torchtitan.steps", titan.steps, ">= 1")
+    for line in titan.overrides:
+        _require(
+            re.fullmatch(r"\s*[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+\s*=.+", line) is not None,
+            "torchtitan.overrides",
+            line,
+            "TOML lines 'section.key = value', e.g. 'training.local_batch_size = 2'",
+        )
 
 
 # What the neuron backend cannot run today, and what to do instead (full fine-tuning on Trainium is

@@ -1,0 +1,101 @@
+"""Export a torchtitan DCP checkpoint to a Hugging Face folder, with torchtitan 0.2.2's own parts.
+
+0.2.2 ships the conversion as scripts/checkpoint_conversion/convert_to_hf.py, outside its wheel;
+this step does the same through the library it is built on: the model's train spec (model class,
+flavor arguments, state-dict adapter), torchtitan's ModelWrapper for the state-dict keys its
+checkpointer writes, torch.distributed.checkpoint to load, the adapter's to_hf, and torch's
+HuggingFaceStorageWriter for consolidated safetensors. The config, generation config and tokenizer
+files come from model.hf_assets_path (the download step put them there). The folder is written
+next to its final place and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from llm_pipeline.config import RunConfig
+from llm_pipeline.errors import StepError
+from llm_pipeline.training import torchtitan_ladder
+
+COPIED_ASSETS = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+
+
+def newest_checkpoint(folder: Path) -> Path:
+    """The step-N folder with the highest N that holds a complete DCP checkpoint (.metadata)."""
+    steps = []
+    for path in folder.glob("step-*") if folder.is_dir() else []:
+        match = re.fullmatch(r"step-(\d+)", path.name)
+        if match and (path / ".metadata").is_file():
+            steps.append((int(match.group(1)), path))
+    if not steps:
+        raise StepError(f"no complete torchtitan checkpoint (step-N/.metadata) in {folder}: did the rung finish?")
+    return max(steps)[1]
+
+
+def export(cfg: RunConfig, rung: str, out_dir: Path) -> Path:
+    job_file = torchtitan_ladder.rung_dir(cfg, rung) / "job.toml"
+    job = torchtitan_ladder.read_toml(job_file, f"rung {rung}'s job file")
+    model, checkpoint = job.get("model", {}), job.get("checkpoint", {})
+    dump = Path(job.get("job", {}).get("dump_folder", str(job_file.parent)))
+    source = newest_checkpoint(dump / checkpoint.get("folder", "checkpoint"))
+    assets = Path(model.get("hf_assets_path", cfg.paths.model_dir))
+    print(
+        f"exporting {source} ({model.get('name')} {model.get('flavor')}) to a Hugging Face folder {out_dir}", flush=True
+    )
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    convert(
+        source,
+        tmp,
+        model_name=model.get("name", "llama3"),
+        flavor=model.get("flavor", "8B"),
+        assets=assets,
+        dtype=checkpoint.get("export_dtype", "bfloat16"),
+    )
+    for name in COPIED_ASSETS:
+        if (assets / name).is_file():
+            shutil.copy2(assets / name, tmp / name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    print(f"Hugging Face folder ready: {out_dir}", flush=True)
+    return out_dir
+
+
+def convert(source: Path, target: Path, *, model_name: str, flavor: str, assets: Path, dtype: str) -> None:
+    """DCP checkpoint `source` -> consolidated safetensors in `target`, on CPU, in `dtype`."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    import torchtitan.protocols.train_spec as train_spec
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+    from torchtitan.components.checkpoint import ModelWrapper
+    from torchtitan.config import TORCH_DTYPE_MAP
+
+    spec = train_spec.get_train_spec(model_name)
+    if flavor not in spec.model_args:
+        raise StepError(f"model.flavor {flavor!r} is not a {model_name} flavor ({', '.join(spec.model_args)})")
+    if dtype not in TORCH_DTYPE_MAP:
+        raise StepError(f"checkpoint.export_dtype {dtype!r} is not one of {', '.join(TORCH_DTYPE_MAP)}")
+    args = spec.model_args[flavor]
+    with torch.device("cpu"):
+        model = spec.model_cls(args)
+    state = ModelWrapper(model)._get_state_dict()
+    dcp.load(state, checkpoint_id=str(source))
+    adapter = spec.state_dict_adapter(args, str(assets) if assets.is_dir() else None)
+    hf_state = {key: value.to(TORCH_DTYPE_MAP[dtype]) for key, value in adapter.to_hf(state).items()}
+    writer = HuggingFaceStorageWriter(
+        path=str(target),
+        save_distributed=True,
+        fqn_to_index_mapping=adapter.fqn_to_index_mapping,
+        enable_consolidation=True,
+        thread_count_consolidation=5,
+    )
+    with torch.inference_mode():
+        dcp.save(hf_state, storage_writer=writer)

@@ -1,0 +1,106 @@
+"""The ladder report reads torchtitan 0.2.2's own metric lines.
+
+The lines under test are printed by torchtitan's MetricsProcessor.log itself (torchtitan_probe.py,
+in .venv/torchtitan-site), with and without colors, and compared with the figures torchtitan
+computed for them; summaries and the report are checked on logs built from such lines.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+
+import pytest
+from torchtitan_site import probe
+
+from llm_pipeline.training import ladder_report, torchtitan_metrics
+
+
+@pytest.fixture(scope="module")
+def printed():
+    return probe("metrics")
+
+
+def test_parser_reads_back_what_torchtitan_printed_and_computed(printed):
+    lines = printed["lines"]
+    parsed = torchtitan_metrics.parse_lines(lines)
+    logged = [entry for run in printed["runs"] for entry in run["logged"] if "grad_norm" in entry]
+    assert len(parsed) == len(logged) == 4  # 2 steps x (plain, colored); the validation lines are skipped
+    assert "validate step: 10" in lines and "\x1b[31mstep:" in lines  # both kinds were really printed
+    for line, figures in zip(parsed, logged, strict=True):
+        assert line.step == figures["step"]
+        assert line.loss == pytest.approx(figures["loss_metrics/global_avg_loss"], abs=5e-6)
+        assert line.grad_norm == pytest.approx(figures["grad_norm"], abs=5e-5)
+        assert line.memory_gib == pytest.approx(figures["memory/max_reserved(GiB)"], abs=5e-3)
+        assert line.memory_pct == pytest.approx(figures["memory/max_reserved(%)"], abs=5e-3)
+        assert line.tps == round(figures["throughput(tps)"])
+        assert line.tflops == pytest.approx(figures["tflops"], abs=5e-3)
+        assert line.mfu == pytest.approx(figures["mfu(%)"], abs=5e-3)
+
+
+def test_device_line_names_the_gpu():
+    text = "[titan] 2026-01-01 00:00:00,000 - root - INFO - CUDA capacity: NVIDIA H100 80GB HBM3 with 79.19GiB memory"
+    assert torchtitan_metrics.device_name(text) == "NVIDIA H100 80GB HBM3 (79.19 GiB)"
+    assert torchtitan_metrics.device_name("nothing here") == "unknown"
+
+
+def rank_log(printed_line: str, steps: dict[int, list[tuple[float, int, float]]]) -> str:
+    """A job log like a multi-rank run's: one line per rank per logged step, in torchtitan's format
+    (the plain line torchtitan printed, with step, loss, tps and memory replaced)."""
+    out = ["[titan] 2026-01-01 00:00:00,000 - root - INFO - CUDA capacity: NVIDIA H100 80GB HBM3 with 79.19GiB memory"]
+    for step, ranks in steps.items():
+        for loss, tps, memory in ranks:
+            line = re.sub(r"step:\s*\d+", f"step: {step:2}", printed_line)
+            line = re.sub(r"loss:\s*\S+", f"loss: {loss:8.5f}", line)
+            line = re.sub(r"tps: [0-9,]+", f"tps: {tps:,}", line)
+            out.append(re.sub(r"memory:\s*[0-9.]+GiB", f"memory: {memory:5.2f}GiB", line))
+    return "\n".join(out) + "\n"
+
+
+@pytest.fixture(scope="module")
+def plain_line(printed):
+    return next(line for line in printed["lines"].splitlines() if "step: 10" in line and "\x1b" not in line)
+
+
+def test_summary_groups_ranks_by_step_and_skips_warm_up(plain_line):
+    steps = {1: [(12.0, 900, 40.0), (12.0, 1100, 41.0)]}
+    steps |= {s: [(10.0 - s / 100, 6000 + s, 60.0), (10.0 - s / 100, 6100 + s, 61.5)] for s in range(10, 101, 10)}
+    summary = torchtitan_metrics.summarize(rank_log(plain_line, steps))
+    assert summary.ranks == 2 and summary.lines == 22
+    assert summary.steady_steps == tuple(range(20, 101, 10))  # step 1 and the first tenth are warm-up
+    assert summary.tps == pytest.approx(statistics.median([6050 + s for s in range(20, 101, 10)]))
+    assert (summary.last_step, summary.final_loss, summary.memory_gib) == (100, 9.0, 61.5)
+    assert summary.device == "NVIDIA H100 80GB HBM3 (79.19 GiB)"
+
+
+def test_short_runs_still_summarize_and_an_empty_log_does_not(plain_line):
+    only_first = torchtitan_metrics.summarize(rank_log(plain_line, {1: [(11.0, 500, 1.0)]}))
+    assert only_first.steady_steps == (1,) and only_first.tps == 500
+    two = torchtitan_metrics.summarize(rank_log(plain_line, {1: [(11.0, 500, 1.0)], 5: [(10.0, 700, 1.0)]}))
+    assert two.steady_steps == (5,)
+    assert torchtitan_metrics.summarize("srun: error: no metric lines at all\n") is None
+
+
+def test_report_shows_ratios_to_baseline_and_the_reference_beside(plain_line, tmp_path):
+    def summary(tps: int):
+        return torchtitan_metrics.summarize(rank_log(plain_line, {10: [(3.6, tps, 50.0)], 20: [(3.5, tps, 50.0)]}))
+
+    results = [
+        ladder_report.RungResult("baseline", tmp_path / "b.log", summary(1000)),
+        ladder_report.RungResult("compile", tmp_path / "c.log", summary(1100)),
+        ladder_report.RungResult("fp8", tmp_path / "f.log", summary(1300)),
+        ladder_report.RungResult("fp8_allgather", None, None),
+    ]
+    json_path, md_path = ladder_report.write(results, 20, tmp_path)
+    report = json.loads(json_path.read_text())
+    rows = {row["rung"]: row for row in report["rungs"]}
+    assert rows["compile"]["tps_vs_baseline"] == pytest.approx(1.1)
+    assert rows["fp8"]["tps_vs_baseline"] == pytest.approx(1.3)
+    assert rows["fp8_allgather"]["measured"] is None and rows["fp8_allgather"]["tps_vs_baseline"] is None
+    assert rows["fp8"]["reference_tps"] == 8624
+    assert rows["fp8_allgather"]["reference_tps_vs_baseline"] == pytest.approx(8950 / 6475)
+    markdown = md_path.read_text()
+    assert "| + torch.compile | 1,100 | 1.100 (+10.0 %) |" in markdown
+    assert "| + FP8 all-gather, precomputed scales | not measured: no metric lines in no log |" in markdown
+    assert "| + torch.compile | 7,166 | 1.107 (+10.7 %) | 3.601 |" in markdown  # the reference, beside
