@@ -1,7 +1,8 @@
 """JSON reading for on_init_complete.sh: the cluster facts and HyperPod's resource config.
 
 Runs on the node's own python3 (3.10, stdlib only). Two commands:
-  profile FACTS                     print /etc/profile.d/hyperpod-lora.sh (one HPL_<KEY> export per fact)
+  profile FACTS [GROUP]             print /etc/profile.d/hyperpod-lora.sh (one HPL_<KEY> export per fact;
+                                    on a compute GROUP, its own partition's facts replace the default's)
   identify FACTS RESOURCE_CONFIG IP...  print "<role>\t<group>\t<instance name>" for the node owning one of IP
 Bad input prints `error: ...` naming the file and what to do, and exits 2.
 """
@@ -29,13 +30,31 @@ FACT_KEYS = (
     "scratch_dir",
     "controller_group",
     "login_group",
+    "compute_groups",
     "compute_group",
     "partition",
+    "default_partition",
     "default_user",
+    "accelerator",
     "devices_per_node",
+    "efa_interfaces",
     "compute_instance_type",
     "runtime",
+    "partitions",
 )
+PARTITIONS_KEY = "partitions"  # {partition: {fact: value}}: the one nested fact
+# A compute node's own partition facts, under the flat names its profile exports.
+PARTITION_TO_FLAT = {
+    "group": "compute_group",
+    "partition": "partition",
+    "instance_type": "compute_instance_type",
+    "accelerator": "accelerator",
+    "devices_per_node": "devices_per_node",
+    "efa_interfaces": "efa_interfaces",
+    "image_uri": "image_uri",
+    "capacity": "capacity",
+    "training_plan_arn": "training_plan_arn",
+}
 KEY_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 PROFILE_HEADER = (
     "# Cluster facts for the LoRA pipeline, written by lifecycle/on_init_complete.sh from\n"
@@ -61,7 +80,30 @@ def load_json(path: str, what: str) -> object:
         raise InputError(f"{what} {path} cannot be read: {exc.strerror}") from None
 
 
+def _scalar(path: str, key: str, value: object) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise InputError(f"cluster facts file {path}: {key} must be a string or an integer, got {value!r}")
+    return str(value)
+
+
+def load_partitions(path: str) -> dict[str, dict[str, str]]:
+    """The per-partition facts: {partition: {fact: value}}."""
+    partitions = load_json(path, "cluster facts file").get(PARTITIONS_KEY)
+    if not isinstance(partitions, dict):
+        raise InputError(f"cluster facts file {path}: {PARTITIONS_KEY} must be an object keyed by partition")
+    found = {}
+    for name, facts in partitions.items():
+        if not isinstance(facts, dict) or set(PARTITION_TO_FLAT) - set(facts):
+            raise InputError(
+                f"cluster facts file {path}: partition {name!r} must hold {', '.join(PARTITION_TO_FLAT)}; "
+                "redeploy the stack to regenerate it"
+            )
+        found[name] = {key: _scalar(path, f"{PARTITIONS_KEY}.{name}.{key}", value) for key, value in facts.items()}
+    return found
+
+
 def load_facts(path: str) -> dict[str, str]:
+    """The scalar facts (every key but ``partitions``, which load_partitions reads)."""
     facts = load_json(path, "cluster facts file")
     if not isinstance(facts, dict):
         raise InputError(f"cluster facts file {path} must hold a JSON object, not {type(facts).__name__}")
@@ -74,10 +116,21 @@ def load_facts(path: str) -> dict[str, str]:
     for key, value in facts.items():
         if not KEY_PATTERN.match(key):
             raise InputError(f"cluster facts file {path}: key {key!r} is not lower_snake_case")
-        if isinstance(value, bool) or not isinstance(value, (str, int)):
-            raise InputError(f"cluster facts file {path}: {key} must be a string or an integer, got {value!r}")
-        values[key] = str(value)
+        if key != PARTITIONS_KEY:
+            values[key] = _scalar(path, key, value)
     return values
+
+
+def node_facts(path: str, group: str = "") -> dict[str, str]:
+    """The facts this node exports: on a compute group's node, its own partition's facts."""
+    facts = load_facts(path)
+    partitions = load_partitions(path)
+    for partition in partitions.values():
+        if partition["group"] == group:
+            facts.update(
+                {PARTITION_TO_FLAT[key]: value for key, value in partition.items() if key in PARTITION_TO_FLAT}
+            )
+    return facts
 
 
 def render_profile(facts: dict[str, str]) -> str:
@@ -86,7 +139,8 @@ def render_profile(facts: dict[str, str]) -> str:
 
 
 def role_of_group(group: str, facts: dict[str, str]) -> str:
-    roles = {facts["controller_group"]: "Controller", facts["compute_group"]: "Compute"}
+    roles = {facts["controller_group"]: "Controller"}
+    roles.update({name: "Compute" for name in facts["compute_groups"].split(",") if name})
     if facts["login_group"]:
         roles[facts["login_group"]] = "Login"
     if group not in roles:
@@ -114,8 +168,8 @@ def identify(facts: dict[str, str], resource_config_path: str, addresses: list[s
 
 def main(argv: list[str]) -> int:
     try:
-        if len(argv) == 2 and argv[0] == "profile":
-            sys.stdout.write(render_profile(load_facts(argv[1])))
+        if len(argv) in (2, 3) and argv[0] == "profile":
+            sys.stdout.write(render_profile(node_facts(argv[1], argv[2] if len(argv) == 3 else "")))
         elif len(argv) >= 3 and argv[0] == "identify":
             print("\t".join(identify(load_facts(argv[1]), argv[2], argv[3:])))
         else:

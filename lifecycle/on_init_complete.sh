@@ -78,9 +78,15 @@ identify_node() {
   log "addresses ${ips[*]} -> instance $NODE_NAME, group $NODE_GROUP, role $NODE_ROLE"
 }
 
+# On a compute node its own partition's facts (accelerator, devices, EFA, image) replace the default's.
 write_profile() {
   step write-profile
+  PROFILE_TEXT="$(python3 "$HERE/node_facts.py" profile "$FACTS_FILE" "$NODE_GROUP")" \
+    || die "cannot use the cluster facts for group $NODE_GROUP (see error above)"
+  # shellcheck source=/dev/null
+  source <(printf '%s\n' "$PROFILE_TEXT")
   printf '%s\n' "$PROFILE_TEXT" | install_if_changed "$PROFILE_FILE" 0644
+  log "partition $HPL_PARTITION: $HPL_COMPUTE_INSTANCE_TYPE, accelerator $HPL_ACCELERATOR, $HPL_DEVICES_PER_NODE devices, $HPL_EFA_INTERFACES EFA"
 }
 
 wait_for_fsx() {

@@ -6,13 +6,27 @@ from aws_cdk import Fn, RemovalPolicy
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct, IDependable
 
-from stacks.config import COMPUTE_GROUP, CONTROLLER_GROUP, FSX_MOUNT_PATH, LIFECYCLE_SCRIPT, LOGIN_GROUP, HyperPodConfig
+from stacks.compute_groups import SPOT, ComputeGroup
+from stacks.config import CONTROLLER_GROUP, FSX_MOUNT_PATH, LIFECYCLE_SCRIPT, LOGIN_GROUP, HyperPodConfig
 
 Cfn = sagemaker.CfnCluster
 
 
+def capacity_properties(group: ComputeGroup) -> dict[str, object]:
+    """Where a group's nodes come from. On-demand is HyperPod's default when CapacityRequirements is
+    absent, so only Spot is written, and a training plan (reserved capacity) is named by its ARN."""
+    properties: dict[str, object] = {}
+    if group.capacity == SPOT:
+        properties["capacity_requirements"] = Cfn.ClusterCapacityRequirementsProperty(spot={})
+    if group.training_plan_arn:
+        properties["training_plan_arn"] = group.training_plan_arn
+    if group.deep_health_checks:
+        properties["on_start_deep_health_checks"] = list(group.deep_health_checks)
+    return properties
+
+
 class HyperPodCluster(Construct):
-    """Controller + (optional login) + Trainium compute groups, FSx at /fsx on every node.
+    """Controller + (optional login) + the configured compute groups, FSx at /fsx on every node.
 
     HyperPod sets up Slurm, Docker/Enroot/Pyxis and the FSx mount itself; our lifecycle script
     runs after that (OnInitComplete) on every node. ``depends_on`` lists what must exist first:
@@ -51,6 +65,7 @@ class HyperPodCluster(Construct):
             threads_per_core: int = 1,
             storage: tuple = (),
             partition: str | None = None,
+            **extra: object,
         ) -> Cfn.ClusterInstanceGroupProperty:
             return Cfn.ClusterInstanceGroupProperty(
                 instance_group_name=name,
@@ -63,6 +78,7 @@ class HyperPodCluster(Construct):
                 slurm_config=Cfn.ClusterSlurmConfigProperty(
                     node_type=node_type, partition_names=[partition] if partition else None
                 ),
+                **extra,
             )
 
         groups = [
@@ -70,23 +86,25 @@ class HyperPodCluster(Construct):
         ]
         if config.login_instance_count:
             groups.append(group(LOGIN_GROUP, "Login", config.login_instance_type, config.login_instance_count))
-        groups.append(
-            group(
-                COMPUTE_GROUP,
-                "Compute",
-                config.compute_instance_type,
-                config.compute_instance_count,
-                threads_per_core=config.compute_threads_per_core,
-                storage=(
-                    Cfn.ClusterInstanceStorageConfigProperty(
-                        ebs_volume_config=Cfn.ClusterEbsVolumeConfigProperty(
-                            volume_size_in_gb=config.compute_ebs_volume_gb
-                        )
+        for compute in config.compute_groups:
+            groups.append(
+                group(
+                    compute.name,
+                    "Compute",
+                    compute.instance_type,
+                    compute.count,
+                    threads_per_core=compute.threads_per_core,
+                    storage=(
+                        Cfn.ClusterInstanceStorageConfigProperty(
+                            ebs_volume_config=Cfn.ClusterEbsVolumeConfigProperty(
+                                volume_size_in_gb=compute.ebs_volume_gb
+                            )
+                        ),
                     ),
-                ),
-                partition=config.partition_name,
+                    partition=compute.partition,
+                    **capacity_properties(compute),
+                )
             )
-        )
         self.cluster = Cfn(
             self,
             "Cluster",

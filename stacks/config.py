@@ -1,8 +1,9 @@
 """The app's configuration: one frozen, validated object parsed from cdk.json context.
 
 Every knob is a context key (override with ``cdk synth -c key=value``; such values arrive as
-strings and are coerced here). This module is also the single source of truth for the facts the
-nodes need (FSx folders, group names, NeuronCores per instance type): the stack turns them into
+strings and are coerced here; ``compute_groups`` takes a JSON list, see stacks/compute_groups.py).
+This module is also the single source of truth for the facts the nodes need (FSx folders, group
+names, per-partition accelerator facts from stacks/accelerators.py): the stack turns them into
 ``cluster-facts.json`` with :func:`cluster_facts`, and the lifecycle script exports them as HPL_*.
 """
 
@@ -10,14 +11,25 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from stacks.accelerators import CUDA, NEURON, NO_ACCELERATOR
+from stacks.compute_groups import (
+    CONTEXT_KEY as COMPUTE_GROUPS_KEY,
+)
+from stacks.compute_groups import (
+    DEFAULT_COMPUTE_GROUPS,
+    ComputeGroup,
+    check_group,
+    check_groups,
+    check_training_plan_region,
+    parse_compute_groups,
+)
 from stacks.validation import ConfigError, Rule, coerce, int_range, ipv4_cidr, matches, one_of
 
-__all__ = ["DATA_LINKS", "ConfigError", "DataLink", "HyperPodConfig", "cluster_facts"]
+__all__ = ["DATA_LINKS", "ComputeGroup", "ConfigError", "DataLink", "HyperPodConfig", "cluster_facts"]
 
 # Used when no account is configured and no credentials name one (offline synth, tests);
 # cdk.json answers this account's availability-zone lookup so synth needs no AWS call.
@@ -26,18 +38,18 @@ OFFLINE_ACCOUNT = "123456789012"
 # Instance groups. HyperPod names SSM targets and log streams after them.
 CONTROLLER_GROUP = "controller"
 LOGIN_GROUP = "login"
-COMPUTE_GROUP = "compute"
+COMPUTE_GROUP = DEFAULT_COMPUTE_GROUPS[0].name  # the default config's one compute group
 DEFAULT_USER = "ubuntu"  # the AMI's login user; HyperPod shares its home and SSH keys across nodes
-
-# Logical NeuronCores per compute instance (what a training step spreads over). trn2 counts
-# are at the default logical-core size LNC=2 (two physical cores per logical core).
-NEURON_CORES_PER_INSTANCE = {
-    "ml.trn1.2xlarge": 2,
-    "ml.trn1.32xlarge": 32,
-    "ml.trn1n.32xlarge": 32,
-    "ml.trn2.3xlarge": 4,
-    "ml.trn2.48xlarge": 64,
+# Context keys of the single-group config, replaced by compute_groups: each error says where it went.
+RETIRED_KEYS = {
+    "compute_instance_type": "instance_type",
+    "compute_instance_count": "count",
+    "compute_threads_per_core": "threads_per_core",
+    "compute_ebs_volume_gb": "ebs_volume_gb",
+    "partition_name": "partition",
 }
+# Training images per accelerator family; a CPU-only group runs the first image the config builds.
+IMAGE_FAMILIES = (NEURON, CUDA)
 
 # Shared file system layout (FSx for Lustre, mounted on every node).
 FSX_MOUNT_PATH = "/fsx"
@@ -99,14 +111,10 @@ class HyperPodConfig:
     controller_instance_count: int = 1
     login_instance_type: str = "ml.m5.4xlarge"
     login_instance_count: int = 0  # 0: no login group
-    compute_instance_type: str = "ml.trn1.32xlarge"
-    compute_instance_count: int = 1
-    compute_threads_per_core: int = 1
-    compute_ebs_volume_gb: int = 500
+    compute_groups: tuple[ComputeGroup, ...] = DEFAULT_COMPUTE_GROUPS  # see stacks/compute_groups.py
     fsx_storage_capacity_gib: int = 1200
     fsx_throughput_mibps_per_tib: int = 250
     fsx_compression: str = "LZ4"
-    partition_name: str = "trn1"
     slurm_config_strategy: str = "Managed"
     node_recovery: str = "Automatic"
     runtime: str = "pyxis"
@@ -117,7 +125,10 @@ class HyperPodConfig:
             value = getattr(self, field.name)
             if type(value) is not type(field.default):
                 raise ConfigError.bad_value(field.name, value, f"a value of type {type(field.default).__name__}")
-            RULES[field.name].apply(field.name, value)
+            if field.name == COMPUTE_GROUPS_KEY:
+                _check_group_objects(value)
+            else:
+                RULES[field.name].apply(field.name, value)
         _check_combinations(self)
 
     @classmethod
@@ -129,11 +140,18 @@ class HyperPodConfig:
         """Parse cdk.json / ``-c`` context; unknown snake_case keys are typos and fail too."""
         known = cls.keys()
         for key in context:
+            if key in RETIRED_KEYS:
+                raise ConfigError(
+                    f"config key '{key}' was replaced by '{COMPUTE_GROUPS_KEY}': set '{RETIRED_KEYS[key]}' in a "
+                    f"group of that list instead (see README, Compute groups)."
+                )
             if key.isidentifier() and key.islower() and key not in known:
                 raise ConfigError.unknown_key(key, known)
-        values = {}
+        values: dict[str, Any] = {}
         for field in dataclasses.fields(cls):
-            if field.name in context:
+            if field.name == COMPUTE_GROUPS_KEY and field.name in context:
+                values[field.name] = parse_compute_groups(context[field.name])
+            elif field.name in context:
                 values[field.name] = coerce(field.name, context[field.name], field.default)
         config = cls(**values)
         if config.account == "auto":
@@ -157,8 +175,19 @@ class HyperPodConfig:
         return LOGIN_GROUP if self.login_instance_count else ""
 
     @property
-    def devices_per_node(self) -> int:
-        return NEURON_CORES_PER_INSTANCE[self.compute_instance_type]
+    def default_group(self) -> ComputeGroup:
+        """The first compute group: its partition is where jobs go unless a run config says otherwise."""
+        return self.compute_groups[0]
+
+    @property
+    def image_families(self) -> tuple[str, ...]:
+        """The training images this config needs: one per accelerator family among its groups."""
+        present = {group.accelerator for group in self.compute_groups}
+        needed = tuple(family for family in IMAGE_FAMILIES if family in present)
+        return needed or (CUDA,)  # CPU-only groups still run the steps in an image: the CUDA one runs on CPU
+
+    def image_family_of(self, group: ComputeGroup) -> str:
+        return group.accelerator if group.accelerator != NO_ACCELERATOR else self.image_families[0]
 
     @property
     def lifecycle_s3_uri(self) -> str:
@@ -188,21 +217,12 @@ RULES: dict[str, Rule] = {
     ),
     "login_instance_type": INSTANCE_TYPE,
     "login_instance_count": int_range(0, 8, " (0: no login group)"),
-    "compute_instance_type": one_of(*NEURON_CORES_PER_INSTANCE),
-    "compute_instance_count": int_range(1, 256),
-    "compute_threads_per_core": one_of(1, 2),
-    "compute_ebs_volume_gb": int_range(1, 16384),
     "fsx_storage_capacity_gib": Rule(
         lambda v: v == 1200 or (v > 0 and v % 2400 == 0),
         "1200 or a multiple of 2400 (FSx for Lustre PERSISTENT_2 SSD sizes)",
     ),
     "fsx_throughput_mibps_per_tib": one_of(125, 250, 500, 1000),
     "fsx_compression": one_of("LZ4", "NONE"),
-    "partition_name": Rule(
-        lambda v: v != "dev" and bool(re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,63}", v)),
-        "letters and digits, inner hyphens allowed, 64 at most, and not 'dev' (HyperPod "
-        "already puts every node in a partition of that name)",
-    ),
     "slurm_config_strategy": one_of("Managed", "Overwrite", "Merge"),
     "node_recovery": one_of("Automatic", "None"),
     "runtime": one_of("pyxis", "host"),
@@ -210,7 +230,17 @@ RULES: dict[str, Rule] = {
 }
 
 
+def _check_group_objects(groups: tuple) -> None:
+    """Groups built in code (not parsed from context) get the same checks."""
+    if not groups or not all(isinstance(group, ComputeGroup) for group in groups):
+        raise ConfigError.bad_value(COMPUTE_GROUPS_KEY, groups, "a non-empty tuple of ComputeGroup")
+    for index, group in enumerate(groups):
+        check_group(group, f"[{index}] ({group.name})")
+    check_groups(groups)
+
+
 def _check_combinations(config: HyperPodConfig) -> None:
+    check_training_plan_region(config.compute_groups, config.region)
     if not config.availability_zone.startswith(config.region):
         raise ConfigError.bad_value(
             "availability_zone",
@@ -223,13 +253,37 @@ def fsx_dir(folder: str) -> str:
     return f"{FSX_MOUNT_PATH}/{folder}"
 
 
-def cluster_facts(config: HyperPodConfig, *, image_uri: str) -> dict[str, str | int]:
-    """The cluster-facts.json contract: what every node exports as HPL_<KEY>."""
+def partition_facts(config: HyperPodConfig, group: ComputeGroup, image_uris: Mapping[str, str]) -> dict[str, Any]:
+    """What a node (and a job) on ``group``'s partition needs: accelerator, devices, EFA, image."""
+    return {
+        "group": group.name,
+        "partition": group.partition,
+        "instance_type": group.instance_type,
+        "count": group.count,
+        "accelerator": group.accelerator,
+        "devices_per_node": group.devices_per_node,
+        "efa_interfaces": group.efa_interfaces,
+        "image_uri": image_uris[config.image_family_of(group)],
+        "capacity": group.capacity,
+        "training_plan_arn": group.training_plan_arn,
+    }
+
+
+def cluster_facts(config: HyperPodConfig, *, image_uris: Mapping[str, str]) -> dict[str, Any]:
+    """The cluster-facts.json contract: what every node exports as HPL_<KEY>.
+
+    ``image_uris`` maps each of :attr:`HyperPodConfig.image_families` to its image. The flat
+    per-partition keys (partition, accelerator, devices_per_node, ...) describe the default
+    group; the lifecycle script replaces them with the node's own group on compute nodes.
+    ``partitions`` holds every partition's facts for submit.
+    """
+    partitions = {group.partition: partition_facts(config, group, image_uris) for group in config.compute_groups}
+    default = partitions[config.default_group.partition]
     return {
         "cluster_name": config.cluster_name,
         "region": config.region,
         "bucket": config.bucket_name,
-        "image_uri": image_uri,
+        "image_uri": default["image_uri"],
         "fsx_mount_path": FSX_MOUNT_PATH,
         "payloads_dir": fsx_dir(PAYLOADS_FOLDER),
         "datasets_dir": fsx_dir(DATASETS_FOLDER),
@@ -240,10 +294,15 @@ def cluster_facts(config: HyperPodConfig, *, image_uri: str) -> dict[str, str | 
         "scratch_dir": fsx_dir(SCRATCH_FOLDER),
         "controller_group": CONTROLLER_GROUP,
         "login_group": config.login_group,
-        "compute_group": COMPUTE_GROUP,
-        "partition": config.partition_name,
+        "compute_groups": ",".join(group.name for group in config.compute_groups),
+        "compute_group": default["group"],
+        "partition": default["partition"],
+        "default_partition": default["partition"],
         "default_user": DEFAULT_USER,
-        "devices_per_node": config.devices_per_node,
-        "compute_instance_type": config.compute_instance_type,
+        "accelerator": default["accelerator"],
+        "devices_per_node": default["devices_per_node"],
+        "efa_interfaces": default["efa_interfaces"],
+        "compute_instance_type": default["instance_type"],
         "runtime": config.runtime,
+        "partitions": partitions,
     }

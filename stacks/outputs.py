@@ -5,7 +5,7 @@ from __future__ import annotations
 from aws_cdk import CfnOutput, Fn, Stack
 
 from stacks.cluster import HyperPodCluster
-from stacks.config import COMPUTE_GROUP, CONTROLLER_GROUP, HyperPodConfig
+from stacks.config import CONTROLLER_GROUP, HyperPodConfig
 from stacks.storage import DataBucket, SharedFileSystem
 
 DEFAULT_RUN_CONFIG = "default"  # payloads/configs/default.toml
@@ -33,7 +33,10 @@ def add_outputs(
         "ImageUri": (image_uri, "Training image in ECR"),
         "Region": (config.region, "Region of the stack"),
         "ControllerGroup": (CONTROLLER_GROUP, "Slurm controller instance group"),
-        "ComputeGroup": (COMPUTE_GROUP, "Trainium compute instance group"),
+        "ComputeGroup": (
+            ",".join(group.name for group in config.compute_groups),
+            "Compute instance groups (one Slurm partition each)",
+        ),
         "ShellCommand": (
             Fn.join(
                 "",

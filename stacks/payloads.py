@@ -13,11 +13,17 @@ from aws_cdk import aws_s3_deployment as s3_deployment
 from constructs import Construct
 
 from stacks.config import PAYLOADS_FOLDER
-from stacks.image import DOCKERFILE
+from stacks.image import RECIPES
 from stacks.uploads import CACHE_EXCLUDES, deploy_to_prefix
 
 # Image-build inputs reach the nodes inside the image, tests never leave the repo.
-PAYLOAD_EXCLUDES = [*CACHE_EXCLUDES, "tests", DOCKERFILE, ".dockerignore", "image"]
+PAYLOAD_EXCLUDES = [
+    *CACHE_EXCLUDES,
+    "tests",
+    *(recipe.dockerfile for recipe in RECIPES.values()),
+    ".dockerignore",
+    "image",
+]
 
 
 class PayloadUpload(Construct):

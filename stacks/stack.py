@@ -7,16 +7,22 @@ from pathlib import Path
 from aws_cdk import Environment, Stack, Tags
 from constructs import Construct
 
+from stacks.accelerators import CUDA, NEURON
 from stacks.cluster import HyperPodCluster
 from stacks.config import HyperPodConfig, cluster_facts
 from stacks.iam import ClusterRole
-from stacks.image import TrainingImage
+from stacks.image import RECIPES, TrainingImage
 from stacks.lifecycle import LifecycleUpload
 from stacks.nag import acknowledge_cdk_providers
 from stacks.network import Network
 from stacks.outputs import add_outputs
 from stacks.payloads import PayloadUpload
 from stacks.storage import DataBucket, SharedFileSystem
+
+
+def stack_description(config: HyperPodConfig) -> str:
+    on = {(NEURON,): "Trainium", (CUDA,): "GPU", (NEURON, CUDA): "Trainium and GPU"}[config.image_families]
+    return f"SageMaker HyperPod Slurm cluster on {on} for Llama 3 LoRA fine-tuning"
 
 
 class HyperPodStack(Stack):
@@ -28,7 +34,7 @@ class HyperPodStack(Stack):
             construct_id,
             stack_name=config.stack_name,
             env=Environment(account=config.account, region=config.region),
-            description="SageMaker HyperPod Slurm cluster on Trainium for Llama 3 LoRA fine-tuning",
+            description=stack_description(config),
             analytics_reporting=False,
         )
         self.config = config
@@ -47,13 +53,20 @@ class HyperPodStack(Stack):
             throughput_mibps_per_tib=config.fsx_throughput_mibps_per_tib,
             compression=config.fsx_compression,
         )
-        self.image = TrainingImage(self, "TrainingImage", context_dir=source_root / "payloads")
+        self.images = {
+            family: TrainingImage(
+                self, RECIPES[family].construct_id, context_dir=source_root / "payloads", family=family
+            )
+            for family in config.image_families
+        }
+        image_uris = {family: image.image_uri for family, image in self.images.items()}
+        default_image = self.images[config.image_family_of(config.default_group)]
         self.role = ClusterRole(
             self,
             "ClusterRole",
             cluster_name=config.cluster_name,
             bucket=self.data.bucket,
-            image_repository=self.image.asset.repository,
+            image_repository=default_image.asset.repository,  # one CDK assets repository holds every image
             subnet=self.network.private_subnet,
             security_group=security_group.group,
         )
@@ -62,7 +75,7 @@ class HyperPodStack(Stack):
             "Lifecycle",
             source_dir=source_root / "lifecycle",
             bucket=self.data.bucket,
-            facts=cluster_facts(config, image_uri=self.image.image_uri),
+            facts=cluster_facts(config, image_uris=image_uris),
         )
         self.payloads = PayloadUpload(self, "Payloads", source_dir=source_root / "payloads", bucket=self.data.bucket)
         self.cluster = HyperPodCluster(
@@ -88,6 +101,6 @@ class HyperPodStack(Stack):
             cluster=self.cluster,
             data=self.data,
             file_system=self.file_system,
-            image_uri=self.image.image_uri,
+            image_uri=default_image.image_uri,
         )
         acknowledge_cdk_providers(self, destination=self.data.bucket)

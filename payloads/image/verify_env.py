@@ -1,16 +1,18 @@
-"""Build-time check of the training image (the last step of payloads/Dockerfile).
+"""Build-time check of a training image (the last step of payloads/Dockerfile and Dockerfile.cuda).
 
-It asserts that every pin of requirements-cluster.txt is installed at exactly its version and
-that the modules the pipeline steps import load, so a drifted or broken environment fails the
-image build instead of the first training job on the cluster. The versions are read from the
-requirements file itself; nothing here retypes them.
+It asserts that every pin of the image's requirements file is installed at exactly its version,
+that the modules the pipeline steps import load and, on the CUDA image, that the EFA plugin NCCL
+loads (aws-ofi-nccl) is present, so a drifted or broken environment fails the image build instead
+of the first training job on the cluster. The versions are read from the requirements file itself;
+nothing here retypes them.
 
-Usage: python3 verify_env.py REQUIREMENTS_FILE   (exit 0 ok, 1 check failed, 2 bad input)
+Usage: python3 verify_env.py [--family neuron|cuda] REQUIREMENTS_FILE   (exit 0 ok, 1 check failed, 2 bad input)
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import importlib
 import sys
 from importlib import metadata
@@ -22,7 +24,7 @@ from packaging.version import Version
 
 # (module, names it must export): what the pipeline steps import on the cluster. The training
 # model class is the one in optimum.neuron.models.training, not the inference class of that name.
-KEY_IMPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+NEURON_IMPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("torch_neuronx", ()),
     ("neuronx_distributed", ()),
     ("optimum.neuron", ("NeuronSFTTrainer", "NeuronSFTConfig", "NeuronTrainingArguments")),
@@ -30,6 +32,28 @@ KEY_IMPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("transformers", ()),
     ("trl", ()),
     ("peft", ()),
+)
+KEY_IMPORTS = NEURON_IMPORTS  # the Neuron image's set, under the name the Neuron tests use
+# The GPU lane: torchtitan (pretraining), torchao (float8), the fine-tuning stack and its levers.
+CUDA_IMPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("torch", ()),
+    ("torchao.float8", ()),
+    ("torchtitan", ()),
+    ("transformers", ()),
+    ("trl", ("SFTTrainer", "SFTConfig")),
+    ("peft", ("LoraConfig",)),
+    ("accelerate", ()),
+    ("bitsandbytes", ()),
+    ("liger_kernel.transformers", ()),
+)
+FAMILY_IMPORTS = {"neuron": NEURON_IMPORTS, "cuda": CUDA_IMPORTS}
+# NCCL reaches EFA through the aws-ofi-nccl plugin (libnccl-net*.so); AWS's images install it with
+# the EFA installer. Any one of these places will do.
+NCCL_EFA_PLUGIN_GLOBS = (
+    "/opt/amazon/ofi-nccl/lib*/libnccl-net*.so",
+    "/opt/aws-ofi-nccl/lib*/libnccl-net*.so",
+    "/usr/local/lib/libnccl-net*.so",
+    "/usr/lib/x86_64-linux-gnu/libnccl-net*.so",
 )
 
 
@@ -99,8 +123,19 @@ def import_problems(imports=KEY_IMPORTS) -> list[str]:
     return problems
 
 
+def file_problems(family: str, root: str = "/") -> list[str]:
+    """On the CUDA image: the NCCL EFA plugin must be installed (no GPU needed to see the file)."""
+    if family != "cuda":
+        return []
+    found = [path for pattern in NCCL_EFA_PLUGIN_GLOBS for path in glob.glob(root.rstrip("/") + pattern)]
+    if found:
+        return []
+    return ["NCCL EFA plugin (aws-ofi-nccl, libnccl-net*.so) not found in " + ", ".join(NCCL_EFA_PLUGIN_GLOBS)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", choices=sorted(FAMILY_IMPORTS), default="neuron", help="which image this is")
     parser.add_argument("requirements", type=Path, help="the pinned requirements file the image installed")
     args = parser.parse_args(argv)
     if not args.requirements.is_file():
@@ -111,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     except PinError as exc:
         print(f"error: {exc}")
         return 2
-    print(f"checking {len(pins)} pins from {args.requirements.name} and {len(KEY_IMPORTS)} key imports")
-    problems = version_problems(pins) + import_problems()
+    imports = FAMILY_IMPORTS[args.family]
+    print(f"checking {len(pins)} pins from {args.requirements.name} and {len(imports)} key imports ({args.family})")
+    problems = version_problems(pins) + import_problems(imports) + file_problems(args.family)
     for problem in problems:
         print(f"FAIL {problem}")
     if problems:

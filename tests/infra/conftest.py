@@ -111,13 +111,42 @@ def synth_variant(tmp_path_factory: pytest.TempPathFactory, source_root: Path) -
         source_root,
         retain_outputs="true",
         login_instance_count="1",
-        compute_instance_count="2",
+        compute_groups='[{"name": "compute", "instance_type": "ml.trn1n.32xlarge", "count": "2", "partition": "trn1"}]',
         region="us-east-1",
         availability_zone="us-east-1a",
-        compute_instance_type="ml.trn1n.32xlarge",
         fsx_storage_capacity_gib="2400",
         slurm_config_strategy="Overwrite",
     )
+
+
+# The two other configs the issue names, each with its own template snapshot, lint and cdk-nag run.
+GPU_ONLY_GROUPS = [
+    {"name": "gpu", "instance_type": "ml.p5.48xlarge", "count": 4, "partition": "p5", "capacity": "spot"}
+]
+MIXED_GROUPS = [
+    {"name": "trn", "instance_type": "ml.trn1.32xlarge", "count": 1, "partition": "trn1"},
+    {
+        "name": "gpu",
+        "instance_type": "ml.g5.12xlarge",
+        "count": 2,
+        "partition": "g5",
+        "training_plan_arn": "arn:aws:sagemaker:us-west-2:123456789012:training-plan/g5-reserved",
+        "deep_health_checks": ["InstanceStress", "InstanceConnectivity"],
+    },
+]
+NAMED_CONFIGS = {
+    "gpu-only": {"stack_name": "HyperPodGpuOnly", "compute_groups": json.dumps(GPU_ONLY_GROUPS)},
+    "mixed": {"stack_name": "HyperPodMixed", "compute_groups": MIXED_GROUPS},
+}
+
+
+@pytest.fixture(scope="session")
+def named_synths(tmp_path_factory: pytest.TempPathFactory, source_root: Path) -> dict[str, Synth]:
+    """The GPU-only (4 x p5, spot, as `-c` JSON text) and mixed (trn1 + g5 on a training plan) apps."""
+    return {
+        name: synthesize(tmp_path_factory.mktemp(f"cdk.out.{name}"), source_root, **overrides)
+        for name, overrides in NAMED_CONFIGS.items()
+    }
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,10 @@ import sys
 
 import pytest
 
+from stacks.accelerators import INSTANCE_TYPES
 from stacks.build import REPO_ROOT
-from stacks.config import NEURON_CORES_PER_INSTANCE, OFFLINE_ACCOUNT, ConfigError, HyperPodConfig, cluster_facts
+from stacks.compute_groups import parse_compute_groups
+from stacks.config import OFFLINE_ACCOUNT, ConfigError, HyperPodConfig, cluster_facts
 
 pytestmark = pytest.mark.xdist_group("infra")
 
@@ -32,13 +34,31 @@ FACT_KEYS = {
     "scratch_dir",
     "controller_group",
     "login_group",
+    "compute_groups",
     "compute_group",
     "partition",
+    "default_partition",
     "default_user",
+    "accelerator",
     "devices_per_node",
+    "efa_interfaces",
     "compute_instance_type",
     "runtime",
+    "partitions",
 }
+PARTITION_KEYS = {
+    "group",
+    "partition",
+    "instance_type",
+    "count",
+    "accelerator",
+    "devices_per_node",
+    "efa_interfaces",
+    "image_uri",
+    "capacity",
+    "training_plan_arn",
+}
+IMAGES = {"neuron": "123456789012.dkr.ecr.us-west-2.amazonaws.com/repo:neuron", "cuda": "repo:cuda"}
 
 
 def parse(**context: object) -> HyperPodConfig:
@@ -50,6 +70,7 @@ def test_cdk_json_sets_every_knob_to_the_dataclass_default():
     ours = {key: value for key, value in CDK_JSON.items() if key in known}
     assert sorted(ours) == sorted(known), "every config key is documented in cdk.json"
     defaults = {field.name: field.default for field in dataclasses.fields(HyperPodConfig)}
+    ours["compute_groups"] = parse_compute_groups(ours["compute_groups"])
     assert ours == defaults
 
 
@@ -60,8 +81,14 @@ def test_cdk_json_turns_template_schema_findings_into_synth_errors():
 def test_defaults_reproduce_the_blog_setup():
     config = HyperPodConfig.from_context(CDK_JSON, environ={})
     assert (config.controller_instance_type, config.controller_instance_count) == ("ml.c5.xlarge", 1)
-    assert (config.compute_instance_type, config.compute_instance_count) == ("ml.trn1.32xlarge", 1)
-    assert config.compute_threads_per_core == 1
+    (compute,) = config.compute_groups
+    assert (compute.name, compute.instance_type, compute.count, compute.partition) == (
+        "compute",
+        "ml.trn1.32xlarge",
+        1,
+        "trn1",
+    )
+    assert (compute.threads_per_core, compute.capacity, compute.training_plan_arn) == (1, "on-demand", "")
     assert (config.fsx_storage_capacity_gib, config.fsx_compression) == (1200, "LZ4")
     assert config.retain_outputs is False
     assert config.availability_zone.startswith(config.region)
@@ -84,8 +111,8 @@ def test_booleans_from_the_command_line(raw, expected):
 
 
 def test_integers_and_strings_from_the_command_line():
-    config = parse(compute_instance_count="4", fsx_storage_capacity_gib=" 4800 ", account=123456789012)
-    assert (config.compute_instance_count, config.fsx_storage_capacity_gib) == (4, 4800)
+    config = parse(login_instance_count="4", fsx_storage_capacity_gib=" 4800 ", account=123456789012)
+    assert (config.login_instance_count, config.fsx_storage_capacity_gib) == (4, 4800)
     assert config.account == "123456789012"
 
 
@@ -95,11 +122,6 @@ BAD_VALUES = [
     ("fsx_storage_capacity_gib", "3600", "multiple of 2400"),
     ("fsx_throughput_mibps_per_tib", "200", "125, 250, 500, 1000"),
     ("fsx_compression", "GZIP", "LZ4, NONE"),
-    ("compute_instance_type", "ml.p4d.24xlarge", "ml.trn1.32xlarge"),
-    ("compute_instance_count", "0", "from 1 to 256"),
-    ("compute_instance_count", "two", "an integer"),
-    ("compute_threads_per_core", "3", "one of 1, 2"),
-    ("compute_ebs_volume_gb", "0", "from 1 to 16384"),
     ("controller_instance_count", "2", "exactly one"),
     ("controller_instance_type", "c5.xlarge", "ml.c5.xlarge"),
     ("login_instance_count", "-1", "0: no login group"),
@@ -111,8 +133,6 @@ BAD_VALUES = [
     ("account", "12345", "12-digit"),
     ("name_prefix", "HyperPod_Lora", "lowercase"),
     ("name_prefix", "this-prefix-is-far-too-long", "3 to 20"),
-    ("partition_name", "dev", "not 'dev'"),
-    ("partition_name", "trn_1", "letters and digits"),
     ("slurm_config_strategy", "managed", "Managed, Overwrite, Merge"),
     ("node_recovery", "Off", "Automatic, None"),
     ("runtime", "docker", "pyxis, host"),
@@ -135,10 +155,15 @@ def test_bad_value_names_key_value_and_what_is_allowed(key, value, allowed):
 def test_unknown_key_is_a_typo_with_a_suggestion():
     with pytest.raises(
         ConfigError,
-        match=r"unknown config key 'compute_instance_typ' \(did you mean "
-        r"'compute_instance_type'\?\)",
+        match=r"unknown config key 'compute_group' \(did you mean 'compute_groups'\?\)",
     ):
-        parse(compute_instance_typ="ml.trn1.2xlarge")
+        parse(compute_group="[]")
+
+
+@pytest.mark.parametrize("key", ["compute_instance_type", "compute_instance_count", "partition_name"])
+def test_retired_single_group_keys_point_to_compute_groups(key):
+    with pytest.raises(ConfigError, match=f"'{key}' was replaced by 'compute_groups'"):
+        parse(**{key: "1"})
 
 
 def test_cdk_feature_flags_and_lookups_are_not_config_keys():
@@ -147,27 +172,60 @@ def test_cdk_feature_flags_and_lookups_are_not_config_keys():
 
 
 def test_direct_construction_is_validated_too():
-    with pytest.raises(ConfigError, match="'compute_instance_count' has value '2'; allowed: a value of type int"):
-        HyperPodConfig(compute_instance_count="2")
+    with pytest.raises(ConfigError, match="'login_instance_count' has value '2'; allowed: a value of type int"):
+        HyperPodConfig(login_instance_count="2")
 
 
 def test_cluster_facts_follow_the_contract():
-    config = parse(compute_instance_type="ml.trn1.2xlarge", login_instance_count="1", runtime="host")
-    facts = cluster_facts(config, image_uri="123456789012.dkr.ecr.us-west-2.amazonaws.com/repo:tag")
+    config = parse(login_instance_count="1", runtime="host")
+    facts = cluster_facts(config, image_uris=IMAGES)
     assert set(facts) == FACT_KEYS
-    assert facts["devices_per_node"] == 2 and isinstance(facts["devices_per_node"], int)
+    assert facts["devices_per_node"] == 32 and isinstance(facts["devices_per_node"], int)
+    assert (facts["accelerator"], facts["efa_interfaces"]) == ("neuron", 8)
     assert facts["login_group"] == "login" and facts["runtime"] == "host"
+    assert facts["image_uri"] == IMAGES["neuron"]
     paths = {key: value for key, value in facts.items() if key.endswith("_dir")}
     assert all(value.startswith(facts["fsx_mount_path"] + "/") for value in paths.values())
     assert facts["payloads_dir"] == "/fsx/payloads" and facts["outputs_dir"] == "/fsx/outputs"
-    assert all(isinstance(value, str) for key, value in facts.items() if key != "devices_per_node")
+    scalars = {key: value for key, value in facts.items() if key != "partitions"}
+    assert all(isinstance(v, str) for k, v in scalars.items() if k not in ("devices_per_node", "efa_interfaces"))
+    assert list(facts["partitions"]) == ["trn1"] and set(facts["partitions"]["trn1"]) == PARTITION_KEYS
 
 
-def test_devices_per_instance_type():
-    assert NEURON_CORES_PER_INSTANCE["ml.trn1.32xlarge"] == 32
-    assert NEURON_CORES_PER_INSTANCE["ml.trn1n.32xlarge"] == 32
-    assert NEURON_CORES_PER_INSTANCE["ml.trn1.2xlarge"] == 2
-    assert parse().devices_per_node == 32
+def test_cluster_facts_describe_every_partition_of_a_mixed_cluster():
+    groups = [
+        {"name": "trn", "instance_type": "ml.trn1.32xlarge", "partition": "trn1", "count": 2},
+        {"name": "gpu", "instance_type": "ml.g5.48xlarge", "partition": "g5", "count": 0, "capacity": "spot"},
+        {"name": "cpu", "instance_type": "ml.c5.4xlarge", "partition": "cpu"},
+    ]
+    config = parse(compute_groups=json.dumps(groups))
+    assert config.image_families == ("neuron", "cuda")
+    facts = cluster_facts(config, image_uris=IMAGES)
+    assert (facts["compute_groups"], facts["default_partition"], facts["compute_group"]) == (
+        "trn,gpu,cpu",
+        "trn1",
+        "trn",
+    )
+    g5 = facts["partitions"]["g5"]
+    assert (g5["accelerator"], g5["devices_per_node"], g5["efa_interfaces"], g5["image_uri"]) == (
+        "cuda",
+        8,
+        1,
+        IMAGES["cuda"],
+    )
+    assert (g5["count"], g5["capacity"]) == (0, "spot")
+    # A CPU-only group runs in the first image the config builds.
+    assert facts["partitions"]["cpu"]["image_uri"] == IMAGES["neuron"]
+    assert (facts["partitions"]["cpu"]["accelerator"], facts["partitions"]["cpu"]["devices_per_node"]) == ("none", 0)
+
+
+def test_accelerator_table_rows():
+    assert (INSTANCE_TYPES["ml.trn1.32xlarge"].devices, INSTANCE_TYPES["ml.trn1.32xlarge"].efa_interfaces) == (32, 8)
+    assert (INSTANCE_TYPES["ml.p5.48xlarge"].accelerator, INSTANCE_TYPES["ml.p5.48xlarge"].devices) == ("cuda", 8)
+    assert INSTANCE_TYPES["ml.p5.48xlarge"].efa_interfaces == 32
+    assert INSTANCE_TYPES["ml.g5.12xlarge"].devices == 4
+    assert INSTANCE_TYPES["ml.c5.xlarge"].accelerator == "none"
+    assert "ml.trn1.2xlarge" not in INSTANCE_TYPES  # HyperPod does not offer it
     assert parse(login_instance_count="0").login_group == ""
 
 

@@ -24,6 +24,19 @@ def test_cfn_lint_finds_nothing(synth, region):
     assert [f"{m.rule.id} {m.message} {m.path}" for m in matches] == []
 
 
+@pytest.mark.parametrize("name", ["gpu-only", "mixed"])
+def test_cfn_lint_finds_nothing_in_the_gpu_configs(named_synths, name):
+    matches = lint_template(template_path(named_synths[name]), ["us-west-2"])
+    assert [f"{m.rule.id} {m.message} {m.path}" for m in matches] == []
+
+
+@pytest.mark.parametrize("name", ["gpu-only", "mixed"])
+def test_cdk_nag_passes_the_gpu_configs(named_synths, name):
+    report = nag_report(named_synths[name])
+    assert report["conclusion"] == "success"
+    assert report["violations"] == []
+
+
 def test_cfn_lint_catches_a_broken_cluster(synth, tmp_path):
     """The lint is live: an unknown instance type and recovery mode must be reported as errors."""
     template = json.loads(json.dumps(synth.template))

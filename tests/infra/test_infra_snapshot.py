@@ -30,7 +30,7 @@ def test_normalising_replaces_only_asset_hashes():
     assert json.loads(normalised(template)) == {"Key": "<asset-hash>.zip", "Id": "DataBucketE6B0FAA8"}
 
 
-def test_template_snapshot(synth, request):
+def check_snapshot(synth, request) -> None:
     snapshot = SNAPSHOTS / f"{synth.config.stack_name}.template.json"
     current = normalised(synth.template)
     if request.config.getoption("--snapshot-update", default=False):
@@ -43,3 +43,13 @@ def test_template_snapshot(synth, request):
         diff = difflib.unified_diff(expected.splitlines(), current.splitlines(), "snapshot", "synth", lineterm="", n=2)
         shown = "\n".join(list(diff)[:80])
         pytest.fail(f"the template differs from {snapshot.name}; if intended run `make snapshot-update`:\n{shown}")
+
+
+def test_template_snapshot(synth, request):
+    check_snapshot(synth, request)
+
+
+@pytest.mark.parametrize("name", ["gpu-only", "mixed"])
+def test_gpu_config_template_snapshots(named_synths, name, request):
+    """GPU-only (4 x p5 spot) and mixed (trn1 + g5 on a training plan): one snapshot each."""
+    check_snapshot(named_synths[name], request)

@@ -186,9 +186,12 @@ def test_cluster_is_api_driven_slurm_with_controller_and_trainium_compute(synth)
     controller, compute = groups[CONTROLLER_GROUP], groups[COMPUTE_GROUP]
     assert controller["SlurmConfig"] == {"NodeType": "Controller"}
     assert (controller["InstanceType"], controller["InstanceCount"]) == ("ml.c5.xlarge", 1)
-    assert compute["SlurmConfig"] == {"NodeType": "Compute", "PartitionNames": [config.partition_name]}
+    (default,) = config.compute_groups
+    assert compute["SlurmConfig"] == {"NodeType": "Compute", "PartitionNames": [default.partition]}
     assert (compute["InstanceType"], compute["InstanceCount"], compute["ThreadsPerCore"]) == ("ml.trn1.32xlarge", 1, 1)
-    assert {"EbsVolumeConfig": {"VolumeSizeInGB": config.compute_ebs_volume_gb}} in compute["InstanceStorageConfigs"]
+    assert {"EbsVolumeConfig": {"VolumeSizeInGB": default.ebs_volume_gb}} in compute["InstanceStorageConfigs"]
+    # On-demand, no plan, no deep health checks: the properties stay out of the default template.
+    assert not {"CapacityRequirements", "TrainingPlanArn", "OnStartDeepHealthChecks"} & set(compute)
     fs_id, _ = synth.one("AWS::FSx::FileSystem")
     fsx = {
         "FsxLustreConfig": {
@@ -246,3 +249,48 @@ def test_outputs_have_the_contract_ids_and_next_commands(synth):
     assert "hpctl shell" in shell and "aws ssm start-session" in shell and "sagemaker-cluster:" in shell
     assert f"_{CONTROLLER_GROUP}-<instance-id>" in shell
     assert outputs["SubmitCommand"]["Value"].startswith("hpctl submit ")
+
+
+def instance_groups(synth) -> dict[str, dict]:
+    _, cluster = synth.one("AWS::SageMaker::Cluster")
+    return {g["InstanceGroupName"]: g for g in cluster["Properties"]["InstanceGroups"]}
+
+
+def test_gpu_only_config_is_four_spot_p5_nodes_with_only_the_cuda_image(named_synths):
+    synth = named_synths["gpu-only"]
+    groups = instance_groups(synth)
+    assert list(groups) == [CONTROLLER_GROUP, "gpu"]
+    gpu = groups["gpu"]
+    assert (gpu["InstanceType"], gpu["InstanceCount"], gpu["SlurmConfig"]["PartitionNames"]) == (
+        "ml.p5.48xlarge",
+        4,
+        ["p5"],
+    )
+    assert gpu["CapacityRequirements"] == {"Spot": {}}
+    assert "TrainingPlanArn" not in gpu
+    (image,) = synth.assets_manifest()["dockerImages"].values()
+    assert image["source"]["dockerFile"] == "Dockerfile.cuda"
+    staged = synth.outdir / image["source"]["directory"]
+    assert sorted(p.name for p in staged.iterdir()) == [
+        ".dockerignore",
+        "Dockerfile.cuda",
+        "image",
+        "requirements-gpu.txt",
+    ]
+    assert synth.template["Outputs"]["ComputeGroup"]["Value"] == "gpu"
+    assert "on GPU" in synth.template["Description"]
+
+
+def test_mixed_config_has_both_groups_both_images_and_the_training_plan(named_synths):
+    synth = named_synths["mixed"]
+    groups = instance_groups(synth)
+    assert list(groups) == [CONTROLLER_GROUP, "trn", "gpu"]
+    trn, gpu = groups["trn"], groups["gpu"]
+    assert (trn["InstanceType"], trn["SlurmConfig"]["PartitionNames"]) == ("ml.trn1.32xlarge", ["trn1"])
+    assert not {"CapacityRequirements", "TrainingPlanArn"} & set(trn)
+    assert gpu["TrainingPlanArn"] == "arn:aws:sagemaker:us-west-2:123456789012:training-plan/g5-reserved"
+    assert "CapacityRequirements" not in gpu  # the plan's reserved capacity
+    assert gpu["OnStartDeepHealthChecks"] == ["InstanceStress", "InstanceConnectivity"]
+    dockerfiles = sorted(i["source"]["dockerFile"] for i in synth.assets_manifest()["dockerImages"].values())
+    assert dockerfiles == ["Dockerfile", "Dockerfile.cuda"]
+    assert synth.template["Outputs"]["ComputeGroup"]["Value"] == "trn,gpu"

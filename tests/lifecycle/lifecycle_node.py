@@ -34,23 +34,72 @@ FACTS = {
     "scratch_dir": "/fsx/scratch",
     "controller_group": "controller",
     "login_group": "login",
+    "compute_groups": "trn1,gpu",
     "compute_group": "trn1",
     "partition": "trn1",
+    "default_partition": "trn1",
     "default_user": "ubuntu",
+    "accelerator": "neuron",
     "devices_per_node": 32,
+    "efa_interfaces": 8,
     "compute_instance_type": "ml.trn1.32xlarge",
     "runtime": "pyxis",
+    "partitions": {
+        "trn1": {
+            "group": "trn1",
+            "partition": "trn1",
+            "instance_type": "ml.trn1.32xlarge",
+            "count": 4,
+            "accelerator": "neuron",
+            "devices_per_node": 32,
+            "efa_interfaces": 8,
+            "image_uri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/lora:abc123",
+            "capacity": "on-demand",
+            "training_plan_arn": "",
+        },
+        "p5": {
+            "group": "gpu",
+            "partition": "p5",
+            "instance_type": "ml.p5.48xlarge",
+            "count": 2,
+            "accelerator": "cuda",
+            "devices_per_node": 8,
+            "efa_interfaces": 32,
+            "image_uri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/lora:cuda456",
+            "capacity": "spot",
+            "training_plan_arn": "",
+        },
+    },
 }
+
+FLAT_NAMES = {"group": "compute_group", "instance_type": "compute_instance_type"}
+
+
+def expected_profile(group: str = "") -> dict[str, str]:
+    """HPL_* a node of `group` exports: the scalar facts, its own partition's facts on a compute node."""
+    facts = {key: value for key, value in FACTS.items() if key != "partitions"}
+    for partition in FACTS["partitions"].values():
+        if partition["group"] == group:
+            facts.update({FLAT_NAMES.get(k, k): v for k, v in partition.items() if k != "count"})
+    return {f"HPL_{key.upper()}": str(value) for key, value in facts.items()}
+
 
 # Group -> [(instance name, customer IP)], shaped like a cluster with a login group and 4 workers.
 CLUSTER = {
     "controller": [("controller-1", "10.1.0.10")],
     "login": [("login-1", "10.1.0.20")],
     "trn1": [(f"trn1-{i}", f"10.1.1.{i}") for i in range(1, 5)],
+    "gpu": [(f"gpu-{i}", f"10.1.2.{i}") for i in range(1, 3)],
 }
 CONTROLLER_IP, LOGIN_IP = "10.1.0.10", "10.1.0.20"
 COMPUTE_IPS = [ip for _, ip in CLUSTER["trn1"]]
-INSTANCE_TYPES = {"controller": "ml.m5.xlarge", "login": "ml.m5.xlarge", "trn1": "ml.trn1.32xlarge"}
+GPU_IPS = [ip for _, ip in CLUSTER["gpu"]]
+INSTANCE_TYPES = {
+    "controller": "ml.m5.xlarge",
+    "login": "ml.m5.xlarge",
+    "trn1": "ml.trn1.32xlarge",
+    "gpu": "ml.p5.48xlarge",
+}
 
 RECORDERS = {
     "hostname": 'if [[ "${1:-}" == -I ]]; then echo "$FAKE_NODE_IPS "; else echo ip-fake-node; fi',

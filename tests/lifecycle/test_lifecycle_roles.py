@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from lifecycle_node import COMPUTE_IPS, CONTROLLER_IP, FACTS, LOGIN_IP, USER_ID, FakeNode
+from lifecycle_node import COMPUTE_IPS, CONTROLLER_IP, LOGIN_IP, USER_ID, FakeNode, expected_profile
 
 LAYOUT = ["outputs", "outputs/logs", "models", "neuron-cache", "images", "scratch"]
 PROFILE = "etc/profile.d/hyperpod-lora.sh"
@@ -20,9 +20,9 @@ def profile_environment(node: FakeNode) -> dict[str, str]:
     return dict(line.split("=", 1) for line in shell.stdout.splitlines() if line.startswith("HPL_"))
 
 
-def assert_common_setup(node: FakeNode, run) -> None:
+def assert_common_setup(node: FakeNode, run, group: str = "") -> None:
     assert run.returncode == 0, run.stderr
-    assert profile_environment(node) == {f"HPL_{key.upper()}": str(value) for key, value in FACTS.items()}
+    assert profile_environment(node) == expected_profile(group)
     for name in LAYOUT:
         info = (node.fsx / name).stat()
         assert (info.st_uid, info.st_gid) == (USER_ID, USER_ID), name
@@ -53,7 +53,7 @@ def test_login_node_gets_motd_naming_its_role(node: FakeNode) -> None:
 def test_compute_checks_neuron_and_unrestricts_enroot_dev(compute_node: FakeNode) -> None:
     run = compute_node.run(f"{COMPUTE_IPS[2]} 172.17.0.1")
 
-    assert_common_setup(compute_node, run)
+    assert_common_setup(compute_node, run, "trn1")
     assert "instance trn1-3, group trn1, role Compute" in run.stdout
     assert "16 Neuron devices" in run.stdout and "neuron-ls: NEURON DEVICES: 16" in run.stdout
     assert run.called("neuron-ls") == ["neuron-ls "]

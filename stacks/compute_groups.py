@@ -1,0 +1,206 @@
+"""Compute groups: the `compute_groups` context list, one HyperPod instance group and Slurm partition each.
+
+In cdk.json it is a JSON list of objects; on the command line ``-c compute_groups='[{...}]'``
+passes the same list as a JSON string. Every error names the group and the key, e.g.
+``compute_groups[1] (gpu).capacity``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from stacks.accelerators import INSTANCE_TYPES, instance_facts
+from stacks.validation import ConfigError, coerce
+
+CONTEXT_KEY = "compute_groups"
+ON_DEMAND, SPOT = "on-demand", "spot"
+DEEP_HEALTH_CHECKS = ("InstanceStress", "InstanceConnectivity")  # AWS::SageMaker::Cluster DeepHealthCheckType
+# HyperPod's Slurm partition names (and instance group names) follow this pattern; "dev" is taken.
+NAME_PATTERN = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
+TRAINING_PLAN_ARN = re.compile(r"arn:aws[a-z-]*:sagemaker:([a-z0-9-]+):(\d{12}):training-plan/[A-Za-z0-9-]+")
+RESERVED_GROUP_NAMES = ("controller", "login")  # the controller and login groups use these
+MAX_COUNT = 256
+EXAMPLE = '[{"name": "gpu", "instance_type": "ml.g5.12xlarge", "partition": "g5"}]'
+
+
+def _describe(text: str) -> dict[str, str]:
+    return {"description": text}
+
+
+@dataclass(frozen=True)
+class ComputeGroup:
+    """One compute instance group of the cluster; it is also one Slurm partition."""
+
+    name: str = field(metadata=_describe("instance group name (SSM targets and log streams use it)"))
+    instance_type: str = field(metadata=_describe("a type from stacks/accelerators.py, e.g. ml.p5.48xlarge"))
+    partition: str = field(metadata=_describe("the Slurm partition of this group's nodes"))
+    count: int = field(default=1, metadata=_describe("nodes; 0 keeps the group (and partition) with no nodes"))
+    capacity: str = field(default=ON_DEMAND, metadata=_describe("on-demand or spot (HyperPod CapacityRequirements)"))
+    training_plan_arn: str = field(
+        default="", metadata=_describe("a SageMaker training plan to run this group on (reserved capacity)")
+    )
+    ebs_volume_gb: int = field(default=500, metadata=_describe("extra EBS volume per node, mounted at /opt/sagemaker"))
+    threads_per_core: int = field(default=1, metadata=_describe("1 (no hyper-threading) or 2"))
+    deep_health_checks: tuple[str, ...] = field(
+        default=(), metadata=_describe("OnStartDeepHealthChecks: InstanceStress, InstanceConnectivity")
+    )
+
+    @property
+    def accelerator(self) -> str:
+        return instance_facts(self.instance_type).accelerator
+
+    @property
+    def devices_per_node(self) -> int:
+        return instance_facts(self.instance_type).devices
+
+    @property
+    def efa_interfaces(self) -> int:
+        return instance_facts(self.instance_type).efa_interfaces
+
+
+DEFAULT_COMPUTE_GROUPS = (ComputeGroup(name="compute", instance_type="ml.trn1.32xlarge", partition="trn1", count=1),)
+GROUP_KEYS = tuple(f.name for f in dataclasses.fields(ComputeGroup))
+REQUIRED_KEYS = ("name", "instance_type", "partition")
+
+
+class GroupError(ConfigError):
+    """A bad compute group; the message names the group and the key."""
+
+    @classmethod
+    def at(cls, where: str, key: str, value: Any, allowed: str) -> GroupError:
+        return cls(
+            f"config key '{CONTEXT_KEY}' group {where}, key '{key}' has value {value!r}; allowed: {allowed}. "
+            f"Fix it in cdk.json (context) or pass -c {CONTEXT_KEY}='<JSON list>'."
+        )
+
+
+def parse_compute_groups(raw: Any) -> tuple[ComputeGroup, ...]:
+    """Context value (a list, or its JSON text from ``-c``) -> validated groups."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise ConfigError(
+                f"config key '{CONTEXT_KEY}' is not valid JSON ({error.msg} at column {error.colno}); pass a list "
+                f"such as -c {CONTEXT_KEY}='{EXAMPLE}'"
+            ) from None
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError.bad_value(CONTEXT_KEY, raw, "a non-empty list of group objects (see README, Compute groups)")
+    groups = tuple(_parse_group(index, item) for index, item in enumerate(raw))
+    check_groups(groups)
+    return groups
+
+
+def _parse_group(index: int, item: Any) -> ComputeGroup:
+    name = item.get("name") if isinstance(item, dict) else None
+    where = f"[{index}]" + (f" ({name})" if isinstance(name, str) and name else "")
+    if not isinstance(item, dict):
+        raise GroupError.at(where, "-", item, "an object with name, instance_type, partition, ...")
+    for key in item:
+        if key not in GROUP_KEYS:
+            close = difflib.get_close_matches(key, GROUP_KEYS, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            known = ", ".join(GROUP_KEYS)
+            raise GroupError(
+                f"config key '{CONTEXT_KEY}' group {where}: unknown key '{key}'{hint}; known keys: {known}."
+            )
+    missing = [key for key in REQUIRED_KEYS if key not in item]
+    if missing:
+        raise GroupError(f"config key '{CONTEXT_KEY}' group {where} lacks {', '.join(missing)}: every group names them")
+    defaults = {f.name: f.default for f in dataclasses.fields(ComputeGroup)}
+    values: dict[str, Any] = {}
+    for key, value in item.items():
+        if key == "deep_health_checks":
+            values[key] = _health_checks(where, value)
+        else:
+            default = defaults[key] if defaults[key] is not dataclasses.MISSING else ""
+            try:
+                values[key] = coerce(key, value, default)
+            except ConfigError:
+                kind = "an integer" if isinstance(default, int) else "a string"
+                raise GroupError.at(where, key, value, kind) from None
+    group = ComputeGroup(**values)
+    check_group(group, where)
+    return group
+
+
+def _health_checks(where: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, list) or any(check not in DEEP_HEALTH_CHECKS for check in value):
+        raise GroupError.at(where, "deep_health_checks", value, f"a list drawn from {', '.join(DEEP_HEALTH_CHECKS)}")
+    if len(set(value)) != len(value):
+        raise GroupError.at(where, "deep_health_checks", value, "each check at most once")
+    return tuple(value)
+
+
+def check_group(group: ComputeGroup, where: str) -> None:
+    """Checks on one group; `where` says which (index and name) in every message."""
+
+    def bad(key: str, allowed: str) -> GroupError:
+        return GroupError.at(where, key, getattr(group, key), allowed)
+
+    if not NAME_PATTERN.fullmatch(group.name) or group.name in RESERVED_GROUP_NAMES:
+        raise bad("name", "letters and digits, inner hyphens, 63 at most, not controller or login")
+    if group.instance_type not in INSTANCE_TYPES:
+        raise bad("instance_type", "one of " + ", ".join(INSTANCE_TYPES) + " (the table in stacks/accelerators.py)")
+    if not NAME_PATTERN.fullmatch(group.partition) or group.partition == "dev":
+        raise bad(
+            "partition",
+            "letters and digits, inner hyphens allowed, 63 at most, and not 'dev' (HyperPod already puts every "
+            "node in a partition of that name)",
+        )
+    if not 0 <= group.count <= MAX_COUNT:
+        raise bad("count", f"an integer from 0 to {MAX_COUNT} (0 keeps the group with no nodes)")
+    if group.capacity not in (ON_DEMAND, SPOT):
+        raise bad("capacity", f"{ON_DEMAND} or {SPOT}")
+    if group.training_plan_arn:
+        if not TRAINING_PLAN_ARN.fullmatch(group.training_plan_arn):
+            raise bad("training_plan_arn", "arn:aws:sagemaker:<region>:<account>:training-plan/<name>, or empty")
+        if group.capacity == SPOT:
+            # A training plan is reserved capacity paid up front; Spot is EC2's spare pool. HyperPod's
+            # API and schema document no way to combine them, so the group must say which it runs on.
+            raise bad("capacity", f"{ON_DEMAND} when training_plan_arn is set (the plan's reserved capacity is used)")
+    if not 1 <= group.ebs_volume_gb <= 16384:
+        raise bad("ebs_volume_gb", "an integer from 1 to 16384")
+    if group.threads_per_core not in (1, 2):
+        raise bad("threads_per_core", "1 or 2")
+    if group.deep_health_checks and not instance_facts(group.instance_type).accelerated:
+        raise bad(
+            "deep_health_checks",
+            f"none on {group.instance_type}: HyperPod runs deep health checks on GPU and Trainium instances only",
+        )
+
+
+def check_groups(groups: tuple[ComputeGroup, ...]) -> None:
+    """Checks across groups: names and partitions are unique."""
+    for key in ("name", "partition"):
+        seen: dict[str, int] = {}
+        for index, group in enumerate(groups):
+            value = getattr(group, key)
+            if value in seen:
+                raise GroupError.at(
+                    f"[{index}] ({group.name})",
+                    key,
+                    value,
+                    f"a {key} no other group uses (group [{seen[value]}] already has it)",
+                )
+            seen[value] = index
+
+
+def check_training_plan_region(groups: tuple[ComputeGroup, ...], region: str) -> None:
+    """A training plan reserves capacity in one region: the stack's."""
+    for index, group in enumerate(groups):
+        match = TRAINING_PLAN_ARN.fullmatch(group.training_plan_arn) if group.training_plan_arn else None
+        if match and match.group(1) != region:
+            raise GroupError.at(
+                f"[{index}] ({group.name})",
+                "training_plan_arn",
+                group.training_plan_arn,
+                f"a plan in the stack's region {region} (this one is in {match.group(1)})",
+            )

@@ -1,0 +1,115 @@
+"""The compute_groups list: parsing from cdk.json and `-c` JSON, and errors naming group and key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stacks.compute_groups import ComputeGroup
+from stacks.config import ConfigError, HyperPodConfig
+
+pytestmark = pytest.mark.xdist_group("infra")
+
+PLAN = "arn:aws:sagemaker:us-west-2:123456789012:training-plan/p5-reserved"
+TRN = {"name": "trn", "instance_type": "ml.trn1.32xlarge", "partition": "trn1"}
+GPU = {"name": "gpu", "instance_type": "ml.p5.48xlarge", "partition": "p5", "count": 4, "capacity": "spot"}
+
+
+def parse(groups: object, **context: object) -> HyperPodConfig:
+    return HyperPodConfig.from_context({"compute_groups": groups, **context}, environ={})
+
+
+def test_a_list_and_its_json_text_parse_to_the_same_groups():
+    as_list = parse([TRN, GPU])
+    assert as_list == parse(json.dumps([TRN, GPU]))
+    assert [g.name for g in as_list.compute_groups] == ["trn", "gpu"]
+    gpu = as_list.compute_groups[1]
+    assert (gpu.count, gpu.capacity, gpu.accelerator, gpu.devices_per_node, gpu.efa_interfaces) == (
+        4,
+        "spot",
+        "cuda",
+        8,
+        32,
+    )
+
+
+def test_values_given_as_strings_are_coerced_and_defaults_fill_in():
+    (group,) = parse(
+        [{**TRN, "count": "0", "ebs_volume_gb": "100", "deep_health_checks": "InstanceStress"}]
+    ).compute_groups
+    assert group == ComputeGroup(
+        name="trn",
+        instance_type="ml.trn1.32xlarge",
+        partition="trn1",
+        count=0,
+        ebs_volume_gb=100,
+        deep_health_checks=("InstanceStress",),
+    )
+
+
+def test_only_needed_image_families():
+    assert parse([TRN]).image_families == ("neuron",)
+    assert parse([GPU]).image_families == ("cuda",)
+    assert parse([GPU, TRN]).image_families == ("neuron", "cuda")
+    assert parse([{"name": "cpu", "instance_type": "ml.c5.xlarge", "partition": "cpu"}]).image_families == ("cuda",)
+
+
+# (groups, words the message must contain: where, which key, what is allowed)
+BAD = [
+    ([{**TRN, "instance_type": "ml.trn1.2xlarge"}], ["[0] (trn)", "'instance_type'", "ml.trn1.32xlarge"]),
+    ([{**TRN, "instance_type": "ml.p3.2xlarge"}], ["'instance_type'", "stacks/accelerators.py"]),
+    ([TRN, {**GPU, "name": "trn"}], ["[1] (trn)", "'name'", "group [0] already has it"]),
+    ([TRN, {**GPU, "partition": "trn1"}], ["[1] (gpu)", "'partition'", "group [0] already has it"]),
+    ([{**GPU, "training_plan_arn": PLAN}], ["[0] (gpu)", "'capacity'", "on-demand when training_plan_arn"]),
+    ([{**TRN, "training_plan_arn": "arn:aws:sagemaker:us-west-2:1:plan"}], ["'training_plan_arn'", "training-plan/"]),
+    ([{**TRN, "count": 257}], ["'count'", "from 0 to 256"]),
+    ([{**TRN, "count": -1}], ["'count'", "0 keeps the group"]),
+    ([{**TRN, "count": "two"}], ["'count'", "an integer"]),
+    ([{**TRN, "capacity": "reserved"}], ["'capacity'", "on-demand or spot"]),
+    ([{**TRN, "threads_per_core": 3}], ["'threads_per_core'", "1 or 2"]),
+    ([{**TRN, "ebs_volume_gb": 0}], ["'ebs_volume_gb'", "1 to 16384"]),
+    ([{**TRN, "partition": "dev"}], ["'partition'", "not 'dev'"]),
+    ([{**TRN, "partition": "trn_1"}], ["'partition'", "letters and digits"]),
+    ([{**TRN, "name": "controller"}], ["'name'", "not controller or login"]),
+    ([{**TRN, "deep_health_checks": ["Stress"]}], ["'deep_health_checks'", "InstanceStress, InstanceConnectivity"]),
+    (
+        [
+            {
+                "name": "cpu",
+                "instance_type": "ml.c5.xlarge",
+                "partition": "cpu",
+                "deep_health_checks": ["InstanceStress"],
+            }
+        ],
+        ["[0] (cpu)", "'deep_health_checks'", "GPU and Trainium instances only"],
+    ),
+    ([{**TRN, "instance_typ": "x"}], ["[0] (trn)", "unknown key 'instance_typ'", "did you mean 'instance_type'"]),
+    ([{"name": "trn", "instance_type": "ml.trn1.32xlarge"}], ["[0] (trn)", "lacks partition"]),
+    ([], ["'compute_groups'", "non-empty list"]),
+    ("[{", ["'compute_groups'", "not valid JSON"]),
+    (["trn"], ["[0]", "an object"]),
+]
+
+
+@pytest.mark.parametrize(("groups", "words"), BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_groups_name_the_group_and_the_key(groups, words):
+    with pytest.raises(ConfigError) as caught:
+        parse(groups)
+    for word in words:
+        assert word in str(caught.value)
+    assert "compute_groups" in str(caught.value)
+
+
+def test_a_training_plan_must_be_in_the_stack_region():
+    east = PLAN.replace("us-west-2", "us-east-1")
+    with pytest.raises(ConfigError, match=r"\[0\] \(trn\), key 'training_plan_arn'.*stack's region us-west-2"):
+        parse([{**TRN, "training_plan_arn": east}])
+    assert parse([{**TRN, "training_plan_arn": PLAN}]).compute_groups[0].training_plan_arn == PLAN
+
+
+def test_groups_built_in_code_are_checked_too():
+    with pytest.raises(ConfigError, match="'partition'"):
+        HyperPodConfig(compute_groups=(ComputeGroup(name="a", instance_type="ml.g5.xlarge", partition="dev"),))
+    with pytest.raises(ConfigError, match="non-empty tuple of ComputeGroup"):
+        HyperPodConfig(compute_groups=())
