@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
 import pytest
 
+from stacks.accelerators import INSTANCE_TYPES
+from stacks.compute_groups import DEFAULT_COMPUTE_GROUPS, GROUP_KEYS, parse_compute_groups
 from stacks.config import HyperPodConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,6 +64,9 @@ def test_ci_runs_the_readme_test_command() -> None:
 
 def test_every_cdk_context_key_is_documented_with_its_default() -> None:
     for field in dataclasses.fields(HyperPodConfig):
+        if field.name == "compute_groups":  # a list: its own section shows the default as cdk.json has it
+            assert re.search(r"^\| `compute_groups` \| one trn1 group \|", README, re.M)
+            continue
         default = str(field.default).lower() if isinstance(field.default, bool) else str(field.default)
         row = re.search(rf"^\| `{field.name}` \| `([^`]*)` \|", README, re.M)
         assert row, f"cdk.json key {field.name} is missing from the README's configuration table"
@@ -71,3 +77,16 @@ def test_local_links_resolve() -> None:
     for target in re.findall(r"\]\(([^)#]+)\)", README):
         if not target.startswith("http"):
             assert (ROOT / target).exists(), f"README links to missing {target}"
+
+
+def test_compute_groups_section_shows_the_default_and_every_group_key() -> None:
+    section = README.split("### Compute groups", 1)[1].split("\n## ", 1)[0]
+    default_json = re.search(r"```json\n(.*?)```", section, re.S).group(1)
+    listed = json.loads("{" + default_json + "}")["compute_groups"]
+    assert parse_compute_groups(listed) == DEFAULT_COMPUTE_GROUPS
+    for key in GROUP_KEYS:
+        assert re.search(rf"^\| `{key}` \|", section, re.M), f"group key {key} is not documented"
+    for instance_type, facts in INSTANCE_TYPES.items():
+        if facts.accelerated:
+            size = instance_type.rsplit(".", 1)[1]
+            assert f"`{instance_type}`" in section or f"`.{size}`" in section, instance_type

@@ -1,6 +1,7 @@
-"""The image's build context, computed by aws-cdk-lib itself: a DockerImageAsset on payloads/ stages
-exactly the directory that `cdk deploy` later hands to `docker build`, and its hash is the image tag.
-So these tests use CDK's own .dockerignore handling instead of re-implementing it."""
+"""The images' build contexts, computed by aws-cdk-lib itself: the stack's TrainingImage (a
+DockerImageAsset on payloads/) stages exactly the directory that `cdk deploy` later hands to
+`docker build`, and its hash is the image tag. So these tests use CDK's own .dockerignore handling
+instead of re-implementing it, for the Neuron and the CUDA image alike."""
 
 from __future__ import annotations
 
@@ -9,20 +10,20 @@ from pathlib import Path
 
 import aws_cdk as cdk
 import pytest
-from aws_cdk import aws_ecr_assets as ecr_assets
 from image_files import PAYLOADS
 
-# What the Dockerfile needs, plus the two files CDK always keeps (Dockerfile, .dockerignore).
+from stacks.image import TrainingImage
+
+# What each Dockerfile needs, plus the two files CDK always keeps (its Dockerfile, .dockerignore).
 EXPECTED_CONTEXT = {"Dockerfile", ".dockerignore", "requirements-cluster.txt", "image/verify_env.py"}
+EXPECTED_CUDA_CONTEXT = {"Dockerfile.cuda", ".dockerignore", "requirements-gpu.txt", "image/verify_env.py"}
 
 
-def stage(directory: Path, outdir: Path) -> tuple[str, set[str]]:
-    """(asset hash, files in the staged context) of an image asset built from `directory`."""
+def stage(directory: Path, outdir: Path, family: str = "neuron") -> tuple[str, set[str]]:
+    """(asset hash, files in the staged context) of the stack's image asset built from `directory`."""
     app = cdk.App(outdir=str(outdir))
     stack = cdk.Stack(app, "ImageContextProbe")
-    asset = ecr_assets.DockerImageAsset(
-        stack, "Image", directory=str(directory), file="Dockerfile", platform=ecr_assets.Platform.LINUX_AMD64
-    )
+    asset = TrainingImage(stack, "Image", context_dir=directory, family=family).asset
     staged = outdir / f"asset.{asset.asset_hash}"  # CDK's staging folder name for the asset
     assert staged.is_dir(), f"CDK staged no context at {staged}"
     files = {p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file()}
@@ -40,6 +41,16 @@ def payloads_copy(tmp_path) -> Path:
 def test_context_holds_only_what_the_build_needs(tmp_path):
     _, files = stage(PAYLOADS, tmp_path / "out")
     assert files == EXPECTED_CONTEXT
+    _, cuda_files = stage(PAYLOADS, tmp_path / "cuda", "cuda")
+    assert cuda_files == EXPECTED_CUDA_CONTEXT
+
+
+def test_each_image_ignores_the_other_familys_pins(payloads_copy, tmp_path):
+    neuron, cuda = stage(payloads_copy, tmp_path / "n0")[0], stage(payloads_copy, tmp_path / "c0", "cuda")[0]
+    gpu_pins = payloads_copy / "requirements-gpu.txt"
+    gpu_pins.write_text(gpu_pins.read_text() + "# touched\n")
+    assert stage(payloads_copy, tmp_path / "n1")[0] == neuron
+    assert stage(payloads_copy, tmp_path / "c1", "cuda")[0] != cuda
 
 
 def test_payload_code_changes_keep_the_image_hash(payloads_copy, tmp_path):
