@@ -114,7 +114,11 @@ def submit(facts: RunFacts, first: str, env: dict[str, str]) -> list[StepJob]:
         )
     facts.logs_dir.mkdir(parents=True, exist_ok=True)
     (facts.logs_dir / "state").mkdir(exist_ok=True)
-    kept = [job for job in pipeline_status.read_record(facts.logs_dir) if STEPS.index(job.step) < STEPS.index(first)]
+    kept = [
+        job
+        for job in pipeline_status.read_record(facts.logs_dir)
+        if job.step in STEPS and STEPS.index(job.step) < STEPS.index(first)  # (a ladder's steps are not)
+    ]
     submitted: list[StepJob] = []
     for step in steps_from(first):
         after = submitted[-1].job if submitted else None
@@ -138,9 +142,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "action",
         nargs="?",
-        choices=("submit", "status"),
+        choices=("submit", "status", "ladder"),
         default="submit",
-        help="submit the pipeline (default) or report the state of the last submission",
+        help="submit the pipeline (default), report the state of the last submission, or submit the "
+        "torchtitan pretraining ladder (docs/pretraining.md)",
     )
     parser.add_argument("--config", required=True, help="run config (TOML), e.g. configs/llama3-8b.toml")
     parser.add_argument(
@@ -176,12 +181,20 @@ def main(argv: list[str] | None = None) -> int:
             if not pipeline_status.read_record(facts.logs_dir):
                 raise SubmitError(f"no pipeline submitted for {facts.output_dir} (no {facts.logs_dir}/pipeline.json)")
             return report(facts, pipeline_status.step_states(facts.logs_dir, slurm))
+        if args.action == "ladder":
+            from llm_pipeline import ladder_submit  # imports this module: loaded only when asked for
         if args.dry_run:
-            dry_run(facts, args.first, env)
+            if args.action == "ladder":
+                ladder_submit.dry_run(facts, env)
+            else:
+                dry_run(facts, args.first, env)
             return 0
         if slurm(["sbatch", "--version"]).returncode != 0:
             raise SubmitError("sbatch not found: run this on the cluster's controller or login node")
-        submit(facts, args.first, env)
+        if args.action == "ladder":
+            ladder_submit.submit(facts, env)
+        else:
+            submit(facts, args.first, env)
         print(f"logs: {facts.logs_dir}/<step>-<job>.log")
         print(f"status: python3 -m llm_pipeline.submit status --config {facts.config}")
         if args.wait:

@@ -86,12 +86,17 @@ hpl_step_python() {
 }
 
 # torchrun on every node of the allocation, optionally under a wrapper (neuron_parallel_compile):
-# hpl_torchrun [--wrap <command>] <module> [args].
+# hpl_torchrun [--wrap <command>] [--no-config] <module> [args]. --no-config: the module takes only
+# its own arguments (torchtitan.train --job.config_file <file>), not --config <run config>.
 hpl_torchrun() {
-  local -a wrap=()
+  local -a wrap=() config=(--config "$HPL_RUN_CONFIG")
   if [[ "$1" == --wrap ]]; then
     wrap=("$2")
     shift 2
+  fi
+  if [[ "$1" == --no-config ]]; then
+    config=()
+    shift
   fi
   local module="$1" launch
   shift
@@ -99,7 +104,7 @@ hpl_torchrun() {
   local -a launch_args
   mapfile -t launch_args <<<"$launch"
   hpl_srun --ntasks-per-node=1 "${wrap[@]}" "$HPL_PYTHON" -m torch.distributed.run "${launch_args[@]}" \
-    -m "$module" --config "$HPL_RUN_CONFIG" "$@"
+    -m "$module" "${config[@]}" "$@"
 }
 
 # -- step state markers (read by `submit status` once Slurm has forgotten the job) ---------------

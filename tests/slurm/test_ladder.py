@@ -1,0 +1,95 @@
+"""The torchtitan ladder as one submission under a real local Slurm, in rehearsal form.
+
+The real chain (ladder-*.sbatch, env.sh, launch arguments from the allocation, torchrun with two
+processes) runs tiny-ladder-cpu.toml. Each rung's job step writes its job file (that torchtitan's
+ConfigManager accepts every rung file is tests/payloads/test_torchtitan_ladder.py's part, here
+torchtitan is not importable and the step says so); the trainer itself needs CUDA, so
+HPL_TORCHTITAN_MODULE swaps in tools/torchtitan_standin.py, which trains a tiny model on CPU and
+prints torchtitan's metric lines; the report step parses them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from slurm_helpers import REPO, submit
+
+from llm_pipeline import config
+from llm_pipeline.jobs.run_facts import RunFactsError
+from llm_pipeline.ladder_submit import read_rungs
+from tools import tiny_model as tiny
+from tools.rehearse import fsx_environment
+
+pytestmark = pytest.mark.xdist_group("slurm")
+CONFIGS = REPO / "payloads" / "configs"
+TINY_LADDER = CONFIGS / "tiny-ladder-cpu.toml"
+LADDER_STEPS = ["tokenizer", *(f"rung-{r}" for r in config.TORCHTITAN_RUNGS), "report", "export"]
+
+
+def submitted_jobs(stdout: str) -> dict[str, str]:
+    return dict(re.findall(r"(?m)^submitted (\S+) job (\d+)$", stdout))
+
+
+def test_ladder_chain_runs_every_rung_and_reports_torchtitans_metrics(one_node, tmp_path_factory):
+    root = tmp_path_factory.mktemp("ladder")
+    env = one_node.env(fsx_environment(root / "fsx"))
+    env["PYTHONPATH"] = str(REPO)  # tools.torchtitan_standin
+    env.update(HPL_DEVICES_PER_NODE="2", HPL_TORCHTITAN_MODULE="tools.torchtitan_standin")
+    cfg = config.load(TINY_LADDER, env=env)
+    tiny.write_tiny_model(Path(cfg.paths.model_dir))  # its tokenizer files: the tokenizer step finds them
+    run = Path(cfg.paths.output_dir)
+
+    result = submit(env, TINY_LADDER, "ladder", "--wait", "--poll", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    jobs = submitted_jobs(result.stdout)
+    assert list(jobs) == LADDER_STEPS and "pipeline: COMPLETED" in result.stdout
+    logs = {step: (run / "logs" / f"{step}-{job}.log").read_text() for step, job in jobs.items()}
+    assert "already holds the tokenizer" in logs["tokenizer"]
+    for rung in config.TORCHTITAN_RUNGS:
+        log = logs[f"rung-{rung}"]
+        job_file = run / "ladder" / rung / "job.toml"
+        assert f"torchtitan job file {job_file}" in log and "torchtitan.train checks the job file" in log
+        assert "--nproc_per_node=2" in log and f"--job.config_file {job_file}" in log
+        assert f"== rung-{rung}: COMPLETED (exit 0)" in log
+
+    report = json.loads((run / "ladder" / "report.json").read_text())
+    rows = {row["rung"]: row for row in report["rungs"]}
+    assert list(rows) == list(config.TORCHTITAN_RUNGS)
+    for row in rows.values():
+        measured = row["measured"]
+        assert measured["ranks"] == 2 and measured["last_step"] == 20 and measured["tps"] > 0
+        assert measured["steady_steps"] == [5, 10, 15, 20]  # log_freq 5: step 1 is warm-up
+    assert rows["baseline"]["tps_vs_baseline"] == 1.0
+    assert rows["fp8"]["tps_vs_baseline"] == rows["fp8"]["measured"]["tps"] / rows["baseline"]["measured"]["tps"]
+    markdown = (run / "ladder" / "report.md").read_text()
+    assert "| + FP8 tensorwise linears |" in markdown and "8,624" in markdown
+    assert "torchtitan.export_hf is false" in logs["export"]
+
+
+def test_ladder_dry_run_chains_the_rungs_on_every_node(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HPL_OUTPUTS_DIR": str(tmp_path), "HPL_MODELS_DIR": str(tmp_path)}
+    result = submit(env, CONFIGS / "llama3-8b-pretrain.toml", "ladder", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if "sbatch" in line]
+    assert [re.match(r"(\w+)_job=", line).group(1) for line in lines] == [s.replace("-", "_") for s in LADDER_STEPS]
+    for line, step in zip(lines, LADDER_STEPS, strict=True):
+        words = shlex.split(line.split("=$(", 1)[1].rstrip(")"))
+        assert f"--nodes={4 if step.startswith('rung-') else 1}" in words
+        assert ('--dependency=afterok:"$' in line) == (step != "tokenizer")
+    assert lines[2].endswith("ladder-rung.sbatch compile)")
+
+
+def test_rung_list_is_read_on_the_controller_without_tomllib(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[torchtitan]\nrungs = ["baseline", "fp8"]  # two\n[other]\nrungs = ["x"]\n')
+    assert read_rungs(path) == ("baseline", "fp8")
+    path.write_text("[paths]\noutput_dir = '/x'\n")
+    assert read_rungs(path) == config.TORCHTITAN_RUNGS
+    for bad in ('rungs = ["baseline", "fp16"]', "rungs = ['baseline']", 'rungs = ["compile", "compile"]'):
+        path.write_text(f"[torchtitan]\n{bad}\n")
+        with pytest.raises(RunFactsError, match=r"torchtitan\.rungs"):
+            read_rungs(path)
