@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cluster_contract import DEFAULT_STACK_NAME
 from hpctl import commands
 from hpctl.errors import HpctlError
 from llm_pipeline.submit import STEPS as PIPELINE_STEPS  # stdlib-only module, shipped with hpctl
@@ -27,7 +28,7 @@ def count(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     where = common.add_argument_group("deployment (defaults: cdk.json context, then the AWS defaults)")
-    where.add_argument("--stack", help="stack name (cdk.json context stack_name, else HyperPodLlamaLora)")
+    where.add_argument("--stack", help=f"stack name (cdk.json context stack_name, else {DEFAULT_STACK_NAME})")
     where.add_argument("--region", help="AWS region (cdk.json context region, else AWS_REGION / profile)")
     where.add_argument("--profile", help="AWS profile from ~/.aws/config (else AWS_PROFILE / default)")
 

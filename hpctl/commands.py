@@ -9,6 +9,7 @@ from pathlib import Path
 
 import boto3
 
+from cluster_contract import StackOutput
 from hpctl import ssm
 from hpctl.cluster import choose_node, describe_cluster, list_nodes, require_usable, ssm_target
 from hpctl.errors import HpctlError, aws_errors
@@ -71,10 +72,12 @@ def session_request(
 ) -> ssm.SessionRequest:
     """The SSM session for a node of the deployed cluster (the controller unless told otherwise)."""
     stack = deployment.stack()
-    cluster = describe_cluster(deployment.session, stack.output("ClusterName"))
+    cluster = describe_cluster(deployment.session, stack.output(StackOutput.CLUSTER_NAME))
     require_usable(cluster, ready=ready)
     nodes = list_nodes(deployment.session, cluster.name)
-    chosen = choose_node(nodes, cluster=cluster.name, group=group or stack.output("ControllerGroup"), instance_id=node)
+    chosen = choose_node(
+        nodes, cluster=cluster.name, group=group or stack.output(StackOutput.CONTROLLER_GROUP), instance_id=node
+    )
     print(f"session on {chosen.group}/{chosen.instance_id} ({chosen.status})", file=sys.stderr, flush=True)
     return ssm.SessionRequest(
         target=ssm_target(cluster, chosen), region=deployment.region, profile=deployment.profile, command=command
@@ -92,8 +95,8 @@ def submit(args: argparse.Namespace) -> None:
     deployment = connect(args)
     local_config = resolve_run_config(args.config, project_root=deployment.settings.root)
     stack = deployment.stack()
-    check_deployed_copy(deployment.session, bucket=stack.output("BucketName"), local=local_config)
-    facts = read_cluster_facts(deployment.session, stack.output("BucketName"))
+    check_deployed_copy(deployment.session, bucket=stack.output(StackOutput.BUCKET_NAME), local=local_config)
+    facts = read_cluster_facts(deployment.session, stack.output(StackOutput.BUCKET_NAME))
     options = SubmitOptions(config=f"configs/{local_config.name}", from_step=args.from_step, dry_run=args.dry_run)
     request = session_request(
         deployment, group=None, node=None, ready=True, command=remote_command(options, facts=facts)
@@ -111,5 +114,5 @@ def logs_lifecycle(args: argparse.Namespace) -> None:
 
 def logs_steps(args: argparse.Namespace) -> None:
     deployment = connect(args)
-    bucket = deployment.stack().output("BucketName")
+    bucket = deployment.stack().output(StackOutput.BUCKET_NAME)
     show_step_logs(deployment.session, bucket, run=args.run, log=args.log, tail=args.tail)

@@ -12,10 +12,16 @@ import sys
 import boto3
 from botocore.exceptions import ClientError
 
+from cluster_contract import CLUSTER_FACTS_KEY as FACTS_KEY
+from cluster_contract import DEFAULT_USER, OUTPUTS_FOLDER, PAYLOADS_FOLDER, fsx_dir
 from hpctl.errors import HpctlError, aws_errors
 
-FACTS_KEY = "lifecycle/cluster-facts.json"
-CONTRACT_DEFAULTS = {"payloads_dir": "/fsx/payloads", "default_user": "ubuntu", "outputs_dir": "/fsx/outputs"}
+# What the stack writes for these keys; used only when an older deploy lacks the facts file.
+CONTRACT_DEFAULTS = {
+    "payloads_dir": fsx_dir(PAYLOADS_FOLDER),
+    "default_user": DEFAULT_USER,
+    "outputs_dir": fsx_dir(OUTPUTS_FOLDER),
+}
 
 
 def read_cluster_facts(session: boto3.Session, bucket: str) -> dict:

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 import boto3
 from botocore.exceptions import ClientError
 
+from cluster_contract import StackOutput
 from hpctl.cluster import ClusterNotFound, ClusterState, describe_cluster
 from hpctl.errors import HpctlError, aws_errors
 from hpctl.stack import StackNotFound, describe_stack, template_cluster_name
@@ -32,7 +33,7 @@ def cluster_name_of(session: boto3.Session, stack_name: str) -> str:
     """The stack's cluster name: its output, or (failed create, no outputs) its template."""
     try:
         stack = describe_stack(session, stack_name)
-        return stack.output("ClusterName") or template_cluster_name(session, stack_name)
+        return stack.output(StackOutput.CLUSTER_NAME) or template_cluster_name(session, stack_name)
     except StackNotFound as error:
         raise HpctlError(
             f"stack {stack_name} not found in region {session.region_name}: name the cluster instead "

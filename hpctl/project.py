@@ -6,9 +6,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from cluster_contract import DEFAULT_STACK_NAME
 from hpctl.errors import HpctlError
-
-DEFAULT_STACK_NAME = "HyperPodLlamaLora"
 
 
 @dataclass(frozen=True)

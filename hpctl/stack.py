@@ -9,26 +9,11 @@ from datetime import datetime
 import boto3
 from botocore.exceptions import ClientError
 
+from cluster_contract import StackOutput
 from hpctl.errors import HpctlError, aws_errors
 
-# Logical ids of the stack's CfnOutputs (fixed by the project's contract).
-OUTPUT_KEYS = (
-    "ClusterName",
-    "ClusterArn",
-    "ClusterId",
-    "BucketName",
-    "FsxFileSystemId",
-    "FsxDnsName",
-    "FsxMountName",
-    "ImageUri",
-    "Region",
-    "ControllerGroup",
-    "ComputeGroup",
-    "ShellCommand",
-    "SubmitCommand",
-)
 # hpctl cannot work without these; the others are shown when present.
-REQUIRED_KEYS = ("ClusterName", "BucketName", "ControllerGroup")
+REQUIRED_KEYS = (StackOutput.CLUSTER_NAME, StackOutput.BUCKET_NAME, StackOutput.CONTROLLER_GROUP)
 FAILED_STATES = ("CREATE_FAILED", "ROLLBACK_COMPLETE", "ROLLBACK_FAILED", "ROLLBACK_IN_PROGRESS", "DELETE_FAILED")
 CLUSTER_RESOURCE_TYPE = "AWS::SageMaker::Cluster"
 STACK_RESOURCE_TYPE = "AWS::CloudFormation::Stack"

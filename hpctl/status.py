@@ -8,6 +8,7 @@ from dataclasses import asdict
 import boto3
 from botocore.exceptions import ClientError
 
+from cluster_contract import StackOutput
 from hpctl.cluster import describe_cluster, list_nodes
 from hpctl.errors import aws_errors
 from hpctl.stack import StackInfo
@@ -38,12 +39,12 @@ def describe_fsx(session: boto3.Session, file_system_id: str) -> dict:
 
 
 def collect_status(session: boto3.Session, stack: StackInfo) -> dict:
-    cluster = describe_cluster(session, stack.output("ClusterName"))
+    cluster = describe_cluster(session, stack.output(StackOutput.CLUSTER_NAME))
     order = {group.name: index for index, group in enumerate(cluster.groups)}
     nodes = sorted(list_nodes(session, cluster.name), key=lambda node: order.get(node.group, len(order)))
-    fsx = describe_fsx(session, stack.output("FsxFileSystemId"))
-    fsx.setdefault("dns_name", stack.output("FsxDnsName"))
-    fsx["mount_name"] = fsx.get("mount_name") or stack.output("FsxMountName")
+    fsx = describe_fsx(session, stack.output(StackOutput.FSX_FILE_SYSTEM_ID))
+    fsx.setdefault("dns_name", stack.output(StackOutput.FSX_DNS_NAME))
+    fsx["mount_name"] = fsx.get("mount_name") or stack.output(StackOutput.FSX_MOUNT_NAME)
     return {
         "stack": {"name": stack.name, "region": stack.region, "status": stack.status, "outputs": stack.outputs},
         "cluster": {
@@ -56,7 +57,7 @@ def collect_status(session: boto3.Session, stack: StackInfo) -> dict:
         },
         "nodes": [asdict(node) for node in nodes],
         "fsx": fsx,
-        "image_uri": stack.output("ImageUri"),
+        "image_uri": stack.output(StackOutput.IMAGE_URI),
     }
 
 

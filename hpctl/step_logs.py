@@ -11,10 +11,11 @@ from datetime import datetime
 
 import boto3
 
+from cluster_contract import OUTPUTS_FOLDER, s3_prefix
 from hpctl.errors import HpctlError, aws_errors
 from hpctl.table import format_table
 
-OUTPUTS_PREFIX = "outputs/"
+OUTPUTS_PREFIX = s3_prefix(OUTPUTS_FOLDER)
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from pathlib import Path
 import boto3
 from botocore.exceptions import ClientError
 
+from cluster_contract import PAYLOADS_FOLDER  # the repo folder, its S3 prefix and its FSx folder
 from hpctl.errors import HpctlError, aws_errors
 
-PAYLOADS_FOLDER = "payloads"  # the repo folder, its S3 prefix and its FSx folder share this name
 CONFIGS_DIR = Path(PAYLOADS_FOLDER) / "configs"
 JOB_LINE = re.compile(r"^submitted (?P<step>\S+) job (?P<job_id>\d+)\b")
 PLAIN_PATH = re.compile(r"/[A-Za-z0-9_./-]*")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import boto3
 
+from cluster_contract import StackOutput
 from hpctl.cluster import ClusterState, describe_cluster
 from hpctl.errors import HpctlError
 from hpctl.stack import FAILED_STATES, NO_ROLLBACK_HINT, EventFeed, StackNotFound, describe_stack, require_outputs
@@ -45,9 +46,9 @@ def poll_once(session: boto3.Session, stack_name: str, feed: EventFeed) -> Poll:
     line = f"stack {stack_name} {stack.status}"
     if failed:
         return Poll(None, events, line, failure=stack_failed(stack_name, stack.status, feed))
-    if stack.in_progress and not stack.output("ClusterName"):
+    if stack.in_progress and not stack.output(StackOutput.CLUSTER_NAME):
         return Poll(None, events, f"{line} (the cluster is named once the deploy finishes)")
-    cluster = describe_cluster(session, require_outputs(stack).output("ClusterName"))
+    cluster = describe_cluster(session, require_outputs(stack).output(StackOutput.CLUSTER_NAME))
     if cluster.status == "Failed":
         failure = HpctlError(f"cluster {cluster.name} failed: {cluster.failure_message or 'no reason given'}")
         return Poll(cluster, events, progress_line(cluster), failure=failure)

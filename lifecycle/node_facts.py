@@ -14,7 +14,8 @@ import re
 import shlex
 import sys
 
-# The keys the CDK stack writes into cluster-facts.json (the contract in the project brief).
+# The keys the CDK stack writes into cluster-facts.json. This folder ships to the nodes alone, so
+# this is a copy of cluster_contract.FACT_KEYS; a test keeps the two equal.
 FACT_KEYS = (
     "cluster_name",
     "region",

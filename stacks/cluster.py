@@ -6,8 +6,9 @@ from aws_cdk import Fn, RemovalPolicy
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct, IDependable
 
+from cluster_contract import CONTROLLER_GROUP, FSX_MOUNT_PATH, LOGIN_GROUP
 from stacks.compute_groups import SPOT, ComputeGroup
-from stacks.config import CONTROLLER_GROUP, FSX_MOUNT_PATH, LIFECYCLE_SCRIPT, LOGIN_GROUP, HyperPodConfig
+from stacks.config import LIFECYCLE_SCRIPT, HyperPodConfig
 
 Cfn = sagemaker.CfnCluster
 

@@ -2,9 +2,9 @@
 
 Every knob is a context key (override with ``cdk synth -c key=value``; such values arrive as
 strings and are coerced here; ``compute_groups`` takes a JSON list, see stacks/compute_groups.py).
-This module is also the single source of truth for the facts the nodes need (FSx folders, group
-names, per-partition accelerator facts from stacks/accelerators.py): the stack turns them into
-``cluster-facts.json`` with :func:`cluster_facts`, and the lifecycle script exports them as HPL_*.
+The names shared with hpctl and tools (FSx folders, group names, bucket prefixes) live in
+cluster_contract, the per-partition accelerator facts in stacks/accelerators.py: :func:`cluster_facts`
+turns them and the config into ``cluster-facts.json``, which the lifecycle script exports as HPL_*.
 """
 
 from __future__ import annotations
@@ -15,6 +15,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cluster_contract import (
+    CONTROLLER_GROUP,
+    DEFAULT_STACK_NAME,
+    DEFAULT_USER,
+    FSX_FOLDER_FACTS,
+    FSX_MOUNT_PATH,
+    LIFECYCLE_PREFIX,
+    LOGIN_GROUP,
+    fsx_dir,
+)
 from stacks.accelerators import CUDA, NEURON, NO_ACCELERATOR
 from stacks.compute_groups import (
     CONTEXT_KEY as COMPUTE_GROUPS_KEY,
@@ -29,17 +39,13 @@ from stacks.compute_groups import (
 )
 from stacks.validation import ConfigError, Rule, coerce, int_range, ipv4_cidr, matches, one_of
 
-__all__ = ["DATA_LINKS", "ComputeGroup", "ConfigError", "DataLink", "HyperPodConfig", "cluster_facts"]
+__all__ = ["ComputeGroup", "ConfigError", "HyperPodConfig", "cluster_facts"]
 
 # Used when no account is configured and no credentials name one (offline synth, tests);
 # cdk.json answers this account's availability-zone lookup so synth needs no AWS call.
 OFFLINE_ACCOUNT = "123456789012"
 
-# Instance groups. HyperPod names SSM targets and log streams after them.
-CONTROLLER_GROUP = "controller"
-LOGIN_GROUP = "login"
 COMPUTE_GROUP = DEFAULT_COMPUTE_GROUPS[0].name  # the default config's one compute group
-DEFAULT_USER = "ubuntu"  # the AMI's login user; HyperPod shares its home and SSH keys across nodes
 # Context keys of the single-group config, replaced by compute_groups: each error says where it went.
 RETIRED_KEYS = {
     "compute_instance_type": "instance_type",
@@ -51,57 +57,17 @@ RETIRED_KEYS = {
 # Training images per accelerator family; a CPU-only group runs the first image the config builds.
 IMAGE_FAMILIES = (NEURON, CUDA)
 
-# Shared file system layout (FSx for Lustre, mounted on every node).
-FSX_MOUNT_PATH = "/fsx"
-PAYLOADS_FOLDER = "payloads"
-DATASETS_FOLDER = "datasets"
-OUTPUTS_FOLDER = "outputs"
-MODELS_FOLDER = "models"
-COMPILE_CACHE_FOLDER = "neuron-cache"
-IMAGES_FOLDER = "images"
-SCRATCH_FOLDER = "scratch"
-
-# Lifecycle upload: s3://<bucket>/lifecycle/ holds the script HyperPod runs once Slurm is up
-# (OnInitComplete) and the generated facts file it reads.
-LIFECYCLE_PREFIX = "lifecycle"
+# The script HyperPod runs on every node once Slurm is up (OnInitComplete), under LIFECYCLE_PREFIX.
 LIFECYCLE_SCRIPT = "on_init_complete.sh"
-CLUSTER_FACTS_FILE = "cluster-facts.json"
 # HyperPod rejects an API-configured Slurm cluster whose lifecycle prefix holds this legacy file.
 LEGACY_PROVISIONING_FILE = "provisioning_parameters.json"
-
-AUTO_EVENTS = ("NEW", "CHANGED", "DELETED")
-
-
-@dataclass(frozen=True)
-class DataLink:
-    """An FSx folder linked to the bucket prefix of the same name by a data repository association."""
-
-    folder: str
-    auto_import: bool
-    auto_export: bool
-
-    @property
-    def s3_prefix(self) -> str:
-        return f"{self.folder}/"
-
-    @property
-    def fsx_path(self) -> str:
-        return f"/{self.folder}"
-
-
-DATA_LINKS = (
-    DataLink(PAYLOADS_FOLDER, auto_import=True, auto_export=False),
-    DataLink(DATASETS_FOLDER, auto_import=True, auto_export=False),
-    # Import and export: adapters and merged models land durably in S3.
-    DataLink(OUTPUTS_FOLDER, auto_import=True, auto_export=True),
-)
 
 
 @dataclass(frozen=True)
 class HyperPodConfig:
     """Every knob of the app; defaults reproduce the reference blog's single-node setup."""
 
-    stack_name: str = "HyperPodLlamaLora"
+    stack_name: str = DEFAULT_STACK_NAME
     name_prefix: str = "hyperpod-lora"
     account: str = "auto"  # 12 digits, or "auto": CDK_DEFAULT_ACCOUNT (credentials), else offline
     region: str = "us-west-2"
@@ -249,10 +215,6 @@ def _check_combinations(config: HyperPodConfig) -> None:
         )
 
 
-def fsx_dir(folder: str) -> str:
-    return f"{FSX_MOUNT_PATH}/{folder}"
-
-
 def partition_facts(config: HyperPodConfig, group: ComputeGroup, image_uris: Mapping[str, str]) -> dict[str, Any]:
     """What a node (and a job) on ``group``'s partition needs: accelerator, devices, EFA, image."""
     return {
@@ -285,13 +247,7 @@ def cluster_facts(config: HyperPodConfig, *, image_uris: Mapping[str, str]) -> d
         "bucket": config.bucket_name,
         "image_uri": default["image_uri"],
         "fsx_mount_path": FSX_MOUNT_PATH,
-        "payloads_dir": fsx_dir(PAYLOADS_FOLDER),
-        "datasets_dir": fsx_dir(DATASETS_FOLDER),
-        "outputs_dir": fsx_dir(OUTPUTS_FOLDER),
-        "models_dir": fsx_dir(MODELS_FOLDER),
-        "compile_cache_dir": fsx_dir(COMPILE_CACHE_FOLDER),
-        "images_dir": fsx_dir(IMAGES_FOLDER),
-        "scratch_dir": fsx_dir(SCRATCH_FOLDER),
+        **{key: fsx_dir(folder) for key, folder in FSX_FOLDER_FACTS.items()},
         "controller_group": CONTROLLER_GROUP,
         "login_group": config.login_group,
         "compute_groups": ",".join(group.name for group in config.compute_groups),

@@ -10,7 +10,8 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_deployment as s3_deployment
 from constructs import Construct
 
-from stacks.config import CLUSTER_FACTS_FILE, LEGACY_PROVISIONING_FILE, LIFECYCLE_PREFIX, LIFECYCLE_SCRIPT
+from cluster_contract import CLUSTER_FACTS_FILE, LIFECYCLE_PREFIX
+from stacks.config import LEGACY_PROVISIONING_FILE, LIFECYCLE_SCRIPT
 from stacks.uploads import CACHE_EXCLUDES, deploy_to_prefix
 
 
@@ -35,7 +36,7 @@ def check_lifecycle_dir(source_dir: Path) -> None:
 
 
 class LifecycleUpload(Construct):
-    """s3://<bucket>/lifecycle/: the lifecycle/ folder plus cluster-facts.json (see stacks.config)."""
+    """s3://<bucket>/lifecycle/: the lifecycle/ folder plus cluster-facts.json (see stacks.config.cluster_facts)."""
 
     def __init__(
         self, scope: Construct, construct_id: str, *, source_dir: Path, bucket: s3.IBucket, facts: Mapping[str, Any]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from aws_cdk import CfnOutput, Fn, Stack
 
+from cluster_contract import CONTROLLER_GROUP, StackOutput
 from stacks.cluster import HyperPodCluster
-from stacks.config import CONTROLLER_GROUP, HyperPodConfig
+from stacks.config import HyperPodConfig
 from stacks.storage import DataBucket, SharedFileSystem
 
 DEFAULT_RUN_CONFIG = "default"  # payloads/configs/default.toml
@@ -23,21 +24,21 @@ def add_outputs(
     where = f"--stack {config.stack_name} --region {config.region}"
     ssm_target = Fn.join("", ["sagemaker-cluster:", cluster.cluster_id, f"_{CONTROLLER_GROUP}-<instance-id>"])
     values = {
-        "ClusterName": (config.cluster_name, "HyperPod cluster name"),
-        "ClusterArn": (cluster.arn, "HyperPod cluster ARN"),
-        "ClusterId": (cluster.cluster_id, "HyperPod cluster id (SSM targets and log groups use it)"),
-        "BucketName": (data.bucket.bucket_name, "Data bucket: lifecycle/, payloads/, datasets/, outputs/"),
-        "FsxFileSystemId": (file_system.file_system.ref, "FSx for Lustre file system id"),
-        "FsxDnsName": (file_system.dns_name, "FSx for Lustre DNS name"),
-        "FsxMountName": (file_system.mount_name, "FSx for Lustre mount name"),
-        "ImageUri": (image_uri, "Training image in ECR"),
-        "Region": (config.region, "Region of the stack"),
-        "ControllerGroup": (CONTROLLER_GROUP, "Slurm controller instance group"),
-        "ComputeGroup": (
+        StackOutput.CLUSTER_NAME: (config.cluster_name, "HyperPod cluster name"),
+        StackOutput.CLUSTER_ARN: (cluster.arn, "HyperPod cluster ARN"),
+        StackOutput.CLUSTER_ID: (cluster.cluster_id, "HyperPod cluster id (SSM targets and log groups use it)"),
+        StackOutput.BUCKET_NAME: (data.bucket.bucket_name, "Data bucket: lifecycle/, payloads/, datasets/, outputs/"),
+        StackOutput.FSX_FILE_SYSTEM_ID: (file_system.file_system.ref, "FSx for Lustre file system id"),
+        StackOutput.FSX_DNS_NAME: (file_system.dns_name, "FSx for Lustre DNS name"),
+        StackOutput.FSX_MOUNT_NAME: (file_system.mount_name, "FSx for Lustre mount name"),
+        StackOutput.IMAGE_URI: (image_uri, "Training image in ECR"),
+        StackOutput.REGION: (config.region, "Region of the stack"),
+        StackOutput.CONTROLLER_GROUP: (CONTROLLER_GROUP, "Slurm controller instance group"),
+        StackOutput.COMPUTE_GROUP: (
             ",".join(group.name for group in config.compute_groups),
             "Compute instance groups (one Slurm partition each)",
         ),
-        "ShellCommand": (
+        StackOutput.SHELL_COMMAND: (
             Fn.join(
                 "",
                 [
@@ -49,7 +50,7 @@ def add_outputs(
             ),
             "Shell on the controller node",
         ),
-        "SubmitCommand": (
+        StackOutput.SUBMIT_COMMAND: (
             f"hpctl submit {where} --config {DEFAULT_RUN_CONFIG}",
             "Submit the LoRA pipeline as chained Slurm jobs",
         ),

@@ -12,7 +12,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_deployment as s3_deployment
 from constructs import Construct
 
-from stacks.config import PAYLOADS_FOLDER
+from cluster_contract import PAYLOADS_FOLDER
 from stacks.image import RECIPES
 from stacks.uploads import CACHE_EXCLUDES, deploy_to_prefix
 

@@ -2,13 +2,42 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_fsx as fsx
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from stacks.config import AUTO_EVENTS, DATA_LINKS, DataLink
+from cluster_contract import DATASETS_FOLDER, OUTPUTS_FOLDER, PAYLOADS_FOLDER, s3_prefix
+
+AUTO_EVENTS = ("NEW", "CHANGED", "DELETED")
+
+
+@dataclass(frozen=True)
+class DataLink:
+    """An FSx folder linked to the bucket prefix of the same name by a data repository association."""
+
+    folder: str
+    auto_import: bool
+    auto_export: bool
+
+    @property
+    def s3_prefix(self) -> str:
+        return s3_prefix(self.folder)
+
+    @property
+    def fsx_path(self) -> str:
+        return f"/{self.folder}"
+
+
+DATA_LINKS = (
+    DataLink(PAYLOADS_FOLDER, auto_import=True, auto_export=False),
+    DataLink(DATASETS_FOLDER, auto_import=True, auto_export=False),
+    # Import and export: adapters and merged models land durably in S3.
+    DataLink(OUTPUTS_FOLDER, auto_import=True, auto_export=True),
+)
 
 
 class DataBucket(Construct):

@@ -21,18 +21,11 @@ import sys
 import time
 from pathlib import Path
 
+from cluster_contract import FSX_FOLDER_FACTS, PAYLOADS_FOLDER
 from tools.local_slurm import LocalSlurm, LocalSlurmError
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_CONFIG = REPO / "payloads" / "configs" / "tiny-cpu.toml"
-FSX_FOLDERS = {
-    "MODELS": "models",
-    "DATASETS": "datasets",
-    "OUTPUTS": "outputs",
-    "COMPILE_CACHE": "neuron-cache",
-    "IMAGES": "images",
-    "SCRATCH": "scratch",
-}
+DEFAULT_CONFIG = REPO / PAYLOADS_FOLDER / "configs" / "tiny-cpu.toml"
 DOLLY_RECORDS = 240
 
 
@@ -40,8 +33,9 @@ def fsx_environment(fsx: Path, base: dict[str, str] | None = None) -> dict[str, 
     """The cluster-facts variables, pointed at a local folder; steps run on this host's Python."""
     env = dict(os.environ if base is None else base)
     env["HPL_FSX_MOUNT_PATH"] = str(fsx)
-    for key, folder in FSX_FOLDERS.items():
-        env[f"HPL_{key}_DIR"] = str(fsx / folder)
+    for key, folder in FSX_FOLDER_FACTS.items():
+        if folder != PAYLOADS_FOLDER:  # submit sets HPL_PAYLOADS_DIR to the payloads it runs from
+            env[f"HPL_{key.upper()}"] = str(fsx / folder)
     env.update(HPL_RUNTIME="host", HPL_DEVICES_PER_NODE="1", PYTHON=sys.executable)
     for stray in ("HPL_IMAGE_URI", "HPL_PARTITION", "SLURM_JOB_ID"):
         env.pop(stray, None)
@@ -62,7 +56,7 @@ def submit(config_path: Path, env: dict[str, str], *extra: str, poll: float = 2.
     command = [sys.executable, "-m", "llm_pipeline.submit", "--config", str(config_path), *extra]
     if "--wait" in extra:
         command += ["--poll", str(poll)]
-    return subprocess.run(command, env=env, cwd=REPO / "payloads").returncode
+    return subprocess.run(command, env=env, cwd=REPO / PAYLOADS_FOLDER).returncode
 
 
 def show_outputs(output_dir: Path) -> None:

@@ -25,6 +25,7 @@ from moto.logs.models import logs_backends
 from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 from moto.sagemaker.models import sagemaker_backends
 
+from cluster_contract import CLUSTER_FACTS_KEY, StackOutput
 from hpctl.cli import main
 
 REGION = "us-west-2"
@@ -152,7 +153,7 @@ def build_deployment(client) -> Deployment:
     """What `cdk deploy` leaves behind, made through the AWS APIs (moto cannot deploy the real template)."""
     s3 = client("s3")
     s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
-    s3.put_object(Bucket=BUCKET, Key="lifecycle/cluster-facts.json", Body=json.dumps(FACTS).encode())
+    s3.put_object(Bucket=BUCKET, Key=CLUSTER_FACTS_KEY, Body=json.dumps(FACTS).encode())
     s3.put_object(Bucket=BUCKET, Key="payloads/configs/tiny.toml", Body=CONFIG_TEXT.encode())
     lifecycle = {"SourceS3Uri": f"s3://{BUCKET}/lifecycle/", "OnCreate": "on_create.sh"}
     role = f"arn:aws:iam::{DEFAULT_ACCOUNT_ID}:role/hpl-cluster"
@@ -177,19 +178,19 @@ def build_deployment(client) -> Deployment:
         LustreConfiguration={"DeploymentType": "PERSISTENT_2", "PerUnitStorageThroughput": 250},
     )["FileSystem"]["FileSystemId"]
     outputs = {
-        "ClusterName": CLUSTER,
-        "ClusterArn": arn,
-        "ClusterId": arn.rsplit("/", 1)[-1],
-        "BucketName": BUCKET,
-        "FsxFileSystemId": fsx_id,
-        "FsxDnsName": f"{fsx_id}.fsx.{REGION}.amazonaws.com",
-        "FsxMountName": "abcdefgh",
-        "ImageUri": f"{DEFAULT_ACCOUNT_ID}.dkr.ecr.{REGION}.amazonaws.com/hpl-train:1",
-        "Region": REGION,
-        "ControllerGroup": "controller",
-        "ComputeGroup": "compute",
-        "ShellCommand": "hpctl shell",
-        "SubmitCommand": "hpctl submit --config <name>",
+        StackOutput.CLUSTER_NAME: CLUSTER,
+        StackOutput.CLUSTER_ARN: arn,
+        StackOutput.CLUSTER_ID: arn.rsplit("/", 1)[-1],
+        StackOutput.BUCKET_NAME: BUCKET,
+        StackOutput.FSX_FILE_SYSTEM_ID: fsx_id,
+        StackOutput.FSX_DNS_NAME: f"{fsx_id}.fsx.{REGION}.amazonaws.com",
+        StackOutput.FSX_MOUNT_NAME: "abcdefgh",
+        StackOutput.IMAGE_URI: f"{DEFAULT_ACCOUNT_ID}.dkr.ecr.{REGION}.amazonaws.com/hpl-train:1",
+        StackOutput.REGION: REGION,
+        StackOutput.CONTROLLER_GROUP: "controller",
+        StackOutput.COMPUTE_GROUP: "compute",
+        StackOutput.SHELL_COMMAND: "hpctl shell",
+        StackOutput.SUBMIT_COMMAND: "hpctl submit --config <name>",
     }
     client("cloudformation").create_stack(StackName=STACK, TemplateBody=outputs_template(outputs))
     return Deployment(cluster_arn=arn, fsx_id=fsx_id)

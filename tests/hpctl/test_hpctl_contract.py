@@ -1,27 +1,40 @@
-"""hpctl cannot import stacks at run time (it is installed without them), so its copies of the
-shared names are checked here against the single source of truth in stacks.config."""
+"""hpctl is installed without stacks/: what it imports must be packaged with it (pyproject.toml)."""
 
-import stacks.config as stack_config
-from hpctl import facts, step_logs, submit
-from hpctl.project import DEFAULT_STACK_NAME
+from __future__ import annotations
 
+import ast
+import sys
+from pathlib import Path
 
-def test_facts_file_location():
-    assert f"{stack_config.LIFECYCLE_PREFIX}/{stack_config.CLUSTER_FACTS_FILE}" == facts.FACTS_KEY
+import tomllib
 
-
-def test_fallback_node_values_match_the_generated_facts():
-    assert {
-        "payloads_dir": stack_config.fsx_dir(stack_config.PAYLOADS_FOLDER),
-        "default_user": stack_config.DEFAULT_USER,
-        "outputs_dir": stack_config.fsx_dir(stack_config.OUTPUTS_FOLDER),
-    } == facts.CONTRACT_DEFAULTS
+ROOT = Path(__file__).resolve().parents[2]
+DEPENDENCIES = {"boto3", "botocore"}  # requirements.txt
 
 
-def test_bucket_prefixes():
-    assert f"{stack_config.OUTPUTS_FOLDER}/" == step_logs.OUTPUTS_PREFIX
-    assert submit.PAYLOADS_FOLDER == stack_config.PAYLOADS_FOLDER
+def packaged_top_level_names() -> set[str]:
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = {pattern.rstrip("*") for pattern in setuptools["packages"]["find"]["include"]}
+    return packages | set(setuptools.get("py-modules", []))
 
 
-def test_default_stack_name():
-    assert stack_config.HyperPodConfig.from_context({}).stack_name == DEFAULT_STACK_NAME
+def imported_roots(path: Path) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_hpctl_imports_only_the_stdlib_its_dependencies_and_packaged_modules():
+    allowed = set(sys.stdlib_module_names) | DEPENDENCIES | packaged_top_level_names()
+    for path in sorted((ROOT / "hpctl").glob("*.py")):
+        unpackaged = imported_roots(path) - allowed
+        assert not unpackaged, f"{path.name} imports {sorted(unpackaged)}, which `pip install .` does not ship"
+
+
+def test_the_shared_names_module_is_packaged_and_stdlib_only():
+    assert "cluster_contract" in packaged_top_level_names()
+    assert imported_roots(ROOT / "cluster_contract.py") <= set(sys.stdlib_module_names)

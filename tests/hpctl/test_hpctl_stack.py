@@ -4,6 +4,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
+from cluster_contract import CLUSTER_FACTS_KEY
 from hpctl.errors import client_error_message
 from hpctl.facts import read_cluster_facts
 from hpctl.stack import describe_stack, require_outputs
@@ -109,7 +110,7 @@ def test_cluster_facts_come_from_the_lifecycle_prefix(deployed):
 
 def test_missing_facts_fall_back_to_the_contract_defaults(deployed, capsys):
     session = boto3.Session(region_name=deployed.region)
-    session.client("s3").delete_object(Bucket=deployed.bucket, Key="lifecycle/cluster-facts.json")
+    session.client("s3").delete_object(Bucket=deployed.bucket, Key=CLUSTER_FACTS_KEY)
     facts = read_cluster_facts(session, deployed.bucket)
     assert (facts["payloads_dir"], facts["default_user"]) == ("/fsx/payloads", "ubuntu")
     assert "cluster-facts.json not found; using the default node paths" in capsys.readouterr().err

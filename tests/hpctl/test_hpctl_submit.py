@@ -9,6 +9,7 @@ import sys
 import boto3
 import pytest
 
+from cluster_contract import CLUSTER_FACTS_KEY
 from hpctl.errors import HpctlError
 from hpctl.submit import SubmitOptions, remote_command, resolve_run_config
 
@@ -185,7 +186,7 @@ def test_plugin_missing_stops_before_any_aws_call(aws_env, project, session_tool
 def test_facts_choose_user_and_folder(deployed, session_tools, hpctl):
     facts = {"payloads_dir": "/lustre/payloads", "default_user": "trainer"}
     boto3.client("s3", region_name=deployed.region).put_object(
-        Bucket=deployed.bucket, Key="lifecycle/cluster-facts.json", Body=json.dumps(facts).encode()
+        Bucket=deployed.bucket, Key=CLUSTER_FACTS_KEY, Body=json.dumps(facts).encode()
     )
     session_tools.replay_session("submitted train job 7", "hpctl-remote-exit=0")
     assert hpctl("submit", "--config", "tiny")[0] == 0

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from cluster_contract import FACT_KEYS
 from stacks.accelerators import INSTANCE_TYPES
 from stacks.build import REPO_ROOT
 from stacks.compute_groups import parse_compute_groups
@@ -18,34 +19,6 @@ from stacks.config import OFFLINE_ACCOUNT, ConfigError, HyperPodConfig, cluster_
 pytestmark = pytest.mark.xdist_group("infra")
 
 CDK_JSON = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
-# The cluster-facts.json contract between the stack and the lifecycle script (project brief).
-FACT_KEYS = {
-    "cluster_name",
-    "region",
-    "bucket",
-    "image_uri",
-    "fsx_mount_path",
-    "payloads_dir",
-    "datasets_dir",
-    "outputs_dir",
-    "models_dir",
-    "compile_cache_dir",
-    "images_dir",
-    "scratch_dir",
-    "controller_group",
-    "login_group",
-    "compute_groups",
-    "compute_group",
-    "partition",
-    "default_partition",
-    "default_user",
-    "accelerator",
-    "devices_per_node",
-    "efa_interfaces",
-    "compute_instance_type",
-    "runtime",
-    "partitions",
-}
 PARTITION_KEYS = {
     "group",
     "partition",
@@ -179,7 +152,7 @@ def test_direct_construction_is_validated_too():
 def test_cluster_facts_follow_the_contract():
     config = parse(login_instance_count="1", runtime="host")
     facts = cluster_facts(config, image_uris=IMAGES)
-    assert set(facts) == FACT_KEYS
+    assert tuple(facts) == FACT_KEYS  # what lifecycle/node_facts.py requires
     assert facts["devices_per_node"] == 32 and isinstance(facts["devices_per_node"], int)
     assert (facts["accelerator"], facts["efa_interfaces"]) == ("neuron", 8)
     assert facts["login_group"] == "login" and facts["runtime"] == "host"

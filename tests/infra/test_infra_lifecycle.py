@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from cluster_contract import CLUSTER_FACTS_FILE
 from stacks.build import REPO_ROOT
-from stacks.config import CLUSTER_FACTS_FILE, LEGACY_PROVISIONING_FILE, LIFECYCLE_SCRIPT, cluster_facts
+from stacks.config import LEGACY_PROVISIONING_FILE, LIFECYCLE_SCRIPT, cluster_facts
 from stacks.lifecycle import LifecycleLayoutError, check_lifecycle_dir
 
 pytestmark = pytest.mark.xdist_group("infra")

@@ -7,25 +7,12 @@ import json
 
 import pytest
 
-from stacks.config import COMPUTE_GROUP, CONTROLLER_GROUP, FSX_MOUNT_PATH, LIFECYCLE_SCRIPT, LOGIN_GROUP
+from cluster_contract import CONTROLLER_GROUP, FSX_MOUNT_PATH, LOGIN_GROUP, StackOutput
+from stacks.config import COMPUTE_GROUP, LIFECYCLE_SCRIPT
 
 pytestmark = pytest.mark.xdist_group("infra")
 
-OUTPUT_IDS = [
-    "ClusterName",
-    "ClusterArn",
-    "ClusterId",
-    "BucketName",
-    "FsxFileSystemId",
-    "FsxDnsName",
-    "FsxMountName",
-    "ImageUri",
-    "Region",
-    "ControllerGroup",
-    "ComputeGroup",
-    "ShellCommand",
-    "SubmitCommand",
-]
+OUTPUT_IDS = list(StackOutput.names())
 
 
 def getatt(logical_id: str, attribute: str) -> dict:

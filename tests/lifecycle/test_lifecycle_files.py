@@ -47,3 +47,18 @@ def test_helper_parses_as_python_3_10() -> None:
     source = (LIFECYCLE_DIR / "node_facts.py").read_text()
     ast.parse(source, feature_version=(3, 10))
     assert "tomllib" not in source
+
+
+def test_fact_keys_copy_equals_the_contract() -> None:
+    """lifecycle/ ships alone, so node_facts.py keeps a copy of cluster_contract.FACT_KEYS."""
+    import cluster_contract
+
+    tree = ast.parse((LIFECYCLE_DIR / "node_facts.py").read_text())
+    (copy,) = [
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "FACT_KEYS" for t in node.targets)
+    ]
+    assert copy == cluster_contract.FACT_KEYS, (
+        "lifecycle/node_facts.py FACT_KEYS differs from cluster_contract.FACT_KEYS: copy the tuple over"
+    )

@@ -1,0 +1,101 @@
+"""Names every deployable agrees on: the CDK stack (stacks/), the operations CLI (hpctl/) and tools/.
+
+The stack creates what these names point at (outputs, bucket prefixes, the facts file, FSx folders,
+instance groups); hpctl and the rehearsal find them by the same names. Standard library only: hpctl
+runs on the user's Python 3.10+. Packaged with hpctl (pyproject.toml).
+
+lifecycle/node_facts.py ships to the nodes alone and keeps its own copy of FACT_KEYS;
+tests/lifecycle/test_lifecycle_files.py keeps that copy equal to this one.
+"""
+
+from __future__ import annotations
+
+DEFAULT_STACK_NAME = "HyperPodLlamaLora"
+
+# Instance groups. HyperPod names SSM targets and log streams after them.
+CONTROLLER_GROUP = "controller"
+LOGIN_GROUP = "login"
+# Compute groups are configured (cdk.json compute_groups); the facts and outputs name them.
+DEFAULT_USER = "ubuntu"  # the AMI's login user; HyperPod shares its home and SSH keys across nodes
+
+# Shared file system layout (FSx for Lustre, mounted on every node). The folders linked to the
+# bucket use their own name as S3 prefix (payloads/, datasets/, outputs/).
+FSX_MOUNT_PATH = "/fsx"
+PAYLOADS_FOLDER = "payloads"  # also the repo folder the stack uploads
+DATASETS_FOLDER = "datasets"
+OUTPUTS_FOLDER = "outputs"
+MODELS_FOLDER = "models"
+COMPILE_CACHE_FOLDER = "neuron-cache"
+IMAGES_FOLDER = "images"
+SCRATCH_FOLDER = "scratch"
+# The cluster facts that name each folder (each reaches the nodes as HPL_<KEY>).
+FSX_FOLDER_FACTS = {
+    "payloads_dir": PAYLOADS_FOLDER,
+    "datasets_dir": DATASETS_FOLDER,
+    "outputs_dir": OUTPUTS_FOLDER,
+    "models_dir": MODELS_FOLDER,
+    "compile_cache_dir": COMPILE_CACHE_FOLDER,
+    "images_dir": IMAGES_FOLDER,
+    "scratch_dir": SCRATCH_FOLDER,
+}
+
+
+def fsx_dir(folder: str) -> str:
+    """Where a shared folder is on every node."""
+    return f"{FSX_MOUNT_PATH}/{folder}"
+
+
+def s3_prefix(folder: str) -> str:
+    """The bucket prefix a linked folder is imported from (and exported to)."""
+    return f"{folder}/"
+
+
+# Lifecycle upload: s3://<bucket>/lifecycle/ holds the script HyperPod runs once Slurm is up and
+# the facts file the stack generates for it.
+LIFECYCLE_PREFIX = "lifecycle"
+CLUSTER_FACTS_FILE = "cluster-facts.json"
+CLUSTER_FACTS_KEY = f"{LIFECYCLE_PREFIX}/{CLUSTER_FACTS_FILE}"
+# The keys of cluster-facts.json; every node exports each as HPL_<KEY>.
+FACT_KEYS = (
+    "cluster_name",
+    "region",
+    "bucket",
+    "image_uri",
+    "fsx_mount_path",
+    *FSX_FOLDER_FACTS,
+    "controller_group",
+    "login_group",
+    "compute_groups",
+    "compute_group",
+    "partition",
+    "default_partition",
+    "default_user",
+    "accelerator",
+    "devices_per_node",
+    "efa_interfaces",
+    "compute_instance_type",
+    "runtime",
+    "partitions",
+)
+
+
+class StackOutput:
+    """Logical ids of the stack's CloudFormation outputs: the contract hpctl starts from (never rename)."""
+
+    CLUSTER_NAME = "ClusterName"
+    CLUSTER_ARN = "ClusterArn"
+    CLUSTER_ID = "ClusterId"
+    BUCKET_NAME = "BucketName"
+    FSX_FILE_SYSTEM_ID = "FsxFileSystemId"
+    FSX_DNS_NAME = "FsxDnsName"
+    FSX_MOUNT_NAME = "FsxMountName"
+    IMAGE_URI = "ImageUri"
+    REGION = "Region"
+    CONTROLLER_GROUP = "ControllerGroup"
+    COMPUTE_GROUP = "ComputeGroup"
+    SHELL_COMMAND = "ShellCommand"
+    SUBMIT_COMMAND = "SubmitCommand"
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(value for key, value in vars(cls).items() if key.isupper())
