@@ -19,8 +19,10 @@ ENI_READ_ACTIONS = [
     "ec2:DescribeSubnets",
     "ec2:DescribeSecurityGroups",
     "ec2:DescribeDhcpOptions",
-    "ec2:DetachNetworkInterface",
 ]
+# Has resource types (network-interface and instance), but the instance is a HyperPod node that
+# SageMaker runs outside this account, so its ARN cannot be written here: granted on "*".
+ENI_DETACH_ACTION = "ec2:DetachNetworkInterface"
 ENI_WRITE_ACTIONS = [
     "ec2:DeleteNetworkInterface",
     "ec2:CreateNetworkInterfacePermission",
@@ -68,6 +70,7 @@ class ClusterRole(Construct):
         )
         statements = [
             iam.PolicyStatement(sid="VpcNetworkInterfaceReads", actions=ENI_READ_ACTIONS, resources=["*"]),
+            iam.PolicyStatement(sid="DetachNodeInterfaces", actions=[ENI_DETACH_ACTION], resources=["*"]),
             iam.PolicyStatement(
                 sid="CreateNodeInterfaces",
                 actions=["ec2:CreateNetworkInterface"],
@@ -105,8 +108,10 @@ class ClusterRole(Construct):
             "service adds node agents (SSM, health monitoring, lifecycle reads from sagemaker-* buckets).",
         )
         wildcard_reasons = {
-            "Resource::*": "EC2 Describe* and DetachNetworkInterface, and ecr:GetAuthorizationToken, have no "
-            "resource-level permissions, so they can only be granted on '*'.",
+            "Resource::*": "EC2 Describe* and ecr:GetAuthorizationToken have no resource-level permissions, so "
+            "'*' is their only resource. ec2:DetachNetworkInterface does have resource types (network-interface "
+            "and instance), but the instance is a HyperPod node that SageMaker runs outside this account, so its "
+            "ARN cannot be named in this policy.",
             f"Resource::{eni_arn}": "HyperPod creates one network interface per node in our subnet at "
             "provisioning time; their ids are unknown when the role is created.",
             f"Resource::<{bucket_logical_id}.Arn>/*": "Nodes read payloads and datasets and "

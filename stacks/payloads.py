@@ -1,38 +1,71 @@
 """Payload delivery: payloads/ to s3://<bucket>/payloads/, which FSx imports as /fsx/payloads.
 
 A separate deployment from the lifecycle upload, and nothing else refers to it, so a payload-only
-change updates this one custom resource and never the cluster, FSx or network.
+change updates this one custom resource and never the cluster, FSx or network. It also writes
+deploy-facts.json (the runtime and each partition's image URI): the lifecycle's cluster facts reach
+a node only when it is provisioned, these reach /fsx/payloads on every deploy, where submit reads them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_deployment as s3_deployment
 from constructs import Construct
 
 from cluster_contract import PAYLOADS_FOLDER
+from llm_pipeline.jobs.deploy_facts import DEPLOY_FACTS_FILE, KEYS
 from stacks.image import RECIPES
 from stacks.uploads import CACHE_EXCLUDES, deploy_to_prefix
 
 # Image-build inputs reach the nodes inside the image, tests never leave the repo.
+# A local deploy-facts.json would collide with the generated one.
 PAYLOAD_EXCLUDES = [
     *CACHE_EXCLUDES,
     "tests",
     *(recipe.dockerfile for recipe in RECIPES.values()),
     ".dockerignore",
     "image",
+    DEPLOY_FACTS_FILE,
 ]
 
 
+class DeployFactsError(ValueError):
+    """The stack's deploy facts do not match what submit reads (llm_pipeline.jobs.deploy_facts.KEYS)."""
+
+
+def deploy_facts(cluster_facts: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of the cluster facts that changes with a deploy, in the shape submit reads."""
+    return {
+        "runtime": cluster_facts["runtime"],
+        "default_partition": cluster_facts["default_partition"],
+        "partition_images": {name: facts["image_uri"] for name, facts in cluster_facts["partitions"].items()},
+    }
+
+
 class PayloadUpload(Construct):
-    def __init__(self, scope: Construct, construct_id: str, *, source_dir: Path, bucket: s3.IBucket) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        source_dir: Path,
+        bucket: s3.IBucket,
+        deploy_facts: Mapping[str, Any],
+    ) -> None:
         super().__init__(scope, construct_id)
+        if sorted(deploy_facts) != sorted(KEYS):
+            raise DeployFactsError(f"deploy facts {sorted(deploy_facts)} differ from what submit reads: {sorted(KEYS)}")
         self.deployment = deploy_to_prefix(
             self,
             "Deployment",
             bucket=bucket,
             prefix=PAYLOADS_FOLDER,
-            sources=[s3_deployment.Source.asset(str(source_dir), exclude=PAYLOAD_EXCLUDES)],
+            sources=[
+                s3_deployment.Source.asset(str(source_dir), exclude=PAYLOAD_EXCLUDES),
+                s3_deployment.Source.json_data(DEPLOY_FACTS_FILE, dict(deploy_facts)),
+            ],
         )

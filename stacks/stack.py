@@ -10,13 +10,14 @@ from constructs import Construct
 from stacks.accelerators import CUDA, NEURON
 from stacks.cluster import HyperPodCluster
 from stacks.config import HyperPodConfig, cluster_facts
+from stacks.handler_logs import attach_provider_log_groups
 from stacks.iam import ClusterRole
 from stacks.image import RECIPES, TrainingImage
 from stacks.lifecycle import LifecycleUpload
 from stacks.nag import acknowledge_cdk_providers
 from stacks.network import Network
 from stacks.outputs import add_outputs
-from stacks.payloads import PayloadUpload
+from stacks.payloads import PayloadUpload, deploy_facts
 from stacks.storage import DataBucket, SharedFileSystem
 
 
@@ -70,14 +71,17 @@ class HyperPodStack(Stack):
             subnet=self.network.private_subnet,
             security_group=security_group.group,
         )
+        facts = cluster_facts(config, image_uris=image_uris)
         self.lifecycle = LifecycleUpload(
-            self,
-            "Lifecycle",
-            source_dir=source_root / "lifecycle",
-            bucket=self.data.bucket,
-            facts=cluster_facts(config, image_uris=image_uris),
+            self, "Lifecycle", source_dir=source_root / "lifecycle", bucket=self.data.bucket, facts=facts
         )
-        self.payloads = PayloadUpload(self, "Payloads", source_dir=source_root / "payloads", bucket=self.data.bucket)
+        self.payloads = PayloadUpload(
+            self,
+            "Payloads",
+            source_dir=source_root / "payloads",
+            bucket=self.data.bucket,
+            deploy_facts=deploy_facts(facts),
+        )
         self.cluster = HyperPodCluster(
             self,
             "HyperPod",
@@ -104,3 +108,4 @@ class HyperPodStack(Stack):
             image_uri=default_image.image_uri,
         )
         acknowledge_cdk_providers(self, destination=self.data.bucket)
+        attach_provider_log_groups(self)

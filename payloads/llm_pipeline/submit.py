@@ -20,7 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from llm_pipeline.jobs import pipeline_status
+from llm_pipeline.errors import StepError
+from llm_pipeline.jobs import deploy_facts, pipeline_status
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts, RunFactsError, read_run_facts
 
@@ -43,13 +44,18 @@ def slurm(argv: list[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: command not found")
 
 
-def job_environment(facts: RunFacts) -> dict[str, str]:
-    """What every job needs beyond the submitting shell's environment (sbatch exports that too)."""
+def job_environment(facts: RunFacts, env: dict[str, str] | None = None) -> dict[str, str]:
+    """What every job needs beyond the submitting shell's environment (sbatch exports that too).
+
+    The image and runtime are pinned for the whole chain: a deploy while it runs cannot switch a
+    later step to an image the prepare step never imported."""
     values = {
         "HPL_PAYLOADS_DIR": str(PAYLOADS_DIR),
         "HPL_RUN_CONFIG": str(facts.config),
         "HPL_RUN_DIR": str(facts.output_dir),
     }
+    pinned = env or {}
+    values.update({name: pinned[name] for name in deploy_facts.ENV_NAMES if pinned.get(name)})
     for name, value in values.items():
         if "," in value:  # --export separates variables with commas
             raise SubmitError(f"{name}={value} contains a comma: move it to a path without one")
@@ -69,7 +75,7 @@ def check_runtime_sees(facts: RunFacts, env: dict[str, str]) -> None:
 
 
 def sbatch_command(step: str, facts: RunFacts, after: str | None, env: dict[str, str]) -> list[str]:
-    exports = ",".join(["ALL", *(f"{key}={value}" for key, value in job_environment(facts).items())])
+    exports = ",".join(["ALL", *(f"{key}={value}" for key, value in job_environment(facts, env).items())])
     command = [
         "sbatch",
         "--parsable",
@@ -173,8 +179,10 @@ def report(facts: RunFacts, states: list[pipeline_status.StepState]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    env = dict(os.environ)
     try:
+        # The latest deploy's image and runtime (FSx payloads) win over the node profile's.
+        env = dict(os.environ)
+        env.update(deploy_facts.read_deploy_facts(PAYLOADS_DIR, partition=env.get("HPL_PARTITION")))
         facts = read_run_facts(args.config, env)
         check_runtime_sees(facts, env)
         if args.action == "status":
@@ -200,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.wait:
             return report(facts, pipeline_status.wait(facts.logs_dir, slurm, poll_s=args.poll))
         return 0
-    except (RunFactsError, SubmitError) as exc:
+    except (RunFactsError, SubmitError, StepError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -7,6 +7,8 @@
 # Cluster facts (/etc/profile.d/hyperpod-lora.sh on HyperPod nodes): HPL_FSX_MOUNT_PATH,
 # HPL_MODELS_DIR, HPL_DATASETS_DIR, HPL_OUTPUTS_DIR, HPL_COMPILE_CACHE_DIR, HPL_IMAGES_DIR,
 # HPL_SCRATCH_DIR, HPL_IMAGE_URI, HPL_RUNTIME (pyxis|host), HPL_DEVICES_PER_NODE, HPL_REGION.
+# HPL_IMAGE_URI and HPL_RUNTIME change with each deploy: submit reads them from the payloads'
+# deploy-facts.json (llm_pipeline.jobs.deploy_facts) and exports them to every job of the chain.
 # Local fallbacks: paths under HPL_FSX_MOUNT_PATH (default /fsx), runtime host, PYTHON or python3.
 set -euo pipefail
 

@@ -48,3 +48,15 @@ def test_retain_outputs_keeps_the_data_bucket_and_its_objects(synth_variant):
     for kind in ("AWS::SageMaker::Cluster", "AWS::FSx::FileSystem", "AWS::EC2::VPC"):
         ((_, resource),) = synth_variant.resources(kind).items()
         assert resource.get("DeletionPolicy", "Delete") == "Delete", kind
+
+
+def test_every_lambda_logs_to_a_group_with_retention_removed_on_destroy(synth):
+    """CDK's helper Lambdas would otherwise create /aws/lambda/* groups that never expire and outlive destroy."""
+    functions = synth.resources("AWS::Lambda::Function")
+    groups = synth.resources("AWS::Logs::LogGroup")
+    assert len(functions) == 3, sorted(functions)  # upload handler, S3 auto-delete, VPC default-SG restriction
+    for name, function in functions.items():
+        target = function["Properties"].get("LoggingConfig", {}).get("LogGroup", {}).get("Ref")
+        assert target in groups, f"{name} has no log group of its own"
+        assert groups[target]["Properties"]["RetentionInDays"] == 30, name
+        assert groups[target]["DeletionPolicy"] == "Delete", name

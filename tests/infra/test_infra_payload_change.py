@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from aws_cdk import App, Stack
 
+from llm_pipeline.jobs.deploy_facts import DEPLOY_FACTS_FILE, KEYS, read_deploy_facts
 from stacks.image import TrainingImage
 
 pytestmark = pytest.mark.xdist_group("infra")
@@ -48,11 +50,16 @@ def test_image_hash_ignores_payload_code_but_tracks_the_image_inputs(sources_cop
     assert image_hash(payloads) != original
 
 
+def staged_sources(synth) -> list[set[str]]:
+    """The files of each source of the payload upload, as cdk.out stages them."""
+    keys = payload_deployment(synth)[1]["SourceObjectKeys"]
+    folders = [synth.outdir / f"asset.{key.removesuffix('.zip')}" for key in keys]
+    return [{p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} for folder in folders]
+
+
 def test_payload_upload_skips_image_inputs_tests_and_caches(synth):
-    deployment = synth.cfn_ids_under(synth.stack.payloads, "Custom::CDKBucketDeployment").pop()
-    (key,) = synth.template["Resources"][deployment]["Properties"]["SourceObjectKeys"]
-    staged = synth.outdir / f"asset.{key.removesuffix('.zip')}"
-    names = {p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file()}
+    names, facts = staged_sources(synth)
+    assert facts == {DEPLOY_FACTS_FILE}
     assert "llm_pipeline/config.py" in names and "requirements-cluster.txt" in names
     unwanted = [
         n
@@ -63,4 +70,68 @@ def test_payload_upload_skips_image_inputs_tests_and_caches(synth):
         or n.endswith(".pyc")
     ]
     assert unwanted == []
-    assert synth.template["Resources"][deployment]["Properties"]["DestinationBucketKeyPrefix"] == "payloads/"
+    assert payload_deployment(synth)[1]["DestinationBucketKeyPrefix"] == "payloads/"
+
+
+def payload_deployment(synth) -> tuple[str, dict]:
+    deployment = synth.cfn_ids_under(synth.stack.payloads, "Custom::CDKBucketDeployment").pop()
+    return deployment, synth.template["Resources"][deployment]["Properties"]
+
+
+def image_tag(synth) -> str:
+    (image,) = synth.assets_manifest()["dockerImages"].values()
+    (destination,) = image["destinations"].values()
+    return destination["imageTag"]
+
+
+def rendered_deploy_facts(synth, folder: Path) -> Path:
+    """deploy-facts.json as the upload handler writes it: each marker replaced by its deploy-time value."""
+    _, props = payload_deployment(synth)
+    _, facts_key = props["SourceObjectKeys"]
+    _, markers = props["SourceMarkers"]
+    text = (synth.outdir / f"asset.{facts_key.removesuffix('.zip')}" / DEPLOY_FACTS_FILE).read_text()
+    for marker, value in markers.items():  # Fn::Join ['"', Fn::Sub '<uri>', '"'] for an image URI
+        parts = value["Fn::Join"][1]
+        rendered = "".join(part if isinstance(part, str) else part["Fn::Sub"] for part in parts)
+        text = text.replace(marker, rendered.replace("${AWS::URLSuffix}", "amazonaws.com"))
+    (folder / DEPLOY_FACTS_FILE).write_text(text)
+    return folder
+
+
+def test_an_image_change_reaches_the_payloads_deploy_facts_not_the_cluster(
+    synth, sources_copy, synthesize_from, tmp_path
+):
+    """The nodes' profile has the image of their provisioning; /fsx/payloads/deploy-facts.json has the latest,
+    and submit's own reader finds it there."""
+    pins = sources_copy / "payloads" / "requirements-cluster.txt"
+    pins.write_text(pins.read_text() + "\n# a pin change rebuilds the image\n")
+    after = synthesize_from(sources_copy)
+    old_tag, new_tag = image_tag(synth), image_tag(after)
+    assert old_tag != new_tag
+
+    changed = changed_resources(synth.template, after.template)
+    uploads = synth.cfn_ids_under(synth.stack.payloads) | synth.cfn_ids_under(synth.stack.lifecycle)
+    assert synth.cfn_ids_under(synth.stack.payloads, "Custom::CDKBucketDeployment") <= changed
+    assert changed <= uploads, f"only the uploads may change, not {sorted(changed - uploads)}"
+    for which, tag in ((synth, old_tag), (after, new_tag)):
+        folder = tmp_path / tag
+        folder.mkdir()
+        facts = read_deploy_facts(rendered_deploy_facts(which, folder))
+        assert facts["HPL_IMAGE_URI"].endswith(f":{tag}"), facts
+        assert facts["HPL_RUNTIME"] == synth.config.runtime
+
+
+def test_deploy_facts_name_every_partitions_image(named_synths, tmp_path):
+    mixed = named_synths["mixed"]  # a trn1 and a g5 partition: one image per accelerator family
+    facts_file = rendered_deploy_facts(mixed, tmp_path) / DEPLOY_FACTS_FILE
+    written = json.loads(facts_file.read_text())
+    assert sorted(written) == sorted(KEYS)
+    assert written["default_partition"] == mixed.config.default_group.partition
+    images = {
+        group.partition: read_deploy_facts(tmp_path, partition=group.partition)["HPL_IMAGE_URI"]
+        for group in mixed.config.compute_groups
+    }
+    assert set(images) == set(written["partition_images"]) == {"trn1", "g5"}
+    assert len(set(images.values())) == 2 and all(
+        uri.startswith(f"{mixed.config.account}.dkr.ecr.") for uri in images.values()
+    )

@@ -19,7 +19,16 @@ from llm_pipeline.submit import STEPS
 
 pytestmark = pytest.mark.xdist_group("slurm")
 PAYLOADS = REPO / "payloads"
-CONTROLLER_SIDE = ("submit", "config", "errors", "jobs", "jobs.run_facts", "jobs.pipeline_status", "jobs.launch")
+CONTROLLER_SIDE = (
+    "submit",
+    "config",
+    "errors",
+    "jobs",
+    "jobs.run_facts",
+    "jobs.pipeline_status",
+    "jobs.launch",
+    "jobs.deploy_facts",
+)
 
 
 def constrained_submit(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
