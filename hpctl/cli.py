@@ -1,4 +1,4 @@
-"""hpctl: operate the deployed HyperPod cluster (status, wait, shell, submit, logs)."""
+"""hpctl: operate the deployed HyperPod cluster (status, wait, shell, submit, logs) and training jobs (job)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from cluster_contract import DEFAULT_STACK_NAME
-from hpctl import commands
+from hpctl import commands, job_commands
 from hpctl.errors import HpctlError
 from llm_pipeline.submit import STEPS as PIPELINE_STEPS  # stdlib-only module, shipped with hpctl
 
@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     steps.add_argument("log", nargs="?", help="log file, or a step name for its newest log (omit to list)")
     steps.add_argument("--tail", type=count, default=0, metavar="N", help="last N lines (0: all)")
     steps.set_defaults(handler=commands.logs_steps)
+    job_commands.add_parsers(sub, common)
     return parser
 
 

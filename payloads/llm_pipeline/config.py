@@ -208,6 +208,28 @@ class GenerateConfig:
     temperature: float = described(0.0, ">= 0: sampling temperature; 0 = greedy")
 
 
+# SageMaker caps a training job's run time (and a spot job's wait) at 28 days.
+JOB_MAX_HOURS = 28 * 24
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """The run as a SageMaker training job (`hpctl job submit`); the steps never read it."""
+
+    instance_type: str = described(
+        "ml.trn1.32xlarge",
+        "training job instance type (`hpctl job submit --instance-type` overrides); instances: parallel.nodes",
+    )
+    volume_size_gb: int = described(500, ">= 1: ML storage volume per instance: the model, the data, the run folder")
+    max_runtime_hours: float = described(24.0, "0 < x <= 672: SageMaker stops the job after this long")
+    spot: bool = described(
+        False, "managed spot training: billed at the spot price, may be interrupted; resumes from its checkpoints"
+    )
+    max_wait_hours: float = described(
+        0.0, "spot only: capacity wait plus run time before SageMaker gives up (0: twice max_runtime_hours)"
+    )
+
+
 @dataclass(frozen=True)
 class TorchtitanConfig:
     job_file: str = described(
@@ -239,6 +261,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     torchtitan: TorchtitanConfig = field(default_factory=TorchtitanConfig)
+    job: JobConfig = field(default_factory=JobConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -377,6 +400,15 @@ def validate(cfg: RunConfig) -> None:
             line,
             "TOML lines 'section.key = value', e.g. 'training.local_batch_size = 2'",
         )
+    job = cfg.job
+    _require(job.volume_size_gb >= 1, "job.volume_size_gb", job.volume_size_gb, ">= 1")
+    _require(0 < job.max_runtime_hours <= JOB_MAX_HOURS, "job.max_runtime_hours", job.max_runtime_hours, "0 < x <= 672")
+    _require(
+        job.max_wait_hours == 0 or job.max_runtime_hours <= job.max_wait_hours <= JOB_MAX_HOURS,
+        "job.max_wait_hours",
+        job.max_wait_hours,
+        "0 (twice max_runtime_hours), or between job.max_runtime_hours and 672",
+    )
 
 
 # What the neuron backend cannot run today, and what to do instead (full fine-tuning on Trainium is

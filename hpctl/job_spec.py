@@ -1,0 +1,185 @@
+"""What a SageMaker training job of a run is made of, decided before the SDK or AWS is touched.
+
+One run config, the same paths as on the cluster: the run config's ``${HPL_..._DIR}`` folders map to
+S3 prefixes and, inside the job, to channels (llm_pipeline/jobs/sagemaker_env.py):
+
+    s3://<bucket>/models/<run>/     -> channel `models`   -> HPL_MODELS_DIR   (optional: else the job downloads)
+    s3://<bucket>/datasets/<run>/   -> channel `datasets` -> HPL_DATASETS_DIR (when data.dataset is a file there)
+    s3://<bucket>/outputs/<run>/    <- the run folder, the job's checkpoint folder (synced while it runs)
+    s3://<bucket>/jobs/<run>/       <- staged code, model.tar.gz / output.tar.gz, TensorBoard
+
+<run> is the run folder's name (paths.output_dir under ${HPL_OUTPUTS_DIR}), so a job's outputs land
+where the cluster's FSx export puts the same run's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from hpctl.errors import HpctlError
+from hpctl.job_instances import NEURON_CORES_PER_INSTANCE
+from llm_pipeline import config as run_config
+from llm_pipeline.jobs import sagemaker_env
+
+ENTRY_MODULE = "llm_pipeline.sagemaker_job"
+CODE_CONFIGS_FOLDER = "configs"  # run configs sit here in the code channel, as in payloads/
+JOBS_PREFIX = "jobs"
+MODELS_PREFIX = "models"
+DATASETS_PREFIX = "datasets"
+OUTPUTS_PREFIX = "outputs"
+JOB_NAME_PREFIX = "hpl-"
+BASE_NAME_LIMIT = 40  # the SDK appends -<timestamp>; training job names stop at 63 characters
+# Stand-ins for the HPL_* folders: a path under one of them is relative to that S3 prefix.
+SENTINEL_ROOT = PurePosixPath("/hpl-job")
+SENTINELS = {
+    "HPL_MODELS_DIR": SENTINEL_ROOT / MODELS_PREFIX,
+    "HPL_DATASETS_DIR": SENTINEL_ROOT / DATASETS_PREFIX,
+    "HPL_OUTPUTS_DIR": SENTINEL_ROOT / OUTPUTS_PREFIX,
+    "HPL_COMPILE_CACHE_DIR": SENTINEL_ROOT / "neuron-cache",
+    "HPL_FSX_MOUNT_PATH": SENTINEL_ROOT,
+    "HPL_SCRATCH_DIR": SENTINEL_ROOT / "scratch",
+}
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """Command-line choices that override the run config's [job] section (None: keep the config's)."""
+
+    instance_type: str | None = None
+    instance_count: int | None = None
+    spot: bool | None = None
+    max_runtime_hours: float | None = None
+    image_uri: str | None = None
+    role_arn: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where the run config's folders sit relative to the HPL_* folders."""
+
+    run: str  # the run folder's path under ${HPL_OUTPUTS_DIR}, e.g. llama3-8b-dolly-lora
+    model: str  # paths.model_dir under ${HPL_MODELS_DIR}
+    dataset: str | None  # data.dataset under ${HPL_DATASETS_DIR}; None for a Hub dataset id
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    run: str
+    config_file: Path  # the local run config; staged as configs/<name> in the code channel
+    instance_type: str
+    instance_count: int
+    image_uri: str
+    role_arn: str
+    bucket: str
+    channels: dict[str, str]  # channel name -> S3 prefix
+    environment: dict[str, str]
+    spot: bool
+    max_runtime_s: int
+    max_wait_s: int | None
+    volume_size_gb: int
+    tags: dict[str, str]
+
+    @property
+    def command(self) -> str:
+        return f"python3 -m {ENTRY_MODULE} --config {CODE_CONFIGS_FOLDER}/{self.config_file.name}"
+
+    @property
+    def base_job_name(self) -> str:
+        slug = re.sub(r"[^A-Za-z0-9-]+", "-", self.run).strip("-")
+        return (JOB_NAME_PREFIX + slug)[:BASE_NAME_LIMIT].rstrip("-")
+
+    @property
+    def outputs_uri(self) -> str:
+        return f"s3://{self.bucket}/{OUTPUTS_PREFIX}/{self.run}/"
+
+    @property
+    def jobs_prefix(self) -> str:
+        return f"{JOBS_PREFIX}/{self.run}"
+
+    @property
+    def artifacts_uri(self) -> str:
+        return f"s3://{self.bucket}/{self.jobs_prefix}/"
+
+    @property
+    def tensorboard_uri(self) -> str:
+        return f"s3://{self.bucket}/{self.jobs_prefix}/tensorboard/"
+
+    @property
+    def checkpoint_local_path(self) -> str:
+        return f"{sagemaker_env.CONTAINER_ROOT}/{sagemaker_env.CHECKPOINTS_FOLDER}/{self.run}"
+
+    @property
+    def tensorboard_local_path(self) -> str:
+        return f"{self.checkpoint_local_path}/tensorboard"
+
+
+def resolve_config_file(value: str, *, project_root: Path) -> Path:
+    """A run config path, or a name under payloads/configs/ (`default`, `tiny-cpu.toml`)."""
+    configs = project_root / "payloads" / CODE_CONFIGS_FOLDER
+    for candidate in (Path(value), project_root / value, configs / value, configs / f"{value}.toml"):
+        if candidate.is_file():
+            return candidate.resolve()
+    available = ", ".join(sorted(path.stem for path in configs.glob("*.toml"))) or "none"
+    raise HpctlError(f"run config {value} not found (a path, or a name in payloads/configs/: {available})")
+
+
+def load_run_config(path: Path, options: JobOptions) -> run_config.RunConfig:
+    """The run config with its ${HPL_*} folders at stand-ins, command-line overrides applied, validated."""
+    try:
+        cfg = run_config.load(path, env={name: str(value) for name, value in SENTINELS.items()})
+        if options.instance_count is not None:
+            cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, nodes=options.instance_count))
+        job = cfg.job
+        for name in ("instance_type", "spot", "max_runtime_hours"):
+            if getattr(options, name) is not None:
+                job = dataclasses.replace(job, **{name: getattr(options, name)})
+        cfg = dataclasses.replace(cfg, job=job)
+        run_config.validate(cfg)
+    except run_config.ConfigError as error:
+        raise HpctlError(f"{path}: {error}") from None
+    return cfg
+
+
+def _under(path: str, folder: str, key: str, *, what: str) -> str:
+    sentinel = SENTINELS[folder]
+    relative = PurePosixPath(path).relative_to(sentinel) if PurePosixPath(path).is_relative_to(sentinel) else None
+    if relative is None or not relative.parts:
+        raise HpctlError(
+            f"{key} = {path!r} is not under ${{{folder}}}: a training job finds {what} only there; "
+            f'write it as "${{{folder}}}/<name>" (as payloads/configs/default.toml does)'
+        )
+    return relative.as_posix()
+
+
+def run_paths(cfg: run_config.RunConfig) -> RunPaths:
+    run = _under(cfg.paths.output_dir, "HPL_OUTPUTS_DIR", "paths.output_dir", what="its run folder")
+    model = _under(cfg.paths.model_dir, "HPL_MODELS_DIR", "paths.model_dir", what="the model")
+    dataset = None
+    if cfg.data.dataset.startswith("/"):
+        dataset = _under(cfg.data.dataset, "HPL_DATASETS_DIR", "data.dataset", what="a dataset file")
+    return RunPaths(run=run, model=model, dataset=dataset)
+
+
+def job_environment(instance_type: str) -> dict[str, str]:
+    """The job's Environment: processes per host where the instance facts know them."""
+    env = {"PYTHONUNBUFFERED": "1"}
+    cores = NEURON_CORES_PER_INSTANCE.get(instance_type)
+    if cores:
+        env["HPL_DEVICES_PER_NODE"] = str(cores)
+    return env
+
+
+def stage_source(spec: JobSpec, destination: Path) -> Path:
+    """The code channel: the payload package and the run config, as payloads/ lays them out."""
+    import llm_pipeline
+
+    package = Path(llm_pipeline.__file__).resolve().parent
+    shutil.copytree(package, destination / package.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (destination / CODE_CONFIGS_FOLDER).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(spec.config_file, destination / CODE_CONFIGS_FOLDER / spec.config_file.name)
+    return destination

@@ -1,0 +1,305 @@
+"""`hpctl job`: the pipeline as a SageMaker training job, built by the pinned sagemaker SDK against moto.
+
+The CreateTrainingJob request the SDK sends is captured on the wire side of botocore, validated
+against botocore's service model and compared with the run config; bad input stops before any upload.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from botocore.stub import Stubber
+from botocore.validate import ParamValidator
+from conftest import FIXTURE_SESSION, REGION, STACK, outputs_template
+from moto import mock_aws
+from moto.core import DEFAULT_ACCOUNT_ID
+from moto.sagemaker.models import sagemaker_backends
+
+from hpctl import job_commands
+from hpctl.job_status import hourly_price, render_status, stop_job
+
+REPO = Path(__file__).resolve().parents[2]
+BUCKET = "sagemaker-hpl-jobs-bucket"
+ROLE = f"arn:aws:iam::{DEFAULT_ACCOUNT_ID}:role/hpl-job"
+NEURON_IMAGE = f"{DEFAULT_ACCOUNT_ID}.dkr.ecr.{REGION}.amazonaws.com/hpl-neuron:1"
+CUDA_IMAGE = f"{DEFAULT_ACCOUNT_ID}.dkr.ecr.{REGION}.amazonaws.com/hpl-cuda:1"
+OUTPUTS = {"BucketName": BUCKET, "JobRoleArn": ROLE, "NeuronImageUri": NEURON_IMAGE, "CudaImageUri": CUDA_IMAGE}
+
+
+@pytest.fixture
+def jobs_stack(aws_env, project, monkeypatch, tmp_path):
+    """A jobs-only deployment: bucket, role and images as stack outputs; the project's real run configs."""
+    for name in ("default.toml", "tiny-cpu.toml"):
+        shutil.copy2(REPO / "payloads" / "configs" / name, project / "payloads" / "configs" / name)
+    sdk_config = tmp_path / "sagemaker-config.yaml"
+    sdk_config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n")
+    monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(sdk_config))
+    monkeypatch.setenv("SAGEMAKER_VALIDATE_ROLE", "false")  # moto has no iam:SimulatePrincipalPolicy
+    with mock_aws():
+        s3 = FIXTURE_SESSION.client("s3")
+        s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+        FIXTURE_SESSION.client("cloudformation").create_stack(StackName=STACK, TemplateBody=outputs_template(OUTPUTS))
+        yield s3
+
+
+@pytest.fixture
+def requests_sent(monkeypatch):
+    """Every CreateTrainingJob request botocore is about to send, as the service model sees it."""
+    sent: list[dict] = []
+    real_connect = job_commands.connect
+
+    def connect(args):
+        deployment = real_connect(args)
+        deployment.session.events.register(
+            "provide-client-params.sagemaker.CreateTrainingJob", lambda params, **_: sent.append(params)
+        )
+        return deployment
+
+    monkeypatch.setattr(job_commands, "connect", connect)
+    return sent
+
+
+def sagemaker():
+    return FIXTURE_SESSION.client("sagemaker")
+
+
+def valid_request(params: dict) -> dict:
+    model = FIXTURE_SESSION._session.get_service_model("sagemaker").operation_model("CreateTrainingJob")
+    report = ParamValidator().validate(params, model.input_shape)
+    assert not report.has_errors(), report.generate_report()
+    return params
+
+
+def channel_uris(request: dict) -> dict[str, str]:
+    return {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in request["InputDataConfig"]}
+
+
+def read_s3_json(s3, uri: str) -> dict:
+    bucket, key = uri.removeprefix("s3://").split("/", 1)
+    return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+
+
+def test_submit_builds_the_job_the_run_config_describes(jobs_stack, requests_sent, hpctl):
+    s3 = jobs_stack
+    s3.put_object(Bucket=BUCKET, Key="models/tiny-lora/tiny-llama/config.json", Body=b"{}")
+    s3.put_object(Bucket=BUCKET, Key="datasets/tiny-lora/tiny-dolly.jsonl", Body=b"{}\n")
+
+    code, out, err = hpctl(
+        "job", "submit", "--config", "tiny-cpu", "--instance-count", "2", "--spot", "--tag", "team=ml"
+    )
+
+    assert code == 0, err
+    (request,) = requests_sent
+    valid_request(request)
+    name = request["TrainingJobName"]
+    assert name.startswith("hpl-tiny-lora-") and f"created training job {name}" in out
+    assert request["AlgorithmSpecification"]["TrainingImage"] == CUDA_IMAGE  # a CPU type runs the CUDA image
+    assert request["RoleArn"] == ROLE
+    assert request["ResourceConfig"] == {"InstanceType": "ml.m5.xlarge", "InstanceCount": 2, "VolumeSizeInGB": 30}
+    channels = channel_uris(request)
+    assert channels["models"] == f"s3://{BUCKET}/models/tiny-lora/"
+    assert channels["datasets"] == f"s3://{BUCKET}/datasets/tiny-lora/"
+    assert channels["code"].startswith(f"s3://{BUCKET}/jobs/tiny-lora/{name}/input/code")
+    assert request["CheckpointConfig"] == {
+        "S3Uri": f"s3://{BUCKET}/outputs/tiny-lora/",
+        "LocalPath": "/opt/ml/checkpoints/tiny-lora",
+    }
+    assert request["TensorBoardOutputConfig"] == {
+        "S3OutputPath": f"s3://{BUCKET}/jobs/tiny-lora/tensorboard/",
+        "LocalPath": "/opt/ml/checkpoints/tiny-lora/tensorboard",
+    }
+    assert request["OutputDataConfig"]["S3OutputPath"] == f"s3://{BUCKET}/jobs/tiny-lora/"
+    assert request["EnableManagedSpotTraining"] is True
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 7200}
+    tags = {tag["Key"]: tag["Value"] for tag in request["Tags"]}
+    assert tags["hpl-run"] == "tiny-lora" and tags["hpl-config"] == "tiny-cpu.toml" and tags["team"] == "ml"
+    # The code channel holds the payload package and the run config; the SDK's driver runs our command.
+    code_key = channels["code"].removeprefix(f"s3://{BUCKET}/")
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=code_key)["Contents"]}
+    assert f"{code_key}/llm_pipeline/sagemaker_job.py" in keys and f"{code_key}/configs/tiny-cpu.toml" in keys
+    source_code = read_s3_json(s3, channels["sm_drivers"] + "/sourcecode.json")
+    assert source_code["command"] == "python3 -m llm_pipeline.sagemaker_job --config configs/tiny-cpu.toml"
+    assert sagemaker().describe_training_job(TrainingJobName=name)["RoleArn"] == ROLE
+
+
+def test_neuron_run_gets_the_neuron_image_and_its_cores(jobs_stack, requests_sent, hpctl):
+    code, out, err = hpctl("job", "submit", "--config", "default")
+
+    assert code == 0, err
+    request = valid_request(requests_sent[0])
+    assert request["AlgorithmSpecification"]["TrainingImage"] == NEURON_IMAGE
+    assert request["ResourceConfig"]["InstanceType"] == "ml.trn1.32xlarge"
+    assert request["Environment"]["HPL_DEVICES_PER_NODE"] == "32"  # torchrun processes per host
+    assert "EnableManagedSpotTraining" not in request or request["EnableManagedSpotTraining"] is False
+    assert set(channel_uris(request)) == {"code", "sm_drivers"}  # no model in S3: the job downloads it
+    assert "the job downloads it" in out
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 24 * 3600}
+
+
+def nothing_created(s3) -> bool:
+    return not sagemaker().list_training_jobs()["TrainingJobSummaries"] and "Contents" not in s3.list_objects_v2(
+        Bucket=BUCKET, Prefix="jobs/"
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "extra", "message"),
+    [
+        ("tiny-cpu", ["--instance-type", "ml.m5.huge"], "'ml.m5.huge' is not a SageMaker training instance type"),
+        ("tiny-cpu", ["--instance-type", "ml.trn1.32xlarge"], "train.backend = 'torch' cannot run on ml.trn1.32xlarge"),
+        ("default", ["--instance-type", "ml.g5.xlarge"], None),  # auto backend on a GPU: allowed (dry run)
+    ],
+)
+def test_instance_type_and_backend_are_checked_first(jobs_stack, hpctl, config, extra, message):
+    code, out, err = hpctl("job", "submit", "--config", config, "--dry-run", *extra)
+    if message is None:
+        assert code == 0 and "dry run: nothing created" in out and CUDA_IMAGE in out
+    else:
+        assert code == 2 and message in err
+    assert nothing_created(jobs_stack)
+
+
+def write_config(project: Path, name: str, text: str) -> str:
+    (project / "payloads" / "configs" / f"{name}.toml").write_text(text)
+    return name
+
+
+@pytest.mark.parametrize(
+    ("text", "instance_type", "message"),
+    [
+        ('[train]\nmethod = "qlora"\n', "ml.trn1.32xlarge", "train.method: 'qlora' cannot run on the neuron backend"),
+        ('[train]\nmethod = "qlora"\nbackend = "torch"\n', "ml.m5.xlarge", "bitsandbytes' CUDA kernels"),
+        ('[paths]\noutput_dir = "/fsx/outputs/x"\n', "ml.trn1.32xlarge", "paths.output_dir = '/fsx/outputs/x' is not"),
+        ('[data]\ndataset = "${HPL_DATASETS_DIR}/d.jsonl"\n', "ml.trn1.32xlarge", "upload it first"),
+    ],
+)
+def test_runs_that_cannot_work_there_stop_before_anything_is_created(
+    jobs_stack, project, hpctl, text, instance_type, message
+):
+    name = write_config(project, "bad", text)
+    code, _, err = hpctl("job", "submit", "--config", name, "--instance-type", instance_type)
+    assert code == 2 and message in err, err
+    assert nothing_created(jobs_stack)
+
+
+def test_a_missing_image_for_the_accelerator_is_named(jobs_stack, hpctl):
+    FIXTURE_SESSION.client("cloudformation").update_stack(
+        StackName=STACK, TemplateBody=outputs_template({k: v for k, v in OUTPUTS.items() if k != "CudaImageUri"})
+    )
+    code, _, err = hpctl("job", "submit", "--config", "default", "--instance-type", "ml.p5.48xlarge")
+    assert code == 2 and "no training image for cuda instances such as ml.p5.48xlarge (output CudaImageUri)" in err
+    assert nothing_created(jobs_stack)
+
+
+def price_list(usage_type: str, usd: str) -> str:
+    """One Price List API product in the service's document shape (the figure is test data, not a price)."""
+    return json.dumps(
+        {
+            "product": {"attributes": {"usagetype": usage_type, "regionCode": REGION}},
+            "terms": {
+                "OnDemand": {
+                    "SKU.TERM": {"priceDimensions": {"SKU.TERM.RATE": {"unit": "Hrs", "pricePerUnit": {"USD": usd}}}}
+                }
+            },
+        }
+    )
+
+
+def stubbed_pricing(items: list[str]):
+    client = FIXTURE_SESSION.client("pricing", region_name="us-east-1")
+    stubber = Stubber(client)
+    expected = {
+        "ServiceCode": "AmazonSageMaker",
+        "Filters": [
+            {"Type": "TERM_MATCH", "Field": "regionCode", "Value": REGION},
+            {"Type": "CONTAINS", "Field": "usagetype", "Value": "-Train:ml.m5.xlarge"},
+        ],
+    }
+    stubber.add_response("get_products", {"PriceList": items, "FormatVersion": "aws_v1"}, expected)
+    stubber.activate()
+    return client
+
+
+def test_price_comes_from_the_exact_on_demand_training_usage_type():
+    client = stubbed_pricing(
+        [price_list("USW2-Spot-Train:ml.m5.xlarge", "9.0"), price_list("USW2-Train:ml.m5.xlarge", "2.5")]
+    )
+    price = hourly_price(client, "ml.m5.xlarge", REGION)
+    assert (price.usd, price.usage_type) == (2.5, "USW2-Train:ml.m5.xlarge")
+    assert hourly_price(stubbed_pricing([]), "ml.m5.xlarge", REGION) is None
+
+
+def submit_tiny(s3, hpctl) -> None:
+    s3.put_object(Bucket=BUCKET, Key="datasets/tiny-lora/tiny-dolly.jsonl", Body=b"{}\n")
+    code, _, err = hpctl("job", "submit", "--config", "tiny-cpu")
+    assert code == 0, err
+
+
+def test_status_shows_billable_seconds_and_cost(jobs_stack, requests_sent, hpctl, monkeypatch):
+    submit_tiny(jobs_stack, hpctl)
+    name = requests_sent[0]["TrainingJobName"]
+    monkeypatch.setattr(
+        job_commands, "pricing_client", lambda session: stubbed_pricing([price_list("USW2-Train:ml.m5.xlarge", "2.5")])
+    )
+
+    code, out, err = hpctl("job", "status")
+
+    assert code == 0, err
+    assert f"job        {name}" in out and "status     Completed" in out
+    assert "billable   0 s per instance (start to end" in out  # moto's job starts and ends at once
+    assert "cost       $0.00 = 1 x 0 s x $2.5000/h (USW2-Train:ml.m5.xlarge; AWS Price List API" in out
+    assert f"run folder s3://{BUCKET}/outputs/tiny-lora/" in out
+
+
+def test_status_arithmetic_while_running_and_when_done():
+    start = datetime(2026, 11, 1, 10, 0, tzinfo=timezone.utc)
+    job = {
+        "TrainingJobName": "hpl-x",
+        "TrainingJobStatus": "InProgress",
+        "SecondaryStatus": "Training",
+        "ResourceConfig": {"InstanceType": "ml.trn1.32xlarge", "InstanceCount": 2},
+        "TrainingStartTime": start,
+    }
+    price = type("P", (), {"usd": 10.0, "usage_type": "USW2-Train:ml.trn1.32xlarge"})()
+    running = render_status(job, price, now=start + timedelta(minutes=30))
+    assert "billable   1800 s per instance so far (running" in running and "cost       $10.00 so far" in running
+    done = render_status({**job, "TrainingJobStatus": "Completed", "BillableTimeInSeconds": 720}, None)
+    assert "billable   720 s per instance\n" in done
+    assert "cost       not shown: no published on-demand training price for ml.trn1.32xlarge" in done
+
+
+def test_logs_print_every_host_stream(jobs_stack, hpctl):
+    logs = FIXTURE_SESSION.client("logs")
+    logs.create_log_group(logGroupName="/aws/sagemaker/TrainingJobs")
+    for host in ("algo-1", "algo-2"):
+        stream = f"hpl-run-1/{host}-1795390000"
+        logs.create_log_stream(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream)
+        events = [{"timestamp": 1795390000000 + i, "message": f"{host} line {i}"} for i in range(3)]
+        logs.put_log_events(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream, logEvents=events)
+
+    code, out, err = hpctl("job", "logs", "hpl-run-1", "--tail", "2")
+
+    assert code == 0, err
+    assert "==> /aws/sagemaker/TrainingJobs hpl-run-1/algo-1-1795390000 (3 lines) <==" in out
+    assert "algo-1 line 0" not in out and "algo-1 line 2" in out and "algo-2 line 1" in out
+
+
+def test_stop_refuses_a_finished_job_and_stops_a_running_one(jobs_stack, requests_sent, hpctl):
+    submit_tiny(jobs_stack, hpctl)
+    name = requests_sent[0]["TrainingJobName"]
+    code, _, err = hpctl("job", "stop", name)
+    assert code == 2 and f"training job {name} is Completed: there is nothing to stop" in err
+    # moto has no StopTrainingJob: a stubbed client checks the request for a running job.
+    sagemaker_backends[DEFAULT_ACCOUNT_ID][REGION].training_jobs[name].training_job_status = "InProgress"
+    client = FIXTURE_SESSION.client("sagemaker")
+    running = client.describe_training_job(TrainingJobName=name)
+    stubber = Stubber(client)
+    stubber.add_response("describe_training_job", running, {"TrainingJobName": name})
+    stubber.add_response("stop_training_job", {}, {"TrainingJobName": name})
+    with stubber:
+        assert stop_job(client, name).startswith(f"stopping {name} (was InProgress)")
+    stubber.assert_no_pending_responses()
