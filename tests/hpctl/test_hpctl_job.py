@@ -11,10 +11,10 @@ import shutil
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import boto3
 import pytest
 from botocore.stub import Stubber
 from botocore.validate import ParamValidator
-from conftest import FIXTURE_SESSION, REGION, STACK, outputs_template
 from moto import mock_aws
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.sagemaker.models import sagemaker_backends
@@ -23,6 +23,8 @@ from hpctl import job_commands
 from hpctl.job_status import hourly_price, render_status, stop_job
 
 REPO = Path(__file__).resolve().parents[2]
+REGION, STACK = "us-west-2", "HplTestStack"  # what the `project` fixture's cdk.json names
+FIXTURE_SESSION = boto3.Session(region_name=REGION)
 BUCKET = "sagemaker-hpl-jobs-bucket"
 ROLE = f"arn:aws:iam::{DEFAULT_ACCOUNT_ID}:role/hpl-job"
 NEURON_IMAGE = f"{DEFAULT_ACCOUNT_ID}.dkr.ecr.{REGION}.amazonaws.com/hpl-neuron:1"
@@ -30,9 +32,17 @@ CUDA_IMAGE = f"{DEFAULT_ACCOUNT_ID}.dkr.ecr.{REGION}.amazonaws.com/hpl-cuda:1"
 OUTPUTS = {"BucketName": BUCKET, "JobRoleArn": ROLE, "NeuronImageUri": NEURON_IMAGE, "CudaImageUri": CUDA_IMAGE}
 
 
+def outputs_template(outputs: dict[str, str]) -> str:
+    template = {"Resources": {"Placeholder": {"Type": "AWS::SNS::Topic"}}, "Outputs": {}}
+    template["Outputs"] = {key: {"Value": value} for key, value in outputs.items()}
+    return json.dumps(template)
+
+
 @pytest.fixture
 def jobs_stack(aws_env, project, monkeypatch, tmp_path):
     """A jobs-only deployment: bucket, role and images as stack outputs; the project's real run configs."""
+    cdk_context = json.loads((project / "cdk.json").read_text())["context"]
+    assert (cdk_context["stack_name"], cdk_context["region"]) == (STACK, REGION)
     for name in ("default.toml", "tiny-cpu.toml"):
         shutil.copy2(REPO / "payloads" / "configs" / name, project / "payloads" / "configs" / name)
     sdk_config = tmp_path / "sagemaker-config.yaml"

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from container import Container, lay_out
+from job_container import Container, lay_out
 
 from llm_pipeline import sagemaker_job
 from llm_pipeline.weights.adapter_files import open_adapter_folder

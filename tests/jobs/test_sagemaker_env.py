@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from container import lay_out
+from job_container import lay_out
 
 from llm_pipeline import config
 from llm_pipeline.jobs import launch, sagemaker_env
