@@ -73,6 +73,7 @@ FACT_KEYS = (
     "accelerator",
     "devices_per_node",
     "efa_interfaces",
+    "efa_device_rdma",
     "compute_instance_type",
     "runtime",
     "partitions",

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # HyperPod OnInitComplete: runs as root on every node after HyperPod's own setup (Slurm, Docker,
 # Enroot/Pyxis, FSx mount), at create, scale-up and replacement. Adds only what this project needs:
-# the shared FSx layout, the cluster facts as HPL_* environment, Neuron checks on compute nodes and a
-# message of the day on controller/login nodes. Idempotent: a second run changes nothing.
+# the shared FSx layout, the cluster facts as HPL_* environment (a compute node gets its own
+# partition's: accelerator, devices, EFA, image), device checks on compute nodes (Neuron devices on
+# Trainium; nvidia-smi and the EFA count on GPU nodes) and a message of the day on controller/login
+# nodes. Idempotent: a second run changes nothing.
 #
 # Overrides (for tests and unusual nodes):
 #   LIFECYCLE_ROOT                  prefix for every system path (default: none, i.e. /)
@@ -22,6 +24,8 @@ FSX_POLL="${LIFECYCLE_FSX_POLL:-5}"
 PROFILE_FILE="$ROOT/etc/profile.d/hyperpod-lora.sh"
 MOTD_FILE="$ROOT/etc/update-motd.d/99-hyperpod-lora"
 ENROOT_CONF="$ROOT/etc/enroot/enroot.conf"
+INSTALLED_FACTS="$ROOT/etc/hyperpod-lora/cluster-facts.json"  # every partition's facts, for submit
+EFA_DEVICES_DIR="$ROOT/sys/class/infiniband"  # one entry per EFA device (rdmap*)
 PATH="$PATH:$ROOT/opt/aws/neuron/bin"  # neuron-ls lives here on the HyperPod AMI
 STEP="start"
 
@@ -79,12 +83,15 @@ identify_node() {
 }
 
 # On a compute node its own partition's facts (accelerator, devices, EFA, image) replace the default's.
+# The whole facts file is kept too: submit reads every partition's facts from it (HPL_CLUSTER_FACTS_FILE).
 write_profile() {
   step write-profile
   PROFILE_TEXT="$(python3 "$HERE/node_facts.py" profile "$FACTS_FILE" "$NODE_GROUP")" \
     || die "cannot use the cluster facts for group $NODE_GROUP (see error above)"
+  PROFILE_TEXT+=$'\n'"export HPL_CLUSTER_FACTS_FILE=${INSTALLED_FACTS#"$ROOT"}"
   # shellcheck source=/dev/null
   source <(printf '%s\n' "$PROFILE_TEXT")
+  install_if_changed "$INSTALLED_FACTS" 0644 <"$FACTS_FILE"
   printf '%s\n' "$PROFILE_TEXT" | install_if_changed "$PROFILE_FILE" 0644
   log "partition $HPL_PARTITION: $HPL_COMPUTE_INSTANCE_TYPE, accelerator $HPL_ACCELERATOR, $HPL_DEVICES_PER_NODE devices, $HPL_EFA_INTERFACES EFA"
 }
@@ -129,10 +136,6 @@ create_fsx_layout() {
 
 check_neuron_devices() {
   step neuron-devices
-  if [[ "$HPL_COMPUTE_INSTANCE_TYPE" != ml.trn* && "$HPL_COMPUTE_INSTANCE_TYPE" != ml.inf* ]]; then
-    log "$HPL_COMPUTE_INSTANCE_TYPE has no Neuron devices; nothing to check"
-    return
-  fi
   local devices=("$ROOT"/dev/neuron[0-9]*)
   [[ -e "${devices[0]}" ]] \
     || die "no /dev/neuron* devices on this $HPL_COMPUTE_INSTANCE_TYPE node: the Neuron driver (aws-neuronx-dkms) is not loaded"
@@ -148,6 +151,48 @@ check_neuron_devices() {
     fi
   else
     log "neuron-ls not installed; relying on /dev/neuron*"
+  fi
+}
+
+# Diagnostics from here on: a failure is logged as WARNING and provisioning goes on, because a
+# non-zero exit fails the node and with it the whole cluster create; HyperPod's own health checks
+# (and deep health checks, where configured) replace a bad node.
+warn() { log "WARNING: $*"; }
+
+check_gpus() {
+  step gpu-devices
+  local report status=0 count
+  if ! command -v nvidia-smi >/dev/null; then
+    warn "nvidia-smi not found on this $HPL_COMPUTE_INSTANCE_TYPE node: the NVIDIA driver is missing"
+    return
+  fi
+  report="$(nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader 2>&1)" || status=$?
+  if ((status != 0)); then
+    warn "nvidia-smi failed (exit $status): ${report//$'\n'/; }"
+    return
+  fi
+  count="$(grep -c . <<<"$report" || true)"
+  while IFS= read -r line; do log "nvidia-smi: $line"; done <<<"$report"
+  if ((count == HPL_DEVICES_PER_NODE)); then
+    log "$count GPUs, as $HPL_COMPUTE_INSTANCE_TYPE has"
+  else
+    warn "$count GPUs visible, $HPL_COMPUTE_INSTANCE_TYPE has $HPL_DEVICES_PER_NODE"
+  fi
+}
+
+check_efa() {
+  step efa-devices
+  local devices=() count
+  if [[ -d "$EFA_DEVICES_DIR" ]]; then
+    devices=("$EFA_DEVICES_DIR"/*)
+    [[ -e "${devices[0]}" ]] || devices=()
+  fi
+  count="${#devices[@]}"
+  if ((count == HPL_EFA_INTERFACES)); then
+    log "$count EFA devices, as $HPL_COMPUTE_INSTANCE_TYPE has"
+  else
+    warn "$count EFA devices under ${EFA_DEVICES_DIR#"$ROOT"}, $HPL_COMPUTE_INSTANCE_TYPE has $HPL_EFA_INTERFACES:" \
+      "multi-node jobs will be slow or fail (check the security group allows all traffic within itself)"
   fi
 }
 
@@ -199,8 +244,15 @@ main() {
   create_fsx_layout
   case "$NODE_ROLE" in
     Compute)
-      check_neuron_devices
-      expose_neuron_to_enroot
+      case "$HPL_ACCELERATOR" in
+        neuron)
+          check_neuron_devices
+          expose_neuron_to_enroot
+          ;;
+        cuda) check_gpus ;;
+        *) log "$HPL_COMPUTE_INSTANCE_TYPE has no accelerator; nothing to check" ;;
+      esac
+      if ((HPL_EFA_INTERFACES > 0)); then check_efa; fi
       ;;
     Controller | Login) write_motd ;;
   esac

@@ -30,6 +30,9 @@ class InstanceFacts:
     devices: int  # NeuronCores (logical) or GPUs per node: processes per node at launch; 0 without one
     efa_interfaces: int  # EFA network interfaces per node (0: no EFA)
     device_model: str = ""  # for people: H100, A10G, Trainium, ...
+    # EFA reads and writes accelerator memory directly (GPUDirect RDMA / Neuron): libfabric's
+    # FI_EFA_USE_DEVICE_RDMA=1 is only valid where this holds (p4d, p5, trn; not g5).
+    efa_device_rdma: bool = False
 
     @property
     def accelerated(self) -> bool:
@@ -42,15 +45,15 @@ def _cpu(*sizes: str, family: str) -> dict[str, InstanceFacts]:
 
 INSTANCE_TYPES: dict[str, InstanceFacts] = {
     # Trainium (NeuronCores per node)
-    "ml.trn1.32xlarge": InstanceFacts(NEURON, 32, 8, "Trainium"),
-    "ml.trn1n.32xlarge": InstanceFacts(NEURON, 32, 16, "Trainium"),
-    "ml.trn2.48xlarge": InstanceFacts(NEURON, 64, 16, "Trainium2"),
+    "ml.trn1.32xlarge": InstanceFacts(NEURON, 32, 8, "Trainium", efa_device_rdma=True),
+    "ml.trn1n.32xlarge": InstanceFacts(NEURON, 32, 16, "Trainium", efa_device_rdma=True),
+    "ml.trn2.48xlarge": InstanceFacts(NEURON, 64, 16, "Trainium2", efa_device_rdma=True),
     # NVIDIA (GPUs per node)
-    "ml.p4d.24xlarge": InstanceFacts(CUDA, 8, 4, "A100 40GB"),
-    "ml.p4de.24xlarge": InstanceFacts(CUDA, 8, 4, "A100 80GB"),
-    "ml.p5.48xlarge": InstanceFacts(CUDA, 8, 32, "H100"),
-    "ml.p5e.48xlarge": InstanceFacts(CUDA, 8, 32, "H200"),
-    "ml.p5en.48xlarge": InstanceFacts(CUDA, 8, 16, "H200"),
+    "ml.p4d.24xlarge": InstanceFacts(CUDA, 8, 4, "A100 40GB", efa_device_rdma=True),
+    "ml.p4de.24xlarge": InstanceFacts(CUDA, 8, 4, "A100 80GB", efa_device_rdma=True),
+    "ml.p5.48xlarge": InstanceFacts(CUDA, 8, 32, "H100", efa_device_rdma=True),
+    "ml.p5e.48xlarge": InstanceFacts(CUDA, 8, 32, "H200", efa_device_rdma=True),
+    "ml.p5en.48xlarge": InstanceFacts(CUDA, 8, 16, "H200", efa_device_rdma=True),
     "ml.g5.xlarge": InstanceFacts(CUDA, 1, 0, "A10G"),
     "ml.g5.2xlarge": InstanceFacts(CUDA, 1, 0, "A10G"),
     "ml.g5.4xlarge": InstanceFacts(CUDA, 1, 0, "A10G"),

@@ -225,6 +225,7 @@ def partition_facts(config: HyperPodConfig, group: ComputeGroup, image_uris: Map
         "accelerator": group.accelerator,
         "devices_per_node": group.devices_per_node,
         "efa_interfaces": group.efa_interfaces,
+        "efa_device_rdma": int(group.efa_device_rdma),  # 0/1: node facts are strings and integers
         "image_uri": image_uris[config.image_family_of(group)],
         "capacity": group.capacity,
         "training_plan_arn": group.training_plan_arn,
@@ -258,6 +259,7 @@ def cluster_facts(config: HyperPodConfig, *, image_uris: Mapping[str, str]) -> d
         "accelerator": default["accelerator"],
         "devices_per_node": default["devices_per_node"],
         "efa_interfaces": default["efa_interfaces"],
+        "efa_device_rdma": default["efa_device_rdma"],
         "compute_instance_type": default["instance_type"],
         "runtime": config.runtime,
         "partitions": partitions,

@@ -27,6 +27,7 @@ PARTITION_KEYS = {
     "accelerator",
     "devices_per_node",
     "efa_interfaces",
+    "efa_device_rdma",
     "image_uri",
     "capacity",
     "training_plan_arn",
@@ -186,7 +187,8 @@ def test_cluster_facts_describe_every_partition_of_a_mixed_cluster():
         1,
         IMAGES["cuda"],
     )
-    assert (g5["count"], g5["capacity"]) == (0, "spot")
+    assert (g5["count"], g5["capacity"], g5["efa_device_rdma"]) == (0, "spot", 0)  # g5's EFA has no GPUDirect RDMA
+    assert facts["partitions"]["trn1"]["efa_device_rdma"] == 1
     # A CPU-only group runs in the first image the config builds.
     assert facts["partitions"]["cpu"]["image_uri"] == IMAGES["neuron"]
     assert (facts["partitions"]["cpu"]["accelerator"], facts["partitions"]["cpu"]["devices_per_node"]) == ("none", 0)

@@ -19,5 +19,13 @@ def node(tmp_path: Path) -> FakeNode:
 @pytest.fixture
 def compute_node(node: FakeNode) -> FakeNode:
     node.add_neuron_devices()
+    node.add_efa_devices(8)
     node.write_enroot_conf("ENROOT_RUNTIME_PATH /run/enroot/user-$(id -u)\nENROOT_RESTRICT_DEV yes\n")
+    return node
+
+
+@pytest.fixture
+def gpu_node(node: FakeNode) -> FakeNode:
+    """A node of the p5 partition: 8 GPUs through nvidia-smi, 32 EFA devices."""
+    node.add_efa_devices(32)
     return node

@@ -2,7 +2,7 @@
 
 The real script runs from a copy of lifecycle/ (as HyperPod downloads it, with cluster-facts.json
 beside it) against a temporary root (LIFECYCLE_ROOT). The node's system commands that tell about
-or change the machine (hostname, mountpoint, id, chown, neuron-ls, enroot) are recorders on PATH:
+or change the machine (hostname, mountpoint, id, chown, neuron-ls, enroot, nvidia-smi) are recorders on PATH:
 each logs its call, then answers like the real one from the test's settings. chown really changes
 ownership (the tests run as root, like the script on a node).
 """
@@ -42,6 +42,7 @@ FACTS = {
     "accelerator": "neuron",
     "devices_per_node": 32,
     "efa_interfaces": 8,
+    "efa_device_rdma": 1,
     "compute_instance_type": "ml.trn1.32xlarge",
     "runtime": "pyxis",
     "partitions": {
@@ -53,6 +54,7 @@ FACTS = {
             "accelerator": "neuron",
             "devices_per_node": 32,
             "efa_interfaces": 8,
+            "efa_device_rdma": 1,
             "image_uri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/lora:abc123",
             "capacity": "on-demand",
             "training_plan_arn": "",
@@ -65,6 +67,7 @@ FACTS = {
             "accelerator": "cuda",
             "devices_per_node": 8,
             "efa_interfaces": 32,
+            "efa_device_rdma": 1,
             "image_uri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/lora:cuda456",
             "capacity": "spot",
             "training_plan_arn": "",
@@ -81,6 +84,7 @@ def expected_profile(group: str = "") -> dict[str, str]:
     for partition in FACTS["partitions"].values():
         if partition["group"] == group:
             facts.update({FLAT_NAMES.get(k, k): v for k, v in partition.items() if k != "count"})
+    facts["cluster_facts_file"] = "/etc/hyperpod-lora/cluster-facts.json"  # every partition, for submit
     return {f"HPL_{key.upper()}": str(value) for key, value in facts.items()}
 
 
@@ -110,6 +114,12 @@ case "$1" in -u) echo "$uid" ;; -g) echo "$gid" ;; *) exit 2 ;; esac""",
     "chown": 'exec "$REAL_CHOWN" "$@"',
     "neuron-ls": 'echo "instance-type: trn1.32xlarge"; echo "NEURON DEVICES: 16  NEURON CORES: 32"',
     "enroot": "echo 3.5.0",
+    # FAKE_GPUS GPUs (default 8), or a failure with FAKE_NVIDIA_SMI_EXIT.
+    "nvidia-smi": """if [[ -n "${FAKE_NVIDIA_SMI_EXIT:-}" ]]; then
+  echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver." >&2
+  exit "$FAKE_NVIDIA_SMI_EXIT"
+fi
+for ((i = 0; i < ${FAKE_GPUS:-8}; i++)); do echo "$i, NVIDIA H100 80GB HBM3, 81559 MiB"; done""",
 }
 
 
@@ -190,6 +200,13 @@ class FakeNode:
         (self.root / "dev").mkdir(exist_ok=True)
         for index in range(count):
             (self.root / "dev" / f"neuron{index}").touch()
+
+    def add_efa_devices(self, count: int) -> None:
+        """EFA devices as the efa driver registers them with ibverbs: /sys/class/infiniband/rdmap*."""
+        folder = self.root / "sys/class/infiniband"
+        folder.mkdir(parents=True, exist_ok=True)
+        for index in range(count):
+            (folder / f"rdmap{index}s0").mkdir()
 
     def write_enroot_conf(self, text: str) -> Path:
         path = self.root / "etc/enroot/enroot.conf"

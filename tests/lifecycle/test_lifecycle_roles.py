@@ -173,6 +173,7 @@ def test_every_log_line_names_its_step(compute_node: FakeNode) -> None:
         "fsx-layout",
         "neuron-devices",
         "enroot-devices",
+        "efa-devices",
         "done",
     }
 
