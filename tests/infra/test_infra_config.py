@@ -162,7 +162,8 @@ def test_cluster_facts_follow_the_contract():
     assert all(value.startswith(facts["fsx_mount_path"] + "/") for value in paths.values())
     assert facts["payloads_dir"] == "/fsx/payloads" and facts["outputs_dir"] == "/fsx/outputs"
     scalars = {key: value for key, value in facts.items() if key != "partitions"}
-    assert all(isinstance(v, str) for k, v in scalars.items() if k not in ("devices_per_node", "efa_interfaces"))
+    integers = ("devices_per_node", "efa_interfaces", "efa_device_rdma")
+    assert all(isinstance(v, int) if k in integers else isinstance(v, str) for k, v in scalars.items())
     assert list(facts["partitions"]) == ["trn1"] and set(facts["partitions"]["trn1"]) == PARTITION_KEYS
 
 
