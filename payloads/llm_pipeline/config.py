@@ -383,6 +383,12 @@ def validate(cfg: RunConfig) -> None:
     if tr.profile_window is not None:
         first, last = tr.profile_window
         _require(1 <= first <= last, "train.profile", tr.profile, "1 <= FIRST <= LAST")
+    _require(
+        not (tr.method == "dora" and "embed_tokens" in cfg.lora.target_modules),
+        "lora.target_modules",
+        "embed_tokens",
+        "linear layers only with train.method dora (the DoRA merge handles linear layers)",
+    )
     if tr.backend != "auto":
         check_backend(cfg, tr.backend)
     _require(cfg.generate.max_new_tokens >= 1, "generate.max_new_tokens", cfg.generate.max_new_tokens, ">= 1")

@@ -67,7 +67,7 @@ def test_checkpoints_at_interval_and_final_step_within_the_limit(run, first_outp
 
 
 def test_progress_throughput_and_trainable_count_on_stdout(first_output):
-    assert "trainable parameters: 16,384 (the expected LoRA count)" in first_output
+    assert "method lora: 16,384 trainable parameters (as expected)" in first_output
     lines = [line for line in first_output.splitlines() if line.startswith("step 30/30 | loss")]
     assert lines and "samples/s" in lines[0] and "tokens/s" in lines[0]
 

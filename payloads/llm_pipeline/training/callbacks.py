@@ -35,6 +35,10 @@ class TokenCounter:
         return batch
 
 
+# Optional fields other callbacks add to a log event (training.metrics): key, label, scale, digits, unit.
+EXTRA_FIELDS = (("mfu", "mfu", 100, 1, "%"), ("peak_memory_gb", "peak mem", 1, 2, " GB"))
+
+
 def _scalar_name(key: str) -> str:
     if key.startswith("eval_"):
         return "eval/" + key[len("eval_") :]
@@ -80,10 +84,15 @@ class MetricsLogger(TrainerCallback):
             metrics["tokens_per_second"] = (self.tokens.real - self.last_tokens) * replicas / elapsed
             eta = timedelta(seconds=round(elapsed / steps * (state.max_steps - state.global_step)))
             self.last_time, self.last_step, self.last_tokens = now, state.global_step, self.tokens.real
+            extra = "".join(
+                f" | {label} {metrics[key] * scale:.{digits}f}{unit}"
+                for key, label, scale, digits, unit in EXTRA_FIELDS
+                if key in metrics
+            )
             print(
                 f"step {state.global_step}/{state.max_steps} | loss {metrics['loss']:.4f} | "
                 f"lr {metrics.get('learning_rate', 0.0):.2e} | {metrics['samples_per_second']:.2f} samples/s | "
-                f"{metrics['tokens_per_second']:.0f} tokens/s | eta {eta}",
+                f"{metrics['tokens_per_second']:.0f} tokens/s{extra} | eta {eta}",
                 flush=True,
             )
         else:

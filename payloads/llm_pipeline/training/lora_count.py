@@ -58,3 +58,13 @@ def expected_lora_parameters(
     if "lm_head" in targets:
         total += r * (hidden + vocab)
     return total
+
+
+def dora_magnitude_parameters(model_config, lora: LoraConfig) -> int:
+    """DoRA's extra trainable parameters: one magnitude per output row of every targeted layer."""
+    targets = set(lora.target_modules)
+    per_layer = sum(fan_out for name, (_, fan_out) in layer_shapes(model_config).items() if name in targets)
+    total = per_layer * model_config.num_hidden_layers
+    if "lm_head" in targets:
+        total += model_config.vocab_size
+    return total  # embed_tokens: refused with dora by config.validate

@@ -1,46 +1,145 @@
-"""Torch backend: transformers + trl SFTTrainer + peft, on CPU or CUDA (also under torchrun/DDP).
+"""Torch backend: transformers + trl SFTTrainer + peft (+ bitsandbytes, liger-kernel), CPU or CUDA.
 
+One process per device under torchrun; `parallel.strategy` picks FSDP2 or DDP (torch_parallel),
+`train.method` the model and adapter (torch_methods); `train.compile`, `train.liger_kernel` and
+`train.attention` are the speed levers; `train.profile` traces a window of steps (profiling).
 The transformers Trainer resumes exactly (weights, optimizer, scheduler, RNG, data position) from
-the checkpoint the plan names.
+the checkpoint the plan names; under FSDP2 those are sharded distributed checkpoints, and adapter
+methods also get a plain peft adapter in each checkpoint so consolidate and generate read it as
+they read a one-process checkpoint.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from llm_pipeline.config import RunConfig
+from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import format_example
+from llm_pipeline.training import torch_methods, torch_parallel
 from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
-from llm_pipeline.training.plan import TrainPlan, check_target_modules, check_trainable, peft_lora_config, sft_arguments
+from llm_pipeline.training.metrics import UtilisationMetrics, device_peak_flops, flops_per_token
+from llm_pipeline.training.plan import TrainPlan, check_target_modules, say, sft_arguments, world_size
+from llm_pipeline.training.profiling import StepProfiler
+
+
+def engine_trainer_class():
+    """SFTTrainer with the two pieces of glue this engine needs (built lazily: trl imports are slow)."""
+    from trl import SFTTrainer
+
+    class EngineTrainer(SFTTrainer):
+        def __init__(self, *args, fsdp: bool, **kwargs):
+            self._fsdp = fsdp
+            super().__init__(*args, **kwargs)
+
+        def create_accelerator_and_postprocess(self):
+            super().create_accelerator_and_postprocess()
+            if self._fsdp:
+                torch_parallel.enable_fsdp_on_cpu(self)
+
+        def _load_optimizer_and_scheduler(self, checkpoint):
+            super()._load_optimizer_and_scheduler(checkpoint)
+            if checkpoint is not None and self.is_fsdp_enabled:
+                torch_parallel.load_sharded_optimizer(self, Path(checkpoint))
+
+        def _save_checkpoint(self, model, trial):
+            # Under FSDP the Trainer writes only the sharded state; write the gathered adapter first,
+            # so a checkpoint counts as complete (trainer_state.json, written last) only with it.
+            if self.is_fsdp_enabled and self.peft_config_for_export is not None:
+                folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+                export_adapter(self, folder)
+            super()._save_checkpoint(model, trial)
+
+        peft_config_for_export = None
+
+    return EngineTrainer
+
+
+def export_adapter(trainer, folder: Path) -> None:
+    """Gather the adapter weights from every rank; rank 0 saves them as a plain peft adapter."""
+    from peft.utils import get_peft_model_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    model = trainer.model
+    full = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    )
+    if trainer.args.should_save:
+        adapter = get_peft_model_state_dict(model, state_dict=full)
+        model.save_pretrained(str(folder), state_dict=adapter)
+
+
+def load_model(cfg: RunConfig):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kwargs = torch_methods.model_kwargs(cfg)
+    if cfg.train.method == "qlora" and torch.cuda.is_available():
+        kwargs["device_map"] = {"": torch.cuda.current_device()}  # quantize on this rank's GPU
+    try:
+        return AutoModelForCausalLM.from_pretrained(cfg.paths.model_dir, **kwargs)
+    except ImportError as exc:  # flash-attn or bitsandbytes missing from this runtime
+        raise StepError(f"train.attention / train.method: {exc}") from None
 
 
 def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable: int) -> None:
     import torch
-    from transformers import AutoModelForCausalLM, PrinterCallback
-    from trl import SFTConfig, SFTTrainer
+    from transformers import PrinterCallback, set_seed
+    from trl import SFTConfig
 
+    del expected_trainable  # the LoRA count; this backend counts per method (torch_methods)
+    processes = world_size()
+    fsdp = torch_parallel.uses_fsdp(cfg, processes)
+    torch_parallel.set_fsdp_environment(cfg, processes)
     validation = datasets.get("validation")
     evaluation = {"eval_strategy": "steps", "eval_steps": cfg.train.save_steps} if validation is not None else {}
-    # trl turns gradient checkpointing on; its default reentrant form breaks DDP under torchrun
-    # ("marked a variable ready only once") with peft, so use the non-reentrant form.
-    checkpointing = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
     # transformers refuses bf16 without a GPU unless told that the CPU is meant (CPU bf16 autocast).
-    cpu_bf16 = {"use_cpu": True} if cfg.train.bf16 and not torch.cuda.is_available() else {}
-    args = SFTConfig(**sft_arguments(cfg, plan), **evaluation, **checkpointing, **cpu_bf16)
-    model = AutoModelForCausalLM.from_pretrained(
-        cfg.paths.model_dir, dtype=torch.bfloat16 if cfg.train.bf16 else torch.float32
+    cpu = {"use_cpu": True} if not torch.cuda.is_available() else {}
+    levers = {"torch_compile": cfg.train.compile, "use_liger_kernel": cfg.train.liger_kernel}
+    args = SFTConfig(
+        **sft_arguments(cfg, plan),
+        **evaluation,
+        **torch_parallel.trainer_arguments(cfg, processes),
+        **cpu,
+        **levers,
     )
-    check_target_modules(model, cfg.lora)
-    trainer = SFTTrainer(
+    # trl creates the adapter before the Trainer seeds anything: seed first, so every rank (FSDP2 shards
+    # each rank's own copy, it does not broadcast) and every run starts from the same LoRA A.
+    set_seed(cfg.train.seed)
+    model = load_model(cfg)
+    peft_config = torch_methods.adapter_config(cfg)
+    if peft_config is not None:
+        check_target_modules(model, cfg.lora)
+    total = sum(p.numel() for p in model.parameters())
+    trainer = engine_trainer_class()(
         model=model,
         args=args,
         train_dataset=datasets["train"],
         eval_dataset=validation,
         processing_class=tokenizer,
-        peft_config=peft_lora_config(cfg.lora),
+        peft_config=peft_config,
         formatting_func=format_example,
+        fsdp=fsdp,
     )
+    trainer.peft_config_for_export = peft_config
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-    check_trainable(trainable, expected_trainable, cfg.lora)
+    expected = torch_methods.expected_trainable(model.config, cfg, total)
+    if trainable != expected:
+        raise StepError(
+            f"{trainable:,} trainable parameters, but train.method {cfg.train.method} should give {expected:,}: "
+            "the adapter is not applied as configured; check the peft version against "
+            "payloads/requirements-cluster.txt"
+        )
+    say(
+        f"method {cfg.train.method}: {trainable:,} trainable parameters (as expected); "
+        f"{processes} process(es), {'FSDP2' if fsdp else 'DDP' if processes > 1 else 'one process'}; "
+        f"attention {cfg.train.attention}, compile {cfg.train.compile}, liger {cfg.train.liger_kernel}"
+    )
     trainer.data_collator = tokens = TokenCounter(trainer.data_collator)
     trainer.remove_callback(PrinterCallback)
+    flops = flops_per_token(model.config, cfg.data.max_length, full=cfg.train.method == "full")
+    trainer.add_callback(UtilisationMetrics(tokens=tokens, flops_token=flops, peak_flops=device_peak_flops()))
     trainer.add_callback(MetricsLogger(tokens=tokens, trainable=trainable, tensorboard_dir=plan.tensorboard_dir))
+    if cfg.train.profile_window is not None and plan.save_checkpoints:
+        trainer.add_callback(StepProfiler(window=cfg.train.profile_window, folder=cfg.paths.profile_dir))
     trainer.train(resume_from_checkpoint=str(plan.resume_from) if plan.resume_from else None)

@@ -1,0 +1,93 @@
+"""`parallel.strategy` on the torch backend: FSDP2 through accelerate, or DDP; one process per device.
+
+FSDP2 (accelerate 1.8.1's ``fsdp_version=2``): every decoder layer and then the root is
+``fully_shard``-ed (parameters, gradients and optimizer state split across all ranks), activations
+are recomputed per decoder layer, parameters are gathered in bf16 and gradients reduced in fp32
+when ``train.bf16`` is on, and checkpoints are torch distributed checkpoints (each rank writes its
+shard; resume loads them into any world size). transformers' Trainer hands accelerate its FSDP
+options through ``FSDP_*`` environment variables (as ``accelerate launch`` does); ``FSDP_VERSION``
+and ``FSDP_STATE_DICT_TYPE`` are the two it does not set itself.
+
+accelerate turns FSDP on only for accelerator devices (CUDA and the like); with the CPU wheel and
+gloo it would silently fall back to DDP. ``enable_fsdp_on_cpu`` switches the same accelerate FSDP2
+code path on for CPU processes, so the CPU tests run what a GPU run runs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from llm_pipeline.config import RunConfig
+from llm_pipeline.errors import StepError
+
+DECODER_LAYER = "LlamaDecoderLayer"
+SHARDED_OPTIMIZER_DIR = "optimizer_0"  # accelerate's name for the first optimizer's distributed checkpoint
+FSDP_ENV = {"FSDP_VERSION": "2", "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT", "FSDP_RESHARD_AFTER_FORWARD": "true"}
+
+
+def uses_fsdp(cfg: RunConfig, world_size: int) -> bool:
+    """FSDP needs more than one process; one process trains the plain model."""
+    return cfg.parallel.strategy == "fsdp" and world_size > 1
+
+
+def trainer_arguments(cfg: RunConfig, world_size: int, layer_class: str = DECODER_LAYER) -> dict[str, Any]:
+    """SFTConfig keyword arguments for the strategy (and activation checkpointing)."""
+    if not uses_fsdp(cfg, world_size):
+        # trl turns gradient checkpointing on; its default reentrant form breaks DDP with peft
+        # ("marked a variable ready only once"), so use the non-reentrant form.
+        return {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}}
+    return {
+        "fsdp": "full_shard auto_wrap",
+        "fsdp_config": {
+            "transformer_layer_cls_to_wrap": [layer_class],
+            "activation_checkpointing": True,  # FSDP's own, per wrapped layer (not the Trainer's)
+            "cpu_ram_efficient_loading": False,
+        },
+        "gradient_checkpointing": False,
+    }
+
+
+def set_fsdp_environment(cfg: RunConfig, world_size: int, env: dict[str, str] | None = None) -> None:
+    """The accelerate settings the Trainer arguments cannot carry."""
+    env = os.environ if env is None else env
+    if uses_fsdp(cfg, world_size):
+        env.update(FSDP_ENV)
+
+
+def enable_fsdp_on_cpu(trainer) -> None:
+    """Give a CPU (gloo) run accelerate's FSDP2 path; a no-op where accelerate enabled it already."""
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    state = trainer.accelerator.state
+    if state.distributed_type == DistributedType.FSDP:
+        return
+    if state.distributed_type != DistributedType.MULTI_CPU:
+        raise RuntimeError(f"parallel.strategy fsdp: accelerate chose {state.distributed_type}, expected FSDP")
+    plugin = FullyShardedDataParallelPlugin()  # reads the FSDP_* variables the Trainer arguments set
+    plugin.activation_checkpointing = trainer.args.fsdp_config.get("activation_checkpointing", False)
+    if state.mixed_precision != "no":
+        plugin.set_mixed_precision(state.mixed_precision)
+    state.fsdp_plugin = plugin
+    state.distributed_type = DistributedType.FSDP
+    trainer.is_fsdp_enabled = True
+
+
+def load_sharded_optimizer(trainer, checkpoint: Path) -> None:
+    """Load the FSDP2 optimizer state of ``checkpoint`` (accelerate's own loader misses it).
+
+    accelerate 1.8.1 loads the sharded optimizer checkpoint into ``optimizer.state_dict()``, whose
+    keys are parameter numbers and whose state is still empty before the first step, so nothing is
+    read and a resumed run restarts Adam's moments. The template from ``get_optimizer_state_dict``
+    has the parameter names and initialised state the checkpoint was written with.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    folder = Path(checkpoint) / SHARDED_OPTIMIZER_DIR
+    if not folder.is_dir():
+        raise StepError(f"{folder} is missing: the checkpoint has no sharded optimizer state to resume from")
+    state = {"optimizer": get_optimizer_state_dict(trainer.model, trainer.optimizer)}
+    dcp.load(state, checkpoint_id=str(folder))
+    set_optimizer_state_dict(trainer.model, trainer.optimizer, state["optimizer"])
