@@ -7,7 +7,8 @@ neuronx-distributed adapter (neuron backend) is rebuilt into full tensors (tp_la
 adapter (torch backend) is checked and copied. The output holds ``adapter_model.safetensors`` and
 ``adapter_config.json`` with Hugging Face module names, so ``PeftModel.from_pretrained`` loads it.
 A full-model checkpoint (neuron backend, ``train.method = full``: ``checkpoint-N/shards/``) becomes a
-Hugging Face model folder instead, by default in paths.merged_dir (weights/full_consolidation).
+Hugging Face model folder instead, by default in paths.merged_dir (weights/full_consolidation); so
+does a torch backend full-model checkpoint (one process, DDP or FSDP2; weights/torch_checkpoint).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from llm_pipeline.weights.adapter_shapes import check_adapter_shapes, read_model
 from llm_pipeline.weights.atomic_output import AtomicOutputDir
 from llm_pipeline.weights.full_checkpoint import FullCheckpoint, find_full_checkpoint
 from llm_pipeline.weights.full_consolidation import consolidate_full
+from llm_pipeline.weights.torch_checkpoint import find_torch_full_checkpoint, write_model_folder
 from llm_pipeline.weights.tp_layout import StageShards, consolidate_stage
 from llm_pipeline.weights.xser_reader import load_rank_file
 
@@ -161,6 +163,24 @@ def consolidate_full_checkpoint(
     return output
 
 
+def consolidate_torch_full(checkpoint: Path, base: Path, output: Path, dtype: str, *, overwrite: bool) -> Path:
+    """Write the Hugging Face model folder of a torch backend full-model checkpoint, atomically."""
+    atomic = AtomicOutputDir(output, overwrite=overwrite)
+    atomic.check()
+    print(f"consolidate: full-model checkpoint {checkpoint} -> {output} ({dtype})", flush=True)
+    try:
+        with atomic as partial:
+            counts = write_model_folder(checkpoint, base, partial, dtype)
+    except OSError as exc:
+        raise CheckpointError(f"consolidation failed while writing {output}: {exc}; nothing was written") from None
+    print(
+        f"model folder written to {output}: {counts['tensors']} tensors, {counts['bytes'] / 1e9:.2f} GB "
+        f"in {counts['shards']} shard(s)",
+        flush=True,
+    )
+    return output
+
+
 def build_parser():
     parser = cli.parser("consolidate", __doc__.split("\n\n")[0])
     parser.add_argument(
@@ -182,6 +202,12 @@ def run(cfg, args) -> None:
     if full is not None:
         output = args.output or cfg.paths.merged_dir
         consolidate_full_checkpoint(full, output, overwrite=args.overwrite, base=Path(cfg.paths.model_dir))
+        return
+    torch_full = find_torch_full_checkpoint(args.checkpoint or cfg.paths.checkpoints_dir)
+    if cfg.train.method == "full" and torch_full is not None:
+        output = args.output or cfg.paths.merged_dir
+        base = Path(cfg.paths.model_dir)
+        consolidate_torch_full(torch_full, base, output, cfg.model.dtype, overwrite=args.overwrite)
         return
     consolidate_checkpoint(
         args.checkpoint or cfg.paths.checkpoints_dir,

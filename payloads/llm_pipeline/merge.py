@@ -47,7 +47,8 @@ def check_fits(model: ModelFolder, adapter: AdapterFolder) -> None:
         a, b = adapter.tensors[update.a_key].shape, adapter.tensors[update.b_key].shape
         rows, cols = (a[1], b[0]) if update.kind == "embedding" else (b[0], a[1])
         copy_ok = update.base_copy_key is None or adapter.tensors[update.base_copy_key].shape == slot.shape
-        if (rows, cols) != slot.shape or not copy_ok:
+        magnitude_ok = update.magnitude_key is None or adapter.tensors[update.magnitude_key].shape == (rows,)
+        if (rows, cols) != slot.shape or not copy_ok or not magnitude_ok:
             raise CheckpointError(
                 f"adapter module {update.module} does not fit the base model: LoRA A {list(a)} and B {list(b)} "
                 f"imply a {rows}x{cols} weight, but {target} in {model.path} is {slot.shape[0]}x{slot.shape[1]}; "
@@ -133,7 +134,8 @@ def merge(
     atomic.check()
     print(
         f"merge: base {base} ({len(model.shards)} shard(s), {model.total_bytes / 1e9:.2f} GB); adapter {adapter_dir} "
-        f"({len(adapter.updates)} LoRA modules, r={adapter.rank}, alpha={adapter.config['lora_alpha']}, "
+        f"({len(adapter.updates)} {'DoRA' if adapter.config.get('use_dora') else 'LoRA'} modules, r={adapter.rank}, "
+        f"alpha={adapter.config['lora_alpha']}, "
         f"rslora={bool(adapter.config.get('use_rslora'))}, scale={adapter.scale:g})",
         flush=True,
     )
@@ -182,6 +184,12 @@ def build_parser():
 
 
 def run(cfg, args) -> None:
+    if cfg.train.method == "full" and args.adapter is None:
+        print(
+            f"merge: nothing to merge for train.method full; consolidate wrote the model to {cfg.paths.merged_dir}",
+            flush=True,
+        )
+        return
     adapter = args.adapter or cfg.paths.adapter_dir
     _warn_if_config_differs(cfg, adapter)
     merge(

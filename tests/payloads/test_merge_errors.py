@@ -66,8 +66,8 @@ def test_adapter_for_another_architecture_names_the_module(tmp_path, model):
 def test_unsupported_adapter_options_are_refused(tmp_path, model):
     adapter = write_adapter(tmp_path / "adapter", SMALL)
     config = adapter / "adapter_config.json"
-    config.write_text(config.read_text().replace('"use_dora": false', '"use_dora": true'))
-    with pytest.raises(CheckpointError, match="DoRA"):
+    config.write_text(config.read_text().replace('"lora_bias": false', '"lora_bias": true'))
+    with pytest.raises(CheckpointError, match="LoRA bias"):
         merge.merge(model, adapter, tmp_path / "out")
 
 

@@ -4,6 +4,7 @@ peft saves ``adapter_config.json`` and ``adapter_model.safetensors`` with keys s
 ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`` (linear layers),
 ``...embed_tokens.lora_embedding_A`` (embeddings) and, when an embedding layer is targeted,
 ``...embed_tokens.base_layer.weight`` (a full copy of the base weight that loading puts back).
+A DoRA adapter (``use_dora``) adds ``...q_proj.lora_magnitude_vector``, one magnitude per output row.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ WEIGHTS_NAME = "adapter_model.safetensors"
 KEY_PREFIX = "base_model.model."
 # Adapter features a plain W + scale * B @ A merge cannot express; refused with a clear message.
 UNSUPPORTED_OPTIONS = {
-    "use_dora": "DoRA",
     "lora_bias": "LoRA bias",
     "fan_in_fan_out": "fan_in_fan_out",
     "rank_pattern": "per-module ranks (rank_pattern)",
@@ -36,18 +36,23 @@ _SUFFIXES = {
     ".lora_embedding_A": ("embedding", "A"),
     ".lora_embedding_B": ("embedding", "B"),
     ".base_layer.weight": (None, "base"),
+    ".lora_magnitude_vector": ("linear", "magnitude"),
 }
 
 
 @dataclass(frozen=True)
 class LoraUpdate:
-    """One base tensor's update: W' = W + scale * B @ A (embeddings: + scale * (B @ A).T)."""
+    """One base tensor's update: W' = W + scale * B @ A (embeddings: + scale * (B @ A).T).
+
+    DoRA: W' = m * V / ||V|| with V = W + scale * B @ A and the norm taken per output row.
+    """
 
     module: str  # e.g. model.layers.0.self_attn.q_proj
     kind: str  # "linear" or "embedding"
     a_key: str
     b_key: str
     base_copy_key: str | None  # adapter key holding a full base weight that replaces W first
+    magnitude_key: str | None = None  # DoRA's per-row magnitude m
 
     @property
     def target(self) -> str:
@@ -107,7 +112,11 @@ def open_adapter_folder(path: Path) -> AdapterFolder:
     header = read_header(path / WEIGHTS_NAME)
     updates = plan_updates(header.tensors, source=path / WEIGHTS_NAME)
     rank = int(config["r"])
+    dora = bool(config.get("use_dora"))
     for update in updates.values():
+        if dora != (update.magnitude_key is not None):
+            state = "has no lora_magnitude_vector" if dora else "has a DoRA magnitude but use_dora is false"
+            raise CheckpointError(f"{path / WEIGHTS_NAME}: {update.module} {state}; the adapter is inconsistent")
         a_rank, b_rank = header.tensors[update.a_key].shape[0], header.tensors[update.b_key].shape[-1]
         if a_rank != rank or b_rank != rank:
             raise CheckpointError(
@@ -143,6 +152,6 @@ def plan_updates(shapes: dict[str, object], *, source: Path) -> dict[str, LoraUp
             raise CheckpointError(
                 f"{source}: module {module} has no LoRA {missing} tensor; the adapter file is incomplete"
             )
-        update = LoraUpdate(module, kinds[module], roles["A"], roles["B"], roles.get("base"))
+        update = LoraUpdate(module, kinds[module], roles["A"], roles["B"], roles.get("base"), roles.get("magnitude"))
         updates[update.target] = update
     return updates

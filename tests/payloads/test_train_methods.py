@@ -1,0 +1,145 @@
+"""train.method on the torch backend (CPU): QLoRA and DoRA train on the tiny model, full fine-tuning
+becomes a model folder that loads, the profiler writes traces, and the metrics reach stdout and
+TensorBoard."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+import torch
+from payload_configs import tiny_config, write_config
+from safetensors.torch import load_file
+
+from llm_pipeline import consolidate, generate, merge, train
+from llm_pipeline.training import torch_backend, torch_methods
+
+STEPS = {"max_steps": 4, "save_steps": 4, "logging_steps": 2}
+SMALL_DATA = {"validation_fraction": 0.0, "max_samples": 48}  # no evaluation, a short data step
+
+
+def short_run(tmp_path, env, **train_keys):
+    """(config file, config) of a 4-step run of tiny-cpu.toml with these train keys."""
+    keys = {**STEPS, **train_keys}
+    path = write_config(tmp_path / "run.toml", env, train=keys, data=SMALL_DATA)
+    return path, tiny_config(env, train=keys, data=SMALL_DATA)
+
+
+def run_train(path) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert train.main(["--config", str(path)]) == 0
+    return out.getvalue()
+
+
+def losses(cfg, step: int) -> list[float]:
+    state = json.loads((cfg.paths.checkpoints_dir / f"checkpoint-{step}" / "trainer_state.json").read_text())
+    return [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+
+
+def test_qlora_config_is_nf4_double_quant_bf16_compute_and_bf16_storage(hpl_env):
+    config = torch_methods.quantization_config(tiny_config(hpl_env, train={"method": "qlora"}))
+    assert config.load_in_4bit and config.bnb_4bit_quant_type == "nf4" and config.bnb_4bit_use_double_quant
+    assert config.bnb_4bit_compute_dtype == torch.bfloat16
+    # FSDP shards float tensors of one dtype: the packed 4-bit weights must live in bf16 tensors.
+    assert config.bnb_4bit_quant_storage == torch.bfloat16
+    assert torch_methods.quantization_config(tiny_config(hpl_env)) is None
+
+
+def test_qlora_loads_a_4bit_base_and_trains(hpl_env, tmp_path):
+    """bitsandbytes 0.50 has a CPU backend, so the real 4-bit layers run here (slowly)."""
+    from bitsandbytes.nn import Linear4bit
+
+    cfg = tiny_config(hpl_env, train={"method": "qlora"})
+    model = torch_backend.load_model(cfg)
+    q_proj = model.model.layers[0].self_attn.q_proj
+    assert isinstance(q_proj, Linear4bit)
+    assert q_proj.weight.dtype == torch.bfloat16  # the storage dtype
+    assert q_proj.weight.quant_state.quant_type == "nf4" and q_proj.weight.quant_state.nested  # double quant
+    assert q_proj.compute_dtype == torch.bfloat16
+
+    path, run = short_run(tmp_path, hpl_env, method="qlora")
+    out = run_train(path)
+    assert "method qlora: 16,384 trainable parameters (as expected)" in out
+    assert len(losses(run, 4)) == 2
+    assert (run.paths.checkpoints_dir / "checkpoint-4" / "adapter_model.safetensors").is_file()
+
+
+def test_dora_trains_consolidates_and_merges_like_peft(hpl_env, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    path, cfg = short_run(tmp_path, hpl_env, method="dora")
+    out = run_train(path)
+    # LoRA's 16,384 plus one magnitude per output row of each of the 7 targets in 2 layers
+    assert "method dora: 17,408 trainable parameters (as expected)" in out
+    assert consolidate.main(["--config", str(path)]) == 0
+    assert json.loads((cfg.paths.adapter_dir / "adapter_config.json").read_text())["use_dora"] is True
+    assert merge.main(["--config", str(path)]) == 0
+
+    base = AutoModelForCausalLM.from_pretrained(cfg.paths.model_dir, dtype=torch.float32)
+    reference = PeftModel.from_pretrained(base, cfg.paths.adapter_dir).merge_and_unload().state_dict()
+    ours = load_file(cfg.paths.merged_dir / "model.safetensors")
+    magnitudes = load_file(cfg.paths.adapter_dir / "adapter_model.safetensors")
+    assert any(not torch.allclose(t, torch.ones_like(t)) for k, t in magnitudes.items() if "magnitude" in k)
+    for name, tensor in ours.items():
+        torch.testing.assert_close(tensor, reference[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_full_fine_tuning_consolidates_to_a_model_folder_that_loads(hpl_env, tmp_path, capsys, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("HPL_PEAK_TFLOPS", "0.5")  # a CPU has no table entry: give it a peak for MFU
+    path, cfg = short_run(tmp_path, hpl_env, method="full")
+    out = run_train(path)
+    assert "method full: 87,360 trainable parameters (as expected)" in out
+    # metrics every logging step, on stdout and in TensorBoard
+    line = next(line for line in out.splitlines() if line.startswith("step 4/4 | loss"))
+    assert " | mfu " in line and "% | peak mem " in line and " GB" in line
+    events = EventAccumulator(str(cfg.paths.tensorboard_dir))
+    events.Reload()
+    assert {"train/mfu", "train/peak_memory_gb", "train/tokens_per_second"} <= set(events.Tags()["scalars"])
+    assert 0 < events.Scalars("train/mfu")[-1].value < 1
+
+    assert consolidate.main(["--config", str(path)]) == 0
+    assert merge.main(["--config", str(path)]) == 0  # nothing to merge
+    assert "nothing to merge for train.method full" in capsys.readouterr().out
+
+    folder = cfg.paths.merged_dir
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
+    trained = load_file(cfg.paths.checkpoints_dir / "checkpoint-4" / "model.safetensors")
+    base = load_file(cfg.paths.model_dir + "/model.safetensors")
+    loaded = AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    for name, tensor in trained.items():
+        assert torch.equal(loaded[name], tensor), name
+    assert not torch.equal(trained["model.layers.0.mlp.up_proj.weight"], base["model.layers.0.mlp.up_proj.weight"])
+    assert generate.main(["--config", str(path)]) == 0
+
+
+def test_profiler_writes_a_trace_per_rank_and_a_memory_timeline(hpl_env, tmp_path):
+    path, cfg = short_run(tmp_path, hpl_env, profile="2-3")
+    out = run_train(path)
+    traces = list(cfg.paths.profile_dir.glob("rank0*.pt.trace.json"))
+    assert len(traces) == 1 and f"profile of steps 2-3 written to {cfg.paths.profile_dir}" in out
+    events = json.loads(traces[0].read_text())["traceEvents"]
+    steps = {e["name"] for e in events if e.get("name", "").startswith("ProfilerStep")} or {
+        e["name"] for e in events if "aten::mm" in e.get("name", "")
+    }
+    assert steps, "the trace holds no operator events"
+    assert (cfg.paths.profile_dir / "memory_timeline_rank0.json.gz").stat().st_size > 0
+
+
+@pytest.mark.parametrize("method", ["lora", "dora", "qlora", "full"])
+def test_each_method_counts_its_trainable_parameters(hpl_env, method):
+    from transformers import AutoConfig
+
+    cfg = tiny_config(hpl_env, train={"method": method})
+    model_config = AutoConfig.from_pretrained(cfg.paths.model_dir)
+    expected = {"lora": 16_384, "dora": 17_408, "qlora": 16_384, "full": 87_360}[method]
+    assert torch_methods.expected_trainable(model_config, cfg, 87_360) == expected
+    assert (torch_methods.adapter_config(cfg) is None) == (method == "full")
+    if method != "full":
+        assert torch_methods.adapter_config(cfg).use_dora == (method == "dora")
