@@ -21,6 +21,8 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-torchtitan-cpu.txt 
 	# optimum-neuron is only read by the contract tests; its Neuron dependencies cannot install here.
 	$(PIP) install -q --no-deps optimum-neuron==0.4.5 optimum==2.0.0
 	$(PIP) install -q --no-deps -r requirements-sagemaker.txt
+	# bitsandbytes has a CPU backend: the QLoRA tests load real 4-bit layers (pin: requirements-gpu.txt).
+	$(PIP) install -q --no-deps bitsandbytes==0.50.2
 	$(PIP) install -q --no-deps -e .
 	# torchtitan 0.2.2 in its own folder: its tyro needs typeguard 4, jsii pins 2 (see the file).
 	$(PIP) install -q --no-deps --upgrade --target $(VENV)/torchtitan-site -r requirements-torchtitan-cpu.txt
