@@ -94,9 +94,6 @@ def write_model(
 ) -> Path:
     """A complete model folder (config, generation config, tokenizer, shards, index) for ``shape``."""
     from huggingface_hub import split_state_dict_into_shards_factory
-    from transformers import GenerationConfig, LlamaConfig
-
-    from tools import tiny_model as tiny
 
     folder.mkdir(parents=True, exist_ok=True)
     shapes = tensor_shapes(shape)
@@ -113,6 +110,16 @@ def write_model(
     if split.is_sharded:
         index = {"metadata": {"total_size": split.metadata["total_size"]}, "weight_map": split.tensor_to_filename}
         (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    write_side_files(folder, shape, dtype)
+    return folder
+
+
+def write_side_files(folder: Path, shape: LlamaShape, dtype: str) -> None:
+    """config.json, generation_config.json and a (tiny) tokenizer, as a model folder has them."""
+    from transformers import GenerationConfig, LlamaConfig
+
+    from tools import tiny_model as tiny
+
     config = LlamaConfig(
         vocab_size=shape.vocab,
         hidden_size=shape.hidden,
@@ -127,7 +134,6 @@ def write_model(
     config.save_pretrained(folder)
     GenerationConfig(bos_token_id=1, eos_token_id=2).save_pretrained(folder)
     tiny.build_tokenizer().save_pretrained(folder)
-    return folder
 
 
 def write_adapter(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import pickle
 import types
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -30,15 +31,19 @@ class _XserPickler(pickle._Pickler):
 _XSER_PICKLE = types.SimpleNamespace(Pickler=_XserPickler, __name__="pickle")
 
 
-def save_rank_file(path: Path, tensors: dict[str, torch.Tensor], *, xser: bool) -> None:
+def save_rank_file(
+    path: Path, tensors: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], *, xser: bool
+) -> None:
+    """One rank's file; in the xser form ``tensors`` may be a lazy (name, tensor) stream (one in memory at a time)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    items = tensors.items() if isinstance(tensors, dict) else tensors
     if not xser:
-        torch.save(tensors, path)
+        torch.save(dict(items), path)
         return
     folder = path.with_name(path.name + ".tensors")
     folder.mkdir(exist_ok=True)
     refs, info = {}, {}
-    for tid, (name, tensor) in enumerate(tensors.items()):
+    for tid, (name, tensor) in enumerate(items):
         torch.save(tensor, folder / f"tensor_{tid}.pt")
         refs[name] = _XserReference(tid)
         info[tid] = {"dtype": tensor.dtype, "shape": tensor.shape}

@@ -15,6 +15,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from llm_pipeline.weights.xser_reader import LazyRankFile
 GENERATION_CONFIG = "generation_config.json"
 TOKENIZER_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
 TIED_HEAD = "lm_head.weight"
+READ_THREADS = 8  # one per TP rank file of a trn1 TP=8 layout: reads are I/O, the GIL is released
 
 
 @dataclass
@@ -147,26 +149,38 @@ def consolidate_full(checkpoint: FullCheckpoint, output: Path, *, base: Path | N
         flush=True,
     )
     writer = ShardedWriter(output, plans)
-    written, done, started, last = {}, 0, time.monotonic(), time.monotonic()
-    try:
-        for stage, units in work:
+    count, done, started, last = 0, 0, time.monotonic(), time.monotonic()
+    # The next layer is read (every rank file at once) while this one is rebuilt and written: the
+    # disk sees reads queued in parallel and the writes never wait for them.
+    with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
+
+        def read(batch: int) -> list[Future]:
+            stage, units = work[batch]
             sources = sorted({s for unit in units for s in unit.sources})
-            loaded = [rank.load(sources) for rank in stage.ranks]
-            pieces = {name: [tensors[name] for tensors in loaded] for name in sources}
-            del loaded
-            for unit in units:
-                for name, tensor in unit.rebuild(pieces).items():
-                    if writer.wants(name):
-                        done += writer.write(name, tensor)
-                        written[name] = tuple(tensor.shape)
-            del pieces
-            if time.monotonic() - last >= 5:
-                last = time.monotonic()
-                print(f"  {done / 1e9:.2f}/{total / 1e9:.2f} GB written", flush=True)
-        writer.close()
-    except BaseException:
-        writer.abort()
-        raise
+            return [pool.submit(rank.load, sources) for rank in stage.ranks]
+
+        try:
+            pending = read(0) if work else []
+            for batch, (_, units) in enumerate(work):
+                loaded = [future.result() for future in pending]
+                pending = read(batch + 1) if batch + 1 < len(work) else []
+                pieces = {name: [tensors[name] for tensors in loaded] for name in loaded[0]}
+                del loaded
+                for unit in units:
+                    for name, blocks in unit.rebuild(pieces).items():
+                        if writer.wants(name):
+                            done += writer.write(name, blocks)
+                            count += 1
+                del pieces
+                if time.monotonic() - last >= 5:
+                    last = time.monotonic()
+                    print(f"  {done / 1e9:.2f}/{total / 1e9:.2f} GB written", flush=True)
+            writer.close()
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            writer.abort()
+            raise
     copy_side_files(checkpoint.folder, base, output, config, dtype)
     seconds = time.monotonic() - started
-    return {"tensors": len(written), "bytes": done, "shards": len(plans), "seconds": round(seconds, 2)}
+    return {"tensors": count, "bytes": done, "shards": len(plans), "seconds": round(seconds, 2)}

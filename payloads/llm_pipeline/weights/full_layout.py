@@ -13,7 +13,10 @@ transformation specs of the fused modules:
   replicated (norms).
 
 The plan is made from names and shapes only (no tensor data), so the output file layout is known
-before anything is read; each Unit then rebuilds a few HF tensors from its rank pieces.
+before anything is read; each Unit then rebuilds a few HF tensors from its rank pieces, as row
+blocks: joins along rows (vocab-parallel and column-parallel weights, the halves of gate_up, query
+heads put back in order) are views of the pieces written one after the other, never copied; only
+joins along columns (row-parallel o_proj/down_proj) build the tensor.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from llm_pipeline.errors import CheckpointError
 from llm_pipeline.weights.tp_layout import join_shards, one_kv_copy, query_head_order, restore_head_order
 
 Pieces = dict[str, list[torch.Tensor]]  # rank-file name -> its tensor on every TP rank, in rank order
+Blocks = list[torch.Tensor]  # a tensor as contiguous pieces that, concatenated along dim 0, make it
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
@@ -49,7 +53,7 @@ class Unit:
 
     sources: list[str]
     outputs: list[OutputTensor]
-    rebuild: Callable[[Pieces], dict[str, torch.Tensor]] = field(repr=False)
+    rebuild: Callable[[Pieces], dict[str, Blocks]] = field(repr=False)
 
     @property
     def layer(self) -> int:
@@ -93,13 +97,13 @@ def _fused_unit(module: str, spec: dict, ranks: RankShapes, params: dict, tp: in
             shape = _scaled(_scaled(piece, axis, size / piece[axis]), dim, tp)
             outputs.append(OutputTensor(f"{module}.{linear}.{kind}", shape, ranks.dtypes[source]))
 
-    def rebuild(pieces: Pieces) -> dict[str, torch.Tensor]:
+    def rebuild(pieces: Pieces) -> dict[str, Blocks]:
         rebuilt = {}
         for source, kind in zip(sources, kinds, strict=True):
             dim = params.get(source, {}).get("partition_dim", 0) if kind == "weight" else 0
             parts = [piece.split(sizes, dim=axis) for piece in pieces[source]]
             for index, linear in enumerate(spec["linear_names"]):
-                rebuilt[f"{module}.{linear}.{kind}"] = torch.cat([p[index] for p in parts], dim)
+                rebuilt[f"{module}.{linear}.{kind}"] = join_blocks([p[index] for p in parts], dim)
         return rebuilt
 
     return Unit(sources=sources, outputs=outputs, rebuild=rebuild)
@@ -135,17 +139,19 @@ def _gqa_unit(module: str, spec: dict, ranks: RankShapes, params: dict, tp: int)
         OutputTensor(names["output"], _scaled(o_piece, o_dim, tp), ranks.dtypes[names["output"]]),
     ]
 
-    def rebuild(pieces: Pieces) -> dict[str, torch.Tensor]:
+    def rebuild(pieces: Pieces) -> dict[str, Blocks]:
         if fused:
             split = [p.split([q_rows, kv_rows, kv_rows]) for p in pieces[qkv_sources[0]]]
             q, k, v = ([s[i] for s in split] for i in range(3))
         else:
             q, k, v = (pieces[s] for s in qkv_sources)
+        head_rows = [head for piece in q for head in piece.split(q_rows * tp // heads)]
+        position = {head: p for p, head in enumerate(order)}
         return {
-            names["query"]: restore_head_order(torch.cat(q), order, 0),
-            names["key"]: one_kv_copy(torch.cat(k), copies, names["key"]),
-            names["value"]: one_kv_copy(torch.cat(v), copies, names["value"]),
-            names["output"]: restore_head_order(torch.cat(pieces[names["output"]], o_dim), order, o_dim),
+            names["query"]: [head_rows[position[head]] for head in range(heads)],
+            names["key"]: [one_kv_copy(torch.cat(k), copies, names["key"])],
+            names["value"]: [one_kv_copy(torch.cat(v), copies, names["value"])],
+            names["output"]: [restore_head_order(torch.cat(pieces[names["output"]], o_dim), order, o_dim)],
         }
 
     return Unit(sources=[*qkv_sources, names["output"]], outputs=outputs, rebuild=rebuild)
@@ -155,6 +161,11 @@ SPEC_UNITS: dict[str, Callable[[str, dict, RankShapes, dict, int], Unit | None]]
     "FusedLinearsSpec": _fused_unit,
     "GQAQKVColumnParallelLinearSpec": _gqa_unit,
 }
+
+
+def join_blocks(parts: list[torch.Tensor], dim: int) -> Blocks:
+    """Concatenation along ``dim``: the parts themselves along rows, one built tensor along columns."""
+    return list(parts) if dim == 0 else [torch.cat(parts, dim)]
 
 
 def _replicated(name: str, pieces: list[torch.Tensor]) -> torch.Tensor:
@@ -168,10 +179,18 @@ def _plain_unit(name: str, info: dict, ranks: RankShapes, tp: int) -> Unit:
     split = bool(info.get("tensor_model_parallel"))
     shape = _scaled(ranks.shapes[name], info["partition_dim"], tp) if split else ranks.shapes[name]
 
-    def rebuild(pieces: Pieces) -> dict[str, torch.Tensor]:
-        if split:
-            return {name: join_shards(name, pieces[name], info)}
-        return {name: _replicated(name, pieces[name])}
+    def rebuild(pieces: Pieces) -> dict[str, Blocks]:
+        if not split:
+            return {name: [_replicated(name, pieces[name])]}
+        if any(p.shape != pieces[name][0].shape for p in pieces[name]):
+            raise CheckpointError(f"{name} has different shapes on different TP ranks")
+        if info["partition_dim"] != 0:
+            return {name: [join_shards(name, pieces[name], info)]}
+        stride = info.get("partition_stride") or 1
+        if pieces[name][0].shape[0] % stride:
+            raise CheckpointError(f"{name}: {pieces[name][0].shape[0]} rows per rank do not split into stride {stride}")
+        blocks = [p.split(p.shape[0] // stride) for p in pieces[name]]
+        return {name: [blocks[rank][s] for s in range(stride) for rank in range(len(blocks))]}
 
     return Unit(sources=[name], outputs=[OutputTensor(name, shape, ranks.dtypes[name])], rebuild=rebuild)
 

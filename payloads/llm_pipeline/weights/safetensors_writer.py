@@ -28,6 +28,7 @@ CODES = {
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
 }  # fmt: skip
 WRITE_CHUNK = 1 << 30  # one pwrite moves at most ~2 GB on Linux
+IOV_MAX = 1024  # buffers per pwritev on Linux
 
 
 @dataclass
@@ -93,17 +94,23 @@ class ShardedWriter:
     def wants(self, name: str) -> bool:
         return name in self._where
 
-    def write(self, name: str, tensor: torch.Tensor) -> int:
+    def write(self, name: str, blocks: list[torch.Tensor]) -> int:
+        """Write a tensor given as row blocks (concatenated along dim 0 they make it), in one gathered write."""
         plan, expected = self._where[name]
-        if tuple(tensor.shape) != expected.shape or tensor.dtype != expected.dtype:
+        rows = sum(block.shape[0] if block.dim() else 1 for block in blocks)
+        trailing = {tuple(block.shape[1:]) for block in blocks}
+        dtypes = {block.dtype for block in blocks}
+        shape = (rows, *next(iter(trailing))) if len(trailing) == 1 and expected.shape else tuple(blocks[0].shape)
+        if len(trailing) != 1 or dtypes != {expected.dtype} or shape != expected.shape:
+            got = [list(block.shape) for block in blocks[:3]] + (["..."] if len(blocks) > 3 else [])
             raise CheckpointError(
-                f"{name} was rebuilt as {list(tensor.shape)} {tensor.dtype}; "
+                f"{name} was rebuilt from blocks {got} of {sorted(map(str, dtypes))}; "
                 f"the plan expected {list(expected.shape)} {expected.dtype}"
             )
-        raw = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
-        _pwrite_all(self._fds[plan.file_name], memoryview(raw), plan.offsets[name])
+        buffers = [memoryview(block.contiguous().reshape(-1).view(torch.uint8).numpy()) for block in blocks]
+        _pwritev_all(self._fds[plan.file_name], buffers, plan.offsets[name])
         self._written.add(name)
-        return raw.nbytes
+        return expected.nbytes
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -123,6 +130,26 @@ class ShardedWriter:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+
+
+def _pwritev_all(fd: int, buffers: list[memoryview], offset: int) -> None:
+    """Write the buffers one after the other from ``offset``, in as few system calls as the kernel allows."""
+    pending = [b for b in buffers if len(b)]
+    while pending:
+        batch, size = [], 0
+        while pending and len(batch) < IOV_MAX and size + len(pending[0]) <= WRITE_CHUNK:
+            size += len(pending[0])
+            batch.append(pending.pop(0))
+        if not batch:  # one buffer larger than a call may move
+            large = pending.pop(0)
+            _pwrite_all(fd, large, offset)
+            offset += len(large)
+            continue
+        written = os.pwritev(fd, batch, offset)
+        if written < size:  # a short write: finish what is left of this batch
+            remainder = b"".join(bytes(b) for b in batch)[written:]
+            _pwrite_all(fd, memoryview(remainder), offset + written)
+        offset += size
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:

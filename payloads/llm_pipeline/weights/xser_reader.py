@@ -10,6 +10,7 @@ so reading never runs code from the checkpoint and never needs torch_xla.
 
 from __future__ import annotations
 
+import os
 import pickle
 import zipfile
 from pathlib import Path
@@ -29,12 +30,12 @@ class TensorReference:
         self.tid, self.shape, self.dtype = tid, shape, dtype
 
 
-def _load(path: Path, what: str) -> Any:
+def _load(path: Path, what: str, *, mmap: bool = False) -> Any:
     if not path.is_file():
         raise CheckpointError(f"{what} {path} is missing; the checkpoint is incomplete or was copied partially")
     try:
         with torch.serialization.safe_globals([(TensorReference, XSER_REFERENCE)]):
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except (RuntimeError, pickle.UnpicklingError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"{what} {path} cannot be read ({first_line}); it may be truncated or corrupt") from None
@@ -58,9 +59,15 @@ def load_rank_file(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _load_reference(path: Path, name: str, ref: TensorReference, info: dict) -> torch.Tensor:
+def _load_reference(path: Path, name: str, ref: TensorReference, info: dict, *, mmap: bool = False) -> torch.Tensor:
     tensor_file = path.with_name(path.name + ".tensors") / f"tensor_{ref.tid}.pt"
-    tensor = _load(tensor_file, f"xser tensor file for {name!r}:")
+    if mmap and tensor_file.is_file():  # start reading the whole file now; the map then finds it cached
+        fd = os.open(tensor_file, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+    tensor = _load(tensor_file, f"xser tensor file for {name!r}:", mmap=mmap)
     if not isinstance(tensor, torch.Tensor):
         raise CheckpointError(f"xser tensor file {tensor_file} does not hold a tensor")
     expected = info.get(ref.tid) or {"dtype": getattr(ref, "dtype", None), "shape": getattr(ref, "shape", None)}
@@ -77,8 +84,9 @@ class LazyRankFile:
     """One rank file read a few tensors at a time, so memory holds what is being rebuilt, not the file.
 
     xser: the reference dict and ``.info.pt`` give every tensor's id, dtype and shape; a tensor is
-    read from its own file on demand. Plain: the file is memory-mapped while a batch of tensors is
-    copied out, then unmapped, so its pages never accumulate in this process.
+    its own file, asked to be read ahead, then memory-mapped. Plain: the file is memory-mapped and
+    the batch's tensors are views into it. Either way no copy is made into this process's memory,
+    and a map goes away with the last tensor using it, so pages never accumulate here.
     """
 
     def __init__(self, path: Path) -> None:
@@ -133,7 +141,7 @@ class LazyRankFile:
         return list(self.shapes)
 
     def load(self, names: list[str]) -> dict[str, torch.Tensor]:
-        """Copies of the named tensors (owned memory, nothing left mapped)."""
+        """The named tensors, backed by memory maps of the files while they are referenced."""
         missing = [name for name in names if name not in self.shapes]
         if missing:
             raise CheckpointError(f"rank file {self.path} has no tensor {missing[0]!r}")
@@ -141,11 +149,8 @@ class LazyRankFile:
             return {
                 name: self._inline[name].clone()
                 if name in self._inline
-                else _load_reference(self.path, name, self._refs[name], self._info)
+                else _load_reference(self.path, name, self._refs[name], self._info, mmap=True)
                 for name in names
             }
         mapped = self._mapped()
-        try:
-            return {name: mapped[name].clone() for name in names}
-        finally:
-            del mapped
+        return {name: mapped[name] for name in names}

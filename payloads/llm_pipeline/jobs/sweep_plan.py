@@ -1,0 +1,173 @@
+"""A scaling sweep's points: the same run config at several node counts, at the same global batch.
+
+Data-parallel replicas grow with the node count (whatever the engine: TP x PP stay per node), so
+the global batch (per-device batch x DP x gradient accumulation) stays put when gradient
+accumulation shrinks as nodes grow: GA(n) = GA(base) x base_nodes / n. A node count that does not
+divide GA(base) x base_nodes cannot keep the batch and is refused, naming what to change.
+
+Each point gets a derived run config (``<sweep>/nodes-<n>/run.toml``): the original text with
+``parallel.nodes``, ``train.gradient_accumulation_steps``, ``train.max_steps``,
+``train.logging_steps`` and ``train.save_steps`` set, ``paths.output_dir`` pointing at the point's
+own folder (its own logs and checkpoints; ``data`` links to the base run's prepared data) and
+relative ``[paths]`` made absolute (the config moved). Stdlib only: it runs on the controller.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from llm_pipeline.config import ParallelConfig, PathsConfig, TrainConfig
+from llm_pipeline.jobs.run_facts import RunFactsError, read_key
+
+_TABLE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.-]+)\s*\]\s*(#.*)?$")
+_KEY = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*=")
+PLAN_NAME = "sweep.json"
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    nodes: int
+    gradient_accumulation_steps: int
+    global_batch: int
+    config: str  # the derived run config
+    output_dir: str
+
+
+@dataclass(frozen=True)
+class BaseFacts:
+    """What the sweep needs from the run config (read line by line, defaults from config.py)."""
+
+    nodes: int
+    devices_per_node: int
+    model_parallel: int  # tensor x pipeline parallel size (the engines that shard use it)
+    per_device_batch_size: int
+    gradient_accumulation_steps: int
+    method: str
+    max_length: int
+
+    @property
+    def data_parallel(self) -> int:
+        return max(1, self.devices_per_node * self.nodes // self.model_parallel)
+
+    @property
+    def global_batch(self) -> int:
+        return self.per_device_batch_size * self.data_parallel * self.gradient_accumulation_steps
+
+
+def read_base(config: Path) -> BaseFacts:
+    text = config.read_text()
+
+    def value(table: str, key: str, default: object) -> object:
+        found = read_key(text, table, key, str(config))
+        return default if found is None else found
+
+    par, train = ParallelConfig(), TrainConfig()
+    tp, pp = (
+        value("parallel", "tensor_parallel_size", par.tensor_parallel_size),
+        value("parallel", "pipeline_parallel_size", par.pipeline_parallel_size),
+    )
+    facts = BaseFacts(
+        nodes=value("parallel", "nodes", par.nodes),
+        devices_per_node=value("parallel", "devices_per_node", par.devices_per_node),
+        model_parallel=tp * pp,
+        per_device_batch_size=value("train", "per_device_batch_size", train.per_device_batch_size),
+        gradient_accumulation_steps=value("train", "gradient_accumulation_steps", train.gradient_accumulation_steps),
+        method=value("train", "method", getattr(train, "method", "lora")),
+        max_length=value("data", "max_length", 1024),
+    )
+    for name, number in asdict(facts).items():
+        if name != "method" and (not isinstance(number, int) or number < 1):
+            raise RunFactsError(f"{config}: {name} must be an integer >= 1 for a sweep, got {number!r}")
+    return facts
+
+
+def accumulation_for(base: BaseFacts, nodes: int) -> int:
+    """Gradient accumulation at ``nodes`` that keeps the base global batch, or a RunFactsError."""
+    total = base.gradient_accumulation_steps * base.nodes
+    if total % nodes:
+        usable = [n for n in range(1, total + 1) if total % n == 0]
+        raise RunFactsError(
+            f"{nodes} node(s) cannot keep the global batch of {base.global_batch}: train.gradient_accumulation_steps "
+            f"x parallel.nodes = {total} must be divisible by the node count (usable: {usable}); raise "
+            "train.gradient_accumulation_steps in the run config"
+        )
+    return total // nodes
+
+
+def set_key(text: str, table: str, key: str, toml_value: str) -> str:
+    """``text`` with ``table.key = toml_value``: the line replaced, added to the table, or a new table."""
+    lines = text.splitlines()
+    current, table_end = "", None
+    for index, line in enumerate(lines):
+        header = _TABLE.match(line)
+        if header:
+            if current == table:
+                break
+            current = header.group(1)
+            if current == table:
+                table_end = index + 1
+            continue
+        if current == table:
+            match = _KEY.match(line)
+            if match and match.group(1) == key:
+                lines[index] = f"{key} = {toml_value}"
+                return "\n".join(lines) + "\n"
+            if line.strip():
+                table_end = index + 1
+    if table_end is None:
+        lines += ["", f"[{table}]", f"{key} = {toml_value}"]
+    else:
+        lines.insert(table_end, f"{key} = {toml_value}")
+    return "\n".join(lines) + "\n"
+
+
+def derived_config(config: Path, point_dir: Path, overrides: dict[tuple[str, str], object]) -> str:
+    text = config.read_text()
+    for name in PathsConfig.__dataclass_fields__:
+        raw = read_key(text, "paths", name, str(config))
+        if isinstance(raw, str) and not raw.startswith(("/", "$", "~")):
+            text = set_key(text, "paths", name, json.dumps(str(config.parent / raw)))
+    for (table, key), value in {**overrides, ("paths", "output_dir"): str(point_dir)}.items():
+        text = set_key(text, table, key, json.dumps(value))
+    return text
+
+
+def plan_sweep(
+    config: Path, sweep_dir: Path, node_counts: list[int], *, steps: int, logging_steps: int
+) -> list[SweepPoint]:
+    """Write every point's run config under ``sweep_dir`` and return the points (smallest first)."""
+    base = read_base(config)
+    points = []
+    for nodes in sorted(set(node_counts)):
+        if nodes < 1:
+            raise RunFactsError(f"--nodes: {nodes} is not a node count")
+        accumulation = accumulation_for(base, nodes)
+        point_dir = sweep_dir / f"nodes-{nodes}"
+        (point_dir / "logs" / "state").mkdir(parents=True, exist_ok=True)
+        overrides = {
+            ("parallel", "nodes"): nodes,
+            ("train", "gradient_accumulation_steps"): accumulation,
+            ("train", "max_steps"): steps,
+            ("train", "logging_steps"): logging_steps,
+            ("train", "save_steps"): steps + 1,  # a throughput run: no checkpoint mid-run
+        }
+        derived = point_dir / "run.toml"
+        derived.write_text(derived_config(config, point_dir, overrides))
+        global_batch = base.per_device_batch_size * (base.data_parallel * nodes // base.nodes) * accumulation
+        points.append(SweepPoint(nodes, accumulation, global_batch, str(derived), str(point_dir)))
+    return points
+
+
+def write_plan(sweep_dir: Path, config: Path, base: BaseFacts, points: list[SweepPoint], jobs: dict) -> Path:
+    record = {
+        "config": str(config),
+        "base": asdict(base),
+        "points": [asdict(point) for point in points],
+        "jobs": jobs,
+    }
+    path = sweep_dir / PLAN_NAME
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path

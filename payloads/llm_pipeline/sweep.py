@@ -1,0 +1,159 @@
+"""Scaling sweep: train one run config at several node counts on Slurm, then report the scaling.
+
+    python3 -m llm_pipeline.sweep --config configs/llama2-7b-full.toml --nodes 1,2,4 [--steps 40] [--dry-run] [--wait]
+
+Every node count trains the same config for ``--steps`` optimizer steps at the same global batch
+(gradient accumulation shrinks as nodes grow; jobs/sweep_plan), each in its own folder
+``<run folder>/<--name>/nodes-<n>/`` whose ``data`` links to the run's prepared data. One chain of
+sbatch jobs, each after the previous one succeeded: data (unless the run's data is already
+prepared), then per node count precompile and train (the usual step scripts), then the report
+(jobs/scaling_report: ``scaling.md`` and ``scaling.json`` in the sweep folder). Works for every
+engine: the steps pick the backend from the run config as they always do. Stdlib only (the
+controller's python3), like submit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from llm_pipeline.jobs.run_facts import RunFacts, RunFactsError, read_run_facts
+from llm_pipeline.jobs.sweep_plan import SweepPoint, plan_sweep, read_base, write_plan
+from llm_pipeline.submit import SubmitError, check_runtime_sees, sbatch_command, slurm
+
+REPORT_STEP = "sweep_report"  # payloads/slurm/sweep_report.sbatch
+
+
+def link_data(points: list[SweepPoint], data_dir: Path) -> None:
+    """Each point trains on the run's prepared data (its own folder would hold none)."""
+    for point in points:
+        link = Path(point.output_dir) / "data"
+        if link.is_symlink() or link.is_file():
+            link.unlink()
+        elif link.is_dir():
+            shutil.rmtree(link)
+        link.symlink_to(data_dir, target_is_directory=True)
+
+
+def clear_checkpoints(points: list[SweepPoint]) -> None:
+    """A point must train from step 0: an earlier sweep's checkpoint would be resumed instead."""
+    for point in points:
+        checkpoints = Path(point.output_dir) / "checkpoints"
+        if checkpoints.is_dir():
+            print(f"note: removing {checkpoints} from an earlier sweep (each point trains from step 0)", flush=True)
+            shutil.rmtree(checkpoints)
+
+
+def chain(base: RunFacts, points: list[SweepPoint], sweep_dir: Path, with_data: bool) -> list[tuple[str, RunFacts]]:
+    """(step, the facts its job runs with), in submission order."""
+    jobs: list[tuple[str, RunFacts]] = [("data", base)] if with_data else []
+    for point in points:
+        facts = RunFacts(config=Path(point.config), output_dir=Path(point.output_dir), nodes=point.nodes)
+        jobs += [("precompile", facts), ("train", facts)]
+    jobs.append((REPORT_STEP, RunFacts(config=base.config, output_dir=sweep_dir, nodes=1)))
+    for _, facts in jobs:  # sbatch cannot open a log in a folder that does not exist
+        (facts.logs_dir / "state").mkdir(parents=True, exist_ok=True)
+    return jobs
+
+
+def submit_chain(jobs: list[tuple[str, RunFacts]], env: dict[str, str]) -> list[dict]:
+    submitted: list[dict] = []
+    for step, facts in jobs:
+        after = submitted[-1]["job"] if submitted else None
+        out = slurm(sbatch_command(step, facts, after, env))
+        if out.returncode != 0:
+            if submitted:
+                slurm(["scancel", *(job["job"] for job in submitted)])
+            raise SubmitError(
+                f"sbatch refused {step} ({facts.nodes} node(s)): {out.stderr.strip() or out.stdout.strip()}"
+                + (" (cancelled the jobs submitted before it)" if submitted else "")
+            )
+        job = out.stdout.strip().split(";")[0]
+        log = facts.logs_dir / f"{step}-{job}.log"
+        submitted.append({"step": step, "nodes": facts.nodes, "job": job, "log": str(log)})
+        print(f"submitted {step} ({facts.nodes} node(s)) job {job}", flush=True)
+    return submitted
+
+
+def wait(jobs: list[dict], poll_s: float) -> None:
+    ids = ",".join(job["job"] for job in jobs)
+    while True:
+        out = slurm(["squeue", "-h", "-j", ids, "-o", "%i"])
+        if out.returncode == 0 and not out.stdout.strip():
+            return
+        time.sleep(poll_s)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python3 -m llm_pipeline.sweep", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="run config (TOML): its node count and batch are the base")
+    parser.add_argument("--nodes", required=True, help="comma-separated node counts, e.g. 1,2,4")
+    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per node count (default: %(default)s)")
+    parser.add_argument(
+        "--logging-steps", type=int, default=5, help="steps between throughput lines (default: %(default)s)"
+    )
+    parser.add_argument("--name", default="sweep", help="sweep folder inside the run folder (default: %(default)s)")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="write the point configs, print the jobs, submit nothing"
+    )
+    parser.add_argument("--wait", action="store_true", help="wait for the chain and print the report")
+    parser.add_argument("--poll", type=float, default=10.0, help="seconds between checks with --wait")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    env = dict(os.environ)
+    try:
+        try:
+            counts = [int(part) for part in args.nodes.split(",") if part.strip()]
+        except ValueError:
+            raise SubmitError(f"--nodes {args.nodes!r}: give node counts separated by commas, e.g. 1,2,4") from None
+        if not counts or args.steps < 2 or args.logging_steps < 1:
+            raise SubmitError("give at least one node count, --steps >= 2 and --logging-steps >= 1")
+        base = read_run_facts(args.config, env)
+        check_runtime_sees(base, env)
+        sweep_dir = base.output_dir / args.name
+        points = plan_sweep(base.config, sweep_dir, counts, steps=args.steps, logging_steps=args.logging_steps)
+        for point in points:
+            print(
+                f"{point.nodes} node(s): gradient accumulation {point.gradient_accumulation_steps}, global batch "
+                f"{point.global_batch}, config {point.config}",
+                flush=True,
+            )
+        data_dir = base.output_dir / "data"
+        with_data = not (data_dir.is_dir() and any(data_dir.iterdir()))
+        if not with_data:
+            print(f"using the prepared data in {data_dir} (delete it to prepare it again)", flush=True)
+        jobs = chain(base, points, sweep_dir, with_data)
+        if args.dry_run:
+            print("# dry run: nothing submitted. The jobs, each after the previous one:")
+            for step, facts in jobs:
+                print(shlex.join(sbatch_command(step, facts, None, env)))
+            return 0
+        if slurm(["sbatch", "--version"]).returncode != 0:
+            raise SubmitError("sbatch not found: run this on the cluster's controller or login node")
+        link_data(points, data_dir)
+        clear_checkpoints(points)
+        submitted = submit_chain(jobs, env)
+        write_plan(sweep_dir, base.config, read_base(base.config), points, {"chain": submitted})
+        print(f"report: {sweep_dir / 'scaling.md'} (written by the last job)")
+        if args.wait:
+            wait(submitted, args.poll)
+            report = sweep_dir / "scaling.md"
+            if not report.is_file():
+                raise SubmitError(f"the sweep ended without a report; see the logs in {submitted[-1]['log']}")
+            print(report.read_text())
+        return 0
+    except (RunFactsError, SubmitError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The scaling sweep under a real two-node local Slurm: the tiny torch-backend run at 1 and 2 nodes,
+chained (data, precompile, train per node count, report), at one global batch, reported as a table."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from slurm_helpers import REPO
+
+from tools.rehearse import fsx_environment, write_inputs
+
+pytestmark = pytest.mark.xdist_group("slurm")
+TINY = REPO / "payloads" / "configs" / "tiny-cpu.toml"
+
+
+def sweep(env: dict[str, str], config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "llm_pipeline.sweep", "--config", str(config), *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, cwd=REPO / "payloads", timeout=900)
+
+
+@pytest.fixture(scope="module")
+def setup(two_nodes, tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep")
+    env = two_nodes.env(fsx_environment(root / "fsx"))
+    write_inputs(TINY, env, records=120)
+    text = TINY.read_text()
+    text, count = re.subn(r"(?m)^gradient_accumulation_steps = .*$", "gradient_accumulation_steps = 2", text)
+    assert count == 1
+    config = root / "sweep.toml"
+    config.write_text(text.replace("/tiny-lora", "/tiny-sweep"))
+    return env, config, Path(env["HPL_OUTPUTS_DIR"]) / "tiny-sweep" / "sweep"
+
+
+def test_two_node_counts_keep_the_global_batch_and_are_reported(setup):
+    env, config, sweep_dir = setup
+    result = sweep(env, config, "--nodes", "1,2", "--steps", "3", "--logging-steps", "1", "--wait", "--poll", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    steps = re.findall(r"(?m)^submitted (\S+) \((\d) node\(s\)\) job \d+$", result.stdout)
+    assert steps == [
+        ("data", "1"), ("precompile", "1"), ("train", "1"), ("precompile", "2"), ("train", "2"), ("sweep_report", "1"),
+    ]  # fmt: skip
+    report = json.loads((sweep_dir / "scaling.json").read_text())
+    rows = {row["nodes"]: row for row in report["rows"]}
+    assert [rows[n]["gradient_accumulation_steps"] for n in (1, 2)] == [2, 1]
+    assert rows[1]["global_batch"] == rows[2]["global_batch"] == 8  # 4 per device x DP x GA
+    assert all(row["backend"] == "torch" and row["sequences_per_second"] > 0 for row in rows.values())
+    assert rows[1]["scaling_efficiency"] == 1.0 and rows[2]["reference_sequences_per_second"] is None
+    train_2 = Path(rows[2]["log"]).read_text()
+    assert "2 data-parallel replica(s)" in train_2 and "(2 node(s))" in train_2
+    table = (sweep_dir / "scaling.md").read_text()
+    assert re.search(r"(?m)^\| 2 \| 1 \| 8 \| [0-9.]+ \| \d+ \|", table) and "smallest run is the baseline" in table
+    derived = (sweep_dir / "nodes-2" / "run.toml").read_text()
+    assert "nodes = 2" in derived and "gradient_accumulation_steps = 1" in derived and "max_steps = 3" in derived
+
+
+def test_a_node_count_that_cannot_keep_the_batch_is_refused_before_submitting(setup):
+    env, config, _ = setup
+    result = sweep(env, config, "--nodes", "1,3", "--dry-run")
+    assert result.returncode == 2
+    assert "3 node(s) cannot keep the global batch of 8" in result.stderr
+    assert "train.gradient_accumulation_steps" in result.stderr and "submitted" not in result.stdout
