@@ -9,7 +9,7 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
-DEPENDENCIES = {"boto3", "botocore"}  # requirements.txt
+DEPENDENCIES = {"boto3", "botocore", "sagemaker"}  # requirements.txt; requirements-sagemaker.txt (hpctl job)
 
 
 def packaged_top_level_names() -> set[str]:
