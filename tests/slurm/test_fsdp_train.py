@@ -1,0 +1,169 @@
+"""FSDP2 training under the local Slurm: two nodes, one process each, gloo, through train.sbatch and
+the Slurm-derived torchrun rendezvous. The losses equal one process's over several steps (LoRA and
+full fine-tuning), a restarted job resumes exactly from the newest complete sharded checkpoint, and
+the sharded full-model checkpoint consolidates into a model folder that loads."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from slurm_helpers import REPO, wait_for
+
+from llm_pipeline import config, consolidate, data, train
+from tools.rehearse import fsx_environment, write_inputs
+
+pytestmark = pytest.mark.xdist_group("slurm")
+TINY = REPO / "payloads" / "configs" / "tiny-cpu.toml"
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def cluster(two_nodes, tmp_path_factory):
+    root = tmp_path_factory.mktemp("fsdp")
+    env = two_nodes.env(fsx_environment(root / "fsx"))
+    write_inputs(TINY, env, records=80)
+    return env, root
+
+
+def write_run(root: Path, name: str, *, method: str, processes: int) -> Path:
+    """tiny-cpu.toml for `processes` ranks with the same global batch (4) and no evaluation."""
+    text = TINY.read_text()
+    replace = {
+        "output_dir": f'"${{HPL_OUTPUTS_DIR}}/{name}"',
+        "validation_fraction": "0.0",
+        "per_device_batch_size": str(4 // processes),
+        "max_steps": str(STEPS),
+        "save_steps": "2",
+        "logging_steps": "1",
+        "nodes": str(processes),
+    }
+    for key, value in replace.items():
+        text = text.replace(
+            next(line for line in text.splitlines() if line.startswith(f"{key} = ")), f"{key} = {value}"
+        )
+    text = text.replace("[train]\n", f'[train]\nmethod = "{method}"\n').replace(
+        "[parallel]\n", '[parallel]\nstrategy = "fsdp"\n'
+    )
+    path = root / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def sbatch_train(env: dict[str, str], run_config: Path, cfg: config.RunConfig) -> str:
+    """train.sbatch on both nodes; returns its log after the job ends (asserting it completed)."""
+    run_dir = Path(cfg.paths.output_dir)
+    log = run_dir / "logs" / f"train-{len(list(run_dir.glob('logs/train-*.log')))}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    marker = run_dir / "logs" / "state" / "train.json"
+    marker.unlink(missing_ok=True)
+    job_env = dict(
+        env,
+        HPL_PAYLOADS_DIR=str(REPO / "payloads"),
+        HPL_RUN_CONFIG=str(run_config),
+        HPL_RUN_DIR=str(run_dir),
+        PYTHON=sys.executable,
+    )
+    script = REPO / "payloads" / "slurm" / "train.sbatch"
+    command = ["sbatch", "--parsable", "--nodes=2", f"--output={log}", str(script)]
+    job = subprocess.run(command, env=job_env, capture_output=True, text=True, check=True).stdout.strip()
+
+    def ended() -> bool:
+        return marker.is_file() and json.loads(marker.read_text())["state"] != "RUNNING"
+
+    wait_for(ended, 600, f"train job {job}")
+    assert json.loads(marker.read_text())["state"] == "COMPLETED", log.read_text()[-3000:]
+    return log.read_text()
+
+
+def one_process(env: dict[str, str], run_config: Path) -> config.RunConfig:
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert train.main(["--config", str(run_config)]) == 0
+    return config.load(run_config, env=env)
+
+
+def losses(cfg: config.RunConfig, step: int = STEPS) -> list[float]:
+    state = json.loads((cfg.paths.checkpoints_dir / f"checkpoint-{step}" / "trainer_state.json").read_text())
+    return [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+
+
+@pytest.fixture(scope="module")
+def hpl_environment(cluster):
+    """The HPL_* variables in this process too: the one-process runs and consolidate read them."""
+    env, _ = cluster
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            if key.startswith("HPL_"):
+                patch.setenv(key, value)
+        yield env
+
+
+def train_pair(cluster, method: str):
+    """(two-rank FSDP2 run config, its config, one-process config, the FSDP job's log)."""
+    env, root = cluster
+    two = write_run(root, f"{method}-fsdp", method=method, processes=2)
+    one = write_run(root, f"{method}-one", method=method, processes=1)
+    two_cfg = config.load(two, env=env)
+    with contextlib.redirect_stdout(io.StringIO()):
+        data.prepare(two_cfg)  # several processes need the data step first
+    log = sbatch_train(env, two, two_cfg)
+    return two, two_cfg, one_process(env, one), log
+
+
+@pytest.fixture(scope="module")
+def lora_runs(cluster, hpl_environment):
+    return train_pair(cluster, "lora")
+
+
+@pytest.fixture(scope="module")
+def full_runs(cluster, hpl_environment):
+    return train_pair(cluster, "full")
+
+
+@pytest.mark.parametrize("runs", ["lora_runs", "full_runs"])
+def test_two_ranks_match_one_process_step_by_step(request, runs):
+    _, fsdp, single, log = request.getfixturevalue(runs)
+    assert "2 process(es), FSDP2" in log and "2 data-parallel replica(s)" in log
+    assert len(losses(fsdp)) == STEPS
+    assert losses(fsdp) == pytest.approx(losses(single), abs=1e-4)
+    assert losses(fsdp)[-1] < losses(fsdp)[0]
+    checkpoint = fsdp.paths.checkpoints_dir / f"checkpoint-{STEPS}"
+    shards = sorted(p.name for p in (checkpoint / "pytorch_model_fsdp_0").glob("*.distcp"))
+    assert shards == ["__0_0.distcp", "__1_0.distcp"]  # one shard per rank
+    assert (checkpoint / "optimizer_0" / ".metadata").is_file()
+    # adapter methods: the gathered adapter rides along for consolidate and generate
+    assert (checkpoint / "adapter_model.safetensors").is_file() == (fsdp.train.method == "lora")
+
+
+def test_restarted_job_resumes_exactly_from_the_newest_complete_checkpoint(lora_runs, cluster):
+    run_config, fsdp, _, _ = lora_runs
+    env, _ = cluster
+    uninterrupted = losses(fsdp)
+    shutil.rmtree(fsdp.paths.checkpoints_dir / f"checkpoint-{STEPS}")  # as if the job died after step 2
+    (fsdp.paths.checkpoints_dir / "checkpoint-3").mkdir()  # half-written: no trainer_state.json
+    log = sbatch_train(env, run_config, fsdp)
+    assert f"resuming from {fsdp.paths.checkpoints_dir / 'checkpoint-2'}" in log
+    assert "step 3/4 | loss" in log and "step 1/4" not in log
+    # same weights, optimizer moments, scheduler and data position: the same losses to the digit
+    assert losses(fsdp) == uninterrupted
+
+
+def test_sharded_full_checkpoint_consolidates_to_a_loadable_model(full_runs):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    run_config, fsdp, single, _ = full_runs
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert consolidate.main(["--config", str(run_config)]) == 0
+    model = AutoModelForCausalLM.from_pretrained(fsdp.paths.merged_dir)
+    reference = load_file(single.paths.checkpoints_dir / f"checkpoint-{STEPS}" / "model.safetensors")
+    assert set(reference) <= set(model.state_dict())
+    for name, tensor in reference.items():
+        torch.testing.assert_close(model.state_dict()[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
