@@ -26,6 +26,7 @@ from cluster_contract import (
     fsx_dir,
 )
 from stacks.accelerators import CUDA, NEURON, NO_ACCELERATOR
+from stacks.aws_catalog import hyperpod_instance_types, sagemaker_regions, zone_id_prefix
 from stacks.compute_groups import (
     CONTEXT_KEY as COMPUTE_GROUPS_KEY,
 )
@@ -71,7 +72,7 @@ class HyperPodConfig:
     name_prefix: str = "hyperpod-lora"
     account: str = "auto"  # 12 digits, or "auto": CDK_DEFAULT_ACCOUNT (credentials), else offline
     region: str = "us-west-2"
-    availability_zone: str = "us-west-2d"  # must offer the compute instance type in your account
+    availability_zone_id: str = "usw2-az4"  # a zone ID (same physical zone in every account) with the capacity
     vpc_cidr: str = "10.0.0.0/16"
     controller_instance_type: str = "ml.c5.xlarge"
     controller_instance_count: int = 1
@@ -106,6 +107,13 @@ class HyperPodConfig:
         """Parse cdk.json / ``-c`` context; unknown snake_case keys are typos and fail too."""
         known = cls.keys()
         for key in context:
+            if key == "availability_zone":
+                raise ConfigError(
+                    "config key 'availability_zone' was replaced by 'availability_zone_id': zone names map to "
+                    "different physical zones in each account, zone IDs do not. Find the ID of your zone with "
+                    "`aws ec2 describe-availability-zones --query 'AvailabilityZones[].[ZoneName,ZoneId]'` and set "
+                    "availability_zone_id (e.g. usw2-az4) in cdk.json or with -c availability_zone_id=<id>."
+                )
             if key in RETIRED_KEYS:
                 raise ConfigError(
                     f"config key '{key}' was replaced by '{COMPUTE_GROUPS_KEY}': set '{RETIRED_KEYS[key]}' in a "
@@ -160,7 +168,10 @@ class HyperPodConfig:
         return f"s3://{self.bucket_name}/{LIFECYCLE_PREFIX}/"
 
 
-INSTANCE_TYPE = matches(r"ml\.[a-z0-9-]+\.[a-z0-9]+", "a SageMaker instance type such as ml.c5.xlarge")
+INSTANCE_TYPE = Rule(
+    lambda v: v in hyperpod_instance_types(),
+    "an instance type HyperPod offers (botocore's ClusterInstanceType list), e.g. ml.c5.xlarge",
+)
 RULES: dict[str, Rule] = {
     "stack_name": matches(
         r"[A-Za-z][A-Za-z0-9-]{0,127}",
@@ -172,8 +183,11 @@ RULES: dict[str, Rule] = {
         "with a hyphen (it starts the bucket and cluster names)",
     ),
     "account": matches(r"auto|\d{12}", "a 12-digit AWS account id, or auto (the account of your credentials)"),
-    "region": matches(r"[a-z]{2}(-gov)?-[a-z]+-\d", "an AWS region name such as us-west-2"),
-    "availability_zone": matches(r"[a-z]{2}(-gov)?-[a-z]+-\d[a-z]", "an availability zone name such as us-west-2d"),
+    "region": Rule(
+        lambda v: v in sagemaker_regions(),
+        "a region where SageMaker has an endpoint (botocore's endpoints data), e.g. us-west-2, us-east-1",
+    ),
+    "availability_zone_id": matches(r"[a-z]+\d+-az\d+", "an Availability Zone ID such as usw2-az4 (not a zone name)"),
     "vpc_cidr": ipv4_cidr(16, 20),
     "controller_instance_type": INSTANCE_TYPE,
     "controller_instance_count": Rule(
@@ -207,11 +221,12 @@ def _check_group_objects(groups: tuple) -> None:
 
 def _check_combinations(config: HyperPodConfig) -> None:
     check_training_plan_region(config.compute_groups, config.region)
-    if not config.availability_zone.startswith(config.region):
+    prefix = zone_id_prefix(config.region)
+    if prefix and not config.availability_zone_id.startswith(f"{prefix}-"):
         raise ConfigError.bad_value(
-            "availability_zone",
-            config.availability_zone,
-            f"a zone of the configured region {config.region}, e.g. {config.region}a",
+            "availability_zone_id",
+            config.availability_zone_id,
+            f"a zone ID of the configured region {config.region}, e.g. {prefix}-az1",
         )
 
 

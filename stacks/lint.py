@@ -10,7 +10,7 @@ from cfnlint.match import Match
 # Each ignored check, and why it is right for this app.
 IGNORED_CHECKS = {
     # One AZ by design: FSx PERSISTENT_2 and the Trainium nodes must share the zone that has the
-    # capacity, so the zone is a configured value (availability_zone), not a lookup.
+    # capacity, so the zone is a configured value (availability_zone_id), not a lookup.
     "W3010": "availability zone is configured on purpose",
     # CDK turns construct dependencies into DependsOn even where a Ref/GetAtt already orders the
     # resources; the duplicates are harmless and keep the intended order explicit in the code.

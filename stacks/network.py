@@ -1,13 +1,28 @@
-"""Network: a one-AZ VPC for the cluster and FSx, and the security group they share."""
+"""Network: a one-AZ VPC for the cluster and FSx, and the security group they share.
+
+The zone is given by its ID (usw2-az4), the same physical zone in every account, where zone names
+(us-west-2d) are shuffled per account. CloudFormation takes the ID on each subnet; CDK's VPC only
+knows zone names, from a per-account lookup that needs credentials, so the stack answers that
+lookup itself with the ID (synth then works offline in any region) and the subnets carry it as
+AvailabilityZoneId.
+"""
 
 from __future__ import annotations
 
 import ipaddress
 
-from aws_cdk import RemovalPolicy
+from aws_cdk import ContextProvider, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
+
+AVAILABILITY_ZONES_PROVIDER = "availability-zones"
+
+
+def pin_availability_zone(stack: Stack, zone_id: str) -> None:
+    """Answer the stack's zone lookup with ``zone_id`` (call before the stack has children)."""
+    key = ContextProvider.get_key(stack, provider=AVAILABILITY_ZONES_PROVIDER).key
+    stack.node.set_context(key, [zone_id])
 
 
 class Network(Construct):
@@ -17,7 +32,7 @@ class Network(Construct):
     interfaces (EFA included), so addresses go faster than the node count suggests.
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, cidr: str, availability_zone: str) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, cidr: str, availability_zone_id: str) -> None:
         super().__init__(scope, construct_id)
         prefix = ipaddress.IPv4Network(cidr).prefixlen
         flow_log_group = logs.LogGroup(
@@ -27,7 +42,7 @@ class Network(Construct):
             self,
             "Vpc",
             ip_addresses=ec2.IpAddresses.cidr(cidr),
-            availability_zones=[availability_zone],
+            availability_zones=[availability_zone_id],  # see pin_availability_zone
             nat_gateways=1,
             subnet_configuration=[
                 ec2.SubnetConfiguration(
@@ -44,6 +59,10 @@ class Network(Construct):
                 )
             },
         )
+        for subnet in (*self.vpc.private_subnets, *self.vpc.public_subnets):
+            cfn_subnet = subnet.node.default_child
+            cfn_subnet.add_property_deletion_override("AvailabilityZone")
+            cfn_subnet.add_property_override("AvailabilityZoneId", availability_zone_id)
         self.private_subnet = self.vpc.private_subnets[0]
         self.security_group = ClusterSecurityGroup(self, "ClusterSecurityGroup", vpc=self.vpc)
 

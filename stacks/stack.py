@@ -15,7 +15,7 @@ from stacks.iam import ClusterRole
 from stacks.image import RECIPES, TrainingImage
 from stacks.lifecycle import LifecycleUpload
 from stacks.nag import acknowledge_cdk_providers
-from stacks.network import Network
+from stacks.network import Network, pin_availability_zone
 from stacks.outputs import add_outputs
 from stacks.payloads import PayloadUpload, deploy_facts
 from stacks.storage import DataBucket, SharedFileSystem
@@ -40,7 +40,8 @@ class HyperPodStack(Stack):
         )
         self.config = config
         Tags.of(self).add("project", config.name_prefix)
-        self.network = Network(self, "Network", cidr=config.vpc_cidr, availability_zone=config.availability_zone)
+        pin_availability_zone(self, config.availability_zone_id)
+        self.network = Network(self, "Network", cidr=config.vpc_cidr, availability_zone_id=config.availability_zone_id)
         security_group = self.network.security_group
         self.data = DataBucket(self, "Data", bucket_name=config.bucket_name, retain=config.retain_outputs)
         self.file_system = SharedFileSystem(

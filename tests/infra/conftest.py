@@ -113,7 +113,7 @@ def synth_variant(tmp_path_factory: pytest.TempPathFactory, source_root: Path) -
         login_instance_count="1",
         compute_groups='[{"name": "compute", "instance_type": "ml.trn1n.32xlarge", "count": "2", "partition": "trn1"}]',
         region="us-east-1",
-        availability_zone="us-east-1a",
+        availability_zone_id="use1-az6",
         fsx_storage_capacity_gib="2400",
         slurm_config_strategy="Overwrite",
     )

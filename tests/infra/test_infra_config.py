@@ -65,9 +65,9 @@ def test_defaults_reproduce_the_blog_setup():
     assert (compute.threads_per_core, compute.capacity, compute.training_plan_arn) == (1, "on-demand", "")
     assert (config.fsx_storage_capacity_gib, config.fsx_compression) == (1200, "LZ4")
     assert config.retain_outputs is False
-    assert config.availability_zone.startswith(config.region)
-    assert config.account == OFFLINE_ACCOUNT  # no credentials: the account cdk.json answers lookups for
-    assert f"availability-zones:account={OFFLINE_ACCOUNT}:region={config.region}" in CDK_JSON
+    assert config.availability_zone_id.startswith("usw2-az")
+    assert config.account == OFFLINE_ACCOUNT  # no credentials: no lookup needs an account (zone IDs)
+    assert not [key for key in CDK_JSON if key.startswith("availability-zones:")], "no cached lookups needed"
     assert config.bucket_name.startswith("sagemaker-") and len(config.bucket_name) <= 63
 
 
@@ -97,13 +97,17 @@ BAD_VALUES = [
     ("fsx_throughput_mibps_per_tib", "200", "125, 250, 500, 1000"),
     ("fsx_compression", "GZIP", "LZ4, NONE"),
     ("controller_instance_count", "2", "exactly one"),
-    ("controller_instance_type", "c5.xlarge", "ml.c5.xlarge"),
+    ("controller_instance_type", "c5.xlarge", "e.g. ml.c5.xlarge"),
     ("login_instance_count", "-1", "0: no login group"),
     ("vpc_cidr", "10.0.0.0/24", "/16 to /20"),
     ("vpc_cidr", "8.8.0.0/16", "private IPv4"),
     ("vpc_cidr", "10.0.0.1/16", "CIDR form"),
-    ("availability_zone", "us-east-1a", "zone of the configured region us-west-2"),
-    ("region", "uswest2", "region name"),
+    ("availability_zone_id", "use1-az4", "a zone ID of the configured region us-west-2, e.g. usw2-az1"),
+    ("availability_zone_id", "us-west-2d", "an Availability Zone ID such as usw2-az4 (not a zone name)"),
+    ("region", "uswest2", "a region where SageMaker has an endpoint"),
+    ("region", "ma-rs-1", "a region where SageMaker has an endpoint"),
+    ("controller_instance_type", "ml.c5.3xlarge", "an instance type HyperPod offers (botocore's"),
+    ("login_instance_type", "ml.trn1.2xlarge", "an instance type HyperPod offers (botocore's"),
     ("account", "12345", "12-digit"),
     ("name_prefix", "HyperPod_Lora", "lowercase"),
     ("name_prefix", "this-prefix-is-far-too-long", "3 to 20"),

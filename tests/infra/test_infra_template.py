@@ -27,7 +27,8 @@ def test_vpc_has_one_public_and_one_private_subnet_in_the_configured_zone(synth)
     _, vpc = synth.one("AWS::EC2::VPC")
     assert vpc["Properties"]["CidrBlock"] == synth.config.vpc_cidr
     subnets = synth.resources("AWS::EC2::Subnet").values()
-    assert [s["Properties"]["AvailabilityZone"] for s in subnets] == [synth.config.availability_zone] * 2
+    assert [s["Properties"]["AvailabilityZoneId"] for s in subnets] == [synth.config.availability_zone_id] * 2
+    assert all("AvailabilityZone" not in s["Properties"] for s in subnets), "IDs, not account-specific names"
     assert sorted(s["Properties"]["MapPublicIpOnLaunch"] for s in subnets) == [False, True]
     network = ipaddress.ip_network(synth.config.vpc_cidr)
     assert all(ipaddress.ip_network(s["Properties"]["CidrBlock"]).subnet_of(network) for s in subnets)

@@ -1,0 +1,59 @@
+"""What AWS offers, read from the installed botocore data (never retyped here).
+
+- HyperPod's instance types: the ClusterInstanceType enum of the SageMaker service model.
+- Regions: those where the SageMaker API has an endpoint in botocore's endpoints data.
+- Availability Zone IDs: their region prefix (``usw2`` for us-west-2), derived from the region name.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import botocore.loaders
+
+# How zone IDs abbreviate the direction words of region names (us-west-2 -> usw2-az4).
+DIRECTION_LETTERS = {
+    "east": "e",
+    "west": "w",
+    "north": "n",
+    "south": "s",
+    "central": "c",
+    "northeast": "ne",
+    "northwest": "nw",
+    "southeast": "se",
+    "southwest": "sw",
+    "gov": "g",
+}
+SAGEMAKER_ENDPOINT_SERVICE = "api.sagemaker"
+
+
+@functools.lru_cache(maxsize=1)
+def _loader() -> botocore.loaders.Loader:
+    return botocore.loaders.create_loader()
+
+
+@functools.lru_cache(maxsize=1)
+def hyperpod_instance_types() -> frozenset[str]:
+    model = _loader().load_service_model("sagemaker", "service-2")
+    return frozenset(model["shapes"]["ClusterInstanceType"]["enum"])
+
+
+@functools.lru_cache(maxsize=1)
+def sagemaker_regions() -> frozenset[str]:
+    regions: set[str] = set()
+    for partition in _loader().load_data("endpoints")["partitions"]:
+        endpoints = partition["services"].get(SAGEMAKER_ENDPOINT_SERVICE, {}).get("endpoints", {})
+        regions |= {name for name in endpoints if name in partition["regions"]}
+    return frozenset(regions)
+
+
+def zone_id_prefix(region: str) -> str | None:
+    """``us-west-2`` -> ``usw2``, ``ap-southeast-1`` -> ``apse1``; None for a name of another shape."""
+    match = re.fullmatch(r"([a-z]{2})((?:-[a-z]+)+)-(\d+)", region)
+    if not match:
+        return None
+    words = match.group(2).strip("-").split("-")
+    if not all(word in DIRECTION_LETTERS for word in words):
+        return None
+    return match.group(1) + "".join(DIRECTION_LETTERS[word] for word in words) + match.group(3)

@@ -1,0 +1,52 @@
+"""Region, zone and instance-type checks come from botocore's data, and synth needs no lookup anywhere."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stacks.accelerators import INSTANCE_TYPES
+from stacks.aws_catalog import hyperpod_instance_types, sagemaker_regions, zone_id_prefix
+from stacks.config import ConfigError, HyperPodConfig
+
+pytestmark = pytest.mark.xdist_group("infra")
+
+
+def parse(**context: object) -> HyperPodConfig:
+    return HyperPodConfig.from_context(context, environ={})
+
+
+def test_every_instance_type_of_the_accelerator_table_is_one_hyperpod_offers():
+    offered = hyperpod_instance_types()
+    assert "ml.trn1.32xlarge" in offered and "ml.trn1.2xlarge" not in offered
+    assert sorted(set(INSTANCE_TYPES) - offered) == []
+
+
+def test_zone_id_prefixes_follow_the_region_names():
+    assert {r: zone_id_prefix(r) for r in ("us-west-2", "ap-southeast-1", "eu-central-1", "us-gov-west-1")} == {
+        "us-west-2": "usw2",
+        "ap-southeast-1": "apse1",
+        "eu-central-1": "euc1",
+        "us-gov-west-1": "usgw1",
+    }
+    assert {"us-west-2", "us-east-1", "eu-north-1"} <= sagemaker_regions()
+
+
+def test_a_zone_name_is_refused_with_the_way_to_its_id():
+    with pytest.raises(ConfigError, match=r"'availability_zone' was replaced by 'availability_zone_id'.*ZoneId"):
+        parse(availability_zone="us-west-2d")
+
+
+def test_a_well_formed_unknown_region_names_the_key():
+    with pytest.raises(ConfigError, match=r"config key 'region' has value 'ma-rs-1'; allowed: a region where"):
+        parse(region="ma-rs-1", availability_zone_id="mars1-az1")
+
+
+def test_synth_needs_no_lookup_in_a_region_cdk_json_never_cached(synthesize_from, source_root):
+    """No `missing` context in the cloud assembly: the CLI would otherwise need credentials to look it up."""
+    synth = synthesize_from(source_root, region="eu-north-1", availability_zone_id="eun1-az2")
+    manifest = json.loads((synth.outdir / "manifest.json").read_text())
+    assert "missing" not in manifest
+    subnets = synth.resources("AWS::EC2::Subnet").values()
+    assert {s["Properties"]["AvailabilityZoneId"] for s in subnets} == {"eun1-az2"}
