@@ -1,6 +1,6 @@
 """Rehearse the whole pipeline offline: a local Slurm, a tiny Llama on CPU, the real scripts.
 
-    make rehearse            (= python -m tools.rehearse [--root .rehearsal] [--config ...])
+    make rehearse            (= python -m tools.rehearse [--root .rehearsal] [--config ...] [--method ...])
 
 1. starts munged/slurmctld/slurmd under <root>/slurm (tools/local_slurm.py);
 2. writes a tiny random Llama where the run config expects the downloaded model (so the real
@@ -8,6 +8,7 @@
 3. submits the same pipeline a cluster runs (python -m llm_pipeline.submit --wait) with the
    tiny-cpu run config; HPL_* variables point the FSx folders at <root>/fsx;
 4. shows the adapter, the merged model and the generated answer; stops the daemons by PID.
+--method lora|dora|qlora|full runs the config with that train.method (a copy under <root>).
 Exit status 0 only when every step completed.
 """
 
@@ -22,11 +23,13 @@ import time
 from pathlib import Path
 
 from cluster_contract import FSX_FOLDER_FACTS, PAYLOADS_FOLDER
+from llm_pipeline.config import METHODS
 from tools.local_slurm import LocalSlurm, LocalSlurmError
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / PAYLOADS_FOLDER / "configs" / "tiny-cpu.toml"
 DOLLY_RECORDS = 240
+FSX_VARIABLES = ("HPL_MODELS_DIR", "HPL_DATASETS_DIR", "HPL_OUTPUTS_DIR", "HPL_COMPILE_CACHE_DIR")
 
 
 def fsx_environment(fsx: Path, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -59,6 +62,27 @@ def submit(config_path: Path, env: dict[str, str], *extra: str, poll: float = 2.
     return subprocess.run(command, env=env, cwd=REPO / PAYLOADS_FOLDER).returncode
 
 
+def method_config(config_path: Path, method: str, folder: Path) -> Path:
+    """A copy of the run config with train.method set, in ``folder`` (its paths must not be relative)."""
+    import tomllib
+
+    from llm_pipeline import config
+
+    text = config_path.read_text()
+    raw = tomllib.loads(text)
+    if "method" in raw.get("train", {}):
+        text = "\n".join(
+            f'method = "{method}"' if line.split("=")[0].strip() == "method" else line for line in text.splitlines()
+        )
+    else:
+        text = text.replace("[train]\n", f'[train]\nmethod = "{method}"\n', 1)
+    path = folder / f"{config_path.stem}-{method}.toml"
+    path.write_text(text)
+    if config.load(path, env={k: "/" for k in FSX_VARIABLES}).train.method != method:
+        raise ValueError(f"{config_path} has no [train] table to set train.method in")
+    return path
+
+
 def show_outputs(output_dir: Path) -> None:
     for name in ("adapter", "merged"):
         folder = output_dir / name
@@ -69,11 +93,13 @@ def show_outputs(output_dir: Path) -> None:
     print(f"\n{answer}:\n{answer.read_text() if answer.is_file() else '(missing)'}")
 
 
-def rehearse(root: Path, config_path: Path) -> int:
+def rehearse(root: Path, config_path: Path, method: str | None = None) -> int:
     from llm_pipeline.jobs.run_facts import read_run_facts
 
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
+    if method is not None:
+        config_path = method_config(config_path, method, root)
     start = time.monotonic()
     print(f"[1/4] starting a local Slurm under {root / 'slurm'}", flush=True)
     with LocalSlurm(root / "slurm") as slurm:
@@ -97,12 +123,13 @@ def main(argv: list[str] | None = None) -> int:
         "--root", type=Path, default=REPO / ".rehearsal", help="work folder, wiped first (default: %(default)s)"
     )
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run config (default: %(default)s)")
+    parser.add_argument("--method", choices=METHODS, help="override train.method (default: the config's)")
     args = parser.parse_args(argv)
     if not args.config.is_file():
         print(f"error: run config {args.config} does not exist", file=sys.stderr)
         return 2
     try:
-        return rehearse(args.root.resolve(), args.config.resolve())
+        return rehearse(args.root.resolve(), args.config.resolve(), args.method)
     except LocalSlurmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
