@@ -12,6 +12,7 @@ Between `job` and `report`, each rung runs torchtitan itself (`python -m torchti
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from llm_pipeline import cli, download
@@ -42,6 +43,7 @@ def fetch_tokenizer(cfg: RunConfig, endpoint: str | None = None) -> Path:
         print(f"{folder} already holds the tokenizer of {cfg.model.id}; nothing to download", flush=True)
         return folder
     token = download.find_token()
+    endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None  # read now, not at import (mirrors, tests)
     try:
         info = HfApi(endpoint=endpoint).model_info(cfg.model.id, revision=cfg.model.revision, token=token)
         download.check_access(cfg.model.id, info.gated, token)

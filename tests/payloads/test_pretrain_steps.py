@@ -1,0 +1,79 @@
+"""The ladder's own steps on real files: the tokenizer fetch, a rung's job file, the report from logs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from test_download_step import fake_hub  # noqa: F401  (the local Hub stand-in, a fixture)
+
+from llm_pipeline import config, pretrain
+from llm_pipeline.errors import StepError
+from llm_pipeline.jobs import pipeline_status
+from tools import tiny_model as tiny
+
+TINY_LADDER = Path(__file__).resolve().parents[2] / "payloads" / "configs" / "tiny-ladder-cpu.toml"
+LINE = (
+    "[titan] 2026-01-01 00:00:{step:02d},000 - root - INFO - step: {step:2}  loss: {loss:8.5f}  grad_norm:  1.0000  "
+    "memory: 60.00GiB(75.00%)  tps: {tps:,}  tflops: 300.00  mfu: 30.00%"
+)
+
+
+@pytest.fixture
+def ladder_config(tmp_path) -> config.RunConfig:
+    env = {name: str(tmp_path / name) for name in ("HPL_MODELS_DIR", "HPL_DATASETS_DIR", "HPL_OUTPUTS_DIR")}
+    return config.load(TINY_LADDER, env=env)
+
+
+def test_tokenizer_of_a_gated_model_needs_a_token(fake_hub, ladder_config, monkeypatch, tmp_path):  # noqa: F811
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    cfg = dataclasses.replace(ladder_config, model=dataclasses.replace(ladder_config.model, id="org/gated-model"))
+    with pytest.raises(StepError, match="org/gated-model is a gated model and no Hugging Face token"):
+        pretrain.fetch_tokenizer(cfg, endpoint=fake_hub)
+    monkeypatch.setenv("HF_ENDPOINT", fake_hub)  # the step reads the mirror from the environment too
+    with pytest.raises(StepError, match=r"org/private-model not found or not accessible"):
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, id="org/private-model"))
+        pretrain.fetch_tokenizer(cfg)
+
+
+def test_tokenizer_already_in_place_is_not_fetched(ladder_config, capsys):
+    tiny.write_tiny_model(Path(ladder_config.paths.model_dir))
+    # An endpoint nobody listens on: any Hub access would fail the step.
+    pretrain.fetch_tokenizer(ladder_config, endpoint="http://127.0.0.1:9")
+    assert "already holds the tokenizer" in capsys.readouterr().out
+
+
+def test_job_step_refuses_a_rung_the_run_does_not_climb(ladder_config):
+    cfg = dataclasses.replace(ladder_config, torchtitan=dataclasses.replace(ladder_config.torchtitan, rungs=("fp8",)))
+    with pytest.raises(StepError, match=r"rung 'baseline' is not in torchtitan.rungs \(fp8\)"):
+        pretrain.write_job(cfg, "baseline")
+    assert pretrain.main(["job", "--config", str(TINY_LADDER)]) == 2  # no --rung: a clear error, exit 2
+
+
+def test_report_reads_the_recorded_rung_logs_and_says_what_is_missing(ladder_config, capsys):
+    logs = Path(ladder_config.paths.logs_dir)
+    logs.mkdir(parents=True)
+    jobs = []
+    for number, rung in enumerate(("baseline", "compile"), 1):
+        log = logs / f"rung-{rung}-{number}.log"
+        log.write_text("\n".join(LINE.format(step=s, loss=9 - s / 10, tps=1000 * number + s) for s in (1, 5, 10)))
+        jobs.append(pipeline_status.StepJob(f"rung-{rung}", str(number), str(log)))
+    (logs / "rung-compile-0.log").write_text("an older, unrecorded submission\n")
+    pipeline_status.write_record(logs, TINY_LADDER, jobs)
+
+    json_path, md_path = pretrain.report(ladder_config)
+    rows = {row["rung"]: row for row in json.loads(json_path.read_text())["rungs"]}
+    # medians over steps 5 and 10 (step 1 is warm-up); the recorded log, not the newer-named stray one
+    assert rows["compile"]["measured"]["tps"] == 2007.5 and rows["compile"]["log"].endswith("rung-compile-2.log")
+    assert rows["compile"]["tps_vs_baseline"] == pytest.approx(2007.5 / 1007.5)
+    assert rows["fp8"]["measured"] is None and rows["fp8"]["log"] is None
+    assert "fp8: no metric lines (no log)" in capsys.readouterr().out
+    assert md_path.read_text().count("not measured: no metric lines in no log") == 2
+
+
+def test_report_without_any_metric_line_fails_the_step(ladder_config):
+    with pytest.raises(StepError, match="no rung logged a torchtitan metric line"):
+        pretrain.report(ladder_config)
