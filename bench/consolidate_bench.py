@@ -79,9 +79,11 @@ def bench_shape(name: str, work: Path, tp: int, form: str, repeats: int) -> dict
     command = [sys.executable, "-m", "llm_pipeline.consolidate", "--config", str(config)]
     command += ["--checkpoint", str(checkpoint), "--output", str(ours_out)]
     samples: dict[str, list[dict]] = {"copy": [], "ours": []}
+    load: list[float] = []  # the machine is shared: the 1-minute load average before each run, reported
     for attempt in range(repeats):  # alternate the order so neither always follows the other
         for method in ("copy", "ours") if attempt % 2 == 0 else ("ours", "copy"):
             settle(copy_out, ours_out, drop=inputs)
+            load.append(round(os.getloadavg()[0], 2))
             if method == "copy":
                 samples["copy"].append(measure("copy", python(COPY, model, copy_out), folder / "copy.log"))
             else:
@@ -92,6 +94,7 @@ def bench_shape(name: str, work: Path, tp: int, form: str, repeats: int) -> dict
         "date": time.strftime("%Y-%m-%d %H:%M"), "shape": SHAPES[name].__dict__, "tp": tp, "form": form,
         "parameters": params, "model_bytes": model_bytes, "rank_files": len(inputs), "tensors_written": tensors,
         "repeats": repeats, "copy": summarize(samples["copy"]), "ours": summarize(samples["ours"]),
+        "load_average_1min": load,
     }  # fmt: skip
 
 
@@ -112,6 +115,16 @@ def verdicts(results: dict) -> list[str]:
             f"RSS grows {grow_rss:.2f}x; it is bounded by one decoder layer or the largest tensor, not the model"
         )
     return lines
+
+
+def load_line(results: dict) -> str:
+    values = [value for runs in results.values() for value in runs.get("load_average_1min", [])]
+    if not values:
+        return ""
+    return (
+        f"1-minute load average before the runs: {min(values):.1f} to {max(values):.1f} on {os.cpu_count()} CPUs "
+        "(other work shares the machine; ours needs CPU for Python and torch, the copy hardly any)."
+    )
 
 
 def table(results: dict) -> list[str]:
@@ -145,6 +158,7 @@ def write_report(path: Path, results: dict, note: str) -> None:
         "the median wall time (all samples in the JSON) and the highest `ru_maxrss`. The disk is shared with "
         "other work, so single samples vary.", "",
         *([note, ""] if note else []),
+        *([load_line(results), ""] if load_line(results) else []),
         *table(results), "", *[f"- {line}" for line in verdicts(results)], "",
         "```json", json.dumps(results, indent=2), "```", "",
     ]  # fmt: skip

@@ -188,6 +188,16 @@ class TrainConfig:
         "steps to profile as 'FIRST-LAST' (e.g. '20-22'); torch.profiler writes per-rank traces and a memory "
         "timeline under the run folder's profile/ (torch backend); empty: off",
     )
+    gradient_checkpointing: bool = described(
+        False,
+        "recompute activations in the backward pass to fit long sequences (neuron backend: optimum-neuron's "
+        "gradient_checkpointing; the torch backend's FSDP recomputes per decoder layer anyway)",
+    )
+    global_batch_size: int = described(
+        0,
+        "0 (not stated) or the sequences per optimizer step the run must have: per_device_batch_size x "
+        "data-parallel replicas x gradient_accumulation_steps, checked against the backend's layout",
+    )
 
     @property
     def profile_window(self) -> tuple[int, int] | None:
@@ -371,6 +381,7 @@ def validate(cfg: RunConfig) -> None:
     _require(tr.warmup_steps >= 0, "train.warmup_steps", tr.warmup_steps, ">= 0")
     _require(tr.weight_decay >= 0, "train.weight_decay", tr.weight_decay, ">= 0")
     _require(tr.save_total_limit >= 1, "train.save_total_limit", tr.save_total_limit, ">= 1")
+    _require(tr.global_batch_size >= 0, "train.global_batch_size", tr.global_batch_size, "0 (not stated) or >= 1")
     _require(tr.method in METHODS, "train.method", tr.method, ", ".join(METHODS))
     _require(par.strategy in STRATEGIES, "parallel.strategy", par.strategy, ", ".join(STRATEGIES))
     _require(tr.attention in ATTENTIONS, "train.attention", tr.attention, ", ".join(ATTENTIONS))
@@ -417,14 +428,11 @@ def validate(cfg: RunConfig) -> None:
     )
 
 
-# What the neuron backend cannot run today, and what to do instead (full fine-tuning on Trainium is
-# a separate, upcoming path).
+# What the neuron backend cannot run today, and what to do instead.
 NEURON_REFUSALS = {
     ("method", "dora"): "DoRA needs peft's weight-decomposed layers, which optimum-neuron does not shard; "
     "use method lora, or the torch backend",
     ("method", "qlora"): "4-bit NF4 bases need bitsandbytes CUDA kernels; use method lora, or the torch backend",
-    ("method", "full"): "full fine-tuning is not available on the neuron backend yet; use method lora, "
-    "or the torch backend",
     ("compile", True): "neuronx-cc already compiles every graph; set it to false",
     ("liger_kernel", True): "liger-kernel is Triton (GPU) code; set it to false",
     ("attention", "flash_attention_2"): "the neuron backend always runs optimum-neuron's NKI flash-attention "
@@ -434,8 +442,37 @@ NEURON_REFUSALS = {
 }
 
 
+def data_parallel_size(cfg: RunConfig, backend: str) -> int:
+    """Model replicas: neuron shards each one over TP x PP NeuronCores; torch runs one per process (FSDP/DDP)."""
+    par = cfg.parallel
+    processes = par.devices_per_node * par.nodes
+    return processes // (par.tensor_parallel_size * par.pipeline_parallel_size) if backend == "neuron" else processes
+
+
+def check_global_batch(cfg: RunConfig, backend: str) -> None:
+    """train.global_batch_size, when stated, must be what the layout gives."""
+    stated, train = cfg.train.global_batch_size, cfg.train
+    if not stated:
+        return
+    replicas = data_parallel_size(cfg, backend)
+    actual = train.per_device_batch_size * replicas * train.gradient_accumulation_steps
+    if actual != stated:
+        wanted, remainder = divmod(stated, train.per_device_batch_size * replicas)
+        hint = (
+            f"set train.gradient_accumulation_steps = {wanted}"
+            if wanted and not remainder
+            else "change per_device_batch_size, gradient_accumulation_steps or the layout"
+        )
+        raise ConfigError(
+            f"train.global_batch_size: {stated} stated, but per_device_batch_size {train.per_device_batch_size} x "
+            f"{replicas} data-parallel replica(s) ({backend} backend) x gradient_accumulation_steps "
+            f"{train.gradient_accumulation_steps} = {actual}: {hint}"
+        )
+
+
 def check_backend(cfg: RunConfig, backend: str) -> None:
     """Refuse a train.* setting the chosen backend cannot run (called at load and at prepare)."""
+    check_global_batch(cfg, backend)
     if backend != "neuron":
         return
     for (name, value), reason in NEURON_REFUSALS.items():

@@ -44,9 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name} {getattr(module, '__version__', '?')}")
     neuron = importlib.util.find_spec("torch_xla") is not None
     print(f"neuron backend available: {'yes' if neuron else 'no (torch backend)'}")
-    if backend == "neuron":
-        return check_neuron(cfg)
-    return 0
+    if backend == "neuron" and check_neuron(cfg):
+        return 2
+    return check_full_storage(cfg)
 
 
 def check_neuron(cfg: config.RunConfig) -> int:
@@ -63,6 +63,27 @@ def check_neuron(cfg: config.RunConfig) -> int:
         return 2
     if model_config is None:
         print(f"note: {config_file} is not there yet; the train step checks the layout against it")
+    return 0
+
+
+def check_full_storage(cfg: config.RunConfig) -> int:
+    """Full fine-tuning: do train.save_total_limit checkpoints and the model fit where the run writes?
+    (Once the model is downloaded; the train step checks again before training.)"""
+    from llm_pipeline.errors import StepError
+    from llm_pipeline.training.full_rules import check_storage
+    from llm_pipeline.training.neuron_rules import read_model_config
+
+    if cfg.train.method != "full":
+        return 0
+    try:
+        model_config = read_model_config(cfg.paths.model_dir)
+        if model_config is None:
+            print("note: the model is not downloaded yet; the train step checks the storage for checkpoints")
+            return 0
+        print(f"storage: {check_storage(cfg, model_config)}")
+    except StepError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

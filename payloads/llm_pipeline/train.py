@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import os
 from pathlib import Path
 
 from llm_pipeline import cli, data
 from llm_pipeline.config import BACKENDS, RunConfig, check_backend
 from llm_pipeline.errors import StepError
-from llm_pipeline.training import lora_count, neuron_rules
+from llm_pipeline.training import full_rules, lora_count, neuron_rules
 from llm_pipeline.training.plan import TrainPlan, say, world_size
 from llm_pipeline.weights import model_files
 from llm_pipeline.weights.checkpoints import newest_complete
@@ -79,6 +80,11 @@ def train(cfg: RunConfig, backend_override: str | None = None, precompile: bool 
         fused_gate_up=backend == "neuron",
         kv_size_multiplier=fused_qkv if backend == "neuron" else None,
     )
+    if cfg.train.method == "full":
+        if backend == "neuron":  # counted as optimum-neuron counts it (replicated KV heads included)
+            expected = full_rules.parameter_count(model_config.to_dict(), fused_qkv)
+        if not precompile and os.environ.get("RANK", "0") == "0":
+            say(f"storage: {full_rules.check_storage(cfg, model_config.to_dict())}")
     if backend == "neuron":
         from llm_pipeline.training import neuron_backend as chosen
     else:

@@ -54,7 +54,6 @@ def test_every_new_key_carries_a_description():
     [
         ({"method": "dora"}, "train.method: 'dora' cannot run on the neuron backend"),
         ({"method": "qlora"}, "train.method: 'qlora' cannot run on the neuron backend"),
-        ({"method": "full"}, "train.method: 'full' cannot run on the neuron backend: full fine-tuning is not"),
         ({"compile": True}, "train.compile: True cannot run on the neuron backend"),
         ({"liger_kernel": True}, "train.liger_kernel: True cannot run on the neuron backend"),
         ({"attention": "eager"}, "train.attention: 'eager' cannot run on the neuron backend"),
@@ -83,6 +82,6 @@ def test_prepare_reports_backend_method_and_strategy(hpl_env, tmp_path, capsys):
 
 
 def test_train_override_to_neuron_is_refused_before_any_work(hpl_env, tmp_path, capsys):
-    path = write_config(tmp_path / "run.toml", hpl_env, train={"method": "full"})
+    path = write_config(tmp_path / "run.toml", hpl_env, train={"method": "dora"})
     assert train.main(["--config", str(path), "--backend", "neuron"]) == 2
-    assert "train.method: 'full' cannot run on the neuron backend" in capsys.readouterr().err
+    assert "train.method: 'dora' cannot run on the neuron backend" in capsys.readouterr().err

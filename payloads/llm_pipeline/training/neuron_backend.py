@@ -17,14 +17,26 @@ cannot import the trainer). What we change from optimum-neuron's defaults, and w
   after download and data also run with HF_HUB_OFFLINE=1 (payloads/slurm/env.sh).
 - attn_implementation="flash_attention_2": the NKI flash-attention kernel (the default is eager).
 
+Full fine-tuning (train.method = full): no peft config, every parameter trains; sequence
+parallelism stays on (every parameter is then either tensor-parallel or a norm weight tagged
+sequence_parallel_enabled, whose gradient optimum-neuron sums over TP); ZeRO-1 shards the fp32
+master weights and AdamW moments over the data-parallel ranks; train.gradient_checkpointing turns
+on optimum-neuron's activation recomputation. The trainable count must be the whole model (as
+get_model_param_count counts it: TP parameters x TP size, replicated KV heads included).
+
 Resume: optimum-neuron 0.4.5's NeuronTrainer refuses `resume_from_checkpoint`, so a restart
 consolidates the newest sharded adapter, loads it into the LoRA model, and continues the step count
 and the learning-rate schedule from that step; the optimizer moments and the data order restart.
+A full fine-tuning restart does the same with the whole model: global rank 0 consolidates the
+checkpoint once into ``<run>/resume/checkpoint-<step>`` (atomically), every rank loads the model
+from there.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +65,19 @@ def check_parallel_layout(cfg: RunConfig, world: int) -> None:
         )
 
 
+RESUME_WAIT_S = 3600  # consolidating an 8B checkpoint on FSx takes minutes; a stuck rank 0 should not hang forever
+
+
+def check_full_trainable(actual: int, expected: int) -> None:
+    """Full fine-tuning must train every parameter (a frozen layer or a stray adapter would show here)."""
+    if actual != expected:
+        raise StepError(
+            f"{actual:,} trainable parameters, but full fine-tuning of this model should train all {expected:,}: "
+            "some parameters are frozen or an adapter was applied; check train.method and the model folder"
+        )
+    say(f"trainable parameters: {actual:,} (every parameter: full fine-tuning)")
+
+
 # optimum-neuron 0.4.5 maps this name to its NKI flash-attention kernel (models/training/modeling_utils.py).
 ATTENTION = "flash_attention_2"
 
@@ -62,8 +87,10 @@ def neuron_arguments(cfg: RunConfig) -> dict[str, Any]:
     return {
         "tensor_parallel_size": cfg.parallel.tensor_parallel_size,
         "pipeline_parallel_size": cfg.parallel.pipeline_parallel_size,
-        "disable_sequence_parallel": True,
+        "disable_sequence_parallel": cfg.train.method != "full",
         "skip_cache_push": True,
+        "zero_1": True,
+        "gradient_checkpointing": cfg.train.gradient_checkpointing,
     }
 
 
@@ -111,6 +138,29 @@ def restore_adapter(cfg: RunConfig, model, lora, checkpoint: Path) -> NeuronPeft
     return peft_model
 
 
+def resume_model_folder(cfg: RunConfig, checkpoint: Path) -> Path:
+    """The full model of ``checkpoint`` as a HF folder, written once by global rank 0, awaited by the others."""
+    from llm_pipeline.consolidate import consolidate_full_checkpoint
+    from llm_pipeline.errors import CheckpointError
+    from llm_pipeline.weights.full_checkpoint import find_full_checkpoint
+
+    folder = Path(cfg.paths.output_dir) / "resume" / checkpoint.name
+    if os.environ.get("RANK", "0") == "0" and not (folder / "config.json").is_file():
+        try:
+            full = find_full_checkpoint(checkpoint)
+            if full is None:
+                raise CheckpointError(f"{checkpoint} holds no full-model shards/ (was it saved by a LoRA run?)")
+            consolidate_full_checkpoint(full, folder, overwrite=True, base=Path(cfg.paths.model_dir))
+        except CheckpointError as exc:
+            raise StepError(f"cannot resume from {checkpoint}: {exc}") from None
+    deadline = time.monotonic() + RESUME_WAIT_S
+    while not (folder / "config.json").is_file():  # the folder appears complete (atomic rename) or not at all
+        if time.monotonic() > deadline:
+            raise StepError(f"gave up waiting {RESUME_WAIT_S} s for rank 0 to consolidate {checkpoint} into {folder}")
+        time.sleep(5)
+    return folder
+
+
 def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable: int) -> None:
     check_neuron_run(cfg, read_model_config(cfg.paths.model_dir), f"{cfg.paths.model_dir}/config.json")
     check_parallel_layout(cfg, world_size())
@@ -125,9 +175,13 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
         say("note: optimum-neuron 0.4.5 trains without evaluation; the validation split is not used here")
 
     args = NeuronSFTConfig(**sft_arguments(cfg, plan), **neuron_arguments(cfg))
-    model = NeuronModelForCausalLM.from_pretrained(cfg.paths.model_dir, args.trn_config, **model_arguments(cfg))
-    lora = peft_lora_config(cfg.lora)
-    if plan.resume_from is not None:
+    full = cfg.train.method == "full"
+    source = cfg.paths.model_dir
+    if full and plan.resume_from is not None:
+        source = str(resume_model_folder(cfg, plan.resume_from))
+    model = NeuronModelForCausalLM.from_pretrained(source, args.trn_config, **model_arguments(cfg))
+    lora = None if full else peft_lora_config(cfg.lora)
+    if plan.resume_from is not None and not full:
         model = restore_adapter(cfg, model, lora, plan.resume_from)
     tokens = TokenCounter(data_collator(cfg, tokenizer))
     trainer: NeuronSFTTrainer = NeuronSFTTrainer(
@@ -140,7 +194,10 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
         formatting_func=format_example,
     )
     trainable = trainer.get_num_trainable_parameters()
-    check_trainable(trainable, expected_trainable, cfg.lora)
+    if full:
+        check_full_trainable(trainable, expected_trainable)
+    else:
+        check_trainable(trainable, expected_trainable, cfg.lora)
     trainer.remove_callback(PrinterCallback)
     if plan.start_step:  # before the logger, which reads the start step at train begin
         trainer.add_callback(ContinueStepCount(trainer, plan.start_step))

@@ -73,5 +73,5 @@ def check_qkv_targets(cfg: RunConfig, model_config: Mapping[str, Any], source: s
 def check_neuron_run(cfg: RunConfig, model_config: Mapping[str, Any] | None, source: str = "config.json") -> None:
     """Every rule above; the model-dependent ones only when the model's config is known."""
     check_packing(cfg)
-    if model_config is not None:
+    if model_config is not None and cfg.train.method != "full":  # full fine-tuning has no LoRA targets
         check_qkv_targets(cfg, model_config, source)

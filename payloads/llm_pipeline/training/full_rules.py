@@ -1,0 +1,87 @@
+"""Full fine-tuning sizes, from the model's config.json alone (stdlib: prepare runs it before the model loads).
+
+- The trainable count the neuron trainer must report: optimum-neuron 0.4.5's get_model_param_count
+  counts a tensor-parallel parameter as its local size x TP, so the KV heads it replicates
+  (``kv_size_multiplier``, when TP does not divide the KV heads) count that many times.
+- The size of one checkpoint: bf16 (or fp32) weights plus fp32 master weights and AdamW's two
+  moments (12 bytes per parameter; ZeRO-1 on Neuron, FSDP on torch spread them over the ranks but
+  all of it is saved): about 14 bytes per parameter, ~112 GB for an 8B model.
+- Whether the run folder's file system holds ``train.save_total_limit`` of them and the
+  consolidated model; if not, what to change.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from llm_pipeline.config import RunConfig
+from llm_pipeline.errors import StepError
+
+OPTIMIZER_BYTES_PER_PARAMETER = 12  # fp32 master copy + AdamW exp_avg + exp_avg_sq (ZeRO-1 shards them over DP)
+FSX_SIZES = "1200 GiB or a multiple of 2400 GiB"  # FSx for Lustre PERSISTENT_2 SSD (stacks/config.py)
+
+
+def parameter_count(model_config: Mapping[str, Any], kv_size_multiplier: int | None = None) -> int:
+    """Parameters of a Llama-family model (KV projections counted ``kv_size_multiplier`` times)."""
+    hidden = int(model_config["hidden_size"])
+    layers = int(model_config["num_hidden_layers"])
+    heads = int(model_config["num_attention_heads"])
+    kv_heads = int(model_config.get("num_key_value_heads") or heads)
+    head_dim = int(model_config.get("head_dim") or hidden // heads)
+    vocab, intermediate = int(model_config["vocab_size"]), int(model_config["intermediate_size"])
+    kv = kv_heads * head_dim * (kv_size_multiplier or 1)
+    per_layer = hidden * heads * head_dim * 2 + 2 * hidden * kv + 3 * hidden * intermediate + 2 * hidden
+    head = 0 if model_config.get("tie_word_embeddings") else vocab * hidden
+    return vocab * hidden + layers * per_layer + hidden + head
+
+
+def checkpoint_bytes(model_config: Mapping[str, Any], bf16: bool) -> int:
+    """One full fine-tuning checkpoint: weights plus the optimizer state."""
+    params = parameter_count(model_config)
+    return params * ((2 if bf16 else 4) + OPTIMIZER_BYTES_PER_PARAMETER)
+
+
+def _existing_folder(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _bytes_under(folder: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def check_storage(cfg: RunConfig, model_config: Mapping[str, Any]) -> str:
+    """Refuse a full fine-tuning run whose checkpoints cannot fit; returns the plan as one line."""
+    checkpoint = checkpoint_bytes(model_config, cfg.train.bf16)
+    model = parameter_count(model_config) * 2
+    keep = cfg.train.save_total_limit
+    needed = keep * checkpoint + model
+    run_dir = Path(cfg.paths.output_dir)
+    where = _existing_folder(run_dir)
+    stats = os.statvfs(where)
+    free, total = stats.f_bavail * stats.f_frsize, stats.f_blocks * stats.f_frsize
+    reusable = _bytes_under(cfg.paths.checkpoints_dir) if cfg.paths.checkpoints_dir.is_dir() else 0
+    plan = (
+        f"{keep} checkpoint(s) of ~{checkpoint / 1e9:.0f} GB (weights + optimizer state) and the "
+        f"~{model / 1e9:.0f} GB model folder: ~{needed / 1e9:.0f} GB; {where} has {(free + reusable) / 1e9:.0f} GB "
+        f"free of {total / 1e9:.0f} GB"
+    )
+    if needed <= free + reusable:
+        return plan
+    fits = max(0, (free + reusable - model) // checkpoint)
+    advice = f"lower train.save_total_limit to {fits}" if fits >= 1 else "free space on it"
+    raise StepError(
+        f"train.save_total_limit: {plan}. {advice[0].upper() + advice[1:]}, or grow the file system (FSx: the "
+        f"fsx_storage_capacity_gib context of the stack, {FSX_SIZES}) before training"
+    )
