@@ -49,6 +49,7 @@ snapshot-update: $(STAMP)  ## rewrite the template snapshots after an intended c
 	$(PY) -m pytest tests/infra -k snapshot --snapshot-update
 
 deploy: $(STAMP)  ## deploy to the AWS account of your credentials (needs Docker; DEPLOY_ARGS=--no-rollback keeps a failed create)
+	$(PY) -m stacks.predeploy $(DEPLOY_ARGS)  # refuses config changes the deployed stack cannot take
 	$(CDK) deploy --require-approval never $(DEPLOY_ARGS)
 
 diff: $(STAMP)  ## show what a deploy would change

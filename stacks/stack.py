@@ -19,6 +19,7 @@ from stacks.network import Network, pin_availability_zone
 from stacks.outputs import add_outputs
 from stacks.payloads import PayloadUpload, deploy_facts
 from stacks.storage import DataBucket, SharedFileSystem
+from stacks.update_safety import CONFIG_METADATA_KEY, config_record
 
 
 def stack_description(config: HyperPodConfig) -> str:
@@ -39,6 +40,8 @@ class HyperPodStack(Stack):
             analytics_reporting=False,
         )
         self.config = config
+        # The config it was made from, for `make deploy` to compare with (stacks/predeploy.py).
+        self.template_options.metadata = {CONFIG_METADATA_KEY: config_record(config)}
         Tags.of(self).add("project", config.name_prefix)
         pin_availability_zone(self, config.availability_zone_id)
         self.network = Network(self, "Network", cidr=config.vpc_cidr, availability_zone_id=config.availability_zone_id)
