@@ -28,8 +28,6 @@ export HPL_SCRATCH_DIR="${HPL_SCRATCH_DIR:-$HPL_FSX_MOUNT_PATH/scratch}"
 export HPL_RUNTIME="${HPL_RUNTIME:-host}"
 export PYTHONPATH="$HPL_PAYLOADS_DIR${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-# Host-side helpers (launch arguments) run on the node's own Python: stdlib only.
-HPL_HOST_PYTHON="${PYTHON:-python3}"
 HPL_STATE_DIR="$HPL_RUN_DIR/logs/state"
 
 # -- Neuron settings (harmless on the torch backend) ---------------------------------------------
@@ -45,7 +43,15 @@ export NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS=3
 export MALLOC_ARENA_MAX=64
 if (( ${SLURM_JOB_NUM_NODES:-1} > 1 )); then
   export FI_PROVIDER=efa
+  export FI_EFA_USE_DEVICE_RDMA=1  # device memory straight to the EFA NIC, as the upstream examples set
 fi
+# Only the steps that fetch (download, data, the ladder's tokenizer) may reach the Hugging Face Hub:
+# later steps read local folders, and a Hub error (network, HTTP 429) must not fail a step after the
+# work is done.
+case "$HPL_STEP" in
+  download | data | tokenizer) ;;
+  *) export HF_HUB_OFFLINE=1 ;;
+esac
 
 # -- runtime switch: host Python, or the training image through Pyxis ---------------------------
 case "$HPL_RUNTIME" in
@@ -87,26 +93,32 @@ hpl_step_python() {
   hpl_srun --nodes=1 --ntasks=1 "$HPL_PYTHON" -m "$module" --config "$HPL_RUN_CONFIG" "$@"
 }
 
-# torchrun on every node of the allocation, optionally under a wrapper (neuron_parallel_compile):
-# hpl_torchrun [--wrap <command>] [--no-config] <module> [args]. --no-config: the module takes only
-# its own arguments (torchtitan.train --job.config_file <file>), not --config <run config>.
-hpl_torchrun() {
+# The command srun runs for a torchrun step: jobs/launch.py computes the torchrun arguments inside
+# each srun task, from the step's own node list, then execs torchrun. Computed here instead, the
+# rendezvous address would be baked into the command that auto-resume re-runs after replacing a
+# node, and the re-run would wait for the old first node. Sets HPL_LAUNCH (an array):
+# hpl_torchrun_command [--wrap <command>] [--no-config] <module> [args].
+hpl_torchrun_command() {
   local -a wrap=() config=(--config "$HPL_RUN_CONFIG")
   if [[ "$1" == --wrap ]]; then
-    wrap=("$2")
+    wrap=(--wrap "$2")
     shift 2
   fi
   if [[ "$1" == --no-config ]]; then
     config=()
     shift
   fi
-  local module="$1" launch
+  local module="$1"
   shift
-  launch="$("$HPL_HOST_PYTHON" -m llm_pipeline.jobs.launch)"
-  local -a launch_args
-  mapfile -t launch_args <<<"$launch"
-  hpl_srun --ntasks-per-node=1 "${wrap[@]}" "$HPL_PYTHON" -m torch.distributed.run "${launch_args[@]}" \
-    -m "$module" "${config[@]}" "$@"
+  HPL_LAUNCH=("$HPL_PYTHON" -m llm_pipeline.jobs.launch --exec "${wrap[@]}" -- -m "$module" "${config[@]}" "$@")
+}
+
+# torchrun on every node of the allocation, optionally under a wrapper (neuron_parallel_compile):
+# hpl_torchrun [--wrap <command>] [--no-config] <module> [args]. --no-config: the module takes only
+# its own arguments (torchtitan.train --job.config_file <file>), not --config <run config>.
+hpl_torchrun() {
+  hpl_torchrun_command "$@"
+  hpl_srun --ntasks-per-node=1 "${HPL_LAUNCH[@]}"
 }
 
 # -- step state markers (read by `submit status` once Slurm has forgotten the job) ---------------

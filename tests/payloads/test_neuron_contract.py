@@ -188,6 +188,17 @@ def test_tp_that_does_not_divide_the_cores_is_refused(hpl_env, monkeypatch):
         train_neuron.run(cfg, plan, {}, None, 0)
 
 
+def test_too_few_processes_per_node_names_the_launch_setting_not_tp(hpl_env):
+    cfg = tiny_config(hpl_env, data={"packing": False}, parallel={"tensor_parallel_size": 8, "devices_per_node": 32})
+    with pytest.raises(StepError) as unset:
+        train_neuron.check_parallel_layout(cfg, 1, {"LOCAL_WORLD_SIZE": "1"})
+    assert "started 1 process(es) per node (HPL_DEVICES_PER_NODE is not set, so 1 per node)" in str(unset.value)
+    assert "parallel.devices_per_node is 32" in str(unset.value)
+    with pytest.raises(StepError, match=r"started 2 process\(es\) per node \(HPL_DEVICES_PER_NODE=2\)"):
+        train_neuron.check_parallel_layout(cfg, 4, {"LOCAL_WORLD_SIZE": "2", "HPL_DEVICES_PER_NODE": "2"})
+    train_neuron.check_parallel_layout(cfg, 64, {"LOCAL_WORLD_SIZE": "32", "HPL_DEVICES_PER_NODE": "32"})
+
+
 def test_neuron_backend_without_neuron_software_is_a_clear_error(hpl_env, monkeypatch):
     cfg = tiny_config(hpl_env, data={"packing": False})
     monkeypatch.setenv("WORLD_SIZE", "1")

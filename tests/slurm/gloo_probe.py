@@ -1,5 +1,6 @@
 """A real multi-node collective: each torchrun worker joins the gloo group, all-reduces its rank
-and writes what it saw (rank, world, node, settings from env.sh) to $HPL_RUN_DIR/probe-<rank>.json.
+and writes what it saw (rank, world, node, settings from env.sh) to probe-<rank>.json in $HPL_PROBE_DIR
+(default $HPL_RUN_DIR).
 Launched by probe.sbatch through env.sh's hpl_torchrun, exactly as the train step is launched."""
 
 import argparse
@@ -22,7 +23,12 @@ seen = {
     "sum": total.item(),
     "node": os.environ.get("SLURMD_NODENAME"),
     "group_rank": int(os.environ["GROUP_RANK"]),
-    "env": {name: os.environ.get(name) for name in ("FI_PROVIDER", "MALLOC_ARENA_MAX", "NEURON_CC_FLAGS")},
+    "env": {
+        name: os.environ.get(name)
+        for name in ("FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "HF_HUB_OFFLINE", "MALLOC_ARENA_MAX", "NEURON_CC_FLAGS")
+    },
 }
-Path(os.environ["HPL_RUN_DIR"], f"probe-{dist.get_rank()}.json").write_text(json.dumps(seen))
+folder = Path(os.environ.get("HPL_PROBE_DIR") or os.environ["HPL_RUN_DIR"])
+folder.mkdir(parents=True, exist_ok=True)
+(folder / f"probe-{dist.get_rank()}.json").write_text(json.dumps(seen))
 dist.destroy_process_group()

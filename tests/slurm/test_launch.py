@@ -50,6 +50,37 @@ def test_master_is_the_first_node_address_and_port_override(two_nodes, monkeypat
     assert "--nproc_per_node=1" in args  # no HPL_DEVICES_PER_NODE: one process per node
 
 
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "node1",
+        "ip-10-1-7-[20-21]",
+        "ip-10-1-7-[20,22],ip-10-1-9-[3-4]",
+        "n[01-03],m[8-11]",
+        "rack[1-2]-n[09-10]",
+        "b,a",
+    ],
+)
+def test_host_lists_expand_exactly_as_scontrol_does(two_nodes, expression):
+    """Expanded here because the srun'd command may run in a container without Slurm's commands."""
+    real = subprocess.run(
+        ["scontrol", "show", "hostnames", expression], env=two_nodes.env(), capture_output=True, text=True, check=True
+    )
+    assert launch.expand_hostlist(expression) == real.stdout.split()
+
+
+@pytest.mark.parametrize("expression", ["n[1-", "n[3-1]", "n[a-b]", ""])
+def test_bad_host_lists_are_named(expression):
+    with pytest.raises(launch.LaunchError, match="host list"):
+        launch.expand_hostlist(expression)
+
+
+def test_a_step_uses_its_own_node_list():
+    env = slurm_env(2, "node[1-2]", SLURM_STEP_NODELIST="node2", SLURM_STEP_NUM_NODES="1")
+    args = launch.torchrun_args(env, node_address=str)
+    assert args[0] == "--nnodes=1" and args[3].startswith("--rdzv_endpoint=node2:")
+
+
 def test_ports_of_different_jobs_differ():
     def names(_: str) -> list[str]:
         return ["a"]
@@ -118,6 +149,47 @@ def test_two_node_gloo_rendezvous_through_env_sh(two_nodes, tmp_path):
     assert len({(s["node"], s["group_rank"]) for s in seen}) == 2  # one torchrun agent per node
     # env.sh's settings reach the workers; EFA is chosen because the job spans two nodes.
     settings = seen[0]["env"]
-    assert settings["FI_PROVIDER"] == "efa"
+    assert settings["FI_PROVIDER"] == "efa" and settings["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert settings["HF_HUB_OFFLINE"] == "1"  # no step after download and data reaches the Hub
     assert settings["MALLOC_ARENA_MAX"] == "64"
     assert f"--cache_dir={tmp_path / 'fsx' / 'neuron-cache'}" in settings["NEURON_CC_FLAGS"]
+
+
+def test_auto_resume_rerun_with_a_changed_node_list_meets_at_its_own_first_node(two_nodes, tmp_path):
+    """The srun'd command computes the rendezvous itself: run once on node1+node2, then (same command,
+    as auto-resume re-runs it after replacing node1) on node2 alone, it forms a 1-node world there.
+    A command with the arguments baked in would wait for 2 nodes at node1 and never start."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    env = two_nodes.env()
+    env.update(
+        HPL_PAYLOADS_DIR=str(REPO / "payloads"),
+        HPL_RUN_CONFIG=str(tmp_path / "unused.toml"),
+        HPL_RUN_DIR=str(run_dir),
+        HPL_RUNTIME="host",
+        HPL_DEVICES_PER_NODE="2",
+        PYTHON=sys.executable,
+        PYTHONPATH=str(Path(__file__).parent),
+        HPL_FSX_MOUNT_PATH=str(tmp_path / "fsx"),
+    )
+    log = tmp_path / "relaunch.log"
+    job = subprocess.run(
+        ["sbatch", "--parsable", "--nodes=2", f"--output={log}", str(Path(__file__).with_name("relaunch.sbatch"))],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    marker = run_dir / "logs" / "state" / "probe.json"
+    wait_for(lambda: marker.is_file() and json.loads(marker.read_text())["state"] != "RUNNING", 240, f"job {job}")
+    assert json.loads(marker.read_text())["state"] == "COMPLETED", log.read_text()
+
+    first = [json.loads(p.read_text()) for p in sorted((run_dir / "first").glob("probe-*.json"))]
+    second = [json.loads(p.read_text()) for p in sorted((run_dir / "second").glob("probe-*.json"))]
+    assert len(first) == 4 and {s["world"] for s in first} == {4}
+    assert sorted(s["node"] for s in first) == ["node1", "node1", "node2", "node2"]
+    assert len(second) == 2 and {s["world"] for s in second} == {2} and {s["node"] for s in second} == {"node2"}
+    launches = [line for line in log.read_text().splitlines() if "torch.distributed.run" in line]
+    assert len(launches) == 3  # one agent per node in the first run, one in the second
+    assert "[node2]" in launches[-1] and "--nnodes=1" in launches[-1]
+    assert all("--nnodes=2" in line for line in launches[:2])

@@ -1,12 +1,21 @@
-"""torchrun arguments for the current Slurm allocation, one per line (read by payloads/slurm/env.sh).
+"""torchrun for the current Slurm step: its arguments, or torchrun itself (read by payloads/slurm/env.sh).
 
 Every node runs one torchrun agent with the same arguments; they meet through a c10d rendezvous
-on the allocation's first node, so the same command works on 1 node or many:
+on the step's first node, so the same command works on 1 node or many:
 
-    --nnodes=<SLURM_JOB_NUM_NODES> --nproc_per_node=<devices per node>
+    --nnodes=<nodes of the step> --nproc_per_node=<devices per node>
     --rdzv_backend=c10d --rdzv_endpoint=<first node's address>:<port> --rdzv_id=<job id>
 
-Runs on the host Python of a compute node (stdlib only, Python 3.10).
+    python -m llm_pipeline.jobs.launch                       print the arguments, one per line
+    python -m llm_pipeline.jobs.launch --exec [--wrap CMD] -- -m MODULE [ARGS]
+                                                            exec [CMD] <this python> -m torch.distributed.run
+                                                            <arguments> -m MODULE [ARGS]
+
+env.sh runs the --exec form as the srun'd command, so the arguments are computed from the step's own
+node list each time the step starts: when HyperPod's auto-resume (srun --auto-resume=1) replaces a
+node and starts the step again, the rendezvous moves to the new first node. Runs on the host's or the
+training image's Python (stdlib only, Python 3.10); Slurm host lists are expanded here, so it needs
+no Slurm commands inside a container.
 Settings: HPL_DEVICES_PER_NODE (processes per node: 32 NeuronCores on a trn1.32xlarge; 1 when
 unset), HPL_MASTER_PORT (default: derived from the job id, so jobs sharing a node do not collide).
 
@@ -18,6 +27,8 @@ with its rank in the sorted host list, as the SageMaker SDK's own torchrun drive
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -46,16 +57,53 @@ def _int_var(env: Mapping[str, str], name: str, default: int | None = None) -> i
     return number
 
 
-def scontrol_hostnames(nodelist: str) -> list[str]:
-    """Expand a Slurm host list ("ip-10-1-[2-5]") into names, the way Slurm itself does."""
-    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise LaunchError(f"scontrol show hostnames {nodelist} failed: {out.stderr.strip()}")
-    return out.stdout.split()
+_RANGE = re.compile(r"\[([^\[\]]*)\]")
+
+
+def _split_top_level(expression: str) -> list[str]:
+    """Split a host list on the commas that are not inside brackets."""
+    parts, depth, current = [], 0, ""
+    for char in expression:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth < 0 or depth > 1:
+            raise LaunchError(f"host list {expression!r} has unbalanced brackets")
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    if depth:
+        raise LaunchError(f"host list {expression!r} has unbalanced brackets")
+    return [*parts, current]
+
+
+def _expand_name(name: str, expression: str) -> list[str]:
+    match = _RANGE.search(name)
+    if match is None:
+        return [name]
+    head, tail, numbers = name[: match.start()], name[match.end() :], []
+    for item in match.group(1).split(","):
+        low, _, high = item.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()) or (high and int(high) < int(low)):
+            raise LaunchError(f"host list {expression!r}: {item!r} is not a number or a rising range")
+        # Slurm keeps the zero padding of the range's first number: n[01-10] -> n01 ... n10.
+        numbers.extend(f"{n:0{len(low)}d}" for n in range(int(low), int(high or low) + 1))
+    return [host for number in numbers for host in _expand_name(head + number + tail, expression)]
+
+
+def expand_hostlist(expression: str) -> list[str]:
+    """Expand a Slurm host list ("ip-10-1-7-[20,22],ip-10-1-9-[3-4]") the way `scontrol show hostnames` does."""
+    hosts = [host for part in _split_top_level(expression) if part for host in _expand_name(part, expression)]
+    if not hosts:
+        raise LaunchError(f"host list {expression!r} names no hosts")
+    return hosts
 
 
 def scontrol_node_address(node: str) -> str:
-    """The address Slurm reaches `node` at (NodeAddr); the name itself when Slurm cannot say."""
+    """The address Slurm reaches `node` at (NodeAddr); the name itself when Slurm cannot say (no scontrol
+    inside a container: HyperPod node names resolve to their addresses)."""
+    if shutil.which("scontrol") is None:
+        return node
     out = subprocess.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True)
     for field in out.stdout.split():
         if field.startswith("NodeAddr="):
@@ -66,17 +114,21 @@ def scontrol_node_address(node: str) -> str:
 def torchrun_args(
     env: Mapping[str, str],
     *,
-    hostnames: Callable[[str], list[str]] = scontrol_hostnames,
+    hostnames: Callable[[str], list[str]] = expand_hostlist,
     node_address: Callable[[str], str] = scontrol_node_address,
 ) -> list[str]:
-    nodes = _int_var(env, "SLURM_JOB_NUM_NODES")
+    """Arguments for the nodes of this Slurm step (SLURM_STEP_*), else of the whole allocation (SLURM_JOB_*)."""
+    scope = "STEP" if env.get("SLURM_STEP_NODELIST") else "JOB"
+    nodes = _int_var(env, f"SLURM_{scope}_NUM_NODES")
     job_id = _int_var(env, "SLURM_JOB_ID")
-    nodelist = env.get("SLURM_JOB_NODELIST", "")
+    nodelist = env.get(f"SLURM_{scope}_NODELIST", "")
     if not nodelist:
-        raise LaunchError("SLURM_JOB_NODELIST is not set: run inside a Slurm job (sbatch/srun)")
+        raise LaunchError(f"SLURM_{scope}_NODELIST is not set: run inside a Slurm job (sbatch/srun)")
     hosts = hostnames(nodelist)
     if len(hosts) != nodes:
-        raise LaunchError(f"SLURM_JOB_NODELIST={nodelist} names {len(hosts)} hosts but SLURM_JOB_NUM_NODES={nodes}")
+        raise LaunchError(
+            f"SLURM_{scope}_NODELIST={nodelist} names {len(hosts)} hosts but SLURM_{scope}_NUM_NODES={nodes}"
+        )
     port = _int_var(env, "HPL_MASTER_PORT", PORT_BASE + job_id % PORT_SPAN)
     nproc = _int_var(env, "HPL_DEVICES_PER_NODE", 1)
     return [
@@ -117,17 +169,34 @@ def launch_args(env: Mapping[str, str]) -> list[str]:
     return torchrun_args(env)
 
 
+def torchrun_command(env: Mapping[str, str], program: list[str], wrap: str | None = None) -> list[str]:
+    """[wrap] <this python> -m torch.distributed.run <launch arguments> <program>."""
+    return [*([wrap] if wrap else []), sys.executable, "-m", "torch.distributed.run", *launch_args(env), *program]
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0
     try:
-        print("\n".join(launch_args(os.environ)))
+        if not argv:
+            print("\n".join(launch_args(os.environ)))
+            return 0
+        wrap = None
+        if argv[:1] == ["--exec"] and argv[1:2] == ["--wrap"] and len(argv) > 2:
+            wrap, argv = argv[2], ["--exec", *argv[3:]]
+        if argv[:2] != ["--exec", "--"] or len(argv) < 3:
+            raise LaunchError("usage: python -m llm_pipeline.jobs.launch [--exec [--wrap CMD] -- PROGRAM ARGS...]")
+        command = torchrun_command(os.environ, argv[2:], wrap)
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return 0
+    node = os.environ.get("SLURMD_NODENAME", "?")
+    print(f"+ [{node}] {' '.join(command)}", file=sys.stderr, flush=True)
+    os.execvp(command[0], command)
+    return 0  # not reached: exec replaces this process
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -37,6 +37,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,14 +56,30 @@ if TYPE_CHECKING:
     from optimum.neuron.peft import NeuronPeftModel
 
 
-def check_parallel_layout(cfg: RunConfig, world: int) -> None:
-    """TP x PP must divide the NeuronCores of the launch; the rest is data parallelism."""
+def check_parallel_layout(cfg: RunConfig, world: int, env: Mapping[str, str] | None = None) -> None:
+    """TP x PP must divide the NeuronCores of the launch; the rest is data parallelism.
+
+    When they do not, the usual cause is the launch, not the config: HPL_DEVICES_PER_NODE (the cluster
+    facts) unset or different from parallel.devices_per_node starts too few processes per node.
+    """
+    env = os.environ if env is None else env
     tp, pp = cfg.parallel.tensor_parallel_size, cfg.parallel.pipeline_parallel_size
-    if world % (tp * pp):
+    if not world % (tp * pp):
+        return
+    per_node, wanted = env.get("LOCAL_WORLD_SIZE"), cfg.parallel.devices_per_node
+    if per_node is not None and int(per_node) != wanted:
+        setting = env.get("HPL_DEVICES_PER_NODE")
+        how = f"HPL_DEVICES_PER_NODE={setting}" if setting else "HPL_DEVICES_PER_NODE is not set, so 1 per node"
         raise StepError(
-            f"parallel.tensor_parallel_size {tp} (x pipeline_parallel_size {pp}) does not divide the {world} "
-            "NeuronCores of this launch (WORLD_SIZE): choose a tensor_parallel_size that divides it"
+            f"this launch started {per_node} process(es) per node ({how}) but parallel.devices_per_node is {wanted}, "
+            f"so its {world} processes cannot hold tensor_parallel_size {tp} x pipeline_parallel_size {pp}: set "
+            f"HPL_DEVICES_PER_NODE to the NeuronCores of a node ({wanted}; the cluster facts in "
+            "/etc/profile.d/hyperpod-lora.sh set it on HyperPod nodes)"
         )
+    raise StepError(
+        f"parallel.tensor_parallel_size {tp} (x pipeline_parallel_size {pp}) does not divide the {world} "
+        "NeuronCores of this launch (WORLD_SIZE): choose a tensor_parallel_size that divides it"
+    )
 
 
 RESUME_WAIT_S = 3600  # consolidating an 8B checkpoint on FSx takes minutes; a stuck rank 0 should not hang forever
