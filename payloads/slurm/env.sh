@@ -28,6 +28,8 @@ export HPL_SCRATCH_DIR="${HPL_SCRATCH_DIR:-$HPL_FSX_MOUNT_PATH/scratch}"
 export HPL_RUNTIME="${HPL_RUNTIME:-host}"
 export PYTHONPATH="$HPL_PAYLOADS_DIR${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
+# Host-side helpers (reports: sweep_report.sbatch) run on the node's own Python: stdlib only.
+export HPL_HOST_PYTHON="${PYTHON:-python3}"
 HPL_STATE_DIR="$HPL_RUN_DIR/logs/state"
 
 # -- Neuron settings (harmless on the torch backend) ---------------------------------------------
