@@ -4,6 +4,7 @@ with full fine-tuning (consolidate writes the model folder, merge has nothing to
 from __future__ import annotations
 
 import re
+import shutil
 
 import pytest
 from slurm_helpers import REPO, submit
@@ -29,10 +30,22 @@ def test_rehearsal_config_for_each_method(tmp_path, method):
     assert config.load(twice, env=env).train.method == "lora"  # an existing method line is replaced
 
 
+def set_keys(path, **values) -> None:
+    text = path.read_text()
+    for key, value in values.items():
+        text, count = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
+        assert count == 1, key
+    path.write_text(text)
+
+
+def logged_losses(train_log: str) -> dict[int, float]:
+    return {int(m[1]): float(m[2]) for m in re.finditer(r"(?m)^step (\d+)/\d+ \| loss ([0-9.]+) \|", train_log)}
+
+
 def test_pipeline_runs_full_fine_tuning_end_to_end(one_node, tmp_path):
     env = one_node.env(fsx_environment(tmp_path / "fsx"))
     path = method_config(TINY, "full", tmp_path)
-    path.write_text(re.sub(r"(?m)^max_steps = .*$", "max_steps = 6", path.read_text()))
+    set_keys(path, max_steps=6, logging_steps=2, save_steps=3)
     write_inputs(path, env, records=80)
     result = submit(env, path, "--wait", "--poll", "1")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -45,3 +58,20 @@ def test_pipeline_runs_full_fine_tuning_end_to_end(one_node, tmp_path):
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out_dir.merged_dir.iterdir()}
     assert str(out_dir.merged_dir) in logs["generate"]
     assert "### Answer" in out_dir.generation_file.read_text()
+    losses = logged_losses(logs["train"])
+    assert sorted(losses) == [2, 4, 6] and losses[6] < losses[2]  # every parameter trains: the loss falls
+
+    # Resume: more steps on the same run folder continue from checkpoint-6 (the finished model folder
+    # is removed first: consolidate never overwrites one unasked).
+    set_keys(path, max_steps=8)
+    shutil.rmtree(out_dir.merged_dir)
+    again = submit(env, path, "--from", "train", "--wait", "--poll", "1")
+    assert again.returncode == 0, again.stdout + again.stderr
+    job = re.search(r"(?m)^submitted train job (\d+)$", again.stdout)[1]
+    resumed = (out_dir.logs_dir / f"train-{job}.log").read_text()
+    assert f"resuming from {out_dir.checkpoints_dir}/checkpoint-6" in resumed
+    assert sorted(logged_losses(resumed)) == [8]  # the step count continues at 7
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(out_dir.merged_dir)  # the folder loads with plain transformers
+    assert sum(p.numel() for p in model.parameters()) == 87_360
