@@ -6,6 +6,11 @@ cdk-nag's AwsSolutions checks run on every synth (stacks/nag.py): a finding fail
 """
 
 import sys
+from pathlib import Path
+
+# This checkout's payload package, the one the stack uploads (stacks/payloads.py reads its deploy-facts
+# contract), also when the CDK CLI is run directly rather than through make.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "payloads"))
 
 from stacks.build import build_app
 from stacks.config import ConfigError
