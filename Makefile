@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR):$(CURDIR)/payloads
 
 .DEFAULT_GOAL := help
-.PHONY: help venv synth lint doc-tables test snapshot-update deploy diff destroy rehearse bench diagram clean
+.PHONY: help venv synth lint doc-tables test snapshot-update deploy diff destroy rehearse rehearse-ladder bench diagram clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -61,6 +61,9 @@ destroy: $(STAMP)  ## delete everything the stack created
 rehearse: $(STAMP)  ## run the whole pipeline on a local single-node Slurm with a tiny model
 	$(PY) -m tools.rehearse
 
+rehearse-ladder: $(STAMP)  ## run the torchtitan ladder chain on a local Slurm (CPU stand-in trainer)
+	$(PY) -m tools.rehearse_ladder
+
 bench: $(STAMP)  ## merge benchmark: streaming merge vs reference vs copy floor
 	$(PY) bench/merge_bench.py
 
@@ -69,4 +72,4 @@ diagram: $(STAMP)  ## draw docs/architecture.svg (and .dot) from the synthesized
 	$(PY) tools/diagram.py cdk.out docs/architecture
 
 clean:  ## remove build outputs (keeps .venv)
-	rm -rf cdk.out .pytest_cache .bench .rehearsal
+	rm -rf cdk.out .pytest_cache .bench .rehearsal .rehearsal-ladder

@@ -21,8 +21,8 @@ from slurm_helpers import REPO, submit
 from llm_pipeline import config
 from llm_pipeline.jobs.run_facts import RunFactsError
 from llm_pipeline.ladder_submit import read_rungs
-from tools import tiny_model as tiny
 from tools.rehearse import fsx_environment
+from tools.rehearse_ladder import ladder_environment, write_tokenizer
 
 pytestmark = pytest.mark.xdist_group("slurm")
 CONFIGS = REPO / "payloads" / "configs"
@@ -36,11 +36,9 @@ def submitted_jobs(stdout: str) -> dict[str, str]:
 
 def test_ladder_chain_runs_every_rung_and_reports_torchtitans_metrics(one_node, tmp_path_factory):
     root = tmp_path_factory.mktemp("ladder")
-    env = one_node.env(fsx_environment(root / "fsx"))
-    env["PYTHONPATH"] = str(REPO)  # tools.torchtitan_standin
-    env.update(HPL_DEVICES_PER_NODE="2", HPL_TORCHTITAN_MODULE="tools.torchtitan_standin")
+    env = ladder_environment(one_node.env(fsx_environment(root / "fsx")))  # what make rehearse-ladder runs
     cfg = config.load(TINY_LADDER, env=env)
-    tiny.write_tiny_model(Path(cfg.paths.model_dir))  # its tokenizer files: the tokenizer step finds them
+    write_tokenizer(TINY_LADDER, env)  # the tokenizer step finds it there and skips the Hub
     run = Path(cfg.paths.output_dir)
 
     result = submit(env, TINY_LADDER, "ladder", "--wait", "--poll", "1")
