@@ -1,6 +1,9 @@
 """Submit the torchtitan ladder as chained Slurm jobs (`python3 -m llm_pipeline.submit ladder`).
 
-    tokenizer -> rung-<r> for each of torchtitan.rungs -> report -> export
+    prepare -> tokenizer -> rung-<r> for each of torchtitan.rungs -> report -> export
+
+prepare is the pipeline's own first step (with Pyxis it imports the image of the partition the
+ladder runs on into FSx; then the run config validates and the training stack imports there).
 
 Each job after the previous one succeeded (afterok; a failed job cancels the rest). The rungs run
 on `[parallel] nodes` nodes (payloads/slurm/ladder-rung.sbatch <rung>), the other jobs on one.
@@ -67,6 +70,7 @@ def read_rungs(config: Path) -> tuple[str, ...]:
 
 def ladder_jobs(rungs: tuple[str, ...]) -> list[LadderJob]:
     return [
+        LadderJob("prepare", "prepare.sbatch", (), False),
         LadderJob("tokenizer", "ladder-tokenizer.sbatch", (), False),
         *(LadderJob(f"rung-{rung}", "ladder-rung.sbatch", (rung,), True) for rung in rungs),
         LadderJob("report", "ladder-report.sbatch", (), False),
@@ -75,7 +79,7 @@ def ladder_jobs(rungs: tuple[str, ...]) -> list[LadderJob]:
 
 
 def sbatch_command(job: LadderJob, facts: RunFacts, after: str | None, env: dict[str, str]) -> list[str]:
-    exports = ",".join(["ALL", *(f"{key}={value}" for key, value in job_environment(facts).items())])
+    exports = ",".join(["ALL", *(f"{key}={value}" for key, value in job_environment(facts, env).items())])
     command = [
         "sbatch",
         "--parsable",

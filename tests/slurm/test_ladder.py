@@ -27,7 +27,7 @@ from tools.rehearse_ladder import ladder_environment, write_tokenizer
 pytestmark = pytest.mark.xdist_group("slurm")
 CONFIGS = REPO / "payloads" / "configs"
 TINY_LADDER = CONFIGS / "tiny-ladder-cpu.toml"
-LADDER_STEPS = ["tokenizer", *(f"rung-{r}" for r in config.TORCHTITAN_RUNGS), "report", "export"]
+LADDER_STEPS = ["prepare", "tokenizer", *(f"rung-{r}" for r in config.TORCHTITAN_RUNGS), "report", "export"]
 
 
 def submitted_jobs(stdout: str) -> dict[str, str]:
@@ -46,7 +46,7 @@ def test_ladder_chain_runs_every_rung_and_reports_torchtitans_metrics(one_node, 
     jobs = submitted_jobs(result.stdout)
     assert list(jobs) == LADDER_STEPS and "pipeline: COMPLETED" in result.stdout
     logs = {step: (run / "logs" / f"{step}-{job}.log").read_text() for step, job in jobs.items()}
-    assert "already holds the tokenizer" in logs["tokenizer"]
+    assert "run config ok" in logs["prepare"] and "already holds the tokenizer" in logs["tokenizer"]
     for rung in config.TORCHTITAN_RUNGS:
         log = logs[f"rung-{rung}"]
         job_file = run / "ladder" / rung / "job.toml"
@@ -77,8 +77,8 @@ def test_ladder_dry_run_chains_the_rungs_on_every_node(tmp_path):
     for line, step in zip(lines, LADDER_STEPS, strict=True):
         words = shlex.split(line.split("=$(", 1)[1].rstrip(")"))
         assert f"--nodes={4 if step.startswith('rung-') else 1}" in words
-        assert ('--dependency=afterok:"$' in line) == (step != "tokenizer")
-    assert lines[2].endswith("ladder-rung.sbatch compile)")
+        assert ('--dependency=afterok:"$' in line) == (step != "prepare")
+    assert lines[3].endswith("ladder-rung.sbatch compile)")
 
 
 def test_rung_list_is_read_on_the_controller_without_tomllib(tmp_path):
