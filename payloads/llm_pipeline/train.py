@@ -11,8 +11,10 @@ so the real run finds every graph in the compile cache.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -23,6 +25,8 @@ from llm_pipeline.training import full_rules, lora_count, neuron_rules
 from llm_pipeline.training.plan import TrainPlan, say, world_size
 from llm_pipeline.weights import model_files
 from llm_pipeline.weights.checkpoints import newest_complete
+
+FINISHED_MARKER = "finished.json"  # in paths.checkpoints_dir, next to the checkpoint it names
 
 
 def neuron_available() -> bool:
@@ -48,6 +52,33 @@ def make_plan(cfg: RunConfig, backend: str, precompile: bool) -> TrainPlan:
     return TrainPlan(backend, train.max_steps, train.logging_steps, True, folder, step, cfg.paths.tensorboard_dir)
 
 
+def _run_shape(cfg: RunConfig) -> dict:
+    """What decides where a run ends: a finished run with another shape trains on (or again)."""
+    return {"train": dataclasses.asdict(cfg.train), "data": dataclasses.asdict(cfg.data)}
+
+
+def record_finished(cfg: RunConfig, step: int) -> None:
+    """Mark the run finished at ``step`` (rank 0, after the trainer returned): a resubmission does nothing."""
+    marker = cfg.paths.checkpoints_dir / FINISHED_MARKER
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.with_suffix(".tmp").write_text(json.dumps({"step": step, **_run_shape(cfg)}, indent=2) + "\n")
+    marker.with_suffix(".tmp").replace(marker)
+
+
+def finished_step(cfg: RunConfig) -> int | None:
+    """The step this run finished at, when it finished with this config and that is still its newest checkpoint."""
+    marker = cfg.paths.checkpoints_dir / FINISHED_MARKER
+    newest = newest_complete(cfg.paths.checkpoints_dir)
+    if newest is None or not marker.is_file():
+        return None
+    try:
+        record = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None  # unreadable: train (resume) rather than skip
+    same = record.get("step") == newest[0] and {k: record.get(k) for k in ("train", "data")} == _run_shape(cfg)
+    return newest[0] if same else None
+
+
 def check_scheduler(name: str) -> None:
     from transformers import SchedulerType
 
@@ -64,6 +95,15 @@ def train(cfg: RunConfig, backend_override: str | None = None, precompile: bool 
     check_backend(cfg, backend)
     model_dir = model_files.require_model_folder(Path(cfg.paths.model_dir), "the base model to train")
     plan = make_plan(cfg, backend, precompile)
+    done = finished_step(cfg)
+    if done is not None:
+        # A resubmitted finished run would otherwise recompile and take one more (zero-LR) step.
+        say(
+            f"training already finished at step {done} with this config "
+            f"({cfg.paths.checkpoints_dir / FINISHED_MARKER}): nothing to do; change train.epochs or "
+            "train.max_steps to train on"
+        )
+        return plan
     what = "precompile run" if precompile else "training"
     start = f"resuming from {plan.resume_from}" if plan.resume_from else "from the base model"
     say(f"{what} with the {backend} backend, {start}")
@@ -93,6 +133,8 @@ def train(cfg: RunConfig, backend_override: str | None = None, precompile: bool 
     if not precompile:
         newest = newest_complete(cfg.paths.checkpoints_dir)
         say(f"training done; newest checkpoint: {newest[1] if newest else 'none'}")
+        if newest is not None and os.environ.get("RANK", "0") == "0":
+            record_finished(cfg, newest[0])
     return plan
 
 
