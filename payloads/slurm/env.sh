@@ -47,11 +47,12 @@ if (( ${SLURM_JOB_NUM_NODES:-1} > 1 )); then
   export FI_PROVIDER=efa
   export FI_EFA_USE_DEVICE_RDMA=1  # device memory straight to the EFA NIC, as the upstream examples set
 fi
-# Only the steps that fetch (download, data, the ladder's tokenizer) may reach the Hugging Face Hub:
-# later steps read local folders, and a Hub error (network, HTTP 429) must not fail a step after the
-# work is done.
+# Only the steps that fetch (download, data, the ladder's tokenizer, and the ladder's rungs, which
+# stream c4 from the Hub as they train unless training.dataset_path names a copy on FSx) may reach
+# the Hugging Face Hub: later steps read local folders, and a Hub error (network, HTTP 429) must not
+# fail a step after the work is done.
 case "$HPL_STEP" in
-  download | data | tokenizer) ;;
+  download | data | tokenizer | rung-*) ;;
   *) export HF_HUB_OFFLINE=1 ;;
 esac
 

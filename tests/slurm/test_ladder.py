@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,19 @@ def test_rung_list_is_read_on_the_controller_without_tomllib(tmp_path):
         path.write_text(f"[torchtitan]\n{bad}\n")
         with pytest.raises(RunFactsError, match=r"torchtitan\.rungs"):
             read_rungs(path)
+
+
+@pytest.mark.parametrize(
+    ("step", "offline"), [("tokenizer", ""), ("rung-baseline", ""), ("rung-fp8_allgather", ""), ("report", "1")]
+)
+def test_rungs_may_stream_c4_from_the_hub_and_the_report_stays_offline(tmp_path, step, offline):
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HPL_PAYLOADS_DIR": str(REPO / "payloads"),
+        "HPL_RUN_CONFIG": str(TINY_LADDER),
+        "HPL_RUN_DIR": str(tmp_path),
+    }
+    script = f'source "$HPL_PAYLOADS_DIR/slurm/env.sh" {step} && echo "OFFLINE=${{HF_HUB_OFFLINE:-}}."'
+    out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert f"OFFLINE={offline}." in out.stdout.splitlines()
