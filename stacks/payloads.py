@@ -17,7 +17,7 @@ from aws_cdk import aws_s3_deployment as s3_deployment
 from constructs import Construct
 
 from cluster_contract import PAYLOADS_FOLDER
-from llm_pipeline.jobs.deploy_facts import DEPLOY_FACTS_FILE, KEYS
+from llm_pipeline.jobs.deploy_facts import DEPLOY_FACTS_FILE, KEYS, PARTITION_KEYS
 from stacks.image import RECIPES
 from stacks.uploads import CACHE_EXCLUDES, deploy_to_prefix
 
@@ -43,6 +43,10 @@ def deploy_facts(cluster_facts: Mapping[str, Any]) -> dict[str, Any]:
         "runtime": cluster_facts["runtime"],
         "default_partition": cluster_facts["default_partition"],
         "partition_images": {name: facts["image_uri"] for name, facts in cluster_facts["partitions"].items()},
+        # What submit picks a partition by and hands its jobs (llm_pipeline.jobs.partitions).
+        "partitions": {
+            name: {key: facts[key] for key in PARTITION_KEYS} for name, facts in cluster_facts["partitions"].items()
+        },
     }
 
 

@@ -141,6 +141,11 @@ class ParallelConfig:
     pipeline_parallel_size: int = described(1, ">= 1: pipeline parallel degree")
     devices_per_node: int = described(32, ">= 1: NeuronCores (or GPUs) per node = processes per node at launch")
     nodes: int = described(1, ">= 1: nodes of the training job (multi-node: torchrun rendezvous over EFA)")
+    partition: str = described(
+        "",
+        "Slurm partition (one per compute group) every step runs on; empty: submit picks the first partition "
+        "whose accelerator train.backend needs (neuron: Trainium, torch: GPU), else the cluster's default",
+    )
     strategy: str = described(
         "fsdp",
         "torch backend data parallelism: fsdp (FSDP2: full shard, activation checkpointing, bf16 mixed "

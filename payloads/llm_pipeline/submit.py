@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from llm_pipeline.errors import StepError
-from llm_pipeline.jobs import deploy_facts, pipeline_status
+from llm_pipeline.jobs import deploy_facts, partitions, pipeline_status
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts, RunFactsError, read_run_facts
 
@@ -55,7 +55,9 @@ def job_environment(facts: RunFacts, env: dict[str, str] | None = None) -> dict[
         "HPL_RUN_DIR": str(facts.output_dir),
     }
     pinned = env or {}
-    values.update({name: pinned[name] for name in deploy_facts.ENV_NAMES if pinned.get(name)})
+    for name in (*deploy_facts.ENV_NAMES, *partitions.ENV_NAMES):
+        if pinned.get(name):
+            values[name] = pinned[name]
     for name, value in values.items():
         if "," in value:  # --export separates variables with commas
             raise SubmitError(f"{name}={value} contains a comma: move it to a path without one")
@@ -143,6 +145,23 @@ def submit(facts: RunFacts, first: str, env: dict[str, str]) -> list[StepJob]:
     return submitted
 
 
+def partition_environment(facts: RunFacts, env: dict[str, str], *, ladder: bool = False) -> dict[str, str]:
+    """The run's partition and its facts (HPL_PARTITION, HPL_ACCELERATOR, HPL_DEVICES_PER_NODE, ...)."""
+    known, default = deploy_facts.read_partitions(PAYLOADS_DIR)
+    if not known:  # a local Slurm: no deploy facts; the run config may still name a partition
+        return {"HPL_PARTITION": facts.partition} if facts.partition else {}
+    accelerator = partitions.CUDA if ladder else partitions.ACCELERATOR_OF_BACKEND.get(facts.backend, "")
+    name = partitions.choose_partition(
+        known,
+        requested=facts.partition,
+        accelerator=accelerator,
+        fallback=env.get("HPL_PARTITION", ""),
+        default=default,
+    )
+    partitions.check_devices_per_node(name, known[name], None if ladder else facts.devices_per_node)
+    return partitions.partition_environment(name, known[name])
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python3 -m llm_pipeline.submit", description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -180,10 +199,11 @@ def report(facts: RunFacts, states: list[pipeline_status.StepState]) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        # The latest deploy's image and runtime (FSx payloads) win over the node profile's.
         env = dict(os.environ)
-        env.update(deploy_facts.read_deploy_facts(PAYLOADS_DIR, partition=env.get("HPL_PARTITION")))
         facts = read_run_facts(args.config, env)
+        env.update(partition_environment(facts, env, ladder=args.action == "ladder"))
+        # The latest deploy's image and runtime (FSx payloads) win over the node profile's.
+        env.update(deploy_facts.read_deploy_facts(PAYLOADS_DIR, partition=env.get("HPL_PARTITION")))
         check_runtime_sees(facts, env)
         if args.action == "status":
             if not pipeline_status.read_record(facts.logs_dir):

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Sourced by every step script: paths, Neuron settings, the runtime switch and the launch logic,
+# Sourced by every step script: paths, accelerator and network settings, the runtime switch and the launch logic,
 # written once. `source env.sh <step>`; then `hpl_step_python <module> [args]` (one process) or
 # `hpl_torchrun <module> [args]` (torchrun on every node of the allocation).
 #
@@ -9,6 +9,8 @@
 # HPL_SCRATCH_DIR, HPL_IMAGE_URI, HPL_RUNTIME (pyxis|host), HPL_DEVICES_PER_NODE, HPL_REGION.
 # HPL_IMAGE_URI and HPL_RUNTIME change with each deploy: submit reads them from the payloads'
 # deploy-facts.json (llm_pipeline.jobs.deploy_facts) and exports them to every job of the chain.
+# The run's partition (llm_pipeline.jobs.partitions) comes with it: HPL_PARTITION, HPL_ACCELERATOR
+# (neuron|cuda|none), HPL_DEVICES_PER_NODE (processes per node), HPL_EFA_INTERFACES, HPL_EFA_DEVICE_RDMA.
 # Local fallbacks: paths under HPL_FSX_MOUNT_PATH (default /fsx), runtime host, PYTHON or python3.
 set -euo pipefail
 
@@ -32,21 +34,43 @@ export PYTHONUNBUFFERED=1
 export HPL_HOST_PYTHON="${PYTHON:-python3}"
 HPL_STATE_DIR="$HPL_RUN_DIR/logs/state"
 
-# -- Neuron settings (harmless on the torch backend) ---------------------------------------------
-# The compile cache lives on FSx so every node and every later run reuses compiled graphs.
-export NEURON_CC_FLAGS="${NEURON_CC_FLAGS:---model-type transformer --retry_failed_compilation}"
-if [[ "$NEURON_CC_FLAGS" != *--cache_dir* ]]; then
-  NEURON_CC_FLAGS+=" --cache_dir=$HPL_COMPILE_CACHE_DIR"
+# -- accelerator and network: from the partition's facts; values already set win ---------------
+# Without partition facts (a local Slurm) the settings are the default Trainium partition's.
+export HPL_ACCELERATOR="${HPL_ACCELERATOR:-neuron}"
+case "$HPL_ACCELERATOR" in
+  neuron)
+    # The compile cache lives on FSx so every node and every later run reuses compiled graphs.
+    export NEURON_CC_FLAGS="${NEURON_CC_FLAGS:---model-type transformer --retry_failed_compilation}"
+    if [[ "$NEURON_CC_FLAGS" != *--cache_dir* ]]; then
+      NEURON_CC_FLAGS+=" --cache_dir=$HPL_COMPILE_CACHE_DIR"
+    fi
+    export NEURON_FUSE_SOFTMAX=1
+    export NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS=3
+    ;;
+  cuda)
+    # NCCL over EFA through the aws-ofi-nccl plugin in the CUDA image, with the libfabric settings
+    # AWS's HyperPod GPU recipes use; NCCL's own sockets stay off container and loopback interfaces.
+    export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-^docker,lo,veth}"
+    export FI_EFA_USE_HUGE_PAGE="${FI_EFA_USE_HUGE_PAGE:-0}"
+    export FI_EFA_SET_CUDA_SYNC_MEMOPS="${FI_EFA_SET_CUDA_SYNC_MEMOPS:-0}"
+    ;;
+  none) ;;
+  *)
+    echo "error: HPL_ACCELERATOR=$HPL_ACCELERATOR is not an accelerator (use neuron, cuda or none)" >&2
+    exit 2
+    ;;
+esac
+# Across nodes, collectives go over EFA; device RDMA (accelerator memory straight to the wire) only
+# where the instance supports it (p4d, p5, trn; g5's EFA does not).
+if (( ${SLURM_JOB_NUM_NODES:-1} > 1 && ${HPL_EFA_INTERFACES:-1} > 0 )); then
+  export FI_PROVIDER="${FI_PROVIDER:-efa}"
+  if [[ "${HPL_EFA_DEVICE_RDMA:-1}" == 1 ]]; then
+    export FI_EFA_USE_DEVICE_RDMA="${FI_EFA_USE_DEVICE_RDMA:-1}"
+  fi
 fi
-export NEURON_FUSE_SOFTMAX=1
-export NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS=3
 # Must be in the environment before torchrun starts: glibc arenas otherwise exhaust host memory
 # when checkpoints are written.
 export MALLOC_ARENA_MAX=64
-if (( ${SLURM_JOB_NUM_NODES:-1} > 1 )); then
-  export FI_PROVIDER=efa
-  export FI_EFA_USE_DEVICE_RDMA=1  # device memory straight to the EFA NIC, as the upstream examples set
-fi
 # Only the steps that fetch (download, data, the ladder's tokenizer, and the ladder's rungs, which
 # stream c4 from the Hub as they train unless training.dataset_path names a copy on FSx) may reach
 # the Hugging Face Hub: later steps read local folders, and a Hub error (network, HTTP 429) must not
@@ -149,5 +173,5 @@ trap 'HPL_SIGNAL=TERM; exit 143' TERM
 trap 'HPL_SIGNAL=INT; exit 130' INT
 trap 'hpl_on_exit $?' EXIT
 hpl_mark RUNNING
-echo "== $HPL_STEP: job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NODELIST:-$(hostname)} (${SLURM_JOB_NUM_NODES:-1} node(s)), runtime $HPL_RUNTIME"
+echo "== $HPL_STEP: job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NODELIST:-$(hostname)} (${SLURM_JOB_NUM_NODES:-1} node(s)), runtime $HPL_RUNTIME, partition ${HPL_PARTITION:-default} ($HPL_ACCELERATOR)"
 echo "== config $HPL_RUN_CONFIG, run folder $HPL_RUN_DIR, started $(date -u +%FT%TZ)"

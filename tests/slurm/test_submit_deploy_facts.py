@@ -22,6 +22,8 @@ pytestmark = pytest.mark.xdist_group("slurm")
 OLD_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/cdk-assets:aaaa"  # the node profile's, from provisioning
 NEW_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/cdk-assets:bbbb"  # pushed by the latest deploy
 GPU_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/cdk-assets:cccc"  # another partition's family
+TRN1_FACTS = {"accelerator": "neuron", "devices_per_node": 32, "efa_interfaces": 8, "efa_device_rdma": 1}
+PARTS = ', "partitions": ' + json.dumps({"trn1": TRN1_FACTS})
 
 
 @pytest.fixture
@@ -59,6 +61,10 @@ def write_facts(fsx: Path, **changes) -> None:
         "runtime": "pyxis",
         "default_partition": "trn1",
         "partition_images": {"trn1": NEW_IMAGE, "h100": GPU_IMAGE},
+        "partitions": {
+            "trn1": {"accelerator": "neuron", "devices_per_node": 32, "efa_interfaces": 8, "efa_device_rdma": 1},
+            "h100": {"accelerator": "cuda", "devices_per_node": 8, "efa_interfaces": 32, "efa_device_rdma": 1},
+        },
         **changes,
     }
     (fsx / "payloads" / DEPLOY_FACTS_FILE).write_text(json.dumps(facts))
@@ -88,11 +94,20 @@ def test_without_the_file_the_profile_values_are_pinned(fsx):
     ("content", "message"),
     [
         ("{not json", "cannot be read"),
-        ('["pyxis"]', "must hold a JSON object with keys runtime, default_partition, partition_images, got list"),
+        ('["pyxis"]', "must hold a JSON object with keys runtime, default_partition, partition_images, partitions"),
         ('{"runtime": "pyxis"}', "got ['runtime']"),
-        ('{"runtime": "pyxis", "default_partition": "x", "partition_images": []}', "partition_images must map"),
-        ('{"runtime": "pyxis", "default_partition": "gone", "partition_images": {"trn1": "i"}}', "partition 'gone'"),
-        ('{"runtime": "", "default_partition": "trn1", "partition_images": {"trn1": "i"}}', "HPL_RUNTIME must be"),
+        (
+            '{"runtime": "pyxis", "default_partition": "x", "partition_images": []' + PARTS + "}",
+            "partition_images must map",
+        ),
+        (
+            '{"runtime": "pyxis", "default_partition": "gone", "partition_images": {"trn1": "i"}' + PARTS + "}",
+            "partition 'gone'",
+        ),
+        (
+            '{"runtime": "", "default_partition": "trn1", "partition_images": {"trn1": "i"}' + PARTS + "}",
+            "HPL_RUNTIME must be",
+        ),
     ],
 )
 def test_a_bad_facts_file_is_named(fsx, content, message):

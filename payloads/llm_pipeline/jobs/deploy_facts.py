@@ -1,4 +1,5 @@
-"""The facts that change with each deploy (the runtime, each partition's image), read from the payloads.
+"""The facts that change with each deploy (the runtime, each partition's image and accelerator
+facts), read from the payloads.
 
 The lifecycle script writes the cluster facts into a node's profile only when HyperPod provisions
 the node, so a later deploy that pushes a new image never reaches running nodes that way. The stack
@@ -15,18 +16,21 @@ from pathlib import Path
 from llm_pipeline.errors import StepError
 
 DEPLOY_FACTS_FILE = "deploy-facts.json"
-KEYS = ("runtime", "default_partition", "partition_images")
+KEYS = ("runtime", "default_partition", "partition_images", "partitions")
+# Per partition (llm_pipeline.jobs.partitions reads them): what the launch and env.sh need.
+PARTITION_KEYS = ("accelerator", "devices_per_node", "efa_interfaces", "efa_device_rdma")
 # What submit pins for every job of a chain (slurm/env.sh reads them).
 ENV_NAMES = ("HPL_IMAGE_URI", "HPL_RUNTIME")
 
 
-def read_deploy_facts(payloads_dir: Path, *, partition: str | None = None) -> dict[str, str]:
-    """HPL_RUNTIME and HPL_IMAGE_URI (the image of ``partition``, default: the cluster's default
-    partition) from ``<payloads_dir>/deploy-facts.json``; none when the file is absent (local runs)."""
+REDEPLOY = "deploy again (`make deploy`) to rewrite it"
+
+
+def _load(payloads_dir: Path) -> tuple[Path, dict | None]:
     path = Path(payloads_dir) / DEPLOY_FACTS_FILE
     if not path.is_file():
-        return {}
-    redeploy = "deploy again (`make deploy`) to rewrite it"
+        return path, None
+    redeploy = REDEPLOY
     try:
         facts = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -34,6 +38,33 @@ def read_deploy_facts(payloads_dir: Path, *, partition: str | None = None) -> di
     if not isinstance(facts, dict) or sorted(facts) != sorted(KEYS):
         got = sorted(facts) if isinstance(facts, dict) else type(facts).__name__
         raise StepError(f"{path} must hold a JSON object with keys {', '.join(KEYS)}, got {got}: {redeploy}")
+    return path, facts
+
+
+def read_partitions(payloads_dir: Path) -> tuple[dict[str, dict[str, object]], str]:
+    """({partition: its facts}, the default partition); ({}, "") when the file is absent (local runs)."""
+    path, facts = _load(payloads_dir)
+    if facts is None:
+        return {}, ""
+    partitions = facts["partitions"]
+    good = isinstance(partitions, dict) and bool(partitions)
+    if good:
+        good = all(isinstance(v, dict) and all(key in v for key in PARTITION_KEYS) for v in partitions.values())
+    if not good:
+        raise StepError(f"{path}: partitions must map each partition to {', '.join(PARTITION_KEYS)}: {REDEPLOY}")
+    default = facts["default_partition"]
+    if default not in partitions:
+        raise StepError(f"{path}: the default partition {default!r} is not among {', '.join(partitions)}: {REDEPLOY}")
+    return partitions, default
+
+
+def read_deploy_facts(payloads_dir: Path, *, partition: str | None = None) -> dict[str, str]:
+    """HPL_RUNTIME and HPL_IMAGE_URI (the image of ``partition``, default: the cluster's default
+    partition) from ``<payloads_dir>/deploy-facts.json``; none when the file is absent (local runs)."""
+    path, facts = _load(payloads_dir)
+    if facts is None:
+        return {}
+    redeploy = REDEPLOY
     images = facts["partition_images"]
     if not isinstance(images, dict) or not images:
         raise StepError(f"{path}: partition_images must map partitions to image URIs: {redeploy}")

@@ -16,8 +16,10 @@ node list each time the step starts: when HyperPod's auto-resume (srun --auto-re
 node and starts the step again, the rendezvous moves to the new first node. Runs on the host's or the
 training image's Python (stdlib only, Python 3.10); Slurm host lists are expanded here, so it needs
 no Slurm commands inside a container.
-Settings: HPL_DEVICES_PER_NODE (processes per node: 32 NeuronCores on a trn1.32xlarge; 1 when
-unset), HPL_MASTER_PORT (default: derived from the job id, so jobs sharing a node do not collide).
+Settings: HPL_DEVICES_PER_NODE (processes per node: the partition's devices, from the accelerator
+table through submit (llm_pipeline.jobs.partitions): 32 NeuronCores on a trn1.32xlarge, 8 GPUs on a
+p5.48xlarge, 1 on a CPU node or when unset), HPL_MASTER_PORT (default: derived from the job id, so
+jobs sharing a node do not collide).
 
 Inside a SageMaker training job (SM_HOSTS set) the hosts come from the job instead of Slurm: one
 host runs torchrun --standalone; several meet at the first host (algo-1) on SM_MASTER_PORT, each

@@ -1,9 +1,10 @@
-"""The two facts submit needs from a run config, read with the stdlib of Python 3.10.
+"""The few facts submit needs from a run config, read with the stdlib of Python 3.10.
 
 submit runs on the HyperPod controller's system python3 (3.10: no tomllib, no third-party
 packages), so it cannot parse a whole run config. It needs only where the run folder is
-(`[paths] output_dir`, for the log folder) and how many nodes train uses (`[parallel] nodes`).
-This module reads just those two keys; defaults and `${VAR:-default}` expansion come from
+(`[paths] output_dir`, for the log folder), how many nodes train uses (`[parallel] nodes`) and
+where the run goes (`[parallel] partition`, `[train] backend`, `[parallel] devices_per_node`).
+This module reads just those keys; defaults and `${VAR:-default}` expansion come from
 llm_pipeline.config itself (stdlib-only at import), so there is one source of truth. The whole
 file is validated by the steps themselves (prepare first).
 """
@@ -31,6 +32,9 @@ class RunFacts:
     config: Path  # absolute
     output_dir: Path
     nodes: int
+    partition: str = ""  # [parallel] partition: empty lets submit pick one (llm_pipeline.jobs.partitions)
+    backend: str = "auto"  # [train] backend: which accelerator the run needs
+    devices_per_node: int | None = None  # [parallel] devices_per_node when the file sets it
 
     @property
     def logs_dir(self) -> Path:
@@ -90,4 +94,19 @@ def read_run_facts(path: str | os.PathLike[str], env: dict[str, str] | None = No
         raise RunFactsError(str(exc)) from None
     if not out.is_absolute():
         out = config.parent / out
-    return RunFacts(config=config, output_dir=out, nodes=nodes)
+    partition = read_key(text, "parallel", "partition", str(config))
+    backend = read_key(text, "train", "backend", str(config))
+    devices = read_key(text, "parallel", "devices_per_node", str(config))
+    for key, value in (("parallel.partition", partition), ("train.backend", backend)):
+        if value is not None and not isinstance(value, str):
+            raise RunFactsError(f"{config}: {key} must be a string, got {value!r}")
+    if devices is not None and not isinstance(devices, int):
+        raise RunFactsError(f"{config}: parallel.devices_per_node must be an integer, got {devices!r}")
+    return RunFacts(
+        config=config,
+        output_dir=out,
+        nodes=nodes,
+        partition=partition or ParallelConfig().partition,
+        backend=backend or "auto",
+        devices_per_node=devices,
+    )

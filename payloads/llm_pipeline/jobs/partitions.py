@@ -1,0 +1,76 @@
+"""Which Slurm partition a run goes to, and what its jobs learn about it (stdlib only, Python 3.10).
+
+Each compute group of the cluster is one partition; the deploy writes every partition's facts
+(accelerator, devices per node, EFA interfaces, image) next to the payloads (deploy-facts.json).
+submit picks the partition: the run config's ``parallel.partition`` when set, else the first
+partition whose accelerator the engine needs (``train.backend`` neuron -> a Trainium partition,
+torch -> a GPU one; the pretraining ladder -> a GPU one), else the submitting node's own
+(HPL_PARTITION, when it is still deployed) or the cluster's default. The chosen partition's facts
+reach every job as HPL_* variables, which slurm/env.sh turns into the communication settings and
+jobs/launch.py into processes per node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from llm_pipeline.errors import StepError
+
+NEURON, CUDA, NO_ACCELERATOR = "neuron", "cuda", "none"
+ACCELERATOR_OF_BACKEND = {"neuron": NEURON, "torch": CUDA}
+# What a partition's facts hold (deploy-facts.json "partitions"), and the variable each becomes.
+FACT_ENV = {
+    "accelerator": "HPL_ACCELERATOR",
+    "devices_per_node": "HPL_DEVICES_PER_NODE",
+    "efa_interfaces": "HPL_EFA_INTERFACES",
+    "efa_device_rdma": "HPL_EFA_DEVICE_RDMA",
+}
+ENV_NAMES = ("HPL_PARTITION", *FACT_ENV.values())
+
+
+def choose_partition(
+    partitions: Mapping[str, Mapping[str, object]],
+    *,
+    requested: str = "",
+    accelerator: str = "",
+    fallback: str = "",
+    default: str,
+) -> str:
+    """The partition for a run; a StepError names the run config key and the partitions there are."""
+    known = ", ".join(f"{name} ({facts['accelerator']})" for name, facts in partitions.items())
+    if requested:
+        if requested not in partitions:
+            raise StepError(
+                f"run config parallel.partition = {requested!r} is not a partition of this cluster; "
+                f"its partitions are {known}: name one of them, or leave the key empty"
+            )
+        return requested
+    if accelerator:
+        for name, facts in partitions.items():
+            if facts["accelerator"] == accelerator:
+                return name
+        raise StepError(
+            f"the run needs a {accelerator} partition (train.backend) and the cluster has none ({known}): "
+            "add a compute group with that accelerator (cdk.json compute_groups), or set parallel.partition"
+        )
+    return fallback if fallback in partitions else default
+
+
+def partition_environment(name: str, facts: Mapping[str, object]) -> dict[str, str]:
+    """HPL_* for every job on partition `name`. A CPU partition still runs one process per node."""
+    env = {"HPL_PARTITION": name}
+    for key, variable in FACT_ENV.items():
+        env[variable] = str(facts[key])
+    env["HPL_DEVICES_PER_NODE"] = str(max(1, int(facts["devices_per_node"])))
+    return env
+
+
+def check_devices_per_node(name: str, facts: Mapping[str, object], configured: int | None) -> None:
+    """The run config's parallel.devices_per_node (when it sets one) must be what the partition has."""
+    devices = int(facts["devices_per_node"])
+    if configured is None or facts["accelerator"] == NO_ACCELERATOR or configured == devices:
+        return
+    raise StepError(
+        f"run config parallel.devices_per_node = {configured}, but partition {name} "
+        f"({facts['accelerator']}) has {devices} devices per node: set parallel.devices_per_node = {devices}"
+    )
