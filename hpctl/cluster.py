@@ -17,6 +17,17 @@ class InstanceGroup:
     instance_type: str
     current: int
     target: int
+    capacity: str = "on-demand"  # on-demand or spot (CapacityRequirements; absent means on-demand)
+    training_plan_arn: str = ""
+    training_plan_status: str = ""
+
+    @property
+    def training_plan(self) -> str:
+        """The plan's name (the ARN's last segment) and status, or "-"."""
+        if not self.training_plan_arn:
+            return "-"
+        name = self.training_plan_arn.rsplit("/", 1)[-1]
+        return f"{name} ({self.training_plan_status})" if self.training_plan_status else name
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,9 @@ def describe_cluster(session: boto3.Session, name: str) -> ClusterState:
                 instance_type=group.get("InstanceType", ""),
                 current=group.get("CurrentCount", 0),
                 target=group.get("TargetCount", 0),
+                capacity="spot" if "Spot" in group.get("CapacityRequirements", {}) else "on-demand",
+                training_plan_arn=group.get("TrainingPlanArn", ""),
+                training_plan_status=group.get("TrainingPlanStatus", ""),
             )
             for group in reply.get("InstanceGroups", [])
         ),

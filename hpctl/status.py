@@ -1,4 +1,4 @@
-"""`hpctl status`: stack, cluster, instance groups, nodes, FSx and image in one view."""
+"""`hpctl status`: stack, cluster, instance groups (capacity type, training plan), nodes, FSx and image in one view."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def collect_status(session: boto3.Session, stack: StackInfo) -> dict:
             "id": cluster.cluster_id,
             "status": cluster.status,
             "failure_message": cluster.failure_message,
-            "instance_groups": [asdict(group) for group in cluster.groups],
+            "instance_groups": [{**asdict(group), "training_plan": group.training_plan} for group in cluster.groups],
         },
         "nodes": [asdict(node) for node in nodes],
         "fsx": fsx,
@@ -80,8 +80,11 @@ def render_text(status: dict) -> str:
         "",
         "Instance groups",
         format_table(
-            ["GROUP", "TYPE", "NODES (current/target)"],
-            [[g["name"], g["instance_type"], f"{g['current']}/{g['target']}"] for g in cluster["instance_groups"]],
+            ["GROUP", "TYPE", "NODES (current/target)", "CAPACITY", "TRAINING PLAN"],
+            [
+                [g["name"], g["instance_type"], f"{g['current']}/{g['target']}", g["capacity"], g["training_plan"]]
+                for g in cluster["instance_groups"]
+            ],
         ),
         "",
         "Nodes",

@@ -50,8 +50,8 @@ FAMILY_IMPORTS = {"neuron": NEURON_IMPORTS, "cuda": CUDA_IMPORTS}
 # NCCL reaches EFA through the aws-ofi-nccl plugin (libnccl-net*.so); AWS's images install it with
 # the EFA installer. Any one of these places will do.
 NCCL_EFA_PLUGIN_GLOBS = (
-    "/opt/amazon/ofi-nccl/lib*/libnccl-net*.so",
-    "/opt/aws-ofi-nccl/lib*/libnccl-net*.so",
+    "/opt/amazon/ofi-nccl/**/libnccl-net*.so",
+    "/opt/aws-ofi-nccl/**/libnccl-net*.so",
     "/usr/local/lib/libnccl-net*.so",
     "/usr/lib/x86_64-linux-gnu/libnccl-net*.so",
 )
@@ -127,7 +127,8 @@ def file_problems(family: str, root: str = "/") -> list[str]:
     """On the CUDA image: the NCCL EFA plugin must be installed (no GPU needed to see the file)."""
     if family != "cuda":
         return []
-    found = [path for pattern in NCCL_EFA_PLUGIN_GLOBS for path in glob.glob(root.rstrip("/") + pattern)]
+    base = root.rstrip("/")
+    found = [path for pattern in NCCL_EFA_PLUGIN_GLOBS for path in glob.glob(base + pattern, recursive=True)]
     if found:
         return []
     return ["NCCL EFA plugin (aws-ofi-nccl, libnccl-net*.so) not found in " + ", ".join(NCCL_EFA_PLUGIN_GLOBS)]

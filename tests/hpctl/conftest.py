@@ -70,6 +70,10 @@ class Deployment:
         backend = cloudformation_backends[DEFAULT_ACCOUNT_ID][REGION]
         next(stack for stack in backend.stacks.values() if stack.name == STACK).status = status
 
+    def add_instance_group(self, **group: object) -> None:
+        """One more group as DescribeCluster reports it (moto keeps what CreateCluster was given)."""
+        sagemaker_backends[DEFAULT_ACCOUNT_ID][REGION].clusters[CLUSTER].instance_groups.append(group)
+
     def remove_nodes(self) -> None:
         sagemaker_backends[DEFAULT_ACCOUNT_ID][REGION].clusters[CLUSTER].nodes.clear()
 

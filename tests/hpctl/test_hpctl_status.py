@@ -16,9 +16,10 @@ def test_table_shows_stack_cluster_groups_nodes_fsx_and_image(deployed, hpctl):
     assert lines[2].endswith("@tcp:/abcdefgh")
     assert lines[3] == "Image        123456789012.dkr.ecr.us-west-2.amazonaws.com/hpl-train:1"
     groups = out.split("Instance groups\n")[1].split("\n\n")[0].splitlines()
+    assert groups[0].split() == ["GROUP", "TYPE", "NODES", "(current/target)", "CAPACITY", "TRAINING", "PLAN"]
     assert [line.split() for line in groups[1:]] == [
-        ["controller", "ml.c5.xlarge", "1/1"],
-        ["compute", "ml.trn1.32xlarge", "1/1"],
+        ["controller", "ml.c5.xlarge", "1/1", "on-demand", "-"],
+        ["compute", "ml.trn1.32xlarge", "1/1", "on-demand", "-"],
     ]
     nodes = out.split("Nodes\n")[1].splitlines()
     assert nodes[0].split() == ["GROUP", "INSTANCE", "TYPE", "STATUS", "LAUNCHED", "MESSAGE"]
@@ -73,4 +74,40 @@ def test_cluster_deleted_behind_the_stack_s_back(deployed, hpctl):
         2,
         f"error: cluster {deployed.cluster} named by the stack does not exist in us-west-2: "
         "was it deleted outside CloudFormation? `make deploy` recreates it\n",
+    )
+
+
+PLAN = "arn:aws:sagemaker:us-west-2:123456789012:training-plan/g5-reserved"
+
+
+def test_each_group_shows_its_capacity_type_and_training_plan(deployed, hpctl):
+    deployed.add_instance_group(
+        InstanceGroupName="gpu",
+        InstanceType="ml.p5.48xlarge",
+        CurrentCount=2,
+        TargetCount=4,
+        CapacityRequirements={"Spot": {}},
+    )
+    deployed.add_instance_group(
+        InstanceGroupName="reserved",
+        InstanceType="ml.g5.12xlarge",
+        CurrentCount=0,
+        TargetCount=2,
+        CapacityRequirements={"OnDemand": {}},
+        TrainingPlanArn=PLAN,
+        TrainingPlanStatus="Scheduled",
+    )
+    code, out, _ = hpctl("status")
+    assert code == 0
+    groups = out.split("Instance groups\n")[1].split("\n\n")[0].splitlines()
+    assert [line.split() for line in groups[3:]] == [
+        ["gpu", "ml.p5.48xlarge", "2/4", "spot", "-"],
+        ["reserved", "ml.g5.12xlarge", "0/2", "on-demand", "g5-reserved", "(Scheduled)"],
+    ]
+    code, out, _ = hpctl("status", "--json")
+    reported = {group["name"]: group for group in json.loads(out)["cluster"]["instance_groups"]}
+    assert (reported["gpu"]["capacity"], reported["gpu"]["training_plan_arn"]) == ("spot", "")
+    assert (reported["reserved"]["training_plan_arn"], reported["reserved"]["training_plan"]) == (
+        PLAN,
+        "g5-reserved (Scheduled)",
     )

@@ -10,6 +10,8 @@ from pathlib import Path
 PAYLOADS = Path(__file__).resolve().parents[2] / "payloads"
 DOCKERFILE = PAYLOADS / "Dockerfile"
 REQUIREMENTS = PAYLOADS / "requirements-cluster.txt"
+CUDA_DOCKERFILE = PAYLOADS / "Dockerfile.cuda"
+GPU_REQUIREMENTS = PAYLOADS / "requirements-gpu.txt"
 VERIFY_ENV = PAYLOADS / "image" / "verify_env.py"
 
 

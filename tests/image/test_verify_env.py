@@ -90,3 +90,24 @@ def test_cli_fails_the_build_when_a_pin_is_not_installed(tmp_path):
     assert result.returncode == 1
     assert "FAIL packaging: installed" in result.stdout
     assert "FAIL import torch_neuronx" in result.stdout
+
+
+def test_cuda_image_needs_the_nccl_efa_plugin(verify_env, tmp_path):
+    assert verify_env.file_problems("neuron", root=str(tmp_path)) == []  # the Neuron image has no NCCL
+    (problem,) = verify_env.file_problems("cuda", root=str(tmp_path))
+    assert "aws-ofi-nccl" in problem
+    plugin = tmp_path / "opt/amazon/ofi-nccl/lib/x86_64-linux-gnu"
+    plugin.mkdir(parents=True)
+    (plugin / "libnccl-net-ofi.so").write_bytes(b"")
+    assert verify_env.file_problems("cuda", root=str(tmp_path)) == []
+
+
+def test_cli_checks_the_family_it_is_told(tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("packaging==" + metadata.version("packaging") + "\n")
+    result = subprocess.run(
+        [sys.executable, str(VERIFY_ENV), "--family", "cuda", str(requirements)], capture_output=True, text=True
+    )
+    assert result.returncode == 1
+    assert "key imports (cuda)" in result.stdout
+    assert "FAIL NCCL EFA plugin (aws-ofi-nccl" in result.stdout  # this machine has no EFA stack

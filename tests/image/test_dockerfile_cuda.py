@@ -1,0 +1,109 @@
+"""The CUDA training image's Dockerfile and pins: lint-clean, a pinned public base confirmed in
+docs/image.md, versions only in requirements-gpu.txt, and the build ending in the family's check."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from image_files import CUDA_DOCKERFILE, GPU_REQUIREMENTS, PAYLOADS, REQUIREMENTS, parse_dockerfile
+
+DOCS_IMAGE = PAYLOADS.parent / "docs" / "image.md"
+BASE_IMAGE = "public.ecr.aws/deep-learning-containers/pytorch-training"
+TAG = re.compile(r"^(?P<torch>\d+\.\d+\.\d+)-gpu-py(?P<py>\d{3,})-cu(?P<cuda>\d{3})-ubuntu22\.04-ec2$")
+# The fine-tuning stack both lanes share: the GPU lane trains, saves and merges with the same code.
+SHARED_WITH_NEURON = ("transformers", "trl", "peft", "accelerate", "datasets", "safetensors", "huggingface-hub")
+
+
+@pytest.fixture(scope="module")
+def instructions() -> list[tuple[str, str]]:
+    return parse_dockerfile(CUDA_DOCKERFILE.read_text())
+
+
+@pytest.fixture(scope="module")
+def gpu_pins(verify_env) -> dict[str, str]:
+    return verify_env.read_pins(GPU_REQUIREMENTS)
+
+
+def from_image(instructions) -> tuple[str, str, str]:
+    (words,) = [arguments.split() for name, arguments in instructions if name == "FROM"]
+    platform = next(w.split("=", 1)[1] for w in words if w.startswith("--platform="))
+    image, _, tag = next(w for w in words if not w.startswith("--")).partition(":")
+    return platform, image, tag
+
+
+def test_hadolint_clean():
+    hadolint = Path(sys.executable).parent / "hadolint"
+    result = subprocess.run([str(hadolint), str(CUDA_DOCKERFILE)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_base_is_aws_public_pytorch_training_image_at_a_full_tag(instructions):
+    platform, image, tag = from_image(instructions)
+    assert (platform, image) == ("linux/amd64", BASE_IMAGE)
+    match = TAG.match(tag)
+    assert match, f"tag {tag!r} is not a full, pinned DLC tag"
+    assert match["cuda"] == "130" and match["py"] == "312"
+
+
+def test_docs_name_the_base_tag_and_where_it_was_confirmed(instructions):
+    _, image, tag = from_image(instructions)
+    docs = DOCS_IMAGE.read_text()
+    assert f"{image}:{tag}" in docs
+    assert "aws/deep-learning-containers" in docs and "pytorch-training-2.9-gpu-ec2.md" in docs
+
+
+def test_installs_only_from_the_gpu_requirements_file(instructions):
+    runs = [arguments for name, arguments in instructions if name == "RUN"]
+    installs = [shlex.split(command) for run in runs for command in run.split("&&") if "pip install" in command]
+    assert len(installs) == 1
+    tokens = installs[0][installs[0].index("install") + 1 :]
+    assert "--no-cache-dir" in tokens and tokens[tokens.index("-r") + 1] == "/opt/hyperpod-lora/requirements-gpu.txt"
+    options_with_values = {"-r", "--extra-index-url"}
+    for position, token in enumerate(tokens):
+        if tokens[position - 1] not in options_with_values:
+            assert token.startswith("-"), f"pip install names {token!r} directly; pin it in requirements-gpu.txt"
+
+
+def test_no_pinned_version_is_retyped(gpu_pins):
+    text = CUDA_DOCKERFILE.read_text()
+    _, _, tag = from_image(parse_dockerfile(text))
+    retyped = {name: v for name, v in gpu_pins.items() if v in text.replace(tag, "")}
+    assert not retyped, f"versions belong in requirements-gpu.txt only: {retyped}"
+
+
+def test_build_ends_with_the_cuda_check_against_the_same_file(instructions):
+    name, arguments = instructions[-1]
+    assert name == "RUN"
+    assert shlex.split(arguments.split("&&")[0]) == [
+        "python3",
+        "/opt/hyperpod-lora/verify_env.py",
+        "--family",
+        "cuda",
+        "/opt/hyperpod-lora/requirements-gpu.txt",
+    ]
+
+
+def test_gpu_pins_cover_the_stack_and_match_the_neuron_lane_where_shared(verify_env, gpu_pins):
+    for name in ("torch", "torchao", "torchtitan", "bitsandbytes", "liger-kernel", *SHARED_WITH_NEURON):
+        assert name in gpu_pins, f"{name} missing from requirements-gpu.txt"
+    assert gpu_pins["torchtitan"] == "0.2.2"
+    neuron = verify_env.read_pins(REQUIREMENTS)
+    assert {n: gpu_pins[n] for n in SHARED_WITH_NEURON} == {n: neuron[n] for n in SHARED_WITH_NEURON}
+
+
+def test_cuda_check_imports_what_the_gpu_lane_uses(verify_env, gpu_pins):
+    wanted = dict(verify_env.CUDA_IMPORTS)
+    assert {"torch", "torchao.float8", "torchtitan", "trl", "peft", "bitsandbytes", "liger_kernel.transformers"} <= set(
+        wanted
+    )
+    # Every checked module's distribution is pinned (import name -> distribution name).
+    distributions = {module.split(".")[0].replace("_", "-") for module in wanted}
+    assert distributions <= set(gpu_pins)
+    # The names the check asks for exist in the pinned libraries installed here (same versions).
+    present = [(module, names) for module, names in verify_env.CUDA_IMPORTS if module in ("trl", "peft")]
+    assert verify_env.import_problems(tuple(present)) == []
