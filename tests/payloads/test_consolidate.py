@@ -25,6 +25,8 @@ CASES = {
     "gqa-tp4-kv-replicated": (Shape(kv_heads=2), 4, (*ATTENTION, *MLP), False),
     "gqa-tp8-fused-qkv": (Shape(kv_heads=2), 8, (*ATTENTION, "lm_head"), True),
     "gqa-tp8-o-and-mlp-only": (Shape(kv_heads=2), 8, ("o_proj", *MLP), False),
+    # Llama 3 8B's ratio (32 heads, 8 KV heads) at TP 16: q/k/v fused into qkv_proj, KV heads x2.
+    "gqa-tp16-llama3-ratio": (Shape(hidden=64, heads=32, kv_heads=8), 16, ("q_proj", "k_proj", "v_proj"), False),
 }
 
 

@@ -120,6 +120,24 @@ def test_attention_is_the_nki_flash_kernel(hpl_env):
     assert "self.config._attn_implementation == 'flash_attention_2'" in attention
 
 
+def test_run_hands_those_values_to_the_trainer():
+    """run() spreads neuron_arguments/model_arguments and passes the counted fixed-length collator."""
+    tree = ast.parse((PACKAGE / "training" / "neuron_backend.py").read_text())
+    run = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run")
+    calls = {ast.unparse(n.func): n for n in ast.walk(run) if isinstance(n, ast.Call)}
+    spread = {ast.unparse(k.value) for k in calls["NeuronSFTConfig"].keywords if k.arg is None}
+    assert spread == {"sft_arguments(cfg, plan)", "neuron_arguments(cfg)"}
+    loading = calls["NeuronModelForCausalLM.from_pretrained"]
+    assert [ast.unparse(k.value) for k in loading.keywords if k.arg is None] == ["model_arguments(cfg)"]
+    collator = next(k.value for k in calls["NeuronSFTTrainer"].keywords if k.arg == "data_collator")
+    assigned = next(
+        n.value
+        for n in ast.walk(run)
+        if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == ast.unparse(collator)
+    )
+    assert ast.unparse(assigned) == "TokenCounter(data_collator(cfg, tokenizer))"
+
+
 def test_the_collator_we_pass_replaces_the_default(hpl_env):
     """NeuronSFTTrainer builds its padding-labelling default collator only when given none."""
     init = _source("optimum.neuron", "NeuronSFTTrainer", "__init__")
