@@ -140,8 +140,10 @@ def main(argv: list[str] | None = None) -> int:
             raise SubmitError("sbatch not found: run this on the cluster's controller or login node")
         link_data(points, data_dir)
         clear_checkpoints(points)
+        base_facts = read_base(base.config)
+        write_plan(sweep_dir, base.config, base_facts, points, {"chain": []})  # before any job can read it
         submitted = submit_chain(jobs, env)
-        write_plan(sweep_dir, base.config, read_base(base.config), points, {"chain": submitted})
+        write_plan(sweep_dir, base.config, base_facts, points, {"chain": submitted})
         print(f"report: {sweep_dir / 'scaling.md'} (written by the last job)")
         if args.wait:
             wait(submitted, args.poll)

@@ -1,0 +1,68 @@
+"""The scaling report reads the lines our trainer callback prints, and puts the published Trainium
+full fine-tuning figures beside a neuron full run (and only there)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import TrainerState, TrainingArguments
+
+from llm_pipeline.jobs import scaling_report
+from llm_pipeline.jobs.sweep_plan import PLAN_NAME
+from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
+
+
+def training_log(capsys, tmp_path, backend: str, step_seconds: float, ga: int) -> str:
+    """What train prints: its backend line, then MetricsLogger's lines for 3 log events."""
+    args = TrainingArguments(output_dir=str(tmp_path / "unused"), per_device_train_batch_size=1,
+                             gradient_accumulation_steps=ga, report_to="none")  # fmt: skip
+    state = TrainerState(max_steps=6, is_world_process_zero=True)
+    tokens = TokenCounter(lambda features: features)
+    logger = MetricsLogger(tokens=tokens, trainable=1, tensorboard_dir=None)
+    print(f"training with the {backend} backend, from the base model")
+    logger.on_train_begin(args, state, None)
+    for step in (2, 4, 6):
+        logger.last_time -= step_seconds * 2  # two optimizer steps took this long
+        tokens.real += 1000
+        state.global_step = step
+        logger.on_log(args, state, None, logs={"loss": 2.0 / step, "learning_rate": 1e-5})
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("backend", "method", "reference"), [("neuron", "full", True), ("torch", "full", False)])
+def test_the_table_from_logged_lines(tmp_path, capsys, backend, method, reference):
+    points = []
+    for nodes, ga, seconds in ((1, 4, 2.0), (2, 2, 1.1)):
+        folder = tmp_path / f"nodes-{nodes}"
+        (folder / "logs").mkdir(parents=True)
+        log = training_log(capsys, tmp_path, backend, seconds, 4)  # this process: 4 sequences per step in all
+        (folder / "logs" / "train-7.log").write_text(log)
+        (folder / "logs" / "train-12.log").write_text(log)  # the newest job's log is read
+        points.append({"nodes": nodes, "gradient_accumulation_steps": ga, "global_batch": 4,
+                       "config": str(folder / "run.toml"), "output_dir": str(folder)})  # fmt: skip
+    plan = {"config": "run.toml", "base": {"method": method, "max_length": 4096}, "points": points, "jobs": {}}
+    (tmp_path / PLAN_NAME).write_text(json.dumps(plan))
+    scaling_report.write_report(tmp_path)
+    rows = json.loads((tmp_path / "scaling.json").read_text())["rows"]
+    assert [r["log"].endswith("train-12.log") for r in rows] == [True, True]
+    assert all(r["events"] == 3 and r["backend"] == backend for r in rows)
+    # MetricsLogger's samples/s is global batch / step time
+    assert rows[0]["sequences_per_second"] == pytest.approx(4 / 2.0, rel=0.05)
+    assert rows[1]["seconds_per_step"] == pytest.approx(1.1, rel=0.05)
+    assert rows[1]["scaling_efficiency"] == pytest.approx((2.0 / 1.1) / 2, rel=0.05)
+    table = (tmp_path / "scaling.md").read_text()
+    if reference:
+        assert [r["reference_sequences_per_second"] for r in rows] == [3.7, 7.4]
+        assert "published Trainium result: Llama 2 7B full fine-tuning" in table
+    else:
+        assert all(r["reference_sequences_per_second"] is None for r in rows)
+        assert "the smallest run is the baseline" in table
+
+
+def test_a_point_without_a_training_log_is_named(tmp_path):
+    plan = {"config": "run.toml", "base": {"method": "lora"}, "jobs": {},
+            "points": [{"nodes": 1, "gradient_accumulation_steps": 1, "global_batch": 1,
+                        "config": "x", "output_dir": str(tmp_path / "nodes-1")}]}  # fmt: skip
+    (tmp_path / PLAN_NAME).write_text(json.dumps(plan))
+    assert scaling_report.main(["--sweep-dir", str(tmp_path)]) == 2
