@@ -2,13 +2,18 @@
 
 - HyperPod's instance types: the ClusterInstanceType enum of the SageMaker service model.
 - Regions: those where the SageMaker API has an endpoint in botocore's endpoints data.
+- Instance types per region: cfn-lint's table for AWS::SageMaker::Cluster, which cfn-lint generates from
+  the AWS Price List (its ``update_specs_from_pricing``) and ships as REGIONAL_TABLE; regions it does not
+  list are not checked. A type must be in both: HyperPod offers it, and the region prices it.
 - Availability Zone IDs: their region prefix (``usw2`` for us-west-2), derived from the region name.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import re
+from importlib import resources
 
 import botocore.loaders
 
@@ -26,6 +31,9 @@ DIRECTION_LETTERS = {
     "gov": "g",
 }
 SAGEMAKER_ENDPOINT_SERVICE = "api.sagemaker"
+REGIONAL_TABLE_PACKAGE = "cfnlint.data.schemas.extensions.aws_sagemaker_cluster"
+REGIONAL_TABLE_FILE = "instancetype_enum.json"
+REGIONAL_TABLE = f"cfn-lint's {REGIONAL_TABLE_PACKAGE.replace('.', '/')}/{REGIONAL_TABLE_FILE}"
 
 
 @functools.lru_cache(maxsize=1)
@@ -57,3 +65,18 @@ def zone_id_prefix(region: str) -> str | None:
     if not all(word in DIRECTION_LETTERS for word in words):
         return None
     return match.group(1) + "".join(DIRECTION_LETTERS[word] for word in words) + match.group(3)
+
+
+@functools.lru_cache(maxsize=1)
+def _regional_table() -> dict[str, frozenset[str]]:
+    text = (resources.files(REGIONAL_TABLE_PACKAGE) / REGIONAL_TABLE_FILE).read_text()
+    return {
+        region: frozenset(entry["enum"])
+        for region, entry in json.loads(text).items()
+        if isinstance(entry, dict) and "enum" in entry
+    }
+
+
+def regional_instance_types(region: str) -> frozenset[str] | None:
+    """The SageMaker cluster instance types priced in ``region``; None when the table has no such region."""
+    return _regional_table().get(region)

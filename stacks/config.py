@@ -26,13 +26,20 @@ from cluster_contract import (
     fsx_dir,
 )
 from stacks.accelerators import CUDA, NEURON, NO_ACCELERATOR
-from stacks.aws_catalog import hyperpod_instance_types, sagemaker_regions, zone_id_prefix
+from stacks.aws_catalog import (
+    REGIONAL_TABLE,
+    hyperpod_instance_types,
+    regional_instance_types,
+    sagemaker_regions,
+    zone_id_prefix,
+)
 from stacks.compute_groups import (
     CONTEXT_KEY as COMPUTE_GROUPS_KEY,
 )
 from stacks.compute_groups import (
     DEFAULT_COMPUTE_GROUPS,
     ComputeGroup,
+    GroupError,
     check_group,
     check_groups,
     check_training_plan_region,
@@ -221,6 +228,7 @@ def _check_group_objects(groups: tuple) -> None:
 
 def _check_combinations(config: HyperPodConfig) -> None:
     check_training_plan_region(config.compute_groups, config.region)
+    _check_offered_in_region(config)
     prefix = zone_id_prefix(config.region)
     if prefix and not config.availability_zone_id.startswith(f"{prefix}-"):
         raise ConfigError.bad_value(
@@ -228,6 +236,26 @@ def _check_combinations(config: HyperPodConfig) -> None:
             config.availability_zone_id,
             f"a zone ID of the configured region {config.region}, e.g. {prefix}-az1",
         )
+
+
+def _check_offered_in_region(config: HyperPodConfig) -> None:
+    """Each instance type must be offered in the region (region x type table: stacks/aws_catalog.py)."""
+    offered = regional_instance_types(config.region)
+    if offered is None:
+        return  # a region the table does not cover: HyperPod itself will say
+    allowed = f"a type offered in {config.region} ({REGIONAL_TABLE}), or another region"
+    named = [("controller_instance_type", config.controller_instance_type)]
+    if config.login_instance_count:
+        named.append(("login_instance_type", config.login_instance_type))
+    for key, value in named:
+        if value not in offered:
+            raise ConfigError.bad_value(key, value, allowed)
+    for index, group in enumerate(config.compute_groups):
+        if group.instance_type not in offered:
+            family = group.instance_type.split(".")[1][:3]
+            same_family = sorted(t for t in offered & hyperpod_instance_types() if t.split(".")[1][:3] == family)
+            hint = f"; there: {', '.join(same_family)}" if same_family else ""
+            raise GroupError.at(f"[{index}] ({group.name})", "instance_type", group.instance_type, allowed + hint)
 
 
 def partition_facts(config: HyperPodConfig, group: ComputeGroup, image_uris: Mapping[str, str]) -> dict[str, Any]:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from stacks.accelerators import INSTANCE_TYPES
-from stacks.aws_catalog import hyperpod_instance_types, sagemaker_regions, zone_id_prefix
+from stacks.aws_catalog import hyperpod_instance_types, regional_instance_types, sagemaker_regions, zone_id_prefix
 from stacks.config import ConfigError, HyperPodConfig
 
 pytestmark = pytest.mark.xdist_group("infra")
@@ -50,3 +51,38 @@ def test_synth_needs_no_lookup_in_a_region_cdk_json_never_cached(synthesize_from
     assert "missing" not in manifest
     subnets = synth.resources("AWS::EC2::Subnet").values()
     assert {s["Properties"]["AvailabilityZoneId"] for s in subnets} == {"eun1-az2"}
+
+
+@pytest.mark.parametrize(
+    ("context", "message"),
+    [
+        (
+            {"compute_groups": json.dumps([{"name": "c", "instance_type": "ml.trn2.48xlarge", "partition": "t"}])},
+            "group [0] (c), key 'instance_type' has value 'ml.trn2.48xlarge'; allowed: a type offered in us-west-2",
+        ),
+        (
+            {"region": "ap-northeast-2", "availability_zone_id": "apne2-az1"},
+            "key 'instance_type' has value 'ml.trn1.32xlarge'; allowed: a type offered in ap-northeast-2",
+        ),
+        (
+            {
+                "login_instance_count": 1,
+                "login_instance_type": "ml.g5.12xlarge",
+                "region": "us-west-1",
+                "availability_zone_id": "usw1-az1",
+                "compute_groups": json.dumps([{"name": "c", "instance_type": "ml.c5.xlarge", "partition": "cpu"}]),
+            },
+            "config key 'login_instance_type' has value 'ml.g5.12xlarge'; allowed: a type offered in us-west-1",
+        ),
+    ],
+)
+def test_instance_types_are_checked_against_the_regions_table(context, message):
+    with pytest.raises(ConfigError, match=re.escape(message)) as caught:
+        parse(**context)
+    assert "instancetype_enum.json" in str(caught.value), "the error names the table's source"
+
+
+def test_the_regional_table_is_read_from_the_installed_cfn_lint():
+    oregon = regional_instance_types("us-west-2")
+    assert oregon and "ml.trn1.32xlarge" in oregon and "ml.c5.xlarge" in oregon
+    assert regional_instance_types("ma-rs-1") is None
