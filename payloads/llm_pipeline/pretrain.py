@@ -66,11 +66,37 @@ def fetch_tokenizer(cfg: RunConfig, endpoint: str | None = None) -> Path:
     return folder
 
 
+SKIP_MARKER = "skip"  # <run>/ladder/<rung>/skip: ladder-rung.sbatch does not start the trainer
+
+
 def write_job(cfg: RunConfig, rung: str) -> Path:
+    """Write the rung's job file, or, when a resubmitted rung already finished with the same job
+    file, leave the skip marker instead: its checkpoints and its earlier log stand."""
     if rung not in cfg.torchtitan.rungs:
         raise StepError(f"rung {rung!r} is not in torchtitan.rungs ({', '.join(cfg.torchtitan.rungs)})")
+    folder = torchtitan_ladder.rung_dir(cfg, rung)
+    skip = folder / SKIP_MARKER
+    skip.unlink(missing_ok=True)
+    state = torchtitan_ladder.rung_state(cfg, rung)
+    checkpoints = folder / "checkpoint"
+    if state == "changed":
+        # Its last save holds the model only, and other settings should not resume it either.
+        raise StepError(
+            f"rung {rung} has checkpoints in {checkpoints} from a different job file: remove that folder "
+            "to train the rung again with the new settings, or restore the old settings"
+        )
+    if state == "finished":
+        skip.write_text(f"step {cfg.torchtitan.steps} saved in {checkpoints}\n")
+        print(
+            f"rung {rung} finished earlier with this job file (step {cfg.torchtitan.steps} saved): not trained again; "
+            f"the report reads its earlier log. Remove {checkpoints} to train it again.",
+            flush=True,
+        )
+        return folder / "job.toml"
     path = torchtitan_ladder.write_job_file(cfg, rung)
     print(f"rung {rung}: {torchtitan_ladder.RUNG_TITLES[rung]}; torchtitan job file {path}", flush=True)
+    if state == "resume":
+        print(f"rung {rung}: torchtitan resumes from the newest checkpoint in {checkpoints}", flush=True)
     check_with_torchtitan(path, cfg)
     return path
 
@@ -93,13 +119,18 @@ def check_with_torchtitan(path: Path, cfg: RunConfig) -> None:
 
 
 def rung_log(cfg: RunConfig, rung: str) -> Path | None:
-    """The job log of the newest submission of `rung` (from the submission record), else the newest file."""
+    """The job log of the newest submission of `rung` (from the submission record); when that one
+    holds no metric line (a finished rung skipped on resubmission), the newest log of the rung that does."""
     logs = Path(cfg.paths.logs_dir)
-    recorded = [job for job in pipeline_status.read_record(logs) if job.step == f"rung-{rung}"]
-    if recorded and Path(recorded[-1].log).is_file():
-        return Path(recorded[-1].log)
-    found = sorted(logs.glob(f"rung-{rung}-*.log"), key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
+    recorded = [Path(job.log) for job in pipeline_status.read_record(logs) if job.step == f"rung-{rung}"]
+    recorded = [path for path in recorded if path.is_file()]
+    if recorded and torchtitan_metrics.summarize_file(recorded[-1]):
+        return recorded[-1]
+    found = sorted(logs.glob(f"rung-{rung}-*.log"), key=lambda p: p.stat().st_mtime, reverse=True)
+    with_metrics = [path for path in found if torchtitan_metrics.summarize_file(path)]
+    if with_metrics:
+        return with_metrics[0]
+    return recorded[-1] if recorded else (found[0] if found else None)
 
 
 def report(cfg: RunConfig) -> tuple[Path, Path]:

@@ -77,3 +77,49 @@ def test_report_reads_the_recorded_rung_logs_and_says_what_is_missing(ladder_con
 def test_report_without_any_metric_line_fails_the_step(ladder_config):
     with pytest.raises(StepError, match="no rung logged a torchtitan metric line"):
         pretrain.report(ladder_config)
+
+
+def save_step(cfg: config.RunConfig, rung: str, step: int) -> Path:
+    """A complete checkpoint folder as torchtitan leaves it (its .metadata written last)."""
+    folder = Path(cfg.paths.output_dir) / "ladder" / rung / "checkpoint" / f"step-{step}"
+    folder.mkdir(parents=True)
+    (folder / ".metadata").write_bytes(b"dcp")
+    return folder
+
+
+def test_resubmitted_rung_resumes_or_is_skipped_when_finished(ladder_config, capsys):
+    rung_dir = Path(ladder_config.paths.output_dir) / "ladder" / "compile"
+    pretrain.write_job(ladder_config, "compile")
+    assert not (rung_dir / "skip").exists()
+    save_step(ladder_config, "compile", 10)
+    pretrain.write_job(ladder_config, "compile")  # stopped at step 10 of 20: torchtitan resumes
+    assert "resumes from the newest checkpoint" in capsys.readouterr().out
+    assert not (rung_dir / "skip").exists()
+    save_step(ladder_config, "compile", 20)
+    pretrain.write_job(ladder_config, "compile")
+    assert "finished earlier with this job file" in capsys.readouterr().out
+    assert (rung_dir / "skip").is_file()  # ladder-rung.sbatch stops before torchrun
+    (Path(ladder_config.paths.output_dir) / "ladder" / "compile" / "checkpoint").rename(rung_dir / "old")
+    pretrain.write_job(ladder_config, "compile")
+    assert not (rung_dir / "skip").exists()  # checkpoints gone: trained again
+
+
+def test_checkpoints_from_another_job_file_are_never_resumed(ladder_config):
+    pretrain.write_job(ladder_config, "baseline")
+    save_step(ladder_config, "baseline", 20)
+    longer = dataclasses.replace(ladder_config, torchtitan=dataclasses.replace(ladder_config.torchtitan, steps=40))
+    with pytest.raises(StepError, match=r"rung baseline has checkpoints in .*checkpoint from a different job file"):
+        pretrain.write_job(longer, "baseline")
+
+
+def test_report_of_a_skipped_rung_reads_its_earlier_log(ladder_config):
+    logs = Path(ladder_config.paths.logs_dir)
+    logs.mkdir(parents=True)
+    earlier = logs / "rung-baseline-1.log"
+    earlier.write_text("\n".join(LINE.format(step=s, loss=5.0, tps=900) for s in (1, 10, 20)))
+    skipped = logs / "rung-baseline-7.log"
+    skipped.write_text("rung baseline: finished earlier with the same job file; not trained again\n")
+    pipeline_status.write_record(logs, TINY_LADDER, [pipeline_status.StepJob("rung-baseline", "7", str(skipped))])
+    assert pretrain.rung_log(ladder_config, "baseline") == earlier
+    earlier.unlink()
+    assert pretrain.rung_log(ladder_config, "baseline") == skipped  # then it says: no metric lines there

@@ -155,17 +155,42 @@ def toml_text(tables: dict[str, Any], header: str = "") -> str:
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
-def write_job_file(cfg: RunConfig, rung: str) -> Path:
-    """Write <run>/ladder/<rung>/job.toml (atomically) and return its path."""
-    tables = compose(cfg, rung)
-    folder = rung_dir(cfg, rung)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "job.toml"
+def job_text(cfg: RunConfig, rung: str) -> str:
     header = (
         f"torchtitan 0.2.2 job for ladder rung {rung!r} ({RUNG_TITLES[rung]}), written by llm_pipeline.pretrain\n"
         f"from {job_file_path(cfg)} + the run's settings + rung options + torchtitan.overrides."
     )
+    return toml_text(compose(cfg, rung), header)
+
+
+def write_job_file(cfg: RunConfig, rung: str) -> Path:
+    """Write <run>/ladder/<rung>/job.toml (atomically) and return its path."""
+    folder = rung_dir(cfg, rung)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "job.toml"
     tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text(toml_text(tables, header))
+    tmp.write_text(job_text(cfg, rung))
     tmp.replace(path)
     return path
+
+
+def saved_steps(tables: dict[str, Any]) -> list[int]:
+    """The steps with a complete checkpoint (step-N/.metadata) in the job's checkpoint folder."""
+    folder = Path(tables["job"]["dump_folder"]) / tables.get("checkpoint", {}).get("folder", "checkpoint")
+    steps = []
+    for path in folder.glob("step-*") if folder.is_dir() else []:
+        if path.name[5:].isdigit() and (path / ".metadata").is_file():
+            steps.append(int(path.name[5:]))
+    return sorted(steps)
+
+
+def rung_state(cfg: RunConfig, rung: str) -> str:
+    """'new' (no checkpoint), 'resume' (same job, checkpoints short of the last step), 'finished'
+    (same job, the last step saved), or 'changed' (checkpoints from a different job file)."""
+    steps = saved_steps(compose(cfg, rung))
+    if not steps:
+        return "new"
+    previous = rung_dir(cfg, rung) / "job.toml"
+    if not previous.is_file() or previous.read_text() != job_text(cfg, rung):
+        return "changed"
+    return "finished" if cfg.torchtitan.steps in steps else "resume"
