@@ -5,35 +5,50 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 from job_container import Container, lay_out
 
+from hpctl.job_spec import JobSpec, job_environment, stage_source
 from llm_pipeline import sagemaker_job
 from llm_pipeline.weights.adapter_files import open_adapter_folder
 from tools import tiny_model as tiny
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "payloads" / "configs" / "tiny-cpu.toml"
-COMMAND = ["python3", "-m", "llm_pipeline.sagemaker_job", "--config", "configs/tiny-cpu.toml"]
+
+
+# The job `hpctl job submit --config tiny-cpu` builds (AWS-side fields do not matter here).
+SPEC = JobSpec(
+    run="tiny-lora",
+    config_file=TINY,
+    instance_type="ml.m5.xlarge",
+    instance_count=1,
+    image_uri="unused",
+    role_arn="unused",
+    bucket="unused",
+    channels={},
+    environment=job_environment("ml.m5.xlarge"),
+    spot=False,
+    max_runtime_s=3600,
+    max_wait_s=None,
+    volume_size_gb=30,
+    tags={},
+)
 
 
 def stage(container: Container) -> None:
-    shutil.copytree(
-        REPO / "payloads" / "llm_pipeline",
-        container.code_dir / "llm_pipeline",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    (container.code_dir / "configs").mkdir()
-    shutil.copy2(TINY, container.code_dir / "configs")
+    stage_source(SPEC, container.code_dir)  # what hpctl uploads as the code channel
 
 
 def run_job(container: Container, channels: list[str], *extra: str) -> subprocess.CompletedProcess[str]:
-    env = container.environment({"HPL_DEVICES_PER_NODE": "1"}, job_name="rehearsal", channels=channels)
-    command = [sys.executable, *COMMAND[1:], *extra]  # python3 in the image; this venv's interpreter here
+    env = container.environment(SPEC.environment, job_name="rehearsal", channels=channels)
+    python, *args = shlex.split(SPEC.command)
+    assert python == "python3"  # the image's interpreter; this venv's here
+    command = [sys.executable, *args, *extra]
     return subprocess.run(command, cwd=container.code_dir, env=env, capture_output=True, text=True, timeout=600)
 
 
