@@ -100,3 +100,22 @@ class StackOutput:
     @classmethod
     def names(cls) -> tuple[str, ...]:
         return tuple(value for key, value in vars(cls).items() if key.isupper())
+
+
+class JobStackOutput:
+    """Outputs of the jobs lane (cdk.json `lanes`: jobs or both): what `hpctl job submit` reads."""
+
+    JOB_ROLE_ARN = "JobRoleArn"
+    NEURON_IMAGE_URI = "NeuronImageUri"
+    CUDA_IMAGE_URI = "CudaImageUri"
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(value for key, value in vars(cls).items() if key.isupper())
+
+
+# Bucket prefixes of the jobs lane: the job execution role reads the inputs and writes the rest.
+JOBS_FOLDER = "jobs"  # s3://<bucket>/jobs/<run>/: staged code, model.tar.gz, TensorBoard
+JOB_INPUT_PREFIXES = (MODELS_FOLDER, DATASETS_FOLDER)  # channels s3://<bucket>/<prefix>/<run>/
+JOB_OUTPUT_PREFIXES = (OUTPUTS_FOLDER, JOBS_FOLDER)  # the run folder (checkpoint sync), job artifacts
+JOB_LOG_GROUP = "/aws/sagemaker/TrainingJobs"  # SageMaker's own, account-wide

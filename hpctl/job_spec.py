@@ -20,6 +20,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from cluster_contract import DATASETS_FOLDER, JOBS_FOLDER, MODELS_FOLDER, OUTPUTS_FOLDER
 from hpctl.errors import HpctlError
 from hpctl.job_instances import NEURON_CORES_PER_INSTANCE
 from llm_pipeline import config as run_config
@@ -27,10 +28,10 @@ from llm_pipeline.jobs import sagemaker_env
 
 ENTRY_MODULE = "llm_pipeline.sagemaker_job"
 CODE_CONFIGS_FOLDER = "configs"  # run configs sit here in the code channel, as in payloads/
-JOBS_PREFIX = "jobs"
-MODELS_PREFIX = "models"
-DATASETS_PREFIX = "datasets"
-OUTPUTS_PREFIX = "outputs"
+JOBS_PREFIX = JOBS_FOLDER
+MODELS_PREFIX = MODELS_FOLDER
+DATASETS_PREFIX = DATASETS_FOLDER
+OUTPUTS_PREFIX = OUTPUTS_FOLDER
 JOB_NAME_PREFIX = "hpl-"
 BASE_NAME_LIMIT = 40  # the SDK appends -<timestamp>; training job names stop at 63 characters
 # Stand-ins for the HPL_* folders: a path under one of them is relative to that S3 prefix.

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import boto3
 
+from cluster_contract import JobStackOutput, StackOutput
 from hpctl.errors import HpctlError, aws_errors
 from hpctl.job_instances import accelerator, check_instance_type, check_run_fits
 from hpctl.job_spec import (
@@ -33,9 +34,13 @@ from llm_pipeline.jobs import sagemaker_env
 # Stack outputs a job needs (stacks/outputs.py writes them): the bucket, the execution role, and
 # one training image per accelerator family. A CPU instance runs the CUDA image's torch on CPU (the
 # Neuron image would pick the neuron backend).
-BUCKET_OUTPUT = "BucketName"
-ROLE_OUTPUT = "JobRoleArn"
-IMAGE_OUTPUTS = {"neuron": ("NeuronImageUri", "ImageUri"), "cuda": ("CudaImageUri",), "cpu": ("CudaImageUri",)}
+BUCKET_OUTPUT = StackOutput.BUCKET_NAME
+ROLE_OUTPUT = JobStackOutput.JOB_ROLE_ARN
+IMAGE_OUTPUTS = {
+    "neuron": (JobStackOutput.NEURON_IMAGE_URI,),
+    "cuda": (JobStackOutput.CUDA_IMAGE_URI,),
+    "cpu": (JobStackOutput.CUDA_IMAGE_URI,),
+}
 HOURS = 3600
 MAX_WAIT_S = int(run_config.JOB_MAX_HOURS * HOURS)
 

@@ -9,7 +9,7 @@ from datetime import datetime
 import boto3
 from botocore.exceptions import ClientError
 
-from cluster_contract import StackOutput
+from cluster_contract import JobStackOutput, StackOutput
 from hpctl.errors import HpctlError, aws_errors
 
 # hpctl cannot work without these; the others are shown when present.
@@ -82,6 +82,11 @@ def require_outputs(stack: StackInfo) -> StackInfo:
         raise HpctlError(
             f"stack {stack.name} is {stack.status} and has no outputs yet: "
             "`hpctl wait` follows the deploy until the cluster is in service"
+        )
+    if missing and stack.output(JobStackOutput.JOB_ROLE_ARN):
+        raise HpctlError(
+            f"stack {stack.name} is a jobs-only deploy (cdk.json lanes = jobs): it has no cluster; use "
+            "`hpctl job submit|status|logs|stop`, or deploy with lanes = both for a cluster too"
         )
     if missing:
         raise HpctlError(

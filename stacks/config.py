@@ -62,6 +62,10 @@ RETIRED_KEYS = {
     "compute_ebs_volume_gb": "ebs_volume_gb",
     "partition_name": "partition",
 }
+# What a deploy creates. cluster: the HyperPod cluster and all it needs (VPC, FSx, node role, lifecycle,
+# payload upload). jobs: only what SageMaker training jobs need (bucket, images, a job execution role);
+# compute_groups still choose the accelerator families, so the images. both: the two together.
+LANES = ("cluster", "jobs", "both")
 # Training images per accelerator family; a CPU-only group runs the first image the config builds.
 IMAGE_FAMILIES = (NEURON, CUDA)
 
@@ -93,6 +97,7 @@ class HyperPodConfig:
     node_recovery: str = "Automatic"
     runtime: str = "pyxis"
     retain_outputs: bool = False
+    lanes: str = "cluster"  # cluster | jobs | both: what the deploy creates (see LANES)
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -171,6 +176,14 @@ class HyperPodConfig:
         return group.accelerator if group.accelerator != NO_ACCELERATOR else self.image_families[0]
 
     @property
+    def cluster_lane(self) -> bool:
+        return self.lanes in ("cluster", "both")
+
+    @property
+    def jobs_lane(self) -> bool:
+        return self.lanes in ("jobs", "both")
+
+    @property
     def lifecycle_s3_uri(self) -> str:
         return f"s3://{self.bucket_name}/{LIFECYCLE_PREFIX}/"
 
@@ -214,6 +227,7 @@ RULES: dict[str, Rule] = {
     "node_recovery": one_of("Automatic", "None"),
     "runtime": one_of("pyxis", "host"),
     "retain_outputs": one_of(True, False),
+    "lanes": one_of(*LANES),
 }
 
 

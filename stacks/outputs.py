@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from aws_cdk import CfnOutput, Fn, Stack
 
-from cluster_contract import CONTROLLER_GROUP, StackOutput
+from cluster_contract import CONTROLLER_GROUP, JobStackOutput, StackOutput
+from stacks.accelerators import CUDA, NEURON
 from stacks.cluster import HyperPodCluster
 from stacks.config import HyperPodConfig
 from stacks.storage import DataBucket, SharedFileSystem
@@ -55,5 +56,32 @@ def add_outputs(
             "Submit the LoRA pipeline as chained Slurm jobs",
         ),
     }
+    for logical_id, (value, description) in values.items():
+        CfnOutput(stack, logical_id, value=value, description=description)
+
+
+JOB_IMAGE_OUTPUTS = {NEURON: JobStackOutput.NEURON_IMAGE_URI, CUDA: JobStackOutput.CUDA_IMAGE_URI}
+
+
+def add_job_outputs(
+    stack: Stack,
+    *,
+    config: HyperPodConfig,
+    role_arn: str,
+    image_uris: dict[str, str],
+    data: DataBucket,
+    with_shared: bool,
+) -> None:
+    """The jobs lane's outputs: the execution role and one image per accelerator family (what
+    `hpctl job submit` reads); the bucket and region too when no cluster lane outputs them."""
+    values = {JobStackOutput.JOB_ROLE_ARN: (role_arn, "Execution role of the SageMaker training jobs")}
+    for family, uri in image_uris.items():
+        values[JOB_IMAGE_OUTPUTS[family]] = (uri, f"Training image for {family} instances in ECR")
+    if with_shared:
+        values[StackOutput.BUCKET_NAME] = (
+            data.bucket.bucket_name,
+            "Data bucket: models/, datasets/ (job inputs), outputs/ (run folders), jobs/ (code, artifacts)",
+        )
+        values[StackOutput.REGION] = (config.region, "Region of the stack")
     for logical_id, (value, description) in values.items():
         CfnOutput(stack, logical_id, value=value, description=description)

@@ -13,10 +13,11 @@ from stacks.config import HyperPodConfig, cluster_facts
 from stacks.handler_logs import attach_provider_log_groups
 from stacks.iam import ClusterRole
 from stacks.image import RECIPES, TrainingImage
+from stacks.jobs import JobRole
 from stacks.lifecycle import LifecycleUpload
 from stacks.nag import acknowledge_cdk_providers
 from stacks.network import Network, pin_availability_zone
-from stacks.outputs import add_outputs
+from stacks.outputs import add_job_outputs, add_outputs
 from stacks.payloads import PayloadUpload, deploy_facts
 from stacks.storage import DataBucket, SharedFileSystem
 from stacks.update_safety import CONFIG_METADATA_KEY, config_record
@@ -24,11 +25,17 @@ from stacks.update_safety import CONFIG_METADATA_KEY, config_record
 
 def stack_description(config: HyperPodConfig) -> str:
     on = {(NEURON,): "Trainium", (CUDA,): "GPU", (NEURON, CUDA): "Trainium and GPU"}[config.image_families]
-    return f"SageMaker HyperPod Slurm cluster on {on} for Llama 3 LoRA fine-tuning"
+    what = {
+        "cluster": "SageMaker HyperPod Slurm cluster",
+        "jobs": "SageMaker training jobs (no cluster)",
+        "both": "SageMaker HyperPod Slurm cluster and training jobs",
+    }[config.lanes]
+    return f"{what} on {on} for Llama 3 LoRA fine-tuning"
 
 
 class HyperPodStack(Stack):
-    """Network, storage, image, role, uploads, then the HyperPod cluster that needs them all."""
+    """Bucket and images, then each lane the config asks for: the HyperPod cluster (network, FSx, node
+    role, uploads, cluster) and/or the training-job execution role."""
 
     def __init__(self, scope: Construct, construct_id: str, *, config: HyperPodConfig, source_root: Path) -> None:
         super().__init__(
@@ -43,10 +50,38 @@ class HyperPodStack(Stack):
         # The config it was made from, for `make deploy` to compare with (stacks/predeploy.py).
         self.template_options.metadata = {CONFIG_METADATA_KEY: config_record(config)}
         Tags.of(self).add("project", config.name_prefix)
-        pin_availability_zone(self, config.availability_zone_id)
+        if config.cluster_lane:
+            pin_availability_zone(self, config.availability_zone_id)  # context: before any child
+        self.data = DataBucket(self, "Data", bucket_name=config.bucket_name, retain=config.retain_outputs)
+        self.images = {
+            family: TrainingImage(
+                self, RECIPES[family].construct_id, context_dir=source_root / "payloads", family=family
+            )
+            for family in config.image_families
+        }
+        if config.cluster_lane:
+            self._cluster_lane(config, source_root)
+        if config.jobs_lane:
+            # One CDK assets repository holds every image.
+            repository = next(iter(self.images.values())).asset.repository
+            self.job_role = JobRole(
+                self, "JobRole", name_prefix=config.name_prefix, bucket=self.data.bucket, image_repository=repository
+            )
+            add_job_outputs(
+                self,
+                config=config,
+                role_arn=self.job_role.role.role_arn,
+                image_uris={family: image.image_uri for family, image in self.images.items()},
+                data=self.data,
+                with_shared=not config.cluster_lane,
+            )
+        acknowledge_cdk_providers(self, destination=self.data.bucket)
+        attach_provider_log_groups(self)
+
+    def _cluster_lane(self, config: HyperPodConfig, source_root: Path) -> None:
+        """Network, FSx, the node role, lifecycle and payload uploads, then the HyperPod cluster."""
         self.network = Network(self, "Network", cidr=config.vpc_cidr, availability_zone_id=config.availability_zone_id)
         security_group = self.network.security_group
-        self.data = DataBucket(self, "Data", bucket_name=config.bucket_name, retain=config.retain_outputs)
         self.file_system = SharedFileSystem(
             self,
             "Fsx",
@@ -58,12 +93,6 @@ class HyperPodStack(Stack):
             throughput_mibps_per_tib=config.fsx_throughput_mibps_per_tib,
             compression=config.fsx_compression,
         )
-        self.images = {
-            family: TrainingImage(
-                self, RECIPES[family].construct_id, context_dir=source_root / "payloads", family=family
-            )
-            for family in config.image_families
-        }
         image_uris = {family: image.image_uri for family, image in self.images.items()}
         default_image = self.images[config.image_family_of(config.default_group)]
         self.role = ClusterRole(
@@ -111,5 +140,3 @@ class HyperPodStack(Stack):
             file_system=self.file_system,
             image_uri=default_image.image_uri,
         )
-        acknowledge_cdk_providers(self, destination=self.data.bucket)
-        attach_provider_log_groups(self)

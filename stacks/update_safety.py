@@ -210,6 +210,10 @@ KEY_BEHAVIOUR: dict[str, KeyBehaviour] = {
     "node_recovery": KeyBehaviour(IN_PLACE, ""),
     "runtime": KeyBehaviour(IN_PLACE, ""),
     "retain_outputs": KeyBehaviour(IN_PLACE, ""),
+    "lanes": KeyBehaviour(
+        IN_PLACE,
+        "adding a lane creates it; dropping the cluster lane deletes the cluster, FSx (its data) and the network",
+    ),
 }
 
 

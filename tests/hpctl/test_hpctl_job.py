@@ -313,3 +313,8 @@ def test_stop_refuses_a_finished_job_and_stops_a_running_one(jobs_stack, request
     with stubber:
         assert stop_job(client, name).startswith(f"stopping {name} (was InProgress)")
     stubber.assert_no_pending_responses()
+
+
+def test_cluster_commands_on_a_jobs_only_stack_point_to_hpctl_job(jobs_stack, hpctl):
+    code, _, err = hpctl("status")
+    assert code == 2 and "is a jobs-only deploy (cdk.json lanes = jobs): it has no cluster" in err

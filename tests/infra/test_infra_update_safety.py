@@ -50,6 +50,7 @@ CHANGES: dict[str, tuple[dict, dict]] = {
     "node_recovery": ({}, {"node_recovery": "None"}),
     "runtime": ({}, {"runtime": "host"}),
     "retain_outputs": ({}, {"retain_outputs": True}),
+    "lanes": ({}, {"lanes": "both"}),
 }
 GROUP_CHANGES = {
     "name": "worker",
