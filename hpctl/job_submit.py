@@ -195,9 +195,18 @@ def model_trainer(
 
 def create_job(spec: JobSpec, *, boto_session: boto3.Session, sagemaker_config: dict | None = None) -> str:
     """Stage the code, create the training job, return its name (the job runs on without us)."""
+    from sagemaker.core.helper.iam_role_resolver import RoleValidationError
+
     with tempfile.TemporaryDirectory(prefix="hpl-job-") as folder:
         source = stage_source(spec, Path(folder) / "code")
-        trainer = model_trainer(spec, boto_session=boto_session, source_dir=source, sagemaker_config=sagemaker_config)
-        with aws_errors("create the training job"):
-            trainer.train(wait=False, logs=False)
+        try:
+            with aws_errors("create the training job"):
+                trainer = model_trainer(
+                    spec, boto_session=boto_session, source_dir=source, sagemaker_config=sagemaker_config
+                )
+                trainer.train(wait=False, logs=False)
+        except RoleValidationError as error:  # the SDK checks the role's permissions and trust first
+            raise HpctlError(f"execution role {spec.role_arn}: {error}") from None
+        except ValueError as error:  # the SDK's own validation (pydantic errors are ValueErrors too)
+            raise HpctlError(f"the sagemaker SDK refused the job: {error}") from None
     return trainer._latest_training_job.training_job_name

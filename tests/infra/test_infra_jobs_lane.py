@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import synthesize
 from test_infra_lint_nag import nag_report, template_path
 from test_infra_snapshot import check_snapshot
 
@@ -30,8 +29,8 @@ JOBS_ONLY_TYPES = {
 
 
 @pytest.fixture(scope="session")
-def jobs_synth(tmp_path_factory: pytest.TempPathFactory, source_root: Path):
-    return synthesize(tmp_path_factory.mktemp("cdk.out.jobs"), source_root, stack_name="HyperPodJobsOnly", lanes="jobs")
+def jobs_synth(synthesize_from, source_root: Path):
+    return synthesize_from(source_root, stack_name="HyperPodJobsOnly", lanes="jobs")
 
 
 def job_policy(synth) -> list[dict]:
