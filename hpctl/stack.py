@@ -76,7 +76,8 @@ def require_outputs(stack: StackInfo) -> StackInfo:
         reason = f" ({stack.reason})" if stack.reason else ""
         raise HpctlError(
             f"stack {stack.name} is {stack.status}{reason}: its deploy failed; "
-            "see the CloudFormation events, fix the cause and deploy again"
+            "see the CloudFormation events (`hpctl wait` prints the first failure) and the nodes' logs "
+            "(`hpctl logs lifecycle`), fix the cause and deploy again"
         )
     if missing and stack.in_progress:
         raise HpctlError(

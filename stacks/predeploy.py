@@ -4,14 +4,17 @@
 
 With credentials it reads the deployed stack's template, whose Metadata records the config it was
 made from, and refuses each changed key that stacks.update_safety marks forbidden, naming it and
-what to do. Without a stack it checks the bucket name is free (a bucket kept by retain_outputs
-blocks the create). Without credentials it says so and lets the deploy go on (it will ask for them).
+what to do. A stack deployed before the config was recorded is compared resource by resource
+instead (a synth, classified like the update-safety test). Without a stack it checks the bucket
+name is free (a bucket kept by retain_outputs blocks the create). Without credentials it says so
+and lets the deploy go on (it will ask for them).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,8 +22,9 @@ from typing import Any
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
+from stacks.build import build_app
 from stacks.config import ConfigError, HyperPodConfig
-from stacks.update_safety import CONFIG_METADATA_KEY, config_record, refused_changes
+from stacks.update_safety import CONFIG_METADATA_KEY, FORBIDDEN, classify, config_record, refused_changes
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,8 +53,8 @@ def resolve_account(config_context: Mapping[str, Any], session: boto3.Session) -
     return {"CDK_DEFAULT_ACCOUNT": identity["Account"]}
 
 
-def deployed_config(session: boto3.Session, stack_name: str) -> dict[str, Any] | None:
-    """The config recorded in the deployed template, {} when it has none, None when there is no stack."""
+def deployed_template(session: boto3.Session, stack_name: str) -> dict[str, Any] | None:
+    """The deployed stack's template; None when there is no stack to update."""
     cloudformation = session.client("cloudformation")
     try:
         stacks = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
@@ -61,8 +65,20 @@ def deployed_config(session: boto3.Session, stack_name: str) -> dict[str, Any] |
     if stacks[0]["StackStatus"] == "ROLLBACK_COMPLETE":
         return None  # a failed first create: the CDK CLI deletes it and creates the stack afresh
     body = cloudformation.get_template(StackName=stack_name)["TemplateBody"]
-    template = body if isinstance(body, dict) else json.loads(body)
-    return dict(template.get("Metadata", {}).get(CONFIG_METADATA_KEY, {}))
+    return body if isinstance(body, dict) else json.loads(body)
+
+
+def template_refusals(deployed: Mapping[str, Any], context: Mapping[str, Any], environ: Mapping[str, str]) -> list[str]:
+    """Synthesize ``context`` and list the forbidden resource changes against the deployed template."""
+    with tempfile.TemporaryDirectory() as outdir:
+        app, stack = build_app(context, outdir=outdir, environ=environ)
+        app.synth()
+        wanted = json.loads((Path(outdir) / f"{stack.stack_name}.template.json").read_text())
+    return [
+        f"the deployed stack cannot take this change: {change.line()}"
+        for change in classify(deployed, wanted)
+        if change.action == FORBIDDEN
+    ]
 
 
 def bucket_exists(session: boto3.Session, bucket: str) -> bool:
@@ -77,8 +93,9 @@ def bucket_exists(session: boto3.Session, bucket: str) -> bool:
 
 def check(context: Mapping[str, Any], session: boto3.Session) -> list[str]:
     """What stands in the way of deploying ``context``; empty when nothing does."""
-    config = HyperPodConfig.from_context(context, environ=resolve_account(context, session))
-    deployed = deployed_config(session, config.stack_name)
+    environ = resolve_account(context, session)
+    config = HyperPodConfig.from_context(context, environ=environ)
+    deployed = deployed_template(session, config.stack_name)
     if deployed is None:
         if bucket_exists(session, config.bucket_name):
             return [
@@ -88,7 +105,11 @@ def check(context: Mapping[str, Any], session: boto3.Session) -> list[str]:
                 f"(aws s3 rb s3://{config.bucket_name} --force), or deploy under another name_prefix"
             ]
         return []
-    return refused_changes(deployed, config_record(config))
+    recorded = deployed.get("Metadata", {}).get(CONFIG_METADATA_KEY)
+    if recorded is None:  # deployed before the config was recorded: compare the resources themselves
+        print("predeploy: the deployed stack records no config; comparing its resources", file=sys.stderr)
+        return template_refusals(deployed, context, environ)
+    return refused_changes(recorded, config_record(config))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

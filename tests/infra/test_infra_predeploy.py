@@ -11,7 +11,7 @@ from moto import mock_aws
 
 from stacks.config import HyperPodConfig
 from stacks.predeploy import check as predeploy_check
-from stacks.predeploy import context_from, main
+from stacks.predeploy import context_from, main, template_refusals
 from stacks.update_safety import CONFIG_METADATA_KEY, config_record
 
 pytestmark = pytest.mark.xdist_group("infra")
@@ -92,3 +92,11 @@ def test_without_credentials_the_deploy_goes_on(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     assert main([]) == 0
     assert "no AWS credentials" in capsys.readouterr().err
+
+
+def test_a_stack_without_recorded_config_is_compared_resource_by_resource(synth):
+    deployed = {key: value for key, value in synth.template.items() if key != "Metadata"}
+    context = {**context_from([]), "account": synth.config.account, "vpc_cidr": "10.1.0.0/16"}
+    refusals = template_refusals(deployed, context, environ={})
+    assert any("HyperPodCluster" in line and "ClusterName=" in line for line in refusals), refusals
+    assert template_refusals(deployed, {**context, "vpc_cidr": synth.config.vpc_cidr}, environ={}) == []
