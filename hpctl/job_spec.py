@@ -84,6 +84,7 @@ class JobSpec:
     max_wait_s: int | None
     volume_size_gb: int
     tags: dict[str, str]
+    resumes: bool = False  # the run folder in S3 already holds files: the job starts from them
 
     @property
     def command(self) -> str:

@@ -22,6 +22,7 @@ from hpctl.job_instances import accelerator, check_instance_type, check_run_fits
 from hpctl.job_spec import (
     DATASETS_PREFIX,
     MODELS_PREFIX,
+    OUTPUTS_PREFIX,
     JobOptions,
     JobSpec,
     job_environment,
@@ -125,6 +126,7 @@ def build_spec(
         max_wait_s=max_wait_s,
         volume_size_gb=cfg.job.volume_size_gb,
         tags={**tags, **options.tags},
+        resumes=s3_has(session, bucket, f"{OUTPUTS_PREFIX}/{paths.run}/"),
     )
 
 
@@ -142,6 +144,14 @@ def describe_spec(spec: JobSpec) -> str:
         lines.append(f"  model      not in s3://{spec.bucket}/{MODELS_PREFIX}/{spec.run}/: the job downloads it")
     lines += [
         f"  run folder {spec.outputs_uri} (checkpoints: a restarted job resumes from them)",
+        *(
+            [
+                "  note       the run folder already holds files: train resumes from its newest checkpoint; "
+                "use a new paths.output_dir for a fresh run"
+            ]
+            if spec.resumes
+            else []
+        ),
         f"  artifacts  {spec.artifacts_uri} (code, model.tar.gz, TensorBoard)",
         f"  stops      after {spec.max_runtime_s // HOURS} h{waits}",
     ]

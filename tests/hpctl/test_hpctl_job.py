@@ -148,6 +148,10 @@ def test_neuron_run_gets_the_neuron_image_and_its_cores(jobs_stack, requests_sen
     assert set(channel_uris(request)) == {"code", "sm_drivers"}  # no model in S3: the job downloads it
     assert "the job downloads it" in out
     assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 24 * 3600}
+    assert "already holds files" not in out
+    jobs_stack.put_object(Bucket=BUCKET, Key="outputs/llama3-8b-dolly-lora/checkpoints/checkpoint-5/x", Body=b"")
+    code, out, _ = hpctl("job", "submit", "--config", "default", "--dry-run")
+    assert code == 0 and "the run folder already holds files: train resumes from its newest checkpoint" in out
 
 
 def nothing_created(s3) -> bool:
