@@ -120,6 +120,10 @@ def render_status(job: dict, price: HourlyPrice | None, *, now: datetime | None 
     if job.get("TrainingTimeInSeconds") is not None:
         lines.append(f"trained    {job['TrainingTimeInSeconds']} s")
     lines.append(f"billable   {seconds} s per instance{NOTES[source]}")
+    trained = job.get("TrainingTimeInSeconds")
+    if job.get("EnableManagedSpotTraining") and source == "billed" and trained:
+        # DescribeTrainingJob's documented managed-spot saving: 1 - billable / training time.
+        lines.append(f"spot       {100 * (1 - seconds / trained):.0f} % fewer billed seconds than trained")
     if price is None:
         lines.append(
             f"cost       not shown: no published on-demand training price for {instance_type} ({PRICE_SOURCE})"

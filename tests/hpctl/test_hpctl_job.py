@@ -281,6 +281,10 @@ def test_status_arithmetic_while_running_and_when_done():
     price = type("P", (), {"usd": 10.0, "usage_type": "USW2-Train:ml.trn1.32xlarge"})()
     running = render_status(job, price, now=start + timedelta(minutes=30))
     assert "billable   1800 s per instance so far (running" in running and "cost       $10.00 so far" in running
+    spot = {**job, "TrainingJobStatus": "Completed", "EnableManagedSpotTraining": True, "TrainingTimeInSeconds": 900}
+    assert "spot       20 % fewer billed seconds than trained" in render_status(
+        {**spot, "BillableTimeInSeconds": 720}, price
+    )
     done = render_status({**job, "TrainingJobStatus": "Completed", "BillableTimeInSeconds": 720}, None)
     assert "billable   720 s per instance\n" in done
     assert "cost       not shown: no published on-demand training price for ml.trn1.32xlarge" in done
