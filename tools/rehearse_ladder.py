@@ -50,12 +50,12 @@ def ladder_environment(env: dict[str, str]) -> dict[str, str]:
 
 
 def write_tokenizer(config_path: Path, env: dict[str, str]) -> Path:
-    """A tiny model folder (with its tokenizer files) where the tokenizer step looks."""
+    """The tiny tokenizer's files (tokenizer.json, tokenizer_config.json) where the tokenizer step looks."""
     from llm_pipeline import config
     from tools import tiny_model as tiny
 
     folder = Path(config.load(config_path, env=env).paths.model_dir)
-    tiny.write_tiny_model(folder)
+    tiny.build_tokenizer().save_pretrained(folder)
     return folder
 
 

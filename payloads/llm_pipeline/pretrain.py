@@ -36,12 +36,12 @@ REQUIRED_ASSETS = ("tokenizer.json", "tokenizer_config.json")
 
 def fetch_tokenizer(cfg: RunConfig, endpoint: str | None = None) -> Path:
     """The (gated) tokenizer and config files of model.id into paths.model_dir, with the user's token."""
-    from huggingface_hub import HfApi, snapshot_download
-
     folder = Path(cfg.paths.model_dir)
     if all((folder / name).is_file() for name in REQUIRED_ASSETS):
         print(f"{folder} already holds the tokenizer of {cfg.model.id}; nothing to download", flush=True)
         return folder
+    from huggingface_hub import HfApi, snapshot_download
+
     token = download.find_token()
     endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None  # read now, not at import (mirrors, tests)
     try:

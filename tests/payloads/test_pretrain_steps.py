@@ -40,7 +40,7 @@ def test_tokenizer_of_a_gated_model_needs_a_token(fake_hub, ladder_config, monke
 
 
 def test_tokenizer_already_in_place_is_not_fetched(ladder_config, capsys):
-    tiny.write_tiny_model(Path(ladder_config.paths.model_dir))
+    tiny.build_tokenizer().save_pretrained(ladder_config.paths.model_dir)
     # An endpoint nobody listens on: any Hub access would fail the step.
     pretrain.fetch_tokenizer(ladder_config, endpoint="http://127.0.0.1:9")
     assert "already holds the tokenizer" in capsys.readouterr().out
