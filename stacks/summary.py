@@ -43,9 +43,12 @@ def describe(template: dict) -> list[str]:
             for group in props.get("InstanceGroups", []):
                 slurm = group.get("SlurmConfig", {})
                 partition = ",".join(slurm.get("PartitionNames", [])) or "-"
+                capacity = "spot" if "Spot" in group.get("CapacityRequirements", {}) else "on-demand"
+                plan = group.get("TrainingPlanArn", "")
                 lines.append(
                     f"    {group['InstanceGroupName']:<12} {slurm.get('NodeType', '?'):<10} "
-                    f"{group.get('InstanceType')} x{group['InstanceCount']}  partition {partition}"
+                    f"{group.get('InstanceType')} x{group['InstanceCount']}  partition {partition}  {capacity}"
+                    + (f", training plan {plan.rsplit('/', 1)[-1]}" if plan else "")
                 )
         elif resource["Type"] == "AWS::FSx::FileSystem":
             lustre = props.get("LustreConfiguration", {})

@@ -155,6 +155,7 @@ def partition_environment(facts: RunFacts, env: dict[str, str], *, ladder: bool 
         known,
         requested=facts.partition,
         accelerator=accelerator,
+        required=ladder or accelerator in partitions.REQUIRED,
         fallback=env.get("HPL_PARTITION", ""),
         default=default,
     )

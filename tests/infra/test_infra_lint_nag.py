@@ -30,6 +30,15 @@ def test_cfn_lint_finds_nothing_in_the_gpu_configs(named_synths, name):
     assert [f"{m.rule.id} {m.message} {m.path}" for m in matches] == []
 
 
+def test_summary_shows_capacity_and_training_plan(named_synths, capsys):
+    assert summary.main([str(named_synths["mixed"].outdir)]) == 0
+    out = capsys.readouterr().out
+    assert "trn          Compute    ml.trn1.32xlarge x1  partition trn1  on-demand" in out
+    assert "gpu          Compute    ml.g5.12xlarge x2  partition g5  on-demand, training plan g5-reserved" in out
+    assert summary.main([str(named_synths["gpu-only"].outdir)]) == 0
+    assert "gpu          Compute    ml.p5.48xlarge x4  partition p5  spot" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("name", ["gpu-only", "mixed"])
 def test_cdk_nag_passes_the_gpu_configs(named_synths, name):
     report = nag_report(named_synths[name])

@@ -33,7 +33,7 @@ ENV_SH = REPO / "payloads" / "slurm" / "env.sh"
         ({"fallback": "p5"}, "p5"),  # the submitting node's own partition
         ({"fallback": "removed"}, "trn1"),  # a partition no longer deployed: the default
         ({"accelerator": "cuda"}, "p5"),  # train.backend = torch
-        ({"accelerator": "neuron", "fallback": "p5"}, "trn1"),  # the engine wins over the node
+        ({"accelerator": "neuron", "required": True, "fallback": "p5"}, "trn1"),  # the engine wins over the node
         ({"requested": "cpu", "accelerator": "cuda"}, "cpu"),  # the run config wins over everything
     ],
 )
@@ -46,8 +46,10 @@ def test_choose_partition_errors_name_the_key_and_the_partitions():
         StepError, match=r"parallel.partition = 'h100' is not a partition.*trn1 \(neuron\), p5 \(cuda\)"
     ):
         choose_partition(MIXED, requested="h100", default="trn1")
-    with pytest.raises(StepError, match=r"needs a cuda partition \(train.backend\).*add a compute group"):
-        choose_partition({"trn1": TRN1}, accelerator="cuda", default="trn1")
+    with pytest.raises(StepError, match=r"needs a neuron partition \(train.backend\).*add a compute group"):
+        choose_partition({"p5": P5}, accelerator="neuron", required=True, default="p5")
+    # The torch backend also runs on CPU: without a GPU partition it takes the default one.
+    assert choose_partition({"trn1": TRN1}, accelerator="cuda", default="trn1") == "trn1"
 
 
 def test_partition_environment_and_devices_check():

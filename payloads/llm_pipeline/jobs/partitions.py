@@ -4,7 +4,7 @@ Each compute group of the cluster is one partition; the deploy writes every part
 (accelerator, devices per node, EFA interfaces, image) next to the payloads (deploy-facts.json).
 submit picks the partition: the run config's ``parallel.partition`` when set, else the first
 partition whose accelerator the engine needs (``train.backend`` neuron -> a Trainium partition,
-torch -> a GPU one; the pretraining ladder -> a GPU one), else the submitting node's own
+torch -> a GPU one if there is one; the pretraining ladder -> a GPU one), else the submitting node's own
 (HPL_PARTITION, when it is still deployed) or the cluster's default. The chosen partition's facts
 reach every job as HPL_* variables, which slurm/env.sh turns into the communication settings and
 jobs/launch.py into processes per node.
@@ -18,6 +18,9 @@ from llm_pipeline.errors import StepError
 
 NEURON, CUDA, NO_ACCELERATOR = "neuron", "cuda", "none"
 ACCELERATOR_OF_BACKEND = {"neuron": NEURON, "torch": CUDA}
+# The neuron backend and torchtitan cannot run anywhere else; the torch backend also runs on CPU,
+# so without a GPU partition it goes to the default one (the rehearsal config on a Trainium cluster).
+REQUIRED = (NEURON,)
 # What a partition's facts hold (deploy-facts.json "partitions"), and the variable each becomes.
 FACT_ENV = {
     "accelerator": "HPL_ACCELERATOR",
@@ -33,6 +36,7 @@ def choose_partition(
     *,
     requested: str = "",
     accelerator: str = "",
+    required: bool = False,
     fallback: str = "",
     default: str,
 ) -> str:
@@ -49,6 +53,7 @@ def choose_partition(
         for name, facts in partitions.items():
             if facts["accelerator"] == accelerator:
                 return name
+    if accelerator and required:
         raise StepError(
             f"the run needs a {accelerator} partition (train.backend) and the cluster has none ({known}): "
             "add a compute group with that accelerator (cdk.json compute_groups), or set parallel.partition"
