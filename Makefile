@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR):$(CURDIR)/payloads
 
 .DEFAULT_GOAL := help
-.PHONY: help venv synth lint doc-tables test snapshot-update deploy diff destroy rehearse rehearse-ladder bench diagram clean
+.PHONY: help venv synth lint doc-tables test snapshot-update deploy diff destroy rehearse rehearse-ladder bench bench-train diagram clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -67,9 +67,12 @@ rehearse-ladder: $(STAMP)  ## run the torchtitan ladder chain on a local Slurm (
 bench: $(STAMP)  ## merge benchmark: streaming merge vs reference vs copy floor
 	$(PY) bench/merge_bench.py
 
+bench-train: $(STAMP)  ## training benchmark: our torch engine and its levers vs plain TRL (docs/train-benchmark.md)
+	$(PY) bench/train_bench.py
+
 diagram: $(STAMP)  ## draw docs/architecture.svg (and .dot) from the synthesized template
 	$(CDK) synth --quiet
 	$(PY) tools/diagram.py cdk.out docs/architecture
 
 clean:  ## remove build outputs (keeps .venv)
-	rm -rf cdk.out .pytest_cache .bench .rehearsal .rehearsal-ladder
+	rm -rf cdk.out .pytest_cache .bench .bench-train .rehearsal .rehearsal-ladder

@@ -82,12 +82,12 @@ def load_model(cfg: RunConfig):
         raise StepError(f"train.attention / train.method: {exc}") from None
 
 
-def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable: int) -> None:
+def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
+    """The configured trainer and the token counter around its collator (the benchmark times it too)."""
     import torch
     from transformers import PrinterCallback, set_seed
     from trl import SFTConfig
 
-    del expected_trainable  # the LoRA count; this backend counts per method (torch_methods)
     processes = world_size()
     fsdp = torch_parallel.uses_fsdp(cfg, processes)
     torch_parallel.set_fsdp_environment(cfg, processes)
@@ -142,4 +142,10 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
     trainer.add_callback(MetricsLogger(tokens=tokens, trainable=trainable, tensorboard_dir=plan.tensorboard_dir))
     if cfg.train.profile_window is not None and plan.save_checkpoints:
         trainer.add_callback(StepProfiler(window=cfg.train.profile_window, folder=cfg.paths.profile_dir))
+    return trainer, tokens
+
+
+def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable: int) -> None:
+    del expected_trainable  # the LoRA count; this backend counts per method (torch_methods)
+    trainer, _ = build_trainer(cfg, plan, datasets, tokenizer)
     trainer.train(resume_from_checkpoint=str(plan.resume_from) if plan.resume_from else None)
