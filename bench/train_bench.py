@@ -310,6 +310,17 @@ def write_report(path: Path, settings: dict, device: str, found: dict, results: 
         )
     else:
         lines.append(f"Target (a) >= {TARGET}x (b) on one H100 at the 8B shape, LoRA r16: not measured on GPU.")
+    same = [name for name, (levers, _) in results.items() if name != "engine" and levers == results["engine"][0]]
+    if same:
+        lines.append(
+            f"`engine` and `{same[0]}` run the same configuration: the gap between them is this host's "
+            "run-to-run spread, the floor under which no difference above means anything."
+        )
+    if "CPU" in device:
+        lines.append(
+            "This is a CPU run: it shows that the script runs every variant end to end and writes this "
+            "report; its figures are no claim about GPU training speed."
+        )
     lines += ["", "## Every timed step (tokens/s)", ""]
     for name, (_, result) in results.items():
         samples = ", ".join(f"{s:.1f}" for s in result.get("samples", []))

@@ -178,8 +178,8 @@ class TrainConfig:
     precompile_steps: int = described(10, ">= 1: steps run by `train --precompile` (under neuron_parallel_compile)")
     method: str = described(
         "lora",
-        "what is trained: lora (adapter), dora (weight-decomposed LoRA), qlora (LoRA on an NF4 4-bit base, "
-        "torch backend on CUDA), full (every parameter, no adapter; merge is skipped)",
+        "what is trained: lora (adapter), dora (weight-decomposed LoRA), qlora (LoRA on a bitsandbytes NF4 4-bit base; "
+        "torch backend), full (every parameter, no adapter; merge is skipped); neuron: lora only for now",
     )
     compile: bool = described(False, "torch.compile the model (torch backend)")
     liger_kernel: bool = described(

@@ -143,3 +143,18 @@ def test_each_method_counts_its_trainable_parameters(hpl_env, method):
     assert (torch_methods.adapter_config(cfg) is None) == (method == "full")
     if method != "full":
         assert torch_methods.adapter_config(cfg).use_dora == (method == "dora")
+
+
+@pytest.mark.parametrize(
+    ("train_keys", "message"),
+    [
+        ({"liger_kernel": True}, "train.liger_kernel = True needs liger-kernel"),
+        ({"attention": "flash_attention_2"}, "train.attention = 'flash_attention_2' needs flash-attn"),
+    ],
+)
+def test_a_lever_whose_package_is_missing_stops_before_training(hpl_env, tmp_path, capsys, train_keys, message):
+    """liger-kernel and flash-attn are CUDA-only packages: this CPU environment has neither."""
+    path, cfg = short_run(tmp_path, hpl_env, **train_keys)
+    assert train.main(["--config", str(path)]) == 2
+    assert message in capsys.readouterr().err
+    assert not cfg.paths.checkpoints_dir.exists()

@@ -11,6 +11,7 @@ they read a one-process checkpoint.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from llm_pipeline.config import RunConfig
@@ -24,7 +25,7 @@ from llm_pipeline.training.profiling import StepProfiler
 
 
 def engine_trainer_class():
-    """SFTTrainer with the two pieces of glue this engine needs (built lazily: trl imports are slow)."""
+    """SFTTrainer plus the glue this engine needs: FSDP2 on CPU, exact sharded resume, adapter export."""
     from trl import SFTTrainer
 
     class EngineTrainer(SFTTrainer):
@@ -69,6 +70,24 @@ def export_adapter(trainer, folder: Path) -> None:
         model.save_pretrained(str(folder), state_dict=adapter)
 
 
+# Levers that need a package the CUDA image carries and a CPU runtime may not: key, value, module, package.
+LEVER_PACKAGES = (
+    ("liger_kernel", True, "liger_kernel", "liger-kernel"),
+    ("attention", "flash_attention_2", "flash_attn", "flash-attn"),
+    ("method", "qlora", "bitsandbytes", "bitsandbytes"),
+)
+
+
+def check_lever_packages(cfg: RunConfig) -> None:
+    """Stop before any work when a chosen lever's package is missing from this runtime."""
+    for key, value, module, package in LEVER_PACKAGES:
+        if getattr(cfg.train, key) == value and importlib.util.find_spec(module) is None:
+            raise StepError(
+                f"train.{key} = {value!r} needs {package}, which this runtime lacks (the CUDA training image "
+                f"has it, payloads/requirements-gpu.txt); change train.{key} or run in that image"
+            )
+
+
 def load_model(cfg: RunConfig):
     import torch
     from transformers import AutoModelForCausalLM
@@ -88,6 +107,7 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     from transformers import PrinterCallback, set_seed
     from trl import SFTConfig
 
+    check_lever_packages(cfg)
     processes = world_size()
     fsdp = torch_parallel.uses_fsdp(cfg, processes)
     torch_parallel.set_fsdp_environment(cfg, processes)

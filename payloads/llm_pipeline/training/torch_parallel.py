@@ -2,9 +2,9 @@
 
 FSDP2 (accelerate 1.8.1's ``fsdp_version=2``): every decoder layer and then the root is
 ``fully_shard``-ed (parameters, gradients and optimizer state split across all ranks), activations
-are recomputed per decoder layer, parameters are gathered in bf16 and gradients reduced in fp32
-when ``train.bf16`` is on, and checkpoints are torch distributed checkpoints (each rank writes its
-shard; resume loads them into any world size). transformers' Trainer hands accelerate its FSDP
+are recomputed per decoder layer, with ``train.bf16`` the sharded master weights and the optimizer
+stay fp32 while parameters are gathered and gradients reduced in bf16 (accelerate's bf16 policy),
+and checkpoints are torch distributed checkpoints (each rank writes its shard). transformers' Trainer hands accelerate its FSDP
 options through ``FSDP_*`` environment variables (as ``accelerate launch`` does); ``FSDP_VERSION``
 and ``FSDP_STATE_DICT_TYPE`` are the two it does not set itself.
 
