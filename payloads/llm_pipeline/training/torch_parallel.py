@@ -4,8 +4,8 @@ FSDP2 (accelerate 1.8.1's ``fsdp_version=2``): every decoder layer and then the 
 ``fully_shard``-ed (parameters, gradients and optimizer state split across all ranks), activations
 are recomputed per decoder layer, with ``train.bf16`` the sharded master weights and the optimizer
 stay fp32 while parameters are gathered and gradients reduced in bf16 (accelerate's bf16 policy),
-and checkpoints are torch distributed checkpoints (each rank writes its shard). transformers' Trainer hands accelerate its FSDP
-options through ``FSDP_*`` environment variables (as ``accelerate launch`` does); ``FSDP_VERSION``
+and checkpoints are torch distributed checkpoints (each rank writes its shard). transformers'
+Trainer hands accelerate its FSDP options through ``FSDP_*`` environment variables (as ``accelerate launch`` does); ``FSDP_VERSION``
 and ``FSDP_STATE_DICT_TYPE`` are the two it does not set itself.
 
 accelerate turns FSDP on only for accelerator devices (CUDA and the like); with the CPU wheel and
