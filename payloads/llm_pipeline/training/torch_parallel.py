@@ -5,8 +5,8 @@ FSDP2 (accelerate 1.8.1's ``fsdp_version=2``): every decoder layer and then the 
 are recomputed per decoder layer, with ``train.bf16`` the sharded master weights and the optimizer
 stay fp32 while parameters are gathered and gradients reduced in bf16 (accelerate's bf16 policy),
 and checkpoints are torch distributed checkpoints (each rank writes its shard). transformers'
-Trainer hands accelerate its FSDP options through ``FSDP_*`` environment variables (as ``accelerate launch`` does); ``FSDP_VERSION``
-and ``FSDP_STATE_DICT_TYPE`` are the two it does not set itself.
+Trainer hands accelerate its FSDP options through ``FSDP_*`` environment variables (as ``accelerate
+launch`` does); ``FSDP_VERSION`` and ``FSDP_STATE_DICT_TYPE`` are the two it does not set itself.
 
 accelerate turns FSDP on only for accelerator devices (CUDA and the like); with the CPU wheel and
 gloo it would silently fall back to DDP. ``enable_fsdp_on_cpu`` switches the same accelerate FSDP2
