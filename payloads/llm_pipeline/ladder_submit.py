@@ -47,24 +47,25 @@ def read_rungs(config: Path) -> tuple[str, ...]:
         if header:
             table = header.group(1)
             continue
+        if table != "torchtitan" or not re.match(r"\s*rungs\s*=", line):
+            continue
         match = _RUNGS.match(line)
-        if table == "torchtitan" and match:
-            try:
-                rungs = json.loads(match.group(1))
-            except json.JSONDecodeError:
-                rungs = None
-            if not isinstance(rungs, list) or not all(isinstance(r, str) for r in rungs):
-                raise RunFactsError(
-                    f"{config}:{number} torchtitan.rungs: write it on one line as a list of quoted names, "
-                    f'e.g. ["baseline", "compile"]'
-                )
-            unknown = [r for r in rungs if r not in TORCHTITAN_RUNGS]
-            if unknown or not rungs or len(set(rungs)) != len(rungs):
-                raise RunFactsError(
-                    f"{config}:{number} torchtitan.rungs: {rungs!r} must name each of "
-                    f"{', '.join(TORCHTITAN_RUNGS)} at most once, at least one"
-                )
-            return tuple(rungs)
+        try:
+            rungs = json.loads(match.group(1)) if match else None
+        except json.JSONDecodeError:
+            rungs = None
+        if not isinstance(rungs, list) or not all(isinstance(r, str) for r in rungs):
+            raise RunFactsError(
+                f"{config}:{number} torchtitan.rungs: write it on one line as a list of quoted names, "
+                f'e.g. ["baseline", "compile"]'
+            )
+        unknown = [r for r in rungs if r not in TORCHTITAN_RUNGS]
+        if unknown or not rungs or len(set(rungs)) != len(rungs):
+            raise RunFactsError(
+                f"{config}:{number} torchtitan.rungs: {rungs!r} must name each of "
+                f"{', '.join(TORCHTITAN_RUNGS)} at most once, at least one"
+            )
+        return tuple(rungs)
     return TorchtitanConfig().rungs
 
 

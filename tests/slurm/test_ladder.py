@@ -88,7 +88,8 @@ def test_rung_list_is_read_on_the_controller_without_tomllib(tmp_path):
     assert read_rungs(path) == ("baseline", "fp8")
     path.write_text("[paths]\noutput_dir = '/x'\n")
     assert read_rungs(path) == config.TORCHTITAN_RUNGS
-    for bad in ('rungs = ["baseline", "fp16"]', "rungs = ['baseline']", 'rungs = ["compile", "compile"]'):
+    bad_lists = ('rungs = ["baseline", "fp16"]', "rungs = ['baseline']", 'rungs = ["compile", "compile"]')
+    for bad in (*bad_lists, 'rungs = [\n  "baseline",\n]'):  # a list over several lines is refused, not skipped
         path.write_text(f"[torchtitan]\n{bad}\n")
         with pytest.raises(RunFactsError, match=r"torchtitan\.rungs"):
             read_rungs(path)
