@@ -179,7 +179,7 @@ class TrainConfig:
     method: str = described(
         "lora",
         "what is trained: lora (adapter), dora (weight-decomposed LoRA), qlora (LoRA on a bitsandbytes NF4 4-bit base; "
-        "torch backend), full (every parameter, no adapter; merge is skipped); neuron: lora only for now",
+        "torch backend), full (every parameter, no adapter; merge is skipped); neuron: lora and full",
     )
     compile: bool = described(False, "torch.compile the model (torch backend)")
     liger_kernel: bool = described(
