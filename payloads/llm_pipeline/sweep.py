@@ -22,9 +22,18 @@ import sys
 import time
 from pathlib import Path
 
+from llm_pipeline.errors import StepError
+from llm_pipeline.jobs import deploy_facts
 from llm_pipeline.jobs.run_facts import RunFacts, RunFactsError, read_run_facts
 from llm_pipeline.jobs.sweep_plan import SweepPoint, plan_sweep, read_base, write_plan
-from llm_pipeline.submit import SubmitError, check_runtime_sees, sbatch_command, slurm
+from llm_pipeline.submit import (
+    PAYLOADS_DIR,
+    SubmitError,
+    check_runtime_sees,
+    partition_environment,
+    sbatch_command,
+    slurm,
+)
 
 REPORT_STEP = "sweep_report"  # payloads/slurm/sweep_report.sbatch
 
@@ -117,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         if not counts or args.steps < 2 or args.logging_steps < 1:
             raise SubmitError("give at least one node count, --steps >= 2 and --logging-steps >= 1")
         base = read_run_facts(args.config, env)
+        # The same partition, image and runtime as submit would give this run (one config, one partition).
+        env.update(partition_environment(base, env))
+        env.update(deploy_facts.read_deploy_facts(PAYLOADS_DIR, partition=env.get("HPL_PARTITION")))
         check_runtime_sees(base, env)
         sweep_dir = base.output_dir / args.name
         points = plan_sweep(base.config, sweep_dir, counts, steps=args.steps, logging_steps=args.logging_steps)
@@ -152,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise SubmitError(f"the sweep ended without a report; see the logs in {submitted[-1]['log']}")
             print(report.read_text())
         return 0
-    except (RunFactsError, SubmitError) as exc:
+    except (RunFactsError, SubmitError, StepError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

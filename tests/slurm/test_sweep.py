@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,11 @@ def sweep(env: dict[str, str], config: Path, *args: str) -> subprocess.Completed
 def setup(two_nodes, tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
     env = two_nodes.env(fsx_environment(root / "fsx"))
+    # launch's default rendezvous port is 20000 + job id, and every local cluster numbers its jobs from 1:
+    # a free port keeps this test's two-node rendezvous away from other local clusters on this host.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        env["HPL_MASTER_PORT"] = str(probe.getsockname()[1])
     write_inputs(TINY, env, records=120)
     text = TINY.read_text()
     text, count = re.subn(r"(?m)^gradient_accumulation_steps = .*$", "gradient_accumulation_steps = 2", text)
