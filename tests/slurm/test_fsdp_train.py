@@ -137,8 +137,18 @@ def test_two_ranks_match_one_process_step_by_step(request, runs):
     shards = sorted(p.name for p in (checkpoint / "pytorch_model_fsdp_0").glob("*.distcp"))
     assert shards == ["__0_0.distcp", "__1_0.distcp"]  # one shard per rank
     assert (checkpoint / "optimizer_0" / ".metadata").is_file()
-    # adapter methods: the gathered adapter rides along for consolidate and generate
+    # adapter methods: the gathered adapter rides along for consolidate and generate, equal to the
+    # adapter one process trained
     assert (checkpoint / "adapter_model.safetensors").is_file() == (fsdp.train.method == "lora")
+    if fsdp.train.method == "lora":
+        import torch
+        from safetensors.torch import load_file
+
+        gathered = load_file(checkpoint / "adapter_model.safetensors")
+        alone = load_file(single.paths.checkpoints_dir / f"checkpoint-{STEPS}" / "adapter_model.safetensors")
+        assert set(gathered) == set(alone)
+        for name, tensor in alone.items():
+            torch.testing.assert_close(gathered[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_restarted_job_resumes_exactly_from_the_newest_complete_checkpoint(lora_runs, cluster):

@@ -58,16 +58,15 @@ def engine_trainer_class():
 
 def export_adapter(trainer, folder: Path) -> None:
     """Gather the adapter weights from every rank; rank 0 saves them as a plain peft adapter."""
-    from peft.utils import get_peft_model_state_dict
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     model = trainer.model
-    full = get_model_state_dict(
+    trainable = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
     )
     if trainer.args.should_save:
-        adapter = get_peft_model_state_dict(model, state_dict=full)
-        model.save_pretrained(str(folder), state_dict=adapter)
+        # peft picks the adapter's tensors out of the (full, named) state dict and renames them itself
+        model.save_pretrained(str(folder), state_dict=trainable)
 
 
 # Levers that need a package the CUDA image carries and a CPU runtime may not: key, value, module, package.
