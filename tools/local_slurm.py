@@ -13,6 +13,7 @@ Several nodes on one host (`nodes=2`) run one slurmd each under its own NodeName
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -173,6 +174,9 @@ class LocalSlurm:
             "SlurmdParameters=config_overrides",
             "KillWait=5",
             "InactiveLimit=0",
+            # Jobs derive their torchrun port from the job id (jobs/launch.py); clusters started side
+            # by side on one host would otherwise all count from 1 and meet on the same port.
+            f"FirstJobId={random.randint(1, 19_000)}",
         ]
         for name in self.node_names:
             lines.append(
