@@ -146,7 +146,7 @@ def engine_trainer(spec: dict, folder: Path):
         "model": {"id": "random-llama", "dtype": spec["dtype"]},
         "data": {"dataset": spec["records"], "max_length": spec["seq_len"], "validation_fraction": 0.0},
         "paths": {"model_dir": spec["model"], "output_dir": str(folder), "compile_cache_dir": str(folder)},
-        "lora": {"r": 16, "alpha": 16, "target_modules": ["q_proj", "v_proj"]},
+        "lora": {"r": 16, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]},
         "parallel": {"devices_per_node": 1, "tensor_parallel_size": 1},
         "train": {
             "backend": "torch",
@@ -195,7 +195,9 @@ def trl_defaults_trainer(spec: dict, folder: Path):
         args=args,
         train_dataset=datasets.load_dataset("json", data_files=spec["records"], split="train"),
         processing_class=AutoTokenizer.from_pretrained(spec["model"]),
-        peft_config=LoraConfig(r=16, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+        peft_config=LoraConfig(  # the engine's [lora] values: r 16, alpha 16, dropout 0.05, q_proj and v_proj
+            r=16, lora_alpha=16, lora_dropout=0.05, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"
+        ),
         formatting_func=format_example,
     )
 
