@@ -26,7 +26,7 @@ EXIT_LINE = re.compile(re.escape(EXIT_MARKER) + r"(?P<status>\d+)$")
 
 @dataclass(frozen=True)
 class SubmitOptions:
-    config: str  # path relative to payloads/, e.g. configs/llama3-8b.toml
+    config: str  # path relative to payloads/, e.g. configs/default.toml
     from_step: str | None = None
     dry_run: bool = False
 

@@ -139,7 +139,11 @@ class ParallelConfig:
         8, ">= 1: tensor parallel degree; TP x PP must divide devices_per_node x nodes"
     )
     pipeline_parallel_size: int = described(1, ">= 1: pipeline parallel degree")
-    devices_per_node: int = described(32, ">= 1: NeuronCores (or GPUs) per node = processes per node at launch")
+    devices_per_node: int = described(
+        32,
+        ">= 1: processes per node, one per NeuronCore or GPU; submit and prepare fail when it differs from "
+        "the partition's devices (HPL_DEVICES_PER_NODE, which launch uses)",
+    )
     nodes: int = described(1, ">= 1: nodes of the training job (multi-node: torchrun rendezvous over EFA)")
     partition: str = described(
         "",

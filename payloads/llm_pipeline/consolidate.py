@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -25,8 +26,9 @@ from llm_pipeline.errors import CheckpointError
 from llm_pipeline.weights.adapter_files import (
     CONFIG_NAME,
     WEIGHTS_NAME,
+    AdapterFolder,
+    LoraUpdate,
     open_adapter_folder,
-    plan_updates,
     read_adapter_config,
 )
 from llm_pipeline.weights.adapter_layout import PlainAdapter, ShardedAdapter, find_adapter
@@ -72,8 +74,8 @@ def consolidated_tensors(adapter: ShardedAdapter) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def hf_adapter_config(config: dict, tensors: dict[str, torch.Tensor], source: Path) -> dict:
-    """The adapter config with HF target module names, checked against the weights it ships with."""
+def hf_adapter_config(config: dict) -> dict:
+    """The adapter config for inference, with HF target module names."""
     config = dict(config, inference_mode=True)
     targets = config.get("target_modules")
     if isinstance(targets, list):
@@ -81,29 +83,36 @@ def hf_adapter_config(config: dict, tensors: dict[str, torch.Tensor], source: Pa
         for target in targets:
             names.extend(FUSED_TARGETS.get(target, (target,)))
         config["target_modules"] = sorted(set(names))
-        for update in plan_updates(tensors, source=source).values():
-            if not any(update.module == t or update.module.endswith("." + t) for t in config["target_modules"]):
-                raise CheckpointError(
-                    f"{source}: weights for {update.module} but target_modules is {config['target_modules']}"
-                )
     return config
 
 
-def write_sharded(adapter: ShardedAdapter, output: Path) -> int:
-    config = read_adapter_config(adapter.folder)
+def check_targets(config: dict, updates: Iterable[LoraUpdate], source: Path) -> None:
+    """Every planned LoRA update belongs to a module the config targets."""
+    targets = config.get("target_modules")
+    if not isinstance(targets, list):
+        return
+    for update in updates:
+        if not any(update.module == t or update.module.endswith("." + t) for t in targets):
+            raise CheckpointError(f"{source}: weights for {update.module} but target_modules is {targets}")
+
+
+def write_sharded(adapter: ShardedAdapter, output: Path) -> AdapterFolder:
+    config = hf_adapter_config(read_adapter_config(adapter.folder))
     tensors = {name: t.contiguous() for name, t in sorted(consolidated_tensors(adapter).items())}
-    source = adapter.folder / CONFIG_NAME
-    (output / CONFIG_NAME).write_text(json.dumps(hf_adapter_config(config, tensors, source), indent=2) + "\n")
-    save_file(tensors, output / WEIGHTS_NAME, metadata={"format": "pt"})
-    return len(tensors)
-
-
-def copy_plain(adapter: PlainAdapter, output: Path) -> int:
-    checked = open_adapter_folder(adapter.folder)  # headers, key names and ranks are checked here
-    shutil.copy2(adapter.folder / WEIGHTS_NAME, output / WEIGHTS_NAME)
-    config = hf_adapter_config(checked.config, checked.tensors, checked.weights_file)
     (output / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
-    return len(checked.tensors)
+    save_file(tensors, output / WEIGHTS_NAME, metadata={"format": "pt"})
+    written = open_adapter_folder(output)  # the result must read back as a mergeable adapter
+    check_targets(config, written.updates.values(), adapter.folder / CONFIG_NAME)
+    return written
+
+
+def copy_plain(adapter: PlainAdapter, output: Path) -> AdapterFolder:
+    checked = open_adapter_folder(adapter.folder)  # headers, key names and ranks are checked here
+    config = hf_adapter_config(checked.config)
+    check_targets(config, checked.updates.values(), checked.weights_file)
+    shutil.copy2(adapter.folder / WEIGHTS_NAME, output / WEIGHTS_NAME)
+    (output / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+    return checked  # the copy is byte for byte the file just checked
 
 
 def consolidate_checkpoint(
@@ -121,21 +130,20 @@ def consolidate_checkpoint(
         with atomic as partial:
             if isinstance(adapter, PlainAdapter):
                 print(f"consolidate: {adapter.folder} is a plain peft adapter; checking and copying it", flush=True)
-                count = copy_plain(adapter, partial)
+                written = copy_plain(adapter, partial)
             else:
                 print(
                     f"consolidate: sharded adapter {adapter.folder} "
                     f"(TP={adapter.tp_size}, PP={len(adapter.rank_files)})",
                     flush=True,
                 )
-                count = write_sharded(adapter, partial)
-            written = open_adapter_folder(partial)  # the result must read back as a mergeable adapter
+                written = write_sharded(adapter, partial)
             if model_config is not None:
                 config_file = Path(model_dir) / "config.json"
                 check_adapter_shapes(written, model_config, config_file, label=f"the adapter rebuilt from {source}")
     except OSError as exc:
         raise CheckpointError(f"consolidation failed while writing {output}: {exc}; nothing was written") from None
-    print(f"adapter written to {output}: {count} tensors", flush=True)
+    print(f"adapter written to {output}: {len(written.tensors)} tensors", flush=True)
     return output
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
 from llm_pipeline import cli
@@ -19,6 +18,7 @@ from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import COLUMNS, REQUIRED_COLUMNS
 from llm_pipeline.training import data_stats
 from llm_pipeline.weights import model_files
+from llm_pipeline.weights.atomic_output import AtomicOutputDir
 
 FILE_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 SOURCE_FILE = "source.json"  # the [data] config + seed the prepared copy was made from
@@ -103,43 +103,53 @@ def _source_record(cfg: RunConfig) -> dict:
     return {"data": dataclasses.asdict(cfg.data), "seed": cfg.train.seed}
 
 
-def prepare(cfg: RunConfig) -> Path:
-    """Load, validate, split and save the dataset; write and print the padding report."""
-    tokenizer = load_tokenizer(cfg.paths.model_dir)
+def prepare(cfg: RunConfig, tokenizer=None) -> Path:
+    """Load, validate, split and save the dataset; write and print the padding report.
+
+    The folder appears complete or not at all (a killed step leaves the previous copy in place).
+    """
+    tokenizer = tokenizer or load_tokenizer(cfg.paths.model_dir)
     data_stats.check_template_fits(tokenizer, cfg.data.max_length)
     print(f"loading {cfg.data.dataset} (split {cfg.data.split})", flush=True)
     prepared = split(validate(load_source(cfg.data), cfg.data.dataset), cfg.data, cfg.train.seed)
     report = data_stats.padding_report(prepared["train"], tokenizer, cfg)
     target = cfg.paths.data_dir
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    prepared.save_to_disk(str(partial))
-    (partial / SOURCE_FILE).write_text(json.dumps(_source_record(cfg), indent=2) + "\n")
-    (partial / STATS_FILE).write_text(json.dumps(report, indent=2) + "\n")
-    shutil.rmtree(target, ignore_errors=True)
-    partial.rename(target)
+    with AtomicOutputDir(target, overwrite=True) as partial:
+        prepared.save_to_disk(str(partial))
+        (partial / SOURCE_FILE).write_text(json.dumps(_source_record(cfg), indent=2) + "\n")
+        (partial / STATS_FILE).write_text(json.dumps(report, indent=2) + "\n")
     sizes = ", ".join(f"{name} {len(part)}" for name, part in prepared.items())
     print(f"prepared {sizes} rows in {target}", flush=True)
     print(data_stats.describe(report), flush=True)
     return target
 
 
-def is_prepared(cfg: RunConfig) -> bool:
-    """True when the run folder holds data prepared from this very [data] config and seed."""
-    source = cfg.paths.data_dir / SOURCE_FILE
-    return source.is_file() and json.loads(source.read_text()) == _source_record(cfg)
+def stale_reason(cfg: RunConfig) -> str | None:
+    """Why the run folder's prepared data cannot be used for this config; None when it can."""
+    target = cfg.paths.data_dir
+    source = target / SOURCE_FILE
+    if not source.is_file():
+        return f"no prepared data in {target}: run `python -m llm_pipeline.data --config ...` first"
+    if json.loads(source.read_text()) != _source_record(cfg):
+        return f"the data in {target} was prepared from another [data] config or seed: rerun the data step"
+    return None
 
 
-def load_prepared(cfg: RunConfig):
-    """The prepared dataset of this run; stale or missing data is an error naming the data step."""
+def training_inputs(cfg: RunConfig, *, may_prepare: bool):
+    """(prepared datasets, tokenizer) for training, each read once.
+
+    Missing or stale data is prepared here when ``may_prepare`` (a single process); otherwise it is
+    an error naming the data step (many processes must not prepare the same folder at once).
+    """
     import datasets
 
-    target = cfg.paths.data_dir
-    if not (target / SOURCE_FILE).is_file():
-        raise StepError(f"no prepared data in {target}: run `python -m llm_pipeline.data --config ...` first")
-    if not is_prepared(cfg):
-        raise StepError(f"the data in {target} was prepared from another [data] config or seed: rerun the data step")
-    return datasets.load_from_disk(str(target))
+    tokenizer = load_tokenizer(cfg.paths.model_dir)
+    reason = stale_reason(cfg)
+    if reason and not may_prepare:
+        raise StepError(reason)
+    if reason:
+        prepare(cfg, tokenizer)
+    return datasets.load_from_disk(str(cfg.paths.data_dir)), tokenizer
 
 
 def build_parser():

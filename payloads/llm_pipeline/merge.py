@@ -19,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 from llm_pipeline import cli
+from llm_pipeline.config import LoraConfig
 from llm_pipeline.errors import CheckpointError
 from llm_pipeline.weights.adapter_files import AdapterFolder, open_adapter_folder
 from llm_pipeline.weights.atomic_output import AtomicOutputDir
@@ -123,10 +124,20 @@ def write_merged(model: ModelFolder, adapter: AdapterFolder, folder: Path) -> Co
 
 
 def merge(
-    base: Path, adapter_dir: Path, output: Path, *, overwrite: bool = False, allow_other_base: bool = False
+    base: Path,
+    adapter_dir: Path,
+    output: Path,
+    *,
+    overwrite: bool = False,
+    allow_other_base: bool = False,
+    run_lora: LoraConfig | None = None,
 ) -> Path:
+    """Merge ``adapter_dir`` into ``base`` at ``output``; ``run_lora`` (the run config's [lora]) only
+    adds a note when the adapter was trained with other settings (the adapter's own config wins)."""
     model = open_model_folder(base)
     adapter = open_adapter_folder(adapter_dir)
+    if run_lora is not None:
+        note_if_settings_differ(run_lora, adapter)
     check_base_model(adapter, base, allow_other=allow_other_base)
     check_fits(model, adapter)
     check_paths(output, base, adapter_dir)
@@ -155,12 +166,8 @@ def merge(
     return output
 
 
-def _warn_if_config_differs(cfg, adapter_dir: Path) -> None:
-    try:
-        adapter = open_adapter_folder(adapter_dir)
-    except CheckpointError:
-        return  # merge() reports it
-    ours = (cfg.lora.r, cfg.lora.alpha, cfg.lora.use_rslora)
+def note_if_settings_differ(run_lora: LoraConfig, adapter: AdapterFolder) -> None:
+    ours = (run_lora.r, run_lora.alpha, run_lora.use_rslora)
     theirs = (adapter.rank, adapter.config["lora_alpha"], bool(adapter.config.get("use_rslora")))
     if ours != theirs:
         print(
@@ -190,14 +197,13 @@ def run(cfg, args) -> None:
             flush=True,
         )
         return
-    adapter = args.adapter or cfg.paths.adapter_dir
-    _warn_if_config_differs(cfg, adapter)
     merge(
         args.base or Path(cfg.paths.model_dir),
-        adapter,
+        args.adapter or cfg.paths.adapter_dir,
         args.output or cfg.paths.merged_dir,
         overwrite=args.overwrite,
         allow_other_base=args.allow_other_base,
+        run_lora=cfg.lora,
     )
 
 

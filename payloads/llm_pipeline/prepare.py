@@ -6,86 +6,92 @@ stack imports, so a bad config or a broken image fails in seconds, not after the
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.util
+import os
 import platform
 import sys
+from collections.abc import Mapping
 
-from llm_pipeline import config
+from llm_pipeline import cli, config
+from llm_pipeline.errors import StepError
 from llm_pipeline.train import resolve_backend
 
 STACK = ("torch", "transformers", "peft", "trl", "datasets", "safetensors")
+NODE_DEVICES = "HPL_DEVICES_PER_NODE"  # the node's accelerator count, from the cluster facts
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m llm_pipeline.prepare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="run config (TOML)")
-    args = parser.parse_args(argv)
-    try:
-        cfg = config.load(args.config)
-        backend = resolve_backend(cfg.train.backend)
-        config.check_backend(cfg, backend)  # train.method etc. against the backend this runtime picks
-    except config.ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+def check_processes_per_node(cfg: config.RunConfig, env: Mapping[str, str]) -> None:
+    """parallel.devices_per_node must equal the node's devices, the processes launch starts per node."""
+    wanted = cfg.parallel.devices_per_node
+    node = env.get(NODE_DEVICES, "")
+    if not node:
+        print(f"processes per node: {wanted} (parallel.devices_per_node; {NODE_DEVICES} is not set here)")
+        return
+    if not node.isdigit() or int(node) != wanted:
+        raise StepError(
+            f"parallel.devices_per_node is {wanted} but this node has {NODE_DEVICES}={node} devices "
+            f"(cluster facts): set parallel.devices_per_node = {node} in the run config, or submit to a "
+            "partition whose nodes have that many devices"
+        )
+    print(f"processes per node: {wanted} (parallel.devices_per_node, equals {NODE_DEVICES})")
+
+
+def check(cfg: config.RunConfig, env: Mapping[str, str]) -> None:
+    backend = resolve_backend(cfg.train.backend)
+    config.check_backend(cfg, backend)  # train.method etc. against the backend this runtime picks
     print(f"run config ok: model {cfg.model.id}, run folder {cfg.paths.output_dir}")
     print(f"backend {backend}: method {cfg.train.method}, strategy {cfg.parallel.strategy}")
+    check_processes_per_node(cfg, env)
     print(f"python {platform.python_version()} at {sys.executable}")
     for name in STACK:
         try:
             module = importlib.import_module(name)
         except ImportError as exc:
-            print(
-                f"error: {name} does not import in this runtime ({exc}): rebuild the image or the environment",
-                file=sys.stderr,
-            )
-            return 2
+            raise StepError(
+                f"{name} does not import in this runtime ({exc}): rebuild the image or the environment"
+            ) from None
         print(f"  {name} {getattr(module, '__version__', '?')}")
     neuron = importlib.util.find_spec("torch_xla") is not None
     print(f"neuron backend available: {'yes' if neuron else 'no (torch backend)'}")
-    if backend == "neuron" and check_neuron(cfg):
-        return 2
-    return check_full_storage(cfg)
+    if backend == "neuron":
+        check_neuron(cfg)
+    check_full_storage(cfg)
 
 
-def check_neuron(cfg: config.RunConfig) -> int:
+def check_neuron(cfg: config.RunConfig) -> None:
     """optimum-neuron's rules for this run (packing, fused q/k/v), with the model's config when downloaded."""
-    from llm_pipeline.errors import StepError
     from llm_pipeline.training.neuron_rules import check_neuron_run, read_model_config
 
     config_file = f"{cfg.paths.model_dir}/config.json"
-    try:
-        model_config = read_model_config(cfg.paths.model_dir)
-        check_neuron_run(cfg, model_config, config_file)
-    except StepError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    model_config = read_model_config(cfg.paths.model_dir)
+    check_neuron_run(cfg, model_config, config_file)
     if model_config is None:
         print(f"note: {config_file} is not there yet; the train step checks the layout against it")
-    return 0
 
 
-def check_full_storage(cfg: config.RunConfig) -> int:
+def build_parser():
+    return cli.parser("prepare", __doc__.split("\n\n")[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run_step(build_parser, lambda cfg, args: check(cfg, os.environ), argv)
+
+
+def check_full_storage(cfg: config.RunConfig) -> None:
     """Full fine-tuning: do train.save_total_limit checkpoints and the model fit where the run writes?
     (Once the model is downloaded; the train step checks again before training.)"""
-    from llm_pipeline.errors import StepError
     from llm_pipeline.training.full_rules import check_storage
     from llm_pipeline.training.neuron_rules import read_model_config
 
     if cfg.train.method != "full":
-        return 0
-    try:
-        model_config = read_model_config(cfg.paths.model_dir)
-        if model_config is None:
-            print("note: the model is not downloaded yet; the train step checks the storage for checkpoints")
-            return 0
-        print(f"storage: {check_storage(cfg, model_config)}")
-    except StepError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        return
+    model_config = read_model_config(cfg.paths.model_dir)
+    if model_config is None:
+        print("note: the model is not downloaded yet; the train step checks the storage for checkpoints")
+        return
+    print(f"storage: {check_storage(cfg, model_config)}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Submit the whole pipeline as chained Slurm jobs, or report where a submitted one stands.
 
-    python3 -m llm_pipeline.submit --config configs/llama3-8b.toml [--from train] [--dry-run] [--wait]
-    python3 -m llm_pipeline.submit status --config configs/llama3-8b.toml
+    python3 -m llm_pipeline.submit --config configs/default.toml [--from train] [--dry-run] [--wait]
+    python3 -m llm_pipeline.submit status --config configs/default.toml
 
 One sbatch job per step (payloads/slurm/<step>.sbatch), each after the previous one succeeded
 (--dependency=afterok, --kill-on-invalid-dep=yes: a failed step cancels the rest). Prints one line
@@ -173,7 +173,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="submit the pipeline (default), report the state of the last submission, or submit the "
         "torchtitan pretraining ladder (docs/pretraining.md)",
     )
-    parser.add_argument("--config", required=True, help="run config (TOML), e.g. configs/llama3-8b.toml")
+    parser.add_argument("--config", required=True, help="run config (TOML), e.g. configs/default.toml")
     parser.add_argument(
         "--from",
         dest="first",

@@ -108,10 +108,7 @@ def train(cfg: RunConfig, backend_override: str | None = None, precompile: bool 
     start = f"resuming from {plan.resume_from}" if plan.resume_from else "from the base model"
     say(f"{what} with the {backend} backend, {start}")
 
-    if not data.is_prepared(cfg) and world_size() == 1:
-        data.prepare(cfg)  # one process: preparing here is safe; many processes need the data step first
-    datasets = data.load_prepared(cfg)
-    tokenizer = data.load_tokenizer(cfg.paths.model_dir)
+    datasets, tokenizer = data.training_inputs(cfg, may_prepare=world_size() == 1)
     model_config = AutoConfig.from_pretrained(model_dir)
     fused_qkv = neuron_rules.kv_size_multiplier(model_config.num_key_value_heads, cfg.parallel.tensor_parallel_size)
     expected = lora_count.expected_lora_parameters(

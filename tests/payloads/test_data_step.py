@@ -89,7 +89,9 @@ def test_blog_run_has_1251_optimizer_steps_per_epoch():
 def test_prepare_splits_saves_and_reports_padding(hpl_env, capsys):
     cfg = tiny_config(hpl_env)
     target = data.prepare(cfg)
-    prepared = data.load_prepared(cfg)
+    prepared, tokenizer = data.training_inputs(cfg, may_prepare=False)
+    assert tokenizer.name_or_path == cfg.paths.model_dir
+    assert not any(path.name.startswith(".") for path in target.parent.iterdir()), "no partial folder is left"
     assert (len(prepared["train"]), len(prepared["validation"])) == (180, 20)
     report = json.loads((target / "stats.json").read_text())
     assert report["examples"] == 180 and report["max_length"] == 128
@@ -101,12 +103,14 @@ def test_prepare_splits_saves_and_reports_padding(hpl_env, capsys):
     assert f"{padded['pad_fraction']:.1%} padded to max_length" in out and f"{packed['pad_fraction']:.1%} packed" in out
 
 
-def test_prepared_data_from_another_config_is_refused(hpl_env):
+def test_prepared_data_from_another_config_is_refused_or_prepared_again(hpl_env):
     data.prepare(tiny_config(hpl_env))
     changed = tiny_config(hpl_env, data={"max_samples": 50})
-    assert not data.is_prepared(changed)
     with pytest.raises(StepError, match="another \\[data\\] config"):
-        data.load_prepared(changed)
+        data.training_inputs(changed, may_prepare=False)  # many processes: the data step must run first
+    prepared, _ = data.training_inputs(changed, may_prepare=True)  # one process prepares it itself
+    assert len(prepared["train"]) + len(prepared["validation"]) == 50
+    assert data.stale_reason(changed) is None
 
 
 def test_data_cli_reports_bad_input_and_exits_2(hpl_env, tmp_path, capsys):
