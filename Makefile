@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR):$(CURDIR)/payloads
 
 .DEFAULT_GOAL := help
-.PHONY: help venv synth lint doc-tables test snapshot-update deploy diff destroy rehearse rehearse-ladder bench bench-train diagram clean
+.PHONY: help system-packages venv synth lint doc-tables test snapshot-update deploy diff destroy rehearse rehearse-ladder bench bench-train diagram clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -29,6 +29,9 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-torchtitan-cpu.txt 
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $(STAMP)
 
+system-packages:  ## install slurm-wlm, munge, graphviz, python3-venv when missing (apt-get; sudo when not root)
+	tools/system_packages.sh
+
 venv: $(STAMP)  ## create .venv and node_modules from the pinned files
 
 synth: $(STAMP)  ## synthesize every stack offline, cfn-lint it, print a summary
@@ -42,7 +45,8 @@ lint: $(STAMP)  ## ruff lint and format check (shellcheck and hadolint run insid
 doc-tables: $(STAMP)  ## rewrite the run-config tables in README.md and docs/training.md from config.py
 	$(PY) -m tools.doc_tables
 
-test: lint  ## lint, then run the whole test suite
+# Make builds prerequisites left to right: system packages, then .venv (inside lint), then lint.
+test: system-packages lint  ## set up a fresh Debian/Ubuntu machine as needed, lint, then run the whole suite
 	$(PY) -m pytest -n 2 --dist loadgroup
 
 snapshot-update: $(STAMP)  ## rewrite the template snapshots after an intended change
@@ -58,10 +62,10 @@ diff: $(STAMP)  ## show what a deploy would change
 destroy: $(STAMP)  ## delete everything the stack created
 	$(CDK) destroy --force
 
-rehearse: $(STAMP)  ## run the whole pipeline on a local single-node Slurm with a tiny model
+rehearse: system-packages $(STAMP)  ## run the whole pipeline on a local single-node Slurm with a tiny model
 	$(PY) -m tools.rehearse
 
-rehearse-ladder: $(STAMP)  ## run the torchtitan ladder chain on a local Slurm (CPU stand-in trainer)
+rehearse-ladder: system-packages $(STAMP)  ## run the torchtitan ladder chain on a local Slurm (CPU stand-in trainer)
 	$(PY) -m tools.rehearse_ladder
 
 bench: $(STAMP)  ## merge benchmark: streaming merge vs reference vs copy floor
