@@ -23,6 +23,13 @@ def parser(step: str, description: str) -> argparse.ArgumentParser:
     return result
 
 
+def run_config_only_step(
+    step: str, description: str, body: Callable[[RunConfig], object], argv: Sequence[str] | None = None
+) -> int:
+    """`run_step` for a step whose only argument is --config."""
+    return run_step(lambda: parser(step, description), lambda cfg, args: body(cfg), argv)
+
+
 def run_step(
     build_parser: Callable[[], argparse.ArgumentParser],
     body: Callable[[RunConfig, argparse.Namespace], None],

@@ -69,6 +69,11 @@ class DataConfig:
     max_samples: int = described(0, ">= 0: first N rows only; 0 = all")
 
 
+def _in_run_folder(name: str) -> property:
+    """A path in the run folder (paths.output_dir), as a read-only attribute."""
+    return property(lambda paths: Path(paths.output_dir) / name, doc=f"paths.output_dir / {name!r}")
+
+
 @dataclass(frozen=True)
 class PathsConfig:
     model_dir: str = described(
@@ -83,37 +88,14 @@ class PathsConfig:
     )
 
     # The run folder layout every step agrees on.
-    @property
-    def checkpoints_dir(self) -> Path:
-        return Path(self.output_dir) / "checkpoints"
-
-    @property
-    def adapter_dir(self) -> Path:
-        return Path(self.output_dir) / "adapter"
-
-    @property
-    def merged_dir(self) -> Path:
-        return Path(self.output_dir) / "merged"
-
-    @property
-    def data_dir(self) -> Path:
-        return Path(self.output_dir) / "data"
-
-    @property
-    def tensorboard_dir(self) -> Path:
-        return Path(self.output_dir) / "tensorboard"
-
-    @property
-    def profile_dir(self) -> Path:
-        return Path(self.output_dir) / "profile"
-
-    @property
-    def logs_dir(self) -> Path:
-        return Path(self.output_dir) / "logs"
-
-    @property
-    def generation_file(self) -> Path:
-        return Path(self.output_dir) / "generation.txt"
+    checkpoints_dir = _in_run_folder("checkpoints")
+    adapter_dir = _in_run_folder("adapter")
+    merged_dir = _in_run_folder("merged")
+    data_dir = _in_run_folder("data")
+    tensorboard_dir = _in_run_folder("tensorboard")
+    profile_dir = _in_run_folder("profile")
+    logs_dir = _in_run_folder("logs")
+    generation_file = _in_run_folder("generation.txt")
 
 
 @dataclass(frozen=True)

@@ -152,12 +152,9 @@ def training_inputs(cfg: RunConfig, *, may_prepare: bool):
     return datasets.load_from_disk(str(cfg.paths.data_dir)), tokenizer
 
 
-def build_parser():
-    return cli.parser("data", "Validate, split and save the dolly dataset; report padding with and without packing.")
-
-
 def main(argv=None) -> int:
-    return cli.run_step(build_parser, lambda cfg, args: prepare(cfg), argv)
+    description = "Validate, split and save the dolly dataset; report padding with and without packing."
+    return cli.run_config_only_step("data", description, prepare, argv)
 
 
 if __name__ == "__main__":

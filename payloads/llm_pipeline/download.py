@@ -113,12 +113,9 @@ def download(cfg: RunConfig, endpoint: str | None = None) -> Path:
     return folder
 
 
-def build_parser():
-    return cli.parser("download", "Download the model and tokenizer from the Hugging Face Hub in model.dtype.")
-
-
 def main(argv=None) -> int:
-    return cli.run_step(build_parser, lambda cfg, args: download(cfg), argv)
+    description = "Download the model and tokenizer from the Hugging Face Hub in model.dtype."
+    return cli.run_config_only_step("download", description, download, argv)
 
 
 if __name__ == "__main__":

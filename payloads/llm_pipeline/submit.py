@@ -18,6 +18,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from llm_pipeline.errors import StepError
@@ -76,43 +77,58 @@ def check_runtime_sees(facts: RunFacts, env: dict[str, str]) -> None:
             )
 
 
-def sbatch_command(step: str, facts: RunFacts, after: str | None, env: dict[str, str]) -> list[str]:
-    exports = ",".join(["ALL", *(f"{key}={value}" for key, value in job_environment(facts, env).items())])
-    command = [
-        "sbatch",
-        "--parsable",
-        f"--job-name=hpl-{step}",
-        f"--output={facts.logs_dir / step}-%j.log",
-        f"--nodes={facts.nodes if step in MULTI_NODE_STEPS else 1}",
-        f"--export={exports}",
-    ]
-    if env.get("HPL_PARTITION"):
-        command.append(f"--partition={env['HPL_PARTITION']}")
-    if after:
-        command += [f"--dependency=afterok:{after}", "--kill-on-invalid-dep=yes"]
-    return [*command, str(PAYLOADS_DIR / "slurm" / f"{step}.sbatch")]
+@dataclass(frozen=True)
+class ChainJob:
+    """One sbatch job of a chain (the pipeline's steps, or the torchtitan ladder's jobs)."""
+
+    step: str  # the name in the record, the state marker and the log file
+    script: str  # payloads/slurm/<script>
+    args: tuple[str, ...] = ()
+    multi_node: bool = False  # on [parallel] nodes nodes; else one node
 
 
 def steps_from(first: str) -> tuple[str, ...]:
     return STEPS[STEPS.index(first) :]
 
 
-def dry_run(facts: RunFacts, first: str, env: dict[str, str]) -> None:
+def pipeline_jobs(first: str) -> list[ChainJob]:
+    return [ChainJob(step, f"{step}.sbatch", multi_node=step in MULTI_NODE_STEPS) for step in steps_from(first)]
+
+
+def sbatch_command(job: ChainJob, facts: RunFacts, after: str | None, env: dict[str, str]) -> list[str]:
+    exports = ",".join(["ALL", *(f"{key}={value}" for key, value in job_environment(facts, env).items())])
+    command = [
+        "sbatch",
+        "--parsable",
+        f"--job-name=hpl-{job.step}",
+        f"--output={facts.logs_dir / job.step}-%j.log",
+        f"--nodes={facts.nodes if job.multi_node else 1}",
+        f"--export={exports}",
+    ]
+    if env.get("HPL_PARTITION"):
+        command.append(f"--partition={env['HPL_PARTITION']}")
+    if after:
+        command += [f"--dependency=afterok:{after}", "--kill-on-invalid-dep=yes"]
+    return [*command, str(PAYLOADS_DIR / "slurm" / job.script), *job.args]
+
+
+def dry_run(facts: RunFacts, jobs: list[ChainJob], env: dict[str, str], *, what: str = "submission") -> None:
     """The submission as a shell script: each job id captured and fed to the next dependency."""
-    print("# dry run: nothing submitted. The same submission as a script:")
+    print(f"# dry run: nothing submitted. The same {what} as a script:")
     print(f"mkdir -p {shlex.quote(str(facts.logs_dir))}/state")
     previous = None
-    for step in steps_from(first):
+    for job in jobs:
+        variable = job.step.replace("-", "_") + "_job"
         words = [
-            f'--dependency=afterok:"${previous}_job"' if word.startswith("--dependency=") else shlex.quote(word)
-            for word in sbatch_command(step, facts, previous, env)
+            f'--dependency=afterok:"${previous}"' if word.startswith("--dependency=") else shlex.quote(word)
+            for word in sbatch_command(job, facts, previous, env)
         ]
-        print(f"{step}_job=$({' '.join(words)})")
-        previous = step
+        print(f"{variable}=$({' '.join(words)})")
+        previous = variable
 
 
-def submit(facts: RunFacts, first: str, env: dict[str, str]) -> list[StepJob]:
-    """Submit the chain from `first`; on a refused submission, cancel what this call submitted."""
+def refuse_while_active(facts: RunFacts) -> None:
+    """One submission per run folder at a time: its jobs share the step markers and the record."""
     active = [s for s in pipeline_status.step_states(facts.logs_dir, slurm) if s.active]
     if active:
         jobs = " ".join(s.job for s in active)
@@ -120,29 +136,42 @@ def submit(facts: RunFacts, first: str, env: dict[str, str]) -> list[StepJob]:
             f"the last submission for {facts.output_dir} is still going (jobs {jobs}): "
             f"wait for it (status), or cancel it with `scancel {jobs}`, then submit again"
         )
-    facts.logs_dir.mkdir(parents=True, exist_ok=True)
-    (facts.logs_dir / "state").mkdir(exist_ok=True)
+
+
+def submit_chain(
+    facts: RunFacts, jobs: list[ChainJob], env: dict[str, str], *, kept: list[StepJob] | None = None
+) -> list[StepJob]:
+    """Submit ``jobs``, each after the previous; on a refused one, cancel what this call submitted.
+
+    The record (logs/pipeline.json) lists ``kept`` (earlier jobs still valid) and the new ones."""
+    (facts.logs_dir / "state").mkdir(parents=True, exist_ok=True)
+    submitted: list[StepJob] = []
+    for job in jobs:
+        after = submitted[-1].job if submitted else None
+        out = slurm(sbatch_command(job, facts, after, env))
+        if out.returncode != 0:
+            if submitted:
+                slurm(["scancel", *(s.job for s in submitted)])
+            raise SubmitError(
+                f"sbatch refused job {job.step}: {out.stderr.strip() or out.stdout.strip()}"
+                + (" (cancelled the jobs submitted before it)" if submitted else "")
+            )
+        job_id = out.stdout.strip().split(";")[0]
+        submitted.append(StepJob(job.step, job_id, str(facts.logs_dir / f"{job.step}-{job_id}.log")))
+        print(f"submitted {job.step} job {job_id}", flush=True)
+    pipeline_status.write_record(facts.logs_dir, facts.config, [*(kept or []), *submitted])
+    return submitted
+
+
+def submit(facts: RunFacts, first: str, env: dict[str, str]) -> list[StepJob]:
+    """Submit the pipeline from step `first`; the record keeps the earlier steps' jobs."""
+    refuse_while_active(facts)
     kept = [
         job
         for job in pipeline_status.read_record(facts.logs_dir)
         if job.step in STEPS and STEPS.index(job.step) < STEPS.index(first)  # (a ladder's steps are not)
     ]
-    submitted: list[StepJob] = []
-    for step in steps_from(first):
-        after = submitted[-1].job if submitted else None
-        out = slurm(sbatch_command(step, facts, after, env))
-        if out.returncode != 0:
-            if submitted:
-                slurm(["scancel", *(job.job for job in submitted)])
-            raise SubmitError(
-                f"sbatch refused step {step}: {out.stderr.strip() or out.stdout.strip()}"
-                + (" (cancelled the steps submitted before it)" if submitted else "")
-            )
-        job = out.stdout.strip().split(";")[0]
-        submitted.append(StepJob(step, job, str(facts.logs_dir / f"{step}-{job}.log")))
-        print(f"submitted {step} job {job}", flush=True)
-    pipeline_status.write_record(facts.logs_dir, facts.config, kept + submitted)
-    return submitted
+    return submit_chain(facts, pipeline_jobs(first), env, kept=kept)
 
 
 def partition_environment(facts: RunFacts, env: dict[str, str], *, ladder: bool = False) -> dict[str, str]:
@@ -216,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.action == "ladder":
                 ladder_submit.dry_run(facts, env)
             else:
-                dry_run(facts, args.first, env)
+                dry_run(facts, pipeline_jobs(args.first), env)
             return 0
         if slurm(["sbatch", "--version"]).returncode != 0:
             raise SubmitError("sbatch not found: run this on the cluster's controller or login node")
