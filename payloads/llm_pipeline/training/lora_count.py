@@ -9,24 +9,14 @@ For Llama 3 8B, r=16 on q_proj and v_proj: 32 x (16*4096 + 4096*16 + 16*4096 + 1
 from __future__ import annotations
 
 from llm_pipeline.config import LoraConfig
+from llm_pipeline.model_shapes import module_dims
+
+EMBEDDINGS = ("embed_tokens", "lm_head")
 
 
 def layer_shapes(model_config) -> dict[str, tuple[int, int]]:
     """(in_features, out_features) of each adaptable module of one decoder layer."""
-    hidden = model_config.hidden_size
-    heads = model_config.num_attention_heads
-    head_dim = getattr(model_config, "head_dim", None) or hidden // heads
-    kv = model_config.num_key_value_heads * head_dim
-    inter = model_config.intermediate_size
-    return {
-        "q_proj": (hidden, heads * head_dim),
-        "k_proj": (hidden, kv),
-        "v_proj": (hidden, kv),
-        "o_proj": (heads * head_dim, hidden),
-        "gate_proj": (hidden, inter),
-        "up_proj": (hidden, inter),
-        "down_proj": (inter, hidden),
-    }
+    return {name: dims for name, dims in module_dims(vars(model_config)).items() if name not in EMBEDDINGS}
 
 
 def expected_lora_parameters(

@@ -3,5 +3,5 @@ model and adapter folders, tensor-parallel layouts, the xser reader, the streami
 atomic output folders.
 
 May import: the stdlib, numpy, safetensors, and torch only inside functions that need it (the
-merge runs without torch); from this package only errors. Never the training stack.
+merge runs without torch); from this package only errors and model_shapes. Never the training stack.
 """

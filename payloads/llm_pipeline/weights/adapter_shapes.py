@@ -14,28 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from llm_pipeline.errors import CheckpointError
+from llm_pipeline.model_shapes import module_dims
 from llm_pipeline.weights.adapter_files import AdapterFolder
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
-
-
-def module_dims(model_config: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
-    """(in, out) features of every module LoRA can adapt on a Llama-shaped model."""
-    hidden, heads = model_config["hidden_size"], model_config["num_attention_heads"]
-    head_dim = model_config.get("head_dim") or hidden // heads
-    kv = model_config.get("num_key_value_heads", heads) * head_dim
-    inter, vocab = model_config["intermediate_size"], model_config["vocab_size"]
-    return {
-        "q_proj": (hidden, heads * head_dim),
-        "k_proj": (hidden, kv),
-        "v_proj": (hidden, kv),
-        "o_proj": (heads * head_dim, hidden),
-        "gate_proj": (hidden, inter),
-        "up_proj": (hidden, inter),
-        "down_proj": (inter, hidden),
-        "embed_tokens": (vocab, hidden),
-        "lm_head": (hidden, vocab),
-    }
 
 
 def read_model_config(model_dir: Path) -> dict[str, Any] | None:
