@@ -91,8 +91,13 @@ def steps_from(first: str) -> tuple[str, ...]:
     return STEPS[STEPS.index(first) :]
 
 
+def step_job(step: str) -> ChainJob:
+    """The job of one step: payloads/slurm/<step>.sbatch, on every node for precompile and train."""
+    return ChainJob(step, f"{step}.sbatch", multi_node=step in MULTI_NODE_STEPS)
+
+
 def pipeline_jobs(first: str) -> list[ChainJob]:
-    return [ChainJob(step, f"{step}.sbatch", multi_node=step in MULTI_NODE_STEPS) for step in steps_from(first)]
+    return [step_job(step) for step in steps_from(first)]
 
 
 def sbatch_command(job: ChainJob, facts: RunFacts, after: str | None, env: dict[str, str]) -> list[str]:

@@ -33,6 +33,7 @@ from llm_pipeline.submit import (
     partition_environment,
     sbatch_command,
     slurm,
+    step_job,
 )
 
 REPORT_STEP = "sweep_report"  # payloads/slurm/sweep_report.sbatch
@@ -74,7 +75,7 @@ def submit_chain(jobs: list[tuple[str, RunFacts]], env: dict[str, str]) -> list[
     submitted: list[dict] = []
     for step, facts in jobs:
         after = submitted[-1]["job"] if submitted else None
-        out = slurm(sbatch_command(step, facts, after, env))
+        out = slurm(sbatch_command(step_job(step), facts, after, env))
         if out.returncode != 0:
             if submitted:
                 slurm(["scancel", *(job["job"] for job in submitted)])
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             print("# dry run: nothing submitted. The jobs, each after the previous one:")
             for step, facts in jobs:
-                print(shlex.join(sbatch_command(step, facts, None, env)))
+                print(shlex.join(sbatch_command(step_job(step), facts, None, env)))
             return 0
         if slurm(["sbatch", "--version"]).returncode != 0:
             raise SubmitError("sbatch not found: run this on the cluster's controller or login node")
