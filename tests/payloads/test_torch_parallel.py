@@ -4,11 +4,22 @@ through the same plugin is run by tests/slurm/test_fsdp_train.py)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from payload_configs import tiny_config
 
 from llm_pipeline.training import torch_parallel
+
+
+@pytest.fixture(autouse=True)
+def restore_environment():
+    """SFTConfig(fsdp=...) exports ACCELERATE_USE_FSDP and FSDP_* for the process: undo it for later tests."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def fsdp_plugin(cfg, monkeypatch, world_size: int):

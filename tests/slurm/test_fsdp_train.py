@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,12 +23,16 @@ from tools.rehearse import fsx_environment, write_inputs
 pytestmark = pytest.mark.xdist_group("slurm")
 TINY = REPO / "payloads" / "configs" / "tiny-cpu.toml"
 STEPS = 4
+LEAKED_PREFIXES = ("ACCELERATE_", "FSDP_")
 
 
 @pytest.fixture(scope="module")
 def cluster(two_nodes, tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp")
-    env = two_nodes.env(fsx_environment(root / "fsx"))
+    # transformers exports ACCELERATE_*/FSDP_* settings whenever a process builds trainer arguments: an
+    # earlier in-process training (another test) must not leak its precision or FSDP mode into the jobs
+    base = {k: v for k, v in os.environ.items() if not k.startswith(LEAKED_PREFIXES)}
+    env = two_nodes.env(fsx_environment(root / "fsx", base))
     write_inputs(TINY, env, records=80)
     return env, root
 
@@ -101,6 +106,8 @@ def hpl_environment(cluster):
         for key, value in env.items():
             if key.startswith("HPL_"):
                 patch.setenv(key, value)
+        for key in [k for k in os.environ if k.startswith(LEAKED_PREFIXES)]:
+            patch.delenv(key)
         yield env
 
 
