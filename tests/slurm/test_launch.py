@@ -115,11 +115,12 @@ def test_cli_outside_a_job_says_so():
     assert out.stderr.strip() == "error: SLURM_JOB_NUM_NODES is not set: run inside a Slurm job (sbatch/srun)"
 
 
-def test_two_node_gloo_rendezvous_through_env_sh(two_nodes, tmp_path):
-    """Two slurmd on this host, one torchrun agent each, 2 workers per node: world size 4."""
+def run_two_node_job(cluster, tmp_path: Path, script: str, timeout_s: float) -> Path:
+    """Run tests/slurm/<script> on both nodes through env.sh (host runtime, 2 workers per node) and
+    wait until it completes; returns the run folder the probes wrote into."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    env = two_nodes.env()
+    env = cluster.env()
     env.update(
         HPL_PAYLOADS_DIR=str(REPO / "payloads"),
         HPL_RUN_CONFIG=str(tmp_path / "unused.toml"),
@@ -130,17 +131,23 @@ def test_two_node_gloo_rendezvous_through_env_sh(two_nodes, tmp_path):
         PYTHONPATH=str(Path(__file__).parent),
         HPL_FSX_MOUNT_PATH=str(tmp_path / "fsx"),
     )
-    log = tmp_path / "probe.log"
+    log = tmp_path / f"{Path(script).stem}.log"
     job = subprocess.run(
-        ["sbatch", "--parsable", "--nodes=2", f"--output={log}", str(Path(__file__).with_name("probe.sbatch"))],
+        ["sbatch", "--parsable", "--nodes=2", f"--output={log}", str(Path(__file__).with_name(script))],
         env=env,
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
     marker = run_dir / "logs" / "state" / "probe.json"
-    wait_for(lambda: marker.is_file() and json.loads(marker.read_text())["state"] != "RUNNING", 180, f"probe job {job}")
+    wait_for(lambda: marker.is_file() and json.loads(marker.read_text())["state"] != "RUNNING", timeout_s, f"job {job}")
     assert json.loads(marker.read_text())["state"] == "COMPLETED", log.read_text()
+    return run_dir
+
+
+def test_two_node_gloo_rendezvous_through_env_sh(two_nodes, tmp_path):
+    """Two slurmd on this host, one torchrun agent each, 2 workers per node: world size 4."""
+    run_dir = run_two_node_job(two_nodes, tmp_path, "probe.sbatch", 180)
 
     seen = [json.loads((run_dir / f"probe-{rank}.json").read_text()) for rank in range(4)]
     assert {s["world"] for s in seen} == {4}
@@ -159,37 +166,16 @@ def test_auto_resume_rerun_with_a_changed_node_list_meets_at_its_own_first_node(
     """The srun'd command computes the rendezvous itself: run once on node1+node2, then (same command,
     as auto-resume re-runs it after replacing node1) on node2 alone, it forms a 1-node world there.
     A command with the arguments baked in would wait for 2 nodes at node1 and never start."""
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    env = two_nodes.env()
-    env.update(
-        HPL_PAYLOADS_DIR=str(REPO / "payloads"),
-        HPL_RUN_CONFIG=str(tmp_path / "unused.toml"),
-        HPL_RUN_DIR=str(run_dir),
-        HPL_RUNTIME="host",
-        HPL_DEVICES_PER_NODE="2",
-        PYTHON=sys.executable,
-        PYTHONPATH=str(Path(__file__).parent),
-        HPL_FSX_MOUNT_PATH=str(tmp_path / "fsx"),
-    )
-    log = tmp_path / "relaunch.log"
-    job = subprocess.run(
-        ["sbatch", "--parsable", "--nodes=2", f"--output={log}", str(Path(__file__).with_name("relaunch.sbatch"))],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    marker = run_dir / "logs" / "state" / "probe.json"
-    wait_for(lambda: marker.is_file() and json.loads(marker.read_text())["state"] != "RUNNING", 240, f"job {job}")
-    assert json.loads(marker.read_text())["state"] == "COMPLETED", log.read_text()
+    run_dir = run_two_node_job(two_nodes, tmp_path, "relaunch.sbatch", 240)
 
     first = [json.loads(p.read_text()) for p in sorted((run_dir / "first").glob("probe-*.json"))]
     second = [json.loads(p.read_text()) for p in sorted((run_dir / "second").glob("probe-*.json"))]
     assert len(first) == 4 and {s["world"] for s in first} == {4}
     assert sorted(s["node"] for s in first) == ["node1", "node1", "node2", "node2"]
     assert len(second) == 2 and {s["world"] for s in second} == {2} and {s["node"] for s in second} == {"node2"}
-    launches = [line for line in log.read_text().splitlines() if "torch.distributed.run" in line]
+    launches = [
+        line for line in (tmp_path / "relaunch.log").read_text().splitlines() if "torch.distributed.run" in line
+    ]
     assert len(launches) == 3  # one agent per node in the first run, one in the second
     assert "[node2]" in launches[-1] and "--nnodes=1" in launches[-1]
     assert all("--nnodes=2" in line for line in launches[:2])
