@@ -138,8 +138,8 @@ def clock_callback(tokens_per_step: int, warmup: int, samples: list[float]):
 
 def engine_trainer(spec: dict, folder: Path):
     from llm_pipeline import config, data
-    from llm_pipeline.training import torch_backend
     from llm_pipeline.training.plan import TrainPlan
+    from llm_pipeline.training.torch import backend as torch_backend
 
     levers = spec["levers"]
     raw = {
@@ -163,7 +163,15 @@ def engine_trainer(spec: dict, folder: Path):
     }
     cfg = config.from_dict(raw, env={})
     data.prepare(cfg)
-    plan = TrainPlan("torch", cfg.train.max_steps, 10_000, False, None, 0, None)
+    plan = TrainPlan(
+        backend="torch",
+        max_steps=cfg.train.max_steps,
+        logging_steps=10_000,
+        save_checkpoints=False,
+        resume_from=None,
+        start_step=0,
+        tensorboard_dir=None,
+    )
     trainer, _ = torch_backend.build_trainer(cfg, plan, data.load_prepared(cfg), data.load_tokenizer(spec["model"]))
     return trainer
 

@@ -427,9 +427,9 @@ NEURON_REFUSALS = {
     ("compile", True): "neuronx-cc already compiles every graph; set it to false",
     ("liger_kernel", True): "liger-kernel is Triton (GPU) code; set it to false",
     ("attention", "flash_attention_2"): "the neuron backend always runs optimum-neuron's NKI flash-attention "
-    "kernel (training/neuron_backend.py); leave train.attention at sdpa",
+    "kernel (training/neuron/backend.py); leave train.attention at sdpa",
     ("attention", "eager"): "the neuron backend always runs optimum-neuron's NKI flash-attention kernel "
-    "(training/neuron_backend.py); leave train.attention at sdpa",
+    "(training/neuron/backend.py); leave train.attention at sdpa",
 }
 
 

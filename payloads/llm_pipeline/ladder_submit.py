@@ -19,11 +19,11 @@ import json
 import re
 from pathlib import Path
 
-from llm_pipeline import submit as chain
 from llm_pipeline.config import TORCHTITAN_RUNGS, TorchtitanConfig
+from llm_pipeline.jobs import chain
+from llm_pipeline.jobs.chain import ChainJob
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts, RunFactsError
-from llm_pipeline.submit import ChainJob
 
 _TABLE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.-]+)\s*\]\s*(#.*)?$")
 _RUNGS = re.compile(r"^\s*rungs\s*=\s*(\[[^\]]*\])\s*(#.*)?$")
@@ -61,11 +61,11 @@ def read_rungs(config: Path) -> tuple[str, ...]:
 
 def ladder_jobs(rungs: tuple[str, ...]) -> list[ChainJob]:
     return [
-        ChainJob("prepare", "prepare.sbatch"),
-        ChainJob("tokenizer", "ladder-tokenizer.sbatch"),
-        *(ChainJob(f"rung-{rung}", "ladder-rung.sbatch", (rung,), multi_node=True) for rung in rungs),
-        ChainJob("report", "ladder-report.sbatch"),
-        ChainJob("export", "ladder-export.sbatch"),
+        ChainJob(step="prepare", script="prepare.sbatch"),
+        ChainJob(step="tokenizer", script="ladder-tokenizer.sbatch"),
+        *(ChainJob(step=f"rung-{rung}", script="ladder-rung.sbatch", args=(rung,), multi_node=True) for rung in rungs),
+        ChainJob(step="report", script="ladder-report.sbatch"),
+        ChainJob(step="export", script="ladder-export.sbatch"),
     ]
 
 

@@ -19,7 +19,9 @@ from llm_pipeline import cli, download
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.jobs import pipeline_status
-from llm_pipeline.training import ladder_report, torchtitan_ladder, torchtitan_metrics
+from llm_pipeline.training.torchtitan import ladder as torchtitan_ladder
+from llm_pipeline.training.torchtitan import metrics as torchtitan_metrics
+from llm_pipeline.training.torchtitan import report as ladder_report
 
 # What torchtitan's tokenizer reads (tokenizer.json, tokenizer_config.json) and what a Hugging Face
 # export folder needs beside the weights; no weights: the ladder trains from scratch.
@@ -157,7 +159,7 @@ def report(cfg: RunConfig) -> tuple[Path, Path]:
 
 
 def export(cfg: RunConfig) -> Path:
-    from llm_pipeline.training import torchtitan_export
+    from llm_pipeline.training.torchtitan import export as torchtitan_export
 
     rung = cfg.torchtitan.rungs[-1]
     return torchtitan_export.export(cfg, rung, Path(cfg.paths.output_dir) / "hf")

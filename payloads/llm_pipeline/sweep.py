@@ -22,19 +22,21 @@ import sys
 import time
 from pathlib import Path
 
-from llm_pipeline.errors import StepError
 from llm_pipeline.jobs import deploy_facts
-from llm_pipeline.jobs.run_facts import RunFacts, RunFactsError, read_run_facts
-from llm_pipeline.jobs.sweep_plan import SweepPoint, plan_sweep, read_base, write_plan
-from llm_pipeline.submit import (
+from llm_pipeline.jobs.chain import (
     PAYLOADS_DIR,
     SubmitError,
     check_runtime_sees,
     partition_environment,
+    require_sbatch,
+    run_submitter,
     sbatch_command,
     slurm,
-    step_job,
+    submit_jobs,
 )
+from llm_pipeline.jobs.run_facts import RunFacts, read_run_facts
+from llm_pipeline.jobs.sweep_plan import SweepPoint, plan_sweep, read_base, write_plan
+from llm_pipeline.submit import step_job
 
 REPORT_STEP = "sweep_report"  # payloads/slurm/sweep_report.sbatch
 
@@ -72,22 +74,15 @@ def chain(base: RunFacts, points: list[SweepPoint], sweep_dir: Path, with_data: 
 
 
 def submit_chain(jobs: list[tuple[str, RunFacts]], env: dict[str, str]) -> list[dict]:
-    submitted: list[dict] = []
-    for step, facts in jobs:
-        after = submitted[-1]["job"] if submitted else None
-        out = slurm(sbatch_command(step_job(step), facts, after, env))
-        if out.returncode != 0:
-            if submitted:
-                slurm(["scancel", *(job["job"] for job in submitted)])
-            raise SubmitError(
-                f"sbatch refused {step} ({facts.nodes} node(s)): {out.stderr.strip() or out.stdout.strip()}"
-                + (" (cancelled the jobs submitted before it)" if submitted else "")
-            )
-        job = out.stdout.strip().split(";")[0]
-        log = facts.logs_dir / f"{step}-{job}.log"
-        submitted.append({"step": step, "nodes": facts.nodes, "job": job, "log": str(log)})
-        print(f"submitted {step} ({facts.nodes} node(s)) job {job}", flush=True)
-    return submitted
+    submitted = submit_jobs(
+        [(step_job(step), facts) for step, facts in jobs],
+        env,
+        label=lambda job, facts: f"{job.step} ({facts.nodes} node(s))",
+    )
+    return [
+        {"step": job.step, "nodes": facts.nodes, "job": job.job, "log": job.log}
+        for job, (_, facts) in zip(submitted, jobs, strict=True)
+    ]
 
 
 def wait(jobs: list[dict], poll_s: float) -> None:
@@ -118,56 +113,55 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    return run_submitter(lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     try:
-        try:
-            counts = [int(part) for part in args.nodes.split(",") if part.strip()]
-        except ValueError:
-            raise SubmitError(f"--nodes {args.nodes!r}: give node counts separated by commas, e.g. 1,2,4") from None
-        if not counts or args.steps < 2 or args.logging_steps < 1:
-            raise SubmitError("give at least one node count, --steps >= 2 and --logging-steps >= 1")
-        base = read_run_facts(args.config, env)
-        # The same partition, image and runtime as submit would give this run (one config, one partition).
-        env.update(partition_environment(base, env))
-        env.update(deploy_facts.read_deploy_facts(PAYLOADS_DIR, partition=env.get("HPL_PARTITION")))
-        check_runtime_sees(base, env)
-        sweep_dir = base.output_dir / args.name
-        points = plan_sweep(base.config, sweep_dir, counts, steps=args.steps, logging_steps=args.logging_steps)
-        for point in points:
-            print(
-                f"{point.nodes} node(s): gradient accumulation {point.gradient_accumulation_steps}, global batch "
-                f"{point.global_batch}, config {point.config}",
-                flush=True,
-            )
-        data_dir = base.output_dir / "data"
-        with_data = not (data_dir.is_dir() and any(data_dir.iterdir()))
-        if not with_data:
-            print(f"using the prepared data in {data_dir} (delete it to prepare it again)", flush=True)
-        jobs = chain(base, points, sweep_dir, with_data)
-        if args.dry_run:
-            print("# dry run: nothing submitted. The jobs, each after the previous one:")
-            for step, facts in jobs:
-                print(shlex.join(sbatch_command(step_job(step), facts, None, env)))
-            return 0
-        if slurm(["sbatch", "--version"]).returncode != 0:
-            raise SubmitError("sbatch not found: run this on the cluster's controller or login node")
-        link_data(points, data_dir)
-        clear_checkpoints(points)
-        base_facts = read_base(base.config)
-        write_plan(sweep_dir, base.config, base_facts, points, {"chain": []})  # before any job can read it
-        submitted = submit_chain(jobs, env)
-        write_plan(sweep_dir, base.config, base_facts, points, {"chain": submitted})
-        print(f"report: {sweep_dir / 'scaling.md'} (written by the last job)")
-        if args.wait:
-            wait(submitted, args.poll)
-            report = sweep_dir / "scaling.md"
-            if not report.is_file():
-                raise SubmitError(f"the sweep ended without a report; see the logs in {submitted[-1]['log']}")
-            print(report.read_text())
+        counts = [int(part) for part in args.nodes.split(",") if part.strip()]
+    except ValueError:
+        raise SubmitError(f"--nodes {args.nodes!r}: give node counts separated by commas, e.g. 1,2,4") from None
+    if not counts or args.steps < 2 or args.logging_steps < 1:
+        raise SubmitError("give at least one node count, --steps >= 2 and --logging-steps >= 1")
+    base = read_run_facts(args.config, env)
+    # The same partition, image and runtime as submit would give this run (one config, one partition).
+    env.update(partition_environment(base, env))
+    env.update(deploy_facts.read_deploy_facts(PAYLOADS_DIR, partition=env.get("HPL_PARTITION")))
+    check_runtime_sees(base, env)
+    sweep_dir = base.output_dir / args.name
+    points = plan_sweep(base.config, sweep_dir, counts, steps=args.steps, logging_steps=args.logging_steps)
+    for point in points:
+        print(
+            f"{point.nodes} node(s): gradient accumulation {point.gradient_accumulation_steps}, global batch "
+            f"{point.global_batch}, config {point.config}",
+            flush=True,
+        )
+    data_dir = base.output_dir / "data"
+    with_data = not (data_dir.is_dir() and any(data_dir.iterdir()))
+    if not with_data:
+        print(f"using the prepared data in {data_dir} (delete it to prepare it again)", flush=True)
+    jobs = chain(base, points, sweep_dir, with_data)
+    if args.dry_run:
+        print("# dry run: nothing submitted. The jobs, each after the previous one:")
+        for step, facts in jobs:
+            print(shlex.join(sbatch_command(step_job(step), facts, None, env)))
         return 0
-    except (RunFactsError, SubmitError, StepError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    require_sbatch()
+    link_data(points, data_dir)
+    clear_checkpoints(points)
+    base_facts = read_base(base.config)
+    write_plan(sweep_dir, base.config, base_facts, points, {"chain": []})  # before any job can read it
+    submitted = submit_chain(jobs, env)
+    write_plan(sweep_dir, base.config, base_facts, points, {"chain": submitted})
+    print(f"report: {sweep_dir / 'scaling.md'} (written by the last job)")
+    if args.wait:
+        wait(submitted, args.poll)
+        report = sweep_dir / "scaling.md"
+        if not report.is_file():
+            raise SubmitError(f"the sweep ended without a report; see the logs in {submitted[-1]['log']}")
+        print(report.read_text())
+    return 0
 
 
 if __name__ == "__main__":

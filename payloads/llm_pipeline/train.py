@@ -21,7 +21,8 @@ from pathlib import Path
 from llm_pipeline import cli, data
 from llm_pipeline.config import BACKENDS, RunConfig, check_backend
 from llm_pipeline.errors import StepError
-from llm_pipeline.training import full_rules, lora_count, neuron_rules
+from llm_pipeline.training import full_rules, lora_count
+from llm_pipeline.training.neuron import rules as neuron_rules
 from llm_pipeline.training.plan import TrainPlan, say, world_size
 from llm_pipeline.weights import model_files
 from llm_pipeline.weights.checkpoints import newest_complete
@@ -45,11 +46,25 @@ def make_plan(cfg: RunConfig, backend: str, precompile: bool) -> TrainPlan:
     if precompile:
         # Same graphs as the real run, a few steps, one log event (its graph is compiled too), no saving.
         return TrainPlan(
-            backend, train.precompile_steps, min(train.logging_steps, train.precompile_steps), False, None, 0, None
+            backend=backend,
+            max_steps=train.precompile_steps,
+            logging_steps=min(train.logging_steps, train.precompile_steps),
+            save_checkpoints=False,
+            resume_from=None,
+            start_step=0,
+            tensorboard_dir=None,
         )
     newest = newest_complete(cfg.paths.checkpoints_dir)
     step, folder = newest if newest else (0, None)
-    return TrainPlan(backend, train.max_steps, train.logging_steps, True, folder, step, cfg.paths.tensorboard_dir)
+    return TrainPlan(
+        backend=backend,
+        max_steps=train.max_steps,
+        logging_steps=train.logging_steps,
+        save_checkpoints=True,
+        resume_from=folder,
+        start_step=step,
+        tensorboard_dir=cfg.paths.tensorboard_dir,
+    )
 
 
 def _run_shape(cfg: RunConfig) -> dict:
@@ -123,9 +138,9 @@ def train(cfg: RunConfig, backend_override: str | None = None, precompile: bool 
         if not precompile and os.environ.get("RANK", "0") == "0":
             say(f"storage: {full_rules.check_storage(cfg, model_config.to_dict())}")
     if backend == "neuron":
-        from llm_pipeline.training import neuron_backend as chosen
+        from llm_pipeline.training.neuron import backend as chosen
     else:
-        from llm_pipeline.training import torch_backend as chosen
+        from llm_pipeline.training.torch import backend as chosen
     chosen.run(cfg, plan, datasets, tokenizer, expected)
     if not precompile:
         newest = newest_complete(cfg.paths.checkpoints_dir)

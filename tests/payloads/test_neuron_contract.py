@@ -18,11 +18,11 @@ from payload_configs import tiny_config
 
 from llm_pipeline import train
 from llm_pipeline.errors import StepError
-from llm_pipeline.training import neuron_backend as train_neuron
+from llm_pipeline.training.neuron import backend as train_neuron
 from llm_pipeline.training.plan import TrainPlan
 
-PACKAGE = Path(train_neuron.__file__).parents[1]
-NEURON_PATH = ("training.neuron_backend", "training.plan")  # the neuron module and the helpers it spreads into calls
+PACKAGE = Path(train_neuron.__file__).parents[2]
+NEURON_PATH = ("training.neuron.backend", "training.plan")  # the neuron module and the helpers it spreads into calls
 
 
 def _usage(name: str):
@@ -48,7 +48,7 @@ def test_every_name_and_keyword_we_use_exists(name):
 
 
 def test_the_checked_calls_are_the_training_api():
-    usage = _usage("training.neuron_backend")
+    usage = _usage("training.neuron.backend")
     calls = {call.split("(")[0]: call for call in usage.checked_calls}
     for keyword in ("tensor_parallel_size", "max_length", "disable_sequence_parallel", "skip_cache_push"):
         assert keyword in calls["NeuronSFTConfig"], keyword
@@ -122,7 +122,7 @@ def test_attention_is_the_nki_flash_kernel(hpl_env):
 
 def test_run_hands_those_values_to_the_trainer():
     """run() spreads neuron_arguments/model_arguments and passes the counted fixed-length collator."""
-    tree = ast.parse((PACKAGE / "training" / "neuron_backend.py").read_text())
+    tree = ast.parse((PACKAGE / "training" / "neuron" / "backend.py").read_text())
     run = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run")
     calls = {ast.unparse(n.func): n for n in ast.walk(run) if isinstance(n, ast.Call)}
     spread = {ast.unparse(k.value) for k in calls["NeuronSFTConfig"].keywords if k.arg is None}
@@ -201,7 +201,15 @@ def test_tp_that_does_not_divide_the_cores_is_refused(hpl_env, monkeypatch):
     with pytest.raises(StepError, match=r"parallel\.tensor_parallel_size 8 .*does not divide the 12 NeuronCores"):
         train_neuron.check_parallel_layout(cfg, 12)
     monkeypatch.setenv("WORLD_SIZE", "12")
-    plan = TrainPlan("neuron", -1, 10, True, None, 0, None)
+    plan = TrainPlan(
+        backend="neuron",
+        max_steps=-1,
+        logging_steps=10,
+        save_checkpoints=True,
+        resume_from=None,
+        start_step=0,
+        tensorboard_dir=None,
+    )
     with pytest.raises(StepError, match="tensor_parallel_size"):
         train_neuron.run(cfg, plan, {}, None, 0)
 
@@ -221,7 +229,21 @@ def test_neuron_backend_without_neuron_software_is_a_clear_error(hpl_env, monkey
     cfg = tiny_config(hpl_env, data={"packing": False})
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(StepError, match="needs optimum-neuron with torch-neuronx"):
-        train_neuron.run(cfg, TrainPlan("neuron", -1, 10, True, None, 0, None), {}, None, 0)
+        train_neuron.run(
+            cfg,
+            TrainPlan(
+                backend="neuron",
+                max_steps=-1,
+                logging_steps=10,
+                save_checkpoints=True,
+                resume_from=None,
+                start_step=0,
+                tensorboard_dir=None,
+            ),
+            {},
+            None,
+            0,
+        )
 
 
 def test_auto_backend_is_torch_without_neuron_devices():

@@ -15,8 +15,9 @@ from payload_configs import tiny_config, write_config
 
 from llm_pipeline import config, prepare
 from llm_pipeline.errors import StepError
-from llm_pipeline.training import full_rules, neuron_rules
-from llm_pipeline.training import neuron_backend as train_neuron
+from llm_pipeline.training import full_rules
+from llm_pipeline.training.neuron import backend as train_neuron
+from llm_pipeline.training.neuron import rules as neuron_rules
 from tools import tiny_model as tiny
 
 CONFIGS = Path(config.__file__).resolve().parents[1] / "configs"

@@ -17,8 +17,10 @@ from payload_configs import tiny_config
 
 from llm_pipeline import prepare
 from llm_pipeline.errors import StepError
-from llm_pipeline.training import lora_count, neuron_backend, neuron_rules
+from llm_pipeline.training import lora_count
 from llm_pipeline.training.callbacks import TokenCounter
+from llm_pipeline.training.neuron import backend as neuron_backend
+from llm_pipeline.training.neuron import rules as neuron_rules
 from llm_pipeline.training.plan import TrainPlan
 from tools import tiny_model
 
@@ -101,7 +103,21 @@ def test_packing_is_refused_on_neuron_before_anything_loads(hpl_env, monkeypatch
     cfg = tiny_config(hpl_env, data={"packing": True})
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(StepError, match=r"data.packing = true is not supported with the neuron backend"):
-        neuron_backend.run(cfg, TrainPlan("neuron", -1, 10, True, None, 0, None), {}, None, 0)
+        neuron_backend.run(
+            cfg,
+            TrainPlan(
+                backend="neuron",
+                max_steps=-1,
+                logging_steps=10,
+                save_checkpoints=True,
+                resume_from=None,
+                start_step=0,
+                tensorboard_dir=None,
+            ),
+            {},
+            None,
+            0,
+        )
 
 
 def _llama3(tmp_path, **changes):

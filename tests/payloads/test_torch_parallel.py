@@ -10,7 +10,7 @@ import pytest
 import torch
 from payload_configs import tiny_config
 
-from llm_pipeline.training import torch_parallel
+from llm_pipeline.training.torch import parallel as torch_parallel
 
 
 @pytest.fixture(autouse=True)

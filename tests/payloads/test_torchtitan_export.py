@@ -16,7 +16,7 @@ from pathlib import Path
 from torchtitan_site import REPO, site_env
 
 from llm_pipeline import config
-from llm_pipeline.training import torchtitan_ladder as ladder
+from llm_pipeline.training.torchtitan import ladder
 
 PROBE = Path(__file__).with_name("torchtitan_export_probe.py")
 TINY_LADDER = REPO / "payloads" / "configs" / "tiny-ladder-cpu.toml"

@@ -17,7 +17,7 @@ from torchtitan_site import probe
 
 from llm_pipeline import config
 from llm_pipeline.errors import StepError
-from llm_pipeline.training import torchtitan_ladder as ladder
+from llm_pipeline.training.torchtitan import ladder
 
 CONFIGS = Path(__file__).resolve().parents[2] / "payloads" / "configs"
 PRETRAIN = CONFIGS / "llama3-8b-pretrain.toml"

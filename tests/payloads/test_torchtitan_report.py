@@ -14,7 +14,8 @@ import statistics
 import pytest
 from torchtitan_site import probe
 
-from llm_pipeline.training import ladder_report, torchtitan_metrics
+from llm_pipeline.training.torchtitan import metrics as torchtitan_metrics
+from llm_pipeline.training.torchtitan import report as ladder_report
 
 
 @pytest.fixture(scope="module")

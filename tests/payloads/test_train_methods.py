@@ -14,7 +14,8 @@ from payload_configs import tiny_config, write_config
 from safetensors.torch import load_file
 
 from llm_pipeline import consolidate, generate, merge, train
-from llm_pipeline.training import torch_backend, torch_methods
+from llm_pipeline.training.torch import backend as torch_backend
+from llm_pipeline.training.torch import methods as torch_methods
 
 STEPS = {"max_steps": 4, "save_steps": 4, "logging_steps": 2}
 SMALL_DATA = {"validation_fraction": 0.0, "max_samples": 48}  # no evaluation, a short data step

@@ -12,7 +12,7 @@ from llm_pipeline import config
 from llm_pipeline.errors import StepError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainPlan:
     """What this invocation does: a real run (maybe resumed) or a short precompile run."""
 

@@ -22,7 +22,7 @@ import tomllib
 from llm_pipeline.config import TORCHTITAN_RUNGS, RunConfig
 from llm_pipeline.errors import StepError
 
-PAYLOADS_DIR = Path(__file__).resolve().parents[2]
+PAYLOADS_DIR = Path(__file__).resolve().parents[3]
 FLOAT8_CONVERTER = "quantize.linear.float8"  # 0.2.2's registry name for the float8 nn.Linear swap
 
 # What each rung adds to the one before it (TOML tables as dicts).

@@ -1,7 +1,7 @@
 """Torch backend: transformers + trl SFTTrainer + peft (+ bitsandbytes, liger-kernel), CPU or CUDA.
 
-One process per device under torchrun; `parallel.strategy` picks FSDP2 or DDP (torch_parallel),
-`train.method` the model and adapter (torch_methods); `train.compile`, `train.liger_kernel` and
+One process per device under torchrun; `parallel.strategy` picks FSDP2 or DDP (parallel.py),
+`train.method` the model and adapter (methods.py); `train.compile`, `train.liger_kernel` and
 `train.attention` are the speed levers; `train.profile` traces a window of steps (profiling).
 The transformers Trainer resumes exactly (weights, optimizer, scheduler, RNG, data position) from
 the checkpoint the plan names; under FSDP2 those are sharded distributed checkpoints, and adapter
@@ -17,11 +17,11 @@ from pathlib import Path
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import format_example
-from llm_pipeline.training import torch_methods, torch_parallel
 from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
 from llm_pipeline.training.metrics import UtilisationMetrics, device_peak_flops, flops_per_token
 from llm_pipeline.training.plan import TrainPlan, check_target_modules, say, sft_arguments, world_size
-from llm_pipeline.training.profiling import StepProfiler
+from llm_pipeline.training.torch import methods, parallel
+from llm_pipeline.training.torch.profiling import StepProfiler
 
 
 def engine_trainer_class():
@@ -36,12 +36,12 @@ def engine_trainer_class():
         def create_accelerator_and_postprocess(self):
             super().create_accelerator_and_postprocess()
             if self._fsdp:
-                torch_parallel.enable_fsdp_on_cpu(self)
+                parallel.enable_fsdp_on_cpu(self)
 
         def _load_optimizer_and_scheduler(self, checkpoint):
             super()._load_optimizer_and_scheduler(checkpoint)
             if checkpoint is not None and self.is_fsdp_enabled:
-                torch_parallel.load_sharded_optimizer(self, Path(checkpoint))
+                parallel.load_sharded_optimizer(self, Path(checkpoint))
 
         def _save_checkpoint(self, model, trial):
             # Under FSDP the Trainer writes only the sharded state; write the gathered adapter first,
@@ -91,7 +91,7 @@ def load_model(cfg: RunConfig):
     import torch
     from transformers import AutoModelForCausalLM
 
-    kwargs = torch_methods.model_kwargs(cfg)
+    kwargs = methods.model_kwargs(cfg)
     if cfg.train.method == "qlora" and torch.cuda.is_available():
         kwargs["device_map"] = {"": torch.cuda.current_device()}  # quantize on this rank's GPU
     try:
@@ -108,8 +108,8 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
 
     check_lever_packages(cfg)
     processes = world_size()
-    fsdp = torch_parallel.uses_fsdp(cfg, processes)
-    torch_parallel.set_fsdp_environment(cfg, processes)
+    fsdp = parallel.uses_fsdp(cfg, processes)
+    parallel.set_fsdp_environment(cfg, processes)
     validation = datasets.get("validation")
     evaluation = {"eval_strategy": "steps", "eval_steps": cfg.train.save_steps} if validation is not None else {}
     # transformers refuses bf16 without a GPU unless told that the CPU is meant (CPU bf16 autocast).
@@ -118,7 +118,7 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     args = SFTConfig(
         **sft_arguments(cfg, plan),
         **evaluation,
-        **torch_parallel.trainer_arguments(cfg, processes),
+        **parallel.trainer_arguments(cfg, processes),
         **cpu,
         **levers,
     )
@@ -126,7 +126,7 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     # each rank's own copy, it does not broadcast) and every run starts from the same LoRA A.
     set_seed(cfg.train.seed)
     model = load_model(cfg)
-    peft_config = torch_methods.adapter_config(cfg)
+    peft_config = methods.adapter_config(cfg)
     if peft_config is not None:
         check_target_modules(model, cfg.lora)
     total = sum(p.numel() for p in model.parameters())
@@ -142,7 +142,7 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     )
     trainer.peft_config_for_export = peft_config
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-    expected = torch_methods.expected_trainable(model.config, cfg, total)
+    expected = methods.expected_trainable(model.config, cfg, total)
     if trainable != expected:
         raise StepError(
             f"{trainable:,} trainable parameters, but train.method {cfg.train.method} should give {expected:,}: "

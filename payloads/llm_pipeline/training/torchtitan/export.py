@@ -17,7 +17,7 @@ from pathlib import Path
 
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
-from llm_pipeline.training import torchtitan_ladder
+from llm_pipeline.training.torchtitan import ladder
 
 COPIED_ASSETS = (
     "config.json",
@@ -41,8 +41,8 @@ def newest_checkpoint(folder: Path) -> Path:
 
 
 def export(cfg: RunConfig, rung: str, out_dir: Path) -> Path:
-    job_file = torchtitan_ladder.rung_dir(cfg, rung) / "job.toml"
-    job = torchtitan_ladder.read_toml(job_file, f"rung {rung}'s job file")
+    job_file = ladder.rung_dir(cfg, rung) / "job.toml"
+    job = ladder.read_toml(job_file, f"rung {rung}'s job file")
     model, checkpoint = job.get("model", {}), job.get("checkpoint", {})
     dump = Path(job.get("job", {}).get("dump_folder", str(job_file.parent)))
     source = newest_checkpoint(dump / checkpoint.get("folder", "checkpoint"))

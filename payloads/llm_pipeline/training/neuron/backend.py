@@ -48,7 +48,7 @@ from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import format_example
 from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
 from llm_pipeline.training.collator import FixedLengthCollator, pad_token_id
-from llm_pipeline.training.neuron_rules import check_neuron_run, read_model_config
+from llm_pipeline.training.neuron.rules import check_neuron_run, read_model_config
 from llm_pipeline.training.plan import TrainPlan, check_trainable, peft_lora_config, say, sft_arguments, world_size
 
 if TYPE_CHECKING:

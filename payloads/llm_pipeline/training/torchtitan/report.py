@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from llm_pipeline.training.torchtitan_ladder import REFERENCE, RUNG_TITLES
-from llm_pipeline.training.torchtitan_metrics import RungSummary
+from llm_pipeline.training.torchtitan.ladder import REFERENCE, RUNG_TITLES
+from llm_pipeline.training.torchtitan.metrics import RungSummary
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,191 @@
+"""Chains of sbatch jobs, each after the previous one succeeded: what submit, the ladder and the sweep share.
+
+``--dependency=afterok`` with ``--kill-on-invalid-dep=yes``: a failed job cancels the rest. Every job
+gets the run's environment (payloads dir, run config and folder, and the image, runtime and partition
+facts pinned for the whole chain); a refused submission cancels the jobs this call submitted.
+Stdlib only (the controller's python3).
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from llm_pipeline.errors import StepError
+from llm_pipeline.jobs import deploy_facts, partitions, pipeline_status
+from llm_pipeline.jobs.pipeline_status import StepJob
+from llm_pipeline.jobs.run_facts import RunFacts, RunFactsError
+
+PAYLOADS_DIR = Path(__file__).resolve().parents[2]
+SLURM_FALLBACK_BIN = Path("/opt/slurm/bin")  # HyperPod's Slurm, for shells without it on PATH
+
+
+class SubmitError(RuntimeError):
+    """Submission cannot go on; the message says what to do."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChainJob:
+    """One sbatch job of a chain (the pipeline's steps, the torchtitan ladder's jobs, a sweep's points)."""
+
+    step: str  # the name in the record, the state marker and the log file
+    script: str  # payloads/slurm/<script>
+    args: tuple[str, ...] = ()
+    multi_node: bool = False  # on [parallel] nodes nodes; else one node
+
+
+def slurm(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run a Slurm client command; a missing command reads as a failed one (exit 127)."""
+    binary = shutil.which(argv[0]) or str(SLURM_FALLBACK_BIN / argv[0])
+    try:
+        return subprocess.run([binary, *argv[1:]], capture_output=True, text=True)
+    except FileNotFoundError:
+        return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: command not found")
+
+
+def require_sbatch() -> None:
+    if slurm(["sbatch", "--version"]).returncode != 0:
+        raise SubmitError("sbatch not found: run this on the cluster's controller or login node")
+
+
+def job_environment(facts: RunFacts, env: dict[str, str] | None = None) -> dict[str, str]:
+    """What every job needs beyond the submitting shell's environment (sbatch exports that too).
+
+    The image and runtime are pinned for the whole chain: a deploy while it runs cannot switch a
+    later step to an image the prepare step never imported."""
+    values = {
+        "HPL_PAYLOADS_DIR": str(PAYLOADS_DIR),
+        "HPL_RUN_CONFIG": str(facts.config),
+        "HPL_RUN_DIR": str(facts.output_dir),
+    }
+    pinned = env or {}
+    for name in (*deploy_facts.ENV_NAMES, *partitions.ENV_NAMES):
+        if pinned.get(name):
+            values[name] = pinned[name]
+    for name, value in values.items():
+        if "," in value:  # --export separates variables with commas
+            raise SubmitError(f"{name}={value} contains a comma: move it to a path without one")
+    return values
+
+
+def check_runtime_sees(facts: RunFacts, env: dict[str, str]) -> None:
+    """With Pyxis the steps see only FSx: the config and the run folder must live there."""
+    if env.get("HPL_RUNTIME") != "pyxis":
+        return
+    fsx = Path(env.get("HPL_FSX_MOUNT_PATH") or "/fsx")
+    for what, path in (("run config", facts.config), ("run folder (paths.output_dir)", facts.output_dir)):
+        if fsx not in path.parents:
+            raise SubmitError(
+                f"{what} {path} is outside {fsx}, which is all the training image sees: put it under {fsx}"
+            )
+
+
+def partition_environment(facts: RunFacts, env: dict[str, str], *, ladder: bool = False) -> dict[str, str]:
+    """The run's partition and its facts (HPL_PARTITION, HPL_ACCELERATOR, HPL_DEVICES_PER_NODE, ...)."""
+    known, default = deploy_facts.read_partitions(PAYLOADS_DIR)
+    if not known:  # a local Slurm: no deploy facts; the run config may still name a partition
+        return {"HPL_PARTITION": facts.partition} if facts.partition else {}
+    accelerator = partitions.CUDA if ladder else partitions.ACCELERATOR_OF_BACKEND.get(facts.backend, "")
+    name = partitions.choose_partition(
+        known,
+        requested=facts.partition,
+        accelerator=accelerator,
+        required=ladder or accelerator in partitions.REQUIRED,
+        fallback=env.get("HPL_PARTITION", ""),
+        default=default,
+    )
+    partitions.check_devices_per_node(name, known[name], None if ladder else facts.devices_per_node)
+    return partitions.partition_environment(name, known[name])
+
+
+def sbatch_command(job: ChainJob, facts: RunFacts, after: str | None, env: dict[str, str]) -> list[str]:
+    exports = ",".join(["ALL", *(f"{key}={value}" for key, value in job_environment(facts, env).items())])
+    command = [
+        "sbatch",
+        "--parsable",
+        f"--job-name=hpl-{job.step}",
+        f"--output={facts.logs_dir / job.step}-%j.log",
+        f"--nodes={facts.nodes if job.multi_node else 1}",
+        f"--export={exports}",
+    ]
+    if env.get("HPL_PARTITION"):
+        command.append(f"--partition={env['HPL_PARTITION']}")
+    if after:
+        command += [f"--dependency=afterok:{after}", "--kill-on-invalid-dep=yes"]
+    return [*command, str(PAYLOADS_DIR / "slurm" / job.script), *job.args]
+
+
+def dry_run(facts: RunFacts, jobs: list[ChainJob], env: dict[str, str], *, what: str = "submission") -> None:
+    """The submission as a shell script: each job id captured and fed to the next dependency."""
+    print(f"# dry run: nothing submitted. The same {what} as a script:")
+    print(f"mkdir -p {shlex.quote(str(facts.logs_dir))}/state")
+    previous = None
+    for job in jobs:
+        variable = job.step.replace("-", "_") + "_job"
+        words = [
+            f'--dependency=afterok:"${previous}"' if word.startswith("--dependency=") else shlex.quote(word)
+            for word in sbatch_command(job, facts, previous, env)
+        ]
+        print(f"{variable}=$({' '.join(words)})")
+        previous = variable
+
+
+def refuse_while_active(facts: RunFacts) -> None:
+    """One submission per run folder at a time: its jobs share the step markers and the record."""
+    active = [s for s in pipeline_status.step_states(facts.logs_dir, slurm) if s.active]
+    if active:
+        jobs = " ".join(s.job for s in active)
+        raise SubmitError(
+            f"the last submission for {facts.output_dir} is still going (jobs {jobs}): "
+            f"wait for it (status), or cancel it with `scancel {jobs}`, then submit again"
+        )
+
+
+def submit_jobs(
+    planned: list[tuple[ChainJob, RunFacts]],
+    env: dict[str, str],
+    *,
+    label: Callable[[ChainJob, RunFacts], str] = lambda job, facts: job.step,
+) -> list[StepJob]:
+    """Submit each (job, the run it belongs to) after the previous; on a refused one, cancel what this call
+    submitted and raise. Prints `submitted <label> job <id>` per job."""
+    submitted: list[StepJob] = []
+    for job, facts in planned:
+        after = submitted[-1].job if submitted else None
+        out = slurm(sbatch_command(job, facts, after, env))
+        if out.returncode != 0:
+            if submitted:
+                slurm(["scancel", *(s.job for s in submitted)])
+            raise SubmitError(
+                f"sbatch refused job {label(job, facts)}: {out.stderr.strip() or out.stdout.strip()}"
+                + (" (cancelled the jobs submitted before it)" if submitted else "")
+            )
+        job_id = out.stdout.strip().split(";")[0]
+        submitted.append(StepJob(step=job.step, job=job_id, log=str(facts.logs_dir / f"{job.step}-{job_id}.log")))
+        print(f"submitted {label(job, facts)} job {job_id}", flush=True)
+    return submitted
+
+
+def submit_chain(
+    facts: RunFacts, jobs: list[ChainJob], env: dict[str, str], *, kept: list[StepJob] | None = None
+) -> list[StepJob]:
+    """Submit one run's ``jobs`` as a chain; the record (logs/pipeline.json) lists ``kept`` (earlier jobs
+    still valid) and the new ones."""
+    (facts.logs_dir / "state").mkdir(parents=True, exist_ok=True)
+    submitted = submit_jobs([(job, facts) for job in jobs], env)
+    pipeline_status.write_record(facts.logs_dir, facts.config, [*(kept or []), *submitted])
+    return submitted
+
+
+def run_submitter(body: Callable[[], int]) -> int:
+    """Run a submit command's body: a refused input is one `error:` line and exit 2."""
+    try:
+        return body()
+    except (RunFactsError, SubmitError, StepError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
