@@ -10,6 +10,14 @@ https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html (p5's 32 EFA device
 the EC2 EFA guide's P5 example, efa-acc-inst-types.html), and the AWS Neuron docs' Trn1/Trn2
 architecture pages for NeuronCores (trn2 counted at the default logical size LNC=2). Only types
 HyperPod offers for cluster instance groups (botocore's ClusterInstanceType enum) are listed.
+
+CUDA compute capability per GPU model: NVIDIA's "CUDA GPUs - Compute Capability" table,
+https://developer.nvidia.com/cuda-gpus (L4 and L40S are Ada, 8.9; H100/H200 Hopper, 9.0; B200
+Blackwell, 10.0). It decides what a GPU can run: FP8 matmuls (torchao's float8 training, the
+torchtitan ladder's FP8 rungs) need 8.9 or newer; CUDA 13 builds need 7.5 or newer (no V100).
+EFA device RDMA (GPUDirect RDMA) is marked for the P (p4d, p5, p6) and Trn families, where AWS
+documents it; the g5/g6/g6e rows leave it off: off only costs speed where a type might allow it,
+while on where it is not valid breaks EFA transfers (see ``efa_device_rdma``).
 """
 
 from __future__ import annotations
@@ -20,6 +28,21 @@ NEURON = "neuron"
 CUDA = "cuda"
 NO_ACCELERATOR = "none"
 ACCELERATORS = (NEURON, CUDA, NO_ACCELERATOR)
+
+# (major, minor) per NVIDIA GPU model, including models of training-job types the cluster table
+# does not list (V100 on ml.p3, T4 on ml.g4dn), so a capability gate can name them too.
+GPU_CUDA_CAPABILITY: dict[str, tuple[int, int]] = {
+    "V100": (7, 0),
+    "T4": (7, 5),
+    "A100": (8, 0),
+    "A10G": (8, 6),
+    "L4": (8, 9),
+    "L40S": (8, 9),
+    "H100": (9, 0),
+    "H200": (9, 0),
+    "B200": (10, 0),
+}
+FP8_MIN_CUDA_CAPABILITY = (8, 9)  # Ada/Hopper FP8 tensor cores; torchao float8 refuses older GPUs
 
 
 @dataclass(frozen=True)
@@ -33,10 +56,27 @@ class InstanceFacts:
     # EFA reads and writes accelerator memory directly (GPUDirect RDMA / Neuron): libfabric's
     # FI_EFA_USE_DEVICE_RDMA=1 is only valid where this holds (p4d, p5, trn; not g5).
     efa_device_rdma: bool = False
+    # NVIDIA compute capability (major, minor); None for Trainium and CPU-only types.
+    cuda_capability: tuple[int, int] | None = None
 
     @property
     def accelerated(self) -> bool:
         return self.accelerator != NO_ACCELERATOR
+
+    def meets_cuda_capability(self, minimum: tuple[int, int]) -> bool:
+        """True for an NVIDIA type whose GPUs have at least this compute capability."""
+        return self.cuda_capability is not None and self.cuda_capability >= minimum
+
+    @property
+    def supports_fp8(self) -> bool:
+        """FP8 tensor-core matmuls (torchao float8, the ladder's FP8 rungs): capability 8.9 or newer."""
+        return self.meets_cuda_capability(FP8_MIN_CUDA_CAPABILITY)
+
+
+def _gpu(gpu: str, gpus: int, efa_interfaces: int, *, memory: str = "", device_rdma: bool = False) -> InstanceFacts:
+    """An NVIDIA row: its compute capability comes from the GPU model, written once above."""
+    model = f"{gpu} {memory}" if memory else gpu
+    return InstanceFacts(CUDA, gpus, efa_interfaces, model, device_rdma, GPU_CUDA_CAPABILITY[gpu])
 
 
 def _cpu(*sizes: str, family: str) -> dict[str, InstanceFacts]:
@@ -48,20 +88,37 @@ INSTANCE_TYPES: dict[str, InstanceFacts] = {
     "ml.trn1.32xlarge": InstanceFacts(NEURON, 32, 8, "Trainium", efa_device_rdma=True),
     "ml.trn1n.32xlarge": InstanceFacts(NEURON, 32, 16, "Trainium", efa_device_rdma=True),
     "ml.trn2.48xlarge": InstanceFacts(NEURON, 64, 16, "Trainium2", efa_device_rdma=True),
-    # NVIDIA (GPUs per node)
-    "ml.p4d.24xlarge": InstanceFacts(CUDA, 8, 4, "A100 40GB", efa_device_rdma=True),
-    "ml.p4de.24xlarge": InstanceFacts(CUDA, 8, 4, "A100 80GB", efa_device_rdma=True),
-    "ml.p5.48xlarge": InstanceFacts(CUDA, 8, 32, "H100", efa_device_rdma=True),
-    "ml.p5e.48xlarge": InstanceFacts(CUDA, 8, 32, "H200", efa_device_rdma=True),
-    "ml.p5en.48xlarge": InstanceFacts(CUDA, 8, 16, "H200", efa_device_rdma=True),
-    "ml.g5.xlarge": InstanceFacts(CUDA, 1, 0, "A10G"),
-    "ml.g5.2xlarge": InstanceFacts(CUDA, 1, 0, "A10G"),
-    "ml.g5.4xlarge": InstanceFacts(CUDA, 1, 0, "A10G"),
-    "ml.g5.8xlarge": InstanceFacts(CUDA, 1, 1, "A10G"),
-    "ml.g5.12xlarge": InstanceFacts(CUDA, 4, 1, "A10G"),
-    "ml.g5.16xlarge": InstanceFacts(CUDA, 1, 1, "A10G"),
-    "ml.g5.24xlarge": InstanceFacts(CUDA, 4, 1, "A10G"),
-    "ml.g5.48xlarge": InstanceFacts(CUDA, 8, 1, "A10G"),
+    # NVIDIA (GPUs per node, EFA interfaces)
+    "ml.p4d.24xlarge": _gpu("A100", 8, 4, memory="40GB", device_rdma=True),
+    "ml.p4de.24xlarge": _gpu("A100", 8, 4, memory="80GB", device_rdma=True),
+    "ml.p5.48xlarge": _gpu("H100", 8, 32, device_rdma=True),
+    "ml.p5e.48xlarge": _gpu("H200", 8, 32, device_rdma=True),
+    "ml.p5en.48xlarge": _gpu("H200", 8, 16, device_rdma=True),
+    "ml.p6-b200.48xlarge": _gpu("B200", 8, 8, device_rdma=True),
+    "ml.g5.xlarge": _gpu("A10G", 1, 0),
+    "ml.g5.2xlarge": _gpu("A10G", 1, 0),
+    "ml.g5.4xlarge": _gpu("A10G", 1, 0),
+    "ml.g5.8xlarge": _gpu("A10G", 1, 1),
+    "ml.g5.12xlarge": _gpu("A10G", 4, 1),
+    "ml.g5.16xlarge": _gpu("A10G", 1, 1),
+    "ml.g5.24xlarge": _gpu("A10G", 4, 1),
+    "ml.g5.48xlarge": _gpu("A10G", 8, 1),
+    "ml.g6.xlarge": _gpu("L4", 1, 0),
+    "ml.g6.2xlarge": _gpu("L4", 1, 0),
+    "ml.g6.4xlarge": _gpu("L4", 1, 0),
+    "ml.g6.8xlarge": _gpu("L4", 1, 1),
+    "ml.g6.12xlarge": _gpu("L4", 4, 1),
+    "ml.g6.16xlarge": _gpu("L4", 1, 1),
+    "ml.g6.24xlarge": _gpu("L4", 4, 1),
+    "ml.g6.48xlarge": _gpu("L4", 8, 1),
+    "ml.g6e.xlarge": _gpu("L40S", 1, 0),
+    "ml.g6e.2xlarge": _gpu("L40S", 1, 0),
+    "ml.g6e.4xlarge": _gpu("L40S", 1, 0),
+    "ml.g6e.8xlarge": _gpu("L40S", 1, 1),
+    "ml.g6e.12xlarge": _gpu("L40S", 4, 1),
+    "ml.g6e.16xlarge": _gpu("L40S", 1, 1),
+    "ml.g6e.24xlarge": _gpu("L40S", 4, 2),
+    "ml.g6e.48xlarge": _gpu("L40S", 8, 4),
     # CPU only: allowed as compute groups (data preparation, generation on CPU), no devices
     **_cpu("large", "xlarge", "2xlarge", "4xlarge", "9xlarge", "12xlarge", "18xlarge", "24xlarge", family="c5"),
     **_cpu("large", "xlarge", "2xlarge", "4xlarge", "8xlarge", "12xlarge", "16xlarge", "24xlarge", family="m5"),

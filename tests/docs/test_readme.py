@@ -91,3 +91,26 @@ def test_compute_groups_section_shows_the_default_and_every_group_key() -> None:
         if facts.accelerated:
             size = instance_type.rsplit(".", 1)[1]
             assert f"`{instance_type}`" in section or f"`.{size}`" in section, instance_type
+
+
+def readme_accelerator_rows() -> dict[str, tuple[str, str, str]]:
+    """Each accelerated type of the README's accelerator table: (devices, EFA interfaces, capability)."""
+    rows = {}
+    for line in re.findall(r"^\| `ml\.(?:trn|p|g).*$", README, re.M):
+        names, _, devices, efa, capability = (cell.strip() for cell in line.strip("|").split("|"))
+        types = re.findall(r"`([^`]+)`", names)
+        family = types[0].rsplit(".", 1)[0]
+        efa_values = [value.strip() for value in efa.split(",")]
+        for index, name in enumerate(types):
+            full = family + name if name.startswith(".") else name
+            rows[full] = (devices.split()[0], efa_values[min(index, len(efa_values) - 1)], capability.split()[0])
+    return rows
+
+
+def test_readme_accelerator_table_matches_the_code() -> None:
+    rows = readme_accelerator_rows()
+    accelerated = {name: facts for name, facts in INSTANCE_TYPES.items() if facts.accelerated}
+    assert sorted(rows) == sorted(accelerated)
+    for name, facts in accelerated.items():
+        capability = ".".join(map(str, facts.cuda_capability)) if facts.cuda_capability else "-"
+        assert rows[name] == (str(facts.devices), str(facts.efa_interfaces), capability), name

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from cluster_contract import FACT_KEYS
-from stacks.accelerators import INSTANCE_TYPES
+from stacks.accelerators import GPU_CUDA_CAPABILITY, INSTANCE_TYPES
 from stacks.build import REPO_ROOT
 from stacks.compute_groups import parse_compute_groups
 from stacks.config import OFFLINE_ACCOUNT, ConfigError, HyperPodConfig, cluster_facts
@@ -207,6 +207,32 @@ def test_accelerator_table_rows():
     assert INSTANCE_TYPES["ml.c5.xlarge"].accelerator == "none"
     assert "ml.trn1.2xlarge" not in INSTANCE_TYPES  # HyperPod does not offer it
     assert parse(login_instance_count="0").login_group == ""
+
+
+def test_newer_gpu_rows_and_their_cuda_capability():
+    rows = {name: INSTANCE_TYPES[name] for name in ("ml.g6.48xlarge", "ml.g6e.48xlarge", "ml.p6-b200.48xlarge")}
+    assert {name: (f.devices, f.efa_interfaces, f.device_model) for name, f in rows.items()} == {
+        "ml.g6.48xlarge": (8, 1, "L4"),
+        "ml.g6e.48xlarge": (8, 4, "L40S"),
+        "ml.p6-b200.48xlarge": (8, 8, "B200"),
+    }
+    efa = [INSTANCE_TYPES[t].efa_interfaces for t in ("ml.p5en.48xlarge", "ml.g6.xlarge", "ml.g6e.24xlarge")]
+    assert efa == [16, 0, 2]
+    assert [INSTANCE_TYPES[t].efa_device_rdma for t in ("ml.p6-b200.48xlarge", "ml.g6e.48xlarge")] == [True, False]
+    assert INSTANCE_TYPES["ml.p4d.24xlarge"].cuda_capability == (8, 0)
+    assert INSTANCE_TYPES["ml.p6-b200.48xlarge"].cuda_capability == (10, 0)  # compares as a tuple, not "10.0" < "8.9"
+    for instance_type, facts in INSTANCE_TYPES.items():
+        assert (facts.cuda_capability is not None) == (facts.accelerator == "cuda"), instance_type
+
+
+def test_fp8_support_follows_the_capability():
+    """FP8 needs 8.9: Ada (L4, L40S), Hopper and Blackwell yes; Ampere (A100, A10G), Trainium, CPU no."""
+    fp8 = {t for t, f in INSTANCE_TYPES.items() if f.supports_fp8}
+    assert {"ml.g6.xlarge", "ml.g6e.12xlarge", "ml.p5.48xlarge", "ml.p5e.48xlarge", "ml.p6-b200.48xlarge"} <= fp8
+    assert fp8.isdisjoint({"ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.g5.48xlarge", "ml.trn1.32xlarge", "ml.c5.xlarge"})
+    assert GPU_CUDA_CAPABILITY["V100"] < (7, 5) <= GPU_CUDA_CAPABILITY["T4"]  # what a CUDA 13 gate compares
+    assert INSTANCE_TYPES["ml.g5.xlarge"].meets_cuda_capability((7, 5))
+    assert not INSTANCE_TYPES["ml.trn1.32xlarge"].meets_cuda_capability((7, 5))
 
 
 def test_app_prints_a_clean_error_and_exits_2(tmp_path):
