@@ -21,6 +21,8 @@ pytestmark = pytest.mark.xdist_group("slurm")
 PAYLOADS = REPO / "payloads"
 CONTROLLER_SIDE = (
     "submit",
+    "ladder_submit",
+    "sweep",
     "config",
     "errors",
     "jobs",
@@ -28,6 +30,9 @@ CONTROLLER_SIDE = (
     "jobs.pipeline_status",
     "jobs.launch",
     "jobs.deploy_facts",
+    "jobs.partitions",
+    "jobs.chain",
+    "jobs.sweep_plan",
 )
 
 
