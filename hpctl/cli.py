@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         args.handler(args)
     except HpctlError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
+        return error.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -1,6 +1,7 @@
 """One exception type for everything a user can fix, and the translation of AWS failures into it.
 
-The CLI prints ``error: <message>`` and exits 2 for an HpctlError; nothing else should reach the
+The CLI prints ``error: <message>`` and exits 2 for an HpctlError (1 for DeployFailed: the deploy or the
+cluster failed); nothing else should reach the
 user as a traceback when the cause is credentials, region, a missing stack or a cluster state.
 """
 
@@ -27,6 +28,14 @@ DENIED_CODES = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"
 
 class HpctlError(Exception):
     """A problem the user can act on; the message says what happened and what to do."""
+
+    exit_code = 2
+
+
+class DeployFailed(HpctlError):
+    """The last deploy (create or update) or the cluster failed: exit 1, so scripts can tell it from a usage error."""
+
+    exit_code = 1
 
 
 def no_credentials_message() -> str:

@@ -16,6 +16,15 @@ from hpctl.errors import HpctlError, aws_errors
 REQUIRED_KEYS = (StackOutput.CLUSTER_NAME, StackOutput.BUCKET_NAME, StackOutput.CONTROLLER_GROUP)
 FAILED_STATES = ("CREATE_FAILED", "ROLLBACK_COMPLETE", "ROLLBACK_FAILED", "ROLLBACK_IN_PROGRESS", "DELETE_FAILED")
 CLUSTER_RESOURCE_TYPE = "AWS::SageMaker::Cluster"
+
+
+def deploy_failed(status: str) -> bool:
+    """A stack status that ends or undoes a failed deploy: every *_FAILED and every rollback
+    (ROLLBACK_*, UPDATE_ROLLBACK_* with its cleanup, IMPORT_ROLLBACK_*). After a failed update the
+    stack sits in UPDATE_ROLLBACK_COMPLETE with the old cluster still in service: not a success."""
+    return status.endswith("_FAILED") or "ROLLBACK" in status
+
+
 STACK_RESOURCE_TYPE = "AWS::CloudFormation::Stack"
 # What a failed create suggests: keep what was created, to read its logs and look at it.
 NO_ROLLBACK_HINT = (

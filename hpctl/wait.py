@@ -1,4 +1,6 @@
-"""`hpctl wait`: follow the deploy and the cluster until the cluster is in service (or failed)."""
+"""`hpctl wait`: follow the deploy and the cluster until the deploy is complete and the cluster is in
+service; a failed or rolled-back deploy (create or update) or a failed cluster exits 1 with the first
+failed stack event."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ import boto3
 
 from cluster_contract import StackOutput
 from hpctl.cluster import ClusterState, describe_cluster
-from hpctl.errors import HpctlError
-from hpctl.stack import FAILED_STATES, NO_ROLLBACK_HINT, EventFeed, StackNotFound, describe_stack, require_outputs
+from hpctl.errors import DeployFailed, HpctlError
+from hpctl.stack import NO_ROLLBACK_HINT, EventFeed, StackNotFound, deploy_failed, describe_stack, require_outputs
 
 
 def progress_line(cluster: ClusterState) -> str:
@@ -19,10 +21,10 @@ def progress_line(cluster: ClusterState) -> str:
     return f"cluster {cluster.name} {cluster.status}" + (f" (nodes {groups})" if groups else "")
 
 
-def stack_failed(stack_name: str, status: str, feed: EventFeed) -> HpctlError:
+def stack_failed(stack_name: str, status: str, feed: EventFeed) -> DeployFailed:
     cause = feed.first_failure()
     where = f": {cause.logical_id} ({cause.resource_type}) {cause.status}: {cause.reason}" if cause else ""
-    return HpctlError(
+    return DeployFailed(
         f"stack {stack_name} is {status}{where}. `hpctl logs lifecycle` shows the nodes' setup logs "
         f"(they outlive the rollback); {NO_ROLLBACK_HINT}"
     )
@@ -34,6 +36,7 @@ class Poll:
     events: list[str]  # stack events new since the last poll, while the stack changes
     line: str  # one-line progress report
     failure: HpctlError | None = None
+    deploying: bool = False  # the stack is still being created or updated: not done, whatever the cluster says
 
 
 def poll_once(session: boto3.Session, stack_name: str, feed: EventFeed) -> Poll:
@@ -41,17 +44,19 @@ def poll_once(session: boto3.Session, stack_name: str, feed: EventFeed) -> Poll:
         stack = describe_stack(session, stack_name)
     except StackNotFound:  # `cdk deploy` publishes its assets (the image) before it creates the stack
         return Poll(None, [], f"stack {stack_name} not created yet in {session.region_name}")
-    failed = stack.status in FAILED_STATES
+    failed = deploy_failed(stack.status)
     events = [event.line() for event in feed.new_events(session)] if stack.in_progress or failed else []
     line = f"stack {stack_name} {stack.status}"
     if failed:
         return Poll(None, events, line, failure=stack_failed(stack_name, stack.status, feed))
     if stack.in_progress and not stack.output(StackOutput.CLUSTER_NAME):
-        return Poll(None, events, f"{line} (the cluster is named once the deploy finishes)")
+        return Poll(None, events, f"{line} (the cluster is named once the deploy finishes)", deploying=True)
     cluster = describe_cluster(session, require_outputs(stack).output(StackOutput.CLUSTER_NAME))
     if cluster.status == "Failed":
-        failure = HpctlError(f"cluster {cluster.name} failed: {cluster.failure_message or 'no reason given'}")
+        failure = DeployFailed(f"cluster {cluster.name} failed: {cluster.failure_message or 'no reason given'}")
         return Poll(cluster, events, progress_line(cluster), failure=failure)
+    if stack.in_progress:  # an update: the old cluster serves until CloudFormation is done with it
+        return Poll(cluster, events, f"{line}, {progress_line(cluster)}", deploying=True)
     return Poll(cluster, events, progress_line(cluster))
 
 
@@ -75,7 +80,7 @@ def wait_in_service(
             raise poll.failure
         line = poll.line
         print(f"[{int(elapsed) // 60:02d}:{int(elapsed) % 60:02d}] {line}", flush=True)
-        if poll.cluster is not None and poll.cluster.status == "InService":
+        if poll.cluster is not None and poll.cluster.status == "InService" and not poll.deploying:
             return poll.cluster
         if elapsed >= timeout_s:
             raise HpctlError(

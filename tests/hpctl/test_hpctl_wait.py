@@ -1,10 +1,15 @@
 """`hpctl wait`: polls the stack, then the cluster, until InService; stops on failure or timeout."""
 
 import boto3
+import botocore.session
 import pytest
 
 from hpctl.errors import HpctlError
+from hpctl.stack import deploy_failed
 from hpctl.wait import wait_in_service
+
+# Every stack status CloudFormation has, from botocore's service model (not retyped).
+STACK_STATUSES = botocore.session.get_session().get_service_model("cloudformation").shape_for("StackStatus").enum
 
 
 def session(deployed):
@@ -72,7 +77,7 @@ def test_wrong_region_times_out_naming_the_region(deployed, hpctl):
 def test_failed_cluster_stops_with_the_reason(deployed, hpctl):
     deployed.set_cluster(status="Failed", failure="InsufficientInstanceCapacity for ml.trn1.32xlarge")
     code, _, err = hpctl("wait", "--interval", "1")
-    assert code == 2
+    assert code == 1
     assert err == f"error: cluster {deployed.cluster} failed: InsufficientInstanceCapacity for ml.trn1.32xlarge\n"
 
 
@@ -134,10 +139,69 @@ def test_a_failed_create_stops_with_the_first_cause(bare_stack, add_stack_event,
     add_stack_event("HplTestStack", "FsxLink", "AWS::FSx::DataRepositoryAssociation", "CREATE_FAILED", "cancelled")
     bare_stack.set_status("ROLLBACK_IN_PROGRESS")
     code, out, err = hpctl("wait", "--interval", "1")
-    assert code == 2
+    assert code == 1
     assert f"CREATE_FAILED AWS::SageMaker::Cluster HyperPodCluster ({reason})" in out
     assert err.startswith(
         f"error: stack HplTestStack is ROLLBACK_IN_PROGRESS: HyperPodCluster (AWS::SageMaker::Cluster) "
         f"CREATE_FAILED: {reason}. `hpctl logs lifecycle` shows the nodes' setup logs"
     )
     assert "--no-rollback" in err
+
+
+def start_update(deployed, add_stack_event):
+    """An update has begun: the stack's own UPDATE_IN_PROGRESS event, as CloudFormation writes it."""
+    add_stack_event(
+        deployed.stack, deployed.stack, "AWS::CloudFormation::Stack", "UPDATE_IN_PROGRESS", "User Initiated"
+    )
+    deployed.set_stack_status("UPDATE_IN_PROGRESS")
+
+
+@pytest.mark.parametrize("final", ["UPDATE_ROLLBACK_COMPLETE", "UPDATE_ROLLBACK_FAILED", "UPDATE_FAILED"])
+def test_a_failed_update_exits_1_with_its_first_failed_event(deployed, add_stack_event, hpctl, final):
+    """The old cluster is still in service after a rolled-back update: that is no success."""
+    start_update(deployed, add_stack_event)
+    reason = "Resource handler returned message: Storage capacity cannot be decreased"
+    add_stack_event(deployed.stack, "FsxFileSystem", "AWS::FSx::FileSystem", "UPDATE_FAILED", reason)
+    add_stack_event(deployed.stack, "HyperPodCluster", "AWS::SageMaker::Cluster", "UPDATE_FAILED", "cancelled")
+    add_stack_event(deployed.stack, deployed.stack, "AWS::CloudFormation::Stack", "UPDATE_ROLLBACK_IN_PROGRESS")
+    deployed.set_stack_status(final)
+    code, out, err = hpctl("wait", "--interval", "1")
+    assert code == 1
+    assert f"UPDATE_FAILED AWS::FSx::FileSystem FsxFileSystem ({reason})" in out
+    assert err.startswith(
+        f"error: stack {deployed.stack} is {final}: FsxFileSystem (AWS::FSx::FileSystem) UPDATE_FAILED: {reason}."
+    )
+
+
+def test_an_update_in_progress_is_waited_for_although_the_cluster_serves(deployed, add_stack_event, capsys):
+    start_update(deployed, add_stack_event)
+    polls = []
+
+    def sleep(seconds):
+        polls.append(seconds)
+        if len(polls) == 2:
+            deployed.set_stack_status("UPDATE_COMPLETE")
+
+    cluster = wait_in_service(session(deployed), deployed.stack, timeout_s=600, interval_s=30, sleep=sleep)
+    assert cluster.status == "InService" and polls == [30, 30]
+    progress = [line.split("] ", 1)[1] for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert progress[0].startswith(f"stack {deployed.stack} UPDATE_IN_PROGRESS, cluster {deployed.cluster} InService")
+    assert progress[-1].startswith(f"cluster {deployed.cluster} InService")
+
+
+def test_every_failed_or_rolled_back_status_counts_as_failed():
+    """Of all CloudFormation's stack statuses, only these are a deploy going or gone right."""
+    healthy = {
+        "CREATE_IN_PROGRESS",
+        "CREATE_COMPLETE",
+        "DELETE_IN_PROGRESS",
+        "DELETE_COMPLETE",
+        "UPDATE_IN_PROGRESS",
+        "UPDATE_COMPLETE_CLEANUP_IN_PROGRESS",
+        "UPDATE_COMPLETE",
+        "REVIEW_IN_PROGRESS",
+        "IMPORT_IN_PROGRESS",
+        "IMPORT_COMPLETE",
+    }
+    assert healthy < set(STACK_STATUSES)
+    assert {status for status in STACK_STATUSES if not deploy_failed(status)} == healthy
