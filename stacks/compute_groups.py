@@ -66,6 +66,10 @@ class ComputeGroup:
     def efa_device_rdma(self) -> bool:
         return instance_facts(self.instance_type).efa_device_rdma
 
+    @property
+    def supports_fp8(self) -> bool:
+        return instance_facts(self.instance_type).supports_fp8
+
 
 DEFAULT_COMPUTE_GROUPS = (ComputeGroup(name="compute", instance_type="ml.trn1.32xlarge", partition="trn1", count=1),)
 GROUP_KEYS = tuple(f.name for f in dataclasses.fields(ComputeGroup))

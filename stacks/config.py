@@ -283,6 +283,7 @@ def partition_facts(config: HyperPodConfig, group: ComputeGroup, image_uris: Map
         "devices_per_node": group.devices_per_node,
         "efa_interfaces": group.efa_interfaces,
         "efa_device_rdma": int(group.efa_device_rdma),  # 0/1: node facts are strings and integers
+        "fp8": int(group.supports_fp8),  # the ladder's FP8 rungs may run there (llm_pipeline.jobs.partitions)
         "image_uri": image_uris[config.image_family_of(group)],
         "capacity": group.capacity,
         "training_plan_arn": group.training_plan_arn,

@@ -25,6 +25,7 @@ METHODS = ("lora", "dora", "qlora", "full")
 STRATEGIES = ("fsdp", "ddp")
 ATTENTIONS = ("sdpa", "flash_attention_2", "eager")
 TORCHTITAN_RUNGS = ("baseline", "compile", "fp8", "fp8_allgather")  # the ladder, in climbing order
+FP8_RUNGS = ("fp8", "fp8_allgather")  # rungs that need FP8 GPUs (compute capability 8.9 or newer)
 
 
 class ConfigError(ValueError):

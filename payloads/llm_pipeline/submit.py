@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     facts = read_run_facts(args.config, env)
-    env.update(partition_environment(facts, env, ladder=args.action == "ladder"))
+    ladder = args.action == "ladder"
+    rungs = ladder_submit.read_rungs(facts.config) if ladder else ()
+    env.update(partition_environment(facts, env, ladder=ladder, rungs=rungs))
     # The latest deploy's image and runtime (FSx payloads) win over the node profile's.
     env.update(deploy_facts.read_deploy_facts(PAYLOADS_DIR, partition=env.get("HPL_PARTITION")))
     check_runtime_sees(facts, env)

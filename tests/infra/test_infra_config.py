@@ -28,6 +28,7 @@ PARTITION_KEYS = {
     "devices_per_node",
     "efa_interfaces",
     "efa_device_rdma",
+    "fp8",
     "image_uri",
     "capacity",
     "training_plan_arn",
@@ -194,6 +195,7 @@ def test_cluster_facts_describe_every_partition_of_a_mixed_cluster():
     )
     assert (g5["count"], g5["capacity"], g5["efa_device_rdma"]) == (0, "spot", 0)  # g5's EFA has no GPUDirect RDMA
     assert facts["partitions"]["trn1"]["efa_device_rdma"] == 1
+    assert (g5["fp8"], facts["partitions"]["trn1"]["fp8"]) == (0, 0)  # A10G: compute capability 8.6
     # A CPU-only group runs in the first image the config builds.
     assert facts["partitions"]["cpu"]["image_uri"] == IMAGES["neuron"]
     assert (facts["partitions"]["cpu"]["accelerator"], facts["partitions"]["cpu"]["devices_per_node"]) == ("none", 0)

@@ -59,16 +59,16 @@ def test_report_reads_the_recorded_rung_logs_and_says_what_is_missing(ladder_con
     jobs = []
     for number, rung in enumerate(("baseline", "compile"), 1):
         log = logs / f"rung-{rung}-{number}.log"
-        log.write_text("\n".join(LINE.format(step=s, loss=9 - s / 10, tps=1000 * number + s) for s in (1, 5, 10)))
+        log.write_text("\n".join(LINE.format(step=s, loss=9 - s / 10, tps=1000 * number + s) for s in (1, 10, 20)))
         jobs.append(pipeline_status.StepJob(f"rung-{rung}", str(number), str(log)))
     (logs / "rung-compile-0.log").write_text("an older, unrecorded submission\n")
     pipeline_status.write_record(logs, TINY_LADDER, jobs)
 
     json_path, md_path = pretrain.report(ladder_config)
     rows = {row["rung"]: row for row in json.loads(json_path.read_text())["rungs"]}
-    # medians over steps 5 and 10 (step 1 is warm-up); the recorded log, not the newer-named stray one
-    assert rows["compile"]["measured"]["tps"] == 2007.5 and rows["compile"]["log"].endswith("rung-compile-2.log")
-    assert rows["compile"]["tps_vs_baseline"] == pytest.approx(2007.5 / 1007.5)
+    # medians over steps 10 and 20 (step 1 is warm-up); the recorded log, not the newer-named stray one
+    assert rows["compile"]["measured"]["tps"] == 2015 and rows["compile"]["log"].endswith("rung-compile-2.log")
+    assert rows["compile"]["tps_vs_baseline"] == pytest.approx(2015 / 1015)
     assert rows["fp8"]["measured"] is None and rows["fp8"]["log"] is None
     assert "fp8: no metric lines (no log)" in capsys.readouterr().out
     assert md_path.read_text().count("not measured: no metric lines in no log") == 2

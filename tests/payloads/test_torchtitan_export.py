@@ -1,9 +1,11 @@
-"""The ladder's Hugging Face export: a torchtitan checkpoint in, a folder transformers loads out.
+"""The ladder's Hugging Face export: a rung's torchtitan checkpoint in, a folder transformers loads out.
 
-The checkpoint is saved as torchtitan's CheckpointManager saves a rung's last step (model only,
-torch distributed checkpoint, step-N) from torchtitan 0.2.2's llama3 debug model; the export step
-runs as on the cluster (python -m llm_pipeline.pretrain export); transformers' LlamaForCausalLM on
-the exported folder must give torchtitan's logits.
+The checkpoint is the default last rung's (fp8_allgather), saved by torchtitan 0.2.2's own
+CheckpointManager at the rung's last step after training its llama3 debug model with float8 linears
+and the float8 FSDP all-gather under FSDP2 on two gloo processes (torchtitan_rung_checkpoint_probe.py:
+torchao's float8 emulation, as no GPU is here). The export step runs as on the cluster
+(python -m llm_pipeline.pretrain export); transformers' LlamaForCausalLM on the exported folder must
+give the logits of torchtitan's model holding that checkpoint.
 """
 
 from __future__ import annotations
@@ -18,8 +20,12 @@ from torchtitan_site import REPO, site_env
 from llm_pipeline import config
 from llm_pipeline.training.torchtitan import ladder
 
-PROBE = Path(__file__).with_name("torchtitan_export_probe.py")
+PROBES = Path(__file__).parent
 TINY_LADDER = REPO / "payloads" / "configs" / "tiny-ladder-cpu.toml"
+STEPS = 2
+# What the tokenizer step puts beside the tokenizer for the 8B ladder: Llama-3.1-8B's config, whose
+# shape is not the debug flavor's; the export must describe the checkpoint, keeping the token ids.
+ASSET_CONFIG = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "bos_token_id": 128000}
 
 
 def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -28,25 +34,36 @@ def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[
     return out
 
 
-def test_export_gives_a_transformers_model_with_torchtitans_logits(tmp_path):
+def test_fp8_allgather_checkpoint_exports_to_a_transformers_model_with_torchtitans_logits(tmp_path):
     hpl = {name: str(tmp_path / name) for name in ("HPL_MODELS_DIR", "HPL_DATASETS_DIR", "HPL_OUTPUTS_DIR")}
     env = site_env({**hpl, "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     run_config = tmp_path / "ladder.toml"
     run_config.write_text(TINY_LADDER.read_text().replace("export_hf = false", "export_hf = true"))
     cfg = config.load(run_config, env=hpl)
     rung = cfg.torchtitan.rungs[-1]
-    ladder.write_job_file(cfg, rung)
+    assert rung == "fp8_allgather"
+    job_file = ladder.write_job_file(cfg, rung)
+    assets = Path(cfg.paths.model_dir)
+    assets.mkdir(parents=True)
+    (assets / "config.json").write_text(json.dumps(ASSET_CONFIG))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    saved = run([*torchrun, str(PROBES / "torchtitan_rung_checkpoint_probe.py"), str(job_file), str(STEPS)], env)
+    answer = json.loads(saved.stdout.strip().splitlines()[-1])
+    assert "WeightWithDynamicFloat8CastTensor" in answer["weight_classes"]  # what broke the loader
     checkpoints = ladder.rung_dir(cfg, rung) / "checkpoint"
-    run([sys.executable, str(PROBE), "checkpoint", str(checkpoints / "step-20"), cfg.paths.model_dir], env)
+    assert answer["saved"] == str(checkpoints / f"step-{STEPS}")
     (checkpoints / "step-30").mkdir()  # an interrupted save (no .metadata): never exported
 
     step = run([sys.executable, "-m", "llm_pipeline.pretrain", "export", "--config", str(run_config)], env)
     hf_dir = Path(cfg.paths.output_dir) / "hf"
-    assert f"exporting {checkpoints / 'step-20'}" in step.stdout and f"folder ready: {hf_dir}" in step.stdout
-    assert not hf_dir.with_name("hf.tmp").exists()
+    assert f"exporting {checkpoints / f'step-{STEPS}'}" in step.stdout and f"folder ready: {hf_dir}" in step.stdout
+    assert "config.json: hidden_size 4096 -> 256 (the checkpoint's flavor)" in step.stdout
+    assert not hf_dir.with_name("hf.tmp").exists() and not (hf_dir / "sharded").exists()
+    exported = json.loads((hf_dir / "config.json").read_text())
+    assert (exported["hidden_size"], exported["num_hidden_layers"], exported["vocab_size"]) == (256, 6, 2048)
+    assert exported["bos_token_id"] == 128000 and exported["torch_dtype"] == "float32"  # export_dtype
 
-    answer = json.loads(
-        run([sys.executable, str(PROBE), "compare", str(checkpoints / "step-20"), str(hf_dir)], env).stdout
-    )
-    assert "config.json" in answer["hf_files"] and any(name.endswith(".safetensors") for name in answer["hf_files"])
+    compare = PROBES / "torchtitan_export_probe.py"
+    answer = json.loads(run([sys.executable, str(compare), "compare", answer["saved"], str(hf_dir)], env).stdout)
     assert answer["max_abs_diff"] <= 1e-4 * max(1.0, answer["logit_scale"]), answer
+    assert any(name.endswith(".safetensors") for name in answer["hf_files"])

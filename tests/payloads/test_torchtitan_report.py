@@ -105,3 +105,25 @@ def test_report_shows_ratios_to_baseline_and_the_reference_beside(plain_line, tm
     assert "| + torch.compile | 1,100 | 1.100 (+10.0 %) |" in markdown
     assert "| + FP8 all-gather, precomputed scales | not measured: no metric lines in no log |" in markdown
     assert "| + torch.compile | 7,166 | 1.107 (+10.7 %) | 3.601 |" in markdown  # the reference, beside
+
+
+def test_a_rung_short_of_its_steps_is_marked_unfinished_without_a_ratio(plain_line, tmp_path):
+    def summary(tps: int, last: int):
+        return torchtitan_metrics.summarize(rank_log(plain_line, {10: [(3.6, tps, 50.0)], last: [(3.5, tps, 50.0)]}))
+
+    results = [
+        ladder_report.RungResult("baseline", tmp_path / "b.log", summary(1000, 2000)),
+        ladder_report.RungResult("compile", tmp_path / "c.log", summary(1500, 800)),  # stopped at step 800
+    ]
+    report = json.loads(ladder_report.write(results, 2000, tmp_path)[0].read_text())
+    rows = {row["rung"]: row for row in report["rungs"]}
+    assert (rows["baseline"]["finished"], rows["baseline"]["tps_vs_baseline"]) == (True, 1.0)
+    assert (rows["compile"]["finished"], rows["compile"]["steps_reached"]) == (False, 800)
+    assert rows["compile"]["tps_vs_baseline"] is None
+    markdown = (tmp_path / "report.md").read_text()
+    assert "| + torch.compile | 1,500 | unfinished (800 / 2000 steps) |" in markdown
+    assert "Each rung ran" not in markdown
+    # an unfinished baseline gives no ratio to anyone
+    results[0] = ladder_report.RungResult("baseline", tmp_path / "b.log", summary(1000, 1999))
+    report = json.loads(ladder_report.write(results, 2000, tmp_path)[0].read_text())
+    assert [row["tps_vs_baseline"] for row in report["rungs"]] == [None, None]

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.xdist_group("slurm")
 OLD_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/cdk-assets:aaaa"  # the node profile's, from provisioning
 NEW_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/cdk-assets:bbbb"  # pushed by the latest deploy
 GPU_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/cdk-assets:cccc"  # another partition's family
-TRN1_FACTS = {"accelerator": "neuron", "devices_per_node": 32, "efa_interfaces": 8, "efa_device_rdma": 1}
+TRN1_FACTS = {"accelerator": "neuron", "devices_per_node": 32, "efa_interfaces": 8, "efa_device_rdma": 1, "fp8": 0}
 PARTS = ', "partitions": ' + json.dumps({"trn1": TRN1_FACTS})
 
 
@@ -62,8 +62,8 @@ def write_facts(fsx: Path, **changes) -> None:
         "default_partition": "trn1",
         "partition_images": {"trn1": NEW_IMAGE, "h100": GPU_IMAGE},
         "partitions": {
-            "trn1": {"accelerator": "neuron", "devices_per_node": 32, "efa_interfaces": 8, "efa_device_rdma": 1},
-            "h100": {"accelerator": "cuda", "devices_per_node": 8, "efa_interfaces": 32, "efa_device_rdma": 1},
+            "trn1": TRN1_FACTS,
+            "h100": {**TRN1_FACTS, "accelerator": "cuda", "devices_per_node": 8, "efa_interfaces": 32, "fp8": 1},
         },
         **changes,
     }

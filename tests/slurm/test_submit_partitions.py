@@ -18,10 +18,10 @@ from llm_pipeline.jobs.deploy_facts import DEPLOY_FACTS_FILE
 from llm_pipeline.jobs.partitions import check_devices_per_node, choose_partition, partition_environment
 
 pytestmark = pytest.mark.xdist_group("slurm")
-TRN1 = {"accelerator": "neuron", "devices_per_node": 32, "efa_interfaces": 8, "efa_device_rdma": 1}
-P5 = {"accelerator": "cuda", "devices_per_node": 8, "efa_interfaces": 32, "efa_device_rdma": 1}
-G5 = {"accelerator": "cuda", "devices_per_node": 4, "efa_interfaces": 1, "efa_device_rdma": 0}
-CPU = {"accelerator": "none", "devices_per_node": 0, "efa_interfaces": 0, "efa_device_rdma": 0}
+TRN1 = {"accelerator": "neuron", "devices_per_node": 32, "efa_interfaces": 8, "efa_device_rdma": 1, "fp8": 0}
+P5 = {"accelerator": "cuda", "devices_per_node": 8, "efa_interfaces": 32, "efa_device_rdma": 1, "fp8": 1}
+G5 = {"accelerator": "cuda", "devices_per_node": 4, "efa_interfaces": 1, "efa_device_rdma": 0, "fp8": 0}
+CPU = {"accelerator": "none", "devices_per_node": 0, "efa_interfaces": 0, "efa_device_rdma": 0, "fp8": 0}
 MIXED = {"trn1": TRN1, "p5": P5, "cpu": CPU}
 ENV_SH = REPO / "payloads" / "slurm" / "env.sh"
 
@@ -207,3 +207,24 @@ def test_unknown_accelerator_stops_the_step(tmp_path):
         text=True,
     )
     assert out.returncode == 2 and "HPL_ACCELERATOR=tpu is not an accelerator" in out.stderr
+
+
+def test_fp8_ladder_prefers_a_partition_with_fp8_gpus():
+    gpus = {"g5": G5, "p5": P5}
+    assert choose_partition(gpus, accelerator="cuda", required=True, default="g5", fp8=True) == "p5"
+    assert choose_partition(gpus, accelerator="cuda", required=True, default="g5") == "g5"
+
+
+def test_ladder_refuses_fp8_rungs_on_a_partition_without_fp8_gpus(fsx):
+    out = dry_run(fsx, "[parallel]\npartition = 'g5'\n", "ladder")
+    assert out.returncode == 2
+    assert (
+        "ladder rung fp8, fp8_allgather needs FP8 GPUs (compute capability 8.9 or newer: L4, L40S, H100, H200, B200) "
+        'and partition g5 (cuda) has none: set torchtitan.rungs = ["baseline", "compile"] to run the others there'
+    ) in out.stderr
+    out = dry_run(fsx, '[parallel]\npartition = \'g5\'\n[torchtitan]\nrungs = ["baseline", "compile"]\n', "ladder")
+    assert out.returncode == 0, out.stderr
+    assert all("--partition=g5" in line for line in out.stdout.splitlines() if "sbatch" in line)
+    out = dry_run(fsx, "", "ladder")  # no partition named: the first one with FP8 GPUs
+    assert out.returncode == 0, out.stderr
+    assert all("--partition=p5" in line for line in out.stdout.splitlines() if "sbatch" in line)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from llm_pipeline.config import FP8_RUNGS
 from llm_pipeline.errors import StepError
 from llm_pipeline.jobs import deploy_facts, partitions, pipeline_status
 from llm_pipeline.jobs.pipeline_status import StepJob
@@ -85,8 +86,11 @@ def check_runtime_sees(facts: RunFacts, env: dict[str, str]) -> None:
             )
 
 
-def partition_environment(facts: RunFacts, env: dict[str, str], *, ladder: bool = False) -> dict[str, str]:
-    """The run's partition and its facts (HPL_PARTITION, HPL_ACCELERATOR, HPL_DEVICES_PER_NODE, ...)."""
+def partition_environment(
+    facts: RunFacts, env: dict[str, str], *, ladder: bool = False, rungs: tuple[str, ...] = ()
+) -> dict[str, str]:
+    """The run's partition and its facts (HPL_PARTITION, HPL_ACCELERATOR, HPL_DEVICES_PER_NODE, ...).
+    For the ladder, ``rungs`` decide whether the partition needs FP8 GPUs."""
     known, default = deploy_facts.read_partitions(PAYLOADS_DIR)
     if not known:  # a local Slurm: no deploy facts; the run config may still name a partition
         return {"HPL_PARTITION": facts.partition} if facts.partition else {}
@@ -98,7 +102,10 @@ def partition_environment(facts: RunFacts, env: dict[str, str], *, ladder: bool 
         required=ladder or accelerator in partitions.REQUIRED,
         fallback=env.get("HPL_PARTITION", ""),
         default=default,
+        fp8=any(rung in FP8_RUNGS for rung in rungs),
     )
+    if ladder:
+        partitions.check_fp8_rungs(name, known[name], rungs)
     partitions.check_devices_per_node(name, known[name], None if ladder else facts.devices_per_node)
     return partitions.partition_environment(name, known[name])
 

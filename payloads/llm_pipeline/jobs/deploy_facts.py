@@ -18,7 +18,7 @@ from llm_pipeline.errors import StepError
 DEPLOY_FACTS_FILE = "deploy-facts.json"
 KEYS = ("runtime", "default_partition", "partition_images", "partitions")
 # Per partition (llm_pipeline.jobs.partitions reads them): what the launch and env.sh need.
-PARTITION_KEYS = ("accelerator", "devices_per_node", "efa_interfaces", "efa_device_rdma")
+PARTITION_KEYS = ("accelerator", "devices_per_node", "efa_interfaces", "efa_device_rdma", "fp8")
 # What submit pins for every job of a chain (slurm/env.sh reads them).
 ENV_NAMES = ("HPL_IMAGE_URI", "HPL_RUNTIME")
 

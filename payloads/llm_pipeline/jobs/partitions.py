@@ -12,8 +12,10 @@ jobs/launch.py into processes per node.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 
+from llm_pipeline.config import FP8_RUNGS
 from llm_pipeline.errors import StepError
 
 NEURON, CUDA, NO_ACCELERATOR = "neuron", "cuda", "none"
@@ -39,8 +41,10 @@ def choose_partition(
     required: bool = False,
     fallback: str = "",
     default: str,
+    fp8: bool = False,
 ) -> str:
-    """The partition for a run; a StepError names the run config key and the partitions there are."""
+    """The partition for a run; a StepError names the run config key and the partitions there are.
+    With ``fp8`` (a ladder with FP8 rungs), a partition of ``accelerator`` with FP8 GPUs comes first."""
     known = ", ".join(f"{name} ({facts['accelerator']})" for name, facts in partitions.items())
     if requested:
         if requested not in partitions:
@@ -50,9 +54,9 @@ def choose_partition(
             )
         return requested
     if accelerator:
-        for name, facts in partitions.items():
-            if facts["accelerator"] == accelerator:
-                return name
+        matching = [name for name, facts in partitions.items() if facts["accelerator"] == accelerator]
+        for name in sorted(matching, key=lambda name: not (fp8 and int(partitions[name]["fp8"]))):
+            return name
     if accelerator and required:
         raise StepError(
             f"the run needs a {accelerator} partition (train.backend) and the cluster has none ({known}): "
@@ -68,6 +72,22 @@ def partition_environment(name: str, facts: Mapping[str, object]) -> dict[str, s
         env[variable] = str(facts[key])
     env["HPL_DEVICES_PER_NODE"] = str(max(1, int(facts["devices_per_node"])))
     return env
+
+
+def check_fp8_rungs(name: str, facts: Mapping[str, object], rungs: Sequence[str]) -> None:
+    """The ladder's FP8 rungs only on a partition whose GPUs have FP8 (the deploy's ``fp8`` fact:
+    compute capability 8.9 or newer): elsewhere torchtitan's float8 converter refuses to start, after
+    the rungs before it ran for hours."""
+    fp8 = [rung for rung in rungs if rung in FP8_RUNGS]
+    if not fp8 or int(facts["fp8"]):
+        return
+    others = [rung for rung in rungs if rung not in FP8_RUNGS]
+    keep = f"set torchtitan.rungs = {json.dumps(others)} to run the others there, or " if others else ""
+    raise StepError(
+        f"ladder rung {', '.join(fp8)} needs FP8 GPUs (compute capability 8.9 or newer: L4, L40S, H100, H200, "
+        f"B200) and partition {name} ({facts['accelerator']}) has none: {keep}set parallel.partition to a "
+        "partition of such GPUs (ml.g6, ml.g6e, ml.p5, ml.p5e, ml.p5en, ml.p6-b200)"
+    )
 
 
 def check_devices_per_node(name: str, facts: Mapping[str, object], configured: int | None) -> None:

@@ -4,13 +4,22 @@
 this step does the same through the library it is built on: the model's train spec (model class,
 flavor arguments, state-dict adapter), torchtitan's ModelWrapper for the state-dict keys its
 checkpointer writes, torch.distributed.checkpoint to load, the adapter's to_hf, and torch's
-HuggingFaceStorageWriter for consolidated safetensors. The config, generation config and tokenizer
-files come from model.hf_assets_path (the download step put them there). The folder is written
-next to its final place and renamed when complete.
+HuggingFaceStorageWriter for consolidated safetensors (its per-rank shards are removed once
+consolidated). The generation config and tokenizer files come from model.hf_assets_path (the
+download step put them there); config.json is that folder's, with every shape field set from the
+flavor the checkpoint was trained with (a custom flavor differs from the tokenizer's model), and
+each field changed is printed. The folder is written next to its final place and renamed when
+complete.
+
+Checkpoints of the float8 rungs with the FSDP float8 all-gather hold torchao's
+WeightWithDynamicFloat8CastTensor: torch.load (weights_only) refuses that class until
+torchao.float8 is imported, which registers it as a safe global, so the export imports it first
+whenever the rung's job used the float8 converter.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -20,7 +29,6 @@ from llm_pipeline.errors import StepError
 from llm_pipeline.training.torchtitan import ladder
 
 COPIED_ASSETS = (
-    "config.json",
     "generation_config.json",
     "tokenizer.json",
     "tokenizer_config.json",
@@ -52,14 +60,16 @@ def export(cfg: RunConfig, rung: str, out_dir: Path) -> Path:
     )
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    convert(
+    config = convert(
         source,
         tmp,
         model_name=model.get("name", "llama3"),
         flavor=model.get("flavor", "8B"),
         assets=assets,
         dtype=checkpoint.get("export_dtype", "bfloat16"),
+        float8=ladder.FLOAT8_CONVERTER in model.get("converters", []),
     )
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in COPIED_ASSETS:
         if (assets / name).is_file():
             shutil.copy2(assets / name, tmp / name)
@@ -69,8 +79,44 @@ def export(cfg: RunConfig, rung: str, out_dir: Path) -> Path:
     return out_dir
 
 
-def convert(source: Path, target: Path, *, model_name: str, flavor: str, assets: Path, dtype: str) -> None:
-    """DCP checkpoint `source` -> consolidated safetensors in `target`, on CPU, in `dtype`."""
+def flavor_config(args, model, base: dict, dtype: str) -> dict:
+    """Hugging Face's LlamaConfig fields for torchtitan llama3 flavor `args` (model: built from it),
+    over `base` (the assets' config.json); prints each field the flavor changes."""
+    scaling = args.rope_scaling_args
+    shape = {
+        "hidden_size": args.dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads or args.n_heads,
+        "intermediate_size": model.layers["0"].feed_forward.w1.weight.shape[0],
+        "vocab_size": args.vocab_size,
+        "rms_norm_eps": args.norm_eps,
+        "rope_theta": args.rope_theta,
+        # torchtitan's llama3 always applies Llama 3.1's frequency scaling (precompute_freqs_cis)
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": scaling.scaling_factor,
+            "low_freq_factor": scaling.low_freq_factor,
+            "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_max_position_embeddings,
+        },
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+    }
+    for key, value in shape.items():
+        if key in base and base[key] != value:
+            print(f"config.json: {key} {base[key]!r} -> {value!r} (the checkpoint's flavor)", flush=True)
+    defaults = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+    return {**defaults, "max_position_embeddings": args.max_seq_len, **base, **shape, "torch_dtype": dtype}
+
+
+def convert(
+    source: Path, target: Path, *, model_name: str, flavor: str, assets: Path, dtype: str, float8: bool = False
+) -> dict:
+    """DCP checkpoint `source` -> consolidated safetensors in `target`, on CPU, in `dtype`; returns
+    the config.json for it."""
     import torch
     import torch.distributed.checkpoint as dcp
     import torchtitan.protocols.train_spec as train_spec
@@ -83,6 +129,14 @@ def convert(source: Path, target: Path, *, model_name: str, flavor: str, assets:
         raise StepError(f"model.flavor {flavor!r} is not a {model_name} flavor ({', '.join(spec.model_args)})")
     if dtype not in TORCH_DTYPE_MAP:
         raise StepError(f"checkpoint.export_dtype {dtype!r} is not one of {', '.join(TORCH_DTYPE_MAP)}")
+    if float8:
+        try:
+            import torchao.float8  # noqa: F401  (registers its weight classes with torch.load)
+        except ImportError:
+            raise StepError(
+                f"{source} was saved by a float8 rung and torchao is not importable here: run the export in the "
+                "training image (it pins torchao), or install the torchao version the rung trained with"
+            ) from None
     args = spec.model_args[flavor]
     with torch.device("cpu"):
         model = spec.model_cls(args)
@@ -99,3 +153,6 @@ def convert(source: Path, target: Path, *, model_name: str, flavor: str, assets:
     )
     with torch.inference_mode():
         dcp.save(hf_state, storage_writer=writer)
+    shutil.rmtree(target / "sharded", ignore_errors=True)  # the per-rank copy, now consolidated
+    base = assets / "config.json"
+    return flavor_config(args, model, json.loads(base.read_text()) if base.is_file() else {}, dtype)

@@ -2,7 +2,9 @@
 
 Written to <run>/ladder/report.md and report.json. Figures come only from the rungs' own job logs
 (torchtitan's metric lines); a rung without a log or without metric lines is listed as missing,
-never filled in. The reference figures are what users reported on 32 H100; they are shown for
+never filled in. A rung whose last logged step is short of the steps asked (stopped early, or the
+report run by hand while it trains) is marked unfinished with the steps it reached, and no ratio
+is computed from it or against it. The reference figures are what users reported on 32 H100; they are shown for
 comparison and marked as such.
 """
 
@@ -27,12 +29,17 @@ def ratio(value: float | None, base: float | None) -> float | None:
     return None if value is None or not base else value / base
 
 
+def finished(summary: RungSummary | None, steps: int) -> bool:
+    return summary is not None and summary.last_step >= steps
+
+
 def as_json(results: list[RungResult], steps: int) -> dict:
-    baseline = next((r.summary for r in results if r.rung == "baseline" and r.summary), None)
+    baseline = next((r.summary for r in results if r.rung == "baseline" and finished(r.summary, steps)), None)
     ref_base = REFERENCE["tps"]["baseline"]
     rows = []
     for result in results:
         s = result.summary
+        done = finished(s, steps)
         ref_tps = REFERENCE["tps"].get(result.rung)
         rows.append(
             {
@@ -40,7 +47,9 @@ def as_json(results: list[RungResult], steps: int) -> dict:
                 "title": RUNG_TITLES[result.rung],
                 "log": str(result.log) if result.log else None,
                 "measured": s.to_dict() if s else None,
-                "tps_vs_baseline": ratio(s.tps, baseline.tps) if s and baseline else None,
+                "finished": done,
+                "steps_reached": s.last_step if s else None,
+                "tps_vs_baseline": ratio(s.tps, baseline.tps) if done and baseline else None,
                 "reference_tps": ref_tps,
                 "reference_tps_vs_baseline": ratio(ref_tps, ref_base),
                 "reference_loss": REFERENCE["loss"].get(result.rung),
@@ -61,7 +70,8 @@ def as_markdown(report: dict) -> str:
     lines = [
         "# torchtitan ladder report",
         "",
-        f"Each rung ran {report['steps_per_rung']} steps. Measured figures come from torchtitan's own metric "
+        f"Each rung was asked for {report['steps_per_rung']} steps; a rung that logged fewer is marked "
+        "unfinished (steps reached / steps asked) and has no ratio. Measured figures come from torchtitan's own metric "
         "lines in each rung's job log: tokens/s per GPU, MFU and TFLOPS are medians over the logged "
         "steps past warm-up; memory is the peak reserved GPU memory; loss is at the last logged step.",
         "",
@@ -73,8 +83,13 @@ def as_markdown(report: dict) -> str:
         if m is None:
             lines.append(f"| {row['title']} | not measured: no metric lines in {row['log'] or 'no log'} | | | | | | |")
             continue
+        ratio_cell = (
+            _pct_change(row["tps_vs_baseline"])
+            if row["finished"]
+            else f"unfinished ({row['steps_reached']} / {report['steps_per_rung']} steps)"
+        )
         lines.append(
-            f"| {row['title']} | {m['tps']:,.0f} | {_pct_change(row['tps_vs_baseline'])} | {m['mfu']:.2f} | "
+            f"| {row['title']} | {m['tps']:,.0f} | {ratio_cell} | {m['mfu']:.2f} | "
             f"{m['tflops']:.2f} | {m['memory_gib']:.2f} ({m['memory_pct']:.2f} %) | "
             f"{m['final_loss']:.4f} ({m['last_step']}) | {m['device']} |"
         )
