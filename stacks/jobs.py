@@ -1,5 +1,15 @@
 """The jobs lane: the execution role SageMaker training jobs run as, scoped to this stack's bucket
-prefixes, images and SageMaker's training-job log group."""
+prefixes, images and SageMaker's training-job log group.
+
+The sagemaker SDK's ModelTrainer checks the role before it creates a job (sagemaker 3.27.0,
+``sagemaker.core.helper.iam_role_resolver``): when the person submitting may call
+iam:SimulatePrincipalPolicy, it simulates the training role type's actions whose policy resource
+is ``*`` (ecr:GetAuthorizationToken, cloudwatch:PutMetricData and the EC2 network-interface
+actions SageMaker needs for VPC-mode jobs) with no resource and no request context, and refuses the
+role on any denial. So those actions are granted on ``*`` here, and the metrics namespace limit is
+written ``StringEqualsIfExists``: PutMetricData always sends its namespace, so real calls stay
+limited to SageMaker's namespace, while the context-free simulation passes.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +23,20 @@ from cluster_contract import JOB_INPUT_PREFIXES, JOB_LOG_GROUP, JOB_OUTPUT_PREFI
 from stacks.nag import acknowledge
 
 METRICS_NAMESPACE = "/aws/sagemaker/TrainingJobs"  # where SageMaker puts a job's metrics
+# What SageMaker does for a job that runs in a customer VPC (VpcConfig): it creates, shares and
+# deletes the job's network interfaces as this role. hpctl's jobs name no VpcConfig, but the SDK's
+# role check requires these of every training role (see the module docstring).
+VPC_MODE_ACTIONS = [
+    "ec2:CreateNetworkInterface",
+    "ec2:CreateNetworkInterfacePermission",
+    "ec2:DeleteNetworkInterface",
+    "ec2:DeleteNetworkInterfacePermission",
+    "ec2:DescribeNetworkInterfaces",
+    "ec2:DescribeVpcs",
+    "ec2:DescribeDhcpOptions",
+    "ec2:DescribeSubnets",
+    "ec2:DescribeSecurityGroups",
+]
 
 
 class JobRole(Construct):
@@ -74,8 +98,9 @@ class JobRole(Construct):
                 sid="TrainingJobMetrics",
                 actions=["cloudwatch:PutMetricData"],
                 resources=["*"],
-                conditions={"StringEquals": {"cloudwatch:namespace": METRICS_NAMESPACE}},
+                conditions={"StringEqualsIfExists": {"cloudwatch:namespace": METRICS_NAMESPACE}},
             ),
+            iam.PolicyStatement(sid="VpcModeNetworkInterfaces", actions=VPC_MODE_ACTIONS, resources=["*"]),
         ]
         self.policy = iam.Policy(self, "JobAccess", statements=statements, roles=[self.role])
         self._acknowledge(bucket, prefixes)
@@ -84,7 +109,9 @@ class JobRole(Construct):
         bucket_id = Stack.of(self).get_logical_id(bucket.node.default_child)
         reasons = {
             "Resource::*": "ecr:GetAuthorizationToken has no resource-level permissions, and cloudwatch:PutMetricData "
-            f"none either; the latter is limited to SageMaker's {METRICS_NAMESPACE} namespace by a condition.",
+            f"none either; the latter is limited to SageMaker's {METRICS_NAMESPACE} namespace by a condition. "
+            "The EC2 network-interface actions are what SageMaker needs for a job in a customer VPC, whose "
+            "interfaces and VPC are unknown here; the sagemaker SDK refuses a training role without them on '*'.",
             f"Resource::{self.log_group_arn}:log-stream:*": "SageMaker writes one log stream per job and host "
             f"(<job name>/algo-<n>-<time>) in its {JOB_LOG_GROUP} group; names are only known at runtime.",
         }

@@ -2,12 +2,17 @@
 
 The CreateTrainingJob request the SDK sends is captured on the wire side of botocore, validated
 against botocore's service model and compared with the run config; bad input stops before any upload.
+The SDK's own checks stay on: its role check asks IAM (iam:SimulatePrincipalPolicy, GetRole), which
+moto lacks, so botocore's Stubber answers from the role the jobs-only template really grants
+(iam_simulation.py).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -15,6 +20,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 from botocore.validate import ParamValidator
+from iam_simulation import JobRole
 from moto import mock_aws
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.sagemaker.models import sagemaker_backends
@@ -48,7 +54,6 @@ def jobs_stack(aws_env, project, monkeypatch, tmp_path):
     sdk_config = tmp_path / "sagemaker-config.yaml"
     sdk_config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n")
     monkeypatch.setenv("SAGEMAKER_USER_CONFIG_OVERRIDE", str(sdk_config))
-    monkeypatch.setenv("SAGEMAKER_VALIDATE_ROLE", "false")  # moto has no iam:SimulatePrincipalPolicy
     with mock_aws():
         s3 = FIXTURE_SESSION.client("s3")
         s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
@@ -56,10 +61,57 @@ def jobs_stack(aws_env, project, monkeypatch, tmp_path):
         yield s3
 
 
+@dataclass
+class IamAnswers:
+    role: JobRole  # its statements may be changed before a submit
+    stubbers: list[Stubber]  # one per hpctl command
+
+
+def sdk_checked_actions() -> list[str]:
+    """What the SDK's role check simulates: its training role's actions granted on '*' (iam_role_resolver)."""
+    from sagemaker.core.helper.iam_policies import IAM_POLICY_CONFIG
+
+    statements = [s for doc in IAM_POLICY_CONFIG["training"]["policies"].values() for s in doc["Statement"]]
+    as_list = lambda value: [value] if isinstance(value, str) else list(value)  # noqa: E731
+    return [action for s in statements if "*" in as_list(s.get("Resource", [])) for action in as_list(s["Action"])]
+
+
 @pytest.fixture
-def requests_sent(monkeypatch):
+def iam(monkeypatch):
+    """IAM as the SDK asks it while building a job, answered for the stack's job role: its check
+    (SimulatePrincipalPolicy on the '*' actions, GetRole for the trust policy), then one s3:PutObject
+    simulation per channel the SDK stages (code, sm_drivers) to pick the staging bucket."""
+    answers = IamAnswers(role=JobRole(bucket=BUCKET), stubbers=[])
+    role = answers.role
+    real_connect = job_commands.connect
+
+    def connect(args):
+        deployment = real_connect(args)
+        client = FIXTURE_SESSION.client("iam")
+        stubber = Stubber(client)
+        actions = sdk_checked_actions()
+        check = {"PolicySourceArn": ROLE, "ActionNames": actions}
+        stubber.add_response("simulate_principal_policy", role.simulate(actions), check)
+        stubber.add_response("get_role", role.get_role(ROLE), {"RoleName": ROLE.split(":role/")[1]})
+        bucket_objects = [f"arn:aws:s3:::{BUCKET}/*"]
+        staging = {"PolicySourceArn": ROLE, "ActionNames": ["s3:PutObject"], "ResourceArns": bucket_objects}
+        for _ in ("code", "sm_drivers"):
+            stubber.add_response("simulate_principal_policy", role.simulate(["s3:PutObject"], bucket_objects), staging)
+        stubber.activate()
+        answers.stubbers.append(stubber)
+        clients = deployment.session.client
+        deployment.session.client = lambda name, *a, **kw: client if name == "iam" else clients(name, *a, **kw)
+        return deployment
+
+    monkeypatch.setattr(job_commands, "connect", connect)
+    return answers
+
+
+@pytest.fixture
+def requests_sent(monkeypatch, iam):
     """Every CreateTrainingJob request botocore is about to send, as the service model sees it."""
     sent: list[dict] = []
+    ACTIONS_CALLED.clear()
     real_connect = job_commands.connect
 
     def connect(args):
@@ -67,10 +119,29 @@ def requests_sent(monkeypatch):
         deployment.session.events.register(
             "provide-client-params.sagemaker.CreateTrainingJob", lambda params, **_: sent.append(params)
         )
+        deployment.session.events.register("before-call.*.*", record_action)
         return deployment
+
+    def record_action(model, **_):
+        ACTIONS_CALLED.add(f"{model.service_model.signing_name}:{model.name}")
 
     monkeypatch.setattr(job_commands, "connect", connect)
     return sent
+
+
+ACTIONS_CALLED: set[str] = set()  # service:Operation of every call the SDK and hpctl made (moto answered)
+# Operations whose IAM action has another name; and what IAM checks beyond the calls themselves.
+IAM_ACTION_OF = {"s3:ListObjectsV2": "s3:ListBucket", "s3:ListBuckets": "s3:ListAllMyBuckets"}
+IMPLIED_ACTIONS = {"iam:PassRole", "sagemaker:AddTags"}  # CreateTrainingJob's RoleArn and Tags
+# The SDK's role check (stubbed, so not in ACTIONS_CALLED); without them it warns and goes on.
+ROLE_CHECK_ACTIONS = {"iam:SimulatePrincipalPolicy", "iam:GetRole"}
+
+
+def documented_caller_actions() -> set[str]:
+    """The actions docs/jobs.md's "Who may submit" table lists (first column, in backticks)."""
+    text = (REPO / "docs" / "jobs.md").read_text()
+    section = text.split("## Who may submit", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `([a-z0-9-]+:[A-Za-z]+)`", section, flags=re.MULTILINE))
 
 
 def sagemaker():
@@ -93,7 +164,7 @@ def read_s3_json(s3, uri: str) -> dict:
     return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
 
 
-def test_submit_builds_the_job_the_run_config_describes(jobs_stack, requests_sent, hpctl):
+def test_submit_builds_the_job_the_run_config_describes(jobs_stack, iam, requests_sent, hpctl):
     s3 = jobs_stack
     s3.put_object(Bucket=BUCKET, Key="models/tiny-lora/tiny-llama/config.json", Body=b"{}")
     s3.put_object(Bucket=BUCKET, Key="datasets/tiny-lora/tiny-dolly.jsonl", Body=b"{}\n")
@@ -103,6 +174,9 @@ def test_submit_builds_the_job_the_run_config_describes(jobs_stack, requests_sen
     )
 
     assert code == 0, err
+    iam.stubbers[-1].assert_no_pending_responses()  # the SDK checked the role (and passed it) first
+    called = {IAM_ACTION_OF.get(action, action) for action in ACTIONS_CALLED}
+    assert called | IMPLIED_ACTIONS | ROLE_CHECK_ACTIONS <= documented_caller_actions()
     (request,) = requests_sent
     valid_request(request)
     name = request["TrainingJobName"]
@@ -113,7 +187,8 @@ def test_submit_builds_the_job_the_run_config_describes(jobs_stack, requests_sen
     channels = channel_uris(request)
     assert channels["models"] == f"s3://{BUCKET}/models/tiny-lora/"
     assert channels["datasets"] == f"s3://{BUCKET}/datasets/tiny-lora/"
-    assert channels["code"].startswith(f"s3://{BUCKET}/jobs/tiny-lora/{name}/input/code")
+    # The role may write only under jobs/ and outputs/, so the SDK stages below the output path.
+    assert channels["code"] == f"s3://{BUCKET}/jobs/tiny-lora/jobs/tiny-lora/{name}/input/code"
     assert request["CheckpointConfig"] == {
         "S3Uri": f"s3://{BUCKET}/outputs/tiny-lora/",
         "LocalPath": "/opt/ml/checkpoints/tiny-lora",
@@ -134,6 +209,29 @@ def test_submit_builds_the_job_the_run_config_describes(jobs_stack, requests_sen
     source_code = read_s3_json(s3, channels["sm_drivers"] + "/sourcecode.json")
     assert source_code["command"] == "python3 -m llm_pipeline.sagemaker_job --config configs/tiny-cpu.toml"
     assert sagemaker().describe_training_job(TrainingJobName=name)["RoleArn"] == ROLE
+
+
+@pytest.mark.parametrize(
+    ("change", "missing"),
+    [
+        ("drop-vpc-actions", "ec2:CreateNetworkInterface"),
+        ("strict-namespace", "cloudwatch:PutMetricData"),  # StringEquals: no context in a simulation
+    ],
+)
+def test_a_role_the_sdk_check_refuses_stops_the_submit(jobs_stack, iam, requests_sent, hpctl, change, missing):
+    statements = iam.role.statements
+    if change == "drop-vpc-actions":
+        statements[:] = [s for s in statements if s.get("Sid") != "VpcModeNetworkInterfaces"]
+    else:
+        (metrics,) = [s for s in statements if s.get("Sid") == "TrainingJobMetrics"]
+        metrics["Condition"] = {"StringEquals": metrics["Condition"]["StringEqualsIfExists"]}
+    jobs_stack.put_object(Bucket=BUCKET, Key="datasets/tiny-lora/tiny-dolly.jsonl", Body=b"{}\n")
+
+    code, _, err = hpctl("job", "submit", "--config", "tiny-cpu")
+
+    assert code == 2 and f"execution role {ROLE}: IAM role '{ROLE}' cannot be used" in err
+    assert missing in err.split("Missing permissions:")[1].splitlines()[0]
+    assert not requests_sent and nothing_created(jobs_stack)
 
 
 def test_neuron_run_gets_the_neuron_image_and_its_cores(jobs_stack, requests_sent, hpctl):
