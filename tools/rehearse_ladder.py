@@ -4,7 +4,8 @@
 
 1. starts munged/slurmctld/slurmd under <root>/slurm (tools/local_slurm.py);
 2. writes a tiny tokenizer where the run config expects the Llama 3 one, so the real tokenizer
-   step finds it and skips the Hub;
+   step finds it and skips the Hub, and a tiny c4-format dataset (card and shards) as the source
+   the real dataset step stages;
 3. submits the ladder a cluster runs (python -m llm_pipeline.submit ladder --wait) with
    tiny-ladder-cpu.toml: four rungs on torchrun with two processes each; torchtitan's trainer
    needs CUDA, so each rung runs tools/torchtitan_standin.py (HPL_TORCHTITAN_MODULE), which prints
@@ -59,6 +60,15 @@ def write_tokenizer(config_path: Path, env: dict[str, str]) -> Path:
     return folder
 
 
+def write_dataset_source(config_path: Path, env: dict[str, str]) -> Path:
+    """A tiny c4-format dataset (card and shards) where torchtitan.dataset_source points: the chain's
+    dataset step stages it as it stages allenai/c4 from the Hub."""
+    from llm_pipeline import config
+    from tools import tiny_model as tiny
+
+    return tiny.write_c4_folder(Path(config.load(config_path, env=env).torchtitan.dataset_source))
+
+
 def rehearse(root: Path, config_path: Path) -> int:
     from llm_pipeline.jobs.run_facts import read_run_facts
 
@@ -69,6 +79,7 @@ def rehearse(root: Path, config_path: Path) -> int:
     with LocalSlurm(root / "slurm") as slurm:
         env = ladder_environment(slurm.env(fsx_environment(root / "fsx")))
         print(f"[2/4] writing a tiny tokenizer into {write_tokenizer(config_path, env)}", flush=True)
+        print(f"      and a tiny c4-format dataset into {write_dataset_source(config_path, env)}", flush=True)
         print(f"[3/4] submitting the ladder with {config_path.name} and following it", flush=True)
         command = [sys.executable, "-m", "llm_pipeline.submit", "ladder", "--config", str(config_path)]
         status = subprocess.run([*command, "--wait", "--poll", "2"], env=env, cwd=REPO / "payloads").returncode

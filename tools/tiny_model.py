@@ -83,6 +83,40 @@ def write_dolly_jsonl(path: Path, count: int, seed: int = 0) -> Path:
     return path
 
 
+# A dataset card in c4's layout: its YAML header defines the "en" config torchtitan's c4 loader
+# asks for, with a train and a validation split of gzipped JSON-lines shards.
+C4_CARD = """---
+configs:
+- config_name: en
+  data_files:
+  - split: train
+    path: en/c4-train.*.json.gz
+  - split: validation
+    path: en/c4-validation.*.json.gz
+---
+# tiny c4-format dataset (rehearsals and tests)
+"""
+
+
+def write_c4_folder(folder: Path, *, shards: int = 2, records: int = 40, card: bool = True) -> Path:
+    """A c4-format dataset folder: records with c4's columns (text, timestamp, url), random words."""
+    import gzip
+
+    rng = random.Random(0)
+    for split, count in (("train", shards), ("validation", 1)):
+        for index in range(count):
+            path = folder / "en" / f"c4-{split}.{index:05d}-of-{count:05d}.json.gz"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with gzip.open(path, "wt") as out:
+                for number in range(records):
+                    text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 60))).capitalize() + "."
+                    row = {"text": text, "timestamp": "2019-04-25T12:00:00Z", "url": f"https://example.com/{number}"}
+                    out.write(json.dumps(row) + "\n")
+    if card:
+        (folder / "README.md").write_text(C4_CARD)
+    return folder
+
+
 def build_tokenizer():
     """A word-level fast tokenizer over the tiny vocabulary, saved like a Hub tokenizer."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -251,6 +251,20 @@ class TorchtitanConfig:
     export_hf: bool = described(
         True, "after the report, convert the last rung's final checkpoint to a Hugging Face folder"
     )
+    dataset_source: str = described(
+        "allenai/c4",
+        "Hub dataset id, or a folder (e.g. an FSx import of an S3 copy), that the dataset step stages into "
+        "torchtitan.dataset_dir once for every rung to read; empty: no staging, every rank streams from the Hub",
+    )
+    dataset_files: tuple[str, ...] = described(
+        ("en/c4-train.0000[0-7]-of-01024.json.gz", "en/c4-validation.00000-of-00008.json.gz"),
+        "glob patterns of the source's data files to stage (8 c4 shards: about 1.4 billion tokens); the "
+        "dataset card (README.md, which defines c4's 'en' config) always comes along",
+    )
+    dataset_dir: str = described(
+        "${HPL_DATASETS_DIR:-/fsx/datasets}/c4",
+        "where the staged dataset lives on FSx; every rung reads it (torchtitan training.dataset_path)",
+    )
 
 
 @dataclass(frozen=True)
@@ -402,6 +416,11 @@ def validate(cfg: RunConfig) -> None:
         _require(rung in TORCHTITAN_RUNGS, "torchtitan.rungs", rung, ", ".join(TORCHTITAN_RUNGS))
     _require(len(set(titan.rungs)) == len(titan.rungs), "torchtitan.rungs", list(titan.rungs), "each rung once")
     _require(titan.steps >= 1, "torchtitan.steps", titan.steps, ">= 1")
+    if titan.dataset_source:
+        _require(
+            bool(titan.dataset_files), "torchtitan.dataset_files", list(titan.dataset_files), "at least one pattern"
+        )
+        _require(Path(titan.dataset_dir).is_absolute(), "torchtitan.dataset_dir", titan.dataset_dir, "an absolute path")
     for line in titan.overrides:
         _require(
             re.fullmatch(r"\s*[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+\s*=.+", line) is not None,
@@ -492,6 +511,12 @@ def from_dict(raw: dict[str, Any], base_dir: Path | None = None, env: dict[str, 
     # The dataset may be a local file under a cluster folder (e.g. ${HPL_DATASETS_DIR}/dolly.jsonl).
     data = parts["data"]
     parts["data"] = dataclasses.replace(data, dataset=expand(data.dataset, "data.dataset", env))
+    titan = parts["torchtitan"]
+    parts["torchtitan"] = dataclasses.replace(
+        titan,
+        dataset_source=expand(titan.dataset_source, "torchtitan.dataset_source", env),
+        dataset_dir=str(Path(expand(titan.dataset_dir, "torchtitan.dataset_dir", env)).expanduser()),
+    )
     cfg = RunConfig(**parts)
     validate(cfg)
     return cfg

@@ -1,6 +1,6 @@
 """Submit the torchtitan ladder as chained Slurm jobs (`python3 -m llm_pipeline.submit ladder`).
 
-    prepare -> tokenizer -> rung-<r> for each of torchtitan.rungs -> report -> export
+    prepare -> tokenizer -> dataset -> rung-<r> for each of torchtitan.rungs -> report -> export
 
 prepare is the pipeline's own first step (with Pyxis it imports the image of the partition the
 ladder runs on into FSx; then the run config validates and the training stack imports there).
@@ -63,6 +63,7 @@ def ladder_jobs(rungs: tuple[str, ...]) -> list[ChainJob]:
     return [
         ChainJob(step="prepare", script="prepare.sbatch"),
         ChainJob(step="tokenizer", script="ladder-tokenizer.sbatch"),
+        ChainJob(step="dataset", script="ladder-dataset.sbatch"),
         *(ChainJob(step=f"rung-{rung}", script="ladder-rung.sbatch", args=(rung,), multi_node=True) for rung in rungs),
         ChainJob(step="report", script="ladder-report.sbatch"),
         ChainJob(step="export", script="ladder-export.sbatch"),

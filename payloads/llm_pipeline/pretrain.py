@@ -1,6 +1,7 @@
 """Pretraining ladder steps around torchtitan 0.2.2 (submitted by `python3 -m llm_pipeline.submit ladder`).
 
     python -m llm_pipeline.pretrain tokenizer --config RUN.toml     tokenizer + config files into paths.model_dir
+    python -m llm_pipeline.pretrain dataset --config RUN.toml       torchtitan.dataset_source -> dataset_dir (once)
     python -m llm_pipeline.pretrain job --config RUN.toml --rung R  write <run>/ladder/<R>/job.toml
     python -m llm_pipeline.pretrain report --config RUN.toml        <run>/ladder/report.md + report.json
     python -m llm_pipeline.pretrain export --config RUN.toml        last rung's final checkpoint -> <run>/hf
@@ -167,7 +168,7 @@ def export(cfg: RunConfig) -> Path:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.parser("pretrain", "Pretraining ladder steps around torchtitan 0.2.2.")
-    parser.add_argument("action", choices=("tokenizer", "job", "report", "export"))
+    parser.add_argument("action", choices=("tokenizer", "dataset", "job", "report", "export"))
     parser.add_argument("--rung", help="ladder rung (job)")
     return parser
 
@@ -175,6 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
 def run(cfg: RunConfig, args: argparse.Namespace) -> None:
     if args.action == "tokenizer":
         fetch_tokenizer(cfg)
+    elif args.action == "dataset":
+        from llm_pipeline.training.torchtitan import dataset
+
+        dataset.stage(cfg)
     elif args.action == "job":
         if not args.rung:
             raise StepError("job needs --rung (one of torchtitan.rungs)")

@@ -71,12 +71,12 @@ fi
 # Must be in the environment before torchrun starts: glibc arenas otherwise exhaust host memory
 # when checkpoints are written.
 export MALLOC_ARENA_MAX=64
-# Only the steps that fetch (download, data, the ladder's tokenizer, and the ladder's rungs, which
-# stream c4 from the Hub as they train unless training.dataset_path names a copy on FSx) may reach
+# Only the steps that fetch (download, data, the ladder's tokenizer and dataset, and the ladder's
+# rungs, which stream c4 from the Hub when torchtitan.dataset_source is empty) may reach
 # the Hugging Face Hub: later steps read local folders, and a Hub error (network, HTTP 429) must not
 # fail a step after the work is done.
 case "$HPL_STEP" in
-  download | data | tokenizer | rung-*) ;;
+  download | data | tokenizer | dataset | rung-*) ;;
   *) export HF_HUB_OFFLINE=1 ;;
 esac
 

@@ -1,4 +1,5 @@
-"""The ladder's own steps on real files: the tokenizer fetch, a rung's job file, the report from logs."""
+"""The ladder's own steps on real files: the tokenizer fetch, the dataset staging, a rung's job file, the
+report from logs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from test_download_step import fake_hub  # noqa: F401  (the local Hub stand-in, 
 from llm_pipeline import config, pretrain
 from llm_pipeline.errors import StepError
 from llm_pipeline.jobs import pipeline_status
+from llm_pipeline.training.torchtitan import dataset as pretrain_dataset
+from llm_pipeline.training.torchtitan import ladder as torchtitan_ladder
 from tools import tiny_model as tiny
 
 TINY_LADDER = Path(__file__).resolve().parents[2] / "payloads" / "configs" / "tiny-ladder-cpu.toml"
@@ -123,3 +126,46 @@ def test_report_of_a_skipped_rung_reads_its_earlier_log(ladder_config):
     assert pretrain.rung_log(ladder_config, "baseline") == earlier
     earlier.unlink()
     assert pretrain.rung_log(ladder_config, "baseline") == skipped  # then it says: no metric lines there
+
+
+def staged_config(cfg: config.RunConfig, source: Path) -> config.RunConfig:
+    return dataclasses.replace(cfg, torchtitan=dataclasses.replace(cfg.torchtitan, dataset_source=str(source)))
+
+
+def test_dataset_is_staged_once_with_its_card_and_read_as_torchtitan_reads_c4(ladder_config, tmp_path, capsys):
+    source = tiny.write_c4_folder(tmp_path / "source", shards=2)
+    (source / "en" / "c4-train.00000-of-00002.json.gz.lock").write_text("not data")  # matches no pattern
+    cfg = staged_config(ladder_config, source)
+    target = pretrain_dataset.stage(cfg)
+    assert target == Path(cfg.torchtitan.dataset_dir)
+    out = capsys.readouterr().out
+    assert "staged 3 data files" in out and "first record:" in out  # 2 train + 1 validation shard
+    record = json.loads((target / ".staged.json").read_text())
+    assert record["files"][0] == "README.md" and not any(name.endswith(".lock") for name in record["files"])
+    # every rung reads the staged copy
+    assert torchtitan_ladder.compose(cfg, "baseline")["training"]["dataset_path"] == str(target)
+
+    pretrain_dataset.stage(cfg)
+    assert "not staged again" in capsys.readouterr().out
+    (target / "en" / "c4-validation.00000-of-00001.json.gz").unlink()  # incomplete: staged again
+    pretrain_dataset.stage(cfg)
+    assert "staged 3 data files" in capsys.readouterr().out
+
+
+def test_a_dataset_without_its_card_or_files_is_refused(ladder_config, tmp_path):
+    no_card = tiny.write_c4_folder(tmp_path / "no-card", card=False)
+    with pytest.raises(StepError, match=r"has no README.md \(its dataset card\)"):
+        pretrain_dataset.stage(staged_config(ladder_config, no_card))
+    empty = tmp_path / "empty"
+    (empty / "README.md").parent.mkdir()
+    (empty / "README.md").write_text(tiny.C4_CARD)
+    cfg = staged_config(ladder_config, empty)
+    cfg = dataclasses.replace(cfg, torchtitan=dataclasses.replace(cfg.torchtitan, dataset_dir=str(tmp_path / "c4-2")))
+    with pytest.raises(StepError, match=r"torchtitan.dataset_files .* match no file of"):
+        pretrain_dataset.stage(cfg)
+
+
+def test_without_a_dataset_source_nothing_is_staged_and_rungs_stream(ladder_config, capsys):
+    cfg = staged_config(ladder_config, "")
+    assert pretrain_dataset.stage(cfg) is None and "no staging" in capsys.readouterr().out
+    assert "dataset_path" not in torchtitan_ladder.compose(cfg, "baseline")["training"]

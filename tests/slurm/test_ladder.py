@@ -17,18 +17,19 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import tomllib
 from slurm_helpers import REPO, submit
 
 from llm_pipeline import config
 from llm_pipeline.jobs.run_facts import RunFactsError
 from llm_pipeline.ladder_submit import read_rungs
 from tools.rehearse import fsx_environment
-from tools.rehearse_ladder import ladder_environment, write_tokenizer
+from tools.rehearse_ladder import ladder_environment, write_dataset_source, write_tokenizer
 
 pytestmark = pytest.mark.xdist_group("slurm")
 CONFIGS = REPO / "payloads" / "configs"
 TINY_LADDER = CONFIGS / "tiny-ladder-cpu.toml"
-LADDER_STEPS = ["prepare", "tokenizer", *(f"rung-{r}" for r in config.TORCHTITAN_RUNGS), "report", "export"]
+LADDER_STEPS = ["prepare", "tokenizer", "dataset", *(f"rung-{r}" for r in config.TORCHTITAN_RUNGS), "report", "export"]
 
 
 def submitted_jobs(stdout: str) -> dict[str, str]:
@@ -40,6 +41,7 @@ def test_ladder_chain_runs_every_rung_and_reports_torchtitans_metrics(one_node, 
     env = ladder_environment(one_node.env(fsx_environment(root / "fsx")))  # what make rehearse-ladder runs
     cfg = config.load(TINY_LADDER, env=env)
     write_tokenizer(TINY_LADDER, env)  # the tokenizer step finds it there and skips the Hub
+    write_dataset_source(TINY_LADDER, env)  # what the dataset step stages (allenai/c4 on a cluster)
     run = Path(cfg.paths.output_dir)
 
     result = submit(env, TINY_LADDER, "ladder", "--wait", "--poll", "1")
@@ -48,10 +50,12 @@ def test_ladder_chain_runs_every_rung_and_reports_torchtitans_metrics(one_node, 
     assert list(jobs) == LADDER_STEPS and "pipeline: COMPLETED" in result.stdout
     logs = {step: (run / "logs" / f"{step}-{job}.log").read_text() for step, job in jobs.items()}
     assert "run config ok" in logs["prepare"] and "already holds the tokenizer" in logs["tokenizer"]
+    assert "staged 3 data files" in logs["dataset"] and "first record:" in logs["dataset"]
     for rung in config.TORCHTITAN_RUNGS:
         log = logs[f"rung-{rung}"]
         job_file = run / "ladder" / rung / "job.toml"
         assert f"torchtitan job file {job_file}" in log and "torchtitan.train checks the job file" in log
+        assert tomllib.loads(job_file.read_text())["training"]["dataset_path"] == cfg.torchtitan.dataset_dir
         assert "--nproc_per_node=2" in log and f"--job.config_file {job_file}" in log
         assert f"== rung-{rung}: COMPLETED (exit 0)" in log
 
@@ -79,7 +83,7 @@ def test_ladder_dry_run_chains_the_rungs_on_every_node(tmp_path):
         words = shlex.split(line.split("=$(", 1)[1].rstrip(")"))
         assert f"--nodes={4 if step.startswith('rung-') else 1}" in words
         assert ('--dependency=afterok:"$' in line) == (step != "prepare")
-    assert lines[3].endswith("ladder-rung.sbatch compile)")
+    assert lines[4].endswith("ladder-rung.sbatch compile)")
 
 
 def test_rung_list_is_read_on_the_controller_without_tomllib(tmp_path):
@@ -96,7 +100,8 @@ def test_rung_list_is_read_on_the_controller_without_tomllib(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("step", "offline"), [("tokenizer", ""), ("rung-baseline", ""), ("rung-fp8_allgather", ""), ("report", "1")]
+    ("step", "offline"),
+    [("tokenizer", ""), ("dataset", ""), ("rung-baseline", ""), ("rung-fp8_allgather", ""), ("report", "1")],
 )
 def test_rungs_may_stream_c4_from_the_hub_and_the_report_stays_offline(tmp_path, step, offline):
     env = {

@@ -1,7 +1,7 @@
 """The torchtitan ladder: one base job TOML, four rungs that each add options, a job file per rung.
 
 A rung's job file is the base TOML (`torchtitan.job_file`) with, in this order: what the run
-decides (dump folder, TensorBoard folder, tokenizer folder, steps), every rung's options up to and
+decides (dump folder, TensorBoard folder, tokenizer folder, steps, the staged dataset), every rung's options up to and
 including this one, then the run config's `torchtitan.overrides`. It is written to
 <run>/ladder/<rung>/job.toml and handed to `python -m torchtitan.train --job.config_file`.
 Option names are torchtitan 0.2.2's (torchtitan/config/job_config.py and the model converter
@@ -118,6 +118,8 @@ def compose(cfg: RunConfig, rung: str) -> dict[str, Any]:
         "model": {"hf_assets_path": cfg.paths.model_dir},
         "training": {"steps": cfg.torchtitan.steps},
     }
+    if cfg.torchtitan.dataset_source:  # the copy the dataset step staged on FSx
+        run["training"]["dataset_path"] = cfg.torchtitan.dataset_dir
     return merge(merge(merge(base, run), rung_options(rung)), overrides(cfg))
 
 
