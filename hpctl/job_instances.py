@@ -1,5 +1,6 @@
-"""Training-job instance types: which SageMaker accepts, what accelerator each carries, and whether
-the run config can train on it. Checked before anything is uploaded or created."""
+"""Training-job instance types: which SageMaker accepts, what each carries (stacks/accelerators.py,
+the table the cluster uses too), and whether the run config can train there. Checked before
+anything is uploaded or created."""
 
 from __future__ import annotations
 
@@ -10,19 +11,10 @@ import botocore.session
 
 from hpctl.errors import HpctlError
 from llm_pipeline import config as run_config
+from stacks.accelerators import CUDA, CUDA_IMAGE_MIN_CAPABILITY, JOB_INSTANCE_TYPES, NEURON, InstanceFacts
 
-NEURON_FAMILIES = ("trn1", "trn1n", "trn2", "trn3", "inf2")
-NON_CUDA_GPU_FAMILIES = ("g4ad",)  # AMD GPUs: no CUDA
-# Logical NeuronCores per instance: processes per host (the same facts as stacks/config.py, which a
-# test keeps equal). GPU hosts need no entry: the SDK's container driver counts their GPUs.
-NEURON_CORES_PER_INSTANCE = {
-    "ml.trn1.2xlarge": 2,
-    "ml.trn1.32xlarge": 32,
-    "ml.trn1n.32xlarge": 32,
-    "ml.trn2.3xlarge": 4,
-    "ml.trn2.48xlarge": 64,
-}
 BACKEND_FOR = {"neuron": "neuron", "cuda": "torch", "cpu": "torch"}
+DEVICE_NAMES = {NEURON: "NeuronCores", CUDA: "GPUs"}
 # What the torch backend can only do with CUDA (the neuron backend's own refusals live in config.py).
 CUDA_ONLY = {
     ("method", "qlora"): "4-bit NF4 bases need bitsandbytes' CUDA kernels",
@@ -38,26 +30,57 @@ def training_instance_types() -> tuple[str, ...]:
     return tuple(model.shape_for("TrainingInstanceType").enum)
 
 
+def job_instance_facts(instance_type: str) -> InstanceFacts:
+    """The accelerator table's row for a type check_instance_type accepted."""
+    return JOB_INSTANCE_TYPES[instance_type]
+
+
 def accelerator(instance_type: str) -> str:
-    """neuron, cuda or cpu, from the instance family (ml.<family>.<size>)."""
-    family = instance_type.split(".")[1] if instance_type.count(".") == 2 else ""
-    if family in NEURON_FAMILIES:
-        return "neuron"
-    if family[:1] in ("p", "g") and family[1:2].isdigit() and family not in NON_CUDA_GPU_FAMILIES:
-        return "cuda"
-    return "cpu"
+    """neuron, cuda or cpu: which training image the type runs (a CPU type runs the CUDA image's torch)."""
+    kind = job_instance_facts(instance_type).accelerator
+    return kind if kind in (NEURON, CUDA) else "cpu"
 
 
 def check_instance_type(instance_type: str, *, key: str) -> None:
-    if instance_type in training_instance_types():
-        return
-    family = instance_type.rsplit(".", 1)[0]
-    near = [name for name in training_instance_types() if name.startswith(family + ".")]
-    hint = f"this family offers {', '.join(near)}" if near else "e.g. ml.trn1.32xlarge, ml.p5.48xlarge, ml.g5.xlarge"
-    raise HpctlError(
-        f"{key}: {instance_type!r} is not a SageMaker training instance type "
-        f"(botocore {botocore.__version__}'s TrainingInstanceType); {hint}"
-    )
+    if instance_type not in training_instance_types():
+        family = instance_type.rsplit(".", 1)[0]
+        near = [name for name in training_instance_types() if name.startswith(family + ".")]
+        hint = (
+            f"this family offers {', '.join(near)}" if near else "e.g. ml.trn1.32xlarge, ml.p5.48xlarge, ml.g5.xlarge"
+        )
+        raise HpctlError(
+            f"{key}: {instance_type!r} is not a SageMaker training instance type "
+            f"(botocore {botocore.__version__}'s TrainingInstanceType); {hint}"
+        )
+    if instance_type not in JOB_INSTANCE_TYPES:
+        family = instance_type.split(".")[1] if instance_type.count(".") == 2 else instance_type
+        near = [name for name in JOB_INSTANCE_TYPES if name.split(".")[1] == family]
+        hint = f"of this family it knows {', '.join(near)}" if near else "e.g. ml.trn1.32xlarge, ml.p5.48xlarge"
+        raise HpctlError(
+            f"{key}: {instance_type} has no row in stacks/accelerators.py, so its devices and network are "
+            f"unknown ({hint}): pick a listed type, or add its row (accelerator, devices, EFA interfaces) there"
+        )
+
+
+def check_devices(cfg: run_config.RunConfig, instance_type: str) -> None:
+    """parallel.devices_per_node is what the instance carries; its GPUs can run the CUDA image."""
+    facts = job_instance_facts(instance_type)
+    wanted = cfg.parallel.devices_per_node
+    if facts.accelerated and wanted != facts.devices:
+        devices = DEVICE_NAMES[facts.accelerator]
+        raise HpctlError(
+            f"parallel.devices_per_node = {wanted}, but {instance_type} has {facts.devices} {devices} "
+            f"({facts.device_model}): set parallel.devices_per_node = {facts.devices} (and fit tensor/pipeline "
+            f"parallel to it), or pick an instance type with {wanted} {devices}"
+        )
+    if facts.accelerator == CUDA and not facts.meets_cuda_capability(CUDA_IMAGE_MIN_CAPABILITY):
+        have = ".".join(map(str, facts.cuda_capability))
+        need = ".".join(map(str, CUDA_IMAGE_MIN_CAPABILITY))
+        raise HpctlError(
+            f"{instance_type}'s {facts.device_model} GPUs (compute capability {have}) cannot run the CUDA training "
+            f"image (CUDA 13, payloads/Dockerfile.cuda), which needs {need} or newer: pick ml.g5, ml.g6, ml.p4d "
+            "or ml.p5"
+        )
 
 
 def check_run_fits(cfg: run_config.RunConfig, instance_type: str) -> str:
@@ -74,6 +97,7 @@ def check_run_fits(cfg: run_config.RunConfig, instance_type: str) -> str:
         run_config.check_backend(cfg, backend)
     except run_config.ConfigError as error:
         raise HpctlError(f"{error} (instance type {instance_type})") from None
+    check_devices(cfg, instance_type)
     if kind != "cuda":
         for (name, value), reason in CUDA_ONLY.items():
             if getattr(cfg.train, name) == value:

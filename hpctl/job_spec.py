@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 
 from cluster_contract import DATASETS_FOLDER, JOBS_FOLDER, MODELS_FOLDER, OUTPUTS_FOLDER
 from hpctl.errors import HpctlError
-from hpctl.job_instances import NEURON_CORES_PER_INSTANCE
+from hpctl.job_instances import job_instance_facts
 from llm_pipeline import config as run_config
 from llm_pipeline.jobs import sagemaker_env
 
@@ -167,13 +167,11 @@ def run_paths(cfg: run_config.RunConfig) -> RunPaths:
     return RunPaths(run=run, model=model, dataset=dataset)
 
 
-def job_environment(instance_type: str) -> dict[str, str]:
-    """The job's Environment: processes per host where the instance facts know them."""
-    env = {"PYTHONUNBUFFERED": "1"}
-    cores = NEURON_CORES_PER_INSTANCE.get(instance_type)
-    if cores:
-        env["HPL_DEVICES_PER_NODE"] = str(cores)
-    return env
+def job_environment(instance_type: str, *, devices_per_node: int) -> dict[str, str]:
+    """The job's Environment: processes per host, from the instance's row (a CPU type: the run config's)."""
+    facts = job_instance_facts(instance_type)
+    processes = facts.devices if facts.accelerated else devices_per_node
+    return {"PYTHONUNBUFFERED": "1", "HPL_DEVICES_PER_NODE": str(processes)}
 
 
 def stage_source(spec: JobSpec, destination: Path) -> Path:

@@ -120,7 +120,7 @@ def build_spec(
         role_arn=role,
         bucket=bucket,
         channels=channels,
-        environment=job_environment(instance_type),
+        environment=job_environment(instance_type, devices_per_node=cfg.parallel.devices_per_node),
         spot=cfg.job.spot,
         max_runtime_s=runtime_s,
         max_wait_s=max_wait_s,

@@ -43,6 +43,9 @@ GPU_CUDA_CAPABILITY: dict[str, tuple[int, int]] = {
     "B200": (10, 0),
 }
 FP8_MIN_CUDA_CAPABILITY = (8, 9)  # Ada/Hopper FP8 tensor cores; torchao float8 refuses older GPUs
+# The CUDA training image (payloads/Dockerfile.cuda) is built on CUDA 13.0, whose toolkit and
+# torch wheels support compute capability 7.5 and newer (Turing on): V100 (ml.p3) cannot run it.
+CUDA_IMAGE_MIN_CAPABILITY = (7, 5)
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,24 @@ INSTANCE_TYPES: dict[str, InstanceFacts] = {
     **_cpu("large", "xlarge", "2xlarge", "4xlarge", "9xlarge", "12xlarge", "18xlarge", "24xlarge", family="c5"),
     **_cpu("large", "xlarge", "2xlarge", "4xlarge", "8xlarge", "12xlarge", "16xlarge", "24xlarge", family="m5"),
 }
+
+
+# Training-job types HyperPod does not offer for clusters (or that the cluster table leaves out),
+# so `hpctl job submit` can check a run against them too; same sources as above.
+JOB_ONLY_INSTANCE_TYPES: dict[str, InstanceFacts] = {
+    "ml.trn1.2xlarge": InstanceFacts(NEURON, 2, 0, "Trainium"),
+    "ml.p3.2xlarge": _gpu("V100", 1, 0),
+    "ml.p3.8xlarge": _gpu("V100", 4, 0),
+    "ml.p3.16xlarge": _gpu("V100", 8, 0),
+    "ml.g4dn.xlarge": _gpu("T4", 1, 0),
+    "ml.g4dn.2xlarge": _gpu("T4", 1, 0),
+    "ml.g4dn.4xlarge": _gpu("T4", 1, 0),
+    "ml.g4dn.8xlarge": _gpu("T4", 1, 1),
+    "ml.g4dn.12xlarge": _gpu("T4", 4, 1),
+    "ml.g4dn.16xlarge": _gpu("T4", 1, 1),
+}
+# What `hpctl job submit` knows: every cluster type plus the training-job-only ones.
+JOB_INSTANCE_TYPES: dict[str, InstanceFacts] = {**INSTANCE_TYPES, **JOB_ONLY_INSTANCE_TYPES}
 
 
 def instance_facts(instance_type: str) -> InstanceFacts:

@@ -263,10 +263,14 @@ def nothing_created(s3) -> bool:
     [
         ("tiny-cpu", ["--instance-type", "ml.m5.huge"], "'ml.m5.huge' is not a SageMaker training instance type"),
         ("tiny-cpu", ["--instance-type", "ml.trn1.32xlarge"], "train.backend = 'torch' cannot run on ml.trn1.32xlarge"),
-        ("default", ["--instance-type", "ml.g5.xlarge"], None),  # auto backend on a GPU: allowed (dry run)
+        ("tiny-cpu", ["--instance-type", "ml.g5.xlarge"], None),  # one process on one GPU: allowed (dry run)
+        ("default", ["--instance-type", "ml.g5.xlarge"], "parallel.devices_per_node = 32, but ml.g5.xlarge has 1 GPUs"),
+        ("tiny-cpu", ["--instance-type", "ml.p3.2xlarge"], "V100 GPUs (compute capability 7.0) cannot run the CUDA"),
+        ("tiny-cpu", ["--instance-type", "ml.r5.xlarge"], "ml.r5.xlarge has no row in stacks/accelerators.py"),
     ],
 )
 def test_instance_type_and_backend_are_checked_first(jobs_stack, hpctl, config, extra, message):
+    jobs_stack.put_object(Bucket=BUCKET, Key="datasets/tiny-lora/tiny-dolly.jsonl", Body=b"{}\n")
     code, out, err = hpctl("job", "submit", "--config", config, "--dry-run", *extra)
     if message is None:
         assert code == 0 and "dry run: nothing created" in out and CUDA_IMAGE in out
@@ -298,11 +302,12 @@ def test_runs_that_cannot_work_there_stop_before_anything_is_created(
     assert nothing_created(jobs_stack)
 
 
-def test_a_missing_image_for_the_accelerator_is_named(jobs_stack, hpctl):
+def test_a_missing_image_for_the_accelerator_is_named(jobs_stack, project, hpctl):
     FIXTURE_SESSION.client("cloudformation").update_stack(
         StackName=STACK, TemplateBody=outputs_template({k: v for k, v in OUTPUTS.items() if k != "CudaImageUri"})
     )
-    code, _, err = hpctl("job", "submit", "--config", "default", "--instance-type", "ml.p5.48xlarge")
+    name = write_config(project, "eight-gpus", "[parallel]\ndevices_per_node = 8\n")
+    code, _, err = hpctl("job", "submit", "--config", name, "--instance-type", "ml.p5.48xlarge")
     assert code == 2 and "no training image for cuda instances such as ml.p5.48xlarge (output CudaImageUri)" in err
     assert nothing_created(jobs_stack)
 

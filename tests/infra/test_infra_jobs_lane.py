@@ -10,10 +10,10 @@ from test_infra_lint_nag import nag_report, template_path
 from test_infra_snapshot import check_snapshot
 
 from cluster_contract import JOB_INPUT_PREFIXES, JOB_LOG_GROUP, JOB_OUTPUT_PREFIXES, JobStackOutput, StackOutput
-from hpctl.job_instances import NEURON_CORES_PER_INSTANCE, accelerator
+from hpctl.job_instances import accelerator, training_instance_types
 from hpctl.job_spec import DATASETS_PREFIX, JOBS_PREFIX, MODELS_PREFIX, OUTPUTS_PREFIX
 from hpctl.job_submit import IMAGE_OUTPUTS, ROLE_OUTPUT
-from stacks.accelerators import INSTANCE_TYPES
+from stacks.accelerators import JOB_INSTANCE_TYPES, JOB_ONLY_INSTANCE_TYPES
 from stacks.config import ConfigError, HyperPodConfig
 from stacks.lint import lint_template
 
@@ -99,9 +99,8 @@ def test_jobs_only_lint_and_nag(jobs_synth):
     assert report["conclusion"] == "success" and report["violations"] == []
 
 
-def test_hpctl_knows_the_same_neuron_cores_as_the_accelerator_table():
-    """hpctl ships without stacks/: its copy of the NeuronCores per instance must match the table."""
-    for instance_type, facts in INSTANCE_TYPES.items():
-        if facts.accelerator == "neuron":
-            assert NEURON_CORES_PER_INSTANCE[instance_type] == facts.devices, instance_type
+def test_hpctl_reads_the_accelerator_table_for_every_job_type():
+    """The training-job-only rows are types CreateTrainingJob takes; hpctl's image family follows each row."""
+    assert set(JOB_ONLY_INSTANCE_TYPES) <= set(training_instance_types())
+    for instance_type, facts in JOB_INSTANCE_TYPES.items():
         assert accelerator(instance_type) == {"none": "cpu"}.get(facts.accelerator, facts.accelerator), instance_type

@@ -31,7 +31,7 @@ SPEC = JobSpec(
     role_arn="unused",
     bucket="unused",
     channels={},
-    environment=job_environment("ml.m5.xlarge"),
+    environment=job_environment("ml.m5.xlarge", devices_per_node=1),
     spot=False,
     max_runtime_s=3600,
     max_wait_s=None,
