@@ -23,7 +23,7 @@ LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 DTYPES = ("bfloat16", "float16", "float32")
 METHODS = ("lora", "dora", "qlora", "full")
 STRATEGIES = ("fsdp", "ddp")
-ATTENTIONS = ("sdpa", "flash_attention_2", "eager")
+ATTENTIONS = ("auto", "sdpa", "flash_attention_2", "eager")
 TORCHTITAN_RUNGS = ("baseline", "compile", "fp8", "fp8_allgather")  # the ladder, in climbing order
 FP8_RUNGS = ("fp8", "fp8_allgather")  # rungs that need FP8 GPUs (compute capability 8.9 or newer)
 
@@ -68,6 +68,16 @@ class DataConfig:
         "every example, packing is the big throughput lever",
     )
     max_samples: int = described(0, ">= 0: first N rows only; 0 = all")
+    blocks: bool = described(
+        False,
+        "block mode (for full fine-tuning on a corpus): every record's text + EOS is tokenized, concatenated and "
+        "cut into max_length blocks (the last partial block is dropped): no padding, no per-example masking",
+    )
+    text_field: str = described(
+        "text",
+        "block mode: the column holding each record's text; a dataset without it must have the dolly columns, "
+        "formatted with the prompt template",
+    )
 
 
 def _in_run_folder(name: str) -> property:
@@ -157,12 +167,32 @@ class TrainConfig:
     )
     warmup_steps: int = described(0, ">= 0: steps of linear warm-up")
     weight_decay: float = described(0.0, ">= 0: AdamW weight decay")
+    adam_beta1: float = described(0.9, "0 <= x < 1: AdamW beta1")
+    adam_beta2: float = described(0.999, "0 <= x < 1: AdamW beta2 (AWS's trn1 full fine-tuning reference: 0.95)")
+    min_learning_rate: float = described(
+        0.0, ">= 0: the floor of lr_scheduler cosine_with_min_lr (only that scheduler reads it); below learning_rate"
+    )
+    fp32_master_weights: bool = described(
+        True,
+        "neuron backend with bf16: ZeRO-1 keeps fp32 master weights and accumulates gradients in fp32 "
+        "(optimum-neuron's default); false: pure bf16 with stochastic rounding, as AWS's trn1 reference trains",
+    )
     bf16: bool = described(True, "load the base model in bf16 and compute in bf16 (both backends; CPU bf16 works too)")
     seed: int = described(42, "seeds training and the validation split")
     logging_steps: int = described(10, ">= 1: stdout and TensorBoard every N optimizer steps")
     save_steps: int = described(500, ">= 1: checkpoint every N steps, and always at the last step")
     save_total_limit: int = described(2, ">= 1: checkpoints kept; older ones are deleted")
-    precompile_steps: int = described(10, ">= 1: steps run by `train --precompile` (under neuron_parallel_compile)")
+    save_checkpoints: bool = described(
+        True,
+        "false: no checkpoint at all, not even at the last step (throughput runs such as the sweep's points); "
+        "such a run cannot resume",
+    )
+    precompile_steps: int = described(
+        2,
+        ">= 1: optimizer steps run by `train --precompile` (under neuron_parallel_compile), each "
+        "gradient_accumulation_steps micro-batches per replica; 2 covers every graph: the first step (the optimizer "
+        "state is created) and a steady one",
+    )
     method: str = described(
         "lora",
         "what is trained: lora (adapter), dora (weight-decomposed LoRA), qlora (LoRA on a bitsandbytes NF4 4-bit base; "
@@ -173,7 +203,10 @@ class TrainConfig:
         False, "liger-kernel's fused RMSNorm/RoPE/SwiGLU/cross-entropy (torch backend on CUDA)"
     )
     attention: str = described(
-        "sdpa", "attention kernel: sdpa, flash_attention_2 (when flash-attn is installed) or eager (torch backend)"
+        "auto",
+        "attention kernel: auto, sdpa, flash_attention_2 or eager. torch: auto is sdpa; flash_attention_2 needs "
+        "flash-attn. neuron: auto is the NKI flash kernel when data.max_length is a multiple of 2048, else eager; "
+        "sdpa is refused",
     )
     profile: str = described(
         "",
@@ -349,6 +382,13 @@ def validate(cfg: RunConfig) -> None:
     )
     _require(cfg.data.max_length >= 16, "data.max_length", cfg.data.max_length, ">= 16")
     _require(cfg.data.max_samples >= 0, "data.max_samples", cfg.data.max_samples, ">= 0")
+    _require(
+        not (cfg.data.blocks and cfg.data.packing),
+        "data.packing",
+        cfg.data.packing,
+        "false with data.blocks (blocks are already full)",
+    )
+    _require(bool(cfg.data.text_field), "data.text_field", cfg.data.text_field, "a column name")
     _require(cfg.lora.r > 0, "lora.r", cfg.lora.r, "> 0")
     _require(cfg.lora.alpha > 0, "lora.alpha", cfg.lora.alpha, "> 0")
     _require(0.0 <= cfg.lora.dropout < 1.0, "lora.dropout", cfg.lora.dropout, "0 <= x < 1")
@@ -386,6 +426,14 @@ def validate(cfg: RunConfig) -> None:
     _require(tr.learning_rate > 0, "train.learning_rate", tr.learning_rate, "> 0")
     _require(tr.warmup_steps >= 0, "train.warmup_steps", tr.warmup_steps, ">= 0")
     _require(tr.weight_decay >= 0, "train.weight_decay", tr.weight_decay, ">= 0")
+    for name in ("adam_beta1", "adam_beta2"):
+        _require(0 <= getattr(tr, name) < 1, f"train.{name}", getattr(tr, name), "0 <= x < 1")
+    _require(
+        0 <= tr.min_learning_rate < tr.learning_rate,
+        "train.min_learning_rate",
+        tr.min_learning_rate,
+        f">= 0 and below train.learning_rate ({tr.learning_rate})",
+    )
     _require(tr.save_total_limit >= 1, "train.save_total_limit", tr.save_total_limit, ">= 1")
     _require(tr.global_batch_size >= 0, "train.global_batch_size", tr.global_batch_size, "0 (not stated) or >= 1")
     _require(tr.method in METHODS, "train.method", tr.method, ", ".join(METHODS))
@@ -446,10 +494,8 @@ NEURON_REFUSALS = {
     ("method", "qlora"): "4-bit NF4 bases need bitsandbytes CUDA kernels; use method lora, or the torch backend",
     ("compile", True): "neuronx-cc already compiles every graph; set it to false",
     ("liger_kernel", True): "liger-kernel is Triton (GPU) code; set it to false",
-    ("attention", "flash_attention_2"): "the neuron backend always runs optimum-neuron's NKI flash-attention "
-    "kernel (training/neuron/backend.py); leave train.attention at sdpa",
-    ("attention", "eager"): "the neuron backend always runs optimum-neuron's NKI flash-attention kernel "
-    "(training/neuron/backend.py); leave train.attention at sdpa",
+    ("attention", "sdpa"): "optimum-neuron 0.4.5 refuses SDPA; use auto (the NKI flash kernel when "
+    "data.max_length is a multiple of 2048, else eager), flash_attention_2 or eager",
 }
 
 

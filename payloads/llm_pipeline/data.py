@@ -3,7 +3,8 @@ validated, optionally split, saved in the run folder (paths.data_dir) with a pad
 
 Every training process then reads the same prepared copy: the Hub is hit once, the split is fixed
 once, and a change of the [data] config is noticed instead of silently training on stale data.
-Formatting into prompt text happens in the trainer, per example (prompt.format_example).
+Formatting into prompt text happens in the trainer, per example (prompt.format_example). Block
+mode (data.blocks, for full fine-tuning on a corpus) tokenizes here instead: see text_blocks.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from llm_pipeline import cli
 from llm_pipeline.config import DataConfig, RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import COLUMNS, REQUIRED_COLUMNS
-from llm_pipeline.training import data_stats
+from llm_pipeline.training import data_stats, text_blocks
 from llm_pipeline.weights import model_files
 from llm_pipeline.weights.atomic_output import AtomicOutputDir
 
@@ -109,10 +110,15 @@ def prepare(cfg: RunConfig, tokenizer=None) -> Path:
     The folder appears complete or not at all (a killed step leaves the previous copy in place).
     """
     tokenizer = tokenizer or load_tokenizer(cfg.paths.model_dir)
-    data_stats.check_template_fits(tokenizer, cfg.data.max_length)
     print(f"loading {cfg.data.dataset} (split {cfg.data.split})", flush=True)
-    prepared = split(validate(load_source(cfg.data), cfg.data.dataset), cfg.data, cfg.train.seed)
-    report = data_stats.padding_report(prepared["train"], tokenizer, cfg)
+    if cfg.data.blocks:
+        prepared, report = prepare_blocks(cfg, tokenizer)
+        describe = text_blocks.describe_blocks
+    else:
+        data_stats.check_template_fits(tokenizer, cfg.data.max_length)
+        prepared = split(validate(load_source(cfg.data), cfg.data.dataset), cfg.data, cfg.train.seed)
+        report = data_stats.padding_report(prepared["train"], tokenizer, cfg)
+        describe = data_stats.describe
     target = cfg.paths.data_dir
     with AtomicOutputDir(target, overwrite=True) as partial:
         prepared.save_to_disk(str(partial))
@@ -120,8 +126,17 @@ def prepare(cfg: RunConfig, tokenizer=None) -> Path:
         (partial / STATS_FILE).write_text(json.dumps(report, indent=2) + "\n")
     sizes = ", ".join(f"{name} {len(part)}" for name, part in prepared.items())
     print(f"prepared {sizes} rows in {target}", flush=True)
-    print(data_stats.describe(report), flush=True)
+    print(describe(report), flush=True)
     return target
+
+
+def prepare_blocks(cfg: RunConfig, tokenizer):
+    """Block mode: (the split blocks, the report); data.max_samples counts blocks."""
+    texts = text_blocks.record_texts(load_source(cfg.data), cfg.data)
+    blocks, corpus_tokens, dropped = text_blocks.build_blocks(texts, tokenizer, cfg.data.max_length)
+    prepared = split(blocks, cfg.data, cfg.train.seed)
+    report = text_blocks.block_report(len(texts), len(prepared["train"]), corpus_tokens, dropped, cfg)
+    return prepared, report
 
 
 def stale_reason(cfg: RunConfig) -> str | None:

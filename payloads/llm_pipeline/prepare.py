@@ -56,7 +56,7 @@ def check(cfg: config.RunConfig, env: Mapping[str, str]) -> None:
     print(f"neuron backend available: {'yes' if neuron else 'no (torch backend)'}")
     if backend == "neuron":
         check_neuron(cfg)
-    check_full_storage(cfg)
+    check_full_storage(cfg, backend)
 
 
 def check_neuron(cfg: config.RunConfig) -> None:
@@ -78,19 +78,19 @@ def main(argv: list[str] | None = None) -> int:
     return cli.run_step(build_parser, lambda cfg, args: check(cfg, os.environ), argv)
 
 
-def check_full_storage(cfg: config.RunConfig) -> None:
+def check_full_storage(cfg: config.RunConfig, backend: str) -> None:
     """Full fine-tuning: do train.save_total_limit checkpoints and the model fit where the run writes?
     (Once the model is downloaded; the train step checks again before training.)"""
     from llm_pipeline.training.full_rules import check_storage
     from llm_pipeline.training.neuron.rules import read_model_config
 
-    if cfg.train.method != "full":
+    if cfg.train.method != "full" or not cfg.train.save_checkpoints:
         return
     model_config = read_model_config(cfg.paths.model_dir)
     if model_config is None:
         print("note: the model is not downloaded yet; the train step checks the storage for checkpoints")
         return
-    print(f"storage: {check_storage(cfg, model_config)}")
+    print(f"storage: {check_storage(cfg, model_config, backend=backend)}")
 
 
 if __name__ == "__main__":

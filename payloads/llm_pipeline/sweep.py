@@ -35,7 +35,7 @@ from llm_pipeline.jobs.chain import (
     submit_jobs,
 )
 from llm_pipeline.jobs.run_facts import RunFacts, read_run_facts
-from llm_pipeline.jobs.sweep_plan import SweepPoint, plan_sweep, read_base, write_plan
+from llm_pipeline.jobs.sweep_plan import SweepPoint, plan_sweep, read_base, training_summary, write_plan
 from llm_pipeline.submit import step_job
 
 REPORT_STEP = "sweep_report"  # payloads/slurm/sweep_report.sbatch
@@ -137,6 +137,7 @@ def _main(args: argparse.Namespace) -> int:
             f"{point.global_batch}, config {point.config}",
             flush=True,
         )
+        print(f"  train: {training_summary(Path(point.config))}", flush=True)
     data_dir = base.output_dir / "data"
     with_data = not (data_dir.is_dir() and any(data_dir.iterdir()))
     if not with_data:

@@ -60,7 +60,7 @@ def make_plan(cfg: RunConfig, backend: str, precompile: bool) -> TrainPlan:
         backend=backend,
         max_steps=train.max_steps,
         logging_steps=train.logging_steps,
-        save_checkpoints=True,
+        save_checkpoints=train.save_checkpoints,
         resume_from=folder,
         start_step=step,
         tensorboard_dir=cfg.paths.tensorboard_dir,
@@ -135,8 +135,8 @@ def train(cfg: RunConfig, backend_override: str | None = None, precompile: bool 
     if cfg.train.method == "full":
         if backend == "neuron":  # counted as optimum-neuron counts it (replicated KV heads included)
             expected = full_rules.parameter_count(model_config.to_dict(), fused_qkv)
-        if not precompile and os.environ.get("RANK", "0") == "0":
-            say(f"storage: {full_rules.check_storage(cfg, model_config.to_dict())}")
+        if not precompile and cfg.train.save_checkpoints and os.environ.get("RANK", "0") == "0":
+            say(f"storage: {full_rules.check_storage(cfg, model_config.to_dict(), backend=backend)}")
     if backend == "neuron":
         from llm_pipeline.training.neuron import backend as chosen
     else:

@@ -46,6 +46,10 @@ case "$HPL_ACCELERATOR" in
     fi
     export NEURON_FUSE_SOFTMAX=1
     export NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS=3
+    # bf16 with stochastic rounding, as AWS's trn1 full fine-tuning reference trains. optimum-neuron
+    # 0.4.5 also sets it from stochastic_rounding_enabled when its trainer starts; exported here so the
+    # runtime has it from the first device use on (bf16 = false: optimum-neuron sets it to 0 itself).
+    export NEURON_RT_STOCHASTIC_ROUNDING_EN="${NEURON_RT_STOCHASTIC_ROUNDING_EN:-1}"
     ;;
   cuda)
     # NCCL over EFA through the aws-ofi-nccl plugin in the CUDA image, with the libfabric settings
@@ -64,6 +68,9 @@ esac
 # where the instance supports it (p4d, p5, trn; g5's EFA does not).
 if (( ${SLURM_JOB_NUM_NODES:-1} > 1 && ${HPL_EFA_INTERFACES:-1} > 0 )); then
   export FI_PROVIDER="${FI_PROVIDER:-efa}"
+  # libfabric's EFA provider registers memory; without fork safety a forked child (a data loader
+  # worker, a checkpoint writer) can corrupt it. AWS's Trainium EFA jobs set it.
+  export FI_EFA_FORK_SAFE="${FI_EFA_FORK_SAFE:-1}"
   if [[ "${HPL_EFA_DEVICE_RDMA:-1}" == 1 ]]; then
     export FI_EFA_USE_DEVICE_RDMA="${FI_EFA_USE_DEVICE_RDMA:-1}"
   fi

@@ -101,23 +101,50 @@ def test_training_never_pushes_to_the_hub_cache(hpl_env):
     assert {"skip_cache_push", "disable_sequence_parallel"} <= fields
 
 
-def test_attention_is_the_nki_flash_kernel(hpl_env):
-    """The value we pass is a key of optimum-neuron's attention table; from_pretrained puts it on the config."""
-    value = train_neuron.model_arguments(tiny_config(hpl_env))["attn_implementation"]
+def test_attention_values_are_the_ones_optimum_neuron_runs(hpl_env):
+    """flash_attention_2 is a key of optimum-neuron's attention table (the NKI kernel), eager is its default
+    path, and from_pretrained puts the value on the config that LlamaAttention reads."""
+    flash = train_neuron.model_arguments(tiny_config(hpl_env, data={"max_length": 2048}))["attn_implementation"]
+    eager = train_neuron.model_arguments(tiny_config(hpl_env, data={"max_length": 1024}))["attn_implementation"]
+    assert (flash, eager) == ("flash_attention_2", "eager")
     tree = api_source.module_tree("optimum.neuron.models.training.modeling_utils")
     table = next(
         node.value
         for node in tree.body
         if isinstance(node, ast.AnnAssign) and ast.unparse(node.target) == "ALL_ATTENTION_FUNCTIONS"
     )
-    keys = [key.value for key in table.keys]
-    assert value in keys and value == "flash_attention_2"
+    assert flash in [key.value for key in table.keys]
     loading = _source("optimum.neuron.models.training.modeling_utils", "NeuronModelMixin", "from_pretrained")
     assert "config._attn_implementation = kwargs.pop('attn_implementation')" in loading
     attention = ast.unparse(
         api_source.resolve("optimum.neuron.models.training.llama.modeling_llama", "LlamaAttention").node
     )
     assert "self.config._attn_implementation == 'flash_attention_2'" in attention
+    assert "eager_attention_forward(" in attention  # every other value takes the eager path
+    sdpa = _source("optimum.neuron.models.training.modeling_utils", "NeuronModelMixin", "_sdpa_can_dispatch")
+    assert "SDPA is not supported" in sdpa  # why config.py refuses train.attention = sdpa on neuron
+
+
+def test_precision_and_checkpoint_arguments_are_what_optimum_neuron_reads(hpl_env):
+    """save_only_model drops the optimizer from model-parallel checkpoints; stochastic rounding and the master
+    weights reach MixedPrecisionConfig, which exports NEURON_RT_STOCHASTIC_ROUNDING_EN."""
+    reference = tiny_config(hpl_env, train={"method": "full", "fp32_master_weights": False})
+    args = train_neuron.neuron_arguments(reference)
+    assert args["save_only_model"] is True and args["stochastic_rounding_enabled"] is True
+    assert args["optimizer_use_master_weights"] is False and args["optimizer_use_fp32_grad_acc"] is False
+    default = train_neuron.neuron_arguments(tiny_config(hpl_env))
+    assert default["optimizer_use_master_weights"] is True and default["optimizer_use_fp32_grad_acc"] is True
+    fields = api_source.dataclass_fields(
+        api_source.resolve("optimum.neuron.trainers.training_args", "NeuronTrainingArguments")
+    )
+    assert {"stochastic_rounding_enabled", "optimizer_use_master_weights", "optimizer_use_fp32_grad_acc"} <= fields
+    save = _source("optimum.neuron", "NeuronTrainer", "save_model")
+    assert "optimizer=self.optimizer if not self.args.save_only_model else None" in save
+    setup = ast.unparse(api_source.resolve("optimum.neuron.accelerate.utils.dataclasses", "MixedPrecisionConfig").node)
+    assert "os.environ['NEURON_RT_STOCHASTIC_ROUNDING_EN'] = '1'" in setup
+    trainer = ast.unparse(api_source.resolve("optimum.neuron", "NeuronTrainer").node)
+    assert "stochastic_rounding=self.args.stochastic_rounding_enabled" in trainer
+    assert "optimizer_use_master_weights=self.args.optimizer_use_master_weights" in trainer
 
 
 def test_run_hands_those_values_to_the_trainer():

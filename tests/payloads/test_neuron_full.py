@@ -97,14 +97,20 @@ def test_the_stated_global_batch_is_checked_against_the_layout(hpl_env):
 
 def test_storage_for_checkpoints_is_checked_and_says_what_to_change(hpl_env, tmp_path):
     cfg = tiny_config(hpl_env, train={"method": "full", "save_total_limit": 3})
-    assert full_rules.checkpoint_bytes(LLAMA3_8B, bf16=True) == 8_030_261_248 * 14  # ~112 GB: weights + optimizer
-    huge = {**LLAMA3_8B, "num_hidden_layers": 32_000}  # ~110 TB per checkpoint: fits nowhere here
-    with pytest.raises(StepError, match=r"train\.save_total_limit: 3 checkpoint\(s\) of ~\d+ GB") as error:
-        full_rules.check_storage(cfg, huge)
+    # torch saves the optimizer state for its resume (~112 GB); neuron saves the model only (~16 GB)
+    assert full_rules.checkpoint_bytes(LLAMA3_8B, bf16=True, with_optimizer=True) == 8_030_261_248 * 14
+    assert full_rules.checkpoint_bytes(LLAMA3_8B, bf16=True, with_optimizer=False) == 8_030_261_248 * 2
+    huge = {**LLAMA3_8B, "num_hidden_layers": 32_000}  # ~16 TB per checkpoint: fits nowhere here
+    for backend, what in (("torch", "weights \\+ optimizer state"), ("neuron", "weights")):
+        with pytest.raises(
+            StepError, match=rf"train\.save_total_limit: 3 checkpoint\(s\) of ~\d+ GB \({what}\)"
+        ) as error:
+            full_rules.check_storage(cfg, huge, backend=backend)
     assert "fsx_storage_capacity_gib" in str(error.value) and "Free space on it" in str(error.value)
     model_dir = tiny.write_tiny_model(tmp_path / "tiny")
     tiny_cfg = tiny_config(hpl_env, train={"method": "full"})
-    assert "GB free" in full_rules.check_storage(tiny_cfg, json.loads((model_dir / "config.json").read_text()))
+    tiny_model_config = json.loads((model_dir / "config.json").read_text())
+    assert "GB free" in full_rules.check_storage(tiny_cfg, tiny_model_config, backend="neuron")
 
 
 def test_prepare_reports_the_storage_plan_for_full_fine_tuning(hpl_env, tmp_path, tiny_models_dir, capsys):

@@ -1,5 +1,5 @@
 """The scaling report reads the lines our trainer callback prints, and puts the published Trainium
-full fine-tuning figures beside a neuron full run (and only there)."""
+Llama 2 7B full fine-tuning figures beside a neuron run of that shape (and only there)."""
 
 from __future__ import annotations
 
@@ -30,25 +30,36 @@ def training_log(capsys, tmp_path, backend: str, step_seconds: float, ga: int) -
     return capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("backend", "method", "reference"), [("neuron", "full", True), ("torch", "full", False)])
-def test_the_table_from_logged_lines(tmp_path, capsys, backend, method, reference):
+LLAMA2_7B_FULL = {"model_id": "meta-llama/Llama-2-7b-hf", "method": "full", "max_length": 4096, "model_parallel": 8}
+
+
+@pytest.mark.parametrize(
+    ("backend", "base", "reference"),
+    [
+        ("neuron", LLAMA2_7B_FULL, True),
+        ("torch", LLAMA2_7B_FULL, False),
+        ("neuron", {**LLAMA2_7B_FULL, "model_id": "meta-llama/Meta-Llama-3-8B"}, False),  # only Llama 2 7B
+        ("neuron", {**LLAMA2_7B_FULL, "max_length": 1024}, False),
+    ],
+)
+def test_the_table_from_logged_lines(tmp_path, capsys, backend, base, reference):
     points = []
     for nodes, ga, seconds in ((1, 4, 2.0), (2, 2, 1.1)):
         folder = tmp_path / f"nodes-{nodes}"
         (folder / "logs").mkdir(parents=True)
-        log = training_log(capsys, tmp_path, backend, seconds, 4)  # this process: 4 sequences per step in all
+        log = training_log(capsys, tmp_path, backend, seconds, 256)  # this process: 256 sequences per step in all
         (folder / "logs" / "train-7.log").write_text(log)
         (folder / "logs" / "train-12.log").write_text(log)  # the newest job's log is read
-        points.append({"nodes": nodes, "gradient_accumulation_steps": ga, "global_batch": 4,
+        points.append({"nodes": nodes, "gradient_accumulation_steps": ga, "global_batch": 256,
                        "config": str(folder / "run.toml"), "output_dir": str(folder)})  # fmt: skip
-    plan = {"config": "run.toml", "base": {"method": method, "max_length": 4096}, "points": points, "jobs": {}}
+    plan = {"config": "run.toml", "base": base, "points": points, "jobs": {}}
     (tmp_path / PLAN_NAME).write_text(json.dumps(plan))
     scaling_report.write_report(tmp_path)
     rows = json.loads((tmp_path / "scaling.json").read_text())["rows"]
     assert [r["log"].endswith("train-12.log") for r in rows] == [True, True]
     assert all(r["events"] == 3 and r["backend"] == backend for r in rows)
     # MetricsLogger's samples/s is global batch / step time
-    assert rows[0]["sequences_per_second"] == pytest.approx(4 / 2.0, rel=0.05)
+    assert rows[0]["sequences_per_second"] == pytest.approx(256 / 2.0, rel=0.05)
     assert rows[1]["seconds_per_step"] == pytest.approx(1.1, rel=0.05)
     assert rows[1]["scaling_efficiency"] == pytest.approx((2.0 / 1.1) / 2, rel=0.05)
     table = (tmp_path / "scaling.md").read_text()

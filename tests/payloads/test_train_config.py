@@ -14,7 +14,7 @@ from llm_pipeline import config, prepare, train
     [
         ("train", "method", "prefix", "lora, dora, qlora, full"),
         ("parallel", "strategy", "zero3", "fsdp, ddp"),
-        ("train", "attention", "flash", "sdpa, flash_attention_2, eager"),
+        ("train", "attention", "flash", "auto, sdpa, flash_attention_2, eager"),
         ("train", "profile", "ten", "FIRST-LAST"),
         ("train", "profile", "5-3", "1 <= FIRST <= LAST"),
         ("train", "profile", "0-2", "1 <= FIRST <= LAST"),
@@ -56,7 +56,7 @@ def test_every_new_key_carries_a_description():
         ({"method": "qlora"}, "train.method: 'qlora' cannot run on the neuron backend"),
         ({"compile": True}, "train.compile: True cannot run on the neuron backend"),
         ({"liger_kernel": True}, "train.liger_kernel: True cannot run on the neuron backend"),
-        ({"attention": "eager"}, "train.attention: 'eager' cannot run on the neuron backend"),
+        ({"attention": "sdpa"}, "train.attention: 'sdpa' cannot run on the neuron backend"),
     ],
 )
 def test_neuron_backend_refuses_what_it_cannot_run(hpl_env, changes, message):

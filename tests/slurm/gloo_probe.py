@@ -25,7 +25,15 @@ seen = {
     "group_rank": int(os.environ["GROUP_RANK"]),
     "env": {
         name: os.environ.get(name)
-        for name in ("FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "HF_HUB_OFFLINE", "MALLOC_ARENA_MAX", "NEURON_CC_FLAGS")
+        for name in (
+            "FI_PROVIDER",
+            "FI_EFA_USE_DEVICE_RDMA",
+            "FI_EFA_FORK_SAFE",
+            "HF_HUB_OFFLINE",
+            "MALLOC_ARENA_MAX",
+            "NEURON_CC_FLAGS",
+            "NEURON_RT_STOCHASTIC_ROUNDING_EN",
+        )
     },
 }
 folder = Path(os.environ.get("HPL_PROBE_DIR") or os.environ["HPL_RUN_DIR"])

@@ -43,6 +43,15 @@ def test_arguments_for_1_2_4_nodes(two_nodes, monkeypatch, nodes, nodelist, firs
     ]
 
 
+@pytest.mark.parametrize("job_id", [1, 4242, 12_767, 12_768, 31_999, 99_999, 2**31 - 1])
+def test_default_rendezvous_port_stays_below_the_ephemeral_range(two_nodes, monkeypatch, job_id):
+    """Linux hands out 32768-60999 to outgoing connections: a port there may already be taken."""
+    monkeypatch.setenv("SLURM_CONF", str(two_nodes.conf))
+    endpoint = next(arg for arg in launch.torchrun_args(slurm_env(2, "node[1-2]", job_id)) if "rdzv_endpoint" in arg)
+    port = int(endpoint.rsplit(":", 1)[1])
+    assert 1024 < port < 32768
+
+
 def test_master_is_the_first_node_address_and_port_override(two_nodes, monkeypatch):
     monkeypatch.setenv("SLURM_CONF", str(two_nodes.conf))
     args = launch.torchrun_args(slurm_env(2, "node[1-2]", HPL_MASTER_PORT="29501"))
@@ -157,6 +166,8 @@ def test_two_node_gloo_rendezvous_through_env_sh(two_nodes, tmp_path):
     # env.sh's settings reach the workers; EFA is chosen because the job spans two nodes.
     settings = seen[0]["env"]
     assert settings["FI_PROVIDER"] == "efa" and settings["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert settings["FI_EFA_FORK_SAFE"] == "1"
+    assert settings["NEURON_RT_STOCHASTIC_ROUNDING_EN"] == "1"  # bf16 with stochastic rounding (trn1 reference)
     assert settings["HF_HUB_OFFLINE"] == "1"  # no step after download and data reaches the Hub
     assert settings["MALLOC_ARENA_MAX"] == "64"
     assert f"--cache_dir={tmp_path / 'fsx' / 'neuron-cache'}" in settings["NEURON_CC_FLAGS"]

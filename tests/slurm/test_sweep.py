@@ -28,7 +28,7 @@ def sweep(env: dict[str, str], config: Path, *args: str) -> subprocess.Completed
 def setup(two_nodes, tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
     env = two_nodes.env(fsx_environment(root / "fsx"))
-    # launch's default rendezvous port is 20000 + job id, and every local cluster numbers its jobs from 1:
+    # launch's default rendezvous port is 20000 + job id mod 12000, and every local cluster numbers its jobs from 1:
     # a free port keeps this test's two-node rendezvous away from other local clusters on this host.
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -62,6 +62,9 @@ def test_two_node_counts_keep_the_global_batch_and_are_reported(setup):
     assert re.search(r"(?m)^\| 2 \| 1 \| 8 \| [0-9.]+ \| \d+ \|", table) and "smallest run is the baseline" in table
     derived = (sweep_dir / "nodes-2" / "run.toml").read_text()
     assert "nodes = 2" in derived and "gradient_accumulation_steps = 1" in derived and "max_steps = 3" in derived
+    assert "save_checkpoints = false" in derived
+    for nodes in (1, 2):  # a throughput point writes no checkpoint, not even at its last step
+        assert not list((sweep_dir / f"nodes-{nodes}").glob("checkpoints/checkpoint-*"))
 
 
 def test_a_node_count_that_cannot_keep_the_batch_is_refused_before_submitting(setup):

@@ -37,7 +37,8 @@ from collections.abc import Callable, Mapping
 
 from llm_pipeline.jobs import sagemaker_env
 
-PORT_BASE, PORT_SPAN = 20000, 20000
+# Below Linux's ephemeral range (32768-60999), where a job's outgoing connections could already hold the port.
+PORT_BASE, PORT_SPAN = 20000, 12000
 
 
 class LaunchError(ValueError):

@@ -42,7 +42,7 @@ class RunFacts:
 
 
 def _scalar(raw: str, where: str) -> object:
-    """A TOML basic/literal string or integer, with an optional trailing comment."""
+    """A TOML basic/literal string, integer, float or boolean, with an optional trailing comment."""
     if raw.startswith('"') and not raw.startswith('"""'):
         end = re.match(r'"(?:[^"\\]|\\.)*"', raw)
         if end and re.fullmatch(r"\s*(#.*)?", raw[end.end() :]):
@@ -55,7 +55,13 @@ def _scalar(raw: str, where: str) -> object:
         number = re.fullmatch(r"([+-]?[0-9_]+)\s*(#.*)?", raw)
         if number:
             return int(number.group(1).replace("_", ""))
-    raise RunFactsError(f"{where}: cannot read {raw!r} (write a one-line string or an integer)")
+        real = re.fullmatch(r"([+-]?[0-9_]+(?:\.[0-9_]+)?(?:[eE][+-]?[0-9_]+)?)\s*(#.*)?", raw)
+        if real:
+            return float(real.group(1).replace("_", ""))
+        flag = re.fullmatch(r"(true|false)\s*(#.*)?", raw)
+        if flag:
+            return flag.group(1) == "true"
+    raise RunFactsError(f"{where}: cannot read {raw!r} (write a one-line string, a number or true/false)")
 
 
 def read_key(text: str, table: str, key: str, where: str) -> object | None:
@@ -86,7 +92,7 @@ def read_run_facts(path: str | os.PathLike[str], env: dict[str, str] | None = No
         nodes = ParallelConfig().nodes
     if not isinstance(output_dir, str):
         raise RunFactsError(f"{config}: paths.output_dir must be a string, got {output_dir!r}")
-    if not isinstance(nodes, int) or nodes < 1:
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
         raise RunFactsError(f"{config}: parallel.nodes must be an integer >= 1, got {nodes!r}")
     try:
         out = Path(expand(output_dir, "paths.output_dir", env)).expanduser()

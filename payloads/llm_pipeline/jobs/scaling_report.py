@@ -8,8 +8,10 @@ trainers print one line per log event (training/callbacks.py):
 event is left out when there are more (it carries start-up and graph compilation), the median of
 the rest is the point's throughput. Time per step is global batch / sequences per second; scaling
 efficiency is (throughput / smallest run's throughput) / (nodes / smallest run's nodes). The
-reference column is the published Trainium Llama full fine-tuning result (trn1.32xlarge, TP 8,
-seq 4096, global batch 256); other engines and methods are compared with their own smallest run.
+reference column is the published Trainium Llama 2 7B full fine-tuning result (trn1.32xlarge,
+TP 8, seq 4096, global batch 256), shown only for a run of that shape (the neuron engine, full
+fine-tuning of Llama 2 7B, max_length 4096, TP 8, global batch 256); any other run is compared with
+its own smallest run.
 Writes ``scaling.md`` and ``scaling.json`` next to ``sweep.json``. Stdlib only.
 """
 
@@ -27,6 +29,9 @@ from llm_pipeline.jobs.sweep_plan import PLAN_NAME
 # sequences/s on 1, 2 and 4 trn1.32xlarge nodes, Llama 2 7B full fine-tuning, seq 4096, GBS 256
 NEURON_FULL_REFERENCE = {1: 3.7, 2: 7.4, 4: 14.6}
 REFERENCE_NOTE = "published Trainium result: Llama 2 7B full fine-tuning, trn1.32xlarge, TP 8, seq 4096, GBS 256"
+# The run shape the published numbers belong to (sweep.json's base facts; the engine comes from the log).
+REFERENCE_SHAPE = {"model_id": "meta-llama/Llama-2-7b-hf", "method": "full", "max_length": 4096, "model_parallel": 8}
+REFERENCE_GLOBAL_BATCH = 256
 _EVENT = re.compile(
     r"^step (?P<step>\d+)/\d+ \| loss [^|]+\|[^|]*\| (?P<samples>[0-9.]+) samples/s \| (?P<tokens>[0-9.]+) tokens/s"
 )
@@ -76,7 +81,12 @@ def build_rows(plan: dict) -> list[dict]:
         row["seconds_per_step"] = row["global_batch"] / row["sequences_per_second"]
         rows.append(row)
     first = rows[0]
-    use_reference = first["backend"] == "neuron" and plan["base"].get("method") == "full"
+    base = plan["base"]
+    use_reference = (
+        first["backend"] == "neuron"
+        and all(base.get(key) == value for key, value in REFERENCE_SHAPE.items())
+        and all(row["global_batch"] == REFERENCE_GLOBAL_BATCH for row in rows)
+    )
     for row in rows:
         speedup = row["sequences_per_second"] / first["sequences_per_second"]
         row["speedup"] = speedup
@@ -114,8 +124,8 @@ def write_report(sweep_dir: Path) -> Path:
     reference = (
         f"Reference column: {REFERENCE_NOTE}."
         if rows[0]["reference_sequences_per_second"] is not None
-        else f"No published reference for this engine/method ({backend}, {plan['base'].get('method')}): "
-        "the smallest run is the baseline."
+        else f"No published reference for this run ({backend} engine, {plan['base'].get('model_id', '?')}, "
+        f"{plan['base'].get('method')}): the smallest run is the baseline."
     )
     text = [
         "# Scaling sweep",

@@ -7,9 +7,10 @@ divide GA(base) x base_nodes cannot keep the batch and is refused, naming what t
 
 Each point gets a derived run config (``<sweep>/nodes-<n>/run.toml``): the original text with
 ``parallel.nodes``, ``train.gradient_accumulation_steps``, ``train.max_steps``,
-``train.logging_steps`` and ``train.save_steps`` set, ``paths.output_dir`` pointing at the point's
-own folder (its own logs and checkpoints; ``data`` links to the base run's prepared data) and
-relative ``[paths]`` made absolute (the config moved). Stdlib only: it runs on the controller.
+``train.logging_steps`` and ``train.save_checkpoints = false`` set (a throughput run writes no
+checkpoint, not even at its last step), ``paths.output_dir`` pointing at the point's own folder
+(its own logs; ``data`` links to the base run's prepared data) and relative ``[paths]`` made
+absolute (the config moved). Stdlib only: it runs on the controller.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from llm_pipeline.config import ParallelConfig, PathsConfig, TrainConfig
+from llm_pipeline.config import DataConfig, ModelConfig, ParallelConfig, PathsConfig, TrainConfig
 from llm_pipeline.jobs.run_facts import RunFactsError, read_key
 
 _TABLE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.-]+)\s*\]\s*(#.*)?$")
@@ -47,6 +48,7 @@ class BaseFacts:
     gradient_accumulation_steps: int
     method: str
     max_length: int
+    model_id: str
 
     @property
     def data_parallel(self) -> int:
@@ -64,7 +66,7 @@ def read_base(config: Path) -> BaseFacts:
         found = read_key(text, table, key, str(config))
         return default if found is None else found
 
-    par, train = ParallelConfig(), TrainConfig()
+    par, train, data = ParallelConfig(), TrainConfig(), DataConfig()
     tp, pp = (
         value("parallel", "tensor_parallel_size", par.tensor_parallel_size),
         value("parallel", "pipeline_parallel_size", par.pipeline_parallel_size),
@@ -75,11 +77,14 @@ def read_base(config: Path) -> BaseFacts:
         model_parallel=tp * pp,
         per_device_batch_size=value("train", "per_device_batch_size", train.per_device_batch_size),
         gradient_accumulation_steps=value("train", "gradient_accumulation_steps", train.gradient_accumulation_steps),
-        method=value("train", "method", getattr(train, "method", "lora")),
-        max_length=value("data", "max_length", 1024),
+        method=value("train", "method", train.method),
+        max_length=value("data", "max_length", data.max_length),
+        model_id=value("model", "id", ModelConfig().id),
     )
     for name, number in asdict(facts).items():
-        if name != "method" and (not isinstance(number, int) or number < 1):
+        if name not in ("method", "model_id") and (
+            not isinstance(number, int) or isinstance(number, bool) or number < 1
+        ):
             raise RunFactsError(f"{config}: {name} must be an integer >= 1 for a sweep, got {number!r}")
     return facts
 
@@ -152,13 +157,34 @@ def plan_sweep(
             ("train", "gradient_accumulation_steps"): accumulation,
             ("train", "max_steps"): steps,
             ("train", "logging_steps"): logging_steps,
-            ("train", "save_steps"): steps + 1,  # a throughput run: no checkpoint mid-run
+            ("train", "save_checkpoints"): False,
         }
         derived = point_dir / "run.toml"
         derived.write_text(derived_config(config, point_dir, overrides))
         global_batch = base.per_device_batch_size * (base.data_parallel * nodes // base.nodes) * accumulation
         points.append(SweepPoint(nodes, accumulation, global_batch, str(derived), str(point_dir)))
     return points
+
+
+def training_summary(config: Path) -> str:
+    """The optimizer, schedule, precision and checkpointing a point's run config trains with, as one line."""
+    text, defaults = config.read_text(), TrainConfig()
+
+    def value(key: str) -> object:
+        found = read_key(text, "train", key, str(config))
+        return getattr(defaults, key) if found is None else found
+
+    floor = f" to {value('min_learning_rate')}" if value("lr_scheduler") == "cosine_with_min_lr" else ""
+    precision = "fp32"
+    if value("bf16"):
+        masters = "fp32 master weights" if value("fp32_master_weights") else "no fp32 master weights"
+        precision = f"bf16 (neuron: stochastic rounding, {masters})"
+    saves = f"every {value('save_steps')} steps and at the end" if value("save_checkpoints") else "none"
+    return (
+        f"AdamW lr {value('learning_rate')} {value('lr_scheduler')}{floor}, warm-up {value('warmup_steps')} steps, "
+        f"betas {value('adam_beta1')}/{value('adam_beta2')}, weight decay {value('weight_decay')}, "
+        f"{value('max_steps')} steps, {precision}, checkpoints: {saves}"
+    )
 
 
 def write_plan(sweep_dir: Path, config: Path, base: BaseFacts, points: list[SweepPoint], jobs: dict) -> Path:

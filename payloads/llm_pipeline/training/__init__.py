@@ -4,8 +4,8 @@
 - ``torch/``: transformers + trl + peft + accelerate on CPU or CUDA (LoRA, DoRA, QLoRA, full).
 - ``torchtitan/``: the torchtitan pretraining ladder, its metrics, report and HF export.
 - Shared here: the run plan (plan), metrics logging and token counting (callbacks), MFU (metrics),
-  the fixed-length collator, the data step's padding report (data_stats), LoRA and full-model
-  parameter counts (lora_count, full_rules).
+  the fixed-length collator, the data step's padding report (data_stats), block mode for full
+  fine-tuning on a corpus (text_blocks), LoRA and full-model parameter counts (lora_count, full_rules).
 
 May import (the shared modules here): the stdlib, the training stack of the image (torch,
 transformers, trl, peft, datasets, accelerate), and the top-level config, errors, prompt and

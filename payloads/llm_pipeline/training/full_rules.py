@@ -3,9 +3,11 @@
 - The trainable count the neuron trainer must report: optimum-neuron 0.4.5's get_model_param_count
   counts a tensor-parallel parameter as its local size x TP, so the KV heads it replicates
   (``kv_size_multiplier``, when TP does not divide the KV heads) count that many times.
-- The size of one checkpoint: bf16 (or fp32) weights plus fp32 master weights and AdamW's two
-  moments (12 bytes per parameter; ZeRO-1 on Neuron, FSDP on torch spread them over the ranks but
-  all of it is saved): about 14 bytes per parameter, ~112 GB for an 8B model.
+- The size of one checkpoint. The neuron engine saves the model only (``save_only_model``: its
+  resume consolidates the weights and never reads optimizer state): 2 bytes per parameter in bf16,
+  ~16 GB for an 8B model. The torch engine's resume reads the optimizer, so its checkpoints add fp32
+  master weights and AdamW's two moments (12 bytes per parameter; FSDP spreads them over the ranks
+  but all of it is saved): about 14 bytes per parameter, ~112 GB for an 8B model.
 - Whether the run folder's file system holds ``train.save_total_limit`` of them and the
   consolidated model; if not, what to change.
 """
@@ -38,10 +40,10 @@ def parameter_count(model_config: Mapping[str, Any], kv_size_multiplier: int | N
     return vocab * hidden + layers * per_layer + hidden + head
 
 
-def checkpoint_bytes(model_config: Mapping[str, Any], bf16: bool) -> int:
-    """One full fine-tuning checkpoint: weights plus the optimizer state."""
+def checkpoint_bytes(model_config: Mapping[str, Any], bf16: bool, *, with_optimizer: bool) -> int:
+    """One full fine-tuning checkpoint: the weights, plus the optimizer state when it is saved."""
     params = parameter_count(model_config)
-    return params * ((2 if bf16 else 4) + OPTIMIZER_BYTES_PER_PARAMETER)
+    return params * ((2 if bf16 else 4) + (OPTIMIZER_BYTES_PER_PARAMETER if with_optimizer else 0))
 
 
 def _existing_folder(path: Path) -> Path:
@@ -61,9 +63,10 @@ def _bytes_under(folder: Path) -> int:
     return total
 
 
-def check_storage(cfg: RunConfig, model_config: Mapping[str, Any]) -> str:
+def check_storage(cfg: RunConfig, model_config: Mapping[str, Any], *, backend: str) -> str:
     """Refuse a full fine-tuning run whose checkpoints cannot fit; returns the plan as one line."""
-    checkpoint = checkpoint_bytes(model_config, cfg.train.bf16)
+    with_optimizer = backend != "neuron"  # the neuron engine saves the model only (module docstring)
+    checkpoint = checkpoint_bytes(model_config, cfg.train.bf16, with_optimizer=with_optimizer)
     model = parameter_count(model_config) * 2
     keep = cfg.train.save_total_limit
     needed = keep * checkpoint + model
@@ -72,8 +75,9 @@ def check_storage(cfg: RunConfig, model_config: Mapping[str, Any]) -> str:
     stats = os.statvfs(where)
     free, total = stats.f_bavail * stats.f_frsize, stats.f_blocks * stats.f_frsize
     reusable = _bytes_under(cfg.paths.checkpoints_dir) if cfg.paths.checkpoints_dir.is_dir() else 0
+    held = "weights + optimizer state" if with_optimizer else "weights"
     plan = (
-        f"{keep} checkpoint(s) of ~{checkpoint / 1e9:.0f} GB (weights + optimizer state) and the "
+        f"{keep} checkpoint(s) of ~{checkpoint / 1e9:.0f} GB ({held}) and the "
         f"~{model / 1e9:.0f} GB model folder: ~{needed / 1e9:.0f} GB; {where} has {(free + reusable) / 1e9:.0f} GB "
         f"free of {total / 1e9:.0f} GB"
     )

@@ -51,6 +51,11 @@ def peft_lora_config(lora: config.LoraConfig):
     )
 
 
+def scheduler_kwargs(train: config.TrainConfig) -> dict[str, float]:
+    """transformers' cosine_with_min_lr needs its floor (min_lr); the other schedulers take none."""
+    return {"min_lr": train.min_learning_rate} if train.lr_scheduler == "cosine_with_min_lr" else {}
+
+
 def sft_arguments(cfg: config.RunConfig, plan: TrainPlan) -> dict[str, Any]:
     """Keyword arguments common to trl's SFTConfig and optimum-neuron's NeuronSFTConfig."""
     train = cfg.train
@@ -64,6 +69,9 @@ def sft_arguments(cfg: config.RunConfig, plan: TrainPlan) -> dict[str, Any]:
         "lr_scheduler_type": train.lr_scheduler,
         "warmup_steps": train.warmup_steps,
         "weight_decay": train.weight_decay,
+        "adam_beta1": train.adam_beta1,
+        "adam_beta2": train.adam_beta2,
+        "lr_scheduler_kwargs": scheduler_kwargs(train),
         "bf16": train.bf16,
         "seed": train.seed,
         "logging_steps": plan.logging_steps,

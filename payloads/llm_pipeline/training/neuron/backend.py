@@ -12,10 +12,18 @@ cannot import the trainer). What we change from optimum-neuron's defaults, and w
   is a plain nn.Linear; with sequence parallelism each TP rank would feed it only its slice of the
   sequence and nothing sums its gradient across ranks (only parameters tagged
   sequence_parallel_enabled are), so every rank would train its own copy.
+- save_only_model: resume (below) consolidates the weights and never reads optimizer state, so
+  checkpoints leave it out (for full fine-tuning that is 12 of every 14 bytes per parameter).
+- stochastic_rounding_enabled (optimum-neuron's default, stated): bf16 rounds stochastically
+  (NEURON_RT_STOCHASTIC_ROUNDING_EN=1, also exported by payloads/slurm/env.sh).
+- optimizer_use_master_weights / optimizer_use_fp32_grad_acc follow train.fp32_master_weights: on
+  (optimum-neuron's default) keeps fp32 master weights and fp32 gradient accumulation in ZeRO-1;
+  off trains in pure bf16 with stochastic rounding, as AWS's trn1 full fine-tuning reference does.
 - skip_cache_push: train() otherwise ends by checking write access to, and pushing to, the Hub's
   compile cache, which raises on network errors after the checkpoints are saved. The Slurm steps
   after download and data also run with HF_HUB_OFFLINE=1 (payloads/slurm/env.sh).
-- attn_implementation="flash_attention_2": the NKI flash-attention kernel (the default is eager).
+- attn_implementation: the NKI flash-attention kernel when data.max_length allows it, else eager
+  (neuron/rules.py attention_kernel: one decision for the precompile run and the real run).
 
 Full fine-tuning (train.method = full): no peft config, every parameter trains; sequence
 parallelism stays on (every parameter is then either tensor-parallel or a norm weight tagged
@@ -45,11 +53,11 @@ from transformers import PrinterCallback, TrainerCallback
 
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
-from llm_pipeline.prompt import format_example
 from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
 from llm_pipeline.training.collator import FixedLengthCollator, pad_token_id
-from llm_pipeline.training.neuron.rules import check_neuron_run, read_model_config
+from llm_pipeline.training.neuron.rules import attention_kernel, check_neuron_run, read_model_config
 from llm_pipeline.training.plan import TrainPlan, check_trainable, peft_lora_config, say, sft_arguments, world_size
+from llm_pipeline.training.text_blocks import formatting_func
 
 if TYPE_CHECKING:
     from optimum.neuron import NeuronSFTTrainer
@@ -95,10 +103,6 @@ def check_full_trainable(actual: int, expected: int) -> None:
     say(f"trainable parameters: {actual:,} (every parameter: full fine-tuning)")
 
 
-# optimum-neuron 0.4.5 maps this name to its NKI flash-attention kernel (models/training/modeling_utils.py).
-ATTENTION = "flash_attention_2"
-
-
 def neuron_arguments(cfg: RunConfig) -> dict[str, Any]:
     """NeuronSFTConfig keywords beyond the shared ones (why each value: see the module docstring)."""
     return {
@@ -108,6 +112,10 @@ def neuron_arguments(cfg: RunConfig) -> dict[str, Any]:
         "skip_cache_push": True,
         "zero_1": True,
         "gradient_checkpointing": cfg.train.gradient_checkpointing,
+        "save_only_model": True,
+        "stochastic_rounding_enabled": True,
+        "optimizer_use_master_weights": cfg.train.fp32_master_weights,
+        "optimizer_use_fp32_grad_acc": cfg.train.fp32_master_weights,
     }
 
 
@@ -115,7 +123,8 @@ def model_arguments(cfg: RunConfig) -> dict[str, Any]:
     """NeuronModelForCausalLM.from_pretrained keywords: dtype and attention kernel."""
     import torch
 
-    return {"torch_dtype": torch.bfloat16 if cfg.train.bf16 else torch.float32, "attn_implementation": ATTENTION}
+    dtype = torch.bfloat16 if cfg.train.bf16 else torch.float32
+    return {"torch_dtype": dtype, "attn_implementation": attention_kernel(cfg)}
 
 
 def data_collator(cfg: RunConfig, tokenizer) -> FixedLengthCollator:
@@ -208,7 +217,7 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
         train_dataset=datasets["train"],
         processing_class=tokenizer,
         peft_config=lora,
-        formatting_func=format_example,
+        formatting_func=formatting_func(cfg),
     )
     trainable = trainer.get_num_trainable_parameters()
     if full:

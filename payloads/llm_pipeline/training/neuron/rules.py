@@ -8,6 +8,12 @@ folder exists) and the train step runs them again before loading anything.
 - Tensor parallelism above the KV-head count (TP 16/32 on Llama 3 8B): q/k/v become one fused
   ``qkv_proj`` whose KV heads are replicated ``kv_size_multiplier`` times, and optimum-neuron
   refuses a LoRA config that targets only some of q/k/v.
+- Attention: optimum-neuron 0.4.5 runs eager attention or, with ``attn_implementation=
+  "flash_attention_2"``, neuronx-distributed's NKI flash-attention kernel; SDPA raises. The kernel
+  (neuronx-distributed 2.26, ``kernels/flash_attn.py``, ``nki_flash_attn_func``) raises
+  NotImplementedError unless the sequence length is a multiple of 2048, and every batch is exactly
+  ``data.max_length`` wide (training/collator.py). ``attention_kernel`` decides once, for the
+  precompile run and the real run alike.
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 
 QKV = ("q_proj", "k_proj", "v_proj")
+FLASH_ATTENTION = "flash_attention_2"  # optimum-neuron's name for the NKI kernel (models/training/modeling_utils.py)
+EAGER_ATTENTION = "eager"
+FLASH_SEQUENCE_MULTIPLE = 2048  # the kernel's length rule (neuronx-distributed 2.26 kernels/flash_attn.py)
 
 
 def read_model_config(model_dir: str | Path) -> dict[str, Any] | None:
@@ -70,8 +79,34 @@ def check_qkv_targets(cfg: RunConfig, model_config: Mapping[str, Any], source: s
         )
 
 
+def attention_kernel(cfg: RunConfig) -> str:
+    """The attn_implementation handed to optimum-neuron: train.attention, with ``auto`` resolved by length.
+
+    auto: the flash kernel when data.max_length is a multiple of 2048 (its memory grows linearly with
+    the length, eager's quadratically), eager otherwise. An explicit choice is kept; check_attention
+    refuses one that cannot run.
+    """
+    if cfg.train.attention != "auto":
+        return cfg.train.attention
+    return FLASH_ATTENTION if cfg.data.max_length % FLASH_SEQUENCE_MULTIPLE == 0 else EAGER_ATTENTION
+
+
+def check_attention(cfg: RunConfig) -> None:
+    """An explicit flash_attention_2 must fit the kernel's length rule (sdpa is refused with the config: config.py)."""
+    chosen, length = cfg.train.attention, cfg.data.max_length
+    if chosen == FLASH_ATTENTION and length % FLASH_SEQUENCE_MULTIPLE:
+        padded = -(-length // FLASH_SEQUENCE_MULTIPLE) * FLASH_SEQUENCE_MULTIPLE
+        raise StepError(
+            f"train.attention = '{FLASH_ATTENTION}' with data.max_length = {length}: neuronx-distributed's NKI "
+            f"flash-attention kernel only runs sequences that are a multiple of {FLASH_SEQUENCE_MULTIPLE} tokens "
+            f"(it raises NotImplementedError after the model loads); set data.max_length = {padded}, or "
+            f"train.attention = 'auto' or '{EAGER_ATTENTION}'"
+        )
+
+
 def check_neuron_run(cfg: RunConfig, model_config: Mapping[str, Any] | None, source: str = "config.json") -> None:
     """Every rule above; the model-dependent ones only when the model's config is known."""
     check_packing(cfg)
+    check_attention(cfg)
     if model_config is not None and cfg.train.method != "full":  # full fine-tuning has no LoRA targets
         check_qkv_targets(cfg, model_config, source)

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
-from llm_pipeline.prompt import format_example
 from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
 from llm_pipeline.training.metrics import UtilisationMetrics, device_peak_flops, flops_per_token
 from llm_pipeline.training.plan import TrainPlan, check_target_modules, say, sft_arguments, world_size
+from llm_pipeline.training.text_blocks import formatting_func
 from llm_pipeline.training.torch import methods, parallel
 from llm_pipeline.training.torch.profiling import StepProfiler
 
@@ -137,7 +137,7 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
         eval_dataset=validation,
         processing_class=tokenizer,
         peft_config=peft_config,
-        formatting_func=format_example,
+        formatting_func=formatting_func(cfg),
         fsdp=fsdp,
     )
     trainer.peft_config_for_export = peft_config

@@ -44,7 +44,7 @@ def model_kwargs(cfg: RunConfig) -> dict[str, Any]:
     bf16 = cfg.train.bf16 or cfg.train.method == "qlora"  # the 4-bit kernels compute in bf16
     kwargs: dict[str, Any] = {
         "dtype": torch.bfloat16 if bf16 else torch.float32,
-        "attn_implementation": cfg.train.attention,
+        "attn_implementation": "sdpa" if cfg.train.attention == "auto" else cfg.train.attention,
     }
     quantization = quantization_config(cfg)
     if quantization is not None:

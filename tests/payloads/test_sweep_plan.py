@@ -1,0 +1,42 @@
+"""The sweep's points for the shipped full fine-tuning configs at 1, 2 and 4 nodes: the reference
+hyperparameters carried over, the global batch held at 256, and no checkpoint at any point."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from payload_configs import CONFIGS
+
+from llm_pipeline import config
+from llm_pipeline.jobs.sweep_plan import plan_sweep, read_base, training_summary
+
+
+@pytest.mark.parametrize("name", ["llama2-7b-full.toml", "llama3-8b-full.toml"])
+def test_full_config_points_keep_the_reference_setup(tmp_path, name):
+    points = plan_sweep(CONFIGS / name, tmp_path / "sweep", [1, 2, 4], steps=40, logging_steps=5)
+    assert [(p.nodes, p.gradient_accumulation_steps, p.global_batch) for p in points] == [
+        (1, 64, 256), (2, 32, 256), (4, 16, 256),
+    ]  # fmt: skip
+    for point in points:
+        derived = config.load(point.config, env={})  # the point's config is a valid run config
+        train = derived.train
+        assert (train.learning_rate, train.lr_scheduler, train.min_learning_rate) == (3e-4, "cosine_with_min_lr", 3e-5)
+        assert (train.adam_beta1, train.adam_beta2, train.weight_decay) == (0.9, 0.95, 0.1)
+        assert train.bf16 and not train.fp32_master_weights and train.gradient_checkpointing
+        assert not train.save_checkpoints and train.max_steps == 40  # a throughput run saves nothing
+        assert derived.parallel.nodes == point.nodes and derived.data.max_length == 4096 and derived.data.blocks
+        config.check_backend(derived, "neuron")  # global_batch_size 256 stated and met at every node count
+        summary = training_summary(Path(point.config))
+        assert "AdamW lr 0.0003 cosine_with_min_lr to 3e-05" in summary and "betas 0.9/0.95" in summary
+        assert "weight decay 0.1" in summary and "no fp32 master weights" in summary
+        assert summary.endswith("checkpoints: none")
+
+
+def test_the_base_facts_name_the_model_for_the_report(tmp_path):
+    assert read_base(CONFIGS / "llama2-7b-full.toml").model_id == "meta-llama/Llama-2-7b-hf"
+    assert read_base(CONFIGS / "default.toml").model_id == "meta-llama/Meta-Llama-3-8B"
+
+
+def test_the_base_config_keeps_its_checkpoints():
+    assert "every 100 steps and at the end" in training_summary(CONFIGS / "llama2-7b-full.toml")
