@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 from payload_configs import tiny_config
@@ -132,3 +133,32 @@ def test_packing_with_blocks_is_refused(hpl_env):
 
     with pytest.raises(ConfigError, match=r"data.packing: invalid value True.*false with data.blocks"):
         tiny_config(hpl_env, data={"blocks": True, "packing": True})
+
+
+def test_full_fine_tuning_on_blocks_with_the_reference_optimizer_trains_and_saves_nothing(
+    hpl_env, tmp_path, capsys, monkeypatch
+):
+    """The torch engine runs the blocks as they are (no formatting), with the full configs' optimizer
+    settings (cosine to a floor, betas, weight decay) and save_checkpoints = false, as a sweep point."""
+    from payload_configs import write_config
+
+    from llm_pipeline import train
+
+    write_corpus(tmp_path / "corpus.jsonl", 80)
+    path = write_config(
+        tmp_path / "run.toml",
+        hpl_env,
+        data={"dataset": str(tmp_path / "corpus.jsonl"), "blocks": True, "packing": False, "max_length": BLOCK,
+              "validation_fraction": 0.0, "max_samples": 0},
+        train={"method": "full", "max_steps": 4, "logging_steps": 1, "learning_rate": 3e-4,
+               "lr_scheduler": "cosine_with_min_lr", "min_learning_rate": 3e-5, "warmup_steps": 1,
+               "adam_beta2": 0.95, "weight_decay": 0.1, "save_checkpoints": False},
+    )  # fmt: skip
+    assert train.main(["--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "step 4/4 | loss" in out
+    assert "newest checkpoint: none" in out
+    learning_rates = [float(rate) for rate in re.findall(r"\| lr ([0-9.e+-]+) \|", out)]
+    assert max(learning_rates) == pytest.approx(3e-4, rel=1e-3)  # the peak after warm-up
+    # at 2/3 of the 3 decay steps the cosine stands a quarter of the way above the floor (7.5e-5 without it)
+    assert learning_rates[-1] == pytest.approx(3e-5 + (3e-4 - 3e-5) * 0.25, rel=1e-2)
