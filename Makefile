@@ -52,8 +52,8 @@ test: system-packages lint  ## set up a fresh Debian/Ubuntu machine as needed, l
 snapshot-update: $(STAMP)  ## rewrite the template snapshots after an intended change
 	$(PY) -m pytest tests/infra -k snapshot --snapshot-update
 
-deploy: $(STAMP)  ## deploy to the AWS account of your credentials (needs Docker; DEPLOY_ARGS=--no-rollback keeps a failed create)
-	$(PY) -m stacks.predeploy $(DEPLOY_ARGS)  # refuses config changes the deployed stack cannot take
+deploy: $(STAMP)  ## deploy to the AWS account of your credentials (needs Docker; DEPLOY_ARGS=--no-rollback keeps a failed create; PREDEPLOY_ARGS=--allow-... lets a refused change through)
+	$(PY) -m stacks.predeploy $(DEPLOY_ARGS) $(PREDEPLOY_ARGS)  # refuses changes the deployed stack cannot take or that lose data
 	$(CDK) deploy --require-approval never $(DEPLOY_ARGS)
 
 diff: $(STAMP)  ## show what a deploy would change

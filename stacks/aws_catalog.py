@@ -6,6 +6,8 @@
   the AWS Price List (its ``update_specs_from_pricing``) and ships as REGIONAL_TABLE; regions it does not
   list are not checked. A type must be in both: HyperPod offers it, and the region prices it.
 - Availability Zone IDs: their region prefix (``usw2`` for us-west-2), derived from the region name.
+- CloudFormation resource types per region: the per-region provider schemas cfn-lint ships (a region
+  without ``AWS::SageMaker::Cluster`` cannot deploy the cluster lane, whatever SageMaker offers there).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import re
 from importlib import resources
 
 import botocore.loaders
+from cfnlint.schema import PROVIDER_SCHEMA_MANAGER
+from cfnlint.schema.manager import ResourceNotFoundError
 
 # How zone IDs abbreviate the direction words of region names (us-west-2 -> usw2-az4).
 DIRECTION_LETTERS = {
@@ -31,6 +35,8 @@ DIRECTION_LETTERS = {
     "gov": "g",
 }
 SAGEMAKER_ENDPOINT_SERVICE = "api.sagemaker"
+CLUSTER_RESOURCE_TYPE = "AWS::SageMaker::Cluster"
+PROVIDER_SCHEMAS = "cfn-lint's per-region CloudFormation provider schemas"
 REGIONAL_TABLE_PACKAGE = "cfnlint.data.schemas.extensions.aws_sagemaker_cluster"
 REGIONAL_TABLE_FILE = "instancetype_enum.json"
 REGIONAL_TABLE = f"cfn-lint's {REGIONAL_TABLE_PACKAGE.replace('.', '/')}/{REGIONAL_TABLE_FILE}"
@@ -54,6 +60,14 @@ def sagemaker_regions() -> frozenset[str]:
         endpoints = partition["services"].get(SAGEMAKER_ENDPOINT_SERVICE, {}).get("endpoints", {})
         regions |= {name for name in endpoints if name in partition["regions"]}
     return frozenset(regions)
+
+
+def partition_of(region: str) -> str:
+    """The AWS partition (aws, aws-cn, aws-us-gov, ...) whose endpoints data lists ``region``; "" if none does."""
+    for partition in _loader().load_data("endpoints")["partitions"]:
+        if region in partition["regions"]:
+            return partition["partition"]
+    return ""
 
 
 def zone_id_prefix(region: str) -> str | None:
@@ -80,3 +94,18 @@ def _regional_table() -> dict[str, frozenset[str]]:
 def regional_instance_types(region: str) -> frozenset[str] | None:
     """The SageMaker cluster instance types priced in ``region``; None when the table has no such region."""
     return _regional_table().get(region)
+
+
+@functools.cache
+def cloudformation_supports(region: str, resource_type: str) -> bool:
+    """Whether CloudFormation in ``region`` has ``resource_type`` (cfn-lint's provider schema of that region)."""
+    try:
+        PROVIDER_SCHEMA_MANAGER.get_resource_schema(region, resource_type)
+    except ResourceNotFoundError:
+        return False
+    return True
+
+
+def cluster_regions() -> frozenset[str]:
+    """SageMaker regions whose CloudFormation can create a HyperPod cluster."""
+    return frozenset(region for region in sagemaker_regions() if cloudformation_supports(region, CLUSTER_RESOURCE_TYPE))

@@ -11,6 +11,15 @@ from stacks.compute_groups import SPOT, ComputeGroup
 from stacks.config import LIFECYCLE_SCRIPT, HyperPodConfig
 
 Cfn = sagemaker.CfnCluster
+# HyperPod runs Spot groups with continuous provisioning ("Spot instances in Amazon SageMaker HyperPod",
+# https://docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-hyperpod-spot.html; for Slurm see
+# sagemaker-hyperpod-scaling-slurm.html): set at create, so stacks/update_safety.py refuses the switch.
+CONTINUOUS_PROVISIONING = "Continuous"
+
+
+def node_provisioning_mode(config: HyperPodConfig) -> str | None:
+    """Continuous when any compute group is Spot; HyperPod's standard mode (the property left out) otherwise."""
+    return CONTINUOUS_PROVISIONING if any(group.capacity == SPOT for group in config.compute_groups) else None
 
 
 def capacity_properties(group: ComputeGroup) -> dict[str, object]:
@@ -116,6 +125,7 @@ class HyperPodCluster(Construct):
                 slurm=Cfn.ClusterOrchestratorSlurmConfigProperty(slurm_config_strategy=config.slurm_config_strategy)
             ),
             node_recovery=config.node_recovery,
+            node_provisioning_mode=node_provisioning_mode(config),
             vpc_config=Cfn.VpcConfigProperty(security_group_ids=[security_group_id], subnets=[subnet_id]),
         )
         self.cluster.apply_removal_policy(RemovalPolicy.DESTROY)

@@ -20,6 +20,10 @@ from stacks.validation import ConfigError, coerce
 CONTEXT_KEY = "compute_groups"
 ON_DEMAND, SPOT = "on-demand", "spot"
 DEEP_HEALTH_CHECKS = ("InstanceStress", "InstanceConnectivity")  # AWS::SageMaker::Cluster DeepHealthCheckType
+# InstanceConnectivity tests the multi-node network between a group's nodes (NCCL/EFA), so it needs
+# nodes that have one (EFA) and at least two of them (HyperPod developer guide, "Deep health checks").
+CONNECTIVITY_CHECK = "InstanceConnectivity"
+CONNECTIVITY_MIN_NODES = 2
 # HyperPod's Slurm partition names (and instance group names) follow this pattern; "dev" is taken.
 NAME_PATTERN = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
 TRAINING_PLAN_ARN = re.compile(r"arn:aws[a-z-]*:sagemaker:([a-z0-9-]+):(\d{12}):training-plan/[A-Za-z0-9-]+")
@@ -183,6 +187,19 @@ def check_group(group: ComputeGroup, where: str) -> None:
             "deep_health_checks",
             f"none on {group.instance_type}: HyperPod runs deep health checks on GPU and Trainium instances only",
         )
+    if CONNECTIVITY_CHECK in group.deep_health_checks:
+        if not group.efa_interfaces:
+            raise bad(
+                "deep_health_checks",
+                f"no {CONNECTIVITY_CHECK} on {group.instance_type}: it tests the multi-node network and this type "
+                "has no EFA; keep InstanceStress, or pick a type with EFA (stacks/accelerators.py)",
+            )
+        if group.count == 1:
+            raise bad(
+                "deep_health_checks",
+                f"no {CONNECTIVITY_CHECK} with count 1: it tests the network between the group's nodes, so it "
+                f"needs at least {CONNECTIVITY_MIN_NODES} (count 0 keeps the group empty until you scale it)",
+            )
 
 
 def check_groups(groups: tuple[ComputeGroup, ...]) -> None:

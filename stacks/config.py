@@ -27,8 +27,13 @@ from cluster_contract import (
 )
 from stacks.accelerators import CUDA, NEURON, NO_ACCELERATOR
 from stacks.aws_catalog import (
+    CLUSTER_RESOURCE_TYPE,
+    PROVIDER_SCHEMAS,
     REGIONAL_TABLE,
+    cloudformation_supports,
+    cluster_regions,
     hyperpod_instance_types,
+    partition_of,
     regional_instance_types,
     sagemaker_regions,
     zone_id_prefix,
@@ -241,6 +246,16 @@ def _check_group_objects(groups: tuple) -> None:
 
 
 def _check_combinations(config: HyperPodConfig) -> None:
+    if config.cluster_lane and not cloudformation_supports(config.region, CLUSTER_RESOURCE_TYPE):
+        partition = partition_of(config.region)
+        near = sorted(r for r in cluster_regions() if partition_of(r) == partition and r[:2] == config.region[:2])
+        raise ConfigError.bad_value(
+            "region",
+            config.region,
+            f"a region whose CloudFormation has {CLUSTER_RESOURCE_TYPE} ({PROVIDER_SCHEMAS}; {config.region} has "
+            f"none){', e.g. ' + ', '.join(near[:4]) if near else ''}; or set lanes = jobs there (SageMaker training "
+            "jobs need no cluster)",
+        )
     check_training_plan_region(config.compute_groups, config.region)
     _check_offered_in_region(config)
     prefix = zone_id_prefix(config.region)

@@ -56,7 +56,7 @@ def acknowledge_cdk_providers(stack: Stack, *, destination: s3.IBucket) -> None:
                 acknowledge(child, rule_id, reason)
             acknowledge(
                 child,
-                f"AwsSolutions-IAM5[Resource::arn:aws:s3:::{asset_bucket}/*]",
+                f"AwsSolutions-IAM5[Resource::arn:{stack.partition}:s3:::{asset_bucket}/*]",
                 "CDK's grant for the BucketDeployment handler: read the staged asset zips in the CDK "
                 "bootstrap asset bucket of this account and region.",
             )

@@ -1,17 +1,24 @@
-"""`make deploy` runs this first: refuse config changes a live stack cannot take, before CloudFormation does.
+"""`make deploy` runs this first: refuse changes a live stack cannot take, or that lose data, before
+CloudFormation starts.
 
-    python -m stacks.predeploy [-c key=value ...]   (the same -c values the deploy gets)
+    python -m stacks.predeploy [-c key=value ...] [--allow-replace ID] [--allow-remove-group NAME]
+                               [--allow-drop-cluster-lane]
 
-With credentials it reads the deployed stack's template, whose Metadata records the config it was
-made from, and refuses each changed key that stacks.update_safety marks forbidden, naming it and
-what to do. A stack deployed before the config was recorded is compared resource by resource
-instead (a synth, classified like the update-safety test). Without a stack it checks the bucket
-name is free (a bucket kept by retain_outputs blocks the create). Without credentials it says so
-and lets the deploy go on (it will ask for them).
+With credentials it reads the deployed stack's template. Its Metadata records the config it was made
+from: each changed key that stacks.update_safety marks forbidden is refused, and so are the changes
+AWS refuses by value (FSx shrinking, a group's capacity type, the cluster's provisioning mode) and
+those that delete data (a removed group, a dropped cluster lane) unless a flag allows them. Then the
+app is synthesized and the deployed template compared resource by resource, as `cdk diff` marks
+replacements (CloudFormation's create-only properties): a replaced or removed FSx file system,
+bucket, cluster or VPC is refused unless ``--allow-replace`` names its logical id. That catches what
+a code change between releases does too. Without a stack it checks the bucket name is free (a
+bucket kept by retain_outputs blocks the create). Without credentials it says so and lets the
+deploy go on (it will ask for them).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import tempfile
@@ -24,7 +31,16 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from stacks.build import build_app
 from stacks.config import ConfigError, HyperPodConfig
-from stacks.update_safety import CONFIG_METADATA_KEY, FORBIDDEN, classify, config_record, refused_changes
+from stacks.update_safety import (
+    CONFIG_METADATA_KEY,
+    NOTHING_ALLOWED,
+    Allowances,
+    classify,
+    config_record,
+    refused_changes,
+    stateful_refusals,
+    value_refusals,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,16 +84,36 @@ def deployed_template(session: boto3.Session, stack_name: str) -> dict[str, Any]
     return body if isinstance(body, dict) else json.loads(body)
 
 
-def template_refusals(deployed: Mapping[str, Any], context: Mapping[str, Any], environ: Mapping[str, str]) -> list[str]:
-    """Synthesize ``context`` and list the forbidden resource changes against the deployed template."""
+def synthesize_template(context: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """The template a deploy of ``context`` would send (the app synthesized into a temporary folder)."""
+    print("predeploy: synthesizing the app to compare it with the deployed stack", file=sys.stderr)
     with tempfile.TemporaryDirectory() as outdir:
         app, stack = build_app(context, outdir=outdir, environ=environ)
         app.synth()
-        wanted = json.loads((Path(outdir) / f"{stack.stack_name}.template.json").read_text())
+        return json.loads((Path(outdir) / f"{stack.stack_name}.template.json").read_text())
+
+
+def template_refusals(
+    deployed: Mapping[str, Any], wanted: Mapping[str, Any], allow: Allowances = NOTHING_ALLOWED
+) -> list[str]:
+    """Forbidden resource changes, and stateful resources replaced or removed without leave."""
+    return stateful_refusals(classify(deployed, wanted), allow)
+
+
+def zone_upgrade_refusals(recorded: Mapping[str, Any], config: HyperPodConfig, session: boto3.Session) -> list[str]:
+    """A stack from the release that took a zone name (availability_zone) must keep that zone's ID."""
+    name = recorded.get("availability_zone")
+    if not isinstance(name, str) or "availability_zone_id" in recorded:
+        return []
+    zones = session.client("ec2").describe_availability_zones(ZoneNames=[name])["AvailabilityZones"]
+    zone_id = zones[0]["ZoneId"] if zones else ""
+    if zone_id == config.availability_zone_id:
+        return []
     return [
-        f"the deployed stack cannot take this change: {change.line()}"
-        for change in classify(deployed, wanted)
-        if change.action == FORBIDDEN
+        f"upgrade note: the deployed stack was made by a release that took a zone name (availability_zone = "
+        f"{name!r}); in this account that zone is {zone_id!r}, but config key 'availability_zone_id' is "
+        f"{config.availability_zone_id!r}, which would replace the subnets, FSx (its data) and the cluster. Set "
+        f"availability_zone_id to {zone_id!r} (cdk.json or -c availability_zone_id={zone_id})"
     ]
 
 
@@ -91,8 +127,18 @@ def bucket_exists(session: boto3.Session, bucket: str) -> bool:
     return True
 
 
-def check(context: Mapping[str, Any], session: boto3.Session) -> list[str]:
-    """What stands in the way of deploying ``context``; empty when nothing does."""
+def check(
+    context: Mapping[str, Any],
+    session: boto3.Session,
+    *,
+    allow: Allowances = NOTHING_ALLOWED,
+    wanted_template: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """What stands in the way of deploying ``context``; empty when nothing does.
+
+    ``wanted_template`` is the synthesized template when the caller has it (tests); else the app is
+    synthesized here.
+    """
     environ = resolve_account(context, session)
     config = HyperPodConfig.from_context(context, environ=environ)
     deployed = deployed_template(session, config.stack_name)
@@ -106,17 +152,41 @@ def check(context: Mapping[str, Any], session: boto3.Session) -> list[str]:
             ]
         return []
     recorded = deployed.get("Metadata", {}).get(CONFIG_METADATA_KEY)
-    if recorded is None:  # deployed before the config was recorded: compare the resources themselves
+    if recorded is None:  # deployed before the config was recorded: only the resources can tell
         print("predeploy: the deployed stack records no config; comparing its resources", file=sys.stderr)
-        return template_refusals(deployed, context, environ)
-    return refused_changes(recorded, config_record(config))
+    else:
+        wanted_record = config_record(config)
+        problems = [
+            *refused_changes(recorded, wanted_record),
+            *value_refusals(recorded, wanted_record, allow),
+            *zone_upgrade_refusals(recorded, config, session),
+        ]
+        if problems:  # each names its key; the resource comparison would only repeat them
+            return problems
+    wanted = wanted_template if wanted_template is not None else synthesize_template(context, environ)
+    return template_refusals(deployed, wanted, allow)
+
+
+def parse_arguments(argv: Sequence[str]) -> tuple[dict[str, Any], Allowances]:
+    """The context (cdk.json with -c on top) and what the flags allow; other words are the deploy's own."""
+    parser = argparse.ArgumentParser(prog="python -m stacks.predeploy", add_help=False)
+    parser.add_argument("--allow-replace", action="append", default=[], metavar="LOGICAL_ID")
+    parser.add_argument("--allow-remove-group", action="append", default=[], metavar="NAME")
+    parser.add_argument("--allow-drop-cluster-lane", action="store_true")
+    flags, rest = parser.parse_known_args(list(argv))
+    allow = Allowances(
+        replace=tuple(flags.allow_replace),
+        remove_groups=tuple(flags.allow_remove_group),
+        drop_cluster_lane=flags.allow_drop_cluster_lane,
+    )
+    return context_from(rest), allow
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    context = context_from(sys.argv[1:] if argv is None else argv)
+    context, allow = parse_arguments(sys.argv[1:] if argv is None else argv)
     try:
         region = HyperPodConfig.from_context(context, environ={}).region
-        problems = check(context, boto3.Session(region_name=region))
+        problems = check(context, boto3.Session(region_name=region), allow=allow)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

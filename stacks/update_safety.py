@@ -18,6 +18,10 @@ from typing import Any
 
 from cfnlint.schema import PROVIDER_SCHEMA_MANAGER
 
+from cluster_contract import FSX_FOLDER_FACTS, fsx_dir
+from stacks.compute_groups import SPOT
+from stacks.storage import DATA_LINKS
+
 SCHEMA_REGION = "us-east-1"  # cfn-lint's reference schemas; create-only lists do not vary by region
 IN_PLACE, REPLACED, FORBIDDEN = "in place", "replaced", "forbidden"
 SEVERITY = {"none": 0, IN_PLACE: 1, REPLACED: 2, FORBIDDEN: 3}
@@ -202,8 +206,13 @@ KEY_BEHAVIOUR: dict[str, KeyBehaviour] = {
     "controller_instance_count": KeyBehaviour(FIXED, "only 1 is allowed"),
     "login_instance_type": KeyBehaviour(IN_PLACE, ""),
     "login_instance_count": KeyBehaviour(IN_PLACE, ""),
-    "compute_groups": KeyBehaviour(IN_PLACE, "every group key, and adding a group"),
-    "fsx_storage_capacity_gib": KeyBehaviour(IN_PLACE, "FSx can only grow"),
+    "compute_groups": KeyBehaviour(
+        IN_PLACE,
+        "every group key and adding a group, except: a group's capacity (on-demand or spot) is fixed once created, "
+        "the first Spot group or the last one gone would switch the cluster's provisioning mode (refused), and "
+        "removing or renaming a group needs `--allow-remove-group NAME`",
+    ),
+    "fsx_storage_capacity_gib": KeyBehaviour(IN_PLACE, "FSx can only grow (a decrease is refused)"),
     "fsx_throughput_mibps_per_tib": KeyBehaviour(IN_PLACE, ""),
     "fsx_compression": KeyBehaviour(IN_PLACE, ""),
     "slurm_config_strategy": KeyBehaviour(IN_PLACE, ""),
@@ -212,7 +221,8 @@ KEY_BEHAVIOUR: dict[str, KeyBehaviour] = {
     "retain_outputs": KeyBehaviour(IN_PLACE, ""),
     "lanes": KeyBehaviour(
         IN_PLACE,
-        "adding a lane creates it; dropping the cluster lane deletes the cluster, FSx (its data) and the network",
+        "adding a lane creates it; dropping the cluster lane deletes the cluster, FSx (its data) and the network, "
+        "and needs `--allow-drop-cluster-lane`",
     ),
 }
 
@@ -252,3 +262,115 @@ def config_record(config: Any) -> dict[str, Any]:
             value = [dataclasses.asdict(item) if dataclasses.is_dataclass(item) else item for item in value]
         record[field.name] = value
     return json.loads(json.dumps(record))  # tuples inside groups become lists, as they come back
+
+
+# What predeploy lets through only when told (python -m stacks.predeploy --allow-...).
+@dataclass(frozen=True)
+class Allowances:
+    replace: tuple[str, ...] = ()  # logical ids of stateful resources that may be replaced or removed
+    remove_groups: tuple[str, ...] = ()  # compute groups that may go (with their nodes)
+    drop_cluster_lane: bool = False  # lanes cluster|both -> jobs: the cluster, FSx and the network go
+
+
+NOTHING_ALLOWED = Allowances()
+
+
+# Resources whose replacement or removal loses data or a running cluster, and what goes with them.
+FSX_ONLY_FOLDERS = tuple(
+    fsx_dir(folder) for folder in FSX_FOLDER_FACTS.values() if folder not in {link.folder for link in DATA_LINKS}
+)
+FSX_LOSS = (
+    f"everything only on FSx: {', '.join(FSX_ONLY_FOLDERS)} (base models, the compile cache, container images, "
+    "scratch) and files under the linked folders not yet exported to the bucket"
+)
+STATEFUL_TYPES = {
+    "AWS::FSx::FileSystem": FSX_LOSS,
+    "AWS::S3::Bucket": "the objects in the bucket (payloads, datasets, run outputs, or the access logs)",
+    "AWS::SageMaker::Cluster": "the running cluster: every node, its local disks and the Slurm queue",
+    "AWS::EC2::VPC": "the network, and with it FSx and the cluster",
+}
+STATEFUL_ACTIONS = (REPLACED, "removed")
+
+
+def stateful_refusals(changes: list[ResourceChange], allow: Allowances) -> list[str]:
+    """One message per forbidden change, and per stateful resource replaced or removed without leave."""
+    messages = []
+    for change in changes:
+        if change.action == FORBIDDEN:
+            messages.append(f"the deployed stack cannot take this change: {change.line()}")
+        elif change.resource_type in STATEFUL_TYPES and change.action in STATEFUL_ACTIONS:
+            if change.logical_id in allow.replace or (change.action == "removed" and allow.drop_cluster_lane):
+                continue
+            messages.append(
+                f"resource {change.logical_id} ({change.resource_type}) would be {change.action} "
+                f"({change.why}), losing {STATEFUL_TYPES[change.resource_type]}. A code change between releases "
+                f"(a logical id or a create-only property) causes this too. Keep the deployed release, or copy what "
+                f"you need to S3 and pass --allow-replace {change.logical_id} (make deploy "
+                f"PREDEPLOY_ARGS='--allow-replace {change.logical_id}')"
+            )
+    return messages
+
+
+def _has_cluster_lane(record: Mapping[str, Any]) -> bool:
+    return record.get("lanes", "cluster") in ("cluster", "both")
+
+
+def _groups(record: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {group["name"]: group for group in record.get("compute_groups", [])}
+
+
+def value_refusals(deployed: Mapping[str, Any], wanted: Mapping[str, Any], allow: Allowances) -> list[str]:
+    """Changes the template allows but AWS refuses, or that lose data, from the recorded and the new config."""
+    if not _has_cluster_lane(deployed):
+        return []  # jobs-only: no cluster, no FSx; compute_groups only chose the images
+    if not _has_cluster_lane(wanted):
+        if allow.drop_cluster_lane:
+            return []
+        return [
+            f"config key 'lanes' is {deployed.get('lanes')!r} on the deployed stack and {wanted.get('lanes')!r} now: "
+            f"that deletes the HyperPod cluster, the network and the FSx file system with {FSX_LOSS}. The bucket "
+            "and its outputs/ stay. Copy what you need to S3 first (e.g. `aws s3 sync` from a node), then pass "
+            "--allow-drop-cluster-lane (make deploy PREDEPLOY_ARGS=--allow-drop-cluster-lane), or set lanes back"
+        ]
+    messages: list[str] = []
+    old_capacity, new_capacity = deployed.get("fsx_storage_capacity_gib"), wanted.get("fsx_storage_capacity_gib")
+    if isinstance(old_capacity, int) and isinstance(new_capacity, int) and new_capacity < old_capacity:
+        messages.append(
+            f"config key 'fsx_storage_capacity_gib' is {old_capacity} on the deployed stack and {new_capacity} now: "
+            "FSx for Lustre storage can only grow (UpdateFileSystem takes a larger multiple of 2400 GiB for "
+            f"PERSISTENT_2 SSD), so the update would fail and roll back; set it back to {old_capacity} or larger"
+        )
+    old_groups, new_groups = _groups(deployed), _groups(wanted)
+    capacity_changed = False
+    for name, group in old_groups.items():
+        if name not in new_groups and name not in allow.remove_groups:
+            messages.append(
+                f"config key 'compute_groups': group {name!r} (partition {group.get('partition')!r}, "
+                f"{group.get('count')} x {group.get('instance_type')}) is gone from the config: the deploy deletes "
+                "its nodes with their local disks (the /opt/sagemaker volume) and its Slurm partition with the jobs "
+                "queued there; FSx and the bucket stay. A renamed group is a removed one plus a new one. If that is "
+                f"intended, pass --allow-remove-group {name} (make deploy PREDEPLOY_ARGS='--allow-remove-group {name}')"
+            )
+        elif name in new_groups and new_groups[name].get("capacity") != group.get("capacity"):
+            capacity_changed = True
+            messages.append(
+                f"config key 'compute_groups' group {name!r}, key 'capacity' is {group.get('capacity')!r} on the "
+                f"deployed stack and {new_groups[name].get('capacity')!r} now: a HyperPod instance group's capacity "
+                "type is fixed when it is created; add a new group with the other capacity (and set this one's "
+                f"count to 0), or set it back to {group.get('capacity')!r}"
+            )
+    spot_before = any(group.get("capacity") == SPOT for group in old_groups.values())
+    spot_now = any(group.get("capacity") == SPOT for group in new_groups.values())
+    if spot_before != spot_now and not capacity_changed:
+        messages.append(
+            "config key 'compute_groups': "
+            + ("the first Spot group" if spot_now else "removing the last Spot group")
+            + " would switch the cluster's NodeProvisioningMode (Continuous while any group is Spot, the way "
+            "HyperPod runs Spot), which AWS does not change on an existing cluster; "
+            + (
+                "deploy Spot groups with a new cluster (`make destroy`, then deploy)"
+                if spot_now
+                else "keep a Spot group (count 0 is allowed)"
+            )
+        )
+    return messages

@@ -84,6 +84,22 @@ BAD = [
         ],
         ["[0] (cpu)", "'deep_health_checks'", "GPU and Trainium instances only"],
     ),
+    (
+        [
+            {
+                "name": "gpu",
+                "instance_type": "ml.g5.xlarge",
+                "partition": "g5",
+                "count": 1,
+                "deep_health_checks": ["InstanceConnectivity"],
+            }
+        ],
+        ["[0] (gpu)", "'deep_health_checks'", "no InstanceConnectivity on ml.g5.xlarge", "has no EFA"],
+    ),
+    (
+        [{**TRN, "count": 1, "deep_health_checks": ["InstanceStress", "InstanceConnectivity"]}],
+        ["[0] (trn)", "'deep_health_checks'", "no InstanceConnectivity with count 1", "at least 2"],
+    ),
     ([{**TRN, "instance_typ": "x"}], ["[0] (trn)", "unknown key 'instance_typ'", "did you mean 'instance_type'"]),
     ([{"name": "trn", "instance_type": "ml.trn1.32xlarge"}], ["[0] (trn)", "lacks partition"]),
     ([], ["'compute_groups'", "non-empty list"]),
@@ -113,3 +129,18 @@ def test_groups_built_in_code_are_checked_too():
         HyperPodConfig(compute_groups=(ComputeGroup(name="a", instance_type="ml.g5.xlarge", partition="dev"),))
     with pytest.raises(ConfigError, match="non-empty tuple of ComputeGroup"):
         HyperPodConfig(compute_groups=())
+
+
+def test_the_connectivity_check_runs_on_two_or_more_nodes_with_efa():
+    checks = ["InstanceStress", "InstanceConnectivity"]
+    for count in (0, 2):
+        (group,) = parse([{**TRN, "count": count, "deep_health_checks": checks}]).compute_groups
+        assert group.deep_health_checks == tuple(checks) and group.efa_interfaces > 0
+
+
+def test_a_spot_group_gives_the_cluster_continuous_provisioning(synth, named_synths):
+    """HyperPod runs Spot with continuous provisioning; an on-demand cluster keeps the standard mode."""
+    _, spot_cluster = named_synths["gpu-only"].one("AWS::SageMaker::Cluster")
+    _, on_demand_cluster = synth.one("AWS::SageMaker::Cluster")
+    assert spot_cluster["Properties"]["NodeProvisioningMode"] == "Continuous"
+    assert "NodeProvisioningMode" not in on_demand_cluster["Properties"]

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
 import boto3
 import pytest
+from botocore.stub import Stubber
 from moto import mock_aws
 
 from stacks.config import HyperPodConfig
 from stacks.predeploy import check as predeploy_check
-from stacks.predeploy import context_from, main, template_refusals
-from stacks.update_safety import CONFIG_METADATA_KEY, config_record
+from stacks.predeploy import context_from, main, parse_arguments, template_refusals
+from stacks.update_safety import CONFIG_METADATA_KEY, FSX_ONLY_FOLDERS, Allowances, config_record, value_refusals
 
 pytestmark = pytest.mark.xdist_group("infra")
 REGION = "us-west-2"
@@ -33,13 +35,14 @@ def aws(monkeypatch, tmp_path):
         yield boto3.Session(region_name=REGION)
 
 
+PLACEHOLDER_RESOURCES = {"Placeholder": {"Type": "AWS::SNS::Topic"}}
+
+
 def deploy(session: boto3.Session, context: dict) -> HyperPodConfig:
-    """What a deploy of ``context`` leaves: the stack, its template recording the config, the bucket."""
+    """What a deploy of ``context`` leaves: the stack, its template recording the config, the bucket.
+    moto cannot create the app's own resources, so the template holds the config and a placeholder."""
     config = HyperPodConfig.from_context(context, environ={"CDK_DEFAULT_ACCOUNT": "123456789012"})
-    template = {
-        "Metadata": {CONFIG_METADATA_KEY: config_record(config)},
-        "Resources": {"Placeholder": {"Type": "AWS::SNS::Topic"}},
-    }
+    template = {"Metadata": {CONFIG_METADATA_KEY: config_record(config)}, "Resources": PLACEHOLDER_RESOURCES}
     session.client("cloudformation").create_stack(StackName=config.stack_name, TemplateBody=json.dumps(template))
     session.client("s3").create_bucket(
         Bucket=config.bucket_name, CreateBucketConfiguration={"LocationConstraint": REGION}
@@ -61,11 +64,147 @@ def test_a_forbidden_change_is_refused_naming_the_key(aws):
     assert "make destroy" in problems[0]
 
 
+GROUPS = '[{"name": "compute", "instance_type": "ml.trn1.32xlarge", "partition": "trn1", "count": 4}]'
+
+
 def test_in_place_changes_pass(aws):
+    """The config rules let these through; the resource comparison sees an unchanged template (the
+    placeholder), so only the config is judged here (the tests below compare real templates)."""
     deploy(aws, context_from([]))
-    groups = '[{"name": "compute", "instance_type": "ml.trn1.32xlarge", "partition": "trn1", "count": 4}]'
-    context = context_from(["-c", "fsx_compression=NONE", "--context", f"compute_groups={groups}"])
-    assert predeploy_check(context, aws) == []
+    context = context_from(["-c", "fsx_compression=NONE", "--context", f"compute_groups={GROUPS}"])
+    assert predeploy_check(context, aws, wanted_template={"Resources": PLACEHOLDER_RESOURCES}) == []
+    grown = context_from(["-c", "fsx_storage_capacity_gib=4800"])
+    assert predeploy_check(grown, aws, wanted_template={"Resources": PLACEHOLDER_RESOURCES}) == []
+
+
+def test_shrinking_fsx_is_refused_naming_the_key(aws):
+    deploy(aws, context_from(["-c", "fsx_storage_capacity_gib=4800"]))
+    (problem,) = predeploy_check(context_from(["-c", "fsx_storage_capacity_gib=2400"]), aws)
+    assert problem.startswith(
+        "config key 'fsx_storage_capacity_gib' is 4800 on the deployed stack and 2400 now: FSx for Lustre storage "
+        "can only grow"
+    )
+    assert "set it back to 4800 or larger" in problem
+
+
+def test_on_demand_to_spot_is_refused_naming_the_group_and_key(aws):
+    deploy(aws, context_from(["--context", f"compute_groups={GROUPS}"]))
+    spot = GROUPS.replace('"count": 4', '"count": 4, "capacity": "spot"')
+    (problem,) = predeploy_check(context_from(["--context", f"compute_groups={spot}"]), aws)
+    assert problem.startswith(
+        "config key 'compute_groups' group 'compute', key 'capacity' is 'on-demand' on the deployed stack and "
+        "'spot' now: a HyperPod instance group's capacity type is fixed when it is created"
+    )
+
+
+def test_a_first_spot_group_on_a_live_cluster_is_refused_with_the_reason(aws):
+    deploy(aws, context_from(["--context", f"compute_groups={GROUPS}"]))
+    extra = [*json.loads(GROUPS), {"name": "spare", "instance_type": "ml.trn1.32xlarge", "partition": "spare"}]
+    extra[1]["capacity"] = "spot"
+    (problem,) = predeploy_check(context_from(["--context", f"compute_groups={json.dumps(extra)}"]), aws)
+    assert "the first Spot group would switch the cluster's NodeProvisioningMode" in problem
+
+
+def test_dropping_the_cluster_lane_is_refused_saying_what_data_goes(aws):
+    deploy(aws, context_from([]))
+    (problem,) = predeploy_check(context_from(["-c", "lanes=jobs"]), aws)
+    assert problem.startswith("config key 'lanes' is 'cluster' on the deployed stack and 'jobs' now: that deletes")
+    assert all(folder in problem for folder in FSX_ONLY_FOLDERS) and "--allow-drop-cluster-lane" in problem
+
+
+def test_the_flags_let_a_dropped_lane_or_a_removed_group_through():
+    groups = [*json.loads(GROUPS), {"name": "gpu", "instance_type": "ml.g5.xlarge", "partition": "g5"}]
+    before = config_record(HyperPodConfig.from_context({"compute_groups": groups}, environ={}))
+    renamed = config_record(
+        HyperPodConfig.from_context({"compute_groups": [groups[0], {**groups[1], "name": "gpu2"}]}, environ={})
+    )
+    (problem,) = value_refusals(before, renamed, Allowances())
+    assert problem.startswith("config key 'compute_groups': group 'gpu' (partition 'g5', 1 x ml.g5.xlarge) is gone")
+    assert "--allow-remove-group gpu" in problem
+    assert value_refusals(before, renamed, Allowances(remove_groups=("gpu",))) == []
+    jobs_only = {**before, "lanes": "jobs"}
+    assert value_refusals(before, jobs_only, Allowances()) != []
+    assert value_refusals(before, jobs_only, Allowances(drop_cluster_lane=True)) == []
+    assert value_refusals(jobs_only, {**jobs_only, "compute_groups": []}, Allowances()) == []  # no cluster to lose
+
+
+def test_flags_are_read_beside_the_deploy_arguments():
+    context, allow = parse_arguments(
+        ["-c", "lanes=jobs", "--allow-replace", "FsxFileSystem1", "--no-rollback", "--allow-drop-cluster-lane"]
+    )
+    assert context["lanes"] == "jobs"
+    assert allow == Allowances(replace=("FsxFileSystem1",), drop_cluster_lane=True)
+
+
+class StubbedSession(boto3.Session):
+    """CloudFormation answered by a botocore Stubber: moto cannot create the app's real template."""
+
+    def __init__(self, template: dict, stack_name: str) -> None:
+        super().__init__(region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing")
+        self.cloudformation = super().client("cloudformation")
+        stubber = Stubber(self.cloudformation)
+        stack = {"StackName": stack_name, "StackStatus": "UPDATE_COMPLETE", "CreationTime": "2026-01-01T00:00:00Z"}
+        stubber.add_response("describe_stacks", {"Stacks": [stack]}, {"StackName": stack_name})
+        stubber.add_response("get_template", {"TemplateBody": json.dumps(template)}, {"StackName": stack_name})
+        stubber.activate()
+
+    def client(self, service_name, *args, **kwargs):
+        assert service_name == "cloudformation", f"unexpected {service_name} call"
+        return self.cloudformation
+
+
+def released(synth, edit) -> dict:
+    """The deployed template as an earlier release made it: the current one with ``edit`` applied."""
+    template = copy.deepcopy(synth.template)
+    edit(template["Resources"])
+    return template
+
+
+def test_a_template_replacement_of_fsx_is_refused_naming_the_resource(synth):
+    fsx_id, _ = synth.one("AWS::FSx::FileSystem")
+
+    def older_lustre(resources):  # a release that encrypted FSx with its own key: create-only, so FSx is replaced
+        resources[fsx_id]["Properties"]["KmsKeyId"] = "alias/hyperpod-fsx"
+
+    context = {**context_from([]), "account": synth.config.account}
+    session = StubbedSession(released(synth, older_lustre), synth.config.stack_name)
+    (problem,) = predeploy_check(context, session, wanted_template=synth.template)
+    assert problem.startswith(
+        f"resource {fsx_id} (AWS::FSx::FileSystem) would be replaced (create-only KmsKeyId changes), "
+        "losing everything only on FSx"
+    )
+    assert f"--allow-replace {fsx_id}" in problem
+    allowed = Allowances(replace=(fsx_id,))
+    session = StubbedSession(released(synth, older_lustre), synth.config.stack_name)
+    assert predeploy_check(context, session, allow=allowed, wanted_template=synth.template) == []
+
+
+def test_a_renamed_logical_id_of_fsx_is_refused_as_a_removal(synth):
+    fsx_id, _ = synth.one("AWS::FSx::FileSystem")
+
+    def old_name(resources):
+        resources["SharedFileSystemOld"] = resources.pop(fsx_id)
+
+    refusals = template_refusals(released(synth, old_name), synth.template)
+    assert any(
+        line.startswith("resource SharedFileSystemOld (AWS::FSx::FileSystem) would be removed") for line in refusals
+    )
+
+
+def test_the_zone_of_a_release_that_took_zone_names_must_keep_its_id(aws):
+    """Upgrading from the release with availability_zone (a name): predeploy names the ID to set."""
+    zones = aws.client("ec2").describe_availability_zones()["AvailabilityZones"]
+    other = next(zone for zone in zones if zone["ZoneId"] != "usw2-az4")
+    config = deploy(aws, context_from([]))
+    record = {key: value for key, value in config_record(config).items() if key != "availability_zone_id"}
+    template = {"Metadata": {CONFIG_METADATA_KEY: {**record, "availability_zone": other["ZoneName"]}}}
+    cloudformation = aws.client("cloudformation")
+    cloudformation.update_stack(
+        StackName=config.stack_name, TemplateBody=json.dumps({**template, "Resources": PLACEHOLDER_RESOURCES})
+    )
+    (problem,) = predeploy_check(context_from([]), aws)
+    assert problem.startswith("upgrade note: the deployed stack was made by a release that took a zone name")
+    assert f"availability_zone_id to {other['ZoneId']!r}" in problem
 
 
 def test_a_bucket_kept_by_retain_outputs_blocks_the_next_create_and_says_how(aws):
@@ -95,8 +234,16 @@ def test_without_credentials_the_deploy_goes_on(monkeypatch, tmp_path, capsys):
 
 
 def test_a_stack_without_recorded_config_is_compared_resource_by_resource(synth):
-    deployed = {key: value for key, value in synth.template.items() if key != "Metadata"}
-    context = {**context_from([]), "account": synth.config.account, "vpc_cidr": "10.1.0.0/16"}
-    refusals = template_refusals(deployed, context, environ={})
+    vpc_id, _ = synth.one("AWS::EC2::VPC")
+
+    def other_cidr(resources):
+        resources[vpc_id]["Properties"]["CidrBlock"] = "10.1.0.0/16"
+
+    deployed = {key: value for key, value in released(synth, other_cidr).items() if key != "Metadata"}
+    context = {**context_from([]), "account": synth.config.account}
+    refusals = predeploy_check(
+        context, StubbedSession(deployed, synth.config.stack_name), wanted_template=synth.template
+    )
     assert any("HyperPodCluster" in line and "ClusterName=" in line for line in refusals), refusals
-    assert template_refusals(deployed, {**context, "vpc_cidr": synth.config.vpc_cidr}, environ={}) == []
+    assert any(line.startswith(f"resource {vpc_id} (AWS::EC2::VPC) would be replaced") for line in refusals)
+    assert template_refusals(synth.template, synth.template) == []

@@ -6,10 +6,19 @@ import json
 import re
 
 import pytest
+from test_infra_lint_nag import template_path
 
 from stacks.accelerators import INSTANCE_TYPES
-from stacks.aws_catalog import hyperpod_instance_types, regional_instance_types, sagemaker_regions, zone_id_prefix
+from stacks.aws_catalog import (
+    cluster_regions,
+    hyperpod_instance_types,
+    partition_of,
+    regional_instance_types,
+    sagemaker_regions,
+    zone_id_prefix,
+)
 from stacks.config import ConfigError, HyperPodConfig
+from stacks.lint import lint_template
 
 pytestmark = pytest.mark.xdist_group("infra")
 
@@ -86,3 +95,27 @@ def test_the_regional_table_is_read_from_the_installed_cfn_lint():
     oregon = regional_instance_types("us-west-2")
     assert oregon and "ml.trn1.32xlarge" in oregon and "ml.c5.xlarge" in oregon
     assert regional_instance_types("ma-rs-1") is None
+
+
+def test_a_region_whose_cloudformation_has_no_hyperpod_cluster_is_refused_naming_region():
+    """18 SageMaker regions (eu-west-3, GovCloud, China, ...) have no AWS::SageMaker::Cluster resource."""
+    without = sagemaker_regions() - cluster_regions()
+    assert {"eu-west-3", "us-gov-west-1", "cn-north-1"} <= without and "us-west-2" not in without
+    with pytest.raises(ConfigError) as caught:
+        parse(region="eu-west-3", availability_zone_id="euw3-az1")
+    message = str(caught.value)
+    assert message.startswith("config key 'region' has value 'eu-west-3'; allowed: a region whose CloudFormation has")
+    assert "AWS::SageMaker::Cluster" in message and "eu-west-1" in message and "lanes = jobs" in message
+    assert parse(region="eu-west-3", availability_zone_id="euw3-az1", lanes="jobs").region == "eu-west-3"
+
+
+@pytest.mark.parametrize(("region", "zone", "partition"), [("cn-north-1", "cnn1-az1", "aws-cn")])
+def test_the_jobs_lane_synthesizes_in_another_partition_with_its_arns(
+    synthesize_from, source_root, region, zone, partition
+):
+    """No hard-coded arn:aws: the acknowledged asset-bucket ARN and every other one use the stack's partition."""
+    assert partition_of(region) == partition
+    synth = synthesize_from(source_root, region=region, availability_zone_id=zone, lanes="jobs")
+    text = json.dumps(synth.template)
+    assert "arn:aws:" not in text
+    assert lint_template(template_path(synth), [region]) == []
