@@ -59,8 +59,9 @@ deploy: $(STAMP)  ## deploy to the AWS account of your credentials (needs Docker
 diff: $(STAMP)  ## show what a deploy would change
 	$(CDK) diff
 
-destroy: $(STAMP)  ## delete everything the stack created
+destroy: $(STAMP)  ## delete everything the stack created, then list what outlives it by design
 	$(CDK) destroy --force
+	$(PY) -m stacks.leftovers $(DEPLOY_ARGS)
 
 rehearse: system-packages $(STAMP)  ## run the whole pipeline on a local single-node Slurm with a tiny model
 	$(PY) -m tools.rehearse

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+from cluster_contract import JOB_LOG_GROUP
+from stacks.build import REPO_ROOT
+from stacks.config import HyperPodConfig
+from stacks.leftovers import left_after_destroy
+from stacks.leftovers import main as leftovers_main
 
 pytestmark = pytest.mark.xdist_group("infra")
 
@@ -60,3 +68,37 @@ def test_every_lambda_logs_to_a_group_with_retention_removed_on_destroy(synth):
         assert target in groups, f"{name} has no log group of its own"
         assert groups[target]["Properties"]["RetentionInDays"] == 30, name
         assert groups[target]["DeletionPolicy"] == "Delete", name
+
+
+def destroy_section() -> str:
+    readme = (REPO_ROOT / "README.md").read_text()
+    return readme.split("- **Destroy**:", 1)[1].split("\n- **", 1)[0]
+
+
+def test_the_readme_lists_everything_destroy_leaves():
+    everything = HyperPodConfig.from_context({"lanes": "both", "retain_outputs": True}, environ={})
+    names = [item.name for item in left_after_destroy(everything)]
+    assert len(names) == 5
+    section = destroy_section()
+    for name in names:
+        assert name in section, f"the README's destroy list lacks {name}"
+    plain = [item.name for item in left_after_destroy(HyperPodConfig.from_context({}, environ={}))]
+    assert "the access-log bucket" not in plain and f"`{JOB_LOG_GROUP}`" not in plain
+
+
+def test_retain_outputs_keeps_the_access_log_bucket_too(synth_variant):
+    """Both buckets stay: leftovers.py and the README say so."""
+    buckets = synth_variant.resources("AWS::S3::Bucket").values()
+    assert [b["DeletionPolicy"] for b in buckets] == ["Retain", "Retain"]
+
+
+def test_destroy_prints_what_is_left_with_a_command_each(monkeypatch, tmp_path, capsys):
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    assert leftovers_main(["-c", "lanes=jobs"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n  remove: ") == 3 and f"{JOB_LOG_GROUP}:" in out and "/aws/sagemaker/Clusters" not in out
