@@ -190,8 +190,8 @@ class TrainConfig:
     precompile_steps: int = described(
         2,
         ">= 1: optimizer steps run by `train --precompile` (under neuron_parallel_compile), each "
-        "gradient_accumulation_steps micro-batches per replica; 2 covers every graph: the first step (the optimizer "
-        "state is created) and a steady one",
+        "gradient_accumulation_steps micro-batches per replica; 2: the first step (the optimizer state is created) "
+        "and a steady one, whose graphs later steps repeat (not measured on Trainium)",
     )
     method: str = described(
         "lora",

@@ -40,3 +40,19 @@ def test_the_base_facts_name_the_model_for_the_report(tmp_path):
 
 def test_the_base_config_keeps_its_checkpoints():
     assert "every 100 steps and at the end" in training_summary(CONFIGS / "llama2-7b-full.toml")
+
+
+def test_dry_run_of_the_llama2_full_config_at_1_2_4_nodes(tmp_path, monkeypatch, capsys):
+    """What a user sees before submitting: every point at global batch 256 with the reference optimizer,
+    bf16 with stochastic rounding, and no checkpoint."""
+    from llm_pipeline import sweep
+
+    monkeypatch.setenv("HPL_OUTPUTS_DIR", str(tmp_path / "outputs"))
+    monkeypatch.setenv("HPL_MODELS_DIR", str(tmp_path / "models"))
+    assert sweep.main(["--config", str(CONFIGS / "llama2-7b-full.toml"), "--nodes", "1,2,4", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    for nodes, accumulation in ((1, 64), (2, 32), (4, 16)):
+        assert f"{nodes} node(s): gradient accumulation {accumulation}, global batch 256" in out
+    assert out.count("AdamW lr 0.0003 cosine_with_min_lr to 3e-05") == 3 and out.count("checkpoints: none") == 3
+    assert out.count("betas 0.9/0.95, weight decay 0.1") == 3 and "no fp32 master weights" in out
+    assert "# dry run: nothing submitted" in out

@@ -27,8 +27,8 @@ cannot import the trainer). What we change from optimum-neuron's defaults, and w
 
 Full fine-tuning (train.method = full): no peft config, every parameter trains; sequence
 parallelism stays on (every parameter is then either tensor-parallel or a norm weight tagged
-sequence_parallel_enabled, whose gradient optimum-neuron sums over TP); ZeRO-1 shards the fp32
-master weights and AdamW moments over the data-parallel ranks; train.gradient_checkpointing turns
+sequence_parallel_enabled, whose gradient optimum-neuron sums over TP); ZeRO-1 shards the AdamW
+moments (and the fp32 master weights, when train.fp32_master_weights) over the data-parallel ranks; train.gradient_checkpointing turns
 on optimum-neuron's activation recomputation. The trainable count must be the whole model (as
 get_model_param_count counts it: TP parameters x TP size, replicated KV heads included).
 
