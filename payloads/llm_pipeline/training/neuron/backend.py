@@ -28,9 +28,10 @@ cannot import the trainer). What we change from optimum-neuron's defaults, and w
 Full fine-tuning (train.method = full): no peft config, every parameter trains; sequence
 parallelism stays on (every parameter is then either tensor-parallel or a norm weight tagged
 sequence_parallel_enabled, whose gradient optimum-neuron sums over TP); ZeRO-1 shards the AdamW
-moments (and the fp32 master weights, when train.fp32_master_weights) over the data-parallel ranks; train.gradient_checkpointing turns
-on optimum-neuron's activation recomputation. The trainable count must be the whole model (as
-get_model_param_count counts it: TP parameters x TP size, replicated KV heads included).
+moments (and the fp32 master weights, when train.fp32_master_weights) over the data-parallel
+ranks; train.gradient_checkpointing turns on optimum-neuron's activation recomputation. The
+trainable count must be the whole model (as get_model_param_count counts it: TP parameters x TP
+size, replicated KV heads included).
 
 Resume: optimum-neuron 0.4.5's NeuronTrainer refuses `resume_from_checkpoint`, so a restart
 consolidates the newest sharded adapter, loads it into the LoRA model, and continues the step count
