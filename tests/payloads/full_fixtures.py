@@ -115,8 +115,12 @@ def write_full_checkpoint(
     *,
     xser: bool,
     done: bool = True,
+    with_optimizer: bool = False,
 ) -> Path:
-    """checkpoint-N/ as optimum-neuron saves a full model: HF config + tokenizer, trainer state, shards/."""
+    """checkpoint-N/ as optimum-neuron saves a full model: HF config + tokenizer, trainer state, shards/.
+
+    Without the optimizer by default, as the neuron engine saves (save_only_model); with_optimizer adds
+    the ZeRO-1 state files optimum-neuron writes otherwise."""
     shards = checkpoint / "shards"
     (shards / "model").mkdir(parents=True, exist_ok=True)
     for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
@@ -127,8 +131,9 @@ def write_full_checkpoint(
     (shards / "mp_metadata_pp_rank_0.json").write_text(json.dumps(metadata, indent=4))
     for rank, tensors in enumerate(ranks):
         save_rank_file(shards / "model" / f"dp_rank_00_tp_rank_{rank:02d}_pp_rank_00.pt", tensors, xser=xser)
-    (shards / "optim").mkdir(exist_ok=True)  # ZeRO-1 state: one file per DP rank, never read by consolidation
-    torch.save({"state": {}}, shards / "optim" / "dp_rank_00_tp_rank_00_pp_rank_00.pt")
+    if with_optimizer:  # ZeRO-1 state: one file per DP rank, never read by consolidation
+        (shards / "optim").mkdir(exist_ok=True)
+        torch.save({"state": {}}, shards / "optim" / "dp_rank_00_tp_rank_00_pp_rank_00.pt")
     if done:
         (shards / "done").write_text("1")
     (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": int(checkpoint.name.split("-")[-1])}))

@@ -51,7 +51,9 @@ def sharded_checkpoint(tmp_path: Path, model_dir: Path, tp: int, fuse_qkv: bool,
     config = json.loads((model_dir / "config.json").read_text())
     ranks, metadata = shard_full_model(hf_state(model_dir), config, tp, fuse_qkv=fuse_qkv)
     checkpoint = tmp_path / "run" / "checkpoints" / f"checkpoint-{step}"
-    return write_full_checkpoint(checkpoint, model_dir, ranks, metadata, xser=xser), ranks, metadata
+    # xser: model only, as the neuron engine saves (save_only_model); plain .pt: with the ZeRO-1 optimizer files
+    written = write_full_checkpoint(checkpoint, model_dir, ranks, metadata, xser=xser, with_optimizer=not xser)
+    return written, ranks, metadata
 
 
 def consolidated(checkpoint: Path, output: Path, base: Path | None = None) -> Path:
@@ -66,6 +68,7 @@ def test_round_trip_is_exact(tmp_path, models, case, xser):
     kv_heads, tp, fuse_qkv = CASES[case]
     base = models[kv_heads]
     checkpoint, _, _ = sharded_checkpoint(tmp_path, base, tp, fuse_qkv, xser=xser)
+    assert (checkpoint / "shards" / "optim").is_dir() == (not xser)
     out = consolidated(checkpoint, tmp_path / "merged", base=base)
     original, rebuilt = hf_state(base), load_file(out / "model.safetensors")
     assert sorted(rebuilt) == sorted(original)

@@ -3,7 +3,8 @@
 optimum-neuron 0.4.5 saves full fine-tuning checkpoints as ``checkpoint-<step>/`` holding
 ``config.json``, the tokenizer, ``trainer_state.json`` and ``shards/`` with
 ``mp_metadata_pp_rank_<p>.json``, ``model/dp_rank_00_tp_rank_TT_pp_rank_PP.pt`` (xser or plain),
-``optim/`` (ZeRO-1 optimizer state, one file per data-parallel rank; not needed to consolidate) and
+``optim/`` (ZeRO-1 optimizer state, one file per data-parallel rank; not needed to consolidate, and
+absent when saved with ``save_only_model`` as the neuron engine does) and
 the ``checkpoint``/``done`` markers neuronx-distributed writes at the start and end of a save.
 Accepted inputs: such a checkpoint folder, or a checkpoints/run folder (its newest complete one).
 """
