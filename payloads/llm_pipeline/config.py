@@ -284,6 +284,12 @@ class TorchtitanConfig:
     export_hf: bool = described(
         True, "after the report, convert the last rung's final checkpoint to a Hugging Face folder"
     )
+    checkpoint_retention: str = described(
+        "last",
+        "what a finished rung keeps of its checkpoints: all, last (its final step: the export's input and the "
+        "resubmission's proof it finished), none (nothing once the report read its metrics; the exported rung "
+        "keeps its last)",
+    )
     dataset_source: str = described(
         "allenai/c4",
         "Hub dataset id, or a folder (e.g. an FSx import of an S3 copy), that the dataset step stages into "
@@ -464,6 +470,13 @@ def validate(cfg: RunConfig) -> None:
         _require(rung in TORCHTITAN_RUNGS, "torchtitan.rungs", rung, ", ".join(TORCHTITAN_RUNGS))
     _require(len(set(titan.rungs)) == len(titan.rungs), "torchtitan.rungs", list(titan.rungs), "each rung once")
     _require(titan.steps >= 1, "torchtitan.steps", titan.steps, ">= 1")
+    retentions = ("all", "last", "none")
+    _require(
+        titan.checkpoint_retention in retentions,
+        "torchtitan.checkpoint_retention",
+        titan.checkpoint_retention,
+        ", ".join(retentions),
+    )
     if titan.dataset_source:
         _require(
             bool(titan.dataset_files), "torchtitan.dataset_files", list(titan.dataset_files), "at least one pattern"

@@ -61,7 +61,7 @@ def read_rungs(config: Path) -> tuple[str, ...]:
 
 def ladder_jobs(rungs: tuple[str, ...]) -> list[ChainJob]:
     return [
-        ChainJob(step="prepare", script="prepare.sbatch"),
+        ChainJob(step="prepare", script="prepare.sbatch", args=("--ladder",)),
         ChainJob(step="tokenizer", script="ladder-tokenizer.sbatch"),
         ChainJob(step="dataset", script="ladder-dataset.sbatch"),
         *(ChainJob(step=f"rung-{rung}", script="ladder-rung.sbatch", args=(rung,), multi_node=True) for rung in rungs),

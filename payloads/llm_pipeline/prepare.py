@@ -1,7 +1,7 @@
 """Prepare step check: in the runtime every step uses, the run config validates and the training
 stack imports, so a bad config or a broken image fails in seconds, not after the download.
 
-    python -m llm_pipeline.prepare --config run.toml
+    python -m llm_pipeline.prepare --config run.toml [--ladder]   (--ladder: the pretraining ladder's storage too)
 """
 
 from __future__ import annotations
@@ -71,11 +71,29 @@ def check_neuron(cfg: config.RunConfig) -> None:
 
 
 def build_parser():
-    return cli.parser("prepare", __doc__.split("\n\n")[0])
+    parser = cli.parser("prepare", __doc__.split("\n\n")[0])
+    parser.add_argument("--ladder", action="store_true", help="the torchtitan ladder's prepare: its storage check too")
+    return parser
+
+
+def run(cfg: config.RunConfig, args) -> None:
+    check(cfg, os.environ)
+    if args.ladder:
+        check_ladder_storage(cfg)
+
+
+def check_ladder_storage(cfg: config.RunConfig) -> None:
+    """The ladder's checkpoints (per rung and at its peak) against the run folder's file system."""
+    from llm_pipeline.training.torchtitan import storage
+
+    if importlib.util.find_spec("torchtitan") is None:
+        print("storage: torchtitan is not importable here, so the flavor's size is unknown: not checked")
+        return
+    print(f"storage: {storage.check(cfg)}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli.run_step(build_parser, lambda cfg, args: check(cfg, os.environ), argv)
+    return cli.run_step(build_parser, run, argv)
 
 
 def check_full_storage(cfg: config.RunConfig, backend: str) -> None:

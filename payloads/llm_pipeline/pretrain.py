@@ -3,6 +3,7 @@
     python -m llm_pipeline.pretrain tokenizer --config RUN.toml     tokenizer + config files into paths.model_dir
     python -m llm_pipeline.pretrain dataset --config RUN.toml       torchtitan.dataset_source -> dataset_dir (once)
     python -m llm_pipeline.pretrain job --config RUN.toml --rung R  write <run>/ladder/<R>/job.toml
+    python -m llm_pipeline.pretrain retain --config RUN.toml --rung R  after the rung: checkpoint retention
     python -m llm_pipeline.pretrain report --config RUN.toml        <run>/ladder/report.md + report.json
     python -m llm_pipeline.pretrain export --config RUN.toml        last rung's final checkpoint -> <run>/hf
 
@@ -23,6 +24,7 @@ from llm_pipeline.jobs import pipeline_status
 from llm_pipeline.training.torchtitan import ladder as torchtitan_ladder
 from llm_pipeline.training.torchtitan import metrics as torchtitan_metrics
 from llm_pipeline.training.torchtitan import report as ladder_report
+from llm_pipeline.training.torchtitan import storage
 
 # What torchtitan's tokenizer reads (tokenizer.json, tokenizer_config.json) and what a Hugging Face
 # export folder needs beside the weights; no weights: the ladder trains from scratch.
@@ -156,6 +158,9 @@ def report(cfg: RunConfig) -> tuple[Path, Path]:
     print(f"report: {paths[1]} and {paths[0]}", flush=True)
     if not any(result.summary for result in results):
         raise StepError(f"no rung logged a torchtitan metric line (logs in {cfg.paths.logs_dir})")
+    for result in results:  # checkpoint_retention "none": a rung's checkpoints go once its metrics are read
+        if result.summary:
+            storage.retain(cfg, result.rung, metrics_read=True)
     return paths
 
 
@@ -168,8 +173,8 @@ def export(cfg: RunConfig) -> Path:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.parser("pretrain", "Pretraining ladder steps around torchtitan 0.2.2.")
-    parser.add_argument("action", choices=("tokenizer", "dataset", "job", "report", "export"))
-    parser.add_argument("--rung", help="ladder rung (job)")
+    parser.add_argument("action", choices=("tokenizer", "dataset", "job", "retain", "report", "export"))
+    parser.add_argument("--rung", help="ladder rung (job, retain)")
     return parser
 
 
@@ -180,10 +185,13 @@ def run(cfg: RunConfig, args: argparse.Namespace) -> None:
         from llm_pipeline.training.torchtitan import dataset
 
         dataset.stage(cfg)
-    elif args.action == "job":
+    elif args.action in ("job", "retain"):
         if not args.rung:
-            raise StepError("job needs --rung (one of torchtitan.rungs)")
-        write_job(cfg, args.rung)
+            raise StepError(f"{args.action} needs --rung (one of torchtitan.rungs)")
+        if args.action == "job":
+            write_job(cfg, args.rung)
+        else:
+            storage.retain(cfg, args.rung, metrics_read=False)
     elif args.action == "report":
         report(cfg)
     elif cfg.torchtitan.export_hf:

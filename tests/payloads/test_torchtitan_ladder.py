@@ -22,6 +22,7 @@ from llm_pipeline.training.torchtitan import ladder
 CONFIGS = Path(__file__).resolve().parents[2] / "payloads" / "configs"
 PRETRAIN = CONFIGS / "llama3-8b-pretrain.toml"
 TINY_LADDER = CONFIGS / "tiny-ladder-cpu.toml"
+ONE_GPU = CONFIGS / "llama3-1b-pretrain-1gpu.toml"
 ENV = {"HPL_MODELS_DIR": "/fsx/models", "HPL_DATASETS_DIR": "/fsx/datasets"}
 
 
@@ -38,17 +39,21 @@ def parsed(tmp_path_factory):
     tiny = config.load(TINY_LADDER, env={**ENV, "HPL_OUTPUTS_DIR": str(root / "tiny")})
     files = [ladder.write_job_file(cfg, rung) for rung in config.TORCHTITAN_RUNGS]
     files += [ladder.write_job_file(tiny, rung) for rung in config.TORCHTITAN_RUNGS]
+    one_gpu = config.load(ONE_GPU, env={**ENV, "HPL_OUTPUTS_DIR": str(root / "1b")})
+    files += [ladder.write_job_file(one_gpu, rung) for rung in one_gpu.torchtitan.rungs]
     misspelt = pretrain_config(root / "bad", overrides=("training.stepz = 5",))
     files.append(ladder.write_job_file(misspelt, "baseline"))
     answers = probe("parse", *map(str, files))
-    return cfg, dict(zip(["8b", "tiny"], [answers[:4], answers[4:8]], strict=True)), answers[8:]
+    ladders = dict(zip(["8b", "tiny", "1b"], [answers[:4], answers[4:8], answers[8:11]], strict=True))
+    return cfg, ladders, answers[11:]
 
 
 def test_every_rung_parses_with_torchtitans_config_manager(parsed):
     _, ladders, _ = parsed
     for answers in ladders.values():
-        assert [a.get("error") for a in answers] == [None] * 4
-        assert [a["unknown_converters"] for a in answers] == [[]] * 4  # names torchtitan 0.2.2 registers
+        assert [a.get("error") for a in answers] == [None] * len(answers)
+        assert [a["unknown_converters"] for a in answers] == [[]] * len(answers)  # names torchtitan 0.2.2 registers
+        assert all(a["flavor_known"] for a in answers)
     base = ladders["8b"][0]["config"]
     assert (base["model"]["name"], base["model"]["flavor"], base["training"]["seq_len"]) == ("llama3", "8B", 8192)
     assert base["training"]["dataset"] == "c4"
@@ -91,6 +96,14 @@ def test_the_run_sets_folders_steps_and_overrides_in_every_rung(parsed, tmp_path
         # DCP checkpoints under the run folder on FSx, so a restarted rung resumes from step-N
         assert (job["checkpoint"]["enable"], job["checkpoint"]["folder"]) == (True, "checkpoint")
         assert (job["checkpoint"]["interval"], job["training"]["local_batch_size"]) == (250, 2)  # overrides
+
+
+def test_the_one_gpu_ladder_trains_the_1b_flavor_registered_through_torchtitans_custom_import(parsed):
+    _, ladders, _ = parsed
+    jobs = [answer["config"] for answer in ladders["1b"]]
+    assert [job["experimental"]["custom_import"] for job in jobs] == ["llm_pipeline.training.torchtitan.flavors"] * 3
+    assert {(job["model"]["name"], job["model"]["flavor"]) for job in jobs} == {("llama3_ladder", "1B")}
+    assert [job["model"]["converters"] for job in jobs] == [[], [], ["quantize.linear.float8"]]
 
 
 def test_torchtitan_refuses_a_misspelt_override(parsed):

@@ -2,7 +2,8 @@
 
     python torchtitan_probe.py parse JOB.toml...   each file through torchtitan's ConfigManager, as
                                                    `python -m torchtitan.train --job.config_file` does
-                                                   (a refused file answers {"error": ...})
+                                                   (a refused file answers {"error": ...}), then its
+                                                   custom import and the flavor's train spec lookup
     python torchtitan_probe.py metrics             metric lines printed by torchtitan's own
                                                    MetricsProcessor.log, with the figures it computed
 
@@ -21,8 +22,10 @@ import time
 
 
 def parse(paths: list[str]) -> list[dict]:
+    import importlib
+
     from torchtitan.config import ConfigManager
-    from torchtitan.protocols import model_converter
+    from torchtitan.protocols import model_converter, train_spec
 
     results = []
     for path in paths:
@@ -31,10 +34,13 @@ def parse(paths: list[str]) -> list[dict]:
         except (Exception, SystemExit) as exc:  # tyro exits on a value it cannot read
             results.append({"path": path, "error": f"{type(exc).__name__}: {exc}"})
             continue
+        if job.experimental.custom_import:  # as torchtitan's Trainer does before the train spec lookup
+            importlib.import_module(job.experimental.custom_import)
         results.append(
             {
                 "path": path,
                 "config": job.to_dict(),
+                "flavor_known": job.model.flavor in train_spec.get_train_spec(job.model.name).model_args,
                 "unknown_converters": [
                     name for name in job.model.converters if name not in model_converter._registry_model_converter_cls
                 ],

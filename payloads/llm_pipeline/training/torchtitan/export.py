@@ -54,6 +54,7 @@ def export(cfg: RunConfig, rung: str, out_dir: Path) -> Path:
     model, checkpoint = job.get("model", {}), job.get("checkpoint", {})
     dump = Path(job.get("job", {}).get("dump_folder", str(job_file.parent)))
     source = newest_checkpoint(dump / checkpoint.get("folder", "checkpoint"))
+    ladder.import_custom_module(job)
     assets = Path(model.get("hf_assets_path", cfg.paths.model_dir))
     print(
         f"exporting {source} ({model.get('name')} {model.get('flavor')}) to a Hugging Face folder {out_dir}", flush=True

@@ -12,6 +12,7 @@ Stdlib only (tomllib: Python 3.11+, the training image's interpreter).
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from pathlib import Path
@@ -52,6 +53,14 @@ REFERENCE = {
     "tps": {"baseline": 6475, "compile": 7166, "fp8": 8624, "fp8_allgather": 8950},
     "loss": {"baseline": 3.602, "compile": 3.601, "fp8": 3.612, "fp8_allgather": 3.607},
 }
+
+
+def import_custom_module(tables: dict[str, Any]) -> None:
+    """Import the job's `experimental.custom_import` as torchtitan's Trainer does before it looks up
+    `model.name` (a custom flavor registers its train spec there; see flavors.py)."""
+    module = tables.get("experimental", {}).get("custom_import", "")
+    if module:
+        importlib.import_module(module)
 
 
 def merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
