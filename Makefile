@@ -14,7 +14,7 @@ export PYTHONPATH := $(CURDIR):$(CURDIR)/payloads
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-$(STAMP): requirements.txt requirements-dev.txt requirements-torchtitan-cpu.txt requirements-sagemaker.txt payloads/requirements-cluster.txt pyproject.toml package-lock.json
+$(STAMP): requirements.txt requirements-dev.txt requirements-torchtitan-cpu.txt requirements-gpu-cpu.txt requirements-sagemaker.txt payloads/requirements-cluster.txt pyproject.toml package-lock.json
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -r requirements-dev.txt
@@ -26,6 +26,8 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-torchtitan-cpu.txt 
 	$(PIP) install -q --no-deps -e .
 	# torchtitan 0.2.2 in its own folder: its tyro needs typeguard 4, jsii pins 2 (see the file).
 	$(PIP) install -q --no-deps --upgrade --target $(VENV)/torchtitan-site -r requirements-torchtitan-cpu.txt
+	# The GPU lane's libraries where they move ahead of the Neuron lane's (see the file); the torch engine's tests use them.
+	$(PIP) install -q --no-deps --upgrade --target $(VENV)/gpu-site -r requirements-gpu-cpu.txt
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $(STAMP)
 

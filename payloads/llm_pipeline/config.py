@@ -177,7 +177,11 @@ class TrainConfig:
         "neuron backend with bf16: ZeRO-1 keeps fp32 master weights and accumulates gradients in fp32 "
         "(optimum-neuron's default); false: pure bf16 with stochastic rounding, as AWS's trn1 reference trains",
     )
-    bf16: bool = described(True, "load the base model in bf16 and compute in bf16 (both backends; CPU bf16 works too)")
+    bf16: bool = described(
+        True,
+        "compute in bf16 (both backends; CPU bf16 works too); torch backend: trainable weights stay fp32 master "
+        "weights, a frozen base loads in bf16, loss and gradient reduction are fp32",
+    )
     seed: int = described(42, "seeds training and the validation split")
     logging_steps: int = described(10, ">= 1: stdout and TensorBoard every N optimizer steps")
     save_steps: int = described(500, ">= 1: checkpoint every N steps, and always at the last step")

@@ -12,11 +12,15 @@ from pathlib import Path
 import pytest
 from image_files import CUDA_DOCKERFILE, GPU_REQUIREMENTS, PAYLOADS, REQUIREMENTS, parse_dockerfile
 
+from llm_pipeline.training.torch.parallel import ACCELERATE_KEEPS_4BIT
+
 DOCS_IMAGE = PAYLOADS.parent / "docs" / "image.md"
 BASE_IMAGE = "public.ecr.aws/deep-learning-containers/pytorch-training"
 TAG = re.compile(r"^(?P<torch>\d+\.\d+\.\d+)-gpu-py(?P<py>\d{3,})-cu(?P<cuda>\d{3})-ubuntu22\.04-ec2$")
 # The fine-tuning stack both lanes share: the GPU lane trains, saves and merges with the same code.
-SHARED_WITH_NEURON = ("transformers", "trl", "peft", "accelerate", "datasets", "safetensors", "huggingface-hub")
+SHARED_WITH_NEURON = ("transformers", "trl", "peft", "datasets", "safetensors", "huggingface-hub")
+# Where the GPU lane moves ahead; the torch engine's CPU tests install the same versions (gpu-site).
+GPU_AHEAD = PAYLOADS.parent / "requirements-gpu-cpu.txt"
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +93,7 @@ def test_build_ends_with_the_cuda_check_against_the_same_file(instructions):
 
 
 def test_gpu_pins_cover_the_stack_and_match_the_neuron_lane_where_shared(verify_env, gpu_pins):
-    for name in ("torch", "torchao", "torchtitan", "bitsandbytes", "liger-kernel", *SHARED_WITH_NEURON):
+    for name in ("torch", "torchao", "torchtitan", "bitsandbytes", "liger-kernel", "accelerate", *SHARED_WITH_NEURON):
         assert name in gpu_pins, f"{name} missing from requirements-gpu.txt"
     assert gpu_pins["torchtitan"] == "0.2.2"
     neuron = verify_env.read_pins(REQUIREMENTS)
@@ -107,3 +111,12 @@ def test_cuda_check_imports_what_the_gpu_lane_uses(verify_env, gpu_pins):
     # The names the check asks for exist in the pinned libraries installed here (same versions).
     present = [(module, names) for module, names in verify_env.CUDA_IMPORTS if module in ("trl", "peft")]
     assert verify_env.import_problems(tuple(present)) == []
+
+
+def test_the_torch_engine_tests_install_the_gpu_pins_that_move_ahead(verify_env, gpu_pins):
+    ahead = verify_env.read_pins(GPU_AHEAD)
+    neuron = verify_env.read_pins(REQUIREMENTS)
+    assert ahead == {name: gpu_pins[name] for name in ahead}
+    assert all(neuron[name] != version for name, version in ahead.items() if name in neuron)
+    # an accelerate that keeps a 4-bit base as loaded under FSDP2 (the engine refuses older ones for qlora)
+    assert tuple(map(int, ahead["accelerate"].split(".")[:2])) >= ACCELERATE_KEEPS_4BIT

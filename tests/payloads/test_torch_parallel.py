@@ -46,9 +46,15 @@ def test_fsdp_is_full_shard_fsdp2_per_decoder_layer_with_sharded_checkpoints(hpl
     assert plugin.state_dict_type == StateDictType.SHARDED_STATE_DICT  # each rank writes its shard
     assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer"]
     assert plugin.activation_checkpointing and not args.gradient_checkpointing  # FSDP's own, not both
-    plugin.set_mixed_precision("bf16")  # what accelerate does when train.bf16 is on
-    policy = plugin.mixed_precision_policy
-    assert policy.param_dtype == torch.bfloat16 and policy.reduce_dtype == torch.bfloat16
+    # train.bf16 (the default): gather and compute in bf16, reduce gradients and return the loss in fp32
+    # (accelerate's own bf16 policy, which the engine replaces, reduces and returns bf16)
+    policy = torch_parallel.mixed_precision_policy(tiny_config(hpl_env, train={"bf16": True}))
+    assert policy.param_dtype == torch.bfloat16
+    assert policy.reduce_dtype == torch.float32 and policy.output_dtype == torch.float32
+    assert torch_parallel.mixed_precision_policy(tiny_config(hpl_env, train={"bf16": False})) is None
+    # qlora computes in bf16 whatever train.bf16 says
+    qlora = tiny_config(hpl_env, train={"bf16": False, "method": "qlora"})
+    assert torch_parallel.mixed_precision_policy(qlora).param_dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize(("strategy", "world_size"), [("ddp", 8), ("fsdp", 1)])
@@ -59,3 +65,14 @@ def test_ddp_and_single_process_use_non_reentrant_checkpointing_and_no_fsdp(hpl_
     arguments = torch_parallel.trainer_arguments(cfg, world_size)
     assert env == {} and "fsdp" not in arguments
     assert arguments["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
+
+
+def test_qlora_under_fsdp2_needs_an_accelerate_that_keeps_the_4bit_base(hpl_env):
+    from llm_pipeline.errors import StepError
+
+    qlora = tiny_config(hpl_env, train={"method": "qlora"})
+    with pytest.raises(StepError, match=r"accelerate 1\.8\.1 casts the packed 4-bit base to fp32 under FSDP2"):
+        torch_parallel.check_accelerate_keeps_4bit(qlora, 2, version="1.8.1")
+    torch_parallel.check_accelerate_keeps_4bit(qlora, 2, version="1.14.0")
+    torch_parallel.check_accelerate_keeps_4bit(qlora, 1, version="1.8.1")  # one process: nothing is sharded
+    torch_parallel.check_accelerate_keeps_4bit(tiny_config(hpl_env), 2, version="1.8.1")  # lora: no 4-bit base

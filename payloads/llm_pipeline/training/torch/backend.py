@@ -29,14 +29,18 @@ def engine_trainer_class():
     from trl import SFTTrainer
 
     class EngineTrainer(SFTTrainer):
-        def __init__(self, *args, fsdp: bool, **kwargs):
+        def __init__(self, *args, fsdp: bool, run_config: RunConfig, **kwargs):
             self._fsdp = fsdp
+            self._run_config = run_config
             super().__init__(*args, **kwargs)
+            # after trl wrapped the model, before accelerate shards it and the optimizer reads it
+            self.parameter_dtypes = methods.apply_precision(self.model, run_config)
 
         def create_accelerator_and_postprocess(self):
             super().create_accelerator_and_postprocess()
             if self._fsdp:
                 parallel.enable_fsdp_on_cpu(self)
+                parallel.apply_mixed_precision_policy(self, self._run_config)
 
         def _load_optimizer_and_scheduler(self, checkpoint):
             super()._load_optimizer_and_scheduler(checkpoint)
@@ -108,6 +112,7 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
 
     check_lever_packages(cfg)
     processes = world_size()
+    parallel.check_accelerate_keeps_4bit(cfg, processes)
     fsdp = parallel.uses_fsdp(cfg, processes)
     parallel.set_fsdp_environment(cfg, processes)
     validation = datasets.get("validation")
@@ -139,6 +144,7 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
         peft_config=peft_config,
         formatting_func=formatting_func(cfg),
         fsdp=fsdp,
+        run_config=cfg,
     )
     trainer.peft_config_for_export = peft_config
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
@@ -154,6 +160,9 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
         f"{processes} process(es), {'FSDP2' if fsdp else 'DDP' if processes > 1 else 'one process'}; "
         f"attention {cfg.train.attention}, compile {cfg.train.compile}, liger {cfg.train.liger_kernel}"
     )
+    dtypes = ", ".join(f"{name} {count:,}" for name, count in sorted(trainer.parameter_dtypes.items()))
+    compute = "bf16" if methods.computes_in_bf16(cfg) else "fp32"
+    say(f"precision: trainable parameters fp32, compute {compute}, loss and gradient reduction fp32 ({dtypes})")
     trainer.data_collator = tokens = TokenCounter(trainer.data_collator)
     trainer.remove_callback(PrinterCallback)
     flops = flops_per_token(model.config, cfg.data.max_length, full=cfg.train.method == "full")

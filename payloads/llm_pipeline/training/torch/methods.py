@@ -8,6 +8,11 @@ and how many parameters must end up trainable.
   bf16; the packed 4-bit weights are stored in bf16 tensors (``bnb_4bit_quant_storage``) so FSDP, which
   shards float tensors of one dtype, can shard them with the rest of the model;
 - full: no adapter, every parameter trains.
+
+Precision (every method and strategy, ``precision_dtypes``): trainable parameters, and so AdamW's
+moments, are fp32 master weights; frozen base weights stay in the load dtype (bf16 with
+``train.bf16``, or NF4 in bf16 storage); compute runs in bf16 (autocast on one process and DDP,
+FSDP2's parameter dtype under FSDP2, parallel.py); loss and gradient reduction are fp32.
 """
 
 from __future__ import annotations
@@ -37,19 +42,54 @@ def quantization_config(cfg: RunConfig):
     )
 
 
-def model_kwargs(cfg: RunConfig) -> dict[str, Any]:
-    """Keyword arguments for AutoModelForCausalLM.from_pretrained."""
+def load_dtype(cfg: RunConfig):
+    """The dtype the base loads in: fp32 when every weight trains (they are the master weights), else the
+    compute dtype (bf16 with train.bf16; always for qlora, whose 4-bit kernels compute in bf16)."""
     import torch
 
-    bf16 = cfg.train.bf16 or cfg.train.method == "qlora"  # the 4-bit kernels compute in bf16
+    if cfg.train.method == "full":
+        return torch.float32
+    return torch.bfloat16 if computes_in_bf16(cfg) else torch.float32
+
+
+def computes_in_bf16(cfg: RunConfig) -> bool:
+    """train.bf16, or qlora (bitsandbytes' 4-bit layers compute in bf16 whatever the flag says)."""
+    return cfg.train.bf16 or cfg.train.method == "qlora"
+
+
+def model_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    """Keyword arguments for AutoModelForCausalLM.from_pretrained."""
     kwargs: dict[str, Any] = {
-        "dtype": torch.bfloat16 if bf16 else torch.float32,
+        "dtype": load_dtype(cfg),
         "attn_implementation": "sdpa" if cfg.train.attention == "auto" else cfg.train.attention,
     }
     quantization = quantization_config(cfg)
     if quantization is not None:
         kwargs["quantization_config"] = quantization
     return kwargs
+
+
+def apply_precision(model, cfg: RunConfig) -> dict[str, int]:
+    """Trainable parameters to fp32, frozen floating ones to the load dtype; 4-bit storage untouched.
+
+    trl 0.24 prepares a 4-bit model differently by device (``trl/models/utils.py``): on CUDA it casts
+    the frozen norms and embeddings to fp32 and the adapter stays fp32, on CPU (where it takes the
+    base for a sharded one) the adapter stays bf16. Setting every dtype here afterwards gives FSDP2
+    and the optimizer the same model on both. Returns the parameter count per dtype name.
+    """
+    import torch
+
+    frozen_dtype = load_dtype(cfg)
+    counts: dict[str, int] = {}
+    for parameter in model.parameters():
+        packed = parameter.__class__.__name__ == "Params4bit"
+        if not packed and parameter.is_floating_point():
+            wanted = torch.float32 if parameter.requires_grad else frozen_dtype
+            if parameter.dtype != wanted:
+                parameter.data = parameter.data.to(wanted)
+        name = "nf4" if packed else str(parameter.dtype).removeprefix("torch.")
+        counts[name] = counts.get(name, 0) + parameter.numel()
+    return counts
 
 
 def adapter_config(cfg: RunConfig):

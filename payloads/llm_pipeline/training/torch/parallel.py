@@ -2,9 +2,10 @@
 
 FSDP2 (accelerate 1.8.1's ``fsdp_version=2``): every decoder layer and then the root is
 ``fully_shard``-ed (parameters, gradients and optimizer state split across all ranks), activations
-are recomputed per decoder layer, with ``train.bf16`` the sharded master weights and the optimizer
-stay fp32 while parameters are gathered and gradients reduced in bf16 (accelerate's bf16 policy),
-and checkpoints are torch distributed checkpoints (each rank writes its shard). transformers'
+are recomputed per decoder layer, with ``train.bf16`` parameters are gathered in bf16 while
+gradients are reduced and the loss and logits returned in fp32 (``mixed_precision_policy``; accelerate's
+own bf16 policy reduces and returns bf16), the trainable shards stay fp32 master weights
+(methods.apply_precision), and checkpoints are torch distributed checkpoints (each rank writes its shard). transformers'
 Trainer hands accelerate its FSDP options through ``FSDP_*`` environment variables (as ``accelerate
 launch`` does); ``FSDP_VERSION`` and ``FSDP_STATE_DICT_TYPE`` are the two it does not set itself.
 
@@ -21,9 +22,13 @@ from typing import Any
 
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
+from llm_pipeline.training.torch.methods import computes_in_bf16
 
 DECODER_LAYER = "LlamaDecoderLayer"
 SHARDED_OPTIMIZER_DIR = "optimizer_0"  # accelerate's name for the first optimizer's distributed checkpoint
+# accelerate 1.8.1 casts the whole model to fp32 after fully_shard, packed 4-bit storage included, so the
+# bf16 all-gather then rewrites packed words that read as NaN; 1.14 leaves a 4-bit model as loaded.
+ACCELERATE_KEEPS_4BIT = (1, 14)
 FSDP_ENV = {"FSDP_VERSION": "2", "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT", "FSDP_RESHARD_AFTER_FORWARD": "true"}
 
 
@@ -49,11 +54,43 @@ def trainer_arguments(cfg: RunConfig, world_size: int, layer_class: str = DECODE
     }
 
 
+def mixed_precision_policy(cfg: RunConfig):
+    """FSDP2's policy: bf16 all-gather and compute, fp32 gradient reduction and outputs (None: all fp32)."""
+    if not computes_in_bf16(cfg):
+        return None
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32)
+
+
+def check_accelerate_keeps_4bit(cfg: RunConfig, world_size: int, version: str | None = None) -> None:
+    """qlora under FSDP2 needs an accelerate that does not upcast the packed 4-bit base."""
+    if cfg.train.method != "qlora" or not uses_fsdp(cfg, world_size):
+        return
+    if version is None:
+        from importlib.metadata import version as installed
+
+        version = installed("accelerate")
+    if tuple(int(part) for part in version.split(".")[:2]) < ACCELERATE_KEEPS_4BIT:
+        raise StepError(
+            f"train.method qlora with parallel.strategy fsdp: accelerate {version} casts the packed 4-bit base to "
+            f"fp32 under FSDP2 and corrupts it; run with accelerate >= "
+            f"{'.'.join(map(str, ACCELERATE_KEEPS_4BIT))} (the CUDA image's pin, payloads/requirements-gpu.txt) "
+            'or set parallel.strategy = "ddp"'
+        )
+
+
 def set_fsdp_environment(cfg: RunConfig, world_size: int, env: dict[str, str] | None = None) -> None:
     """The accelerate settings the Trainer arguments cannot carry."""
     env = os.environ if env is None else env
     if uses_fsdp(cfg, world_size):
         env.update(FSDP_ENV)
+
+
+def apply_mixed_precision_policy(trainer, cfg: RunConfig) -> None:
+    """Replace accelerate's FSDP2 policy (bf16 reduce and outputs) with ours, before the model is sharded."""
+    trainer.accelerator.state.fsdp_plugin.mixed_precision_policy = mixed_precision_policy(cfg)
 
 
 def enable_fsdp_on_cpu(trainer) -> None:
