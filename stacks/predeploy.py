@@ -2,7 +2,7 @@
 CloudFormation starts.
 
     python -m stacks.predeploy [-c key=value ...] [--allow-replace ID] [--allow-remove-group NAME]
-                               [--allow-drop-cluster-lane]
+                               [--allow-drop-cluster-lane] [--skip-online-checks]
 
 With credentials it reads the deployed stack's template. Its Metadata records the config it was made
 from: each changed key that stacks.update_safety marks forbidden is refused, and so are the changes
@@ -12,8 +12,9 @@ app is synthesized and the deployed template compared resource by resource, as `
 replacements (CloudFormation's create-only properties): a replaced or removed FSx file system,
 bucket, cluster or VPC is refused unless ``--allow-replace`` names its logical id. That catches what
 a code change between releases does too. Without a stack it checks the bucket name is free (a
-bucket kept by retain_outputs blocks the create). Without credentials it says so and lets the
-deploy go on (it will ask for them).
+bucket kept by retain_outputs blocks the create). Last, what only AWS knows (stacks/online_checks.py:
+the zone ID, each training plan's zone, type and size, the cluster-usage quotas). Without
+credentials it says so and lets the deploy go on (it will ask for them).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from stacks.build import build_app
 from stacks.config import ConfigError, HyperPodConfig
+from stacks.online_checks import online_refusals
 from stacks.update_safety import (
     CONFIG_METADATA_KEY,
     NOTHING_ALLOWED,
@@ -167,31 +169,41 @@ def check(
     return template_refusals(deployed, wanted, allow)
 
 
-def parse_arguments(argv: Sequence[str]) -> tuple[dict[str, Any], Allowances]:
-    """The context (cdk.json with -c on top) and what the flags allow; other words are the deploy's own."""
+def parse_arguments(argv: Sequence[str]) -> tuple[dict[str, Any], Allowances, bool]:
+    """The context (cdk.json with -c on top), what the flags allow, and whether to run the online
+    checks (stacks/online_checks.py); other words are the deploy's own."""
     parser = argparse.ArgumentParser(prog="python -m stacks.predeploy", add_help=False)
     parser.add_argument("--allow-replace", action="append", default=[], metavar="LOGICAL_ID")
     parser.add_argument("--allow-remove-group", action="append", default=[], metavar="NAME")
     parser.add_argument("--allow-drop-cluster-lane", action="store_true")
+    parser.add_argument("--skip-online-checks", action="store_true")
     flags, rest = parser.parse_known_args(list(argv))
     allow = Allowances(
         replace=tuple(flags.allow_replace),
         remove_groups=tuple(flags.allow_remove_group),
         drop_cluster_lane=flags.allow_drop_cluster_lane,
     )
-    return context_from(rest), allow
+    return context_from(rest), allow, not flags.skip_online_checks
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    context, allow = parse_arguments(sys.argv[1:] if argv is None else argv)
+    context, allow, online = parse_arguments(sys.argv[1:] if argv is None else argv)
     try:
         region = HyperPodConfig.from_context(context, environ={}).region
-        problems = check(context, boto3.Session(region_name=region), allow=allow)
+        session = boto3.Session(region_name=region)
+        problems = check(context, session, allow=allow)
+        if online:
+            config = HyperPodConfig.from_context(context, environ=resolve_account(context, session))
+            problems += online_refusals(config, session)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except NoCredentialsError:
-        print("note: no AWS credentials, so the deployed stack was not compared with this config", file=sys.stderr)
+        print(
+            "note: no AWS credentials, so the deployed stack was not compared with this config and the online "
+            "checks (zone ID, training plans, service quotas) were skipped",
+            file=sys.stderr,
+        )
         return 0
     except (BotoCoreError, ClientError) as error:
         print(f"error: cannot compare with the deployed stack: {error}", file=sys.stderr)

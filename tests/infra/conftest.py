@@ -20,7 +20,9 @@ import pytest
 # toolchain notes) and only buries test output. Must be set before aws_cdk is first imported.
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
+import boto3
 from aws_cdk import CfnResource
+from botocore.stub import Stubber
 
 from stacks.build import REPO_ROOT, build_app
 from stacks.config import OFFLINE_ACCOUNT, HyperPodConfig
@@ -162,3 +164,46 @@ def synthesize_from(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., S
 def sources_copy(tmp_path: Path, source_root: Path) -> Path:
     """A fresh copy of the session's sources, for a test to modify (same bytes as the baseline synth)."""
     return copy_sources(tmp_path / "sources", origin=source_root)
+
+
+@pytest.fixture
+def no_aws_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
+    """No credentials anywhere: no AWS_/CDK_ variable, profile, config file or metadata service."""
+    for name in list(os.environ):
+        if name.startswith(("AWS_", "CDK_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return monkeypatch
+
+
+class StubbedSession(boto3.Session):
+    """AWS answered by botocore Stubbers, one client per service, where moto cannot play it (the app's
+    real template, Service Quotas, training plans). A call to a service not stubbed fails the test."""
+
+    def __init__(self, region: str = "us-west-2") -> None:
+        super().__init__(region_name=region, aws_access_key_id="testing", aws_secret_access_key="testing")
+        self.clients: dict[str, Any] = {}
+        self.stubbers: dict[str, Stubber] = {}
+
+    def stub(self, service: str) -> Stubber:
+        if service not in self.stubbers:
+            self.clients[service] = super().client(service)
+            self.stubbers[service] = Stubber(self.clients[service])
+            self.stubbers[service].activate()
+        return self.stubbers[service]
+
+    def client(self, service_name: str, *args: Any, **kwargs: Any) -> Any:
+        assert service_name in self.clients, f"unexpected call to {service_name}"
+        return self.clients[service_name]
+
+    def verify(self) -> None:
+        """Every stubbed answer was asked for."""
+        for stubber in self.stubbers.values():
+            stubber.assert_no_pending_responses()
+
+
+@pytest.fixture
+def stubbed_session(no_aws_credentials: pytest.MonkeyPatch) -> Callable[..., StubbedSession]:
+    return StubbedSession

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from cluster_contract import JOB_LOG_GROUP
@@ -92,13 +90,7 @@ def test_retain_outputs_keeps_the_access_log_bucket_too(synth_variant):
     assert [b["DeletionPolicy"] for b in buckets] == ["Retain", "Retain"]
 
 
-def test_destroy_prints_what_is_left_with_a_command_each(monkeypatch, tmp_path, capsys):
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+def test_destroy_prints_what_is_left_with_a_command_each(no_aws_credentials, capsys):
     assert leftovers_main(["-c", "lanes=jobs"]) == 0
     out = capsys.readouterr().out
     assert out.count("\n  remove: ") == 3 and f"{JOB_LOG_GROUP}:" in out and "/aws/sagemaker/Clusters" not in out

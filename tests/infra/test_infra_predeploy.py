@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 
 import boto3
 import pytest
-from botocore.stub import Stubber
 from moto import mock_aws
 
 from stacks.config import HyperPodConfig
@@ -21,16 +19,10 @@ REGION = "us-west-2"
 
 
 @pytest.fixture
-def aws(monkeypatch, tmp_path):
+def aws(no_aws_credentials):
     """Fake credentials only (no profile, config file or metadata service), and moto behind them."""
-    for name in list(os.environ):
-        if name.startswith(("AWS_", "CDK_")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    no_aws_credentials.setenv("AWS_ACCESS_KEY_ID", "testing")
+    no_aws_credentials.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     with mock_aws():
         yield boto3.Session(region_name=REGION)
 
@@ -129,28 +121,22 @@ def test_the_flags_let_a_dropped_lane_or_a_removed_group_through():
 
 
 def test_flags_are_read_beside_the_deploy_arguments():
-    context, allow = parse_arguments(
+    context, allow, online = parse_arguments(
         ["-c", "lanes=jobs", "--allow-replace", "FsxFileSystem1", "--no-rollback", "--allow-drop-cluster-lane"]
     )
-    assert context["lanes"] == "jobs"
+    assert context["lanes"] == "jobs" and online
     assert allow == Allowances(replace=("FsxFileSystem1",), drop_cluster_lane=True)
+    assert parse_arguments(["--skip-online-checks"])[2] is False
 
 
-class StubbedSession(boto3.Session):
-    """CloudFormation answered by a botocore Stubber: moto cannot create the app's real template."""
-
-    def __init__(self, template: dict, stack_name: str) -> None:
-        super().__init__(region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing")
-        self.cloudformation = super().client("cloudformation")
-        stubber = Stubber(self.cloudformation)
-        stack = {"StackName": stack_name, "StackStatus": "UPDATE_COMPLETE", "CreationTime": "2026-01-01T00:00:00Z"}
-        stubber.add_response("describe_stacks", {"Stacks": [stack]}, {"StackName": stack_name})
-        stubber.add_response("get_template", {"TemplateBody": json.dumps(template)}, {"StackName": stack_name})
-        stubber.activate()
-
-    def client(self, service_name, *args, **kwargs):
-        assert service_name == "cloudformation", f"unexpected {service_name} call"
-        return self.cloudformation
+def stack_session(stubbed_session, template: dict, stack_name: str):
+    """CloudFormation answering with ``template`` for the deployed stack (moto cannot create the app's own)."""
+    session = stubbed_session()
+    stubber = session.stub("cloudformation")
+    stack = {"StackName": stack_name, "StackStatus": "UPDATE_COMPLETE", "CreationTime": "2026-01-01T00:00:00Z"}
+    stubber.add_response("describe_stacks", {"Stacks": [stack]}, {"StackName": stack_name})
+    stubber.add_response("get_template", {"TemplateBody": json.dumps(template)}, {"StackName": stack_name})
+    return session
 
 
 def released(synth, edit) -> dict:
@@ -160,14 +146,14 @@ def released(synth, edit) -> dict:
     return template
 
 
-def test_a_template_replacement_of_fsx_is_refused_naming_the_resource(synth):
+def test_a_template_replacement_of_fsx_is_refused_naming_the_resource(synth, stubbed_session):
     fsx_id, _ = synth.one("AWS::FSx::FileSystem")
 
     def older_lustre(resources):  # a release that encrypted FSx with its own key: create-only, so FSx is replaced
         resources[fsx_id]["Properties"]["KmsKeyId"] = "alias/hyperpod-fsx"
 
     context = {**context_from([]), "account": synth.config.account}
-    session = StubbedSession(released(synth, older_lustre), synth.config.stack_name)
+    session = stack_session(stubbed_session, released(synth, older_lustre), synth.config.stack_name)
     (problem,) = predeploy_check(context, session, wanted_template=synth.template)
     assert problem.startswith(
         f"resource {fsx_id} (AWS::FSx::FileSystem) would be replaced (create-only KmsKeyId changes), "
@@ -175,7 +161,7 @@ def test_a_template_replacement_of_fsx_is_refused_naming_the_resource(synth):
     )
     assert f"--allow-replace {fsx_id}" in problem
     allowed = Allowances(replace=(fsx_id,))
-    session = StubbedSession(released(synth, older_lustre), synth.config.stack_name)
+    session = stack_session(stubbed_session, released(synth, older_lustre), synth.config.stack_name)
     assert predeploy_check(context, session, allow=allowed, wanted_template=synth.template) == []
 
 
@@ -217,23 +203,18 @@ def test_a_bucket_kept_by_retain_outputs_blocks_the_next_create_and_says_how(aws
 
 def test_the_command_exits_2_with_the_errors(aws, capsys):
     deploy(aws, context_from([]))
-    assert main(["-c", "name_prefix=other-prefix"]) == 2
+    assert main(["-c", "name_prefix=other-prefix", "--skip-online-checks"]) == 2
     assert "error: config key 'name_prefix'" in capsys.readouterr().err
+    assert main(["--skip-online-checks"]) == 0  # moto has no Service Quotas: test_infra_online_checks.py stubs it
+
+
+def test_without_credentials_the_deploy_goes_on(no_aws_credentials, capsys):
     assert main([]) == 0
+    err = capsys.readouterr().err
+    assert "no AWS credentials" in err and "online checks (zone ID, training plans, service quotas) were skipped" in err
 
 
-def test_without_credentials_the_deploy_goes_on(monkeypatch, tmp_path, capsys):
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    assert main([]) == 0
-    assert "no AWS credentials" in capsys.readouterr().err
-
-
-def test_a_stack_without_recorded_config_is_compared_resource_by_resource(synth):
+def test_a_stack_without_recorded_config_is_compared_resource_by_resource(synth, stubbed_session):
     vpc_id, _ = synth.one("AWS::EC2::VPC")
 
     def other_cidr(resources):
@@ -242,7 +223,7 @@ def test_a_stack_without_recorded_config_is_compared_resource_by_resource(synth)
     deployed = {key: value for key, value in released(synth, other_cidr).items() if key != "Metadata"}
     context = {**context_from([]), "account": synth.config.account}
     refusals = predeploy_check(
-        context, StubbedSession(deployed, synth.config.stack_name), wanted_template=synth.template
+        context, stack_session(stubbed_session, deployed, synth.config.stack_name), wanted_template=synth.template
     )
     assert any("HyperPodCluster" in line and "ClusterName=" in line for line in refusals), refusals
     assert any(line.startswith(f"resource {vpc_id} (AWS::EC2::VPC) would be replaced") for line in refusals)

@@ -1,0 +1,139 @@
+"""What only AWS knows, checked by predeploy when credentials exist (offline it says they were skipped).
+
+- The Availability Zone ID exists in the region (EC2 DescribeAvailabilityZones).
+- Each group's training plan (SageMaker DescribeTrainingPlan): it serves HyperPod clusters, is not
+  expired or failed, and reserves the group's instance type, enough instances, in the stack's zone
+  (a plan's capacity lives in one Availability Zone).
+- Service quotas: per instance type, the nodes of every group of that type (controller and login
+  included) against the account's "<type> for cluster usage" quota (Service Quotas, service code
+  sagemaker). A type without such a quota is not judged.
+
+Each message names the config key and what to do. Only the cluster lane is checked: the jobs lane
+creates no cluster.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from typing import Any
+
+import boto3
+from botocore.exceptions import ClientError
+
+from stacks.compute_groups import CONTEXT_KEY as GROUPS_KEY
+from stacks.config import HyperPodConfig
+
+SERVICE_CODE = "sagemaker"
+CLUSTER_QUOTA_SUFFIX = " for cluster usage"
+CLUSTER_TARGET = "hyperpod-cluster"  # TrainingPlan TargetResources value for HyperPod
+UNUSABLE_PLAN_STATES = ("Expired", "Failed")
+
+
+def zone_refusals(config: HyperPodConfig, session: boto3.Session) -> list[str]:
+    zones = session.client("ec2").describe_availability_zones(AllAvailabilityZones=True)["AvailabilityZones"]
+    ids = sorted(zone["ZoneId"] for zone in zones)
+    if config.availability_zone_id in ids:
+        return []
+    return [
+        f"config key 'availability_zone_id' has value {config.availability_zone_id!r}, which is not a zone of "
+        f"{config.region} in this account; its zone IDs: {', '.join(ids)}"
+    ]
+
+
+def _plan(session: boto3.Session, arn: str) -> dict[str, Any] | None:
+    try:
+        return session.client("sagemaker").describe_training_plan(TrainingPlanName=arn.rsplit("/", 1)[-1])
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("ResourceNotFound", "ValidationException"):
+            return None
+        raise
+
+
+def training_plan_refusals(config: HyperPodConfig, session: boto3.Session) -> list[str]:
+    messages = []
+    for index, group in enumerate(config.compute_groups):
+        if not group.training_plan_arn:
+            continue
+        where = f"config key '{GROUPS_KEY}' group [{index}] ({group.name}), key 'training_plan_arn'"
+        plan = _plan(session, group.training_plan_arn)
+        if plan is None:
+            messages.append(f"{where}: no training plan {group.training_plan_arn} in this account and region")
+            continue
+        problems = []
+        if CLUSTER_TARGET not in plan.get("TargetResources", []):
+            problems.append(f"it serves {', '.join(plan.get('TargetResources', [])) or 'nothing'}, not HyperPod")
+        if plan.get("Status") in UNUSABLE_PLAN_STATES:
+            problems.append(f"it is {plan['Status']}")
+        summaries = plan.get("ReservedCapacitySummaries", [])
+        reserved = [r for r in summaries if r.get("InstanceType") == group.instance_type]
+        if not reserved:
+            types = sorted({r.get("InstanceType", "?") for r in summaries})
+            problems.append(f"it reserves {', '.join(types) or 'no instances'}, not {group.instance_type}")
+        else:
+            zones = sorted({r.get("AvailabilityZoneId", "?") for r in reserved})
+            if config.availability_zone_id not in zones:
+                problems.append(
+                    f"its capacity is in zone {', '.join(zones)}, not the stack's availability_zone_id "
+                    f"{config.availability_zone_id} (a plan's capacity lives in one zone: set availability_zone_id "
+                    "to it, or use a plan in this zone)"
+                )
+            total = sum(r.get("TotalInstanceCount", 0) for r in reserved)
+            if group.count > total:
+                problems.append(f"it reserves {total} x {group.instance_type}, fewer than count {group.count}")
+        if problems:
+            messages.append(f"{where}: plan {plan.get('TrainingPlanName', '?')}: " + "; ".join(problems))
+    return messages
+
+
+def cluster_quotas(session: boto3.Session) -> dict[str, float]:
+    """The account's "<instance type> for cluster usage" quotas in the session's region."""
+    paginator = session.client("service-quotas").get_paginator("list_service_quotas")
+    quotas = {}
+    for page in paginator.paginate(ServiceCode=SERVICE_CODE):
+        for quota in page["Quotas"]:
+            name = quota.get("QuotaName", "")
+            if name.endswith(CLUSTER_QUOTA_SUFFIX):
+                quotas[name.removesuffix(CLUSTER_QUOTA_SUFFIX)] = quota["Value"]
+    return quotas
+
+
+def quota_refusals(config: HyperPodConfig, session: boto3.Session) -> list[str]:
+    wanted: Counter[str] = Counter({config.controller_instance_type: config.controller_instance_count})
+    wanted[config.login_instance_type] += config.login_instance_count
+    for group in config.compute_groups:
+        if not group.training_plan_arn:  # groups on a training plan are judged against the plan (above)
+            wanted[group.instance_type] += group.count
+    quotas = cluster_quotas(session)
+    return [
+        f"config key '{GROUPS_KEY}': {count} x {instance_type} wanted, but this account's quota "
+        f"'{instance_type}{CLUSTER_QUOTA_SUFFIX}' in {config.region} is {quota:g}; lower the count, or ask for "
+        f"more (Service Quotas console, or aws service-quotas request-service-quota-increase --service-code "
+        f"{SERVICE_CODE})"
+        for instance_type, count in sorted(wanted.items())
+        if count and (quota := quotas.get(instance_type)) is not None and count > quota
+    ]
+
+
+DENIED_CODES = ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation")
+CHECKS = (
+    ("the zone ID", zone_refusals),
+    ("the training plans", training_plan_refusals),
+    ("the service quotas", quota_refusals),
+)
+
+
+def online_refusals(config: HyperPodConfig, session: boto3.Session) -> list[str]:
+    """Every online check of the cluster lane; empty for a jobs-only config. A check the credentials
+    may not make (access denied) is skipped with a note: the deploy itself will tell."""
+    if not config.cluster_lane:
+        return []
+    messages: list[str] = []
+    for what, check in CHECKS:
+        try:
+            messages += check(config, session)
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") not in DENIED_CODES:
+                raise
+            print(f"note: predeploy could not check {what}: {error}", file=sys.stderr)
+    return messages
