@@ -70,12 +70,14 @@ def ladder_jobs(rungs: tuple[str, ...]) -> list[ChainJob]:
     ]
 
 
-def dry_run(facts: RunFacts, env: dict[str, str]) -> None:
+def dry_run(facts: RunFacts, env: dict[str, str], *, smoke_stage: bool = True) -> None:
     """The ladder submission as a shell script: each job id captured and fed to the next dependency."""
-    chain.dry_run(facts, ladder_jobs(read_rungs(facts.config)), env, what="ladder submission")
+    jobs = ladder_jobs(read_rungs(facts.config))
+    chain.dry_run(facts, jobs, env, what="ladder submission", smoke_stage=smoke_stage)
 
 
-def submit(facts: RunFacts, env: dict[str, str]) -> list[StepJob]:
-    """Submit the whole ladder; on a refused submission, cancel what this call submitted."""
+def submit(facts: RunFacts, env: dict[str, str], *, smoke_stage: bool = True) -> list[StepJob]:
+    """Submit the whole ladder (after its smoke stage unless ``smoke_stage`` is off); on a refused
+    submission, cancel what this call submitted."""
     chain.refuse_while_active(facts)
-    return chain.submit_chain(facts, ladder_jobs(read_rungs(facts.config)), env)
+    return chain.submit_chain(facts, ladder_jobs(read_rungs(facts.config)), env, smoke_stage=smoke_stage)

@@ -17,7 +17,7 @@ import os
 import sys
 
 from llm_pipeline import ladder_submit
-from llm_pipeline.jobs import deploy_facts, pipeline_status
+from llm_pipeline.jobs import deploy_facts, estimate, pipeline_status, smoke
 from llm_pipeline.jobs.chain import (
     PAYLOADS_DIR,
     ChainJob,
@@ -36,6 +36,8 @@ from llm_pipeline.jobs.run_facts import RunFacts, read_run_facts
 
 STEPS = ("prepare", "download", "data", "precompile", "train", "consolidate", "merge", "generate")
 MULTI_NODE_STEPS = ("precompile", "train")  # the others run one process on one node
+SHARED_STEPS = ("prepare", "download", "data")  # run once: the smoke run reuses their image, model and data
+TRAINING_STEPS = ("train",)  # resumes from its newest checkpoint: smoke-tested saving, then resuming
 
 
 def steps_from(first: str) -> tuple[str, ...]:
@@ -44,22 +46,29 @@ def steps_from(first: str) -> tuple[str, ...]:
 
 def step_job(step: str) -> ChainJob:
     """The job of one step: payloads/slurm/<step>.sbatch, on every node for precompile and train."""
-    return ChainJob(step=step, script=f"{step}.sbatch", multi_node=step in MULTI_NODE_STEPS)
+    return ChainJob(
+        step=step,
+        script=f"{step}.sbatch",
+        multi_node=step in MULTI_NODE_STEPS,
+        shared=step in SHARED_STEPS,
+        trains=step in TRAINING_STEPS,
+    )
 
 
 def pipeline_jobs(first: str) -> list[ChainJob]:
     return [step_job(step) for step in steps_from(first)]
 
 
-def submit(facts: RunFacts, first: str, env: dict[str, str]) -> list[StepJob]:
-    """Submit the pipeline from step `first`; the record keeps the earlier steps' jobs."""
+def submit(facts: RunFacts, first: str, env: dict[str, str], *, smoke_stage: bool = True) -> list[StepJob]:
+    """Submit the pipeline from step `first` (after a smoke stage unless ``smoke_stage`` is off); the record
+    keeps the earlier steps' jobs."""
     refuse_while_active(facts)
     kept = [
         job
         for job in pipeline_status.read_record(facts.logs_dir)
         if job.step in STEPS and STEPS.index(job.step) < STEPS.index(first)  # (a ladder's steps are not)
     ]
-    return submit_chain(facts, pipeline_jobs(first), env, kept=kept)
+    return submit_chain(facts, pipeline_jobs(first), env, kept=kept, smoke_stage=smoke_stage)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -82,6 +91,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
     parser.add_argument(
+        "--no-smoke",
+        dest="smoke",
+        action="store_false",
+        help="skip the smoke stage (every step on <run>/smoke with a few training steps, then the time "
+        "estimate) that otherwise runs before the long steps: a defect in a late step then shows only after "
+        "the long training",
+    )
+    parser.add_argument(
         "--wait", action="store_true", help="after submitting, follow the steps until the pipeline ends"
     )
     parser.add_argument(
@@ -93,6 +110,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def report(facts: RunFacts, states: list[pipeline_status.StepState]) -> int:
     for line in pipeline_status.describe(states):
         print(line)
+    found = estimate.read_estimate(facts.logs_dir)
+    if found and any(s.step == smoke.ESTIMATE_STEP for s in states):
+        print(f"estimate from the smoke run ({facts.logs_dir / estimate.ESTIMATE_FILE}):")
+        for line in estimate.describe(found):
+            print(f"  {line}")
     return 1 if pipeline_status.verdict(states)[0] == "FAILED" else 0
 
 
@@ -116,15 +138,15 @@ def _main(args: argparse.Namespace) -> int:
         return report(facts, pipeline_status.step_states(facts.logs_dir, slurm))
     if args.dry_run:
         if args.action == "ladder":
-            ladder_submit.dry_run(facts, env)
+            ladder_submit.dry_run(facts, env, smoke_stage=args.smoke)
         else:
-            dry_run(facts, pipeline_jobs(args.first), env)
+            dry_run(facts, pipeline_jobs(args.first), env, smoke_stage=args.smoke)
         return 0
     require_sbatch()
     if args.action == "ladder":
-        ladder_submit.submit(facts, env)
+        ladder_submit.submit(facts, env, smoke_stage=args.smoke)
     else:
-        submit(facts, args.first, env)
+        submit(facts, args.first, env, smoke_stage=args.smoke)
     print(f"logs: {facts.logs_dir}/<step>-<job>.log")
     print(f"status: python3 -m llm_pipeline.submit status --config {facts.config}")
     if args.wait:

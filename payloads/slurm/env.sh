@@ -15,6 +15,8 @@
 set -euo pipefail
 
 HPL_STEP="${1:?usage: source env.sh <step>}"
+# The job's name in the submission record (smoke-train for the smoke stage's copy of train): its marker.
+HPL_CHAIN_STEP="${HPL_CHAIN_STEP:-$HPL_STEP}"
 : "${HPL_PAYLOADS_DIR:?is not set: submit with python3 -m llm_pipeline.submit --config <run.toml>}"
 : "${HPL_RUN_CONFIG:?is not set: submit with python3 -m llm_pipeline.submit --config <run.toml>}"
 : "${HPL_RUN_DIR:?is not set: submit with python3 -m llm_pipeline.submit --config <run.toml>}"
@@ -160,9 +162,9 @@ hpl_mark() {
   local state="$1" exit_code="${2:-null}"
   mkdir -p "$HPL_STATE_DIR"
   printf '{"step": "%s", "job": "%s", "state": "%s", "exit": %s, "node": "%s", "time": "%s"}\n' \
-    "$HPL_STEP" "${SLURM_JOB_ID:-none}" "$state" "$exit_code" "$(hostname)" "$(date -u +%FT%TZ)" \
-    >"$HPL_STATE_DIR/$HPL_STEP.json.tmp"
-  mv -f "$HPL_STATE_DIR/$HPL_STEP.json.tmp" "$HPL_STATE_DIR/$HPL_STEP.json"
+    "$HPL_CHAIN_STEP" "${SLURM_JOB_ID:-none}" "$state" "$exit_code" "$(hostname)" "$(date -u +%FT%TZ)" \
+    >"$HPL_STATE_DIR/$HPL_CHAIN_STEP.json.tmp"
+  mv -f "$HPL_STATE_DIR/$HPL_CHAIN_STEP.json.tmp" "$HPL_STATE_DIR/$HPL_CHAIN_STEP.json"
 }
 
 hpl_on_exit() {
@@ -173,12 +175,12 @@ hpl_on_exit() {
     state=FAILED
   fi
   hpl_mark "$state" "$rc"
-  echo "== $HPL_STEP: $state (exit $rc) after $SECONDS s at $(date -u +%FT%TZ)"
+  echo "== $HPL_CHAIN_STEP: $state (exit $rc) after $SECONDS s at $(date -u +%FT%TZ)"
 }
 
 trap 'HPL_SIGNAL=TERM; exit 143' TERM
 trap 'HPL_SIGNAL=INT; exit 130' INT
 trap 'hpl_on_exit $?' EXIT
 hpl_mark RUNNING
-echo "== $HPL_STEP: job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NODELIST:-$(hostname)} (${SLURM_JOB_NUM_NODES:-1} node(s)), runtime $HPL_RUNTIME, partition ${HPL_PARTITION:-default} ($HPL_ACCELERATOR)"
+echo "== $HPL_CHAIN_STEP: job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NODELIST:-$(hostname)} (${SLURM_JOB_NUM_NODES:-1} node(s)), runtime $HPL_RUNTIME, partition ${HPL_PARTITION:-default} ($HPL_ACCELERATOR)"
 echo "== config $HPL_RUN_CONFIG, run folder $HPL_RUN_DIR, started $(date -u +%FT%TZ)"

@@ -1,4 +1,5 @@
-"""The whole pipeline under a real local Slurm: end to end, a failing step, and a resumed training.
+"""The whole pipeline under a real local Slurm: end to end after its smoke stage, a late step failing in
+smoke (the long training never starts), and a resumed training.
 
 Each test submits the real sbatch scripts with `python -m llm_pipeline.submit`, on the host
 runtime with the tiny-cpu run config and a tiny random Llama (no downloads).
@@ -14,8 +15,8 @@ from pathlib import Path
 import pytest
 from slurm_helpers import REPO, submit, wait_for
 
-from llm_pipeline.jobs import pipeline_status
-from llm_pipeline.submit import STEPS
+from llm_pipeline.jobs import estimate, pipeline_status, smoke
+from llm_pipeline.submit import SHARED_STEPS, STEPS
 from tools.rehearse import fsx_environment, write_inputs
 
 pytestmark = pytest.mark.xdist_group("slurm")
@@ -61,6 +62,18 @@ def marker(out_dir: Path, step: str) -> dict:
     return json.loads((out_dir / "logs" / "state" / f"{step}.json").read_text())
 
 
+def job_folder(out_dir: Path, step: str) -> Path:
+    """Where a job's log and marker lie: the smoke run's folder for the smoke stage's jobs."""
+    return out_dir / smoke.SMOKE_FOLDER if smoke.is_smoke(step) else out_dir
+
+
+LONG_STEPS = [step for step in STEPS if step not in SHARED_STEPS]
+SMOKE_JOBS = [
+    f"smoke-{name}" for step in LONG_STEPS for name in ((step, f"{step}-resume") if step == "train" else (step,))
+]
+CHAIN = [*SHARED_STEPS, *SMOKE_JOBS, "estimate", *LONG_STEPS]  # the order of a submission with its smoke stage
+
+
 def test_whole_pipeline_produces_every_step_output(cluster):
     env, root = cluster
     config = variant(root, "e2e", max_steps="10", save_steps="5")
@@ -69,12 +82,12 @@ def test_whole_pipeline_produces_every_step_output(cluster):
     result = submit(env, config, "--wait", "--poll", "1")
     assert result.returncode == 0, result.stdout + result.stderr
     jobs = submitted_jobs(result.stdout)
-    assert list(jobs) == list(STEPS)  # one job per step, in pipeline order
+    assert list(jobs) == CHAIN  # shared steps once, the smoke stage, the estimate, then the long steps
     assert "pipeline: COMPLETED" in result.stdout
     for step, job in jobs.items():
-        log = (out_dir / "logs" / f"{step}-{job}.log").read_text()
+        log = (job_folder(out_dir, step) / "logs" / f"{step}-{job}.log").read_text()
         assert f"== {step}: COMPLETED (exit 0)" in log
-        assert marker(out_dir, step) | {"time": None, "node": None} == {
+        assert marker(job_folder(out_dir, step), step) | {"time": None, "node": None} == {
             "step": step,
             "job": job,
             "state": "COMPLETED",
@@ -83,7 +96,7 @@ def test_whole_pipeline_produces_every_step_output(cluster):
             "node": None,
         }
 
-    logs = {step: (out_dir / "logs" / f"{step}-{job}.log").read_text() for step, job in jobs.items()}
+    logs = {step: (job_folder(out_dir, step) / "logs" / f"{step}-{job}.log").read_text() for step, job in jobs.items()}
     assert "run config ok" in logs["prepare"] and "transformers" in logs["prepare"]
     assert "nothing to download" in logs["download"]  # the tiny model sits where the download puts it
     assert any((out_dir / "data").iterdir())
@@ -97,49 +110,88 @@ def test_whole_pipeline_produces_every_step_output(cluster):
     assert "Describe a llama?" in generation and "### Answer" in generation
 
     status = submit(env, config, "status")
-    assert status.returncode == 0 and status.stdout.strip().endswith("pipeline: COMPLETED")
+    assert status.returncode == 0 and "pipeline: COMPLETED" in status.stdout
+
+    # The smoke stage: its own run folder and configs, a checkpoint saved, then resumed from, then the
+    # later steps on the resumed run's checkpoint; the real run's folders are the long steps' alone.
+    smoke_dir = out_dir / smoke.SMOKE_FOLDER
+    assert "resuming from" not in logs["smoke-train"] and "checkpoint saved" in logs["smoke-train"]
+    assert f"resuming from {smoke_dir}/checkpoints/checkpoint-{smoke.SAVE_STEP}" in logs["smoke-train-resume"]
+    assert re.search(rf"(?m)^step {smoke.SMOKE_STEPS}/{smoke.SMOKE_STEPS} \|", logs["smoke-train-resume"])
+    assert (smoke_dir / "adapter" / "adapter_model.safetensors").is_file() and (smoke_dir / "generation.txt").is_file()
+    assert (smoke_dir / "data").resolve() == (out_dir / "data").resolve()  # tokenized once
+
+    # The estimate, from the smoke run's measured step time, before the long training started.
+    found = json.loads((out_dir / "logs" / estimate.ESTIMATE_FILE).read_text())
+    assert [row["step"] for row in found["steps"]] == LONG_STEPS
+    train = found["steps"][LONG_STEPS.index("train")]
+    assert "10 steps (train.max_steps)" in train["basis"] and found["seconds_per_step"]["train"] > 0
+    assert found["total_seconds"] == pytest.approx(sum(row["seconds"] for row in found["steps"]))
+    assert "expected:" in logs["estimate"] and "estimate from the smoke run" in status.stdout
+    assert marker(out_dir, "estimate")["time"] < marker(out_dir, "train")["time"]
 
 
-def test_failed_step_cancels_the_rest_and_is_named(cluster):
+def test_late_smoke_failure_stops_the_chain_before_any_long_step(cluster):
+    """Consolidate fails in the smoke stage, on a broken checkpoint: the long training never starts, and
+    submit names the failed step and its log."""
     env, root = cluster
-    config = variant(root, "broken", dataset='"${HPL_DATASETS_DIR}/no-such-file.jsonl"')
+    config = variant(root, "broken", max_steps="8", save_steps="4")
     out_dir = run_dir(env, "broken")
+    smoke_dir = out_dir / smoke.SMOKE_FOLDER
 
-    result = submit(env, config, "--wait", "--poll", "1")
+    result = submit(env, config)
+    assert result.returncode == 0, result.stderr
     jobs = submitted_jobs(result.stdout)
-    assert result.returncode == 1
-    assert f"pipeline: FAILED at step data (job {jobs['data']}, FAILED)" in result.stdout
-    assert queue_is_empty(env)  # nothing left pending behind the failure
+    assert list(jobs) == CHAIN
+    # Hold the smoke consolidation until the smoke training is done, then break its checkpoint.
+    subprocess.run(["scontrol", "hold", jobs["smoke-consolidate"]], env=env, check=True)
+    wait_for(
+        lambda: (
+            (smoke_dir / "logs" / "state" / "smoke-train-resume.json").is_file()
+            and marker(smoke_dir, "smoke-train-resume")["state"] != "RUNNING"
+        ),
+        300,
+        "the smoke training",
+    )
+    weights = smoke_dir / "checkpoints" / f"checkpoint-{smoke.SMOKE_STEPS}" / "adapter_model.safetensors"
+    weights.write_bytes(b"not a safetensors file")
+    subprocess.run(["scontrol", "release", jobs["smoke-consolidate"]], env=env, check=True)
 
+    wait_for(lambda: queue_is_empty(env), 300, "the chain to stop")
     status = submit(env, config, "status")
+    failed_log = smoke_dir / "logs" / f"smoke-consolidate-{jobs['smoke-consolidate']}.log"
     assert status.returncode == 1
     assert (
-        f"pipeline: FAILED at step data (job {jobs['data']}, FAILED): see {out_dir}/logs/data-{jobs['data']}.log"
+        f"pipeline: FAILED at step smoke-consolidate (job {jobs['smoke-consolidate']}, FAILED): see {failed_log}"
         in status.stdout
     )
+    assert "adapter_model.safetensors" in failed_log.read_text()
     states = {
         s.step: s.state
         for s in pipeline_status.step_states(
             out_dir / "logs", lambda argv: subprocess.run(argv, env=env, capture_output=True, text=True)
         )
     }
+    done = CHAIN.index("smoke-consolidate")
     assert states == {
-        "prepare": "COMPLETED",
-        "download": "COMPLETED",
-        "data": "FAILED",
-        **{step: "CANCELLED" for step in STEPS[3:]},
+        **{step: "COMPLETED" for step in CHAIN[:done]},
+        "smoke-consolidate": "FAILED",
+        **{step: "CANCELLED" for step in CHAIN[done + 1 :]},
     }
-    assert "no-such-file.jsonl" in (out_dir / "logs" / f"data-{jobs['data']}.log").read_text()
-    assert marker(out_dir, "data")["state"] == "FAILED"
-    assert not (out_dir / "logs" / "state" / "train.json").exists()  # the cancelled steps never started
+    # The long steps never started: no marker, no checkpoint, no estimate
+    for step in LONG_STEPS:
+        assert not (out_dir / "logs" / "state" / f"{step}.json").exists()
+    assert not (out_dir / "checkpoints").exists() and not (out_dir / "logs" / estimate.ESTIMATE_FILE).exists()
 
     # Once Slurm has forgotten the jobs (MinJobAge), the step markers tell the same story.
     def forgotten(argv: list[str]) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess(argv, 0 if argv[0] == "squeue" else 1, "", "")
 
     later = pipeline_status.step_states(out_dir / "logs", forgotten)
-    assert [s.state for s in later] == ["COMPLETED", "COMPLETED", "FAILED"] + [pipeline_status.NEVER_RAN] * 5
-    assert pipeline_status.verdict(later)[1].step == "data"
+    assert [s.state for s in later] == ["COMPLETED"] * done + ["FAILED"] + [pipeline_status.NEVER_RAN] * (
+        len(CHAIN) - done - 1
+    )
+    assert pipeline_status.verdict(later)[1].step == "smoke-consolidate"
 
 
 def test_killed_training_resumes_from_its_checkpoint(cluster):
@@ -148,7 +200,7 @@ def test_killed_training_resumes_from_its_checkpoint(cluster):
     out_dir = run_dir(env, "resume")
     checkpoints = out_dir / "checkpoints"
 
-    first = submit(env, config, "--from", "data")
+    first = submit(env, config, "--from", "data", "--no-smoke")  # the smoke stage is the tests' above
     assert first.returncode == 0, first.stderr
     jobs = submitted_jobs(first.stdout)
     busy = submit(env, config, "--from", "train")  # two trainings must never share a run folder
@@ -166,7 +218,7 @@ def test_killed_training_resumes_from_its_checkpoint(cluster):
     }
     assert states["train"] == "CANCELLED" and states["generate"] == "CANCELLED"
 
-    second = submit(env, config, "--from", "train", "--wait", "--poll", "1")
+    second = submit(env, config, "--from", "train", "--no-smoke", "--wait", "--poll", "1")
     assert second.returncode == 0, second.stdout + second.stderr
     resumed = submitted_jobs(second.stdout)
     assert list(resumed) == list(STEPS[STEPS.index("train") :])

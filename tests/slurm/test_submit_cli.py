@@ -32,7 +32,9 @@ CONTROLLER_SIDE = (
     "jobs.deploy_facts",
     "jobs.partitions",
     "jobs.chain",
+    "jobs.smoke",
     "jobs.sweep_plan",
+    "jobs.estimate",
 )
 
 
@@ -86,7 +88,9 @@ def test_dry_run_prints_the_chain_without_tomllib_or_site_packages(tmp_path):
     config = write(
         tmp_path, '[paths]\noutput_dir = "${HPL_OUTPUTS_DIR:-/unused}/run-a"  # the run\n[parallel]\nnodes = 4\n'
     )
-    out = constrained_submit("--config", str(config), "--dry-run", env={"HPL_OUTPUTS_DIR": str(tmp_path / "outputs")})
+    out = constrained_submit(
+        "--config", str(config), "--dry-run", "--no-smoke", env={"HPL_OUTPUTS_DIR": str(tmp_path / "outputs")}
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[1] == f"mkdir -p {tmp_path}/outputs/run-a/logs/state"
@@ -96,7 +100,10 @@ def test_dry_run_prints_the_chain_without_tomllib_or_site_packages(tmp_path):
         assert f"--job-name=hpl-{step} " in line and line.endswith(f"{PAYLOADS}/slurm/{step}.sbatch)")
         assert f"--output={tmp_path}/outputs/run-a/logs/{step}-%j.log" in line
         assert f"--nodes={4 if step in ('precompile', 'train') else 1} " in line
-        assert f"HPL_RUN_CONFIG={config}," in line and f"HPL_RUN_DIR={tmp_path}/outputs/run-a " in line
+        assert (
+            f"HPL_RUN_CONFIG={config}," in line
+            and f"HPL_RUN_DIR={tmp_path}/outputs/run-a,HPL_CHAIN_STEP={step} " in line
+        )
         if previous:
             assert f'--dependency=afterok:"${previous}_job" --kill-on-invalid-dep=yes' in line
         else:
@@ -108,9 +115,41 @@ def test_dry_run_from_a_step_starts_the_chain_there(tmp_path):
     out = constrained_submit(
         "--config", str(write(tmp_path, "")), "--dry-run", "--from", "train", env={"HPL_OUTPUTS_DIR": str(tmp_path)}
     )
-    jobs = out.stdout.splitlines()[2:]
-    assert [line.split("=", 1)[0] for line in jobs] == ["train_job", "consolidate_job", "merge_job", "generate_job"]
-    assert "--dependency" not in jobs[0] and '--dependency=afterok:"$train_job"' in jobs[1]
+    jobs = out.stdout.splitlines()[3:]
+    long = ["train", "consolidate", "merge", "generate"]
+    smoke = ["smoke_train", "smoke_train_resume", "smoke_consolidate", "smoke_merge", "smoke_generate"]
+    assert [line.split("=", 1)[0] for line in jobs] == [f"{job}_job" for job in (*smoke, "estimate", *long)]
+    assert "--dependency" not in jobs[0] and '--dependency=afterok:"$smoke_train_job"' in jobs[1]
+    assert '--dependency=afterok:"$estimate_job"' in jobs[6]
+    # after training there is no smoke stage: nothing to resume from, nothing long to protect
+    out = constrained_submit(
+        "--config", str(write(tmp_path, "")), "--dry-run", "--from", "merge", env={"HPL_OUTPUTS_DIR": str(tmp_path)}
+    )
+    assert [line.split("=", 1)[0] for line in out.stdout.splitlines()[2:]] == ["merge_job", "generate_job"]
+
+
+def test_dry_run_stages_the_smoke_run_before_the_long_steps(tmp_path):
+    config = write(tmp_path, '[paths]\noutput_dir = "run-a"\n[parallel]\nnodes = 4\n')
+    out = constrained_submit("--config", str(config), "--dry-run")
+    assert out.returncode == 0, out.stderr
+    run, smoke = tmp_path / "run-a", tmp_path / "run-a" / "smoke"
+    assert out.stdout.splitlines()[2] == f"# first: {smoke}/ with save.toml and run.toml (the smoke run's configs)"
+    jobs = {line.split("=", 1)[0][: -len("_job")]: line for line in out.stdout.splitlines()[3:]}
+    assert list(jobs)[:3] == ["prepare", "download", "data"]  # once: their output serves both runs
+    assert list(jobs)[3:9] == ["smoke_precompile", "smoke_train", "smoke_train_resume", *(
+        f"smoke_{step}" for step in ("consolidate", "merge", "generate"))]  # fmt: skip
+    assert list(jobs)[9:] == ["estimate", "precompile", "train", "consolidate", "merge", "generate"]
+    assert f"HPL_RUN_CONFIG={smoke}/save.toml," in jobs["smoke_train"]
+    assert f"HPL_RUN_CONFIG={smoke}/run.toml," in jobs["smoke_train_resume"]
+    for name in ("smoke_train", "smoke_train_resume", "smoke_precompile"):  # the run's node count
+        assert "--nodes=4 " in jobs[name] and f"HPL_RUN_DIR={smoke}," in jobs[name]
+    step = "smoke-train-resume"
+    assert (
+        f"--output={smoke}/logs/{step}-%j.log" in jobs["smoke_train_resume"]
+        and f"HPL_CHAIN_STEP={step} " in (jobs["smoke_train_resume"])
+    )
+    assert f"HPL_RUN_CONFIG={config}," in jobs["estimate"] and f"HPL_RUN_DIR={run}," in jobs["estimate"]
+    assert not run.exists()  # a dry run creates nothing
 
 
 @pytest.mark.parametrize("name", ["default.toml", "tiny-cpu.toml"])

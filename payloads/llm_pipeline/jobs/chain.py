@@ -8,6 +8,7 @@ Stdlib only (the controller's python3).
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from llm_pipeline.config import FP8_RUNGS
 from llm_pipeline.errors import StepError
-from llm_pipeline.jobs import deploy_facts, partitions, pipeline_status
+from llm_pipeline.jobs import deploy_facts, partitions, pipeline_status, smoke
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts, RunFactsError
 
@@ -38,6 +39,15 @@ class ChainJob:
     script: str  # payloads/slurm/<script>
     args: tuple[str, ...] = ()
     multi_node: bool = False  # on [parallel] nodes nodes; else one node
+    # Its output (image, model, tokenized data, tokenizer) serves the smoke run and the long run
+    # alike: it runs once, before the smoke stage (jobs/smoke.py), and gets no smoke copy.
+    shared: bool = False
+    # It trains and resumes from its newest checkpoint: its smoke copy runs twice, saving, then resuming.
+    trains: bool = False
+
+
+# Between the smoke stage and the long jobs.
+ESTIMATE_JOB = ChainJob(step=smoke.ESTIMATE_STEP, script=f"{smoke.ESTIMATE_STEP}.sbatch")
 
 
 def slurm(argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -110,6 +120,36 @@ def partition_environment(
     return partitions.partition_environment(name, known[name])
 
 
+def job_nodes(job: ChainJob, facts: RunFacts) -> int:
+    return facts.nodes if job.multi_node else 1
+
+
+def smoke_stage_runs(jobs: list[ChainJob], requested: bool) -> bool:
+    """A smoke stage guards training: a chain without a training job (``--from consolidate``) has no
+    smoke checkpoint to work on, and nothing long to protect."""
+    return requested and any(job.trains for job in jobs)
+
+
+def staged_chain(facts: RunFacts, jobs: list[ChainJob], *, smoke_stage: bool) -> list[tuple[ChainJob, RunFacts]]:
+    """(job, the run it belongs to) in submission order. With the smoke stage: the shared jobs, a smoke
+    copy of every other job (a training job twice: save, then resume) on the smoke run, the estimate,
+    then the long jobs (jobs/smoke.py). The smoke run's configs are named here; write_smoke_run writes them."""
+    if not smoke_stage_runs(jobs, smoke_stage):
+        return [(job, facts) for job in jobs]
+    folder = smoke.smoke_dir(facts)
+    save, full = (dataclasses.replace(facts, config=folder / name, output_dir=folder) for name in smoke.CONFIGS)
+    copies: list[tuple[ChainJob, RunFacts]] = []
+    long = [job for job in jobs if not job.shared]
+    for job in long:
+        copy = dataclasses.replace(job, step=smoke.PREFIX + job.step)
+        if job.trains:
+            copies += [(copy, save), (dataclasses.replace(copy, step=copy.step + smoke.RESUME_SUFFIX), full)]
+        else:
+            copies.append((copy, full))
+    shared = [(job, facts) for job in jobs if job.shared]
+    return [*shared, *copies, (ESTIMATE_JOB, facts), *((job, facts) for job in long)]
+
+
 def sbatch_command(job: ChainJob, facts: RunFacts, after: str | None, env: dict[str, str]) -> list[str]:
     exports = ",".join(["ALL", *(f"{key}={value}" for key, value in job_environment(facts, env).items())])
     command = [
@@ -117,8 +157,8 @@ def sbatch_command(job: ChainJob, facts: RunFacts, after: str | None, env: dict[
         "--parsable",
         f"--job-name=hpl-{job.step}",
         f"--output={facts.logs_dir / job.step}-%j.log",
-        f"--nodes={facts.nodes if job.multi_node else 1}",
-        f"--export={exports}",
+        f"--nodes={job_nodes(job, facts)}",
+        f"--export={exports},HPL_CHAIN_STEP={job.step}",
     ]
     if env.get("HPL_PARTITION"):
         command.append(f"--partition={env['HPL_PARTITION']}")
@@ -127,16 +167,20 @@ def sbatch_command(job: ChainJob, facts: RunFacts, after: str | None, env: dict[
     return [*command, str(PAYLOADS_DIR / "slurm" / job.script), *job.args]
 
 
-def dry_run(facts: RunFacts, jobs: list[ChainJob], env: dict[str, str], *, what: str = "submission") -> None:
+def dry_run(
+    facts: RunFacts, jobs: list[ChainJob], env: dict[str, str], *, what: str = "submission", smoke_stage: bool = True
+) -> None:
     """The submission as a shell script: each job id captured and fed to the next dependency."""
     print(f"# dry run: nothing submitted. The same {what} as a script:")
     print(f"mkdir -p {shlex.quote(str(facts.logs_dir))}/state")
+    if smoke_stage_runs(jobs, smoke_stage):
+        print(f"# first: {smoke.smoke_dir(facts)}/ with {' and '.join(smoke.CONFIGS)} (the smoke run's configs)")
     previous = None
-    for job in jobs:
+    for job, job_facts in staged_chain(facts, jobs, smoke_stage=smoke_stage):
         variable = job.step.replace("-", "_") + "_job"
         words = [
             f'--dependency=afterok:"${previous}"' if word.startswith("--dependency=") else shlex.quote(word)
-            for word in sbatch_command(job, facts, previous, env)
+            for word in sbatch_command(job, job_facts, previous, env)
         ]
         print(f"{variable}=$({' '.join(words)})")
         previous = variable
@@ -173,18 +217,33 @@ def submit_jobs(
                 + (" (cancelled the jobs submitted before it)" if submitted else "")
             )
         job_id = out.stdout.strip().split(";")[0]
-        submitted.append(StepJob(step=job.step, job=job_id, log=str(facts.logs_dir / f"{job.step}-{job_id}.log")))
+        log = str(facts.logs_dir / f"{job.step}-{job_id}.log")
+        submitted.append(StepJob(step=job.step, job=job_id, log=log, nodes=job_nodes(job, facts)))
         print(f"submitted {label(job, facts)} job {job_id}", flush=True)
     return submitted
 
 
 def submit_chain(
-    facts: RunFacts, jobs: list[ChainJob], env: dict[str, str], *, kept: list[StepJob] | None = None
+    facts: RunFacts,
+    jobs: list[ChainJob],
+    env: dict[str, str],
+    *,
+    kept: list[StepJob] | None = None,
+    smoke_stage: bool = True,
 ) -> list[StepJob]:
-    """Submit one run's ``jobs`` as a chain; the record (logs/pipeline.json) lists ``kept`` (earlier jobs
-    still valid) and the new ones."""
+    """Submit one run's ``jobs`` as a chain, after a smoke stage unless ``smoke_stage`` is off; the record
+    (logs/pipeline.json) lists ``kept`` (earlier jobs still valid) and the new ones."""
     (facts.logs_dir / "state").mkdir(parents=True, exist_ok=True)
-    submitted = submit_jobs([(job, facts) for job in jobs], env)
+    if smoke_stage_runs(jobs, smoke_stage):
+        smoke.write_smoke_run(facts)
+        print(
+            f"smoke stage: each step on {smoke.smoke_dir(facts)} first, {smoke.SMOKE_STEPS} training steps "
+            f"(saved at {smoke.SAVE_STEP}, resumed); the long steps start only if it passes",
+            flush=True,
+        )
+    elif not smoke_stage:
+        print(f"note: {smoke.NO_SMOKE_RISK}", flush=True)
+    submitted = submit_jobs(staged_chain(facts, jobs, smoke_stage=smoke_stage), env)
     pipeline_status.write_record(facts.logs_dir, facts.config, [*(kept or []), *submitted])
     return submitted
 

@@ -2,8 +2,9 @@
 
 Sources, best first: Slurm (squeue knows jobs until MinJobAge after they end; sacct where the
 cluster keeps accounting), then the marker each step script writes to <run>/logs/state/<step>.json
-when it starts and ends. A job Slurm has forgotten that never wrote a marker never ran (it was
-cancelled because an earlier step failed, or by hand).
+when it starts and ends (a smoke job's: <run>/smoke/logs/state/smoke-<step>.json, beside its log).
+A job Slurm has forgotten that never wrote a marker never ran (it was cancelled because an earlier
+step failed, or by hand).
 
 Stdlib only: runs on the controller's system python3 (3.10).
 """
@@ -26,6 +27,7 @@ class StepJob:
     step: str
     job: str
     log: str
+    nodes: int = 1
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ def step_states(logs_dir: Path, run: Callable[[list[str]], subprocess.CompletedP
     known = slurm_states([job.job for job in jobs], run)
     states = []
     for job in jobs:
-        marker = _marker(logs_dir / "state", job.step)
+        marker = _marker(Path(job.log).parent / "state", job.step)  # a smoke job's lies in the smoke run
         marker = marker if str(marker.get("job")) == job.job else {}
         if job.job in known:
             state, detail = known[job.job]

@@ -106,7 +106,7 @@ def read_run_facts(path: str | os.PathLike[str], env: dict[str, str] | None = No
     for key, value in (("parallel.partition", partition), ("train.backend", backend)):
         if value is not None and not isinstance(value, str):
             raise RunFactsError(f"{config}: {key} must be a string, got {value!r}")
-    if devices is not None and not isinstance(devices, int):
+    if devices is not None and (not isinstance(devices, int) or isinstance(devices, bool)):
         raise RunFactsError(f"{config}: parallel.devices_per_node must be an integer, got {devices!r}")
     return RunFacts(
         config=config,

@@ -1,0 +1,204 @@
+"""How long the long steps will take, from what the smoke stage measured (the chain's `estimate` job).
+
+    python3 -m llm_pipeline.jobs.estimate --run-dir <run folder> --config <run config>
+
+Runs after the smoke stage (jobs/smoke.py) and before the first long step. For each long job of the
+submission record (<run>/logs/pipeline.json):
+- a training job (its smoke copies printed step lines, training/callbacks.py:
+  ``step 3/4 | loss 1.2 | lr 2.0e-05 | 3.70 samples/s | 15155 tokens/s | eta 0:00:01``): the
+  steady-state step time is the median over every smoke log's step lines but its first (the first
+  carries the model load, graph compilation or the resume), as sequences per step (per-device batch x
+  gradient accumulation x the data-parallel replicas the trainer printed) over sequences/s; the long
+  job takes its start-up (the first smoke copy's run time less its steps) plus its steps
+  (train.max_steps, or train.epochs x the optimizer steps per epoch in <run>/data/stats.json) times
+  that step time;
+- any other job: its smoke copy's run time (consolidation, merge and generation do not scale with
+  the step count).
+Node-hours are each job's duration times its nodes. Prints the table and writes
+<run>/logs/estimate.json; `submit status`, `submit --wait` and hpctl show it, hpctl with the price.
+Stdlib only (the node's python3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from llm_pipeline.config import TrainConfig
+from llm_pipeline.jobs import pipeline_status, smoke
+from llm_pipeline.jobs.run_facts import read_key
+
+ESTIMATE_FILE = "estimate.json"  # in <run>/logs
+BILLING_NOTE = (
+    "HyperPod bills every node of the cluster while the cluster exists, busy or idle: these node-hours "
+    "are what the run occupies, not what it adds to the bill"
+)
+_STEP_LINE = re.compile(r"^step (?P<step>\d+)/(?P<total>\d+) \| loss [^|]+\|[^|]*\| (?P<samples>[0-9.]+) samples/s")
+_REPLICAS = re.compile(r"^training steps \d+ -> \d+, (?P<replicas>\d+) data-parallel replica")
+_RUN_TIME = re.compile(r"^== (?P<step>\S+): COMPLETED \(exit 0\) after (?P<seconds>\d+) s")
+
+
+class EstimateError(RuntimeError):
+    """The smoke run's logs do not hold what the estimate needs; the message names the file."""
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    step: str
+    nodes: int
+    seconds: float
+    basis: str  # how the duration was found
+
+    @property
+    def node_hours(self) -> float:
+        return self.seconds * self.nodes / 3600
+
+
+@dataclass(frozen=True)
+class SmokeLog:
+    run_seconds: float
+    trained_steps: int  # step lines' last step minus the first logged step's predecessor
+    samples_per_second: list[float]  # per step line after the first
+    replicas: int | None
+
+
+def read_smoke_log(path: Path, name: str) -> SmokeLog:
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    run_seconds, replicas, events = None, None, []
+    for line in text.splitlines():
+        line = line.strip()
+        if (found := _RUN_TIME.match(line)) and found["step"] == name:
+            run_seconds = float(found["seconds"])
+        elif found := _REPLICAS.match(line):
+            replicas = int(found["replicas"])
+        elif found := _STEP_LINE.match(line):
+            events.append((int(found["step"]), float(found["samples"])))
+    if run_seconds is None:
+        raise EstimateError(f"{path} does not say `== {name}: COMPLETED (exit 0) after N s`: did the smoke job finish?")
+    trained = events[-1][0] - events[0][0] + 1 if events else 0
+    return SmokeLog(run_seconds, trained, [samples for _, samples in events[1:]], replicas)
+
+
+def _value(text: str, config: Path, table: str, key: str, default: object) -> object:
+    found = read_key(text, table, key, str(config))
+    return default if found is None else found
+
+
+def long_steps(config: Path, run_dir: Path) -> tuple[int, str]:
+    """(optimizer steps of the long training, where the number comes from)."""
+    text, train = config.read_text(), TrainConfig()
+    max_steps = _value(text, config, "train", "max_steps", train.max_steps)
+    if isinstance(max_steps, int) and max_steps > 0:
+        return max_steps, "train.max_steps"
+    stats_file = run_dir / "data" / "stats.json"
+    try:
+        stats = json.loads(stats_file.read_text())
+    except (OSError, ValueError):
+        raise EstimateError(f"{stats_file} is missing or unreadable: the data step writes it") from None
+    packing = _value(text, config, "data", "packing", False)
+    per_epoch = stats["packed" if packing is True else "padded_to_max_length"]["optimizer_steps_per_epoch"]
+    epochs = float(_value(text, config, "train", "epochs", train.epochs))
+    return math.ceil(epochs * per_epoch), f"train.epochs {epochs:g} x {per_epoch} steps per epoch ({stats_file})"
+
+
+def sequences_per_step(config: Path, replicas: int) -> int:
+    text, train = config.read_text(), TrainConfig()
+    batch = _value(text, config, "train", "per_device_batch_size", train.per_device_batch_size)
+    accumulation = _value(text, config, "train", "gradient_accumulation_steps", train.gradient_accumulation_steps)
+    return int(batch) * int(accumulation) * replicas
+
+
+def estimate_job(job: pipeline_status.StepJob, copies: list[pipeline_status.StepJob], config: Path, run_dir: Path):
+    """(StepEstimate, seconds per step or None) of one long job from its smoke copies' logs."""
+    if not copies:
+        raise EstimateError(f"no smoke copy of {job.step} in {pipeline_status.record_path(run_dir / 'logs')}")
+    logs = [read_smoke_log(Path(copy.log), copy.step) for copy in copies]
+    rates = [rate for log in logs for rate in log.samples_per_second]
+    if not rates:
+        return StepEstimate(job.step, job.nodes, logs[-1].run_seconds, "its smoke run's duration"), None
+    replicas = next((log.replicas for log in logs if log.replicas), None)
+    if replicas is None:
+        raise EstimateError(f"{copies[0].log} does not name its data-parallel replicas (`training steps ...` line)")
+    step_seconds = sequences_per_step(config, replicas) / statistics.median(rates)
+    steps, source = long_steps(config, run_dir)
+    start_up = max(0.0, logs[0].run_seconds - logs[0].trained_steps * step_seconds)
+    basis = f"{start_up:.0f} s start-up + {steps} steps ({source}) x {step_seconds:.3f} s/step measured in smoke"
+    return StepEstimate(job.step, job.nodes, start_up + steps * step_seconds, basis), step_seconds
+
+
+def estimate(run_dir: Path, config: Path) -> dict:
+    record = pipeline_status.read_record(run_dir / "logs")
+    names = [job.step for job in record]
+    if smoke.ESTIMATE_STEP not in names:
+        raise EstimateError(f"{pipeline_status.record_path(run_dir / 'logs')} has no estimate job: nothing to estimate")
+    long = record[names.index(smoke.ESTIMATE_STEP) + 1 :]
+    rows, step_times = [], {}
+    for job in long:
+        copies = [c for c in record if smoke.is_smoke(c.step) and smoke.long_step(c.step) == job.step]
+        row, step_seconds = estimate_job(job, copies, config, run_dir)
+        rows.append(row)
+        if step_seconds is not None:
+            step_times[job.step] = step_seconds
+    total = sum(row.seconds for row in rows)
+    return {
+        "config": str(config),
+        "steps": [asdict(row) | {"node_hours": row.node_hours} for row in rows],
+        "seconds_per_step": step_times,
+        "total_seconds": total,
+        "node_hours": sum(row.node_hours for row in rows),
+        "note": BILLING_NOTE,
+    }
+
+
+def duration(seconds: float) -> str:
+    return str(timedelta(seconds=round(seconds)))
+
+
+def describe(result: dict) -> list[str]:
+    lines = [f"{'long step':<14} {'nodes':>5} {'duration':>12} {'node-hours':>11}  from"]
+    for row in result["steps"]:
+        time = duration(row["seconds"])
+        lines.append(f"{row['step']:<14} {row['nodes']:>5} {time:>12} {row['node_hours']:>11.3f}  {row['basis']}")
+    lines.append(
+        f"expected: {duration(result['total_seconds'])} for the long steps, {result['node_hours']:.3f} node-hours "
+        "(cost: node-hours x the instance's on-demand price; `hpctl status` looks it up)"
+    )
+    lines.append(f"note: {result['note']}")
+    return lines
+
+
+def read_estimate(logs_dir: Path) -> dict | None:
+    try:
+        return json.loads((logs_dir / ESTIMATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m llm_pipeline.jobs.estimate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run-dir", type=Path, required=True, help="the run folder (paths.output_dir)")
+    parser.add_argument("--config", type=Path, required=True, help="the run config of the long steps")
+    args = parser.parse_args(argv)
+    try:
+        result = estimate(args.run_dir, args.config)
+    except EstimateError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    target = args.run_dir / "logs" / ESTIMATE_FILE
+    tmp = target.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(target)
+    print("\n".join(describe(result)))
+    print(f"written to {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

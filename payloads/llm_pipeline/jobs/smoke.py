@@ -1,0 +1,85 @@
+"""The smoke stage: every chain proves its production path in minutes before its long steps start.
+
+A chain's jobs (the pipeline's steps, the ladder's jobs) become three stages, each job after the
+previous one succeeded (afterok: a failure anywhere cancels everything after it):
+
+1. the shared jobs (``ChainJob.shared``: prepare, download, data, the ladder's tokenizer), once:
+   their output (image, model, tokenized data) serves both runs;
+2. a smoke copy of every other job, named ``smoke-<step>``, on the run folder ``<run>/smoke`` with
+   a derived run config (``<run>/smoke/run.toml``: the same config, partition and node count, step
+   counts cut to SMOKE_STEPS). A training job (``ChainJob.trains``) runs twice: ``smoke-<step>``
+   trains SAVE_STEP steps and saves, ``smoke-<step>-resume`` resumes from that checkpoint to
+   SMOKE_STEPS; the later smoke jobs (consolidate, merge, generate, report, export) then work on a
+   checkpoint written after a resume. ``<run>/smoke/data`` links to the run's prepared data; the
+   model and the compile cache live outside the run folder, so the smoke run fills the cache the
+   long run reads;
+3. ``estimate`` (llm_pipeline.jobs.estimate: each long step's duration and node-hours from the smoke
+   run's measured step time), then the long jobs on the real run folder.
+
+This module writes the smoke run folder and names its jobs; llm_pipeline.jobs.chain stages the chain.
+Stdlib only (the controller's python3).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from llm_pipeline.jobs.run_facts import RunFacts, read_key
+from llm_pipeline.jobs.sweep_plan import derived_config
+
+SMOKE_FOLDER = "smoke"  # <run>/smoke: the smoke run's own run folder
+ESTIMATE_STEP = "estimate"  # payloads/slurm/estimate.sbatch, after the smoke stage
+PREFIX = "smoke-"
+RESUME_SUFFIX = "-resume"
+SAVE_STEP = 2  # the first smoke training saves here...
+SMOKE_STEPS = 4  # ...and the resumed one trains on to here (steps 1 and 3 carry the warm-up)
+CONFIGS = ("save.toml", "run.toml")  # the saving smoke run's config, the whole smoke run's
+SMOKE_NEW_TOKENS = 8  # generate: enough to prove the path
+NO_SMOKE_RISK = (
+    "--no-smoke: the long steps start without a smoke run. A defect in a late step (resume, consolidation, "
+    "merge, export) then shows only after the long training was paid for, and no time or cost estimate is made"
+)
+
+
+def smoke_dir(facts: RunFacts) -> Path:
+    return facts.output_dir / SMOKE_FOLDER
+
+
+def smoke_overrides(config: Path, max_steps: int) -> dict[tuple[str, str], object]:
+    """The run config's keys a smoke run changes: step counts only (and the profiler window, which
+    the cut run never reaches)."""
+    text = config.read_text()
+    tokens = read_key(text, "generate", "max_new_tokens", str(config))
+    return {
+        ("train", "max_steps"): max_steps,
+        ("train", "save_steps"): SAVE_STEP,
+        ("train", "logging_steps"): 1,  # a step time per step
+        ("train", "precompile_steps"): SMOKE_STEPS,
+        ("train", "profile"): "",
+        ("generate", "max_new_tokens"): min(tokens, SMOKE_NEW_TOKENS) if isinstance(tokens, int) else SMOKE_NEW_TOKENS,
+        ("torchtitan", "steps"): max_steps,
+    }
+
+
+def write_smoke_run(facts: RunFacts) -> None:
+    """A fresh <run>/smoke with its two run configs (CONFIGS: SAVE_STEP, then SMOKE_STEPS steps).
+
+    An earlier smoke run is removed: its checkpoints would be resumed instead of written."""
+    folder = smoke_dir(facts)
+    if folder.exists():
+        shutil.rmtree(folder)
+    (folder / "logs" / "state").mkdir(parents=True)
+    (folder / "data").symlink_to(facts.output_dir / "data", target_is_directory=True)
+    for name, steps in zip(CONFIGS, (SAVE_STEP, SMOKE_STEPS), strict=True):
+        (folder / name).write_text(derived_config(facts.config, folder, smoke_overrides(facts.config, steps)))
+
+
+def is_smoke(step: str) -> bool:
+    return step.startswith(PREFIX)
+
+
+def long_step(step: str) -> str:
+    """The long job a smoke job stands for: smoke-train-resume -> train."""
+    name = step[len(PREFIX) :] if is_smoke(step) else step
+    return name[: -len(RESUME_SUFFIX)] if name.endswith(RESUME_SUFFIX) else name

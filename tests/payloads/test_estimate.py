@@ -1,0 +1,94 @@
+"""The time estimate reads the step lines our trainer callback prints in the smoke stage and turns the
+measured steady-state step time into each long step's duration and node-hours."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import TrainerState, TrainingArguments
+
+from llm_pipeline.jobs import estimate, pipeline_status
+from llm_pipeline.jobs.pipeline_status import StepJob
+from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
+
+GA = 4  # one process, per-device batch 1: 4 sequences per optimizer step
+
+
+def smoke_training_log(capsys, tmp_path: Path, steps: range, step_seconds: float, first_extra: float) -> str:
+    """What the smoke training prints: MetricsLogger's lines, one per step; the first carries ``first_extra``
+    seconds of start-up (compilation, the resume)."""
+    args = TrainingArguments(output_dir=str(tmp_path / "unused"), per_device_train_batch_size=1,
+                             gradient_accumulation_steps=GA, report_to="none")  # fmt: skip
+    state = TrainerState(max_steps=steps[-1], is_world_process_zero=True, global_step=steps[0] - 1)
+    tokens = TokenCounter(lambda features: features)
+    logger = MetricsLogger(tokens=tokens, trainable=1, tensorboard_dir=None)
+    logger.on_train_begin(args, state, None)
+    for step in steps:
+        logger.last_time -= step_seconds + (first_extra if step == steps[0] else 0.0)
+        tokens.real += 100
+        state.global_step = step
+        logger.on_log(args, state, None, logs={"loss": 2.0 / step, "learning_rate": 1e-5})
+    return capsys.readouterr().out
+
+
+def write_job(run: Path, step: str, job: str, text: str, seconds: int, nodes: int = 1) -> StepJob:
+    folder = run / "smoke" / "logs" if step.startswith("smoke-") else run / "logs"
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / f"{step}-{job}.log"
+    log.write_text(f"== {step}: job {job}\n{text}== {step}: COMPLETED (exit 0) after {seconds} s at 2026-01-01\n")
+    return StepJob(step=step, job=job, log=str(log), nodes=nodes)
+
+
+def smoke_run(capsys, tmp_path: Path, train_toml: str) -> tuple[Path, Path]:
+    run, config = tmp_path / "run", tmp_path / "run.toml"
+    config.write_text(f"[train]\nper_device_batch_size = 1\ngradient_accumulation_steps = {GA}\n{train_toml}")
+    jobs = [
+        write_job(run, "data", "1", "", 30),
+        write_job(run, "smoke-train", "2", smoke_training_log(capsys, tmp_path, range(1, 3), 0.5, 30.0), 45, 2),
+        write_job(run, "smoke-train-resume", "3", smoke_training_log(capsys, tmp_path, range(3, 5), 0.5, 8.0), 20, 2),
+        write_job(run, "smoke-consolidate", "4", "adapter written\n", 12),
+        StepJob(step="estimate", job="5", log=str(run / "logs" / "estimate-5.log")),
+        StepJob(step="train", job="6", log=str(run / "logs" / "train-6.log"), nodes=2),
+        StepJob(step="consolidate", job="7", log=str(run / "logs" / "consolidate-7.log")),
+    ]
+    pipeline_status.write_record(run / "logs", config, jobs)
+    return run, config
+
+
+def test_measured_step_time_gives_duration_and_node_hours(capsys, tmp_path):
+    run, config = smoke_run(capsys, tmp_path, "max_steps = 1000\n")
+    result = estimate.estimate(run, config)
+    step_seconds = result["seconds_per_step"]["train"]
+    assert step_seconds == pytest.approx(0.5, rel=0.05)  # the first line of each smoke log left out
+    train, consolidate = result["steps"]
+    # start-up: the saving smoke run's 45 s less its 2 steps; then 1000 steps at the measured time
+    assert train["seconds"] == pytest.approx(45 - 2 * step_seconds + 1000 * step_seconds)
+    assert train["node_hours"] == pytest.approx(train["seconds"] * 2 / 3600)
+    assert "1000 steps (train.max_steps)" in train["basis"]
+    assert consolidate["seconds"] == 12 and consolidate["node_hours"] == pytest.approx(12 / 3600)
+    assert result["total_seconds"] == pytest.approx(train["seconds"] + 12)
+    assert result["node_hours"] == pytest.approx(train["node_hours"] + 12 / 3600)
+    lines = estimate.describe(result)
+    assert any(line.startswith("train ") and "0:09:04" in line for line in lines)  # 45 - 1 + 500 s
+    assert "while the cluster exists" in lines[-1]
+
+
+def test_epochs_use_the_data_steps_count(capsys, tmp_path):
+    run, config = smoke_run(capsys, tmp_path, "epochs = 2.5\n[data]\npacking = true\n")
+    (run / "data").mkdir()
+    stats = {"packed": {"optimizer_steps_per_epoch": 40}, "padded_to_max_length": {"optimizer_steps_per_epoch": 90}}
+    (run / "data" / "stats.json").write_text(json.dumps(stats))
+    train = estimate.estimate(run, config)["steps"][0]
+    assert "100 steps (train.epochs 2.5 x 40 steps per epoch" in train["basis"]
+
+
+def test_main_writes_the_estimate_and_an_unfinished_smoke_log_is_named(capsys, tmp_path):
+    run, config = smoke_run(capsys, tmp_path, "max_steps = 10\n")
+    assert estimate.main(["--run-dir", str(run), "--config", str(config)]) == 0
+    assert estimate.read_estimate(run / "logs")["steps"][0]["step"] == "train"
+    log = run / "smoke" / "logs" / "smoke-consolidate-4.log"
+    log.write_text("== smoke-consolidate: job 4\n")
+    assert estimate.main(["--run-dir", str(run), "--config", str(config)]) == 2
+    assert f"{log} does not say `== smoke-consolidate: COMPLETED" in capsys.readouterr().err
