@@ -10,12 +10,13 @@ from pathlib import Path
 import boto3
 
 from cluster_contract import StackOutput
-from hpctl import ssm
+from hpctl import run_progress, ssm
 from hpctl.cluster import choose_node, describe_cluster, list_nodes, require_usable, ssm_target
 from hpctl.errors import HpctlError, aws_errors
 from hpctl.facts import read_cluster_facts
+from hpctl.job_status import pricing_client
 from hpctl.lifecycle_logs import find_log_group, show_lifecycle_logs
-from hpctl.project import ProjectSettings, resolve_settings
+from hpctl.project import ProjectSettings, read_cdk_context, resolve_settings
 from hpctl.stack import StackInfo, describe_stack, require_outputs
 from hpctl.status import collect_status, render_json, render_text
 from hpctl.step_logs import show_step_logs
@@ -55,8 +56,31 @@ def connect(args: argparse.Namespace) -> Deployment:
 
 def status(args: argparse.Namespace) -> None:
     deployment = connect(args)
-    report = collect_status(deployment.session, deployment.stack())
+    stack = deployment.stack()
+    report = collect_status(deployment.session, stack)
+    report["run"] = newest_run_status(deployment, stack)
     print(render_json(report) if args.json else render_text(report))
+
+
+def newest_run_status(deployment: Deployment, stack: StackInfo) -> dict | None:
+    """The newest run's steps, progress and estimate (with its cost), from the bucket's outputs/."""
+    bucket = stack.output(StackOutput.BUCKET_NAME)
+    if not bucket:
+        return None
+    s3 = deployment.session.client("s3")
+    with aws_errors(f"read the runs in s3://{bucket}/outputs/"):
+        run = run_progress.newest_run(s3, bucket)
+        if run is None:
+            return None
+        found = run_progress.run_progress(s3, bucket, run)
+    estimate = found["estimate"]
+    if estimate:
+        root = deployment.settings.root
+        context = read_cdk_context(root) if (root / "cdk.json").is_file() else {}
+        instance_type = run_progress.partition_instance_types(context).get(estimate.get("partition", ""))
+        price = run_progress.cluster_price(pricing_client(deployment.session), instance_type, deployment.region)
+        found["cost"] = run_progress.describe_cost(estimate["node_hours"], instance_type, price)
+    return found
 
 
 def wait(args: argparse.Namespace) -> None:

@@ -59,20 +59,22 @@ def pricing_client(session: boto3.Session):
     return session.client("pricing", region_name=PRICING_REGION)
 
 
-def hourly_price(pricing, instance_type: str, region: str) -> HourlyPrice | None:
-    """The on-demand training price of one instance hour, or None when the price list has none."""
+def hourly_price(pricing, instance_type: str, region: str, *, usage: str = "Train") -> HourlyPrice | None:
+    """The on-demand price of one instance hour, or None when the price list has none (or cannot be reached).
+    ``usage``: Train (training jobs, `<region>-Train:<type>`) or Cluster (HyperPod, `<region>-Cluster:<type>`)."""
     try:
         pages = pricing.get_paginator("get_products").paginate(
             ServiceCode="AmazonSageMaker",
             Filters=[
                 {"Type": "TERM_MATCH", "Field": "regionCode", "Value": region},
-                {"Type": "CONTAINS", "Field": "usagetype", "Value": f"-Train:{instance_type}"},
+                {"Type": "CONTAINS", "Field": "usagetype", "Value": f"-{usage}:{instance_type}"},
             ],
         )
         items = [json.loads(item) for page in pages for item in page["PriceList"]]
     except (ClientError, BotoCoreError):
         return None
-    exact = re.compile(rf"[A-Z0-9]+-Train:{re.escape(instance_type)}")  # not Spot-Train, not other sizes
+    # Not Spot-Train or ReservedCluster, not other sizes.
+    exact = re.compile(rf"[A-Z0-9]+-{re.escape(usage)}:{re.escape(instance_type)}")
     for item in items:
         usage_type = item.get("product", {}).get("attributes", {}).get("usagetype", "")
         if not exact.fullmatch(usage_type):

@@ -9,6 +9,7 @@ import boto3
 from botocore.exceptions import ClientError
 
 from cluster_contract import StackOutput
+from hpctl import run_progress
 from hpctl.cluster import describe_cluster, list_nodes
 from hpctl.errors import aws_errors
 from hpctl.stack import StackInfo
@@ -108,6 +109,8 @@ def render_text(status: dict) -> str:
         )
     else:
         lines.append("  none yet")
+    if status.get("run"):
+        lines += ["", *run_progress.render(status["run"], status["run"].get("cost"))]
     return "\n".join(lines)
 
 

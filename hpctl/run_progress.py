@@ -1,0 +1,156 @@
+"""`hpctl status`: where the newest pipeline run stands, from its files exported to S3.
+
+The outputs folder on FSx is exported to s3://<bucket>/outputs/ (the same copy `hpctl logs steps`
+reads, minutes behind the cluster), so the run's submission record (logs/pipeline.json), its step
+markers (logs/state/, smoke/logs/state/), the running step's log and the smoke stage's estimate
+(logs/estimate.json) can be read without a session on the cluster. The running step's progress is
+the last metric line its trainer printed: ``step 120/1000 | loss 1.2 | ... | 15155 tokens/s | ... |
+eta 0:12:00`` (training/callbacks.py) or torchtitan's ``step: 120  loss: 7.1 ... tps: 6,475``. The
+estimate's cost is its node-hours times the on-demand HyperPod price of the partition's instance
+type (AWS Price List API, `<region>-Cluster:<type>` usage type); without one it says "price unknown".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import PurePosixPath
+
+from botocore.exceptions import ClientError
+
+from hpctl.job_status import PRICE_SOURCE, HourlyPrice, hourly_price
+from hpctl.step_logs import OUTPUTS_PREFIX, list_runs
+
+CLUSTER_USAGE = "Cluster"  # the Price List API's HyperPod usage types: <region>-Cluster:ml.<type>
+TAIL_BYTES = 64 * 1024  # of the running step's log: enough for its last metric lines
+_CALLBACK_LINE = re.compile(
+    r"^step (?P<step>\d+)/(?P<total>\d+) \| loss (?P<loss>[0-9.]+) \|.*?\| (?P<tps>[0-9.]+) tokens/s"
+    r"(?:.*\| eta (?P<eta>.+))?$"
+)
+_TITAN_LINE = re.compile(r"(?<!validate )step:\s*(?P<step>\d+)\s+loss:\s*(?P<loss>\S+).*?tps:\s*(?P<tps>[0-9,]+)")
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int
+    total: int | None
+    loss: float
+    tokens_per_second: float
+    eta: str | None
+
+    def describe(self) -> str:
+        total = f"/{self.total}" if self.total else ""
+        eta = f", eta {self.eta}" if self.eta else ""
+        return f"step {self.step}{total}, loss {self.loss:.4f}, {self.tokens_per_second:,.0f} tokens/s{eta}"
+
+
+def last_progress(log_text: str) -> Progress | None:
+    """The last metric line of a training log, or None when it has printed none yet."""
+    for line in reversed(log_text.splitlines()):
+        line = line.strip()
+        if found := _CALLBACK_LINE.match(line):
+            eta = found["eta"].strip() if found["eta"] else None
+            return Progress(int(found["step"]), int(found["total"]), float(found["loss"]), float(found["tps"]), eta)
+        if found := _TITAN_LINE.search(line):
+            return Progress(int(found["step"]), None, float(found["loss"]), float(found["tps"].replace(",", "")), None)
+    return None
+
+
+def _key(run: str, path: str) -> str:
+    """The S3 key of a file of the run folder, from its path on the cluster (<outputs>/<run>/...)."""
+    parts = PurePosixPath(path).parts
+    inside = parts[len(parts) - 1 - parts[::-1].index(run) + 1 :] if run in parts else parts[-2:]
+    return f"{OUTPUTS_PREFIX}{run}/{'/'.join(inside)}"
+
+
+def _read(s3, bucket: str, key: str, *, tail: int | None = None) -> str | None:
+    extra = {"Range": f"bytes=-{tail}"} if tail else {}
+    try:
+        return s3.get_object(Bucket=bucket, Key=key, **extra)["Body"].read().decode("utf-8", errors="replace")
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "InvalidRange"):
+            return None
+        raise
+
+
+def newest_run(s3, bucket: str) -> str | None:
+    """The run whose submission record was written last."""
+    newest = None
+    for run in list_runs(s3, bucket):
+        try:
+            head = s3.head_object(Bucket=bucket, Key=f"{OUTPUTS_PREFIX}{run}/logs/pipeline.json")
+        except ClientError:
+            continue
+        if newest is None or head["LastModified"] > newest[0]:
+            newest = (head["LastModified"], run)
+    return newest[1] if newest else None
+
+
+def run_progress(s3, bucket: str, run: str) -> dict:
+    """Each step's state (its marker), the running step's progress and the estimate, as one document."""
+    record = json.loads(_read(s3, bucket, f"{OUTPUTS_PREFIX}{run}/logs/pipeline.json") or '{"steps": []}')
+    steps, current = [], None
+    for job in record["steps"]:
+        marker_path = str(PurePosixPath(job["log"]).parent / "state" / f"{job['step']}.json")
+        marker = json.loads(_read(s3, bucket, _key(run, marker_path)) or "{}")
+        state = marker.get("state", "-") if str(marker.get("job")) == job["job"] else "-"
+        steps.append({"step": job["step"], "job": job["job"], "state": state})
+        if state == "RUNNING":
+            current = job
+    progress = None
+    if current is not None:
+        text = _read(s3, bucket, _key(run, current["log"]), tail=TAIL_BYTES)
+        found = last_progress(text or "")
+        progress = found.__dict__ if found else None
+    estimate = _read(s3, bucket, f"{OUTPUTS_PREFIX}{run}/logs/estimate.json")
+    return {
+        "run": run,
+        "steps": steps,
+        "running": current["step"] if current else None,
+        "progress": progress,
+        "estimate": json.loads(estimate) if estimate else None,
+    }
+
+
+def partition_instance_types(context: dict) -> dict[str, str]:
+    """{partition: instance type} from cdk.json's compute_groups."""
+    groups = context.get("compute_groups") or []
+    return {
+        group["partition"]: group["instance_type"]
+        for group in groups
+        if isinstance(group, dict) and group.get("partition") and group.get("instance_type")
+    }
+
+
+def cluster_price(pricing, instance_type: str | None, region: str) -> HourlyPrice | None:
+    return hourly_price(pricing, instance_type, region, usage=CLUSTER_USAGE) if instance_type else None
+
+
+def describe_cost(node_hours: float, instance_type: str | None, price: HourlyPrice | None) -> str:
+    if price is None:
+        what = f"for {instance_type}" if instance_type else "(the run's partition is not in cdk.json compute_groups)"
+        return f"price unknown {what}: no on-demand HyperPod price found ({PRICE_SOURCE})"
+    return (
+        f"${node_hours * price.usd:,.2f} = {node_hours:.3f} node-hours x ${price.usd:,.4f}/h "
+        f"({price.usage_type}; {PRICE_SOURCE})"
+    )
+
+
+def render(progress: dict, cost: str | None) -> list[str]:
+    lines = [f"Run          {progress['run']}"]
+    for step in progress["steps"]:
+        lines.append(f"  {step['step']:<22} {step['job']:>8}  {step['state']}")
+    if progress["running"]:
+        found = progress["progress"]
+        detail = Progress(**found).describe() if found else "no metric line yet"
+        lines.append(f"  running: {progress['running']}: {detail}")
+    estimate = progress["estimate"]
+    if estimate:
+        total = timedelta(seconds=round(estimate["total_seconds"]))
+        lines.append(f"  estimate (smoke run): {total} for the long steps, {estimate['node_hours']:.3f} node-hours")
+        if cost:
+            lines.append(f"  cost: {cost}")
+        lines.append(f"  note: {estimate['note']}")
+    return lines

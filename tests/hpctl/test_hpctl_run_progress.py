@@ -1,0 +1,143 @@
+"""`hpctl status` shows the newest run: each step's state, the running step's progress from the metric
+lines its trainer printed, and the smoke run's estimate with its cost at the HyperPod on-demand price."""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+from botocore.stub import Stubber
+from conftest import BUCKET, FIXTURE_SESSION, REGION
+from transformers import TrainerState, TrainingArguments
+
+from hpctl import commands, run_progress
+from hpctl.job_status import hourly_price
+from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
+from tools import torchtitan_standin
+
+RUN_DIR = "/fsx/outputs/tiny-lora"
+
+
+def trainer_lines(capsys, tmp_path, *, step: int, total: int) -> str:
+    """What the fine-tuning trainer prints up to ``step`` of ``total`` (MetricsLogger, one line per step)."""
+    args = TrainingArguments(output_dir=str(tmp_path / "unused"), per_device_train_batch_size=1, report_to="none")
+    state = TrainerState(max_steps=total, is_world_process_zero=True)
+    tokens = TokenCounter(lambda features: features)
+    logger = MetricsLogger(tokens=tokens, trainable=1, tensorboard_dir=None)
+    logger.on_train_begin(args, state, None)
+    for done in range(1, step + 1):
+        logger.last_time -= 2.0
+        tokens.real += 500
+        state.global_step = done
+        logger.on_log(args, state, None, logs={"loss": 3.0 / done, "learning_rate": 1e-5})
+    return capsys.readouterr().out
+
+
+def put(s3, key: str, body: str) -> None:
+    s3.put_object(Bucket=BUCKET, Key=f"outputs/tiny-lora/{key}", Body=body.encode())
+
+
+def write_run(s3, train_log: str, *, estimate: dict | None) -> None:
+    steps = [
+        ("data", "11", "logs"),
+        ("smoke-train", "12", "smoke/logs"),
+        ("estimate", "13", "logs"),
+        ("train", "14", "logs"),
+        ("consolidate", "15", "logs"),
+    ]
+    record = [{"step": s, "job": j, "log": f"{RUN_DIR}/{where}/{s}-{j}.log", "nodes": 1} for s, j, where in steps]
+    put(s3, "logs/pipeline.json", json.dumps({"config": "run.toml", "steps": record}))
+    for step, job, where in steps[:4]:
+        state = "RUNNING" if step == "train" else "COMPLETED"
+        put(s3, f"{where}/state/{step}.json", json.dumps({"step": step, "job": job, "state": state}))
+    put(s3, "logs/train-14.log", train_log)
+    if estimate:
+        put(s3, "logs/estimate.json", json.dumps(estimate))
+
+
+def stubbed_pricing(items: list[str], instance_type: str):
+    client = FIXTURE_SESSION.client("pricing", region_name="us-east-1")
+    stubber = Stubber(client)
+    expected = {
+        "ServiceCode": "AmazonSageMaker",
+        "Filters": [
+            {"Type": "TERM_MATCH", "Field": "regionCode", "Value": REGION},
+            {"Type": "CONTAINS", "Field": "usagetype", "Value": f"-Cluster:{instance_type}"},
+        ],
+    }
+    stubber.add_response("get_products", {"PriceList": items, "FormatVersion": "aws_v1"}, expected)
+    stubber.activate()
+    return client
+
+
+def price_item(usage_type: str, usd: str) -> str:
+    """One Price List API product in the service's document shape (the figure is test data, not a price)."""
+    dimension = {"unit": "Hrs", "pricePerUnit": {"USD": usd}}
+    return json.dumps(
+        {
+            "product": {"attributes": {"usagetype": usage_type, "regionCode": REGION}},
+            "terms": {"OnDemand": {"SKU.TERM": {"priceDimensions": {"SKU.TERM.RATE": dimension}}}},
+        }
+    )
+
+
+def test_the_hyperpod_price_is_the_exact_on_demand_cluster_usage_type():
+    items = [
+        price_item("USW2-ReservedCluster:ml.trn1.32xlarge", "9.0"),
+        price_item("USW2-Cluster:ml.trn1.32xlarge", "4.5"),
+    ]
+    price = hourly_price(stubbed_pricing(items, "ml.trn1.32xlarge"), "ml.trn1.32xlarge", REGION, usage="Cluster")
+    assert (price.usd, price.usage_type) == (4.5, "USW2-Cluster:ml.trn1.32xlarge")
+    assert run_progress.describe_cost(2.0, "ml.trn1.32xlarge", price).startswith("$9.00 = 2.000 node-hours x $4.5000/h")
+
+
+def test_offline_the_price_is_unknown():
+    offline = FIXTURE_SESSION.client("pricing", region_name="us-east-1")
+    stubber = Stubber(offline)
+    stubber.add_client_error("get_products", "UnrecognizedClientException", "no credentials")
+    stubber.activate()
+    price = run_progress.cluster_price(offline, "ml.trn1.32xlarge", REGION)
+    assert price is None
+    assert run_progress.describe_cost(2.0, "ml.trn1.32xlarge", price).startswith("price unknown for ml.trn1.32xlarge")
+
+
+def test_torchtitan_progress_is_read_from_its_metric_line():
+    line = "[titan] 2026-01-01 10:00:00,000 - root - INFO - " + torchtitan_standin.metric_line(
+        120, 7.25, 1.0, 60.0, 75.0, 6475, 374.7, 37.9
+    )
+    found = run_progress.last_progress(f"starting\n{line}\n")
+    assert (found.step, found.total, found.loss, found.tokens_per_second) == (120, None, 7.25, 6475.0)
+
+
+def test_status_shows_the_running_step_and_the_estimate_with_its_cost(
+    deployed, hpctl, capsys, tmp_path, monkeypatch, project
+):
+    context = json.loads((project / "cdk.json").read_text())
+    context["context"]["compute_groups"] = [
+        {"name": "compute", "instance_type": "ml.trn1.32xlarge", "count": 1, "partition": "trn1"}
+    ]
+    (project / "cdk.json").write_text(json.dumps(context))
+    s3 = boto3.client("s3", region_name=REGION)
+    estimate = {"partition": "trn1", "total_seconds": 5400.0, "node_hours": 1.5, "steps": [], "note": "billed..."}
+    write_run(s3, trainer_lines(capsys, tmp_path, step=3, total=10), estimate=estimate)
+    items = [price_item("USW2-Cluster:ml.trn1.32xlarge", "4.0")]
+    monkeypatch.setattr(commands, "pricing_client", lambda session: stubbed_pricing(items, "ml.trn1.32xlarge"))
+
+    code, out, err = hpctl("status")
+    assert (code, err) == (0, "")
+    run = out.split("Run          tiny-lora\n")[1].splitlines()
+    assert [line.split() for line in run[:5]] == [
+        ["data", "11", "COMPLETED"],
+        ["smoke-train", "12", "COMPLETED"],  # its marker lies in the smoke run's folder
+        ["estimate", "13", "COMPLETED"],
+        ["train", "14", "RUNNING"],
+        ["consolidate", "15", "-"],
+    ]
+    assert run[5].startswith("  running: train: step 3/10, loss 1.0000, 250 tokens/s, eta 0:00:14")
+    assert run[6] == "  estimate (smoke run): 1:30:00 for the long steps, 1.500 node-hours"
+    assert run[7].startswith("  cost: $6.00 = 1.500 node-hours x $4.0000/h (USW2-Cluster:ml.trn1.32xlarge;")
+
+    # A partition cdk.json does not name, or no price: the cost is unknown, the rest stands.
+    put(s3, "logs/estimate.json", json.dumps({**estimate, "partition": "gone"}))
+    code, out, _ = hpctl("status")
+    assert code == 0 and "cost: price unknown (the run's partition is not in cdk.json compute_groups)" in out
