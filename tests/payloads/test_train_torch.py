@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 from payload_configs import write_config
 
 from llm_pipeline import generate, train
-from llm_pipeline.weights.checkpoints import newest_complete
+from llm_pipeline.weights.checkpoints import newest_complete, seal_name
 
 
 @pytest.fixture(scope="module")
@@ -110,14 +109,18 @@ def test_generate_answers_with_base_and_adapter(run, first_output, capsys):
     assert written.strip() in capsys.readouterr().out
 
 
-def test_restart_resumes_from_the_newest_checkpoint(run, first_output, capsys):
+def test_a_restart_after_a_partial_restore_resumes_from_the_previous_complete_checkpoint(run, first_output, capsys):
     cfg = run[1]
-    shutil.rmtree(cfg.paths.checkpoints_dir / "checkpoint-30")  # as if the job died after step 20
-    (cfg.paths.checkpoints_dir / "checkpoint-25").mkdir()  # half-written: no trainer_state.json
+    newest = cfg.paths.checkpoints_dir / "checkpoint-30"
+    assert (newest / seal_name(0)).is_file() and (newest / "trainer_state.json").is_file()
+    # A spot restart restored trainer_state.json of the newest checkpoint but not its weights.
+    (newest / "adapter_model.safetensors").unlink()
+    (cfg.paths.checkpoints_dir / "checkpoint-25").mkdir()  # half-written: no seal
     out = _train(run[0], capsys)
     assert f"resuming from {cfg.paths.checkpoints_dir / 'checkpoint-20'}" in out
     assert "step 25/30 | loss" in out and "step 5/30" not in out
-    assert _trainer_state(cfg.paths.checkpoints_dir / "checkpoint-30")["global_step"] == 30
+    assert _trainer_state(newest)["global_step"] == 30
+    assert newest_complete(cfg.paths.checkpoints_dir) == (30, newest)  # written again, sealed again
 
 
 def test_precompile_runs_a_few_steps_and_saves_nothing(hpl_env, tmp_path, capsys):

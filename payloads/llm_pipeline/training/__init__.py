@@ -3,13 +3,15 @@
 - ``neuron/``: optimum-neuron on Trainium (LoRA and full fine-tuning).
 - ``torch/``: transformers + trl + peft + accelerate on CPU or CUDA (LoRA, DoRA, QLoRA, full).
 - ``torchtitan/``: the torchtitan pretraining ladder, its metrics, report and HF export.
-- Shared here: the run plan (plan), metrics logging and token counting (callbacks), MFU (metrics),
-  the fixed-length collator, the data step's padding report (data_stats), block mode for full
-  fine-tuning on a corpus (text_blocks), LoRA and full-model parameter counts (lora_count, full_rules).
+- Shared here: the run plan (plan), metrics logging, token counting and checkpoint seals
+  (callbacks), MFU (metrics), the fixed-length collator, the data step's padding report
+  (data_stats), block mode for full fine-tuning on a corpus (text_blocks), LoRA and full-model
+  parameter counts (lora_count, full_rules).
 
 May import (the shared modules here): the stdlib, the training stack of the image (torch,
-transformers, trl, peft, datasets, accelerate), and the top-level config, errors, prompt and
-model_shapes modules. Never an engine subpackage: engines import the shared room, not the reverse.
-Engines are imported only by the step modules (train, prepare, pretrain), so other steps never
-load a training stack, and no engine imports another engine's modules.
+transformers, trl, peft, datasets, accelerate), the top-level config, errors, prompt and
+model_shapes modules, and weights.checkpoints (the checkpoint seals the callbacks write). Never
+an engine subpackage: engines import the shared room, not the reverse. Engines are imported only
+by the step modules (train, prepare, pretrain), so other steps never load a training stack, and no
+engine imports another engine's modules.
 """

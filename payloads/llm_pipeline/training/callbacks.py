@@ -7,11 +7,15 @@ the replicas. The blog's "samples/s" is per replica, so that is logged too.
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
 from transformers import TrainerCallback
+
+from llm_pipeline.weights.checkpoints import prune, write_seal
 
 
 class TokenCounter:
@@ -114,3 +118,25 @@ class MetricsLogger(TrainerCallback):
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+
+class SealCheckpoints(TrainerCallback):
+    """After every save, once every process has written its part: each node's first process seals
+    that node's part of the checkpoint (weights/checkpoints.py) and deletes its node's checkpoints
+    beyond ``train.save_total_limit``. The trainer prunes only where global rank 0 runs; on a
+    training job every host has its own disk, and a seal is what a resume after a partial restore
+    trusts."""
+
+    def __init__(self, *, wait_for_everyone: Callable[[], None]):
+        self.wait_for_everyone = wait_for_everyone
+
+    def on_save(self, args, state, control, **kwargs):
+        self.wait_for_everyone()
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            world = int(os.environ.get("WORLD_SIZE", "1"))
+            nodes = max(1, world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
+            node = int(os.environ.get("GROUP_RANK", "0"))
+            write_seal(Path(args.output_dir) / f"checkpoint-{state.global_step}", node=node, nodes=nodes)
+            if args.save_total_limit:
+                prune(Path(args.output_dir), keep=args.save_total_limit, node=node)
+        self.wait_for_everyone()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
-from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
+from llm_pipeline.training.callbacks import MetricsLogger, SealCheckpoints, TokenCounter
 from llm_pipeline.training.metrics import UtilisationMetrics, device_peak_flops, flops_per_token
 from llm_pipeline.training.plan import TrainPlan, check_target_modules, say, sft_arguments, world_size
 from llm_pipeline.training.text_blocks import formatting_func
@@ -168,6 +168,7 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     flops = flops_per_token(model.config, cfg.data.max_length, full=cfg.train.method == "full")
     trainer.add_callback(UtilisationMetrics(tokens=tokens, flops_token=flops, peak_flops=device_peak_flops()))
     trainer.add_callback(MetricsLogger(tokens=tokens, trainable=trainable, tensorboard_dir=plan.tensorboard_dir))
+    trainer.add_callback(SealCheckpoints(wait_for_everyone=trainer.accelerator.wait_for_everyone))
     if cfg.train.profile_window is not None and plan.save_checkpoints:
         trainer.add_callback(StepProfiler(window=cfg.train.profile_window, folder=cfg.paths.profile_dir))
     return trainer, tokens

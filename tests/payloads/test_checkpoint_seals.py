@@ -1,0 +1,78 @@
+"""Checkpoint seals: complete means every node's seal and every file it lists, at its size, whatever
+order a restore brought them back in; pruning keeps a node's newest sealed checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llm_pipeline.weights.checkpoints import (
+    complete_checkpoints,
+    newest_complete,
+    prune,
+    seal_name,
+    write_seal,
+)
+
+
+def checkpoint(root: Path, step: int, files: dict[str, bytes]) -> Path:
+    folder = root / f"checkpoint-{step}"
+    for name, data in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    return folder
+
+
+def two_host_checkpoint(root: Path, step: int) -> Path:
+    """Each host wrote its own shard on its own disk, sealed its part; S3 then holds the union."""
+    folder = checkpoint(root / "host-1", step, {"trainer_state.json": b"{}", "model/__0_0.distcp": b"a" * 10})
+    write_seal(folder, node=0, nodes=2)
+    other = checkpoint(root / "host-2", step, {"model/__1_0.distcp": b"b" * 12})
+    write_seal(other, node=1, nodes=2)
+    restored = root / "restored" / folder.name
+    for source in (folder, other):
+        for path in source.rglob("*"):
+            if path.is_file():
+                (restored / path.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
+                (restored / path.relative_to(source)).write_bytes(path.read_bytes())
+    return restored
+
+
+def test_the_union_of_both_hosts_sealed_parts_is_complete(tmp_path):
+    restored = two_host_checkpoint(tmp_path, 20)
+    assert complete_checkpoints(restored.parent) == [(20, restored)]
+
+
+def test_a_missing_or_short_file_or_seal_makes_a_checkpoint_incomplete(tmp_path):
+    for damage in ("missing shard", "short shard", "missing seal", "cut seal"):
+        root = tmp_path / damage.replace(" ", "-")
+        previous = two_host_checkpoint(root, 10)
+        newest = two_host_checkpoint(root, 20)
+        if damage == "missing shard":
+            (newest / "model" / "__1_0.distcp").unlink()
+        elif damage == "short shard":
+            (newest / "model" / "__0_0.distcp").write_bytes(b"a" * 4)
+        elif damage == "missing seal":
+            (newest / seal_name(1)).unlink()
+        else:
+            (newest / seal_name(0)).write_text('{"node": 0, "nod')
+        assert (newest / "trainer_state.json").is_file()
+        assert newest_complete(newest.parent) == (10, previous), damage
+
+
+def test_checkpoints_from_before_seals_count_by_trainer_state(tmp_path):
+    old = checkpoint(tmp_path, 10, {"trainer_state.json": b"{}"})
+    checkpoint(tmp_path, 20, {"adapter_model.safetensors": b"x"})  # no trainer_state.json
+    assert complete_checkpoints(tmp_path) == [(10, old)]
+    sealed = checkpoint(tmp_path, 30, {"trainer_state.json": b"{}"})
+    write_seal(sealed, node=0, nodes=1)
+    assert complete_checkpoints(tmp_path) == [(30, sealed)]  # a sealed run trusts only seals
+
+
+def test_prune_keeps_the_newest_sealed_checkpoints_of_this_node(tmp_path):
+    for step in (10, 20, 30):
+        write_seal(checkpoint(tmp_path, step, {"__1_0.distcp": b"s"}), node=1, nodes=2)
+    checkpoint(tmp_path, 40, {"__1_0.distcp": b"s"})  # being written: not sealed yet
+    deleted = prune(tmp_path, keep=2, node=1)
+    assert deleted == [tmp_path / "checkpoint-10"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-20", "checkpoint-30", "checkpoint-40"]
+    assert prune(tmp_path, keep=2, node=0) == []  # node 0 sealed nothing here
