@@ -14,6 +14,8 @@ Cfn = sagemaker.CfnCluster
 # HyperPod runs Spot groups with continuous provisioning ("Spot instances in Amazon SageMaker HyperPod",
 # https://docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-hyperpod-spot.html; for Slurm see
 # sagemaker-hyperpod-scaling-slurm.html): set at create, so stacks/update_safety.py refuses the switch.
+# botocore's CreateCluster text still calls the mode EKS-only; the HyperPod Slurm guide documents it for
+# Slurm clusters, and the CloudFormation schema accepts it with a Slurm orchestrator (cfn-lint passes).
 CONTINUOUS_PROVISIONING = "Continuous"
 
 
