@@ -1,6 +1,7 @@
 """Merge benchmark: our streaming merge vs the reference approach vs a plain copy of the shards.
 
     .venv/bin/python bench/merge_bench.py [--shapes 1b,8b] [--workdir .bench] [--reference auto|always|never]
+        [--repeats 5] [--cache cold|warm] [--quiet-disk-wait 30] [--report docs/merge-benchmark.md]
 
 For each shape it writes a synthetic bf16 Llama checkpoint sharded like the Hub's and a LoRA
 adapter (r=16 on q/v, the default), then runs, each in its own child process, measuring wall time
@@ -8,7 +9,9 @@ and peak RSS (os.wait4's ru_maxrss of that child):
   (a) ours:      python -m llm_pipeline.merge
   (b) reference: transformers from_pretrained + peft merge_and_unload + save_pretrained
   (c) copy:      copying the shard files (the disk floor: the merge must write as many bytes)
-Results go to the console and docs/merge-benchmark.md. Generated files are removed afterwards.
+Results go to the console and docs/merge-benchmark.md. Generated files are removed afterwards. The
+exit status is 1 when our output and the reference's disagree (a failed run stops with its log).
+The test suite runs it once at the tiny shape (tests/bench/test_benchmarks.py).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "payloads")]
 
 # This process stays small (no torch): a child's ru_maxrss counts the parent's pages it was forked with.
+from bench import options  # noqa: E402
 from bench.merge_report import GIB, previous_results, table, verdicts, write_report  # noqa: E402
 from bench.synthetic_llama import SHAPES, tensor_shapes  # noqa: E402
 
@@ -93,13 +97,13 @@ def measure(label: str, command: list[str], log: Path, *, quiet: bool = False) -
     return result
 
 
-def settle(*folders: Path, drop: list[str] | tuple[str, ...] = ()) -> None:
+def settle(*folders: Path, drop: list[str] | tuple[str, ...] = (), quiet_wait_s: float = 30.0) -> None:
     """Remove outputs, flush dirty pages (so one run's writeback does not slow the next) and evict
     the input files from the page cache (only those files: nothing else on the machine is touched)."""
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
     os.sync()
-    wait_for_quiet_disk(Path(drop[0]) if drop else Path.cwd())
+    wait_for_quiet_disk(Path(drop[0]) if drop else Path.cwd(), limit_s=quiet_wait_s)
     for path in drop:
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -158,10 +162,12 @@ def summarize(samples: list[dict]) -> dict:
     }
 
 
-def bench_shape(name: str, work: Path, reference: str, ref_dtype: str, repeats: int, cache: str) -> dict:
+def bench_shape(
+    name: str, work: Path, reference: str, ref_dtype: str, repeats: int, cache: str, quiet_wait_s: float
+) -> dict:
     shape = SHAPES[name]
     folder = work / name
-    settle(folder)
+    settle(folder, quiet_wait_s=quiet_wait_s)
     folder.mkdir(parents=True)
     generated = measure("generate", python(GENERATE, folder, name), folder / "generate.log", quiet=True)
     base, adapter = folder / "base", folder / "adapter"
@@ -169,7 +175,7 @@ def bench_shape(name: str, work: Path, reference: str, ref_dtype: str, repeats: 
     shards = sorted(str(p) for p in base.glob("*.safetensors"))
     params = sum(math.prod(d) for d in tensor_shapes(shape).values())
     print(
-        f"{name}: {params / 1e9:.2f}B parameters, {model_bytes / 1e9:.2f} GB in {len(shards)} shard(s), "
+        f"{name}: {options.sizes(params, model_bytes)} in {len(shards)} shard(s), "
         f"written in {generated['wall_s']:.0f} s",
         flush=True,
     )
@@ -187,7 +193,7 @@ def bench_shape(name: str, work: Path, reference: str, ref_dtype: str, repeats: 
     inputs = [*shards, *(str(p) for p in adapter.iterdir())] if cache == "cold" else []
 
     def prepare(*outputs: Path) -> None:
-        settle(*outputs, drop=inputs)
+        settle(*outputs, drop=inputs, quiet_wait_s=quiet_wait_s)
         if cache == "warm":
             warm(shards)
 
@@ -214,7 +220,7 @@ def bench_shape(name: str, work: Path, reference: str, ref_dtype: str, repeats: 
                 samples["copy"].append(measure("copy", python(COPY, copy_out, *shards), folder / "copy.log"))
             else:
                 samples["ours"].append(measure("ours", merge_command, folder / "ours.log"))
-    settle(copy_out)
+    settle(copy_out, quiet_wait_s=quiet_wait_s)
     runs["copy"], runs["ours"] = summarize(samples["copy"]), summarize(samples["ours"])
     if not ours_out.exists():  # the reference check below compares against our output
         subprocess.run(merge_command, env=child_env(), stdout=subprocess.DEVNULL, check=True)
@@ -227,18 +233,18 @@ def bench_shape(name: str, work: Path, reference: str, ref_dtype: str, repeats: 
         )
         runs["outputs_agree"] = subprocess.run(python(AGREE, ours_out, ref_out), env=child_env()).returncode == 0
         print(f"  outputs agree (bf16 rounding): {runs['outputs_agree']}", flush=True)
-        settle(ref_out)
+        settle(ref_out, quiet_wait_s=quiet_wait_s)
     else:
         runs["reference"] = None
         runs["reference_skipped"] = f"skipped: {reason}" if reference == "auto" else "skipped: --reference never"
         print(f"  reference  {runs['reference_skipped']}", flush=True)
-    settle(ours_out)
+    settle(ours_out, quiet_wait_s=quiet_wait_s)
     return runs
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", default="1b,8b", help="comma-separated: " + ", ".join(SHAPES))
+    options.add_shapes(parser, "1b,8b")
     parser.add_argument("--workdir", type=Path, default=REPO / ".bench")
     parser.add_argument(
         "--reference",
@@ -258,23 +264,24 @@ def main() -> int:
         help="evict the inputs from the page cache before each run (cold: the disk floor) or read them first (warm)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the generated checkpoints")
-    args = parser.parse_args()
-    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
-    unknown = [s for s in shapes if s not in SHAPES]
-    if unknown:
-        parser.error(f"unknown shape {unknown[0]} (known: {', '.join(SHAPES)})")
+    options.add_quiet_disk_wait(parser)
+    args = parser.parse_args(argv)
     results = {}
     try:
-        for name in shapes:
+        for name in options.chosen_shapes(parser, args.shapes):
             results[name] = bench_shape(
-                name, args.workdir, args.reference, args.reference_dtype, args.repeats, args.cache
+                name, args.workdir, args.reference, args.reference_dtype, args.repeats, args.cache, args.quiet_disk_wait
             )
     finally:
         if not args.keep:
             shutil.rmtree(args.workdir, ignore_errors=True)
     print("\n".join(["", *table(results), "", *verdicts(results)]))
     write_report(args.report, {**previous_results(args.report), **results}, args.reference_dtype)
-    print(f"\nreport written to {args.report.relative_to(REPO) if args.report.is_relative_to(REPO) else args.report}")
+    print(f"\nreport written to {options.shown(args.report)}")
+    disagree = [name for name, runs in results.items() if runs.get("outputs_agree") is False]
+    if disagree:
+        print(f"our merge and the reference disagree at shape(s) {', '.join(disagree)}", file=sys.stderr)
+        return 1
     return 0
 
 

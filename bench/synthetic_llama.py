@@ -1,6 +1,6 @@
 """Synthetic Llama-shaped checkpoints: Hub names, shapes and sharding, random values, written at disk speed.
 
-Used by the merge benchmark (1B-class and 8B shapes) and by tests that need a model too large to
+Used by the benchmarks (tiny, 1B-class and 8B shapes) and by tests that need a model too large to
 build with transformers quickly. Values come from one small random block, tiled, so writing costs
 what the disk costs; the layout (names, shapes, dtype, shards of at most 5 GB with an index) is the
 real one, split with huggingface_hub's shard helper.
@@ -32,7 +32,11 @@ class LlamaShape:
         return self.hidden // self.heads
 
 
+SMOKE_SHAPE = "tiny"  # process start-up outweighs its work: its times prove the script runs, no target applies
 SHAPES = {
+    # tiny: seconds per benchmark (the test suite's smoke runs; the training benchmark's CPU default).
+    # 8 query heads, 2 KV heads: valid at TP 8 (one query head per rank, KV heads replicated).
+    "tiny": LlamaShape(hidden=128, intermediate=352, layers=2, heads=8, kv_heads=2, vocab=2048, tied=False),
     "1b": LlamaShape(hidden=2048, intermediate=8192, layers=16, heads=32, kv_heads=8, vocab=128256, tied=True),
     "8b": LlamaShape(hidden=4096, intermediate=14336, layers=32, heads=32, kv_heads=8, vocab=128256, tied=False),
 }
@@ -114,13 +118,11 @@ def write_model(
     return folder
 
 
-def write_side_files(folder: Path, shape: LlamaShape, dtype: str) -> None:
-    """config.json, generation_config.json and a (tiny) tokenizer, as a model folder has them."""
-    from transformers import GenerationConfig, LlamaConfig
+def hf_config(shape: LlamaShape, dtype: str):
+    """The transformers LlamaConfig of ``shape`` (8192 positions, as Llama 3 has)."""
+    from transformers import LlamaConfig
 
-    from tools import tiny_model as tiny
-
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=shape.vocab,
         hidden_size=shape.hidden,
         intermediate_size=shape.intermediate,
@@ -128,10 +130,19 @@ def write_side_files(folder: Path, shape: LlamaShape, dtype: str) -> None:
         num_attention_heads=shape.heads,
         num_key_value_heads=shape.kv_heads,
         tie_word_embeddings=shape.tied,
+        max_position_embeddings=8192,
         torch_dtype=dtype,
         architectures=["LlamaForCausalLM"],
     )
-    config.save_pretrained(folder)
+
+
+def write_side_files(folder: Path, shape: LlamaShape, dtype: str) -> None:
+    """config.json, generation_config.json and a (tiny) tokenizer, as a model folder has them."""
+    from transformers import GenerationConfig
+
+    from tools import tiny_model as tiny
+
+    hf_config(shape, dtype).save_pretrained(folder)
     GenerationConfig(bos_token_id=1, eos_token_id=2).save_pretrained(folder)
     tiny.build_tokenizer().save_pretrained(folder)
 

@@ -14,7 +14,9 @@ child process, timed per step after the warmup:
 It reports non-padding tokens/s (median of the timed steps), MFU (FLOPs per token from the model
 config, llm_pipeline.training.metrics, over the device's peak; --peak-tflops where the table has no
 entry) and peak memory (CUDA allocations on a GPU, the child's peak RSS on a CPU), and writes
-docs/train-benchmark.md with the device, the versions and every timed step.
+docs/train-benchmark.md with the device, the versions, every timed step and every figure as JSON.
+The exit status is 1 when a variant that this device can run failed. The test suite runs it once at
+the tiny shape with one step (tests/bench/test_benchmarks.py).
 """
 
 from __future__ import annotations
@@ -35,10 +37,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "payloads")]
 
-from bench.synthetic_llama import SHAPES, LlamaShape  # noqa: E402
+from bench.synthetic_llama import SHAPES, LlamaShape, hf_config  # noqa: E402
 
-BENCH_SHAPES = {"tiny": LlamaShape(hidden=128, intermediate=352, layers=2, heads=4, kv_heads=2, vocab=2048, tied=False)}
-BENCH_SHAPES |= SHAPES
 LEVERS = ("compile", "liger_kernel", "flash_attention_2")
 TARGET = 1.3  # (a) / (b) tokens/s on one H100 at the 8B shape, LoRA r16
 REPORT = REPO / "docs" / "train-benchmark.md"
@@ -48,23 +48,13 @@ VERSIONED = ("torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes
 # -- setup (parent) -----------------------------------------------------------------------------
 def write_model(folder: Path, shape: LlamaShape, dtype: str) -> None:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from tools import tiny_model as tiny
 
-    config = LlamaConfig(
-        hidden_size=shape.hidden,
-        intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads,
-        vocab_size=shape.vocab,
-        tie_word_embeddings=shape.tied,
-        max_position_embeddings=8192,
-    )
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = LlamaForCausalLM(config).to(getattr(torch, dtype))
+        model = LlamaForCausalLM(hf_config(shape, dtype)).to(getattr(torch, dtype))
     model.save_pretrained(folder)
     tiny.build_tokenizer().save_pretrained(folder)
 
@@ -162,7 +152,7 @@ def engine_trainer(spec: dict, folder: Path):
         },
     }
     cfg = config.from_dict(raw, env={})
-    data.prepare(cfg)
+    datasets, tokenizer = data.training_inputs(cfg, may_prepare=True)  # as the train step reads them
     plan = TrainPlan(
         backend="torch",
         max_steps=cfg.train.max_steps,
@@ -172,7 +162,7 @@ def engine_trainer(spec: dict, folder: Path):
         start_step=0,
         tensorboard_dir=None,
     )
-    trainer, _ = torch_backend.build_trainer(cfg, plan, data.load_prepared(cfg), data.load_tokenizer(spec["model"]))
+    trainer, _ = torch_backend.build_trainer(cfg, plan, datasets, tokenizer)
     return trainer
 
 
@@ -242,9 +232,11 @@ def child(spec: dict) -> dict:
 # -- the run (parent) ---------------------------------------------------------------------------
 def run_variant(spec: dict) -> dict:
     print(f"== {spec['name']}: levers {', '.join(spec['levers']) or 'none'}", flush=True)
+    started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, cwd=REPO
     )
+    print(f"   ran {time.perf_counter() - started:.0f} s (start-up, setup and every step)", flush=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         tail = (done.stdout + done.stderr)[-2000:]
@@ -335,12 +327,19 @@ def write_report(path: Path, settings: dict, device: str, found: dict, results: 
     for name, (_, result) in results.items():
         samples = ", ".join(f"{s:.1f}" for s in result.get("samples", []))
         lines.append(f"- {name}: {samples or 'none'}")
+    record = {
+        "device": device,
+        "settings": settings,
+        "variants": {name: {"levers": levers, **result} for name, (levers, result) in results.items()},
+        "not_run": skipped,
+    }
+    lines += ["", "## Every figure (JSON)", "", "```json", json.dumps(record, indent=2), "```"]
     path.write_text("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/train_bench.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", choices=sorted(BENCH_SHAPES), default="tiny")
+    parser.add_argument("--shape", choices=list(SHAPES), default="tiny")
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps")
@@ -358,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
-    shape = BENCH_SHAPES[args.shape]
+    shape = SHAPES[args.shape]
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
     print(f"writing a random {args.shape} Llama ({dtype}) and records under {args.workdir}", flush=True)

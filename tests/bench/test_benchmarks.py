@@ -1,0 +1,109 @@
+"""The benchmark scripts are code under test: each runs once, whole, at the tiny shape, with a temporary
+report and work folder (never the committed docs/ reports), and the test fails when any variant this
+machine can run failed or left no figures. A variant this machine cannot run (a CUDA-only lever) must
+be reported as not run, with the script's reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import merge_bench, options, train_bench
+from bench.synthetic_llama import SHAPES, SMOKE_SHAPE, tensor_shapes
+
+REPO = Path(__file__).resolve().parents[2]
+LIMIT_S = 1200  # a hung benchmark fails the test instead of the suite
+
+
+def run_bench(script: str, tmp_path: Path, *args: str) -> str:
+    """Run bench/<script> with a temporary report and work folder; the report's text."""
+    report, work = tmp_path / "report.md", tmp_path / "work"
+    committed = {path: path.read_bytes() for path in (REPO / "docs").glob("*benchmark*.md")}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / script), *args, "--workdir", str(work), "--report", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=LIMIT_S,
+    )
+    assert done.returncode == 0, f"{script} exited {done.returncode}:\n{(done.stdout + done.stderr)[-4000:]}"
+    assert {path: path.read_bytes() for path in committed} == committed, "a smoke run rewrote a docs/ report"
+    assert not work.exists(), f"{script} left its generated files in {work}"
+    return report.read_text()
+
+
+def json_block(report: str) -> dict:
+    return json.loads(report.split("```json", 1)[1].split("```", 1)[0])
+
+
+def table_row(report: str, first_cell: str) -> list[str]:
+    rows = [line for line in report.splitlines() if line.startswith(f"| {first_cell} |")]
+    assert len(rows) == 1, f"expected one table row for {first_cell!r}, found {rows}"
+    return [cell.strip() for cell in rows[0].strip("|").split("|")]
+
+
+def test_train_bench_runs_every_variant_this_machine_can_run(tmp_path):
+    report = run_bench(
+        "train_bench.py", tmp_path, "--shape", SMOKE_SHAPE, "--seq-len", "32", "--batch", "1", "--steps", "1",
+        "--warmup", "1",
+    )  # fmt: skip
+    record = json_block(report)
+    not_run = {lever: reason for lever in train_bench.LEVERS if (reason := train_bench.lever_unavailable(lever))}
+    runnable = [lever for lever in train_bench.LEVERS if lever not in not_run]
+    expected = [name for name, _ in train_bench.variants(runnable)]
+    assert list(record["variants"]) == expected
+    for name in expected:
+        result = record["variants"][name]
+        assert "error" not in result, f"{name} failed: {result['error']}"
+        assert result["tokens_per_second"] > 0 and result["peak_memory_gb"] > 0, name
+        assert result["samples"] and all(sample > 0 for sample in result["samples"]), name
+        cells = table_row(report, name)
+        assert float(cells[2]) > 0 and float(cells[4]) > 0, cells
+    assert record["not_run"] == not_run
+    for lever, reason in not_run.items():
+        assert table_row(report, f"engine+{lever}")[2] == f"not run: {reason}"
+    import torch
+
+    if not torch.cuda.is_available():
+        assert "not measured on GPU" in report
+
+
+def test_merge_bench_runs_ours_the_reference_and_the_copy(tmp_path):
+    report = run_bench("merge_bench.py", tmp_path, "--shapes", SMOKE_SHAPE, "--repeats", "1", "--quiet-disk-wait", "0")
+    runs = json_block(report)[SMOKE_SHAPE]
+    for method in ("ours", "copy"):
+        assert runs[method]["wall_s"] > 0 and runs[method]["peak_rss_gib"] > 0, method
+        assert float(table_row(report, SMOKE_SHAPE + " | " + method)[2]) > 0
+    fits, reason = merge_bench.reference_fits(runs["model_bytes"])
+    if fits:  # the reference loads the whole model: it runs wherever it fits in memory
+        assert runs["reference"]["wall_s"] > 0 and runs["reference"]["peak_rss_gib"] > 0
+        assert runs["outputs_agree"] is True
+    else:
+        assert runs["reference_skipped"] == f"skipped: {reason}"
+
+
+def test_consolidate_bench_runs_ours_and_the_copy(tmp_path):
+    report = run_bench(
+        "consolidate_bench.py", tmp_path, "--shapes", SMOKE_SHAPE, "--repeats", "1", "--quiet-disk-wait", "0"
+    )
+    key = f"{SMOKE_SHAPE} TP8 xser"  # the script's defaults: TP 8, the xser rank files optimum-neuron 0.4.5 saves
+    runs = json_block(report)[key]
+    assert runs["tensors_written"] == len(tensor_shapes(SHAPES[SMOKE_SHAPE]))
+    for method in ("ours", "copy"):
+        assert runs[method]["wall_s"] > 0 and runs[method]["peak_rss_gib"] > 0, method
+        assert float(table_row(report, key + " | " + method)[2]) > 0
+
+
+def test_an_unknown_shape_is_refused_with_the_known_ones(capsys):
+    parser = argparse.ArgumentParser(prog="bench")
+    assert options.chosen_shapes(parser, " tiny, 8b ") == ["tiny", "8b"]
+    for given in ("tiny,2b", " , "):
+        with pytest.raises(SystemExit) as stopped:
+            options.chosen_shapes(parser, given)
+        assert stopped.value.code == 2
+        assert f"known: {', '.join(SHAPES)}" in capsys.readouterr().err
