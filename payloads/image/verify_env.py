@@ -1,10 +1,11 @@
 """Build-time check of a training image (the last step of payloads/Dockerfile and Dockerfile.cuda).
 
 It asserts that every pin of the image's requirements file is installed at exactly its version,
-that the modules the pipeline steps import load and, on the CUDA image, that the EFA plugin NCCL
-loads (aws-ofi-nccl) is present, so a drifted or broken environment fails the image build instead
-of the first training job on the cluster. The versions are read from the requirements file itself;
-nothing here retypes them.
+that the modules the pipeline steps import load and, on the CUDA image, that each speed lever
+applies to a tiny model (an import alone passes a liger-kernel that refuses the pinned transformers
+at apply time) and that the EFA plugin NCCL loads (aws-ofi-nccl) is present, so a drifted or
+broken environment fails the image build instead of the first training job on the cluster. The
+versions are read from the requirements file itself; nothing here retypes them.
 
 Usage: python3 verify_env.py [--family neuron|cuda] REQUIREMENTS_FILE   (exit 0 ok, 1 check failed, 2 bad input)
 """
@@ -134,6 +135,54 @@ def file_problems(family: str, root: str = "/") -> list[str]:
     return ["NCCL EFA plugin (aws-ofi-nccl, libnccl-net*.so) not found in " + ", ".join(NCCL_EFA_PLUGIN_GLOBS)]
 
 
+def apply_liger() -> None:
+    """liger-kernel's Llama patch, then a tiny Llama built from the patched classes."""
+    from liger_kernel.transformers import apply_liger_kernel_to_llama
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    apply_liger_kernel_to_llama()  # raises where the liger release does not support this transformers
+    tiny = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64)
+    norm = type(LlamaForCausalLM(tiny).model.norm).__name__
+    if not norm.startswith("Liger"):
+        raise RuntimeError(f"the patched Llama still builds {norm}, not liger's RMSNorm")
+
+
+def load_flash_attention() -> None:
+    """flash-attn's compiled CUDA extension (built for one torch) and the variable-length entry point."""
+    importlib.import_module("flash_attn_2_cuda")
+    from flash_attn import flash_attn_varlen_func  # noqa: F401  (packing's path)
+
+
+def quantize_4bit() -> None:
+    """A bitsandbytes NF4 round trip in bf16 storage, as the qlora method loads its base."""
+    import bitsandbytes.functional as bnb
+    import torch
+
+    weight = torch.linspace(-1, 1, 64 * 64, dtype=torch.bfloat16).reshape(64, 64)
+    packed, state = bnb.quantize_4bit(weight, quant_type="nf4", quant_storage=torch.bfloat16)
+    if packed.dtype != torch.bfloat16:
+        raise RuntimeError(f"packed 4-bit storage is {packed.dtype}, not bfloat16")
+    error = (bnb.dequantize_4bit(packed, state) - weight).abs().max().item()
+    if error > 0.1:  # NF4 steps near +-1 are about 0.07 apart
+        raise RuntimeError(f"NF4 round trip is off by {error:.3f}")
+
+
+# (lever, check): on the CUDA image every speed lever must work, not just import.
+CUDA_LEVERS = (("liger-kernel", apply_liger), ("flash-attn", load_flash_attention), ("bitsandbytes", quantize_4bit))
+FAMILY_LEVERS = {"neuron": (), "cuda": CUDA_LEVERS}
+
+
+def lever_problems(levers) -> list[str]:
+    """One message per lever whose check raises."""
+    problems = []
+    for name, check in levers:
+        try:
+            check()
+        except Exception as exc:  # report every broken lever, not only the first
+            problems.append(f"{name} lever ({check.__name__}): {type(exc).__name__}: {exc}")
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", choices=sorted(FAMILY_IMPORTS), default="neuron", help="which image this is")
@@ -149,13 +198,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     imports = FAMILY_IMPORTS[args.family]
     print(f"checking {len(pins)} pins from {args.requirements.name} and {len(imports)} key imports ({args.family})")
-    problems = version_problems(pins) + import_problems(imports) + file_problems(args.family)
+    levers = FAMILY_LEVERS[args.family]
+    problems = version_problems(pins) + import_problems(imports) + lever_problems(levers) + file_problems(args.family)
     for problem in problems:
         print(f"FAIL {problem}")
     if problems:
         print(f"error: the image environment does not match {args.requirements.name} ({len(problems)} problems)")
         return 1
-    print("ok: every pin installed at its version, every key import loads")
+    print(f"ok: every pin installed at its version, every key import loads, {len(levers)} levers apply")
     return 0
 
 

@@ -51,14 +51,22 @@ def test_base_is_aws_public_pytorch_training_image_at_a_full_tag(instructions):
     assert (platform, image) == ("linux/amd64", BASE_IMAGE)
     match = TAG.match(tag)
     assert match, f"tag {tag!r} is not a full, pinned DLC tag"
-    assert match["cuda"] == "130" and match["py"] == "312"
+    assert match["cuda"] == "130" and match["py"] == "313"
+
+
+def test_the_base_image_torch_is_the_pinned_torch(instructions, gpu_pins):
+    """pip keeps the base's CUDA torch (and the flash-attn and torchvision built against it) only when
+    the pin is that version; another pin reinstalls torch under them."""
+    _, _, tag = from_image(instructions)
+    assert gpu_pins["torch"] == TAG.match(tag)["torch"]
+    assert "flash-attn" in gpu_pins  # the base's build, held to its version at build time
 
 
 def test_docs_name_the_base_tag_and_where_it_was_confirmed(instructions):
     _, image, tag = from_image(instructions)
     docs = DOCS_IMAGE.read_text()
     assert f"{image}:{tag}" in docs
-    assert "aws/deep-learning-containers" in docs and "pytorch-training-2.9-gpu-ec2.md" in docs
+    assert "aws/deep-learning-containers" in docs and "docs/src/data/pytorch-training/2.10-gpu-ec2.yml" in docs
 
 
 def test_installs_only_from_the_gpu_requirements_file(instructions):
@@ -93,7 +101,9 @@ def test_build_ends_with_the_cuda_check_against_the_same_file(instructions):
 
 
 def test_gpu_pins_cover_the_stack_and_match_the_neuron_lane_where_shared(verify_env, gpu_pins):
-    for name in ("torch", "torchao", "torchtitan", "bitsandbytes", "liger-kernel", "accelerate", *SHARED_WITH_NEURON):
+    for name in ("torch", "torchao", "torchtitan", "bitsandbytes", "liger-kernel", "flash-attn", "accelerate"):
+        assert name in gpu_pins, f"{name} missing from requirements-gpu.txt"
+    for name in SHARED_WITH_NEURON:
         assert name in gpu_pins, f"{name} missing from requirements-gpu.txt"
     assert gpu_pins["torchtitan"] == "0.2.2"
     neuron = verify_env.read_pins(REQUIREMENTS)

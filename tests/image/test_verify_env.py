@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 from image_files import REQUIREMENTS, VERIFY_ENV
@@ -111,3 +113,37 @@ def test_cli_checks_the_family_it_is_told(tmp_path):
     assert result.returncode == 1
     assert "key imports (cuda)" in result.stdout
     assert "FAIL NCCL EFA plugin (aws-ofi-nccl" in result.stdout  # this machine has no EFA stack
+
+
+# The GPU lane's liger-kernel (.venv/gpu-site) and the Triton it imports (.venv/torchtitan-site), both
+# installed by `make venv`: the lever checks run in a subprocess with them first on the path.
+LEVER_SITES = [Path(sys.prefix) / "gpu-site", Path(sys.prefix) / "torchtitan-site"]
+
+
+def test_cuda_levers_are_applied_not_just_imported():
+    """liger's patch builds a tiny Llama with liger's RMSNorm and the NF4 round trip holds; flash-attn
+    (CUDA-only, absent here) is reported by name. On the image all three must pass."""
+    for site in LEVER_SITES:
+        assert site.is_dir(), f"{site} missing: run `make venv`"
+    code = (
+        "import json, sys; sys.path[:0] = sys.argv[1:3]; "
+        "import importlib.util; spec = importlib.util.spec_from_file_location('verify_env', sys.argv[3]); "
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+        "print(json.dumps(m.lever_problems(m.CUDA_LEVERS)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, *map(str, LEVER_SITES), str(VERIFY_ENV)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    problems = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("flash-attn lever (load_flash_attention): ModuleNotFoundError")
+    assert "flash_attn_2_cuda" in problems[0]
+
+
+def test_a_lever_that_raises_is_reported_with_its_error(verify_env):
+    def broken():
+        raise ImportError("liger-kernel needs transformers >= 5.0")
+
+    problems = verify_env.lever_problems((("liger-kernel", broken), ("bitsandbytes", verify_env.quantize_4bit)))
+    assert problems == ["liger-kernel lever (broken): ImportError: liger-kernel needs transformers >= 5.0"]
