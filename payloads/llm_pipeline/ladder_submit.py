@@ -15,56 +15,43 @@ there); the steps validate the whole run config.
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 
 from llm_pipeline.config import TORCHTITAN_RUNGS, TorchtitanConfig
 from llm_pipeline.jobs import chain
 from llm_pipeline.jobs.chain import ChainJob
 from llm_pipeline.jobs.pipeline_status import StepJob
-from llm_pipeline.jobs.run_facts import RunFacts, RunFactsError
-
-_TABLE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.-]+)\s*\]\s*(#.*)?$")
-_RUNGS = re.compile(r"^\s*rungs\s*=\s*(\[[^\]]*\])\s*(#.*)?$")
+from llm_pipeline.jobs.run_facts import RunFacts, RunFactsError, read_key
 
 
 def read_rungs(config: Path) -> tuple[str, ...]:
     """`[torchtitan] rungs`, written on one line as a list of double-quoted names (or the default)."""
-    table = ""
-    for number, line in enumerate(config.read_text().splitlines(), 1):
-        header = _TABLE.match(line)
-        if header:
-            table = header.group(1)
-            continue
-        if table != "torchtitan" or not re.match(r"\s*rungs\s*=", line):
-            continue
-        match = _RUNGS.match(line)
-        try:
-            rungs = json.loads(match.group(1)) if match else None
-        except json.JSONDecodeError:
-            rungs = None
-        if not isinstance(rungs, list) or not all(isinstance(r, str) for r in rungs):
-            raise RunFactsError(
-                f"{config}:{number} torchtitan.rungs: write it on one line as a list of quoted names, "
-                f'e.g. ["baseline", "compile"]'
-            )
-        unknown = [r for r in rungs if r not in TORCHTITAN_RUNGS]
-        if unknown or not rungs or len(set(rungs)) != len(rungs):
-            raise RunFactsError(
-                f"{config}:{number} torchtitan.rungs: {rungs!r} must name each of "
-                f"{', '.join(TORCHTITAN_RUNGS)} at most once, at least one"
-            )
-        return tuple(rungs)
-    return TorchtitanConfig().rungs
+    rungs = read_key(config.read_text(), "torchtitan", "rungs", str(config))
+    if rungs is None:
+        return TorchtitanConfig().rungs
+    if not isinstance(rungs, list):
+        raise RunFactsError(f'{config}: torchtitan.rungs: write a list of quoted names, e.g. ["baseline", "compile"]')
+    unknown = [r for r in rungs if r not in TORCHTITAN_RUNGS]
+    if unknown or not rungs or len(set(rungs)) != len(rungs):
+        raise RunFactsError(
+            f"{config}: torchtitan.rungs: {rungs!r} must name each of "
+            f"{', '.join(TORCHTITAN_RUNGS)} at most once, at least one"
+        )
+    return tuple(rungs)
 
 
 def ladder_jobs(rungs: tuple[str, ...]) -> list[ChainJob]:
     return [
-        ChainJob(step="prepare", script="prepare.sbatch", args=("--ladder",)),
-        ChainJob(step="tokenizer", script="ladder-tokenizer.sbatch"),
-        ChainJob(step="dataset", script="ladder-dataset.sbatch"),
-        *(ChainJob(step=f"rung-{rung}", script="ladder-rung.sbatch", args=(rung,), multi_node=True) for rung in rungs),
+        # Run once: the image, the tokenizer and the staged dataset serve the smoke run and the long one.
+        ChainJob(step="prepare", script="prepare.sbatch", args=("--ladder",), shared=True),
+        ChainJob(step="tokenizer", script="ladder-tokenizer.sbatch", shared=True),
+        ChainJob(step="dataset", script="ladder-dataset.sbatch", shared=True),
+        # Not resumed in smoke: a rung's job-file guard refuses to resume with another step count, and
+        # its last save holds the model only (what export reads).
+        *(
+            ChainJob(step=f"rung-{rung}", script="ladder-rung.sbatch", args=(rung,), multi_node=True, trains=True)
+            for rung in rungs
+        ),
         ChainJob(step="report", script="ladder-report.sbatch"),
         ChainJob(step="export", script="ladder-export.sbatch"),
     ]

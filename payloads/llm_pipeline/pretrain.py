@@ -20,7 +20,7 @@ from pathlib import Path
 from llm_pipeline import cli, download
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
-from llm_pipeline.jobs import pipeline_status
+from llm_pipeline.jobs import pipeline_status, smoke
 from llm_pipeline.training.torchtitan import ladder as torchtitan_ladder
 from llm_pipeline.training.torchtitan import metrics as torchtitan_metrics
 from llm_pipeline.training.torchtitan import report as ladder_report
@@ -131,7 +131,9 @@ def rung_log(cfg: RunConfig, rung: str) -> Path | None:
     recorded = [path for path in recorded if path.is_file()]
     if recorded and torchtitan_metrics.summarize_file(recorded[-1]):
         return recorded[-1]
-    found = sorted(logs.glob(f"rung-{rung}-*.log"), key=lambda p: p.stat().st_mtime, reverse=True)
+    # In the smoke run (<run>/smoke/logs, no record there) the rung's job is smoke-rung-<rung>.
+    names = (f"rung-{rung}-*.log", f"{smoke.PREFIX}rung-{rung}-*.log")
+    found = sorted((p for name in names for p in logs.glob(name)), key=lambda p: p.stat().st_mtime, reverse=True)
     with_metrics = [path for path in found if torchtitan_metrics.summarize_file(path)]
     if with_metrics:
         return with_metrics[0]

@@ -52,6 +52,7 @@ def step_job(step: str) -> ChainJob:
         multi_node=step in MULTI_NODE_STEPS,
         shared=step in SHARED_STEPS,
         trains=step in TRAINING_STEPS,
+        resumes=step in TRAINING_STEPS,
     )
 
 

@@ -4,6 +4,7 @@ measured steady-state step time into each long step's duration and node-hours.""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from transformers import TrainerState, TrainingArguments
 from llm_pipeline.jobs import estimate, pipeline_status
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
+from tools import torchtitan_standin
 
 GA = 4  # one process, per-device batch 1: 4 sequences per optimizer step
 
@@ -92,3 +94,36 @@ def test_main_writes_the_estimate_and_an_unfinished_smoke_log_is_named(capsys, t
     log.write_text("== smoke-consolidate: job 4\n")
     assert estimate.main(["--run-dir", str(run), "--config", str(config)]) == 2
     assert f"{log} does not say `== smoke-consolidate: COMPLETED" in capsys.readouterr().err
+
+
+def titan_log(start: float, step_seconds: float, first_extra: float) -> str:
+    """A smoke rung's log: torchtitan's metric lines (the stand-in's format) through its logger's format,
+    two ranks per step, one step every ``step_seconds`` after a first step ``first_extra`` longer."""
+    formatter = torchtitan_standin.build_logger().handlers[0].formatter
+    lines, now = [], start
+    for step in range(1, 5):
+        now += step_seconds + (first_extra if step == 1 else 0.0)
+        for rank in range(2):
+            record = logging.LogRecord("root", logging.INFO, __file__, 0, "", None, None)
+            record.msg = torchtitan_standin.metric_line(step, 9.0 / step, 1.0, 1.0, 1.0, 1000.0 + rank, 1.0, 1.0)
+            record.created, record.msecs = now + rank * 0.01, ((now + rank * 0.01) % 1) * 1000
+            lines.append(formatter.format(record))
+    return "\n".join(lines) + "\n"
+
+
+def test_a_ladder_rung_is_timed_from_torchtitans_logged_steps(tmp_path):
+    run, config = tmp_path / "run", tmp_path / "run.toml"
+    config.write_text("[torchtitan]\nsteps = 2000\n")
+    jobs = [
+        write_job(run, "smoke-rung-baseline", "2", titan_log(1_700_000_000.0, 1.5, 40.0), 70, 4),
+        StepJob(step="estimate", job="3", log=str(run / "logs" / "estimate-3.log")),
+        StepJob(step="rung-baseline", job="4", log=str(run / "logs" / "rung-baseline-4.log"), nodes=4),
+    ]
+    (run / "logs").mkdir()
+    pipeline_status.write_record(run / "logs", config, jobs)
+    result = estimate.estimate(run, config)
+    assert result["seconds_per_step"]["rung-baseline"] == pytest.approx(1.5, abs=0.01)
+    rung = result["steps"][0]
+    assert "2000 steps (torchtitan.steps)" in rung["basis"]
+    assert rung["seconds"] == pytest.approx(70 - 4 * 1.5 + 2000 * 1.5, abs=30)
+    assert rung["node_hours"] == pytest.approx(rung["seconds"] * 4 / 3600)

@@ -29,7 +29,9 @@ from tools.rehearse_ladder import ladder_environment, write_dataset_source, writ
 pytestmark = pytest.mark.xdist_group("slurm")
 CONFIGS = REPO / "payloads" / "configs"
 TINY_LADDER = CONFIGS / "tiny-ladder-cpu.toml"
-LADDER_STEPS = ["prepare", "tokenizer", "dataset", *(f"rung-{r}" for r in config.TORCHTITAN_RUNGS), "report", "export"]
+SHARED = ["prepare", "tokenizer", "dataset"]  # once: their output serves the smoke run and the long one
+LONG = [*(f"rung-{r}" for r in config.TORCHTITAN_RUNGS), "report", "export"]
+LADDER_STEPS = [*SHARED, *(f"smoke-{step}" for step in LONG), "estimate", *LONG]
 
 
 def submitted_jobs(stdout: str) -> dict[str, str]:
@@ -48,7 +50,10 @@ def test_ladder_chain_runs_every_rung_and_reports_torchtitans_metrics(one_node, 
     assert result.returncode == 0, result.stdout + result.stderr
     jobs = submitted_jobs(result.stdout)
     assert list(jobs) == LADDER_STEPS and "pipeline: COMPLETED" in result.stdout
-    logs = {step: (run / "logs" / f"{step}-{job}.log").read_text() for step, job in jobs.items()}
+    logs = {
+        step: (run / ("smoke/logs" if step.startswith("smoke-") else "logs") / f"{step}-{job}.log").read_text()
+        for step, job in jobs.items()
+    }
     assert "run config ok" in logs["prepare"] and "already holds the tokenizer" in logs["tokenizer"]
     assert "staged 3 data files" in logs["dataset"] and "first record:" in logs["dataset"]
     for rung in config.TORCHTITAN_RUNGS:
@@ -72,6 +77,23 @@ def test_ladder_chain_runs_every_rung_and_reports_torchtitans_metrics(one_node, 
     assert "| + FP8 tensorwise linears |" in markdown and "8,624" in markdown
     assert "torchtitan.export_hf is false" in logs["export"]
 
+    # Before the first long rung: every rung's smoke run (4 steps, a metric line each), its report, its
+    # export step, and the estimate from the smoke rungs' logged step times.
+    smoke_report = json.loads((run / "smoke" / "ladder" / "report.json").read_text())
+    for row in smoke_report["rungs"]:
+        assert row["measured"]["last_step"] == 4 and row["measured"]["steady_steps"] == [2, 3, 4]
+    job_file = tomllib.loads((run / "smoke" / "ladder" / "baseline" / "job.toml").read_text())
+    assert job_file["checkpoint"]["interval"] == 2 and job_file["training"]["steps"] == 4
+    found = json.loads((run / "logs" / "estimate.json").read_text())
+    assert [row["step"] for row in found["steps"]] == LONG
+    for rung in config.TORCHTITAN_RUNGS:
+        assert (
+            f"20 steps (torchtitan.steps) x {found['seconds_per_step'][f'rung-{rung}']:.3f} s/step"
+            in (found["steps"][LONG.index(f"rung-{rung}")]["basis"])
+        )
+    first_long = json.loads((run / "logs" / "state" / "rung-baseline.json").read_text())
+    assert json.loads((run / "logs" / "state" / "estimate.json").read_text())["time"] <= first_long["time"]
+
 
 def test_ladder_dry_run_chains_the_rungs_on_every_node(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HPL_OUTPUTS_DIR": str(tmp_path), "HPL_MODELS_DIR": str(tmp_path)}
@@ -81,7 +103,7 @@ def test_ladder_dry_run_chains_the_rungs_on_every_node(tmp_path):
     assert [re.match(r"(\w+)_job=", line).group(1) for line in lines] == [s.replace("-", "_") for s in LADDER_STEPS]
     for line, step in zip(lines, LADDER_STEPS, strict=True):
         words = shlex.split(line.split("=$(", 1)[1].rstrip(")"))
-        assert f"--nodes={4 if step.startswith('rung-') else 1}" in words
+        assert f"--nodes={4 if 'rung-' in step else 1}" in words
         assert ('--dependency=afterok:"$' in line) == (step != "prepare")
     assert lines[4].endswith("ladder-rung.sbatch compile)")
 

@@ -42,8 +42,10 @@ class ChainJob:
     # Its output (image, model, tokenized data, tokenizer) serves the smoke run and the long run
     # alike: it runs once, before the smoke stage (jobs/smoke.py), and gets no smoke copy.
     shared: bool = False
-    # It trains and resumes from its newest checkpoint: its smoke copy runs twice, saving, then resuming.
+    # It trains: a chain with such a job gets a smoke stage, and the estimate scales its smoke step time.
     trains: bool = False
+    # It resumes from its newest checkpoint when started again: its smoke copy runs twice, saving, then resuming.
+    resumes: bool = False
 
 
 # Between the smoke stage and the long jobs.
@@ -132,7 +134,7 @@ def smoke_stage_runs(jobs: list[ChainJob], requested: bool) -> bool:
 
 def staged_chain(facts: RunFacts, jobs: list[ChainJob], *, smoke_stage: bool) -> list[tuple[ChainJob, RunFacts]]:
     """(job, the run it belongs to) in submission order. With the smoke stage: the shared jobs, a smoke
-    copy of every other job (a training job twice: save, then resume) on the smoke run, the estimate,
+    copy of every other job (a resuming one twice: save, then resume) on the smoke run, the estimate,
     then the long jobs (jobs/smoke.py). The smoke run's configs are named here; write_smoke_run writes them."""
     if not smoke_stage_runs(jobs, smoke_stage):
         return [(job, facts) for job in jobs]
@@ -142,7 +144,7 @@ def staged_chain(facts: RunFacts, jobs: list[ChainJob], *, smoke_stage: bool) ->
     long = [job for job in jobs if not job.shared]
     for job in long:
         copy = dataclasses.replace(job, step=smoke.PREFIX + job.step)
-        if job.trains:
+        if job.resumes:
             copies += [(copy, save), (dataclasses.replace(copy, step=copy.step + smoke.RESUME_SUFFIX), full)]
         else:
             copies.append((copy, full))

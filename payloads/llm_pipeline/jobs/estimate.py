@@ -4,14 +4,16 @@
 
 Runs after the smoke stage (jobs/smoke.py) and before the first long step. For each long job of the
 submission record (<run>/logs/pipeline.json):
-- a training job (its smoke copies printed step lines, training/callbacks.py:
-  ``step 3/4 | loss 1.2 | lr 2.0e-05 | 3.70 samples/s | 15155 tokens/s | eta 0:00:01``): the
-  steady-state step time is the median over every smoke log's step lines but its first (the first
-  carries the model load, graph compilation or the resume), as sequences per step (per-device batch x
-  gradient accumulation x the data-parallel replicas the trainer printed) over sequences/s; the long
+- a training job (its smoke copies printed step lines): the steady-state step time is the median
+  over every smoke log's step lines but its first (the first carries the model load, graph
+  compilation or the resume). The fine-tuning trainer (training/callbacks.py) prints
+  ``step 3/4 | loss 1.2 | lr 2.0e-05 | 3.70 samples/s | 15155 tokens/s | eta 0:00:01``: sequences per
+  step (per-device batch x gradient accumulation x the data-parallel replicas the trainer printed)
+  over samples/s. torchtitan prints ``[titan] 2026-01-01 10:00:01,250 - root - INFO - step:  3  loss:
+  ...`` through its logger: the time between two logged steps over the steps between them. The long
   job takes its start-up (the first smoke copy's run time less its steps) plus its steps
-  (train.max_steps, or train.epochs x the optimizer steps per epoch in <run>/data/stats.json) times
-  that step time;
+  (train.max_steps, or train.epochs x the optimizer steps per epoch in <run>/data/stats.json; a
+  ladder rung: torchtitan.steps) times that step time;
 - any other job: its smoke copy's run time (consolidation, merge and generation do not scale with
   the step count).
 Node-hours are each job's duration times its nodes. Prints the table and writes
@@ -22,26 +24,33 @@ Stdlib only (the node's python3).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
+import os
 import re
 import statistics
 import sys
 from dataclasses import asdict, dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
-from llm_pipeline.config import TrainConfig
+from llm_pipeline.config import TorchtitanConfig, TrainConfig
 from llm_pipeline.jobs import pipeline_status, smoke
 from llm_pipeline.jobs.run_facts import read_key
 
 ESTIMATE_FILE = "estimate.json"  # in <run>/logs
+RUNG_PREFIX = "rung-"  # the ladder's training jobs (ladder_submit)
 BILLING_NOTE = (
     "HyperPod bills every node of the cluster while the cluster exists, busy or idle: these node-hours "
     "are what the run occupies, not what it adds to the bill"
 )
 _STEP_LINE = re.compile(r"^step (?P<step>\d+)/(?P<total>\d+) \| loss [^|]+\|[^|]*\| (?P<samples>[0-9.]+) samples/s")
 _REPLICAS = re.compile(r"^training steps \d+ -> \d+, (?P<replicas>\d+) data-parallel replica")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # torchtitan's colors, when a job file leaves them on
+_TITAN_LINE = re.compile(
+    r"^\[titan\] (?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*?(?<!validate )step:\s*(?P<step>\d+)\s+loss:"
+)
 _RUN_TIME = re.compile(r"^== (?P<step>\S+): COMPLETED \(exit 0\) after (?P<seconds>\d+) s")
 
 
@@ -64,26 +73,38 @@ class StepEstimate:
 @dataclass(frozen=True)
 class SmokeLog:
     run_seconds: float
-    trained_steps: int  # step lines' last step minus the first logged step's predecessor
-    samples_per_second: list[float]  # per step line after the first
+    trained_steps: int  # from the first logged step to the last
+    samples_per_second: list[float]  # the fine-tuning trainer's, per step line after the first
     replicas: int | None
+    step_seconds: list[float]  # torchtitan's, between logged steps after the first
+
+
+def _titan_step_seconds(stamps: dict[int, datetime]) -> list[float]:
+    """Seconds per step between consecutive logged steps (each step's first line: every rank prints one),
+    leaving out the interval after the first logged step."""
+    steps = sorted(stamps)
+    pairs = list(itertools.pairwise(steps))[1:]
+    return [(stamps[b] - stamps[a]).total_seconds() / (b - a) for a, b in pairs]
 
 
 def read_smoke_log(path: Path, name: str) -> SmokeLog:
     text = path.read_text(errors="replace") if path.is_file() else ""
-    run_seconds, replicas, events = None, None, []
+    run_seconds, replicas, events, stamps = None, None, [], {}
     for line in text.splitlines():
-        line = line.strip()
+        line = _ANSI.sub("", line).strip()
         if (found := _RUN_TIME.match(line)) and found["step"] == name:
             run_seconds = float(found["seconds"])
         elif found := _REPLICAS.match(line):
             replicas = int(found["replicas"])
         elif found := _STEP_LINE.match(line):
             events.append((int(found["step"]), float(found["samples"])))
+        elif found := _TITAN_LINE.match(line):
+            stamps.setdefault(int(found["step"]), datetime.strptime(found["time"], "%Y-%m-%d %H:%M:%S,%f"))
     if run_seconds is None:
         raise EstimateError(f"{path} does not say `== {name}: COMPLETED (exit 0) after N s`: did the smoke job finish?")
-    trained = events[-1][0] - events[0][0] + 1 if events else 0
-    return SmokeLog(run_seconds, trained, [samples for _, samples in events[1:]], replicas)
+    logged = [step for step, _ in events] or sorted(stamps)
+    trained = logged[-1] - logged[0] + 1 if logged else 0
+    return SmokeLog(run_seconds, trained, [samples for _, samples in events[1:]], replicas, _titan_step_seconds(stamps))
 
 
 def _value(text: str, config: Path, table: str, key: str, default: object) -> object:
@@ -91,9 +112,11 @@ def _value(text: str, config: Path, table: str, key: str, default: object) -> ob
     return default if found is None else found
 
 
-def long_steps(config: Path, run_dir: Path) -> tuple[int, str]:
-    """(optimizer steps of the long training, where the number comes from)."""
+def long_steps(config: Path, run_dir: Path, step: str) -> tuple[int, str]:
+    """(optimizer steps of the long training job ``step``, where the number comes from)."""
     text, train = config.read_text(), TrainConfig()
+    if step.startswith(RUNG_PREFIX):
+        return int(_value(text, config, "torchtitan", "steps", TorchtitanConfig().steps)), "torchtitan.steps"
     max_steps = _value(text, config, "train", "max_steps", train.max_steps)
     if isinstance(max_steps, int) and max_steps > 0:
         return max_steps, "train.max_steps"
@@ -121,13 +144,17 @@ def estimate_job(job: pipeline_status.StepJob, copies: list[pipeline_status.Step
         raise EstimateError(f"no smoke copy of {job.step} in {pipeline_status.record_path(run_dir / 'logs')}")
     logs = [read_smoke_log(Path(copy.log), copy.step) for copy in copies]
     rates = [rate for log in logs for rate in log.samples_per_second]
-    if not rates:
+    titan = [seconds for log in logs for seconds in log.step_seconds]
+    if titan:
+        step_seconds = statistics.median(titan)
+    elif rates:
+        replicas = next((log.replicas for log in logs if log.replicas), None)
+        if replicas is None:
+            raise EstimateError(f"{copies[0].log} does not name its data-parallel replicas (`training steps ...` line)")
+        step_seconds = sequences_per_step(config, replicas) / statistics.median(rates)
+    else:
         return StepEstimate(job.step, job.nodes, logs[-1].run_seconds, "its smoke run's duration"), None
-    replicas = next((log.replicas for log in logs if log.replicas), None)
-    if replicas is None:
-        raise EstimateError(f"{copies[0].log} does not name its data-parallel replicas (`training steps ...` line)")
-    step_seconds = sequences_per_step(config, replicas) / statistics.median(rates)
-    steps, source = long_steps(config, run_dir)
+    steps, source = long_steps(config, run_dir, job.step)
     start_up = max(0.0, logs[0].run_seconds - logs[0].trained_steps * step_seconds)
     basis = f"{start_up:.0f} s start-up + {steps} steps ({source}) x {step_seconds:.3f} s/step measured in smoke"
     return StepEstimate(job.step, job.nodes, start_up + steps * step_seconds, basis), step_seconds
@@ -149,6 +176,7 @@ def estimate(run_dir: Path, config: Path) -> dict:
     total = sum(row.seconds for row in rows)
     return {
         "config": str(config),
+        "partition": os.environ.get("HPL_PARTITION", ""),  # hpctl prices its instance type
         "steps": [asdict(row) | {"node_hours": row.node_hours} for row in rows],
         "seconds_per_step": step_times,
         "total_seconds": total,

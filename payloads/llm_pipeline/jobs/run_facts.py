@@ -42,7 +42,8 @@ class RunFacts:
 
 
 def _scalar(raw: str, where: str) -> object:
-    """A TOML basic/literal string, integer, float or boolean, with an optional trailing comment."""
+    """A TOML basic/literal string, integer, float, boolean or one-line list of basic strings, with an optional
+    trailing comment."""
     if raw.startswith('"') and not raw.startswith('"""'):
         end = re.match(r'"(?:[^"\\]|\\.)*"', raw)
         if end and re.fullmatch(r"\s*(#.*)?", raw[end.end() :]):
@@ -51,6 +52,14 @@ def _scalar(raw: str, where: str) -> object:
         end = raw.find("'", 1)
         if end > 0 and re.fullmatch(r"\s*(#.*)?", raw[end + 1 :]):
             return raw[1:end]
+    elif raw.startswith("["):
+        array = re.fullmatch(r"(\[[^\]]*\])\s*(#.*)?", raw)
+        try:
+            items = json.loads(array.group(1)) if array else None
+        except json.JSONDecodeError:
+            items = None
+        if isinstance(items, list) and all(isinstance(item, str) for item in items):
+            return items
     else:
         number = re.fullmatch(r"([+-]?[0-9_]+)\s*(#.*)?", raw)
         if number:
@@ -61,7 +70,10 @@ def _scalar(raw: str, where: str) -> object:
         flag = re.fullmatch(r"(true|false)\s*(#.*)?", raw)
         if flag:
             return flag.group(1) == "true"
-    raise RunFactsError(f"{where}: cannot read {raw!r} (write a one-line string, a number or true/false)")
+    raise RunFactsError(
+        f"{where}: cannot read {raw!r} (write a one-line string, a number, true/false or a one-line list of "
+        'double-quoted strings, e.g. ["a", "b"])'
+    )
 
 
 def read_key(text: str, table: str, key: str, where: str) -> object | None:

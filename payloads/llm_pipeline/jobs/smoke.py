@@ -3,16 +3,17 @@
 A chain's jobs (the pipeline's steps, the ladder's jobs) become three stages, each job after the
 previous one succeeded (afterok: a failure anywhere cancels everything after it):
 
-1. the shared jobs (``ChainJob.shared``: prepare, download, data, the ladder's tokenizer), once:
-   their output (image, model, tokenized data) serves both runs;
+1. the shared jobs (``ChainJob.shared``: prepare, download, data; the ladder's prepare, tokenizer,
+   dataset), once: their output (image, model, tokenized or staged data) serves both runs;
 2. a smoke copy of every other job, named ``smoke-<step>``, on the run folder ``<run>/smoke`` with
    a derived run config (``<run>/smoke/run.toml``: the same config, partition and node count, step
-   counts cut to SMOKE_STEPS). A training job (``ChainJob.trains``) runs twice: ``smoke-<step>``
-   trains SAVE_STEP steps and saves, ``smoke-<step>-resume`` resumes from that checkpoint to
-   SMOKE_STEPS; the later smoke jobs (consolidate, merge, generate, report, export) then work on a
-   checkpoint written after a resume. ``<run>/smoke/data`` links to the run's prepared data; the
-   model and the compile cache live outside the run folder, so the smoke run fills the cache the
-   long run reads;
+   counts cut to SMOKE_STEPS). A resuming job (``ChainJob.resumes``: the pipeline's train) runs
+   twice: ``smoke-<step>`` trains SAVE_STEP steps and saves, ``smoke-<step>-resume`` resumes from
+   that checkpoint to SMOKE_STEPS; the later smoke jobs (consolidate, merge, generate) then work on
+   a checkpoint written after a resume. A ladder rung trains SMOKE_STEPS steps with a full
+   checkpoint at SAVE_STEP and its model-only last save, which the smoke export then loads.
+   ``<run>/smoke/data`` links to the run's prepared data; the model and the compile cache live
+   outside the run folder, so the smoke run fills the cache the long run reads;
 3. ``estimate`` (llm_pipeline.jobs.estimate: each long step's duration and node-hours from the smoke
    run's measured step time), then the long jobs on the real run folder.
 
@@ -34,6 +35,9 @@ PREFIX = "smoke-"
 RESUME_SUFFIX = "-resume"
 SAVE_STEP = 2  # the first smoke training saves here...
 SMOKE_STEPS = 4  # ...and the resumed one trains on to here (steps 1 and 3 carry the warm-up)
+# torchtitan keys a smoke rung adds to torchtitan.overrides: a metric line per step (the step time), and a
+# full checkpoint before the last step (the last one holds the model only).
+TORCHTITAN_SMOKE = ("metrics.log_freq = 1", f"checkpoint.interval = {SAVE_STEP}")
 CONFIGS = ("save.toml", "run.toml")  # the saving smoke run's config, the whole smoke run's
 SMOKE_NEW_TOKENS = 8  # generate: enough to prove the path
 NO_SMOKE_RISK = (
@@ -51,6 +55,7 @@ def smoke_overrides(config: Path, max_steps: int) -> dict[tuple[str, str], objec
     the cut run never reaches)."""
     text = config.read_text()
     tokens = read_key(text, "generate", "max_new_tokens", str(config))
+    overrides = read_key(text, "torchtitan", "overrides", str(config)) or []
     return {
         ("train", "max_steps"): max_steps,
         ("train", "save_steps"): SAVE_STEP,
@@ -59,6 +64,7 @@ def smoke_overrides(config: Path, max_steps: int) -> dict[tuple[str, str], objec
         ("train", "profile"): "",
         ("generate", "max_new_tokens"): min(tokens, SMOKE_NEW_TOKENS) if isinstance(tokens, int) else SMOKE_NEW_TOKENS,
         ("torchtitan", "steps"): max_steps,
+        ("torchtitan", "overrides"): [*overrides, *TORCHTITAN_SMOKE],
     }
 
 
