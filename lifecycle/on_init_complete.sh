@@ -221,7 +221,7 @@ write_motd() {
 #!/bin/sh
 cat <<'MOTD'
 
-  HyperPod cluster $HPL_CLUSTER_NAME: Llama 3 LoRA fine-tuning on $HPL_COMPUTE_INSTANCE_TYPE ($NODE_ROLE node)
+  HyperPod cluster $HPL_CLUSTER_NAME: Llama fine-tuning and pretraining on $HPL_COMPUTE_INSTANCE_TYPE ($NODE_ROLE node)
 
   Submit the pipeline (as $HPL_DEFAULT_USER):
     cd $HPL_PAYLOADS_DIR && python3 -m llm_pipeline.submit --config $HPL_PAYLOADS_DIR/configs/default.toml

@@ -30,7 +30,7 @@ def stack_description(config: HyperPodConfig) -> str:
         "jobs": "SageMaker training jobs (no cluster)",
         "both": "SageMaker HyperPod Slurm cluster and training jobs",
     }[config.lanes]
-    return f"{what} on {on} for Llama 3 LoRA fine-tuning"
+    return f"{what} on {on} for Llama fine-tuning (LoRA, DoRA, QLoRA, full) and pretraining"
 
 
 class HyperPodStack(Stack):

@@ -1,4 +1,4 @@
-"""Turn a training checkpoint's adapter into one peft adapter folder.
+"""Turn a training checkpoint into one peft adapter folder (lora, dora, qlora) or a model folder (full).
 
     python -m llm_pipeline.consolidate --config run.toml [--checkpoint DIR] [--output DIR]
 

@@ -1,4 +1,7 @@
-"""Merge a LoRA adapter into its base model, streaming tensor by tensor.
+"""Merge a LoRA or DoRA adapter into its base model, streaming tensor by tensor.
+
+A QLoRA adapter merges into the bf16 base folder (paths.model_dir) that training quantized to 4-bit
+as it loaded it; train.method full has no adapter, so the step says so and does nothing.
 
     python -m llm_pipeline.merge --config run.toml [--base DIR] [--adapter DIR] [--output DIR]
 

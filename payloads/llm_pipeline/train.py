@@ -1,6 +1,13 @@
-"""Train step: LoRA fine-tuning with the neuron backend (Trainium) or the torch backend (CPU/CUDA).
+"""Train step: fine-tune the base model with train.method on train.backend.
 
     python -m llm_pipeline.train --config run.toml [--backend auto|neuron|torch] [--precompile]
+
+Methods: lora (a peft adapter), dora (weight-decomposed LoRA), qlora (LoRA on a 4-bit NF4 base) and
+full (every parameter, no adapter). Backends: neuron (optimum-neuron on Trainium, tensor parallel;
+lora and full) and torch (trl + peft + accelerate on CUDA or CPU, FSDP2 or DDP; every method);
+auto picks neuron where Neuron devices are, else torch. The engines live in training/neuron and
+training/torch; this step checks the config against the chosen backend, reads the prepared data
+once and hands both to it.
 
 Checkpoints go to paths.checkpoints_dir/checkpoint-<step> every train.save_steps and at the last
 step; TensorBoard events to paths.tensorboard_dir. A restart resumes from the newest complete
@@ -152,7 +159,9 @@ def train(cfg: RunConfig, backend_override: str | None = None, precompile: bool 
 
 def build_parser():
     parser = cli.parser(
-        "train", "LoRA fine-tuning on Trainium (neuron) or CPU/CUDA (torch); resumes from the newest checkpoint."
+        "train",
+        "Fine-tune with train.method (lora, dora, qlora or full) on train.backend (neuron: Trainium, lora and "
+        "full; torch: CUDA or CPU, every method); resumes from the newest checkpoint.",
     )
     parser.add_argument("--backend", choices=BACKENDS, help="override train.backend")
     parser.add_argument(

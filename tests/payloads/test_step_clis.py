@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,12 @@ def test_missing_config_file_and_missing_option(tmp_path):
     )
     result = _run("llm_pipeline.data")
     assert result.returncode == 2 and "the following arguments are required: --config" in result.stderr
+
+
+def test_train_help_and_docstring_name_every_method_and_backend():
+    from llm_pipeline import train
+    from llm_pipeline.config import BACKENDS, METHODS
+
+    for text in (train.build_parser().format_help(), train.__doc__):
+        words = set(re.findall(r"[a-z]+", text))
+        assert not [name for name in (*METHODS, *BACKENDS) if name not in words], text
