@@ -9,6 +9,7 @@ from hpctl.errors import HpctlError
 from hpctl.job_spec import JobOptions, load_run_config, resolve_config_file
 from hpctl.job_status import (
     describe_job,
+    follow_logs,
     hourly_price,
     newest_job,
     pricing_client,
@@ -38,6 +39,13 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     submit.add_argument("--max-runtime-hours", type=float, help="overrides job.max_runtime_hours")
     submit.add_argument("--image", help="training image URI (default: the stack's image for the accelerator)")
     submit.add_argument("--role", help="execution role ARN (default: the stack's JobRoleArn output)")
+    submit.add_argument(
+        "--keep-alive-minutes",
+        type=int,
+        default=0,
+        metavar="M",
+        help="warm pool: keep the instances M minutes after the job, so the next matching job starts at once (billed)",
+    )
     submit.add_argument("--tag", type=tag, action="append", default=[], metavar="KEY=VALUE", help="extra job tag")
     submit.add_argument("--dry-run", action="store_true", help="check everything and print the job; create nothing")
     submit.set_defaults(handler=job_submit)
@@ -50,6 +58,9 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         action.add_argument("job", nargs=None if name == "stop" else "?", help="training job name (default: newest)")
         if name == "logs":
             action.add_argument("--tail", type=int, default=0, metavar="N", help="last N lines per host (0: all)")
+            action.add_argument(
+                "--follow", action="store_true", help="print new lines of every host until the job ends"
+            )
         action.set_defaults(handler=handler)
 
 
@@ -66,6 +77,7 @@ def job_submit(args: argparse.Namespace) -> None:
         image_uri=args.image,
         role_arn=args.role,
         tags=dict(args.tag),
+        keep_alive_minutes=args.keep_alive_minutes,
     )
     cfg = load_run_config(config_file, options)
     stack = describe_stack(deployment.session, deployment.settings.stack_name)
@@ -89,7 +101,11 @@ def job_status(args: argparse.Namespace) -> None:
 
 def job_logs(args: argparse.Namespace) -> None:
     deployment = connect(args)
-    show_logs(deployment.session, args.job or newest_job(deployment.session.client("sagemaker")), tail=args.tail)
+    name = args.job or newest_job(deployment.session.client("sagemaker"))
+    if args.follow:
+        follow_logs(deployment.session, name)
+    else:
+        show_logs(deployment.session, name, tail=args.tail)
 
 
 def job_stop(args: argparse.Namespace) -> None:

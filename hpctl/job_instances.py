@@ -30,6 +30,12 @@ def training_instance_types() -> tuple[str, ...]:
     return tuple(model.shape_for("TrainingInstanceType").enum)
 
 
+def training_shape_limit(shape: str) -> int:
+    """The largest value botocore's SageMaker model allows for a numeric shape."""
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    return int(model.shape_for(shape).metadata["max"])
+
+
 def job_instance_facts(instance_type: str) -> InstanceFacts:
     """The accelerator table's row for a type check_instance_type accepted."""
     return JOB_INSTANCE_TYPES[instance_type]

@@ -28,12 +28,23 @@ from llm_pipeline.jobs import sagemaker_env
 
 ENTRY_MODULE = "llm_pipeline.sagemaker_job"
 CODE_CONFIGS_FOLDER = "configs"  # run configs sit here in the code channel, as in payloads/
+SLURM_FOLDER = "slurm"
+ACCELERATOR_SETTINGS = "accelerator_env.sh"  # payloads/slurm/: sourced by env.sh and inside the job
 JOBS_PREFIX = JOBS_FOLDER
 MODELS_PREFIX = MODELS_FOLDER
 DATASETS_PREFIX = DATASETS_FOLDER
 OUTPUTS_PREFIX = OUTPUTS_FOLDER
 JOB_NAME_PREFIX = "hpl-"
 BASE_NAME_LIMIT = 40  # the SDK appends -<timestamp>; training job names stop at 63 characters
+# What SageMaker reads off the job's log into CloudWatch metrics and the console's charts: the
+# progress line training/callbacks.py prints ("step 30/30 | loss 1.2345 | lr ... | 812 tokens/s |
+# mfu 41.2% | ...", the mfu field only where the device's peak is known). The rehearsal matches them
+# against a real run's log.
+METRIC_DEFINITIONS = {
+    "train:loss": r"step \d+/\d+ \| loss ([0-9.]+) \|",
+    "train:tokens_per_second": r"\| ([0-9]+) tokens/s",
+    "train:mfu_percent": r"\| mfu ([0-9.]+)%",
+}
 # Stand-ins for the HPL_* folders: a path under one of them is relative to that S3 prefix.
 SENTINEL_ROOT = PurePosixPath("/hpl-job")
 SENTINELS = {
@@ -57,6 +68,7 @@ class JobOptions:
     image_uri: str | None = None
     role_arn: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
+    keep_alive_minutes: int = 0  # warm pool: keep the instances this long after the job for the next one
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,7 @@ class JobSpec:
     volume_size_gb: int
     tags: dict[str, str]
     resumes: bool = False  # the run folder in S3 already holds files: the job starts from them
+    keep_alive_s: int = 0  # ResourceConfig.KeepAlivePeriodInSeconds (0: no warm pool)
 
     @property
     def command(self) -> str:
@@ -168,18 +181,29 @@ def run_paths(cfg: run_config.RunConfig) -> RunPaths:
 
 
 def job_environment(instance_type: str, *, devices_per_node: int) -> dict[str, str]:
-    """The job's Environment: processes per host, from the instance's row (a CPU type: the run config's)."""
+    """The job's Environment: processes per host and the accelerator and network facts of the
+    instance's row, which payloads/slurm/accelerator_env.sh turns into settings in the job as it
+    does on the cluster (a CPU type: the run config's processes, no accelerator, no EFA)."""
     facts = job_instance_facts(instance_type)
-    processes = facts.devices if facts.accelerated else devices_per_node
-    return {"PYTHONUNBUFFERED": "1", "HPL_DEVICES_PER_NODE": str(processes)}
+    return {
+        "PYTHONUNBUFFERED": "1",
+        "HPL_DEVICES_PER_NODE": str(facts.devices if facts.accelerated else devices_per_node),
+        "HPL_ACCELERATOR": facts.accelerator,
+        "HPL_EFA_INTERFACES": str(facts.efa_interfaces),
+        "HPL_EFA_DEVICE_RDMA": "1" if facts.efa_device_rdma else "0",
+    }
 
 
 def stage_source(spec: JobSpec, destination: Path) -> Path:
-    """The code channel: the payload package and the run config, as payloads/ lays them out."""
+    """The code channel: the payload package, the accelerator settings the cluster's env.sh sources
+    too, and the run config, as payloads/ lays them out."""
     import llm_pipeline
 
     package = Path(llm_pipeline.__file__).resolve().parent
     shutil.copytree(package, destination / package.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    settings = package.parent / SLURM_FOLDER / ACCELERATOR_SETTINGS
+    (destination / SLURM_FOLDER).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(settings, destination / SLURM_FOLDER / ACCELERATOR_SETTINGS)
     (destination / CODE_CONFIGS_FOLDER).mkdir(parents=True, exist_ok=True)
     shutil.copy2(spec.config_file, destination / CODE_CONFIGS_FOLDER / spec.config_file.name)
     return destination

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -158,16 +159,17 @@ def log_streams(session: boto3.Session, name: str) -> list[str]:
             return []
 
 
-def stream_lines(session: boto3.Session, stream: str) -> list[str]:
+def stream_lines(session: boto3.Session, stream: str, token: str | None = None) -> tuple[list[str], str | None]:
+    """The stream's lines after ``token`` (from its start without one), and the token to read on from."""
     logs = session.client("logs")
-    lines, token = [], None
+    lines = []
     with aws_errors(f"read log stream {stream}"):
         while True:
             kwargs = {"nextToken": token} if token else {}
             page = logs.get_log_events(logGroupName=LOG_GROUP, logStreamName=stream, startFromHead=True, **kwargs)
             lines += [event["message"] for event in page["events"]]
             if not page["events"] or page.get("nextForwardToken") in (None, token):
-                return lines
+                return lines, page.get("nextForwardToken") or token
             token = page["nextForwardToken"]
 
 
@@ -181,10 +183,27 @@ def show_logs(session: boto3.Session, name: str, *, tail: int) -> None:
         )
         return
     for stream in streams:
-        lines = stream_lines(session, stream)
+        lines, _ = stream_lines(session, stream)
         print(f"==> {LOG_GROUP} {stream} ({len(lines)} lines) <==")
         for line in lines[-tail:] if tail else lines:
             print(line)
+
+
+def follow_logs(session: boto3.Session, name: str, *, interval_s: float = 10.0) -> str:
+    """Print every host's new lines, prefixed with the host, until the job ends; its final status."""
+    sagemaker = session.client("sagemaker")
+    tokens: dict[str, str | None] = {}
+    while True:
+        status = describe_job(sagemaker, name)["TrainingJobStatus"]  # before reading: no line is missed
+        for stream in log_streams(session, name):
+            lines, tokens[stream] = stream_lines(session, stream, tokens.get(stream))
+            host = stream.split("/", 1)[-1].rsplit("-", 1)[0]
+            for line in lines:
+                print(f"[{host}] {line}", flush=True)
+        if status not in RUNNING:
+            print(f"== {name} is {status}", flush=True)
+            return status
+        time.sleep(interval_s)
 
 
 def stop_job(sagemaker, name: str) -> str:

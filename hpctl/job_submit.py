@@ -18,9 +18,10 @@ import boto3
 
 from cluster_contract import JobStackOutput, StackOutput
 from hpctl.errors import HpctlError, aws_errors
-from hpctl.job_instances import accelerator, check_instance_type, check_run_fits
+from hpctl.job_instances import accelerator, check_instance_type, check_run_fits, training_shape_limit
 from hpctl.job_spec import (
     DATASETS_PREFIX,
+    METRIC_DEFINITIONS,
     MODELS_PREFIX,
     OUTPUTS_PREFIX,
     JobOptions,
@@ -78,6 +79,16 @@ def s3_has(session: boto3.Session, bucket: str, prefix: str) -> bool:
         return session.client("s3").list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("KeyCount", 0) > 0
 
 
+def keep_alive_seconds(minutes: int) -> int:
+    """A warm pool's keep-alive within what CreateTrainingJob accepts (botocore's KeepAlivePeriodInSeconds)."""
+    limit = training_shape_limit("KeepAlivePeriodInSeconds")
+    if not 0 <= minutes * 60 <= limit:
+        raise HpctlError(
+            f"--keep-alive-minutes must be 0 to {limit // 60} (SageMaker keeps a warm pool at most {limit} s)"
+        )
+    return minutes * 60
+
+
 def build_spec(
     cfg: run_config.RunConfig,
     *,
@@ -127,6 +138,7 @@ def build_spec(
         volume_size_gb=cfg.job.volume_size_gb,
         tags={**tags, **options.tags},
         resumes=s3_has(session, bucket, f"{OUTPUTS_PREFIX}/{paths.run}/"),
+        keep_alive_s=keep_alive_seconds(options.keep_alive_minutes),
     )
 
 
@@ -154,6 +166,11 @@ def describe_spec(spec: JobSpec) -> str:
         ),
         f"  artifacts  {spec.artifacts_uri} (code, model.tar.gz, TensorBoard)",
         f"  stops      after {spec.max_runtime_s // HOURS} h{waits}",
+        *(
+            [f"  warm pool  the instances stay {spec.keep_alive_s // 60} min after the job for the next one (billed)"]
+            if spec.keep_alive_s
+            else []
+        ),
     ]
     return "\n".join(lines)
 
@@ -163,7 +180,7 @@ def model_trainer(
 ):
     """The SDK's ModelTrainer for the job (the SDK is imported here: it is slow to import)."""
     from sagemaker.core.helper.session_helper import Session
-    from sagemaker.core.shapes import Tag
+    from sagemaker.core.shapes import MetricDefinition, Tag
     from sagemaker.core.training.configs import (
         CheckpointConfig,
         Compute,
@@ -188,6 +205,7 @@ def model_trainer(
             instance_count=spec.instance_count,
             volume_size_in_gb=spec.volume_size_gb,
             enable_managed_spot_training=spec.spot,
+            keep_alive_period_in_seconds=spec.keep_alive_s or None,
         ),
         stopping_condition=StoppingCondition(
             max_runtime_in_seconds=spec.max_runtime_s, max_wait_time_in_seconds=spec.max_wait_s
@@ -200,7 +218,7 @@ def model_trainer(
     )
     return trainer.with_tensorboard_output_config(
         TensorBoardOutputConfig(s3_output_path=spec.tensorboard_uri, local_path=spec.tensorboard_local_path)
-    )
+    ).with_metric_definitions([MetricDefinition(name=name, regex=regex) for name, regex in METRIC_DEFINITIONS.items()])
 
 
 def create_job(spec: JobSpec, *, boto_session: boto3.Session, sagemaker_config: dict | None = None) -> str:

@@ -10,7 +10,8 @@ step modules the Slurm scripts run, in the same order, with the same arguments:
     prepare, download, data       every host (no shared file system: each host needs its own copy)
     precompile                    every host, only where Neuron devices exist (neuron_parallel_compile)
     train                         torchrun on every host, arguments from the job's hosts (jobs/launch.py)
-    consolidate, merge, generate  the first host only: its run folder holds global rank 0's checkpoint
+    gather                        several hosts: each sends its part of the newest checkpoint to the first
+    consolidate, merge, generate  the first host only: its run folder now holds every host's shards
 
 The run folder is the job's checkpoint folder (synced to s3://<bucket>/outputs/<run>/, restored on a
 spot restart, when train resumes from its newest checkpoint). Finally the adapter and the generated
@@ -34,11 +35,13 @@ from pathlib import Path
 from llm_pipeline import config, submit
 from llm_pipeline.jobs import launch, sagemaker_env
 
-STEPS = submit.STEPS  # the order the Slurm chain runs
+# The Slurm chain's order, plus gather after train: a job's hosts share no file system (gather.py).
+STEPS = (*submit.STEPS[: submit.STEPS.index("train") + 1], "gather", *submit.STEPS[submit.STEPS.index("train") + 1 :])
 LEADER_ONLY_STEPS = ("consolidate", "merge", "generate")
 # The job owns its run folder: a restarted job rewrites what an earlier attempt left half done.
 STEP_ARGS = {"consolidate": ["--overwrite"], "merge": ["--overwrite"]}
 PAYLOADS_DIR = Path(__file__).resolve().parents[1]
+ACCELERATOR_ENV = PAYLOADS_DIR / "slurm" / "accelerator_env.sh"  # staged into the code channel by hpctl
 SUMMARY_FILE = "pipeline-summary-{host}.json"
 
 
@@ -46,30 +49,34 @@ def neuron_devices() -> bool:
     return bool(glob.glob("/dev/neuron[0-9]*"))
 
 
+def accelerator_settings(env: dict[str, str], nodes: int) -> dict[str, str]:
+    """``env`` after payloads/slurm/accelerator_env.sh, the file env.sh sources on the cluster: the same
+    Neuron, NCCL and EFA settings from the instance facts hpctl put in the job's environment."""
+    probe = 'set -euo pipefail; source "$0" >&2; env -0'
+    result = subprocess.run(
+        ["bash", "-c", probe, str(ACCELERATOR_ENV)], env={**env, "HPL_NODES": str(nodes)}, capture_output=True
+    )
+    if result.returncode != 0:
+        raise sagemaker_env.SageMakerEnvError(f"{ACCELERATOR_ENV.name}: {result.stderr.decode().strip()}")
+    return dict(item.split("=", 1) for item in result.stdout.decode().split("\0") if "=" in item)
+
+
 def step_environment(env: dict[str, str], hosts: sagemaker_env.JobHosts) -> dict[str, str]:
-    """What every step process gets: the job's HPL_* facts and the settings payloads/slurm/env.sh sets."""
+    """What every step process gets: the job's HPL_* facts and the settings env.sh sets on the cluster."""
     result = sagemaker_env.job_environment(env)
     result["PYTHONPATH"] = os.pathsep.join(p for p in (str(PAYLOADS_DIR), env.get("PYTHONPATH", "")) if p)
     result["PYTHONUNBUFFERED"] = "1"
-    # Same Neuron and memory settings as slurm/env.sh (tests/jobs checks the two agree).
-    flags = result.get("NEURON_CC_FLAGS") or "--model-type transformer --retry_failed_compilation"
-    if "--cache_dir" not in flags:
-        flags += f" --cache_dir={result['HPL_COMPILE_CACHE_DIR']}"
-    result["NEURON_CC_FLAGS"] = flags
-    result["NEURON_FUSE_SOFTMAX"] = "1"
-    result["NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS"] = "3"
-    result["MALLOC_ARENA_MAX"] = "64"
-    if len(hosts.hosts) > 1:
-        result["FI_PROVIDER"] = "efa"
-    return result
+    return accelerator_settings(result, len(hosts.hosts))
 
 
-def step_command(step: str, run_config: Path, env: dict[str, str]) -> list[str] | None:
-    """The command of one step on this host, or None when the step has nothing to do here."""
+def step_command(step: str, run_config: Path, env: dict[str, str], hosts: sagemaker_env.JobHosts) -> list[str] | str:
+    """The command of one step on this host, or why the step has nothing to do here."""
     python = sys.executable
+    if step == "precompile" and not neuron_devices():
+        return "nothing to do on this host (no Neuron devices)"
+    if step == "gather" and len(hosts.hosts) == 1:
+        return "nothing to do (one host: its disk holds the whole checkpoint)"
     if step in ("precompile", "train"):
-        if step == "precompile" and not neuron_devices():
-            return None
         torchrun = [python, "-m", "torch.distributed.run", *launch.launch_args(env)]
         command = [*torchrun, "-m", "llm_pipeline.train", "--config", str(run_config)]
         return ["neuron_parallel_compile", *command, "--precompile"] if step == "precompile" else command
@@ -118,9 +125,9 @@ def run(run_config: Path, *, first_step: str, env: dict[str, str]) -> int:
     for step in STEPS[STEPS.index(first_step) :]:
         if step in LEADER_ONLY_STEPS and not hosts.is_leader:
             continue
-        command = step_command(step, run_config, env)
-        if command is None:
-            print(f"== {step}: nothing to do on this host (no Neuron devices)", flush=True)
+        command = step_command(step, run_config, env, hosts)
+        if isinstance(command, str):
+            print(f"== {step}: {command}", flush=True)
             continue
         print(f"== {step}: {' '.join(command)}", flush=True)
         start = time.monotonic()

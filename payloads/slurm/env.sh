@@ -37,49 +37,10 @@ export HPL_HOST_PYTHON="${PYTHON:-python3}"
 HPL_STATE_DIR="$HPL_RUN_DIR/logs/state"
 
 # -- accelerator and network: from the partition's facts; values already set win ---------------
-# Without partition facts (a local Slurm) the settings are the default Trainium partition's.
-export HPL_ACCELERATOR="${HPL_ACCELERATOR:-neuron}"
-case "$HPL_ACCELERATOR" in
-  neuron)
-    # The compile cache lives on FSx so every node and every later run reuses compiled graphs.
-    export NEURON_CC_FLAGS="${NEURON_CC_FLAGS:---model-type transformer --retry_failed_compilation}"
-    if [[ "$NEURON_CC_FLAGS" != *--cache_dir* ]]; then
-      NEURON_CC_FLAGS+=" --cache_dir=$HPL_COMPILE_CACHE_DIR"
-    fi
-    export NEURON_FUSE_SOFTMAX=1
-    export NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS=3
-    # bf16 with stochastic rounding, as AWS's trn1 full fine-tuning reference trains. optimum-neuron
-    # 0.4.5 also sets it from stochastic_rounding_enabled when its trainer starts; exported here so the
-    # runtime has it from the first device use on (bf16 = false: optimum-neuron sets it to 0 itself).
-    export NEURON_RT_STOCHASTIC_ROUNDING_EN="${NEURON_RT_STOCHASTIC_ROUNDING_EN:-1}"
-    ;;
-  cuda)
-    # NCCL over EFA through the aws-ofi-nccl plugin in the CUDA image, with the libfabric settings
-    # AWS's HyperPod GPU recipes use; NCCL's own sockets stay off container and loopback interfaces.
-    export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-^docker,lo,veth}"
-    export FI_EFA_USE_HUGE_PAGE="${FI_EFA_USE_HUGE_PAGE:-0}"
-    export FI_EFA_SET_CUDA_SYNC_MEMOPS="${FI_EFA_SET_CUDA_SYNC_MEMOPS:-0}"
-    ;;
-  none) ;;
-  *)
-    echo "error: HPL_ACCELERATOR=$HPL_ACCELERATOR is not an accelerator (use neuron, cuda or none)" >&2
-    exit 2
-    ;;
-esac
-# Across nodes, collectives go over EFA; device RDMA (accelerator memory straight to the wire) only
-# where the instance supports it (p4d, p5, trn; g5's EFA does not).
-if (( ${SLURM_JOB_NUM_NODES:-1} > 1 && ${HPL_EFA_INTERFACES:-1} > 0 )); then
-  export FI_PROVIDER="${FI_PROVIDER:-efa}"
-  # libfabric's EFA provider registers memory; without fork safety a forked child (a data loader
-  # worker, a checkpoint writer) can corrupt it. AWS's Trainium EFA jobs set it.
-  export FI_EFA_FORK_SAFE="${FI_EFA_FORK_SAFE:-1}"
-  if [[ "${HPL_EFA_DEVICE_RDMA:-1}" == 1 ]]; then
-    export FI_EFA_USE_DEVICE_RDMA="${FI_EFA_USE_DEVICE_RDMA:-1}"
-  fi
-fi
-# Must be in the environment before torchrun starts: glibc arenas otherwise exhaust host memory
-# when checkpoints are written.
-export MALLOC_ARENA_MAX=64
+# One file for both lanes: a SageMaker training job sources the same settings (sagemaker_job.py).
+HPL_NODES="${SLURM_JOB_NUM_NODES:-1}"
+# shellcheck source=payloads/slurm/accelerator_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/accelerator_env.sh"
 # Only the steps that fetch (download, data, the ladder's tokenizer and dataset, and the ladder's
 # rungs, which stream c4 from the Hub when torchtitan.dataset_source is empty) may reach
 # the Hugging Face Hub: later steps read local folders, and a Hub error (network, HTTP 429) must not

@@ -25,7 +25,8 @@ from moto import mock_aws
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.sagemaker.models import sagemaker_backends
 
-from hpctl import job_commands
+from hpctl import job_commands, job_status
+from hpctl.job_spec import METRIC_DEFINITIONS
 from hpctl.job_status import hourly_price, render_status, stop_job
 
 REPO = Path(__file__).resolve().parents[2]
@@ -198,6 +199,8 @@ def test_submit_builds_the_job_the_run_config_describes(jobs_stack, iam, request
         "LocalPath": "/opt/ml/checkpoints/tiny-lora/tensorboard",
     }
     assert request["OutputDataConfig"]["S3OutputPath"] == f"s3://{BUCKET}/jobs/tiny-lora/"
+    metrics = {m["Name"]: m["Regex"] for m in request["AlgorithmSpecification"]["MetricDefinitions"]}
+    assert metrics == METRIC_DEFINITIONS  # the rehearsal matches them against a real run's log
     assert request["EnableManagedSpotTraining"] is True
     assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 7200}
     tags = {tag["Key"]: tag["Value"] for tag in request["Tags"]}
@@ -232,6 +235,16 @@ def test_a_role_the_sdk_check_refuses_stops_the_submit(jobs_stack, iam, requests
     assert code == 2 and f"execution role {ROLE}: IAM role '{ROLE}' cannot be used" in err
     assert missing in err.split("Missing permissions:")[1].splitlines()[0]
     assert not requests_sent and nothing_created(jobs_stack)
+
+
+def test_a_warm_pool_keeps_the_instances_for_the_next_job(jobs_stack, requests_sent, hpctl):
+    jobs_stack.put_object(Bucket=BUCKET, Key="datasets/tiny-lora/tiny-dolly.jsonl", Body=b"{}\n")
+    code, out, err = hpctl("job", "submit", "--config", "tiny-cpu", "--keep-alive-minutes", "30")
+    assert code == 0, err
+    assert valid_request(requests_sent[0])["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 1800
+    assert "warm pool  the instances stay 30 min after the job" in out
+    code, _, err = hpctl("job", "submit", "--config", "tiny-cpu", "--keep-alive-minutes", "361", "--dry-run")
+    assert code == 2 and "--keep-alive-minutes must be 0 to 360" in err
 
 
 def test_neuron_run_gets_the_neuron_image_and_its_cores(jobs_stack, requests_sent, hpctl):
@@ -407,6 +420,41 @@ def test_logs_print_every_host_stream(jobs_stack, hpctl):
     assert code == 0, err
     assert "==> /aws/sagemaker/TrainingJobs hpl-run-1/algo-1-1795390000 (3 lines) <==" in out
     assert "algo-1 line 0" not in out and "algo-1 line 2" in out and "algo-2 line 1" in out
+
+
+def test_logs_follow_prints_every_host_until_the_job_ends(jobs_stack, requests_sent, hpctl, monkeypatch):
+    submit_tiny(jobs_stack, hpctl)
+    name = requests_sent[0]["TrainingJobName"]
+    logs = FIXTURE_SESSION.client("logs")
+    logs.create_log_group(logGroupName="/aws/sagemaker/TrainingJobs")
+    job = sagemaker_backends[DEFAULT_ACCOUNT_ID][REGION].training_jobs[name]
+    job.training_job_status = "InProgress"
+    lines = {"algo-1": ["== train: COMPLETED"], "algo-2": ["step 5/30 | loss 1.0000 |"]}
+    for host, messages in lines.items():
+        stream = f"{name}/{host}-1795390000"
+        logs.create_log_stream(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream)
+        events = [{"timestamp": 1795390000000 + i, "message": m} for i, m in enumerate(messages)]
+        logs.put_log_events(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream, logEvents=events)
+    polls = []
+
+    def next_poll(seconds):  # the job ends after the first poll; a later line arrives before the last read
+        polls.append(seconds)
+        job.training_job_status = "Completed"
+        stream = f"{name}/algo-1-1795390000"
+        event = {"timestamp": 1795390009000, "message": "== generate: COMPLETED"}
+        logs.put_log_events(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream, logEvents=[event])
+
+    monkeypatch.setattr(job_status.time, "sleep", next_poll)
+    code, out, err = hpctl("job", "logs", name, "--follow")
+
+    assert code == 0, err
+    assert out.splitlines() == [
+        "[algo-1] == train: COMPLETED",
+        "[algo-2] step 5/30 | loss 1.0000 |",
+        "[algo-1] == generate: COMPLETED",
+        f"== {name} is Completed",
+    ]
+    assert polls == [10.0]
 
 
 def test_stop_refuses_a_finished_job_and_stops_a_running_one(jobs_stack, requests_sent, hpctl):

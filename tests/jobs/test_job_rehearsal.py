@@ -3,17 +3,22 @@ the container's folders and SM_* variables laid out under a temp root (no Docker
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from job_container import Container, lay_out
 
-from hpctl.job_spec import JobSpec, job_environment, stage_source
+from hpctl.job_spec import METRIC_DEFINITIONS, JobSpec, job_environment, stage_source
 from llm_pipeline import sagemaker_job
+from llm_pipeline.jobs.sagemaker_env import JobHosts
 from llm_pipeline.weights.adapter_files import open_adapter_folder
 from tools import tiny_model as tiny
 
@@ -44,11 +49,15 @@ def stage(container: Container) -> None:
     stage_source(SPEC, container.code_dir)  # what hpctl uploads as the code channel
 
 
+def job_command(spec: JobSpec, *extra: str) -> list[str]:
+    python, *args = shlex.split(spec.command)
+    assert python == "python3"  # the image's interpreter; this venv's here
+    return [sys.executable, *args, *extra]
+
+
 def run_job(container: Container, channels: list[str], *extra: str) -> subprocess.CompletedProcess[str]:
     env = container.environment(SPEC.environment, job_name="rehearsal", channels=channels)
-    python, *args = shlex.split(SPEC.command)
-    assert python == "python3"  # the image's interpreter; this venv's here
-    command = [sys.executable, *args, *extra]
+    command = job_command(SPEC, *extra)
     return subprocess.run(command, cwd=container.code_dir, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -76,6 +85,10 @@ def test_job_runs_the_pipeline_into_the_checkpoint_folder(tmp_path):
     summary = json.loads((container.root / "output" / "data" / "pipeline-summary-algo-1.json").read_text())
     assert [s["step"] for s in summary["steps"]] == steps and {s["exit"] for s in summary["steps"]} == {0}
     assert not (container.root / "output" / "failure").exists()
+    # SageMaker's metric definitions find the loss and the throughput in the job's log.
+    for name in ("train:loss", "train:tokens_per_second"):
+        values = re.findall(METRIC_DEFINITIONS[name], result.stdout)
+        assert len(values) == 6 and all(float(value) > 0 for value in values), name
 
 
 def test_a_failed_step_stops_the_job_and_names_itself(tmp_path):
@@ -94,12 +107,111 @@ def test_a_failed_step_stops_the_job_and_names_itself(tmp_path):
     assert failure.startswith("pipeline step data failed on algo-1 (exit 2)")
 
 
-def test_job_sets_what_slurm_env_sh_sets(tmp_path):
-    env_sh = (REPO / "payloads" / "slurm" / "env.sh").read_text()
-    hosts = sagemaker_job.sagemaker_env.JobHosts(hosts=("algo-1", "algo-2"), current="algo-1")
-    env = sagemaker_job.step_environment({"SM_MODEL_DIR": str(tmp_path / "model")}, hosts)
-    for name, value in re.findall(r"^export (NEURON_FUSE_SOFTMAX|NEURON_RT_\w+|MALLOC_ARENA_MAX)=(\S+)$", env_sh, re.M):
-        assert env[name] == value, name
-    default_flags = re.search(r'NEURON_CC_FLAGS="\$\{NEURON_CC_FLAGS:-([^}]*)\}"', env_sh).group(1)
-    assert env["NEURON_CC_FLAGS"] == f"{default_flags} --cache_dir={tmp_path}/scratch/neuron-cache"
-    assert env["FI_PROVIDER"] == "efa"  # more than one host, as env.sh does for more than one node
+SETTINGS = re.compile(r"^(NEURON_|FI_|NCCL_|MALLOC_ARENA_MAX$)")
+
+
+def settings(env: dict[str, str]) -> dict[str, str]:
+    return {name: value for name, value in env.items() if SETTINGS.match(name)}
+
+
+def cluster_settings(tmp_path: Path, facts: dict[str, str], nodes: int, cache: str) -> dict[str, str]:
+    """What env.sh gives a Slurm step on a partition with these instance facts."""
+    base = {"PATH": os.environ["PATH"], "HPL_PAYLOADS_DIR": str(REPO / "payloads"), "HPL_COMPILE_CACHE_DIR": cache}
+    base |= {"HPL_RUN_CONFIG": str(tmp_path / "run.toml"), "HPL_RUN_DIR": str(tmp_path / "run")}
+    env = {**base, **facts, "SLURM_JOB_NUM_NODES": str(nodes)}
+    script = f"source {REPO / 'payloads' / 'slurm' / 'env.sh'} probe >/dev/null && env -0"
+    out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, check=True, cwd=tmp_path).stdout
+    return settings(dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item))
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "hosts", "expected", "absent"),
+    [
+        (
+            "ml.trn1.32xlarge",
+            2,
+            {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"},
+            "NCCL_",
+        ),
+        ("ml.p4d.24xlarge", 2, {"FI_EFA_USE_DEVICE_RDMA": "1", "NCCL_SOCKET_IFNAME": "^docker,lo,veth"}, "NEURON_"),
+        ("ml.g5.12xlarge", 2, {"FI_PROVIDER": "efa"}, "FI_EFA_USE_DEVICE_RDMA"),  # EFA without device RDMA
+        ("ml.g5.xlarge", 2, {"FI_EFA_USE_HUGE_PAGE": "0"}, "FI_PROVIDER"),  # no EFA on this size
+        ("ml.p5.48xlarge", 1, {"NCCL_SOCKET_IFNAME": "^docker,lo,veth"}, "FI_PROVIDER"),  # one host
+        ("ml.m5.xlarge", 2, {"MALLOC_ARENA_MAX": "64"}, "FI_PROVIDER NCCL_ NEURON_"),
+    ],
+)
+def test_each_instance_type_gets_in_a_job_what_env_sh_sets_on_the_cluster(
+    tmp_path, instance_type, hosts, expected, absent
+):
+    facts = job_environment(instance_type, devices_per_node=1)
+    names = tuple(f"algo-{n}" for n in range(1, hosts + 1))
+    container = {"SM_MODEL_DIR": str(tmp_path / "model"), "PATH": os.environ["PATH"], **facts}
+    job = settings(sagemaker_job.step_environment(container, JobHosts(hosts=names, current="algo-1")))
+    assert job.items() >= expected.items()
+    assert not [name for name in job if name.startswith(tuple(absent.split()))]
+    cache = str(tmp_path / "scratch" / "neuron-cache")  # the job's HPL_COMPILE_CACHE_DIR
+    assert job == cluster_settings(tmp_path, {k: v for k, v in facts.items() if k.startswith("HPL_")}, hosts, cache)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_hosts_fine_tune_the_full_model_with_fsdp_and_the_first_consolidates(tmp_path):
+    # Full fine-tuning, FSDP2 over two "hosts" (one process each) with separate disks: each rank
+    # saves its own shard on its own host, and consolidate on the first host needs both.
+    text = TINY.read_text().replace("nodes = 1", "nodes = 2").replace("[train]\n", '[train]\nmethod = "full"\n')
+    text = re.sub(r"(?m)^max_steps = .*$", "max_steps = 4", re.sub(r"(?m)^save_steps = .*$", "save_steps = 2", text))
+    config = tmp_path / "tiny-full-2hosts.toml"
+    config.write_text(re.sub(r"(?m)^logging_steps = .*$", "logging_steps = 2", text))
+    spec = dataclasses.replace(SPEC, config_file=config, instance_count=2)
+    hosts, port = ("127.0.0.1", "localhost"), str(free_port())  # 127.0.0.1 sorts first: algo-1's role
+    jobs = []
+    for host in hosts:
+        container = lay_out(tmp_path / host / "opt" / "ml", host=host, hosts=hosts)
+        stage_source(spec, container.code_dir)
+        tiny.write_tiny_model(container.channel("models") / "tiny-llama")
+        tiny.write_dolly_jsonl(container.channel("datasets") / "tiny-dolly.jsonl", 60)
+        env = container.environment(spec.environment, job_name="rehearsal", channels=["code", "models", "datasets"])
+        env["SM_MASTER_PORT"] = port
+        env["HF_HOME"] = str(container.root.parent / "hf-home")  # separate machines: caches of their own
+        log = (tmp_path / f"{host}.log").open("w")
+        process = subprocess.Popen(
+            job_command(spec), cwd=container.code_dir, env=env, stdout=log, stderr=log, text=True
+        )
+        jobs.append((container, process, log))
+    codes = [process.wait(timeout=900) for _, process, _ in jobs]
+    leader, worker = ((tmp_path / f"{host}.log").read_text() for host in hosts)
+    assert codes == [0, 0], leader[-4000:] + worker[-4000:]
+
+    assert "gather: node 1 (127.0.0.1) sent its part of checkpoint-4" in leader
+    assert "gather: checkpoint-4 is complete on this host: the seals of all 2 hosts and their files" in leader
+    assert "gather: sent this host's part of checkpoint-4 to 127.0.0.1" in worker
+    assert "== consolidate" not in worker  # the first host's steps only
+    run_dir = jobs[0][0].root / "checkpoints" / "tiny-lora"
+    shards = sorted(p.name for p in (run_dir / "checkpoints" / "checkpoint-4").rglob("*.distcp"))
+    assert any(name.startswith("__1_") for name in shards) and any(name.startswith("__0_") for name in shards)
+    assert re.search(r"(?m)^== consolidate: COMPLETED", leader)
+    assert (run_dir / "merged" / "model.safetensors").stat().st_size > 0
+    assert "### Answer" in (run_dir / "generation.txt").read_text()
+
+
+def test_metric_definitions_read_every_field_of_the_progress_line(capsys):
+    """On a GPU the progress line also carries MFU (no CPU peak is known, so the rehearsal has none)."""
+    from types import SimpleNamespace
+
+    from llm_pipeline.training.callbacks import MetricsLogger
+
+    tokens = SimpleNamespace(real=0)
+    logger = MetricsLogger(tokens=tokens, trainable=1, tensorboard_dir=None)
+    args = SimpleNamespace(world_size=8, per_device_train_batch_size=1, gradient_accumulation_steps=1)
+    state = SimpleNamespace(global_step=0, max_steps=10, is_world_process_zero=True)
+    logger.on_train_begin(args, state, None)
+    tokens.real, state.global_step = 4096, 5
+    logger.on_log(args, state, None, logs={"loss": 1.25, "learning_rate": 1e-4, "mfu": 0.412})
+    line = capsys.readouterr().out.splitlines()[-1]
+    found = {name: re.findall(regex, line) for name, regex in METRIC_DEFINITIONS.items()}
+    assert found["train:loss"] == ["1.2500"] and found["train:mfu_percent"] == ["41.2"], line
+    assert len(found["train:tokens_per_second"]) == 1 and float(found["train:tokens_per_second"][0]) > 0

@@ -202,7 +202,7 @@ def test_cli_errors_are_one_line(tmp_path):
 
 
 def test_scripts_are_shellcheck_clean():
-    scripts = [*sorted((PAYLOADS / "slurm").glob("*.sbatch")), PAYLOADS / "slurm" / "env.sh"]
+    scripts = [*sorted((PAYLOADS / "slurm").glob("*.sbatch")), *sorted((PAYLOADS / "slurm").glob("*.sh"))]
     scripts += sorted(Path(__file__).parent.glob("*.sbatch"))
     assert len(scripts) >= 9
     shellcheck = Path(sys.executable).with_name("shellcheck")

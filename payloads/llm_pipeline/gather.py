@@ -1,0 +1,160 @@
+"""Gather step (training jobs with several hosts): every host's part of the newest checkpoint onto the
+first host, so consolidate there reads all shards.
+
+    python -m llm_pipeline.gather --config run.toml
+
+A training job has no shared file system: with FSDP full fine-tuning on two hosts each rank saves
+its own shard (``__<rank>_0.distcp``) on its own host's disk, and consolidate, which runs on the
+first host, would find only half of the checkpoint. After train, each other host sends the newest
+checkpoint it sealed (weights/checkpoints.py: its files and its seal, the seal last) over the job's
+network to the first host, which listens on SM_MASTER_PORT + 1 and writes what it lacks. The first
+host then checks that checkpoint is complete: every host's seal and every file they list.
+
+On one host there is nothing to gather; on a Slurm cluster the checkpoints folder is on FSx and
+every node already sees every shard, so the Slurm chain has no such step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import time
+from pathlib import Path
+
+from llm_pipeline import cli
+from llm_pipeline.config import RunConfig
+from llm_pipeline.errors import StepError
+from llm_pipeline.jobs import sagemaker_env
+from llm_pipeline.weights.checkpoints import checkpoint_folders, is_sealed, seal_name
+
+PORT_OFFSET = 1  # above SM_MASTER_PORT, which torchrun's rendezvous used during train
+WAIT_S = 1800  # how long the first host waits for the others, and they retry reaching it
+CHUNK = 8 << 20
+ACK = b"ok"
+
+
+def say(message: str) -> None:
+    print(f"gather: {message}", flush=True)
+
+
+def newest_sealed_here(checkpoints_dir: Path, node: int) -> Path:
+    """The newest checkpoint this host's node has sealed (its own part written and listed)."""
+    for _, folder in reversed(checkpoint_folders(checkpoints_dir)):
+        if (folder / seal_name(node)).is_file():
+            return folder
+    raise StepError(f"no checkpoint in {checkpoints_dir} carries this host's seal {seal_name(node)}: did train run?")
+
+
+def _receive_exactly(sock: socket.socket, size: int) -> bytes:
+    parts, left = [], size
+    while left:
+        part = sock.recv(min(left, CHUNK))
+        if not part:
+            raise StepError(f"the connection closed with {left} of {size} bytes still to come")
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
+def send(folder: Path, *, node: int, leader: str, port: int, wait_s: float = WAIT_S) -> int:
+    """Send this host's part of ``folder`` (its seal last) to the first host; bytes sent."""
+    seal = folder / seal_name(node)
+    listed = json.loads(seal.read_text())["files"]
+    files = [(name, size) for name, size in listed.items()] + [(seal.name, seal.stat().st_size)]
+    header = json.dumps({"node": node, "checkpoint": folder.name, "files": files}).encode()
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            sock = socket.create_connection((leader, port), timeout=30)
+            break
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise StepError(f"could not reach the first host {leader}:{port} for {wait_s:.0f} s: {exc}") from None
+            time.sleep(2)
+    with sock:
+        sock.settimeout(wait_s)
+        sock.sendall(struct.pack("!I", len(header)) + header)
+        for name, _ in files:
+            with (folder / name).open("rb") as source:
+                while chunk := source.read(CHUNK):
+                    sock.sendall(chunk)
+        if _receive_exactly(sock, len(ACK)) != ACK:
+            raise StepError(f"the first host {leader} did not confirm {folder.name}")
+    return sum(size for _, size in files)
+
+
+def _receive_one(connection: socket.socket, checkpoints_dir: Path) -> tuple[int, str, int]:
+    (length,) = struct.unpack("!I", _receive_exactly(connection, 4))
+    header = json.loads(_receive_exactly(connection, length))
+    folder = checkpoints_dir / Path(header["checkpoint"]).name
+    written = 0
+    for name, size in header["files"]:
+        target = (folder / name).resolve()
+        if not target.is_relative_to(folder.resolve()):
+            raise StepError(f"refusing {name}: outside {folder}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        part = target.with_name(target.name + ".part")
+        with part.open("wb") as out:
+            left = size
+            while left:
+                chunk = _receive_exactly(connection, min(left, CHUNK))
+                out.write(chunk)
+                left -= len(chunk)
+        part.replace(target)
+        written += size
+    connection.sendall(ACK)
+    return header["node"], folder.name, written
+
+
+def receive(checkpoints_dir: Path, *, senders: int, port: int, wait_s: float = WAIT_S) -> list[tuple[int, str, int]]:
+    """Take one checkpoint part from each of ``senders`` hosts; (node, checkpoint, bytes) per host."""
+    received = []
+    with socket.create_server(("", port), reuse_port=False) as server:
+        server.settimeout(wait_s)
+        while len(received) < senders:
+            try:
+                connection, address = server.accept()
+            except TimeoutError:
+                raise StepError(
+                    f"{len(received)} of {senders} hosts sent their checkpoint within {wait_s:.0f} s"
+                ) from None
+            with connection:
+                connection.settimeout(wait_s)
+                node, name, size = _receive_one(connection, checkpoints_dir)
+            say(f"node {node} ({address[0]}) sent its part of {name}: {size / 1e6:.1f} MB")
+            received.append((node, name, size))
+    return received
+
+
+def gather(cfg: RunConfig, env: dict[str, str] | None = None) -> None:
+    env = dict(os.environ if env is None else env)
+    hosts = sagemaker_env.read_hosts(env)
+    if len(hosts.hosts) == 1:
+        say("one host: its disk holds the whole checkpoint")
+        return
+    checkpoints_dir = cfg.paths.checkpoints_dir
+    port = hosts.master_port + PORT_OFFSET
+    if not hosts.is_leader:
+        folder = newest_sealed_here(checkpoints_dir, hosts.rank)
+        size = send(folder, node=hosts.rank, leader=hosts.leader, port=port)
+        say(f"sent this host's part of {folder.name} to {hosts.leader}: {size / 1e6:.1f} MB")
+        return
+    newest = newest_sealed_here(checkpoints_dir, 0)
+    received = receive(checkpoints_dir, senders=len(hosts.hosts) - 1, port=port)
+    names = {name for _, name, _ in received} | {newest.name}
+    if len(names) != 1 or not is_sealed(newest):
+        raise StepError(
+            f"the hosts' newest checkpoints differ or are incomplete after gathering ({sorted(names)} in "
+            f"{checkpoints_dir}): rerun the job, which resumes from the newest complete checkpoint"
+        )
+    say(f"{newest.name} is complete on this host: the seals of all {len(hosts.hosts)} hosts and their files")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run_config_only_step("gather", __doc__.split("\n\n")[0], gather, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
