@@ -21,7 +21,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import shutil
 import sys
 import time
@@ -33,7 +32,6 @@ sys.path[:0] = [str(REPO), str(REPO / "payloads")]
 # This process stays small (no torch): a child's ru_maxrss counts the parent's pages it was forked with.
 from bench import options  # noqa: E402
 from bench.merge_bench import measure, python, settle, summarize  # noqa: E402
-from bench.merge_report import GIB  # noqa: E402
 from bench.synthetic_llama import SHAPES, SMOKE_SHAPE, tensor_shapes  # noqa: E402
 
 TARGET_VS_COPY = 1.5
@@ -152,8 +150,7 @@ def table(results: dict) -> list[str]:
 
 
 def write_report(path: Path, results: dict, note: str) -> None:
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
-    machine = f"{os.cpu_count()} CPUs, {ram:.0f} GiB RAM, {platform.system()} {platform.release()}"
+    machine = options.machine()
     text = [
         "# Full-weight consolidation benchmark", "",
         "Produced by `bench/consolidate_bench.py`; do not edit by hand.", "",

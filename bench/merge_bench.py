@@ -31,7 +31,8 @@ sys.path[:0] = [str(REPO), str(REPO / "payloads")]
 
 # This process stays small (no torch): a child's ru_maxrss counts the parent's pages it was forked with.
 from bench import options  # noqa: E402
-from bench.merge_report import GIB, previous_results, table, verdicts, write_report  # noqa: E402
+from bench.merge_report import previous_results, table, verdicts, write_report  # noqa: E402
+from bench.options import GIB  # noqa: E402
 from bench.synthetic_llama import SHAPES, tensor_shapes  # noqa: E402
 
 REFERENCE = """

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import platform
 from pathlib import Path
 
+from bench import options
 from bench.synthetic_llama import SMOKE_SHAPE
 
-GIB = 1024**3
 TARGETS = {"peak_rss_gib_8b": 2.0, "wall_vs_copy": 1.5, "speedup_vs_reference_1b": 3.0}
 
 
@@ -63,8 +61,7 @@ def previous_results(path: Path) -> dict:
 
 
 def write_report(path: Path, results: dict, ref_dtype: str) -> None:
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
-    machine = f"{os.cpu_count()} CPUs, {memory:.0f} GiB RAM, {platform.system()} {platform.release()}"
+    machine = options.machine()
     cache = "evicted from" if next(iter(results.values()))["cache"] == "cold" else "read into"
     text = [
         "# Merge benchmark",

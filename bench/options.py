@@ -1,15 +1,19 @@
-"""Command-line pieces the benchmark scripts share: which shapes to run, how long to wait for a
-quiet disk, and how a report path is printed. Standard library only (the parent process stays small).
+"""What the benchmark scripts share: which shapes to run, how long to wait for a quiet disk, how a
+report path, a model's size and the host are printed. Standard library only (a benchmark's parent
+process stays small: a child's peak RSS counts the pages it was forked with).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 from pathlib import Path
 
 from bench.synthetic_llama import SHAPES
 
 REPO = Path(__file__).resolve().parents[1]
+GIB = 1024**3
 
 
 def add_shapes(parser: argparse.ArgumentParser, default: str) -> None:
@@ -45,3 +49,9 @@ def sizes(parameters: int, nbytes: int) -> str:
     if parameters >= 1e9:
         return f"{parameters / 1e9:.2f}B parameters, {nbytes / 1e9:.2f} GB"
     return f"{parameters / 1e6:.2f}M parameters, {nbytes / 1e6:.2f} MB"
+
+
+def machine() -> str:
+    """'2 CPUs, 24 GiB RAM, Linux 6.8.0': the host line of the merge and consolidation reports."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    return f"{os.cpu_count()} CPUs, {ram:.0f} GiB RAM, {platform.system()} {platform.release()}"

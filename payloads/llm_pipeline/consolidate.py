@@ -126,23 +126,23 @@ def consolidate_checkpoint(
     adapter = find_adapter(source)
     atomic = AtomicOutputDir(output, overwrite=overwrite)
     atomic.check()
-    try:
-        with atomic as partial:
-            if isinstance(adapter, PlainAdapter):
-                print(f"consolidate: {adapter.folder} is a plain peft adapter; checking and copying it", flush=True)
-                written = copy_plain(adapter, partial)
-            else:
-                print(
-                    f"consolidate: sharded adapter {adapter.folder} "
-                    f"(TP={adapter.tp_size}, PP={len(adapter.rank_files)})",
-                    flush=True,
-                )
-                written = write_sharded(adapter, partial)
-            if model_config is not None:
-                config_file = Path(model_dir) / "config.json"
-                check_adapter_shapes(written, model_config, config_file, label=f"the adapter rebuilt from {source}")
-    except OSError as exc:
-        raise CheckpointError(f"consolidation failed while writing {output}: {exc}; nothing was written") from None
+
+    def build(partial: Path) -> AdapterFolder:
+        if isinstance(adapter, PlainAdapter):
+            print(f"consolidate: {adapter.folder} is a plain peft adapter; checking and copying it", flush=True)
+            written = copy_plain(adapter, partial)
+        else:
+            print(
+                f"consolidate: sharded adapter {adapter.folder} (TP={adapter.tp_size}, PP={len(adapter.rank_files)})",
+                flush=True,
+            )
+            written = write_sharded(adapter, partial)
+        if model_config is not None:
+            config_file = Path(model_dir) / "config.json"
+            check_adapter_shapes(written, model_config, config_file, label=f"the adapter rebuilt from {source}")
+        return written
+
+    written = atomic.write("consolidation", build)
     print(f"adapter written to {output}: {len(written.tensors)} tensors", flush=True)
     return output
 
@@ -158,16 +158,8 @@ def consolidate_full_checkpoint(
         f"PP={len(checkpoint.rank_files)})",
         flush=True,
     )
-    try:
-        with atomic as partial:
-            summary = consolidate_full(checkpoint, partial, base=base)
-    except OSError as exc:
-        raise CheckpointError(f"consolidation failed while writing {output}: {exc}; nothing was written") from None
-    print(
-        f"model folder written to {output}: {summary['tensors']} tensors, {summary['bytes'] / 1e9:.2f} GB "
-        f"in {summary['shards']} shard(s), {summary['seconds']:.1f} s",
-        flush=True,
-    )
+    summary = atomic.write("consolidation", lambda partial: consolidate_full(checkpoint, partial, base=base))
+    say_model_folder(output, summary)
     return output
 
 
@@ -176,17 +168,19 @@ def consolidate_torch_full(checkpoint: Path, base: Path, output: Path, dtype: st
     atomic = AtomicOutputDir(output, overwrite=overwrite)
     atomic.check()
     print(f"consolidate: full-model checkpoint {checkpoint} -> {output} ({dtype})", flush=True)
-    try:
-        with atomic as partial:
-            counts = write_model_folder(checkpoint, base, partial, dtype)
-    except OSError as exc:
-        raise CheckpointError(f"consolidation failed while writing {output}: {exc}; nothing was written") from None
-    print(
-        f"model folder written to {output}: {counts['tensors']} tensors, {counts['bytes'] / 1e9:.2f} GB "
-        f"in {counts['shards']} shard(s)",
-        flush=True,
+    say_model_folder(
+        output, atomic.write("consolidation", lambda partial: write_model_folder(checkpoint, base, partial, dtype))
     )
     return output
+
+
+def say_model_folder(output: Path, summary: dict) -> None:
+    took = f", {summary['seconds']:.1f} s" if "seconds" in summary else ""
+    print(
+        f"model folder written to {output}: {summary['tensors']} tensors, {summary['bytes'] / 1e9:.2f} GB "
+        f"in {summary['shards']} shard(s){took}",
+        flush=True,
+    )
 
 
 def build_parser():

@@ -156,11 +156,7 @@ def merge(
     if not model.has_tokenizer:
         print(f"warning: {base} has no tokenizer files; the merged model will need one from elsewhere", flush=True)
     started = time.monotonic()
-    try:
-        with atomic as partial:
-            used = write_merged(model, adapter, partial)
-    except OSError as exc:  # disk full, a file changing underneath: nothing was published
-        raise CheckpointError(f"merge failed while writing {output}: {exc}; nothing was written") from None
+    used = atomic.write("merge", lambda partial: write_merged(model, adapter, partial))
     print(
         f"merged model written to {output}: {len(used)} of {len(adapter.updates)} LoRA modules applied once, "
         f"{len(model.extra_files)} config/tokenizer file(s) copied, {time.monotonic() - started:.1f} s",

@@ -13,12 +13,15 @@ import os
 import shutil
 import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import TypeVar
 
 from llm_pipeline.errors import CheckpointError
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+Written = TypeVar("Written")
 
 
 class Interrupted(BaseException):
@@ -70,6 +73,15 @@ class AtomicOutputDir:
             if pid.isdigit() and not _pid_alive(int(pid)):
                 print(f"removing {path} left by an interrupted run", flush=True)
                 shutil.rmtree(path, ignore_errors=True)
+
+    def write(self, step: str, build: Callable[[Path], Written]) -> Written:
+        """``build(partial folder)``, published when it returns. An OSError on the way (disk full, a
+        file changing underneath) publishes nothing and becomes a CheckpointError naming ``step``."""
+        try:
+            with self as partial:
+                return build(partial)
+        except OSError as exc:
+            raise CheckpointError(f"{step} failed while writing {self.final}: {exc}; nothing was written") from None
 
     def __enter__(self) -> Path:
         self.check()
