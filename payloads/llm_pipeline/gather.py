@@ -27,7 +27,7 @@ from llm_pipeline import cli
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.jobs import sagemaker_env
-from llm_pipeline.weights.checkpoints import checkpoint_folders, is_sealed, seal_name
+from llm_pipeline.weights.checkpoints import SEAL_PREFIX, checkpoint_folders, is_sealed, seal_name
 
 PORT_OFFSET = 1  # above SM_MASTER_PORT, which torchrun's rendezvous used during train
 WAIT_S = 1800  # how long the first host waits for the others, and they retry reaching it
@@ -136,6 +136,11 @@ def gather(cfg: RunConfig, env: dict[str, str] | None = None) -> None:
         return
     checkpoints_dir = cfg.paths.checkpoints_dir
     port = hosts.master_port + PORT_OFFSET
+    if not any(any(folder.glob(f"{SEAL_PREFIX}*.json")) for _, folder in checkpoint_folders(checkpoints_dir)):
+        # The neuron backend does not seal its checkpoints: its saving ranks (data-parallel rank 0's
+        # tensor-parallel group) are on the first host, which already holds what consolidate reads.
+        say("the checkpoints are not sealed (neuron backend): consolidate reads the first host's files")
+        return
     if not hosts.is_leader:
         folder = newest_sealed_here(checkpoints_dir, hosts.rank)
         size = send(folder, node=hosts.rank, leader=hosts.leader, port=port)

@@ -1,0 +1,55 @@
+"""The gather step's transfer: a host's sealed part of a checkpoint reaches the first host over a real
+socket and completes the checkpoint there; unsealed (neuron) checkpoints are left as they are."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+
+from llm_pipeline import gather
+from llm_pipeline.weights.checkpoints import is_sealed, newest_complete, write_seal
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def part(root, node: int, files: dict[str, bytes]):
+    folder = root / "checkpoints" / "checkpoint-4"
+    for name, data in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    write_seal(folder, node=node, nodes=2)
+    return folder
+
+
+def test_a_hosts_part_travels_to_the_first_host_and_completes_the_checkpoint(tmp_path):
+    first = part(tmp_path / "algo-1", 0, {"trainer_state.json": b"{}", "model/__0_0.distcp": b"a" * 9})
+    other = part(tmp_path / "algo-2", 1, {"model/__1_0.distcp": bytes(range(256)) * 40_000})  # > one chunk
+    assert not is_sealed(first)
+    port, received = free_port(), []
+    leader = threading.Thread(
+        target=lambda: received.extend(gather.receive(first.parent, senders=1, port=port, wait_s=60))
+    )
+    leader.start()
+    sent = gather.send(gather.newest_sealed_here(other.parent, 1), node=1, leader="127.0.0.1", port=port, wait_s=60)
+    leader.join(timeout=60)
+
+    assert received == [(1, "checkpoint-4", sent)]
+    assert (first / "model" / "__1_0.distcp").read_bytes() == (other / "model" / "__1_0.distcp").read_bytes()
+    assert json.loads((first / "hpl-complete-node1.json").read_text())["node"] == 1
+    assert newest_complete(first.parent) == (4, first)
+    assert not list(first.rglob("*.part"))
+
+
+def test_unsealed_checkpoints_are_left_to_the_first_host(tmp_path, capsys):
+    folder = tmp_path / "checkpoints" / "checkpoint-4"
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text("{}")
+    cfg = type("Cfg", (), {"paths": type("Paths", (), {"checkpoints_dir": tmp_path / "checkpoints"})()})()
+    env = {"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-2", "SM_MASTER_PORT": str(free_port())}
+    gather.gather(cfg, env)
+    assert "not sealed (neuron backend)" in capsys.readouterr().out
