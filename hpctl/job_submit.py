@@ -62,6 +62,17 @@ class JobDeployment:
             )
         return value
 
+    def check_image(self, image_uri: str, instance_type: str) -> None:
+        """--image must not be the stack's image of another accelerator family (a Neuron image on a GPU)."""
+        kind = accelerator(instance_type)
+        for other, keys in IMAGE_OUTPUTS.items():
+            for key in keys:
+                if other != kind and key not in IMAGE_OUTPUTS[kind] and self.outputs.get(key) == image_uri:
+                    raise HpctlError(
+                        f"--image {image_uri} is this stack's {key} ({other} image), but {instance_type} is a {kind} "
+                        f"instance: pass its {' or '.join(IMAGE_OUTPUTS[kind])} image, or leave --image out"
+                    )
+
     def image_for(self, instance_type: str) -> str:
         kind = accelerator(instance_type)
         for key in IMAGE_OUTPUTS[kind]:
@@ -101,6 +112,8 @@ def build_spec(
     instance_type = cfg.job.instance_type
     check_instance_type(instance_type, key="--instance-type" if options.instance_type else "job.instance_type")
     check_run_fits(cfg, instance_type)
+    if options.image_uri:
+        deployment.check_image(options.image_uri, instance_type)
     image = options.image_uri or deployment.image_for(instance_type)
     role = options.role_arn or deployment.require(ROLE_OUTPUT, "the SageMaker execution role", "--role ARN")
     bucket = deployment.require(BUCKET_OUTPUT, "the data bucket", "a stack that has one")

@@ -280,6 +280,7 @@ def nothing_created(s3) -> bool:
         ("default", ["--instance-type", "ml.g5.xlarge"], "parallel.devices_per_node = 32, but ml.g5.xlarge has 1 GPUs"),
         ("tiny-cpu", ["--instance-type", "ml.p3.2xlarge"], "V100 GPUs (compute capability 7.0) cannot run the CUDA"),
         ("tiny-cpu", ["--instance-type", "ml.r5.xlarge"], "ml.r5.xlarge has no row in stacks/accelerators.py"),
+        ("tiny-cpu", ["--instance-type", "ml.g5.xlarge", "--image", NEURON_IMAGE], "NeuronImageUri (neuron image)"),
     ],
 )
 def test_instance_type_and_backend_are_checked_first(jobs_stack, hpctl, config, extra, message):
