@@ -8,8 +8,9 @@
    the real dataset step stages;
 3. submits the ladder a cluster runs (python -m llm_pipeline.submit ladder --wait) with
    tiny-ladder-cpu.toml: four rungs on torchrun with two processes each; torchtitan's trainer
-   needs CUDA, so each rung runs tools/torchtitan_standin.py (HPL_TORCHTITAN_MODULE), which prints
-   torchtitan's metric lines from a tiny CPU model; the report step parses them;
+   needs CUDA, so each rung runs tools/torchtitan_standin.py (HPL_TORCHTITAN_MODULE), which trains
+   torchtitan's debug model with torchtitan's own parts on CPU, saves its checkpoints and prints
+   torchtitan's metric lines; the report step parses them and the export converts the last rung;
 4. shows the report; stops the daemons by PID. Exit status 0 only when every job completed.
 """
 
@@ -30,6 +31,9 @@ from tools.rehearse import fsx_environment
 REPO = Path(__file__).resolve().parents[1]
 LADDER_CONFIG = REPO / "payloads" / "configs" / "tiny-ladder-cpu.toml"
 STANDIN = "tools.torchtitan_standin"
+# torchtitan 0.2.2 and torchao, installed apart from the main environment by `make venv`
+# (requirements-torchtitan-cpu.txt: its tyro needs typeguard 4, jsii pins 2).
+TORCHTITAN_SITE = Path(sys.prefix) / "torchtitan-site"
 RANKS_PER_NODE = 2  # two processes per rung, as GPUs per node: the report aggregates over ranks
 
 
@@ -46,7 +50,12 @@ def ladder_environment(env: dict[str, str]) -> dict[str, str]:
     # launch.py derives the rendezvous port from the job id; local clusters side by side on one
     # machine number their jobs alike, so the rehearsal takes a port that is free now instead.
     env.setdefault("HPL_MASTER_PORT", str(free_port()))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])  # tools.*
+    if not (TORCHTITAN_SITE / "torchtitan" / "__init__.py").is_file():
+        raise LocalSlurmError(f"torchtitan is not installed in {TORCHTITAN_SITE}: run `make venv`")
+    # tools.* and torchtitan for every job: the stand-in trains with torchtitan's parts, the job step
+    # checks each job file with torchtitan's ConfigManager, prepare sizes the flavor, export converts.
+    paths = [str(REPO), str(TORCHTITAN_SITE), *filter(None, [env.get("PYTHONPATH")])]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
     return env
 
 

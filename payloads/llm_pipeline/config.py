@@ -25,7 +25,9 @@ METHODS = ("lora", "dora", "qlora", "full")
 STRATEGIES = ("fsdp", "ddp")
 ATTENTIONS = ("auto", "sdpa", "flash_attention_2", "eager")
 TORCHTITAN_RUNGS = ("baseline", "compile", "fp8", "fp8_allgather")  # the ladder, in climbing order
-FP8_RUNGS = ("fp8", "fp8_allgather")  # rungs that need FP8 GPUs (compute capability 8.9 or newer)
+# Beside the ladder: float8 with rowwise scales (torchao's "rowwise" recipe) on top of compile.
+LADDER_RUNG_OPTIONS = (*TORCHTITAN_RUNGS, "fp8_rowwise")  # every rung torchtitan.rungs may name
+FP8_RUNGS = ("fp8", "fp8_allgather", "fp8_rowwise")  # rungs that need FP8 GPUs (compute capability 8.9 or newer)
 
 
 class ConfigError(ValueError):
@@ -279,7 +281,8 @@ class TorchtitanConfig:
     rungs: tuple[str, ...] = described(
         TORCHTITAN_RUNGS,
         "ladder rungs to run, in order, each adding its options to the one before: baseline, compile, "
-        "fp8 (tensorwise float8 linears), fp8_allgather (+ float8 FSDP all-gather, precomputed scales)",
+        "fp8 (tensorwise float8 linears), fp8_allgather (+ float8 FSDP all-gather, precomputed scales); "
+        "or fp8_rowwise (compile + float8 linears with rowwise scales)",
     )
     steps: int = described(2000, "training steps of every rung (torchtitan training.steps)")
     overrides: tuple[str, ...] = described(
@@ -293,6 +296,16 @@ class TorchtitanConfig:
         "what a finished rung keeps of its checkpoints: all, last (its final step: the export's input and the "
         "resubmission's proof it finished), none (nothing once the report read its metrics; the exported rung "
         "keeps its last)",
+    )
+    profile: bool = described(
+        False,
+        "torchtitan's torch.profiler traces (profiling.enable_profiling, every profiling.profile_freq steps) "
+        "into <run>/ladder/<rung>/profile_traces",
+    )
+    memory_snapshot: bool = described(
+        False,
+        "torchtitan's CUDA memory snapshots (profiling.enable_memory_snapshot) into "
+        "<run>/ladder/<rung>/memory_snapshot",
     )
     dataset_source: str = described(
         "allenai/c4",
@@ -471,7 +484,7 @@ def validate(cfg: RunConfig) -> None:
     titan = cfg.torchtitan
     _require(len(titan.rungs) > 0, "torchtitan.rungs", list(titan.rungs), "at least one rung")
     for rung in titan.rungs:
-        _require(rung in TORCHTITAN_RUNGS, "torchtitan.rungs", rung, ", ".join(TORCHTITAN_RUNGS))
+        _require(rung in LADDER_RUNG_OPTIONS, "torchtitan.rungs", rung, ", ".join(LADDER_RUNG_OPTIONS))
     _require(len(set(titan.rungs)) == len(titan.rungs), "torchtitan.rungs", list(titan.rungs), "each rung once")
     _require(titan.steps >= 1, "torchtitan.steps", titan.steps, ">= 1")
     retentions = ("all", "last", "none")

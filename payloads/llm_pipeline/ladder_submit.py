@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llm_pipeline.config import TORCHTITAN_RUNGS, TorchtitanConfig
+from llm_pipeline.config import LADDER_RUNG_OPTIONS, TorchtitanConfig
 from llm_pipeline.jobs import chain
 from llm_pipeline.jobs.chain import ChainJob
 from llm_pipeline.jobs.pipeline_status import StepJob
@@ -31,11 +31,11 @@ def read_rungs(config: Path) -> tuple[str, ...]:
         return TorchtitanConfig().rungs
     if not isinstance(rungs, list):
         raise RunFactsError(f'{config}: torchtitan.rungs: write a list of quoted names, e.g. ["baseline", "compile"]')
-    unknown = [r for r in rungs if r not in TORCHTITAN_RUNGS]
+    unknown = [r for r in rungs if r not in LADDER_RUNG_OPTIONS]
     if unknown or not rungs or len(set(rungs)) != len(rungs):
         raise RunFactsError(
             f"{config}: torchtitan.rungs: {rungs!r} must name each of "
-            f"{', '.join(TORCHTITAN_RUNGS)} at most once, at least one"
+            f"{', '.join(LADDER_RUNG_OPTIONS)} at most once, at least one"
         )
     return tuple(rungs)
 

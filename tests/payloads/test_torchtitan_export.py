@@ -2,8 +2,9 @@
 
 The checkpoint is the default last rung's (fp8_allgather), saved by torchtitan 0.2.2's own
 CheckpointManager at the rung's last step after training its llama3 debug model with float8 linears
-and the float8 FSDP all-gather under FSDP2 on two gloo processes (torchtitan_rung_checkpoint_probe.py:
-torchao's float8 emulation, as no GPU is here). The export step runs as on the cluster
+and the float8 FSDP all-gather under FSDP2 on two gloo processes: the rehearsal's trainer,
+tools/torchtitan_standin.py, which composes torchtitan's parts on CPU (torchao's float8 emulation,
+as no GPU is here). The export step runs as on the cluster
 (python -m llm_pipeline.pretrain export); transformers' LlamaForCausalLM on the exported folder must
 give the logits of torchtitan's model holding that checkpoint.
 """
@@ -38,7 +39,7 @@ def test_fp8_allgather_checkpoint_exports_to_a_transformers_model_with_torchtita
     hpl = {name: str(tmp_path / name) for name in ("HPL_MODELS_DIR", "HPL_DATASETS_DIR", "HPL_OUTPUTS_DIR")}
     env = site_env({**hpl, "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     run_config = tmp_path / "ladder.toml"
-    run_config.write_text(TINY_LADDER.read_text().replace("export_hf = false", "export_hf = true"))
+    run_config.write_text(TINY_LADDER.read_text().replace("steps = 20", f"steps = {STEPS}"))
     cfg = config.load(run_config, env=hpl)
     rung = cfg.torchtitan.rungs[-1]
     assert rung == "fp8_allgather"
@@ -47,11 +48,13 @@ def test_fp8_allgather_checkpoint_exports_to_a_transformers_model_with_torchtita
     assets.mkdir(parents=True)
     (assets / "config.json").write_text(json.dumps(ASSET_CONFIG))
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    saved = run([*torchrun, str(PROBES / "torchtitan_rung_checkpoint_probe.py"), str(job_file), str(STEPS)], env)
-    answer = json.loads(saved.stdout.strip().splitlines()[-1])
-    assert "WeightWithDynamicFloat8CastTensor" in answer["weight_classes"]  # what broke the loader
+    trained = run([*torchrun, "-m", "tools.torchtitan_standin", "--job.config_file", str(job_file)], env)
+    assert "Swapped to Float8Linear layers with enable_fsdp_float8_all_gather=True" in trained.stdout + trained.stderr
     checkpoints = ladder.rung_dir(cfg, rung) / "checkpoint"
-    assert answer["saved"] == str(checkpoints / f"step-{STEPS}")
+    saved = checkpoints / f"step-{STEPS}"
+    assert (saved / ".metadata").is_file()
+    pickled = b"".join(path.read_bytes() for path in saved.glob("*.distcp"))
+    assert b"WeightWithDynamicFloat8CastTensor" in pickled  # torchao's class, what broke the loader
     (checkpoints / "step-30").mkdir()  # an interrupted save (no .metadata): never exported
 
     step = run([sys.executable, "-m", "llm_pipeline.pretrain", "export", "--config", str(run_config)], env)
@@ -64,6 +67,6 @@ def test_fp8_allgather_checkpoint_exports_to_a_transformers_model_with_torchtita
     assert exported["bos_token_id"] == 128000 and exported["torch_dtype"] == "float32"  # export_dtype
 
     compare = PROBES / "torchtitan_export_probe.py"
-    answer = json.loads(run([sys.executable, str(compare), "compare", answer["saved"], str(hf_dir)], env).stdout)
+    answer = json.loads(run([sys.executable, str(compare), "compare", str(saved), str(hf_dir)], env).stdout)
     assert answer["max_abs_diff"] <= 1e-4 * max(1.0, answer["logit_scale"]), answer
     assert any(name.endswith(".safetensors") for name in answer["hf_files"])

@@ -41,11 +41,14 @@ def parsed(tmp_path_factory):
     files += [ladder.write_job_file(tiny, rung) for rung in config.TORCHTITAN_RUNGS]
     one_gpu = config.load(ONE_GPU, env={**ENV, "HPL_OUTPUTS_DIR": str(root / "1b")})
     files += [ladder.write_job_file(one_gpu, rung) for rung in one_gpu.torchtitan.rungs]
+    profiled = pretrain_config(root / "rowwise", profile=True, memory_snapshot=True)
+    files.append(ladder.write_job_file(profiled, "fp8_rowwise"))
     misspelt = pretrain_config(root / "bad", overrides=("training.stepz = 5",))
     files.append(ladder.write_job_file(misspelt, "baseline"))
     answers = probe("parse", *map(str, files))
-    ladders = dict(zip(["8b", "tiny", "1b"], [answers[:4], answers[4:8], answers[8:11]], strict=True))
-    return cfg, ladders, answers[11:]
+    groups = [answers[:4], answers[4:8], answers[8:11], [answers[11]]]
+    ladders = dict(zip(["8b", "tiny", "1b", "rowwise"], groups, strict=True))
+    return cfg, ladders, answers[12:]
 
 
 def test_every_rung_parses_with_torchtitans_config_manager(parsed):
@@ -104,6 +107,22 @@ def test_the_one_gpu_ladder_trains_the_1b_flavor_registered_through_torchtitans_
     assert [job["experimental"]["custom_import"] for job in jobs] == ["llm_pipeline.training.torchtitan.flavors"] * 3
     assert {(job["model"]["name"], job["model"]["flavor"]) for job in jobs} == {("llama3_ladder", "1B")}
     assert [job["model"]["converters"] for job in jobs] == [[], [], ["quantize.linear.float8"]]
+
+
+def test_the_rowwise_rung_climbs_from_compile_and_the_profilers_are_keys(parsed):
+    _, ladders, _ = parsed
+    job = ladders["rowwise"][0]["config"]
+    fp8 = job["quantize"]["linear"]["float8"]
+    assert (job["compile"]["enable"], job["model"]["converters"]) == (True, ["quantize.linear.float8"])
+    assert (fp8["recipe_name"], fp8["enable_fsdp_float8_all_gather"]) == ("rowwise", False)  # torchtitan refuses both
+    profiling = job["profiling"]
+    assert (profiling["enable_profiling"], profiling["enable_memory_snapshot"]) == (True, True)
+    # relative to the rung's dump folder: in the run folder, exported with the outputs
+    assert (profiling["save_traces_folder"], profiling["save_memory_snapshot_folder"]) == (
+        "profile_traces",
+        "memory_snapshot",
+    )
+    assert ladders["8b"][0]["config"]["profiling"]["enable_profiling"] is False  # off unless asked
 
 
 def test_torchtitan_refuses_a_misspelt_override(parsed):

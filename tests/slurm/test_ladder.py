@@ -1,11 +1,12 @@
 """The torchtitan ladder as one submission under a real local Slurm, in rehearsal form.
 
 The real chain (ladder-*.sbatch, env.sh, launch arguments from the allocation, torchrun with two
-processes) runs tiny-ladder-cpu.toml. Each rung's job step writes its job file (that torchtitan's
-ConfigManager accepts every rung file is tests/payloads/test_torchtitan_ladder.py's part, here
-torchtitan is not importable and the step says so); the trainer itself needs CUDA, so
-HPL_TORCHTITAN_MODULE swaps in tools/torchtitan_standin.py, which trains a tiny model on CPU and
-prints torchtitan's metric lines; the report step parses them.
+processes) runs tiny-ladder-cpu.toml: prepare (with the storage check), tokenizer, dataset (a tiny
+c4-format folder staged), each rung's job file checked by torchtitan's ConfigManager; the trainer
+itself needs CUDA, so HPL_TORCHTITAN_MODULE swaps in tools/torchtitan_standin.py, which trains
+torchtitan's debug model with torchtitan's parts on CPU (FSDP2, float8 emulated), saves its
+checkpoints and prints torchtitan's metric lines; the report step parses them, and the export
+converts the fp8_allgather rung's final checkpoint into a Hugging Face folder.
 """
 
 from __future__ import annotations
@@ -55,14 +56,17 @@ def test_ladder_chain_runs_every_rung_and_reports_torchtitans_metrics(one_node, 
         for step, job in jobs.items()
     }
     assert "run config ok" in logs["prepare"] and "already holds the tokenizer" in logs["tokenizer"]
+    assert "storage: 0.01B parameters; per rung: baseline" in logs["prepare"]
     assert "staged 3 data files" in logs["dataset"] and "first record:" in logs["dataset"]
     for rung in config.TORCHTITAN_RUNGS:
         log = logs[f"rung-{rung}"]
         job_file = run / "ladder" / rung / "job.toml"
-        assert f"torchtitan job file {job_file}" in log and "torchtitan.train checks the job file" in log
+        assert f"torchtitan job file {job_file}" in log and f"torchtitan's ConfigManager accepts {job_file}" in log
         assert tomllib.loads(job_file.read_text())["training"]["dataset_path"] == cfg.torchtitan.dataset_dir
         assert "--nproc_per_node=2" in log and f"--job.config_file {job_file}" in log
         assert f"== rung-{rung}: COMPLETED (exit 0)" in log
+        # checkpoint_retention "last": the interval save at step 10 went, the final step stayed
+        assert [p.name for p in (run / "ladder" / rung / "checkpoint").iterdir()] == ["step-20"]
 
     report = json.loads((run / "ladder" / "report.json").read_text())
     rows = {row["rung"]: row for row in report["rungs"]}
@@ -75,7 +79,11 @@ def test_ladder_chain_runs_every_rung_and_reports_torchtitans_metrics(one_node, 
     assert rows["fp8"]["tps_vs_baseline"] == rows["fp8"]["measured"]["tps"] / rows["baseline"]["measured"]["tps"]
     markdown = (run / "ladder" / "report.md").read_text()
     assert "| + FP8 tensorwise linears |" in markdown and "8,624" in markdown
-    assert "torchtitan.export_hf is false" in logs["export"]
+    hf_dir = run / "hf"
+    assert f"Hugging Face folder ready: {hf_dir}" in logs["export"]
+    exported = json.loads((hf_dir / "config.json").read_text())
+    assert (exported["hidden_size"], exported["vocab_size"]) == (256, 2048)  # torchtitan's debugmodel
+    assert any(path.suffix == ".safetensors" for path in hf_dir.iterdir()) and not (hf_dir / "sharded").exists()
 
     # Before the first long rung: every rung's smoke run (4 steps, a metric line each), its report, its
     # export step, and the estimate from the smoke rungs' logged step times.

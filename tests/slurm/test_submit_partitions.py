@@ -228,3 +228,8 @@ def test_ladder_refuses_fp8_rungs_on_a_partition_without_fp8_gpus(fsx):
     out = dry_run(fsx, "", "ladder")  # no partition named: the first one with FP8 GPUs
     assert out.returncode == 0, out.stderr
     assert all("--partition=p5" in line for line in out.stdout.splitlines() if "sbatch" in line)
+
+
+def test_the_rowwise_rung_needs_fp8_gpus_too(fsx):
+    out = dry_run(fsx, '[parallel]\npartition = \'g5\'\n[torchtitan]\nrungs = ["baseline", "fp8_rowwise"]\n', "ladder")
+    assert out.returncode == 2 and "ladder rung fp8_rowwise needs FP8 GPUs" in out.stderr

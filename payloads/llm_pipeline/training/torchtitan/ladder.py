@@ -20,7 +20,7 @@ from typing import Any
 
 import tomllib
 
-from llm_pipeline.config import TORCHTITAN_RUNGS, RunConfig
+from llm_pipeline.config import LADDER_RUNG_OPTIONS, TORCHTITAN_RUNGS, RunConfig
 from llm_pipeline.errors import StepError
 
 PAYLOADS_DIR = Path(__file__).resolve().parents[3]
@@ -39,12 +39,20 @@ RUNG_OPTIONS: dict[str, dict[str, Any]] = {
             }
         }
     },
+    # A recipe name makes 0.2.2 build torchao's Float8LinearConfig.from_recipe_name; it refuses the
+    # float8 all-gather with a recipe, so this rung climbs from compile, not from fp8_allgather.
+    "fp8_rowwise": {
+        "model": {"converters": [FLOAT8_CONVERTER]},
+        "quantize": {"linear": {"float8": {"recipe_name": "rowwise"}}},
+    },
 }
+CLIMBS_FROM = {"fp8_rowwise": "compile"}  # rungs beside the ladder: the rung whose options they add to
 RUNG_TITLES = {
     "baseline": "baseline (bf16, FSDP)",
     "compile": "+ torch.compile",
     "fp8": "+ FP8 tensorwise linears",
     "fp8_allgather": "+ FP8 all-gather, precomputed scales",
+    "fp8_rowwise": "compile + FP8 rowwise linears",
 }
 # The figures users reported for Llama 3 8B on 4 x ml.p5.48xlarge (32 H100): tokens/s per GPU and
 # the loss after 2000 steps. Shown beside the measured figures; never used as a result.
@@ -77,7 +85,9 @@ def merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
 def rung_options(rung: str) -> dict[str, Any]:
     """Every option from the baseline up to and including `rung` (the ladder climbs cumulatively)."""
     if rung not in RUNG_OPTIONS:
-        raise StepError(f"unknown ladder rung {rung!r} (rungs: {', '.join(TORCHTITAN_RUNGS)})")
+        raise StepError(f"unknown ladder rung {rung!r} (rungs: {', '.join(LADDER_RUNG_OPTIONS)})")
+    if rung in CLIMBS_FROM:
+        return merge(rung_options(CLIMBS_FROM[rung]), RUNG_OPTIONS[rung])
     options: dict[str, Any] = {}
     for name in TORCHTITAN_RUNGS[: TORCHTITAN_RUNGS.index(rung) + 1]:
         options = merge(options, RUNG_OPTIONS[name])
@@ -129,6 +139,12 @@ def compose(cfg: RunConfig, rung: str) -> dict[str, Any]:
     }
     if cfg.torchtitan.dataset_source:  # the copy the dataset step staged on FSx
         run["training"]["dataset_path"] = cfg.torchtitan.dataset_dir
+    # torchtitan writes both under the rung's dump folder (profiling.save_traces_folder and
+    # save_memory_snapshot_folder are relative to it), so they travel to S3 with the run's outputs.
+    if cfg.torchtitan.profile:
+        run["profiling"] = {"enable_profiling": True}
+    if cfg.torchtitan.memory_snapshot:
+        run["profiling"] = {**run.get("profiling", {}), "enable_memory_snapshot": True}
     return merge(merge(merge(base, run), rung_options(rung)), overrides(cfg))
 
 
