@@ -6,7 +6,8 @@ and the float8 FSDP all-gather under FSDP2 on two gloo processes: the rehearsal'
 tools/torchtitan_standin.py, which composes torchtitan's parts on CPU (torchao's float8 emulation,
 as no GPU is here). The export step runs as on the cluster
 (python -m llm_pipeline.pretrain export); transformers' LlamaForCausalLM on the exported folder must
-give the logits of torchtitan's model holding that checkpoint.
+give the logits of torchtitan's model holding that checkpoint (both compute in float32 from the same
+bf16 weights, the production export_dtype).
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ def test_fp8_allgather_checkpoint_exports_to_a_transformers_model_with_torchtita
     hpl = {name: str(tmp_path / name) for name in ("HPL_MODELS_DIR", "HPL_DATASETS_DIR", "HPL_OUTPUTS_DIR")}
     env = site_env({**hpl, "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     run_config = tmp_path / "ladder.toml"
-    run_config.write_text(TINY_LADDER.read_text().replace("steps = 20", f"steps = {STEPS}"))
+    # the 8B base's final save: the model alone, in bf16 (the debug base's is float32)
+    text = TINY_LADDER.read_text().replace("steps = 20", f"steps = {STEPS}")
+    bf16 = 'overrides = ["training.local_batch_size = 2", "checkpoint.export_dtype = \\"bfloat16\\""]'
+    run_config.write_text(text.replace('overrides = ["training.local_batch_size = 2"]', bf16))
     cfg = config.load(run_config, env=hpl)
     rung = cfg.torchtitan.rungs[-1]
     assert rung == "fp8_allgather"
@@ -64,7 +68,7 @@ def test_fp8_allgather_checkpoint_exports_to_a_transformers_model_with_torchtita
     assert not hf_dir.with_name("hf.tmp").exists() and not (hf_dir / "sharded").exists()
     exported = json.loads((hf_dir / "config.json").read_text())
     assert (exported["hidden_size"], exported["num_hidden_layers"], exported["vocab_size"]) == (256, 6, 2048)
-    assert exported["bos_token_id"] == 128000 and exported["torch_dtype"] == "float32"  # export_dtype
+    assert exported["bos_token_id"] == 128000 and exported["torch_dtype"] == "bfloat16"  # export_dtype
 
     compare = PROBES / "torchtitan_export_probe.py"
     answer = json.loads(run([sys.executable, str(compare), "compare", str(saved), str(hf_dir)], env).stdout)
