@@ -32,10 +32,11 @@ from llm_pipeline.weights.adapter_files import (
     read_adapter_config,
 )
 from llm_pipeline.weights.adapter_layout import PlainAdapter, ShardedAdapter, find_adapter
-from llm_pipeline.weights.adapter_shapes import check_adapter_shapes, read_model_config
+from llm_pipeline.weights.adapter_shapes import check_adapter_shapes
 from llm_pipeline.weights.atomic_output import AtomicOutputDir
 from llm_pipeline.weights.full_checkpoint import FullCheckpoint, find_full_checkpoint
 from llm_pipeline.weights.full_consolidation import consolidate_full
+from llm_pipeline.weights.model_files import read_model_config
 from llm_pipeline.weights.torch_checkpoint import find_torch_full_checkpoint, write_model_folder
 from llm_pipeline.weights.tp_layout import StageShards, consolidate_stage
 from llm_pipeline.weights.xser_reader import load_rank_file

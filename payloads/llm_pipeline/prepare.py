@@ -61,7 +61,8 @@ def check(cfg: config.RunConfig, env: Mapping[str, str]) -> None:
 
 def check_neuron(cfg: config.RunConfig) -> None:
     """optimum-neuron's rules for this run (packing, fused q/k/v), with the model's config when downloaded."""
-    from llm_pipeline.training.neuron.rules import check_neuron_run, read_model_config
+    from llm_pipeline.training.neuron.rules import check_neuron_run
+    from llm_pipeline.weights.model_files import read_model_config
 
     config_file = f"{cfg.paths.model_dir}/config.json"
     model_config = read_model_config(cfg.paths.model_dir)
@@ -100,7 +101,7 @@ def check_full_storage(cfg: config.RunConfig, backend: str) -> None:
     """Full fine-tuning: do train.save_total_limit checkpoints and the model fit where the run writes?
     (Once the model is downloaded; the train step checks again before training.)"""
     from llm_pipeline.training.full_rules import check_storage
-    from llm_pipeline.training.neuron.rules import read_model_config
+    from llm_pipeline.weights.model_files import read_model_config
 
     if cfg.train.method != "full" or not cfg.train.save_checkpoints:
         return

@@ -172,3 +172,12 @@ def test_download_cli_turns_hub_errors_into_exit_2(fake_hub, hpl_env, tmp_path, 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     assert download.main(["--config", str(path)]) == 2
     assert capsys.readouterr().err.startswith("error: org/gated-model is a gated model")
+
+
+def test_the_model_config_reader_every_step_shares(tmp_path):
+    assert model_files.read_model_config(tmp_path) is None  # not downloaded yet: nothing to check against
+    (tmp_path / "config.json").write_text('{"num_key_value_heads": 8}')
+    assert model_files.read_model_config(tmp_path) == {"num_key_value_heads": 8}
+    (tmp_path / "config.json").write_text('{"num_key_value_heads": ')
+    with pytest.raises(StepError, match=r"config.json is not valid JSON .*: download the model again"):
+        model_files.read_model_config(tmp_path)

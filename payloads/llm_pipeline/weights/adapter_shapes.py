@@ -7,7 +7,6 @@ Each adapted module (in -> out) has A [r, in] and B [out, r]; embeddings are voc
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,17 +17,6 @@ from llm_pipeline.model_shapes import module_dims
 from llm_pipeline.weights.adapter_files import AdapterFolder
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
-
-
-def read_model_config(model_dir: Path) -> dict[str, Any] | None:
-    """config.json of a model folder; None when the folder has none (nothing to check against)."""
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON ({exc})") from None
 
 
 def check_adapter_shapes(

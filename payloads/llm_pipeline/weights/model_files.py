@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from llm_pipeline.errors import CheckpointError
 from llm_pipeline.weights.safetensors_header import FLOAT_DTYPES, SafetensorsFile, TensorSlot, read_header
@@ -114,6 +115,17 @@ def _is_extra_file(name: str) -> bool:
         and not name.endswith(WEIGHT_SUFFIXES)
         and name not in SKIPPED_FILES
     )
+
+
+def read_model_config(model_dir: str | Path) -> dict[str, Any] | None:
+    """A model folder's config.json; None while there is none (not downloaded yet: nothing to check against)."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON ({exc}): download the model again") from None
 
 
 def require_model_folder(folder: Path, purpose: str) -> Path:

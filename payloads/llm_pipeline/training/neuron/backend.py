@@ -56,7 +56,7 @@ from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
 from llm_pipeline.training.collator import FixedLengthCollator, pad_token_id
-from llm_pipeline.training.neuron.rules import attention_kernel, check_neuron_run, read_model_config
+from llm_pipeline.training.neuron.rules import attention_kernel, check_neuron_run
 from llm_pipeline.training.plan import TrainPlan, check_trainable, peft_lora_config, say, sft_arguments, world_size
 from llm_pipeline.training.text_blocks import formatting_func
 
@@ -189,6 +189,8 @@ def resume_model_folder(cfg: RunConfig, checkpoint: Path) -> Path:
 
 
 def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable: int) -> None:
+    from llm_pipeline.weights.model_files import read_model_config
+
     check_neuron_run(cfg, read_model_config(cfg.paths.model_dir), f"{cfg.paths.model_dir}/config.json")
     check_parallel_layout(cfg, world_size())
     try:

@@ -18,9 +18,7 @@ folder exists) and the train step runs them again before loading anything.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from llm_pipeline.config import RunConfig
@@ -30,17 +28,6 @@ QKV = ("q_proj", "k_proj", "v_proj")
 FLASH_ATTENTION = "flash_attention_2"  # optimum-neuron's name for the NKI kernel (models/training/modeling_utils.py)
 EAGER_ATTENTION = "eager"
 FLASH_SEQUENCE_MULTIPLE = 2048  # the kernel's length rule (neuronx-distributed 2.26 kernels/flash_attn.py)
-
-
-def read_model_config(model_dir: str | Path) -> dict[str, Any] | None:
-    """The model folder's config.json, or None while the model is not downloaded yet."""
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except ValueError as exc:
-        raise StepError(f"{path} is not valid JSON ({exc}): download the model again") from None
 
 
 def kv_size_multiplier(kv_heads: int, tensor_parallel_size: int) -> int | None:
