@@ -29,7 +29,14 @@ from dataclasses import dataclass, field
 import torch
 
 from llm_pipeline.errors import CheckpointError
-from llm_pipeline.weights.tp_layout import join_shards, one_kv_copy, query_head_order, restore_head_order
+from llm_pipeline.weights.tp_layout import (
+    check_partition_counts,
+    join_shards,
+    one_kv_copy,
+    query_head_order,
+    restore_head_order,
+    transformation_specs,
+)
 
 Pieces = dict[str, list[torch.Tensor]]  # rank-file name -> its tensor on every TP rank, in rank order
 Blocks = list[torch.Tensor]  # a tensor as contiguous pieces that, concatenated along dim 0, make it
@@ -210,24 +217,14 @@ def _plan(metadata: dict, ranks: RankShapes, tp: int) -> list[Unit]:
     lora = sorted(name for name in (*params, *ranks.shapes) if ".lora_" in name)
     if lora:
         raise CheckpointError(f"{lora[0]} is a LoRA tensor: this is an adapter, not a full-model checkpoint")
-    for name, info in params.items():
-        parts = info.get("num_partitions", tp) if info.get("tensor_model_parallel") else tp
-        if parts != tp and name in ranks.shapes:
-            raise CheckpointError(f"the metadata splits {name} in {parts} parts but there are {tp} TP rank files")
+    check_partition_counts(params, [name for name in params if name in ranks.shapes], tp)
     units: list[Unit] = []
-    for group in metadata.get("model_weight_transformation_specs", []):
-        for class_name, spec in group["specs"]:
-            build = SPEC_UNITS.get(class_name)
-            if build is None:
-                raise CheckpointError(f"unknown transformation spec {class_name} (written by a newer optimum-neuron?)")
-            if spec.get("peft_type") is not None:
-                raise CheckpointError(f"{class_name} for {group['module_fully_qualified_name']} is a LoRA spec")
-            if spec.get("tp_size", tp) != tp:
-                module = group["module_fully_qualified_name"]
-                raise CheckpointError(f"{class_name} for {module} says TP={spec['tp_size']}, files say TP={tp}")
-            unit = build(group["module_fully_qualified_name"], spec, ranks, params, tp)
-            if unit is not None:
-                units.append(unit)
+    for module, spec, build in transformation_specs(metadata, SPEC_UNITS, tp):
+        if spec.get("peft_type") is not None:
+            raise CheckpointError(f"the spec for {module} is a LoRA spec (peft_type {spec['peft_type']})")
+        unit = build(module, spec, ranks, params, tp)
+        if unit is not None:
+            units.append(unit)
     consumed = {source for unit in units for source in unit.sources}
     for name in sorted(set(ranks.shapes) - consumed):
         if name not in params:

@@ -20,8 +20,9 @@ absent (modules the adapter does not target) is skipped.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -229,6 +230,31 @@ def join_shards(name: str, pieces: list[torch.Tensor], info: dict) -> torch.Tens
     return torch.cat([blocks[rank][s] for s in range(stride) for rank in range(len(pieces))], dim)
 
 
+Handler = TypeVar("Handler")  # what a caller does with one spec class (rebuild tensors, plan units)
+
+
+def check_partition_counts(params: dict, names: Iterable[str], tp: int) -> None:
+    """Every tensor in ``names`` that the metadata marks tensor-parallel is split in ``tp`` parts."""
+    for name in names:
+        info = params[name]
+        parts = info.get("num_partitions", tp) if info.get("tensor_model_parallel") else tp
+        if parts != tp:
+            raise CheckpointError(f"the metadata splits {name} in {parts} parts but there are {tp} TP rank files")
+
+
+def transformation_specs(metadata: dict, known: Mapping[str, Handler], tp: int) -> Iterator[tuple[str, dict, Handler]]:
+    """(module, spec, its handler) for every transformation spec, refusing an unknown class or another TP size."""
+    for group in metadata.get("model_weight_transformation_specs", []):
+        module = group["module_fully_qualified_name"]
+        for class_name, spec in group["specs"]:
+            handler = known.get(class_name)
+            if handler is None:
+                raise CheckpointError(f"unknown transformation spec {class_name} (written by a newer optimum-neuron?)")
+            if spec.get("tp_size", tp) != tp:
+                raise CheckpointError(f"{class_name} for {module} says TP={spec['tp_size']}, files say TP={tp}")
+            yield module, spec, handler
+
+
 def consolidate_stage(stage: StageShards, adapter: str = "default") -> dict[str, torch.Tensor]:
     """Full tensors of one pipeline stage, keyed like the rank files (no adapter name)."""
     try:
@@ -254,23 +280,13 @@ def _consolidate(metadata: dict, ranks: Ranks, adapter: str) -> dict[str, torch.
     undescribed = sorted(saved - set(params))
     if undescribed:
         raise CheckpointError(f"the rank files hold {undescribed[0]}, which the metadata does not describe")
-    for name in saved:
-        parts = params[name].get("num_partitions", tp) if params[name].get("tensor_model_parallel") else tp
-        if parts != tp:
-            raise CheckpointError(f"the metadata splits {name} in {parts} parts but there are {tp} TP rank files")
+    check_partition_counts(params, saved, tp)
     rebuilt: dict[str, torch.Tensor] = {}
     consumed: set[str] = set()
-    for group in metadata.get("model_weight_transformation_specs", []):
-        for class_name, spec in group["specs"]:
-            handler = SPEC_HANDLERS.get(class_name)
-            if handler is None:
-                raise CheckpointError(f"unknown transformation spec {class_name} (written by a newer optimum-neuron?)")
-            if spec.get("tp_size", tp) != tp:
-                module = group["module_fully_qualified_name"]
-                raise CheckpointError(f"{class_name} for {module} says TP={spec['tp_size']}, files say TP={tp}")
-            tensors, used = handler(group["module_fully_qualified_name"], spec, ranks, params, tp)
-            _add(rebuilt, tensors)
-            consumed |= used
+    for module, spec, handler in transformation_specs(metadata, SPEC_HANDLERS, tp):
+        tensors, used = handler(module, spec, ranks, params, tp)
+        _add(rebuilt, tensors)
+        consumed |= used
     _add(
         rebuilt, {name: join_shards(name, [t[name] for t in ranks], params[name]) for name in sorted(saved - consumed)}
     )
