@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from hpctl import run_progress
 from hpctl.commands import connect
-from hpctl.errors import HpctlError
+from hpctl.errors import HpctlError, aws_errors
 from hpctl.job_spec import JobOptions, load_run_config, resolve_config_file
 from hpctl.job_status import (
     describe_job,
@@ -19,6 +20,7 @@ from hpctl.job_status import (
 )
 from hpctl.job_submit import JobDeployment, build_spec, create_job, describe_spec
 from hpctl.stack import describe_stack
+from hpctl.step_logs import OUTPUTS_PREFIX
 
 
 def tag(text: str) -> tuple[str, str]:
@@ -47,6 +49,13 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         help="warm pool: keep the instances M minutes after the job, so the next matching job starts at once (billed)",
     )
     submit.add_argument("--tag", type=tag, action="append", default=[], metavar="KEY=VALUE", help="extra job tag")
+    submit.add_argument(
+        "--no-smoke",
+        dest="smoke",
+        action="store_false",
+        help="skip the smoke stage the job runs first (a few training steps, save, resume, consolidate, merge, "
+        "generate, then the time estimate): a defect in a late step then shows only after the long training",
+    )
     submit.add_argument("--dry-run", action="store_true", help="check everything and print the job; create nothing")
     submit.set_defaults(handler=job_submit)
     for name, handler, text in (
@@ -78,6 +87,7 @@ def job_submit(args: argparse.Namespace) -> None:
         role_arn=args.role,
         tags=dict(args.tag),
         keep_alive_minutes=args.keep_alive_minutes,
+        smoke=args.smoke,
     )
     cfg = load_run_config(config_file, options)
     stack = describe_stack(deployment.session, deployment.settings.stack_name)
@@ -96,7 +106,25 @@ def job_status(args: argparse.Namespace) -> None:
     sagemaker = deployment.session.client("sagemaker")
     job = describe_job(sagemaker, args.job or newest_job(sagemaker))
     instance_type = job.get("ResourceConfig", {}).get("InstanceType", "")
-    print(render_status(job, hourly_price(pricing_client(deployment.session), instance_type, deployment.region)))
+    price = hourly_price(pricing_client(deployment.session), instance_type, deployment.region)
+    print(render_status(job, price))
+    progress = job_run_progress(deployment.session, job)
+    if progress:
+        estimate = progress["estimate"]
+        cost = run_progress.describe_cost(estimate["node_hours"], instance_type, price) if estimate else None
+        print("\n".join(run_progress.render(progress, cost)))
+
+
+def job_run_progress(session, job: dict) -> dict | None:
+    """The job's steps, the running step's progress and its smoke estimate, from its checkpoint folder in S3."""
+    uri = job.get("CheckpointConfig", {}).get("S3Uri", "")
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    if not bucket or not prefix.startswith(OUTPUTS_PREFIX):
+        return None
+    run = prefix[len(OUTPUTS_PREFIX) :].strip("/")
+    with aws_errors(f"read the run folder {uri}"):
+        found = run_progress.run_progress(session.client("s3"), bucket, run)
+    return found if found["steps"] else None
 
 
 def job_logs(args: argparse.Namespace) -> None:

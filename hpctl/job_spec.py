@@ -69,6 +69,7 @@ class JobOptions:
     role_arn: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
     keep_alive_minutes: int = 0  # warm pool: keep the instances this long after the job for the next one
+    smoke: bool = True  # the job runs its smoke stage first (llm_pipeline.sagemaker_job); --no-smoke: off
 
 
 @dataclass(frozen=True)
@@ -98,10 +99,12 @@ class JobSpec:
     tags: dict[str, str]
     resumes: bool = False  # the run folder in S3 already holds files: the job starts from them
     keep_alive_s: int = 0  # ResourceConfig.KeepAlivePeriodInSeconds (0: no warm pool)
+    smoke: bool = True  # a smoke stage before the long steps, inside the job
 
     @property
     def command(self) -> str:
-        return f"python3 -m {ENTRY_MODULE} --config {CODE_CONFIGS_FOLDER}/{self.config_file.name}"
+        command = f"python3 -m {ENTRY_MODULE} --config {CODE_CONFIGS_FOLDER}/{self.config_file.name}"
+        return command if self.smoke else f"{command} --no-smoke"
 
     @property
     def base_job_name(self) -> str:

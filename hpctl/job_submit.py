@@ -152,6 +152,7 @@ def build_spec(
         tags={**tags, **options.tags},
         resumes=s3_has(session, bucket, f"{OUTPUTS_PREFIX}/{paths.run}/"),
         keep_alive_s=keep_alive_seconds(options.keep_alive_minutes),
+        smoke=options.smoke,
     )
 
 

@@ -1,13 +1,16 @@
-"""`hpctl status`: where the newest pipeline run stands, from its files exported to S3.
+"""`hpctl status` and `hpctl job status`: where a pipeline run stands, from its files in S3.
 
 The outputs folder on FSx is exported to s3://<bucket>/outputs/ (the same copy `hpctl logs steps`
 reads, minutes behind the cluster), so the run's submission record (logs/pipeline.json), its step
 markers (logs/state/, smoke/logs/state/), the running step's log and the smoke stage's estimate
-(logs/estimate.json) can be read without a session on the cluster. The running step's progress is
-the last metric line its trainer printed: ``step 120/1000 | loss 1.2 | ... | 15155 tokens/s | ... |
-eta 0:12:00`` (training/callbacks.py) or torchtitan's ``step: 120  loss: 7.1 ... tps: 6,475``. The
-estimate's cost is its node-hours times the on-demand HyperPod price of the partition's instance
-type (AWS Price List API, `<region>-Cluster:<type>` usage type); without one it says "price unknown".
+(logs/estimate.json) can be read without a session on the cluster. A training job's run folder is
+its checkpoint folder, which SageMaker syncs to the same place; it writes no markers, so a step's
+state comes from its log (llm_pipeline.sagemaker_job ends each with the step's verdict line). The
+running step's progress is the last metric line its trainer printed: ``step 120/1000 | loss 1.2 |
+... | 15155 tokens/s | ... | eta 0:12:00`` (training/callbacks.py) or torchtitan's ``step: 120
+loss: 7.1 ... tps: 6,475``. The estimate's cost is its node-hours times the on-demand price of the
+instance type (AWS Price List API: HyperPod `<region>-Cluster:<type>`, training jobs
+`<region>-Train:<type>`); without one it says "price unknown".
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from hpctl.step_logs import OUTPUTS_PREFIX, list_runs
 
 CLUSTER_USAGE = "Cluster"  # the Price List API's HyperPod usage types: <region>-Cluster:ml.<type>
 TAIL_BYTES = 64 * 1024  # of the running step's log: enough for its last metric lines
+VERDICT_BYTES = 512  # of a training job's step log: its last line, `== <step>: COMPLETED (exit 0) after N s`
 _CALLBACK_LINE = re.compile(
     r"^step (?P<step>\d+)/(?P<total>\d+) \| loss (?P<loss>[0-9.]+) \|.*?\| (?P<tps>[0-9.]+) tokens/s"
     r"(?:.*\| eta (?P<eta>.+))?$"
@@ -56,6 +60,15 @@ def last_progress(log_text: str) -> Progress | None:
         if found := _TITAN_LINE.search(line):
             return Progress(int(found["step"]), None, float(found["loss"]), float(found["tps"].replace(",", "")), None)
     return None
+
+
+def state_from_log(tail: str | None, step: str) -> str:
+    """A training job's step: COMPLETED or FAILED once its log ends with the verdict, RUNNING before, "-"
+    when it has no log yet."""
+    if tail is None:
+        return "-"
+    found = re.search(rf"^== {re.escape(step)}: (COMPLETED|FAILED) ", tail, flags=re.MULTILINE)
+    return found.group(1) if found else "RUNNING"
 
 
 def _key(run: str, path: str) -> str:
@@ -95,7 +108,9 @@ def run_progress(s3, bucket: str, run: str) -> dict:
     for job in record["steps"]:
         marker_path = str(PurePosixPath(job["log"]).parent / "state" / f"{job['step']}.json")
         marker = json.loads(_read(s3, bucket, _key(run, marker_path)) or "{}")
-        state = marker.get("state", "-") if str(marker.get("job")) == job["job"] else "-"
+        state = marker.get("state", "-") if str(marker.get("job")) == job["job"] else None
+        if state is None:  # a training job writes no markers: its step logs end with the verdict line
+            state = state_from_log(_read(s3, bucket, _key(run, job["log"]), tail=VERDICT_BYTES), job["step"])
         steps.append({"step": job["step"], "job": job["job"], "state": state})
         if state == "RUNNING":
             current = job
@@ -131,7 +146,7 @@ def cluster_price(pricing, instance_type: str | None, region: str) -> HourlyPric
 def describe_cost(node_hours: float, instance_type: str | None, price: HourlyPrice | None) -> str:
     if price is None:
         what = f"for {instance_type}" if instance_type else "(the run's partition is not in cdk.json compute_groups)"
-        return f"price unknown {what}: no on-demand HyperPod price found ({PRICE_SOURCE})"
+        return f"price unknown {what}: no on-demand price found ({PRICE_SOURCE})"
     return (
         f"${node_hours * price.usd:,.2f} = {node_hours:.3f} node-hours x ${price.usd:,.4f}/h "
         f"({price.usage_type}; {PRICE_SOURCE})"

@@ -13,6 +13,13 @@ step modules the Slurm scripts run, in the same order, with the same arguments:
     gather                        several hosts: each sends its part of the newest checkpoint to the first
     consolidate, merge, generate  the first host only: its run folder now holds every host's shards
 
+Unless --no-smoke, a smoke stage runs first inside the same job, on the instances already provisioned
+(nothing is paid twice): after prepare, download and data, every later step on <run>/smoke with the
+step counts cut (train saves at step 2, then resumes to 4; llm_pipeline/jobs/smoke.py), then the
+estimate of the long steps (<run>/logs/estimate.json, from the smoke run's measured step time), then
+the long steps. A job restarted with a checkpoint in the run folder (spot) passed its smoke stage
+before and skips it. Every step's output also goes to <run>/[smoke/]logs/<step>-<host>.log.
+
 The run folder is the job's checkpoint folder (synced to s3://<bucket>/outputs/<run>/, restored on a
 spot restart, when train resumes from its newest checkpoint). Finally the adapter and the generated
 answer are copied to SM_MODEL_DIR (the job's model.tar.gz) and a step summary to SM_OUTPUT_DATA_DIR.
@@ -33,7 +40,10 @@ import time
 from pathlib import Path
 
 from llm_pipeline import config, submit
-from llm_pipeline.jobs import launch, sagemaker_env
+from llm_pipeline.jobs import chain, launch, pipeline_status, sagemaker_env, smoke
+from llm_pipeline.jobs.chain import ChainJob
+from llm_pipeline.jobs.pipeline_status import StepJob
+from llm_pipeline.jobs.run_facts import RunFacts
 
 # The Slurm chain's order, plus gather after train: a job's hosts share no file system (gather.py).
 STEPS = (*submit.STEPS[: submit.STEPS.index("train") + 1], "gather", *submit.STEPS[submit.STEPS.index("train") + 1 :])
@@ -111,7 +121,40 @@ def write_summary(env: dict[str, str], host: str, record: dict) -> None:
     (out / SUMMARY_FILE.format(host=host)).write_text(json.dumps(record, indent=2) + "\n")
 
 
-def run(run_config: Path, *, first_step: str, env: dict[str, str]) -> int:
+def job_plan(
+    run_config: Path, cfg: config.RunConfig, first_step: str, hosts: sagemaker_env.JobHosts, *, smoke_stage: bool
+) -> list[tuple[ChainJob, RunFacts]]:
+    """The steps in order, as the Slurm chain stages them (jobs/chain.py): with the smoke stage unless it
+    is off or passed before (a checkpoint in the run folder: a restarted spot job)."""
+    facts = RunFacts(config=run_config, output_dir=Path(cfg.paths.output_dir), nodes=len(hosts.hosts))
+    jobs = [submit.step_job(step) for step in STEPS[STEPS.index(first_step) :]]  # the job's steps: gather too
+    if smoke_stage and chain.smoke_stage_runs(jobs, True) and any(cfg.paths.checkpoints_dir.glob("checkpoint-*")):
+        print(f"== smoke stage: passed before ({cfg.paths.checkpoints_dir} holds checkpoints); not run again")
+        smoke_stage = False
+    elif not smoke_stage:
+        print(f"== note: {smoke.NO_SMOKE_RISK}", flush=True)
+    if chain.smoke_stage_runs(jobs, smoke_stage):
+        smoke.write_smoke_run(facts)  # every host: each has its own run folder
+    return chain.staged_chain(facts, jobs, smoke_stage=smoke_stage)
+
+
+def run_step(command: list[str], env: dict[str, str], log: Path) -> int:
+    """Run one step; its output to the job's log (stdout) and to ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with (
+        log.open("w") as out,
+        subprocess.Popen(
+            command, env=env, cwd=PAYLOADS_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ) as process,
+    ):
+        for line in process.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            out.write(line)
+        return process.wait()
+
+
+def run(run_config: Path, *, first_step: str, env: dict[str, str], smoke_stage: bool = True) -> int:
     hosts = sagemaker_env.read_hosts(env)
     env = step_environment(env, hosts)
     cfg = config.load(run_config, env=env)
@@ -122,22 +165,47 @@ def run(run_config: Path, *, first_step: str, env: dict[str, str]) -> int:
         flush=True,
     )
     record: dict = {"host": hosts.current, "hosts": list(hosts.hosts), "config": str(run_config), "steps": []}
-    for step in STEPS[STEPS.index(first_step) :]:
-        if step in LEADER_ONLY_STEPS and not hosts.is_leader:
+    plan = job_plan(run_config, cfg, first_step, hosts, smoke_stage=smoke_stage)
+    logs = [
+        StepJob(
+            step=job.step,
+            job=hosts.current,
+            log=str(facts.logs_dir / f"{job.step}-{hosts.current}.log"),
+            nodes=chain.job_nodes(job, facts),
+        )
+        for job, facts in plan
+    ]
+    Path(cfg.paths.logs_dir).mkdir(parents=True, exist_ok=True)
+    pipeline_status.write_record(Path(cfg.paths.logs_dir), run_config, logs)  # what the estimate reads
+    for (job, facts), step_log in zip(plan, logs, strict=True):
+        step, name = smoke.long_step(job.step), job.step
+        if step in (*LEADER_ONLY_STEPS, smoke.ESTIMATE_STEP) and not hosts.is_leader:
             continue
-        command = step_command(step, run_config, env, hosts)
+        if step == smoke.ESTIMATE_STEP:
+            command = [sys.executable, "-m", "llm_pipeline.jobs.estimate", "--run-dir", str(facts.output_dir)]
+            command += ["--config", str(facts.config), "--training-job"]
+        else:
+            command = step_command(step, facts.config, env, hosts)
         if isinstance(command, str):
-            print(f"== {step}: {command}", flush=True)
+            print(f"== {name}: {command}", flush=True)
+            skipped = Path(step_log.log)  # a log all the same: the estimate reads its smoke copy's run time
+            skipped.parent.mkdir(parents=True, exist_ok=True)
+            skipped.write_text(f"{command}\n== {name}: COMPLETED (exit 0) after 0 s\n")
             continue
-        print(f"== {step}: {' '.join(command)}", flush=True)
+        print(f"== {name}: {' '.join(command)}", flush=True)
         start = time.monotonic()
-        code = subprocess.run(command, env=env, cwd=PAYLOADS_DIR).returncode
+        code = run_step(command, env, Path(step_log.log))
         seconds = round(time.monotonic() - start, 1)
-        record["steps"].append({"step": step, "exit": code, "seconds": seconds})
-        print(f"== {step}: {'COMPLETED' if code == 0 else 'FAILED'} (exit {code}) after {seconds} s", flush=True)
+        record["steps"].append({"step": name, "exit": code, "seconds": seconds})
+        verdict = f"== {name}: {'COMPLETED' if code == 0 else 'FAILED'} (exit {code}) after {seconds:.0f} s"
+        with open(step_log.log, "a") as out:  # the line the estimate reads a smoke job's run time from
+            out.write(verdict + "\n")
+        print(verdict, flush=True)
         if code != 0:
             write_summary(env, hosts.current, record)
-            write_failure(env, f"pipeline step {step} failed on {hosts.current} (exit {code}); see its log lines")
+            write_failure(
+                env, f"pipeline step {name} failed on {hosts.current} (exit {code}); see its log lines ({step_log.log})"
+            )
             return code
     if hosts.is_leader:
         publish(cfg, env)
@@ -149,10 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m llm_pipeline.sagemaker_job", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, type=Path, metavar="RUN.toml", help="the run config")
     parser.add_argument("--from", dest="first_step", choices=STEPS, default=STEPS[0], help="start at this step")
+    parser.add_argument("--no-smoke", dest="smoke", action="store_false", help="skip the smoke stage (see above)")
     args = parser.parse_args(argv)
     env = dict(os.environ)
     try:
-        return run(args.config.resolve(), first_step=args.first_step, env=env)
+        return run(args.config.resolve(), first_step=args.first_step, env=env, smoke_stage=args.smoke)
     except (config.ConfigError, sagemaker_env.SageMakerEnvError, launch.LaunchError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         write_failure(env, str(exc))

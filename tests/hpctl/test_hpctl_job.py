@@ -21,6 +21,7 @@ import pytest
 from botocore.stub import Stubber
 from botocore.validate import ParamValidator
 from iam_simulation import JobRole
+from metric_lines import trainer_lines
 from moto import mock_aws
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.sagemaker.models import sagemaker_backends
@@ -265,6 +266,13 @@ def test_neuron_run_gets_the_neuron_image_and_its_cores(jobs_stack, requests_sen
     assert code == 0 and "the run folder already holds files: train resumes from its newest checkpoint" in out
 
 
+def test_the_job_runs_its_smoke_stage_unless_told_not_to(jobs_stack, hpctl):
+    code, out, err = hpctl("job", "submit", "--config", "default", "--dry-run")
+    assert code == 0 and "python3 -m llm_pipeline.sagemaker_job --config configs/default.toml\n" in out, err
+    code, out, _ = hpctl("job", "submit", "--config", "default", "--dry-run", "--no-smoke")
+    assert code == 0 and "python3 -m llm_pipeline.sagemaker_job --config configs/default.toml --no-smoke\n" in out
+
+
 def nothing_created(s3) -> bool:
     return not sagemaker().list_training_jobs()["TrainingJobSummaries"] and "Contents" not in s3.list_objects_v2(
         Bucket=BUCKET, Prefix="jobs/"
@@ -370,7 +378,7 @@ def submit_tiny(s3, hpctl) -> None:
     assert code == 0, err
 
 
-def test_status_shows_billable_seconds_and_cost(jobs_stack, requests_sent, hpctl, monkeypatch):
+def test_status_shows_billable_seconds_and_cost(jobs_stack, requests_sent, hpctl, monkeypatch, capsys, tmp_path):
     submit_tiny(jobs_stack, hpctl)
     name = requests_sent[0]["TrainingJobName"]
     monkeypatch.setattr(
@@ -384,6 +392,32 @@ def test_status_shows_billable_seconds_and_cost(jobs_stack, requests_sent, hpctl
     assert "billable   0 s per instance (start to end" in out  # moto's job starts and ends at once
     assert "cost       $0.00 = 1 x 0 s x $2.5000/h (USW2-Train:ml.m5.xlarge; AWS Price List API" in out
     assert f"run folder s3://{BUCKET}/outputs/tiny-lora/" in out
+    assert "Run          tiny-lora" not in out  # nothing in the run folder yet
+
+    # The job's run folder (its checkpoint folder, synced to S3): step logs ending in their verdicts
+    # (no Slurm markers in a job), the running step's metric lines, the smoke run's estimate.
+    run_dir = "/opt/ml/checkpoints/tiny-lora"
+    steps = [("data", "logs"), ("smoke-train", "smoke/logs"), ("estimate", "logs"), ("train", "logs")]
+    record = [{"step": s, "job": "algo-1", "log": f"{run_dir}/{where}/{s}-algo-1.log"} for s, where in steps]
+    files = {
+        "logs/pipeline.json": json.dumps({"config": "run.toml", "steps": record}),
+        "logs/data-algo-1.log": "prepared\n== data: COMPLETED (exit 0) after 4 s\n",
+        "smoke/logs/smoke-train-algo-1.log": "trained\n== smoke-train: COMPLETED (exit 0) after 30 s\n",
+        "logs/estimate-algo-1.log": "== estimate: COMPLETED (exit 0) after 0 s\n",
+        "logs/train-algo-1.log": trainer_lines(capsys, tmp_path, step=3, total=10),
+        "logs/estimate.json": json.dumps({"total_seconds": 3600.0, "node_hours": 2.0, "note": "billed per second"}),
+    }
+    for key, body in files.items():
+        jobs_stack.put_object(Bucket=BUCKET, Key=f"outputs/tiny-lora/{key}", Body=body.encode())
+    code, out, err = hpctl("job", "status")
+    assert code == 0, err
+    run = out.split("Run          tiny-lora\n")[1].splitlines()
+    states = [line.split() for line in run[:4]]
+    assert states == [["data", "algo-1", "COMPLETED"], ["smoke-train", "algo-1", "COMPLETED"],
+                      ["estimate", "algo-1", "COMPLETED"], ["train", "algo-1", "RUNNING"]]  # fmt: skip
+    assert run[4].startswith("  running: train: step 3/10, loss 1.0000")
+    assert run[5] == "  estimate (smoke run): 1:00:00 for the long steps, 2.000 node-hours"
+    assert run[6].startswith("  cost: $5.00 = 2.000 node-hours x $2.5000/h (USW2-Train:ml.m5.xlarge;")
 
 
 def test_status_arithmetic_while_running_and_when_done():

@@ -7,30 +7,16 @@ import json
 
 import boto3
 from botocore.stub import Stubber
-from conftest import BUCKET, FIXTURE_SESSION, REGION
-from transformers import TrainerState, TrainingArguments
+from metric_lines import trainer_lines
 
 from hpctl import commands, run_progress
 from hpctl.job_status import hourly_price
-from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
 from tools import torchtitan_standin
 
 RUN_DIR = "/fsx/outputs/tiny-lora"
-
-
-def trainer_lines(capsys, tmp_path, *, step: int, total: int) -> str:
-    """What the fine-tuning trainer prints up to ``step`` of ``total`` (MetricsLogger, one line per step)."""
-    args = TrainingArguments(output_dir=str(tmp_path / "unused"), per_device_train_batch_size=1, report_to="none")
-    state = TrainerState(max_steps=total, is_world_process_zero=True)
-    tokens = TokenCounter(lambda features: features)
-    logger = MetricsLogger(tokens=tokens, trainable=1, tensorboard_dir=None)
-    logger.on_train_begin(args, state, None)
-    for done in range(1, step + 1):
-        logger.last_time -= 2.0
-        tokens.real += 500
-        state.global_step = done
-        logger.on_log(args, state, None, logs={"loss": 3.0 / done, "learning_rate": 1e-5})
-    return capsys.readouterr().out
+REGION = "us-west-2"  # the `deployed` fixture's
+BUCKET = "sagemaker-hpl-test-bucket"  # the `deployed` fixture's bucket
+FIXTURE_SESSION = boto3.Session(region_name=REGION)
 
 
 def put(s3, key: str, body: str) -> None:

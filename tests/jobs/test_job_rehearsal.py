@@ -18,6 +18,7 @@ from job_container import Container, lay_out
 
 from hpctl.job_spec import METRIC_DEFINITIONS, JobSpec, job_environment, stage_source
 from llm_pipeline import sagemaker_job
+from llm_pipeline.jobs import smoke
 from llm_pipeline.jobs.sagemaker_env import JobHosts
 from llm_pipeline.weights.adapter_files import open_adapter_folder
 from tools import tiny_model as tiny
@@ -70,8 +71,11 @@ def test_job_runs_the_pipeline_into_the_checkpoint_folder(tmp_path):
     result = run_job(container, ["code", "models", "datasets"])
 
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    steps = re.findall(r"^== (\w+): COMPLETED", result.stdout, flags=re.MULTILINE)
-    assert steps == ["prepare", "download", "data", "train", "consolidate", "merge", "generate"]
+    steps = re.findall(r"^== ([\w-]+): COMPLETED", result.stdout, flags=re.MULTILINE)
+    smoke_stage = ["smoke-train", "smoke-train-resume", "smoke-consolidate", "smoke-merge", "smoke-generate"]
+    # the smoke stage first, on the instances already running, then the estimate and the long steps
+    long = ["train", "consolidate", "merge", "generate"]
+    assert steps == ["prepare", "download", "data", *smoke_stage, "estimate", *long]
     assert "nothing to do on this host (no Neuron devices)" in result.stdout  # precompile
     assert "already holds tiny-random-llama" in result.stdout  # the models channel, not the Hub
     run_dir = container.root / "checkpoints" / "tiny-lora"  # synced to s3://<bucket>/outputs/tiny-lora/
@@ -83,12 +87,21 @@ def test_job_runs_the_pipeline_into_the_checkpoint_folder(tmp_path):
     # The model artifact (model.tar.gz) is the adapter and the answer; the summary is output data.
     assert sorted(p.name for p in (container.root / "model").iterdir()) == ["adapter", "generation.txt"]
     summary = json.loads((container.root / "output" / "data" / "pipeline-summary-algo-1.json").read_text())
-    assert [s["step"] for s in summary["steps"]] == steps and {s["exit"] for s in summary["steps"]} == {0}
+    assert [s["step"] for s in summary["steps"] if "precompile" not in s["step"]] == steps
+    assert {s["exit"] for s in summary["steps"]} == {0}
     assert not (container.root / "output" / "failure").exists()
     # SageMaker's metric definitions find the loss and the throughput in the job's log.
     for name in ("train:loss", "train:tokens_per_second"):
         values = re.findall(METRIC_DEFINITIONS[name], result.stdout)
-        assert len(values) == 6 and all(float(value) > 0 for value in values), name
+        # the long run's 6 log events, after the smoke run's one per step
+        assert len(values) == 6 + smoke.SMOKE_STEPS and all(float(value) > 0 for value in values), name
+    smoke_dir = run_dir / "smoke"
+    resumed = (smoke_dir / "logs" / "smoke-train-resume-algo-1.log").read_text()
+    assert f"resuming from {smoke_dir}/checkpoints/checkpoint-2" in resumed
+    assert (smoke_dir / "adapter" / "adapter_model.safetensors").is_file()
+    estimate = json.loads((run_dir / "logs" / "estimate.json").read_text())
+    train = next(row for row in estimate["steps"] if row["step"] == "train")
+    assert "30 steps (train.max_steps)" in train["basis"] and "training job is billed" in estimate["note"]
 
 
 def test_a_failed_step_stops_the_job_and_names_itself(tmp_path):
@@ -101,7 +114,8 @@ def test_a_failed_step_stops_the_job_and_names_itself(tmp_path):
     result = run_job(container, ["code", "models", "datasets"], "--from", "data")
 
     assert result.returncode == 2
-    assert "is empty: there is nothing to train on" in result.stderr
+    assert "is empty: there is nothing to train on" in result.stdout  # the step's output, its stderr too
+    assert "is empty" in (container.root / "checkpoints" / "tiny-lora" / "logs" / "data-algo-1.log").read_text()
     assert "== data: FAILED (exit 2)" in result.stdout and "== train" not in result.stdout
     failure = (container.root / "output" / "failure").read_text()
     assert failure.startswith("pipeline step data failed on algo-1 (exit 2)")

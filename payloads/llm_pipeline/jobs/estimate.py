@@ -45,6 +45,10 @@ BILLING_NOTE = (
     "HyperPod bills every node of the cluster while the cluster exists, busy or idle: these node-hours "
     "are what the run occupies, not what it adds to the bill"
 )
+JOB_BILLING_NOTE = (
+    "a training job is billed per instance-second while it runs: node-hours x the instance type's on-demand "
+    "training price (`hpctl job status` shows the cost so far)"
+)
 _STEP_LINE = re.compile(r"^step (?P<step>\d+)/(?P<total>\d+) \| loss [^|]+\|[^|]*\| (?P<samples>[0-9.]+) samples/s")
 _REPLICAS = re.compile(r"^training steps \d+ -> \d+, (?P<replicas>\d+) data-parallel replica")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # torchtitan's colors, when a job file leaves them on
@@ -160,7 +164,7 @@ def estimate_job(job: pipeline_status.StepJob, copies: list[pipeline_status.Step
     return StepEstimate(job.step, job.nodes, start_up + steps * step_seconds, basis), step_seconds
 
 
-def estimate(run_dir: Path, config: Path) -> dict:
+def estimate(run_dir: Path, config: Path, *, note: str = BILLING_NOTE) -> dict:
     record = pipeline_status.read_record(run_dir / "logs")
     names = [job.step for job in record]
     if smoke.ESTIMATE_STEP not in names:
@@ -181,7 +185,7 @@ def estimate(run_dir: Path, config: Path) -> dict:
         "seconds_per_step": step_times,
         "total_seconds": total,
         "node_hours": sum(row.node_hours for row in rows),
-        "note": BILLING_NOTE,
+        "note": note,
     }
 
 
@@ -190,13 +194,13 @@ def duration(seconds: float) -> str:
 
 
 def describe(result: dict) -> list[str]:
-    lines = [f"{'long step':<14} {'nodes':>5} {'duration':>12} {'node-hours':>11}  from"]
+    lines = [f"{'long step':<20} {'nodes':>5} {'duration':>12} {'node-hours':>11}  from"]
     for row in result["steps"]:
         time = duration(row["seconds"])
-        lines.append(f"{row['step']:<14} {row['nodes']:>5} {time:>12} {row['node_hours']:>11.3f}  {row['basis']}")
+        lines.append(f"{row['step']:<20} {row['nodes']:>5} {time:>12} {row['node_hours']:>11.3f}  {row['basis']}")
     lines.append(
         f"expected: {duration(result['total_seconds'])} for the long steps, {result['node_hours']:.3f} node-hours "
-        "(cost: node-hours x the instance's on-demand price; `hpctl status` looks it up)"
+        "(cost: node-hours x the instance's on-demand price)"
     )
     lines.append(f"note: {result['note']}")
     return lines
@@ -213,9 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m llm_pipeline.jobs.estimate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", type=Path, required=True, help="the run folder (paths.output_dir)")
     parser.add_argument("--config", type=Path, required=True, help="the run config of the long steps")
+    parser.add_argument("--training-job", action="store_true", help="inside a SageMaker training job (its billing)")
     args = parser.parse_args(argv)
     try:
-        result = estimate(args.run_dir, args.config)
+        result = estimate(args.run_dir, args.config, note=JOB_BILLING_NOTE if args.training_job else BILLING_NOTE)
     except EstimateError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

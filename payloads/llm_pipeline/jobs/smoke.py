@@ -60,7 +60,6 @@ def smoke_overrides(config: Path, max_steps: int) -> dict[tuple[str, str], objec
         ("train", "max_steps"): max_steps,
         ("train", "save_steps"): SAVE_STEP,
         ("train", "logging_steps"): 1,  # a step time per step
-        ("train", "precompile_steps"): SMOKE_STEPS,
         ("train", "profile"): "",
         ("generate", "max_new_tokens"): min(tokens, SMOKE_NEW_TOKENS) if isinstance(tokens, int) else SMOKE_NEW_TOKENS,
         ("torchtitan", "steps"): max_steps,
