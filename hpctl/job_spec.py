@@ -3,7 +3,7 @@
 One run config, the same paths as on the cluster: the run config's ``${HPL_..._DIR}`` folders map to
 S3 prefixes and, inside the job, to channels (llm_pipeline/jobs/sagemaker_env.py):
 
-    s3://<bucket>/models/<run>/     -> channel `models`   -> HPL_MODELS_DIR   (optional: else the job downloads)
+    s3://<bucket>/models/<model>/   -> channel `models`   -> HPL_MODELS_DIR/<model> (optional: else the job downloads)
     s3://<bucket>/datasets/<run>/   -> channel `datasets` -> HPL_DATASETS_DIR (when data.dataset is a file there)
     s3://<bucket>/outputs/<run>/    <- the run folder, the job's checkpoint folder (synced while it runs)
     s3://<bucket>/jobs/<run>/       <- staged code, model.tar.gz / output.tar.gz, TensorBoard
@@ -84,6 +84,7 @@ class RunPaths:
 @dataclass(frozen=True)
 class JobSpec:
     run: str
+    model: str  # the model folder under ${HPL_MODELS_DIR}: the models channel is s3://<bucket>/models/<model>/
     config_file: Path  # the local run config; staged as configs/<name> in the code channel
     instance_type: str
     instance_count: int

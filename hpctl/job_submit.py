@@ -119,9 +119,11 @@ def build_spec(
     bucket = deployment.require(BUCKET_OUTPUT, "the data bucket", "a stack that has one")
     paths = run_paths(cfg)
     channels = {}
-    model_prefix = f"{MODELS_PREFIX}/{paths.run}/"
-    if s3_has(session, bucket, f"{model_prefix}{paths.model}/"):
+    environment = job_environment(instance_type, devices_per_node=cfg.parallel.devices_per_node)
+    model_prefix = f"{MODELS_PREFIX}/{paths.model}/"  # keyed by the model folder: uploaded once, any run
+    if s3_has(session, bucket, model_prefix):
         channels[sagemaker_env.MODELS_CHANNEL] = f"s3://{bucket}/{model_prefix}"
+        environment[sagemaker_env.MODEL_FOLDER_VARIABLE] = paths.model
     if paths.dataset is not None:
         dataset_prefix = f"{DATASETS_PREFIX}/{paths.run}/"
         if not s3_has(session, bucket, f"{dataset_prefix}{paths.dataset}"):
@@ -137,6 +139,7 @@ def build_spec(
     tags = {"project": "hyperpod-llm-pipeline", "hpl-run": paths.run, "hpl-config": config_file.name}
     return JobSpec(
         run=paths.run,
+        model=paths.model,
         config_file=config_file,
         instance_type=instance_type,
         instance_count=cfg.parallel.nodes,
@@ -144,7 +147,7 @@ def build_spec(
         role_arn=role,
         bucket=bucket,
         channels=channels,
-        environment=job_environment(instance_type, devices_per_node=cfg.parallel.devices_per_node),
+        environment=environment,
         spot=cfg.job.spot,
         max_runtime_s=runtime_s,
         max_wait_s=max_wait_s,
@@ -167,7 +170,8 @@ def describe_spec(spec: JobSpec) -> str:
     for name, uri in spec.channels.items():
         lines.append(f"  channel    {name} <- {uri}")
     if sagemaker_env.MODELS_CHANNEL not in spec.channels:
-        lines.append(f"  model      not in s3://{spec.bucket}/{MODELS_PREFIX}/{spec.run}/: the job downloads it")
+        folder = spec.environment.get(sagemaker_env.MODEL_FOLDER_VARIABLE) or spec.model
+        lines.append(f"  model      not in s3://{spec.bucket}/{MODELS_PREFIX}/{folder}/: the job downloads it")
     lines += [
         f"  run folder {spec.outputs_uri} (checkpoints: a restarted job resumes from them)",
         *(

@@ -157,6 +157,7 @@ def run_step(command: list[str], env: dict[str, str], log: Path) -> int:
 def run(run_config: Path, *, first_step: str, env: dict[str, str], smoke_stage: bool = True) -> int:
     hosts = sagemaker_env.read_hosts(env)
     env = step_environment(env, hosts)
+    sagemaker_env.link_model_channel(env)
     cfg = config.load(run_config, env=env)
     role = "leader" if hosts.is_leader else "worker"
     print(

@@ -168,7 +168,7 @@ def read_s3_json(s3, uri: str) -> dict:
 
 def test_submit_builds_the_job_the_run_config_describes(jobs_stack, iam, requests_sent, hpctl):
     s3 = jobs_stack
-    s3.put_object(Bucket=BUCKET, Key="models/tiny-lora/tiny-llama/config.json", Body=b"{}")
+    s3.put_object(Bucket=BUCKET, Key="models/tiny-llama/config.json", Body=b"{}")
     s3.put_object(Bucket=BUCKET, Key="datasets/tiny-lora/tiny-dolly.jsonl", Body=b"{}\n")
 
     code, out, err = hpctl(
@@ -187,7 +187,8 @@ def test_submit_builds_the_job_the_run_config_describes(jobs_stack, iam, request
     assert request["RoleArn"] == ROLE
     assert request["ResourceConfig"] == {"InstanceType": "ml.m5.xlarge", "InstanceCount": 2, "VolumeSizeInGB": 30}
     channels = channel_uris(request)
-    assert channels["models"] == f"s3://{BUCKET}/models/tiny-lora/"
+    assert channels["models"] == f"s3://{BUCKET}/models/tiny-llama/"  # keyed by the model: any run reuses it
+    assert request["Environment"]["HPL_MODEL_FOLDER"] == "tiny-llama"
     assert channels["datasets"] == f"s3://{BUCKET}/datasets/tiny-lora/"
     # The role may write only under jobs/ and outputs/, so the SDK stages below the output path.
     assert channels["code"] == f"s3://{BUCKET}/jobs/tiny-lora/jobs/tiny-lora/{name}/input/code"
@@ -258,7 +259,7 @@ def test_neuron_run_gets_the_neuron_image_and_its_cores(jobs_stack, requests_sen
     assert request["Environment"]["HPL_DEVICES_PER_NODE"] == "32"  # torchrun processes per host
     assert "EnableManagedSpotTraining" not in request or request["EnableManagedSpotTraining"] is False
     assert set(channel_uris(request)) == {"code", "sm_drivers"}  # no model in S3: the job downloads it
-    assert "the job downloads it" in out
+    assert "model      not in s3://sagemaker-hpl-jobs-bucket/models/Meta-Llama-3-8B/: the job downloads it" in out
     assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 24 * 3600}
     assert "already holds files" not in out
     jobs_stack.put_object(Bucket=BUCKET, Key="outputs/llama3-8b-dolly-lora/checkpoints/checkpoint-5/x", Body=b"")

@@ -30,6 +30,7 @@ TINY = REPO / "payloads" / "configs" / "tiny-cpu.toml"
 # The job `hpctl job submit --config tiny-cpu` builds (AWS-side fields do not matter here).
 SPEC = JobSpec(
     run="tiny-lora",
+    model="tiny-llama",
     config_file=TINY,
     instance_type="ml.m5.xlarge",
     instance_count=1,
@@ -37,7 +38,7 @@ SPEC = JobSpec(
     role_arn="unused",
     bucket="unused",
     channels={},
-    environment=job_environment("ml.m5.xlarge", devices_per_node=1),
+    environment={**job_environment("ml.m5.xlarge", devices_per_node=1), "HPL_MODEL_FOLDER": "tiny-llama"},
     spot=False,
     max_runtime_s=3600,
     max_wait_s=None,
@@ -65,7 +66,7 @@ def run_job(container: Container, channels: list[str], *extra: str) -> subproces
 def test_job_runs_the_pipeline_into_the_checkpoint_folder(tmp_path):
     container = lay_out(tmp_path / "opt" / "ml")
     stage(container)
-    tiny.write_tiny_model(container.channel("models") / "tiny-llama")
+    tiny.write_tiny_model(container.channel("models"))  # s3://<bucket>/models/tiny-llama/
     tiny.write_dolly_jsonl(container.channel("datasets") / "tiny-dolly.jsonl", 200)
 
     result = run_job(container, ["code", "models", "datasets"])
@@ -107,7 +108,7 @@ def test_job_runs_the_pipeline_into_the_checkpoint_folder(tmp_path):
 def test_a_failed_step_stops_the_job_and_names_itself(tmp_path):
     container = lay_out(tmp_path / "opt" / "ml")
     stage(container)
-    tiny.write_tiny_model(container.channel("models") / "tiny-llama")
+    tiny.write_tiny_model(container.channel("models"))  # s3://<bucket>/models/tiny-llama/
     (container.channel("datasets")).mkdir(parents=True)
     (container.channel("datasets") / "tiny-dolly.jsonl").write_text("")  # an empty dataset
 
@@ -186,7 +187,7 @@ def test_two_hosts_fine_tune_the_full_model_with_fsdp_and_the_first_consolidates
     for host in hosts:
         container = lay_out(tmp_path / host / "opt" / "ml", host=host, hosts=hosts)
         stage_source(spec, container.code_dir)
-        tiny.write_tiny_model(container.channel("models") / "tiny-llama")
+        tiny.write_tiny_model(container.channel("models"))  # s3://<bucket>/models/tiny-llama/
         tiny.write_dolly_jsonl(container.channel("datasets") / "tiny-dolly.jsonl", 60)
         env = container.environment(spec.environment, job_name="rehearsal", channels=["code", "models", "datasets"])
         env["SM_MASTER_PORT"] = port

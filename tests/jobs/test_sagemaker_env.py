@@ -29,6 +29,8 @@ def sm_env(root: Path, hosts: list[str], current: str, **extra: str) -> dict[str
 
 def test_channels_become_the_run_config_folders(tmp_path):
     root = tmp_path / "opt" / "ml"
+    (root / "input/data/models").mkdir(parents=True)
+    (root / "input/data/models/config.json").write_text("{}")  # the channel holds one model folder's files
     env = sm_env(
         root,
         ["algo-1"],
@@ -36,17 +38,21 @@ def test_channels_become_the_run_config_folders(tmp_path):
         SM_CHANNEL_MODELS=str(root / "input/data/models"),
         SM_CHANNEL_DATASETS=str(root / "input/data/datasets"),
         HPL_DEVICES_PER_NODE="8",
+        HPL_MODEL_FOLDER="tiny-llama",
     )
     facts = sagemaker_env.pipeline_environment(env)
-    assert facts["HPL_MODELS_DIR"] == str(root / "input/data/models")
+    assert facts["HPL_MODELS_DIR"] == str(root / "scratch" / "models")
     assert facts["HPL_DATASETS_DIR"] == str(root / "input/data/datasets")
     assert facts["HPL_OUTPUTS_DIR"] == str(root / "checkpoints")
     assert facts["HPL_DEVICES_PER_NODE"] == "8"
     # The tiny run config's ${HPL_*} paths resolve into the channels and the checkpoint folder.
     cfg = config.load(TINY, env={**env, **facts})
-    assert cfg.paths.model_dir == str(root / "input/data/models/tiny-llama")
+    assert sagemaker_env.link_model_channel(env) == Path(cfg.paths.model_dir)
+    assert cfg.paths.model_dir == str(root / "scratch" / "models" / "tiny-llama")
+    assert (Path(cfg.paths.model_dir) / "config.json").read_text() == "{}"  # the channel, under the run's name
     assert cfg.data.dataset == str(root / "input/data/datasets/tiny-dolly.jsonl")
     assert cfg.paths.output_dir == str(root / "checkpoints" / "tiny-lora")
+    assert sagemaker_env.link_model_channel({**env, "HPL_MODEL_FOLDER": ""}) is None
 
 
 def test_without_channels_inputs_go_to_scratch_and_devices_come_from_the_driver(tmp_path):

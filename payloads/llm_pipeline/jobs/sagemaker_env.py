@@ -7,8 +7,10 @@ SM_OUTPUT_DATA_DIR, written by the SDK's container driver) and with
 them into the same HPL_* folders the run config's ``${HPL_..._DIR}`` paths expand on the cluster,
 so every step runs unchanged (one code path, no SageMaker branch in the steps):
 
-    HPL_MODELS_DIR    the `models` channel (s3://<bucket>/models/<run>/), else <root>/scratch/models
-                      (the download step then fetches the model from the Hub)
+    HPL_MODELS_DIR    <root>/scratch/models; the `models` channel (s3://<bucket>/models/<model>/, one
+                      model folder, keyed by its name so any run reuses it) appears there as
+                      <model> (HPL_MODEL_FOLDER names it; link_model_channel); without the
+                      channel the download step fetches the model from the Hub
     HPL_DATASETS_DIR  the `datasets` channel (s3://<bucket>/datasets/<run>/), else <root>/scratch/datasets
     HPL_OUTPUTS_DIR   <root>/checkpoints: the run folder <root>/checkpoints/<run> is the job's checkpoint
                       folder, which SageMaker syncs to s3://<bucket>/outputs/<run>/ and restores on a
@@ -32,6 +34,7 @@ SCRATCH_FOLDER = "scratch"  # under the container root, on the job's ML storage 
 MODELS_CHANNEL = "models"
 DATASETS_CHANNEL = "datasets"
 RESOURCE_CONFIG = "input/config/resourceconfig.json"  # under the container root
+MODEL_FOLDER_VARIABLE = "HPL_MODEL_FOLDER"  # set by hpctl when the models channel holds that folder
 DEFAULT_MASTER_PORT = 7777  # the port the SDK's container driver names (SM_MASTER_PORT)
 
 
@@ -122,7 +125,7 @@ def pipeline_environment(env: Mapping[str, str]) -> dict[str, str]:
     channel = {name: env.get(f"SM_CHANNEL_{name.upper()}", "") for name in (MODELS_CHANNEL, DATASETS_CHANNEL)}
     return {
         "HPL_FSX_MOUNT_PATH": str(scratch),  # no shared file system: everything else is per container
-        "HPL_MODELS_DIR": channel[MODELS_CHANNEL] or str(scratch / "models"),
+        "HPL_MODELS_DIR": str(scratch / "models"),
         "HPL_DATASETS_DIR": channel[DATASETS_CHANNEL] or str(scratch / "datasets"),
         "HPL_OUTPUTS_DIR": str(root / CHECKPOINTS_FOLDER),
         "HPL_COMPILE_CACHE_DIR": str(scratch / "neuron-cache"),
@@ -130,6 +133,18 @@ def pipeline_environment(env: Mapping[str, str]) -> dict[str, str]:
         "HPL_DEVICES_PER_NODE": str(devices_per_node(env)),
         "HPL_RUNTIME": "host",  # the job already runs inside the training image
     }
+
+
+def link_model_channel(env: Mapping[str, str]) -> Path | None:
+    """Show the `models` channel (one model folder) as HPL_MODELS_DIR/<HPL_MODEL_FOLDER>."""
+    channel, folder = env.get(f"SM_CHANNEL_{MODELS_CHANNEL.upper()}", ""), env.get(MODEL_FOLDER_VARIABLE, "")
+    if not channel or not folder:
+        return None
+    link = Path(pipeline_environment(env)["HPL_MODELS_DIR"]) / folder
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        link.symlink_to(channel, target_is_directory=True)
+    return link
 
 
 def job_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
