@@ -131,9 +131,15 @@ def verdict(states: list[StepState]) -> tuple[str, StepState | None]:
     return "COMPLETED", None
 
 
+def step_width(states: list[StepState]) -> int:
+    """The step column's width: the longest name (smoke-train-resume, smoke-rung-fp8_allgather) fits."""
+    return max([12, *(len(s.step) for s in states)])
+
+
 def describe(states: list[StepState]) -> list[str]:
-    lines = [f"{'step':<12} {'job':>8}  {'state':<10} detail"]
-    lines += [f"{s.step:<12} {s.job:>8}  {s.state:<10} {s.detail}" for s in states]
+    width = step_width(states)
+    lines = [f"{'step':<{width}} {'job':>8}  {'state':<10} detail"]
+    lines += [f"{s.step:<{width}} {s.job:>8}  {s.state:<10} {s.detail}" for s in states]
     overall, step = verdict(states)
     if overall == "FAILED":
         lines.append(f"pipeline: FAILED at step {step.step} (job {step.job}, {step.state}): see {step.log}")
@@ -156,10 +162,11 @@ def wait(
     start = time.monotonic()
     while True:
         states = step_states(logs_dir, run)
+        width = step_width(states)
         for s in states:
             if seen.get(s.step) != s.state:
                 seen[s.step] = s.state
-                echo(f"[{time.monotonic() - start:6.0f}s] {s.step:<12} {s.state:<10} job {s.job}  {s.detail}")
+                echo(f"[{time.monotonic() - start:6.0f}s] {s.step:<{width}} {s.state:<10} job {s.job}  {s.detail}")
         if not any(s.active for s in states):
             return states
         time.sleep(poll_s)
