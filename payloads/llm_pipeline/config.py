@@ -24,6 +24,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 METHODS = ("lora", "dora", "qlora", "full")
 STRATEGIES = ("fsdp", "ddp")
 ATTENTIONS = ("auto", "sdpa", "flash_attention_2", "eager")
+OPTIMIZERS = ("adamw_torch", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit")  # transformers' optim names
 TORCHTITAN_RUNGS = ("baseline", "compile", "fp8", "fp8_allgather")  # the ladder, in climbing order
 # Beside the ladder: float8 with rowwise scales (torchao's "rowwise" recipe) on top of compile.
 LADDER_RUNG_OPTIONS = (*TORCHTITAN_RUNGS, "fp8_rowwise")  # every rung torchtitan.rungs may name
@@ -70,6 +71,12 @@ class DataConfig:
         "every example, packing is the big throughput lever",
     )
     max_samples: int = described(0, ">= 0: first N rows only; 0 = all")
+    completion_only_loss: bool = described(
+        True,
+        "torch backend: the loss covers only the answer (prompt tokens labelled -100, trl's prompt-completion "
+        "records), as axolotl, LLaMA-Factory and TRL do for instruction data; false: every token of the "
+        "formatted text; the neuron backend and block mode train on the whole text",
+    )
     blocks: bool = described(
         False,
         "block mode (for full fine-tuning on a corpus): every record's text + EOS is tokenized, concatenated and "
@@ -204,14 +211,21 @@ class TrainConfig:
         "what is trained: lora (adapter), dora (weight-decomposed LoRA), qlora (LoRA on a bitsandbytes NF4 4-bit base; "
         "torch backend), full (every parameter, no adapter; merge is skipped); neuron: lora and full",
     )
+    optimizer: str = described(
+        "adamw_torch",
+        "AdamW implementation (torch backend): adamw_torch (fp32 moments), adamw_8bit (bitsandbytes 8-bit moments), "
+        "paged_adamw_8bit or paged_adamw_32bit (bitsandbytes, state paged to host memory under pressure: QLoRA on "
+        "small GPUs); the neuron backend uses its own ZeRO-1 AdamW",
+    )
     compile: bool = described(False, "torch.compile the model (torch backend)")
     liger_kernel: bool = described(
         False, "liger-kernel's fused RMSNorm/RoPE/SwiGLU/cross-entropy (torch backend on CUDA)"
     )
     attention: str = described(
         "auto",
-        "attention kernel: auto, sdpa, flash_attention_2 or eager. torch: auto is sdpa; flash_attention_2 needs "
-        "flash-attn. neuron: auto is the NKI flash kernel when data.max_length is a multiple of 2048, else eager; "
+        "attention kernel: auto, sdpa, flash_attention_2 or eager. torch: auto is flash_attention_2 on CUDA when "
+        "flash-attn is installed (the CUDA image), else sdpa; flash_attention_2 needs flash-attn. neuron: auto is "
+        "the NKI flash kernel when data.max_length is a multiple of 2048, else eager; "
         "sdpa is refused",
     )
     profile: str = described(
@@ -221,8 +235,9 @@ class TrainConfig:
     )
     gradient_checkpointing: bool = described(
         False,
-        "recompute activations in the backward pass to fit long sequences (neuron backend: optimum-neuron's "
-        "gradient_checkpointing; the torch backend's FSDP recomputes per decoder layer anyway)",
+        "recompute activations in the backward pass: less memory, about a third more compute; when not set, on "
+        "for method full and off for the adapter methods; both backends (torch: FSDP2's per decoder layer, else "
+        "the Trainer's; neuron: optimum-neuron's)",
     )
     global_batch_size: int = described(
         0,
@@ -462,6 +477,7 @@ def validate(cfg: RunConfig) -> None:
     _require(tr.method in METHODS, "train.method", tr.method, ", ".join(METHODS))
     _require(par.strategy in STRATEGIES, "parallel.strategy", par.strategy, ", ".join(STRATEGIES))
     _require(tr.attention in ATTENTIONS, "train.attention", tr.attention, ", ".join(ATTENTIONS))
+    _require(tr.optimizer in OPTIMIZERS, "train.optimizer", tr.optimizer, ", ".join(OPTIMIZERS))
     _require(
         re.fullmatch(r"(\d+)(-\d+)?", tr.profile) is not None or tr.profile == "",
         "train.profile",
@@ -593,6 +609,10 @@ def from_dict(raw: dict[str, Any], base_dir: Path | None = None, env: dict[str, 
         dataset_source=expand(titan.dataset_source, "torchtitan.dataset_source", env),
         dataset_dir=str(Path(expand(titan.dataset_dir, "torchtitan.dataset_dir", env)).expanduser()),
     )
+    train = parts["train"]
+    if "gradient_checkpointing" not in raw.get("train", {}) and train.method == "full":
+        # every weight's gradient and optimizer state compete with activations for memory
+        parts["train"] = dataclasses.replace(train, gradient_checkpointing=True)
     cfg = RunConfig(**parts)
     validate(cfg)
     return cfg

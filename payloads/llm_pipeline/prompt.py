@@ -25,9 +25,19 @@ def format_prompt(instruction: str, context: str = "") -> str:
     return "\n\n".join(sections)
 
 
+def prompt_completion(record: Mapping[str, str | None]) -> dict[str, str]:
+    """One dolly record as a prompt and its completion (trl's prompt-completion form): the text up to the
+    answer, and the answer."""
+    return {
+        "prompt": format_prompt(record["instruction"] or "", record.get("context") or ""),
+        "completion": (record["response"] or "").strip(),
+    }
+
+
 def format_example(record: Mapping[str, str | None]) -> str:
     """One training text from one dolly record (the per-example formatting function)."""
-    return format_prompt(record["instruction"] or "", record.get("context") or "") + (record["response"] or "").strip()
+    pair = prompt_completion(record)
+    return pair["prompt"] + pair["completion"]
 
 
 def template_skeleton() -> str:

@@ -40,7 +40,8 @@ def fsdp_plugin(cfg, monkeypatch, world_size: int):
 def test_fsdp_is_full_shard_fsdp2_per_decoder_layer_with_sharded_checkpoints(hpl_env, monkeypatch):
     from torch.distributed.fsdp import StateDictType
 
-    plugin, args = fsdp_plugin(tiny_config(hpl_env), monkeypatch, world_size=8)
+    cfg = tiny_config(hpl_env, train={"gradient_checkpointing": True})
+    plugin, args = fsdp_plugin(cfg, monkeypatch, world_size=8)
     assert plugin.fsdp_version == 2
     assert plugin.reshard_after_forward is True  # full shard: parameters freed after each forward
     assert plugin.state_dict_type == StateDictType.SHARDED_STATE_DICT  # each rank writes its shard
@@ -59,12 +60,34 @@ def test_fsdp_is_full_shard_fsdp2_per_decoder_layer_with_sharded_checkpoints(hpl
 
 @pytest.mark.parametrize(("strategy", "world_size"), [("ddp", 8), ("fsdp", 1)])
 def test_ddp_and_single_process_use_non_reentrant_checkpointing_and_no_fsdp(hpl_env, strategy, world_size):
-    cfg = tiny_config(hpl_env, parallel={"strategy": strategy})
+    cfg = tiny_config(hpl_env, parallel={"strategy": strategy}, train={"gradient_checkpointing": True})
     env: dict[str, str] = {}
     torch_parallel.set_fsdp_environment(cfg, world_size, env)
     arguments = torch_parallel.trainer_arguments(cfg, world_size)
     assert env == {} and "fsdp" not in arguments
+    assert arguments["gradient_checkpointing"] is True
     assert arguments["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
+
+
+@pytest.mark.parametrize(("strategy", "world_size"), [("fsdp", 8), ("ddp", 8), ("fsdp", 1)])
+def test_gradient_checkpointing_off_reaches_every_strategy(hpl_env, strategy, world_size):
+    """The key is honoured: trl's SFTConfig would turn the Trainer's checkpointing on by itself."""
+    from trl import SFTConfig
+
+    cfg = tiny_config(hpl_env, parallel={"strategy": strategy}, train={"gradient_checkpointing": False})
+    arguments = torch_parallel.trainer_arguments(cfg, world_size)
+    args = SFTConfig(output_dir="unused", use_cpu=True, **arguments)
+    assert args.gradient_checkpointing is False
+    assert not (args.fsdp_config or {}).get("activation_checkpointing", False)
+
+
+@pytest.mark.parametrize(("method", "default"), [("full", True), ("lora", False), ("qlora", False), ("dora", False)])
+def test_gradient_checkpointing_defaults_on_only_for_full_fine_tuning(hpl_env, method, default):
+    assert tiny_config(hpl_env, train={"method": method}).train.gradient_checkpointing is default
+    # a value in the file wins
+    assert tiny_config(
+        hpl_env, train={"method": method, "gradient_checkpointing": not default}
+    ).train.gradient_checkpointing is (not default)
 
 
 def test_qlora_under_fsdp2_needs_an_accelerate_that_keeps_the_4bit_base(hpl_env):

@@ -13,7 +13,7 @@ import torch
 from payload_configs import tiny_config, write_config
 from safetensors.torch import load_file
 
-from llm_pipeline import consolidate, generate, merge, train
+from llm_pipeline import consolidate, data, generate, merge, train
 from llm_pipeline.training.torch import backend as torch_backend
 from llm_pipeline.training.torch import methods as torch_methods
 
@@ -33,6 +33,16 @@ def run_train(path) -> str:
     with contextlib.redirect_stdout(out):
         assert train.main(["--config", str(path)]) == 0
     return out.getvalue()
+
+
+def training_inputs(cfg):
+    """(prepared datasets, tokenizer), preparing the data on first use."""
+    return data.training_inputs(cfg, may_prepare=True)
+
+
+def unsaved_trainer(cfg, datasets, tokenizer):
+    """The engine's trainer as a short run builds it (the precompile plan: nothing is saved)."""
+    return torch_backend.build_trainer(cfg, train.make_plan(cfg, "torch", precompile=True), datasets, tokenizer)[0]
 
 
 def losses(cfg, step: int) -> list[float]:
@@ -159,3 +169,82 @@ def test_a_lever_whose_package_is_missing_stops_before_training(hpl_env, tmp_pat
     assert train.main(["--config", str(path)]) == 2
     assert message in capsys.readouterr().err
     assert not cfg.paths.checkpoints_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("attention", "cuda", "flash_installed", "kernel"),
+    [
+        ("auto", True, True, "flash_attention_2"),  # the CUDA image
+        ("auto", True, False, "sdpa"),
+        ("auto", False, True, "sdpa"),  # flash-attn has no CPU kernels
+        ("sdpa", True, True, "sdpa"),  # an explicit choice wins
+        ("eager", False, False, "eager"),
+    ],
+)
+def test_attention_auto_picks_flash_attention_on_cuda_when_installed(hpl_env, attention, cuda, flash_installed, kernel):
+    cfg = tiny_config(hpl_env, train={"attention": attention})
+    assert torch_methods.attention_kernel(cfg, cuda=cuda, flash_installed=flash_installed) == kernel
+    assert torch_methods.model_kwargs(cfg)["attn_implementation"] == ("sdpa" if attention == "auto" else attention)
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_completion_only_loss_labels_only_the_answers(hpl_env, packing):
+    """The default for instruction data: trl gets prompt-completion pairs and labels every prompt token
+    -100; the labelled tokens are exactly the answers (each closed by EOS), packed or padded."""
+    cfg = tiny_config(hpl_env, data={**SMALL_DATA, "packing": packing})
+    assert cfg.data.completion_only_loss  # the default
+    datasets, tokenizer = training_inputs(cfg)
+    trainer = unsaved_trainer(cfg, datasets, tokenizer)
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
+    labels = batch["labels"]
+    answered = labels != -100
+    assert 0 < int(answered.sum()) < int((batch["input_ids"] != tokenizer.pad_token_id).sum())
+    assert torch.equal(labels[answered], batch["input_ids"][answered])
+    # split at EOS, the labelled tokens are whole answers of the training records
+    answers = {
+        tuple(tokenizer(record["response"].strip(), add_special_tokens=False)["input_ids"])
+        for record in datasets["train"]
+    }
+    segments, current = [], []
+    for token in labels[answered].tolist():
+        if token == tokenizer.eos_token_id:
+            segments.append(tuple(current))
+            current = []
+        else:
+            current.append(token)
+    assert current == [] and len(segments) >= 4
+    assert all(segment in answers for segment in segments)
+
+
+def test_the_whole_text_is_labelled_when_completion_only_loss_is_off(hpl_env):
+    cfg = tiny_config(hpl_env, data={**SMALL_DATA, "completion_only_loss": False, "packing": False})
+    datasets, tokenizer = training_inputs(cfg)
+    trainer = unsaved_trainer(cfg, datasets, tokenizer)
+    batch = trainer.data_collator([trainer.train_dataset[0]])
+    header = tokenizer("### Instruction", add_special_tokens=False)["input_ids"]
+    ids = batch["input_ids"][0].tolist()
+    assert any(ids[i : i + len(header)] == header for i in range(len(ids)))  # the prompt is in the row
+    assert torch.equal(batch["labels"][0], batch["input_ids"][0])  # one unpadded row: every token counts
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "library", "bits", "paged"),
+    [
+        ("adamw_torch", "torch", None, None),
+        ("adamw_8bit", "bitsandbytes", 8, False),
+        ("paged_adamw_8bit", "bitsandbytes", 8, True),
+        ("paged_adamw_32bit", "bitsandbytes", 32, True),
+    ],
+)
+def test_optimizer_option_reaches_the_trainer(hpl_env, optimizer, library, bits, paged):
+    """train.optimizer: what the Trainer builds from it (bitsandbytes' 8-bit and paged AdamW for QLoRA on
+    small GPUs); built here, not stepped (the paged state needs CUDA)."""
+    cfg = tiny_config(hpl_env, train={"optimizer": optimizer}, data=SMALL_DATA)
+    datasets, tokenizer = training_inputs(cfg)
+    trainer = unsaved_trainer(cfg, datasets, tokenizer)
+    built = trainer.create_optimizer()
+    inner = getattr(built, "optimizer", built)
+    assert type(inner).__module__.split(".")[0] == library and type(inner).__name__ == "AdamW"
+    assert inner.defaults["lr"] == cfg.train.learning_rate
+    if library == "bitsandbytes":
+        assert (inner.args.optim_bits, inner.is_paged) == (bits, paged)

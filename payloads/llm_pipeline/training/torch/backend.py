@@ -16,6 +16,7 @@ from pathlib import Path
 
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
+from llm_pipeline.prompt import prompt_completion
 from llm_pipeline.training.callbacks import MetricsLogger, SealCheckpoints, TokenCounter
 from llm_pipeline.training.metrics import UtilisationMetrics, device_peak_flops, flops_per_token
 from llm_pipeline.training.plan import TrainPlan, check_target_modules, say, sft_arguments, world_size
@@ -104,6 +105,18 @@ def load_model(cfg: RunConfig):
         raise StepError(f"train.attention / train.method: {exc}") from None
 
 
+def completion_only(cfg: RunConfig) -> bool:
+    """data.completion_only_loss, where there are prompts (block mode trains on the whole text)."""
+    return cfg.data.completion_only_loss and not cfg.data.blocks
+
+
+def loss_records(cfg: RunConfig, dataset):
+    """What trl trains on: prompt-completion pairs (trl labels the prompt -100) or the prepared records."""
+    if dataset is None or not completion_only(cfg):
+        return dataset
+    return dataset.map(prompt_completion, remove_columns=dataset.column_names, desc="prompt-completion pairs")
+
+
 def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     """The configured trainer and the token counter around its collator (the benchmark times it too)."""
     import torch
@@ -120,12 +133,14 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     # transformers refuses bf16 without a GPU unless told that the CPU is meant (CPU bf16 autocast).
     cpu = {"use_cpu": True} if not torch.cuda.is_available() else {}
     levers = {"torch_compile": cfg.train.compile, "use_liger_kernel": cfg.train.liger_kernel}
+    loss = {"completion_only_loss": completion_only(cfg), "optim": cfg.train.optimizer}
     args = SFTConfig(
         **sft_arguments(cfg, plan),
         **evaluation,
         **parallel.trainer_arguments(cfg, processes),
         **cpu,
         **levers,
+        **loss,
     )
     # trl creates the adapter before the Trainer seeds anything: seed first, so every rank (FSDP2 shards
     # each rank's own copy, it does not broadcast) and every run starts from the same LoRA A.
@@ -138,11 +153,11 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     trainer = engine_trainer_class()(
         model=model,
         args=args,
-        train_dataset=datasets["train"],
-        eval_dataset=validation,
+        train_dataset=loss_records(cfg, datasets["train"]),
+        eval_dataset=loss_records(cfg, validation),
         processing_class=tokenizer,
         peft_config=peft_config,
-        formatting_func=formatting_func(cfg),
+        formatting_func=None if completion_only(cfg) else formatting_func(cfg),
         fsdp=fsdp,
         run_config=cfg,
     )
@@ -158,7 +173,9 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     say(
         f"method {cfg.train.method}: {trainable:,} trainable parameters (as expected); "
         f"{processes} process(es), {'FSDP2' if fsdp else 'DDP' if processes > 1 else 'one process'}; "
-        f"attention {cfg.train.attention}, compile {cfg.train.compile}, liger {cfg.train.liger_kernel}"
+        f"attention {methods.attention_kernel(cfg)}, compile {cfg.train.compile}, liger {cfg.train.liger_kernel}, "
+        f"gradient checkpointing {cfg.train.gradient_checkpointing}; "
+        f"loss on {'the answers only' if completion_only(cfg) else 'every token'}"
     )
     dtypes = ", ".join(f"{name} {count:,}" for name, count in sorted(trainer.parameter_dtypes.items()))
     compute = "bf16" if methods.computes_in_bf16(cfg) else "fp32"

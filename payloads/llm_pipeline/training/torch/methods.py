@@ -57,11 +57,27 @@ def computes_in_bf16(cfg: RunConfig) -> bool:
     return cfg.train.bf16 or cfg.train.method == "qlora"
 
 
+def attention_kernel(cfg: RunConfig, *, cuda: bool | None = None, flash_installed: bool | None = None) -> str:
+    """train.attention, with auto resolved: flash-attention 2 on CUDA where flash-attn is installed (the
+    CUDA image has it; packed rows then take its variable-length path), else sdpa."""
+    if cfg.train.attention != "auto":
+        return cfg.train.attention
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    if flash_installed is None:
+        import importlib.util
+
+        flash_installed = importlib.util.find_spec("flash_attn") is not None
+    return "flash_attention_2" if cuda and flash_installed else "sdpa"
+
+
 def model_kwargs(cfg: RunConfig) -> dict[str, Any]:
     """Keyword arguments for AutoModelForCausalLM.from_pretrained."""
     kwargs: dict[str, Any] = {
         "dtype": load_dtype(cfg),
-        "attn_implementation": "sdpa" if cfg.train.attention == "auto" else cfg.train.attention,
+        "attn_implementation": attention_kernel(cfg),
     }
     quantization = quantization_config(cfg)
     if quantization is not None:

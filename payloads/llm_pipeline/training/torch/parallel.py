@@ -1,13 +1,14 @@
 """`parallel.strategy` on the torch backend: FSDP2 through accelerate, or DDP; one process per device.
 
-FSDP2 (accelerate 1.8.1's ``fsdp_version=2``): every decoder layer and then the root is
-``fully_shard``-ed (parameters, gradients and optimizer state split across all ranks), activations
-are recomputed per decoder layer, with ``train.bf16`` parameters are gathered in bf16 while
-gradients are reduced and the loss and logits returned in fp32 (``mixed_precision_policy``; accelerate's
-own bf16 policy reduces and returns bf16), the trainable shards stay fp32 master weights
-(methods.apply_precision), and checkpoints are torch distributed checkpoints (each rank writes its shard). transformers'
-Trainer hands accelerate its FSDP options through ``FSDP_*`` environment variables (as ``accelerate
-launch`` does); ``FSDP_VERSION`` and ``FSDP_STATE_DICT_TYPE`` are the two it does not set itself.
+FSDP2 (accelerate's ``fsdp_version=2``): every decoder layer and then the root is ``fully_shard``-ed
+(parameters, gradients and optimizer state split across all ranks); with ``train.gradient_checkpointing``
+activations are recomputed per decoder layer; with ``train.bf16`` parameters are gathered in bf16
+while gradients are reduced and the loss and logits returned in fp32 (``mixed_precision_policy``;
+accelerate's own bf16 policy reduces and returns bf16) and the trainable shards stay fp32 master
+weights (methods.apply_precision); checkpoints are torch distributed checkpoints (each rank writes
+its shard). transformers' Trainer hands accelerate its FSDP options through ``FSDP_*`` environment
+variables (as ``accelerate launch`` does); ``FSDP_VERSION`` and ``FSDP_STATE_DICT_TYPE`` are the two
+it does not set itself.
 
 accelerate turns FSDP on only for accelerator devices (CUDA and the like); with the CPU wheel and
 gloo it would silently fall back to DDP. ``enable_fsdp_on_cpu`` switches the same accelerate FSDP2
@@ -38,16 +39,18 @@ def uses_fsdp(cfg: RunConfig, world_size: int) -> bool:
 
 
 def trainer_arguments(cfg: RunConfig, world_size: int, layer_class: str = DECODER_LAYER) -> dict[str, Any]:
-    """SFTConfig keyword arguments for the strategy (and activation checkpointing)."""
+    """SFTConfig keyword arguments for the strategy and train.gradient_checkpointing."""
+    recompute = cfg.train.gradient_checkpointing
     if not uses_fsdp(cfg, world_size):
-        # trl turns gradient checkpointing on; its default reentrant form breaks DDP with peft
-        # ("marked a variable ready only once"), so use the non-reentrant form.
-        return {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}}
+        # trl's SFTConfig turns gradient checkpointing on unless told; its default reentrant form breaks
+        # DDP with peft ("marked a variable ready only once"), so use the non-reentrant form.
+        kwargs = {"gradient_checkpointing_kwargs": {"use_reentrant": False}} if recompute else {}
+        return {"gradient_checkpointing": recompute, **kwargs}
     return {
         "fsdp": "full_shard auto_wrap",
         "fsdp_config": {
             "transformer_layer_cls_to_wrap": [layer_class],
-            "activation_checkpointing": True,  # FSDP's own, per wrapped layer (not the Trainer's)
+            "activation_checkpointing": recompute,  # FSDP's own, per wrapped layer (not the Trainer's)
             "cpu_ram_efficient_loading": False,
         },
         "gradient_checkpointing": False,
