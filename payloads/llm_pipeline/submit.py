@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from llm_pipeline import ladder_submit
@@ -108,15 +109,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def print_estimate(facts: RunFacts) -> bool:
+    """The smoke run's estimate, when its job wrote one; False when there is none (yet)."""
+    found = estimate.read_estimate(facts.logs_dir)
+    if not found:
+        return False
+    print(f"estimate from the smoke run ({facts.logs_dir / estimate.ESTIMATE_FILE}):")
+    for line in estimate.describe(found):
+        print(f"  {line}", flush=True)
+    return True
+
+
 def report(facts: RunFacts, states: list[pipeline_status.StepState]) -> int:
     for line in pipeline_status.describe(states):
         print(line)
-    found = estimate.read_estimate(facts.logs_dir)
-    if found and any(s.step == smoke.ESTIMATE_STEP for s in states):
-        print(f"estimate from the smoke run ({facts.logs_dir / estimate.ESTIMATE_FILE}):")
-        for line in estimate.describe(found):
-            print(f"  {line}")
+    if any(s.step == smoke.ESTIMATE_STEP for s in states):
+        print_estimate(facts)
     return 1 if pipeline_status.verdict(states)[0] == "FAILED" else 0
+
+
+def follow(facts: RunFacts, poll_s: float) -> list[pipeline_status.StepState]:
+    """--wait: every state change as it happens, and the estimate as soon as the estimate job finished,
+    before the long steps run."""
+    shown = False
+
+    def echo(line: str) -> None:
+        nonlocal shown
+        print(line, flush=True)
+        if not shown and re.search(rf"\] {smoke.ESTIMATE_STEP} +COMPLETED ", line):
+            shown = print_estimate(facts)
+
+    return pipeline_status.wait(facts.logs_dir, slurm, poll_s=poll_s, echo=echo)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,7 +174,7 @@ def _main(args: argparse.Namespace) -> int:
     print(f"logs: {facts.logs_dir}/<step>-<job>.log")
     print(f"status: python3 -m llm_pipeline.submit status --config {facts.config}")
     if args.wait:
-        return report(facts, pipeline_status.wait(facts.logs_dir, slurm, poll_s=args.poll))
+        return report(facts, follow(facts, args.poll))
     return 0
 
 

@@ -128,6 +128,9 @@ def test_whole_pipeline_produces_every_step_output(cluster):
     assert "10 steps (train.max_steps)" in train["basis"] and found["seconds_per_step"]["train"] > 0
     assert found["total_seconds"] == pytest.approx(sum(row["seconds"] for row in found["steps"]))
     assert "expected:" in logs["estimate"] and "estimate from the smoke run" in status.stdout
+    # --wait printed it as soon as the estimate job finished, before the long training started
+    followed = result.stdout
+    assert followed.index("estimate from the smoke run") < re.search(r"(?m)\] train +RUNNING", followed).start()
     assert marker(out_dir, "estimate")["time"] < marker(out_dir, "train")["time"]
 
 
