@@ -61,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="STEP",
         help=f"start the chain at this step ({', '.join(PIPELINE_STEPS)})",
     )
+    submit.add_argument(
+        "--no-smoke",
+        dest="smoke",
+        action="store_false",
+        help="skip the smoke stage (every step on <run>/smoke with a few training steps, then the estimate): a "
+        "defect in a late step then shows only after the long training",
+    )
     submit.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
     submit.set_defaults(handler=commands.submit)
 

@@ -121,7 +121,9 @@ def submit(args: argparse.Namespace) -> None:
     stack = deployment.stack()
     check_deployed_copy(deployment.session, bucket=stack.output(StackOutput.BUCKET_NAME), local=local_config)
     facts = read_cluster_facts(deployment.session, stack.output(StackOutput.BUCKET_NAME))
-    options = SubmitOptions(config=f"configs/{local_config.name}", from_step=args.from_step, dry_run=args.dry_run)
+    options = SubmitOptions(
+        config=f"configs/{local_config.name}", from_step=args.from_step, dry_run=args.dry_run, smoke=args.smoke
+    )
     request = session_request(
         deployment, group=None, node=None, ready=True, command=remote_command(options, facts=facts)
     )

@@ -29,6 +29,7 @@ class SubmitOptions:
     config: str  # path relative to payloads/, e.g. configs/default.toml
     from_step: str | None = None
     dry_run: bool = False
+    smoke: bool = True  # False: submit --no-smoke (no smoke stage, no estimate)
 
 
 def resolve_run_config(value: str, *, project_root: Path) -> Path:
@@ -84,6 +85,8 @@ def remote_command(options: SubmitOptions, *, facts: dict) -> str:
     submit = ["python3", "-m", "llm_pipeline.submit", "--config", options.config]
     if options.from_step:
         submit += ["--from", options.from_step]
+    if not options.smoke:
+        submit.append("--no-smoke")
     if options.dry_run:
         submit.append("--dry-run")
     # HPL_PAYLOADS_DIR comes from /etc/profile.d on the node; the facts file gives the same value.

@@ -51,6 +51,8 @@ def test_remote_command_runs_submit_as_the_default_user_in_a_login_shell():
     command = remote_command(SubmitOptions(config="configs/tiny.toml", from_step="train", dry_run=True), facts=FACTS)
     # The SSM agent splits the command like a POSIX shell and runs it without one.
     assert shlex.split(command) == ["sudo", "-n", "-u", "ubuntu", "-H", "bash", "-lc", REMOTE]
+    no_smoke = remote_command(SubmitOptions(config="configs/tiny.toml", smoke=False), facts=FACTS)
+    assert "llm_pipeline.submit --config configs/tiny.toml --no-smoke;" in shlex.split(no_smoke)[-1]
 
 
 def test_payloads_dir_must_be_a_plain_path():
