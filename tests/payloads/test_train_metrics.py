@@ -49,3 +49,30 @@ def test_peak_comes_from_the_environment_or_the_device_table():
     assert metrics.device_peak_flops({"HPL_PEAK_TFLOPS": "312"}) == 312e12
     if not torch.cuda.is_available():
         assert metrics.device_peak_flops({}) is None  # a CPU has no entry: MFU is not reported
+
+
+def test_mfu_counts_the_real_tokens_and_their_own_example_lengths():
+    """Padding counts nothing and a packed row's tokens attend over their own example, not max_length."""
+    from types import SimpleNamespace
+
+    from llm_pipeline.training.callbacks import TokenCounter
+
+    def pad_to(width):
+        return lambda features: {
+            "input_ids": torch.zeros(len(features), width, dtype=torch.long),
+        }
+
+    tokens = TokenCounter(pad_to(1024))
+    callback = metrics.UtilisationMetrics(tokens=tokens, model_config=LLAMA3_8B, full=True, peak_flops=989.4e12)
+    callback.on_train_begin(SimpleNamespace(world_size=1), None, None)
+    callback.last_time = 0.0  # one second before the log below
+    # one packed row of two examples (600 + 400 tokens) and one padded example of 200 tokens
+    tokens([{"input_ids": [1] * 1000, "seq_lengths": [600, 400]}, {"input_ids": [1] * 200}])
+    assert tokens.real == 1200 and tokens.total == 2048
+    logs = {"loss": 1.0}
+    callback._clock = lambda: 1.0
+    callback.on_log(SimpleNamespace(world_size=1), None, None, logs=logs)
+    mean_context = (600**2 + 400**2 + 200**2) / 1200  # 466.7, where max_length would say 1024
+    expected = metrics.mfu(1200, metrics.flops_per_token(LLAMA3_8B, mean_context, full=True), 1, 989.4e12)
+    assert logs["mfu"] == pytest.approx(expected)
+    assert logs["mfu"] < metrics.mfu(1200, metrics.flops_per_token(LLAMA3_8B, 1024, full=True), 1, 989.4e12)

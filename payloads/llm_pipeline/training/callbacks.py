@@ -23,19 +23,25 @@ class TokenCounter:
 
     Real tokens are measured on the examples before the collator sees them (their length, capped at
     the batch width), so padding never counts, whatever the collator does to its input or mask.
+    ``context`` sums every real token's attended span, its example's length (a packed row lists its
+    examples' lengths in trl's ``seq_lengths``), for the attention term of MFU.
     """
 
     def __init__(self, collator):
         self.collator = collator
         self.real = 0
         self.total = 0
+        self.context = 0
 
     def __call__(self, features):
         lengths = [len(feature["input_ids"]) for feature in features]
+        examples = [feature.get("seq_lengths") or [length] for feature, length in zip(features, lengths, strict=True)]
         batch = self.collator(features)
         ids = batch["input_ids"]
+        width = ids.shape[-1]
         self.total += ids.numel()
-        self.real += sum(min(length, ids.shape[-1]) for length in lengths)
+        self.real += sum(min(length, width) for length in lengths)
+        self.context += sum(min(length, width) ** 2 for row in examples for length in row)
         return batch
 
 

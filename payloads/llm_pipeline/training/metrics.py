@@ -7,6 +7,8 @@ FLOPs per trained token (the PaLM paper's appendix-B accounting, dense matmuls o
 - full fine-tuning: backward is twice the forward: 6N + 12 * layers * seq_len * hidden;
 - adapter methods (lora/dora/qlora): frozen weights get no weight gradient, so the matmul
   backward halves: 4N + 12 * layers * seq_len * hidden (LoRA's own factors are negligible).
+seq_len is the length of the example a token belongs to, averaged over the real tokens trained
+(packed rows count each example's own length, padding counts nothing), not data.max_length.
 MFU = tokens/s x FLOPs per token / (devices x peak dense bf16 FLOP/s of one device). The peak is
 known for the GPUs this project runs on; elsewhere set HPL_PEAK_TFLOPS, or MFU is not reported.
 """
@@ -34,7 +36,7 @@ def matmul_parameters(model_config) -> int:
     return per_layer * model_config.num_hidden_layers + model_config.vocab_size * hidden
 
 
-def flops_per_token(model_config, seq_len: int, *, full: bool) -> float:
+def flops_per_token(model_config, seq_len: float, *, full: bool) -> float:
     """Training FLOPs per token (see the module docstring)."""
     attention = 12 * model_config.num_hidden_layers * seq_len * model_config.hidden_size
     return (6 if full else 4) * matmul_parameters(model_config) + attention
@@ -74,24 +76,28 @@ def peak_memory_bytes() -> int:
 class UtilisationMetrics(TrainerCallback):
     """Adds non-padding tokens/s, MFU and peak memory to each log event (before MetricsLogger prints it)."""
 
-    def __init__(self, *, tokens, flops_token: float, peak_flops: float | None):
+    def __init__(self, *, tokens, model_config, full: bool, peak_flops: float | None):
         self.tokens = tokens  # the TokenCounter around the data collator
-        self.flops_token = flops_token
+        self.model_config = model_config
+        self.full = full
         self.peak_flops = peak_flops
 
     def on_train_begin(self, args, state, control, **kwargs):
         import time
 
         self._clock = time.perf_counter
-        self.last_time, self.last_tokens = self._clock(), self.tokens.real
+        self.last_time, self.last_tokens, self.last_context = self._clock(), self.tokens.real, self.tokens.context
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs is None or "loss" not in logs:
             return
         now = self._clock()
         elapsed = max(now - self.last_time, 1e-9)
-        tokens_per_second = (self.tokens.real - self.last_tokens) * args.world_size / elapsed
-        self.last_time, self.last_tokens = now, self.tokens.real
+        tokens = self.tokens.real - self.last_tokens
+        context = self.tokens.context - self.last_context
+        tokens_per_second = tokens * args.world_size / elapsed
+        self.last_time, self.last_tokens, self.last_context = now, self.tokens.real, self.tokens.context
         logs["peak_memory_gb"] = peak_memory_bytes() / 1e9
-        if self.peak_flops:
-            logs["mfu"] = mfu(tokens_per_second, self.flops_token, args.world_size, self.peak_flops)
+        if self.peak_flops and tokens:
+            flops_token = flops_per_token(self.model_config, context / tokens, full=self.full)
+            logs["mfu"] = mfu(tokens_per_second, flops_token, args.world_size, self.peak_flops)

@@ -18,7 +18,7 @@ from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import prompt_completion
 from llm_pipeline.training.callbacks import MetricsLogger, SealCheckpoints, TokenCounter
-from llm_pipeline.training.metrics import UtilisationMetrics, device_peak_flops, flops_per_token
+from llm_pipeline.training.metrics import UtilisationMetrics, device_peak_flops
 from llm_pipeline.training.plan import TrainPlan, check_target_modules, say, sft_arguments, world_size
 from llm_pipeline.training.text_blocks import formatting_func
 from llm_pipeline.training.torch import methods, parallel
@@ -182,8 +182,10 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     say(f"precision: trainable parameters fp32, compute {compute}, loss and gradient reduction fp32 ({dtypes})")
     trainer.data_collator = tokens = TokenCounter(trainer.data_collator)
     trainer.remove_callback(PrinterCallback)
-    flops = flops_per_token(model.config, cfg.data.max_length, full=cfg.train.method == "full")
-    trainer.add_callback(UtilisationMetrics(tokens=tokens, flops_token=flops, peak_flops=device_peak_flops()))
+    full = cfg.train.method == "full"
+    trainer.add_callback(
+        UtilisationMetrics(tokens=tokens, model_config=model.config, full=full, peak_flops=device_peak_flops())
+    )
     trainer.add_callback(MetricsLogger(tokens=tokens, trainable=trainable, tensorboard_dir=plan.tensorboard_dir))
     trainer.add_callback(SealCheckpoints(wait_for_everyone=trainer.accelerator.wait_for_everyone))
     if cfg.train.profile_window is not None and plan.save_checkpoints:
