@@ -7,7 +7,9 @@
    download step finds it complete and skips the Hub) and dolly-format records as the dataset;
 3. submits the same pipeline a cluster runs (python -m llm_pipeline.submit --wait) with the
    tiny-cpu run config; HPL_* variables point the FSx folders at <root>/fsx;
-4. shows the adapter, the merged model and the generated answer; stops the daemons by PID.
+4. shows the adapter, the merged model, the generated answer and the evaluation (base vs tuned);
+   runs `python -m llm_pipeline.compare` on the run (<run>/compare/: chart and table); stops the
+   daemons by PID.
 --method lora|dora|qlora|full runs the config with that train.method (a copy under <root>).
 Exit status 0 only when every step completed.
 """
@@ -89,8 +91,14 @@ def show_outputs(output_dir: Path) -> None:
         print(f"\n{folder}:")
         for path in sorted(folder.iterdir()) if folder.is_dir() else []:
             print(f"  {path.name:<36} {path.stat().st_size:>12,} bytes")
-    answer = output_dir / "generation.txt"
-    print(f"\n{answer}:\n{answer.read_text() if answer.is_file() else '(missing)'}")
+    for path in (output_dir / "generation.txt", output_dir / "eval" / "report.md"):
+        print(f"\n{path}:\n{path.read_text() if path.is_file() else '(missing)'}")
+
+
+def compare_run(output_dir: Path, env: dict[str, str]) -> int:
+    """The compare command on the finished run: <run>/compare/compare.png, .md and .json."""
+    command = [sys.executable, "-m", "llm_pipeline.compare", str(output_dir), "--output", str(output_dir / "compare")]
+    return subprocess.run(command, env=env, cwd=REPO / PAYLOADS_FOLDER).returncode
 
 
 def rehearse(root: Path, config_path: Path, method: str | None = None) -> int:
@@ -111,6 +119,8 @@ def rehearse(root: Path, config_path: Path, method: str | None = None) -> int:
         output_dir = read_run_facts(config_path, env).output_dir
         print("[4/4] results", flush=True)
         show_outputs(output_dir)
+        if status == 0:
+            status = compare_run(output_dir, env)
         if status != 0:
             print(f"\nrehearsal FAILED: step logs are in {output_dir / 'logs'}", file=sys.stderr)
     print(f"rehearsal {'passed' if status == 0 else 'failed'} in {time.monotonic() - start:.0f} s; daemons stopped")

@@ -63,7 +63,11 @@ class DataConfig:
         "Hub dataset id, local .json/.jsonl/.parquet file, or folder (data files or a `save_to_disk` folder)",
     )
     split: str = described("train", "split to read (Hub ids and folders)")
-    validation_fraction: float = described(0.0, "0 <= x < 1: rows held out for evaluation (torch backend only)")
+    validation_fraction: float = described(
+        0.0,
+        "0 <= x < 1: rows held out: the evaluate step scores base and tuned model on them; the torch backend also "
+        "evaluates during training",
+    )
     max_length: int = described(1024, ">= 16 and longer than the prompt template: tokens per training sequence")
     packing: bool = described(
         False,
@@ -101,7 +105,7 @@ class PathsConfig:
     )
     output_dir: str = described(
         "${HPL_OUTPUTS_DIR:-/fsx/outputs}/llama3-8b-dolly-lora",
-        "the run folder: data/, checkpoints/, tensorboard/, adapter/, merged/, profile/, logs/, generation.txt",
+        "the run folder: data/, checkpoints/, tensorboard/, adapter/, merged/, profile/, logs/, generation.txt, eval/",
     )
     compile_cache_dir: str = described(
         "${HPL_COMPILE_CACHE_DIR:-/fsx/neuron-cache}", "Neuron compile cache (the Slurm scripts' NEURON_CC_FLAGS)"
@@ -116,6 +120,7 @@ class PathsConfig:
     profile_dir = _in_run_folder("profile")
     logs_dir = _in_run_folder("logs")
     generation_file = _in_run_folder("generation.txt")
+    eval_dir = _in_run_folder("eval")
 
 
 @dataclass(frozen=True)
@@ -264,6 +269,17 @@ class GenerateConfig:
     temperature: float = described(0.0, ">= 0: sampling temperature; 0 = greedy")
 
 
+@dataclass(frozen=True)
+class EvalConfig:
+    max_samples: int = described(
+        200, ">= 1: held-out rows (data.validation_fraction) the evaluate step scores, base and tuned model"
+    )
+    answers: int = described(
+        3, ">= 0: held-out prompts answered by the base and the tuned model side by side in eval/report.md"
+    )
+    batch_size: int = described(4, ">= 1: sequences per forward pass when scoring the held-out rows")
+
+
 # SageMaker caps a training job's run time (and a spot job's wait) at 28 days.
 JOB_MAX_HOURS = 28 * 24
 
@@ -347,6 +363,7 @@ class RunConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     torchtitan: TorchtitanConfig = field(default_factory=TorchtitanConfig)
     job: JobConfig = field(default_factory=JobConfig)
 
@@ -497,6 +514,9 @@ def validate(cfg: RunConfig) -> None:
         check_backend(cfg, tr.backend)
     _require(cfg.generate.max_new_tokens >= 1, "generate.max_new_tokens", cfg.generate.max_new_tokens, ">= 1")
     _require(cfg.generate.temperature >= 0, "generate.temperature", cfg.generate.temperature, ">= 0")
+    _require(cfg.eval.max_samples >= 1, "eval.max_samples", cfg.eval.max_samples, ">= 1")
+    _require(cfg.eval.answers >= 0, "eval.answers", cfg.eval.answers, ">= 0")
+    _require(cfg.eval.batch_size >= 1, "eval.batch_size", cfg.eval.batch_size, ">= 1")
     titan = cfg.torchtitan
     _require(len(titan.rungs) > 0, "torchtitan.rungs", list(titan.rungs), "at least one rung")
     for rung in titan.rungs:

@@ -141,6 +141,8 @@ def rung_log(cfg: RunConfig, rung: str) -> Path | None:
 
 
 def report(cfg: RunConfig) -> tuple[Path, Path]:
+    from llm_pipeline import charts  # matplotlib: only this action draws
+
     results = []
     for rung in cfg.torchtitan.rungs:
         log = rung_log(cfg, rung)
@@ -157,7 +159,8 @@ def report(cfg: RunConfig) -> tuple[Path, Path]:
             flush=True,
         )
     paths = ladder_report.write(results, cfg.torchtitan.steps, torchtitan_ladder.ladder_dir(cfg))
-    print(f"report: {paths[1]} and {paths[0]}", flush=True)
+    chart = charts.ladder_chart(torchtitan_ladder.ladder_dir(cfg))
+    print(f"report: {paths[1]} and {paths[0]}; chart: {chart}", flush=True)
     if not any(result.summary for result in results):
         raise StepError(f"no rung logged a torchtitan metric line (logs in {cfg.paths.logs_dir})")
     for result in results:  # checkpoint_retention "none": a rung's checkpoints go once its metrics are read

@@ -47,7 +47,7 @@ from llm_pipeline.jobs.run_facts import RunFacts
 
 # The Slurm chain's order, plus gather after train: a job's hosts share no file system (gather.py).
 STEPS = (*submit.STEPS[: submit.STEPS.index("train") + 1], "gather", *submit.STEPS[submit.STEPS.index("train") + 1 :])
-LEADER_ONLY_STEPS = ("consolidate", "merge", "generate")
+LEADER_ONLY_STEPS = ("consolidate", "merge", "generate", "evaluate")
 # The job owns its run folder: a restarted job rewrites what an earlier attempt left half done.
 STEP_ARGS = {"consolidate": ["--overwrite"], "merge": ["--overwrite"]}
 PAYLOADS_DIR = Path(__file__).resolve().parents[1]

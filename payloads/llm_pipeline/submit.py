@@ -35,7 +35,7 @@ from llm_pipeline.jobs.chain import (
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts, read_run_facts
 
-STEPS = ("prepare", "download", "data", "precompile", "train", "consolidate", "merge", "generate")
+STEPS = ("prepare", "download", "data", "precompile", "train", "consolidate", "merge", "generate", "evaluate")
 MULTI_NODE_STEPS = ("precompile", "train")  # the others run one process on one node
 SHARED_STEPS = ("prepare", "download", "data")  # run once: the smoke run reuses their image, model and data
 TRAINING_STEPS = ("train",)  # resumes from its newest checkpoint: smoke-tested saving, then resuming

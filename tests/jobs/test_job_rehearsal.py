@@ -73,9 +73,16 @@ def test_job_runs_the_pipeline_into_the_checkpoint_folder(tmp_path):
 
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     steps = re.findall(r"^== ([\w-]+): COMPLETED", result.stdout, flags=re.MULTILINE)
-    smoke_stage = ["smoke-train", "smoke-train-resume", "smoke-consolidate", "smoke-merge", "smoke-generate"]
+    smoke_stage = [
+        "smoke-train",
+        "smoke-train-resume",
+        "smoke-consolidate",
+        "smoke-merge",
+        "smoke-generate",
+        "smoke-evaluate",
+    ]
     # the smoke stage first, on the instances already running, then the estimate and the long steps
-    long = ["train", "consolidate", "merge", "generate"]
+    long = ["train", "consolidate", "merge", "generate", "evaluate"]
     assert steps == ["prepare", "download", "data", *smoke_stage, "estimate", *long]
     assert "nothing to do on this host (no Neuron devices)" in result.stdout  # precompile
     assert "already holds tiny-random-llama" in result.stdout  # the models channel, not the Hub

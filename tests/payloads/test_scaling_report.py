@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from chart_checks import line_data, read_png
 from transformers import TrainerState, TrainingArguments
 
+from llm_pipeline import charts
 from llm_pipeline.jobs import scaling_report
 from llm_pipeline.jobs.sweep_plan import PLAN_NAME
 from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
@@ -19,7 +21,7 @@ def training_log(capsys, tmp_path, backend: str, step_seconds: float, ga: int) -
                              gradient_accumulation_steps=ga, report_to="none")  # fmt: skip
     state = TrainerState(max_steps=6, is_world_process_zero=True)
     tokens = TokenCounter(lambda features: features)
-    logger = MetricsLogger(tokens=tokens, trainable=1, tensorboard_dir=None)
+    logger = MetricsLogger(tokens=tokens, trainable=1, sequence_length=128, tensorboard_dir=None)
     print(f"training with the {backend} backend, from the base model")
     logger.on_train_begin(args, state, None)
     for step in (2, 4, 6):
@@ -63,6 +65,13 @@ def test_the_table_from_logged_lines(tmp_path, capsys, backend, base, reference)
     assert rows[1]["seconds_per_step"] == pytest.approx(1.1, rel=0.05)
     assert rows[1]["scaling_efficiency"] == pytest.approx((2.0 / 1.1) / 2, rel=0.05)
     table = (tmp_path / "scaling.md").read_text()
+    # the chart beside the table: opened, and its lines are the report's figures
+    read_png(charts.scaling_chart(tmp_path))
+    lines = line_data(charts.sweep_figure(json.loads((tmp_path / "scaling.json").read_text())).axes[0])
+    measured = [r["sequences_per_second"] for r in rows]
+    assert lines["measured"] == [(1, measured[0]), (2, measured[1])]
+    assert lines["linear scaling"] == [(1, measured[0]), (2, pytest.approx(2 * measured[0]))]
+    assert ("reference (published)" in lines) == reference
     if reference:
         assert [r["reference_sequences_per_second"] for r in rows] == [3.7, 7.4]
         assert "published Trainium result: Llama 2 7B full fine-tuning" in table

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 PAYLOADS = Path(__file__).resolve().parents[2] / "payloads"
-STEPS = ("download", "data", "train", "generate")
+STEPS = ("download", "data", "train", "generate", "evaluate")
 
 
 def _run(*args: str, cwd: Path = PAYLOADS) -> subprocess.CompletedProcess:
@@ -50,3 +50,12 @@ def test_train_help_and_docstring_name_every_method_and_backend():
     for text in (train.build_parser().format_help(), train.__doc__):
         words = set(re.findall(r"[a-z]+", text))
         assert not [name for name in (*METHODS, *BACKENDS) if name not in words], text
+
+
+def test_evaluate_without_prepared_data_names_the_data_step(tmp_path):
+    (tmp_path / "run.toml").write_text(f'[paths]\noutput_dir = "{tmp_path / "run"}"\nmodel_dir = "{tmp_path}"\n')
+    result = _run("llm_pipeline.evaluate", "--config", str(tmp_path / "run.toml"))
+    assert (result.returncode, result.stderr.strip()) == (
+        2,
+        f"error: no prepared data in {tmp_path / 'run' / 'data'}: run the data step first",
+    )

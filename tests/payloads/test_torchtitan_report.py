@@ -12,8 +12,10 @@ import re
 import statistics
 
 import pytest
+from chart_checks import read_png
 from torchtitan_site import probe
 
+from llm_pipeline import charts
 from llm_pipeline.training.torchtitan import metrics as torchtitan_metrics
 from llm_pipeline.training.torchtitan import report as ladder_report
 
@@ -105,6 +107,12 @@ def test_report_shows_ratios_to_baseline_and_the_reference_beside(plain_line, tm
     assert "| + torch.compile | 1,100 | 1.100 (+10.0 %) |" in markdown
     assert "| + FP8 all-gather, precomputed scales | not measured: no metric lines in no log |" in markdown
     assert "| + torch.compile | 7,166 | 1.107 (+10.7 %) | 3.601 |" in markdown  # the reference, beside
+    # the chart beside it: opened, and its bars are the measured and reference tokens/s of each rung
+    read_png(charts.ladder_chart(tmp_path))
+    (axis,) = charts.ladder_figure(report).axes
+    heights = [round(bar.get_height()) for bar in axis.patches]
+    assert heights == [1000, 1100, 1300, 6475, 7166, 8624, 8950]  # measured (none for fp8_allgather), reference
+    assert axis.get_ylabel() == "tokens/s per GPU" and len(axis.get_xticklabels()) == 4
 
 
 def test_a_rung_short_of_its_steps_is_marked_unfinished_without_a_ratio(plain_line, tmp_path):

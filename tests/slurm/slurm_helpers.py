@@ -26,3 +26,13 @@ def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):
         if time.monotonic() > deadline:
             raise AssertionError(f"gave up waiting for {what} after {timeout:.0f} s")
         time.sleep(poll)
+
+
+def read_png(path: Path) -> None:
+    """Open a chart the pipeline wrote: a PNG with something drawn on it (its data is checked in
+    tests/payloads, where the figures are built from the same inputs)."""
+    from matplotlib.image import imread
+
+    pixels = imread(path)
+    assert pixels.ndim == 3 and min(pixels.shape[:2]) > 100, pixels.shape
+    assert (pixels[..., :3].min(axis=-1) < 0.9).mean() > 0.01, f"{path} is blank"

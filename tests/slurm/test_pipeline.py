@@ -8,12 +8,14 @@ runtime with the tiny-cpu run config and a tiny random Llama (no downloads).
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from slurm_helpers import REPO, submit, wait_for
+from slurm_helpers import REPO, read_png, submit, wait_for
 
 from llm_pipeline.jobs import estimate, pipeline_status, smoke
 from llm_pipeline.submit import SHARED_STEPS, STEPS
@@ -108,6 +110,29 @@ def test_whole_pipeline_produces_every_step_output(cluster):
     assert {"config.json", "tokenizer.json"} <= merged and any(name.endswith(".safetensors") for name in merged)
     generation = (out_dir / "generation.txt").read_text()
     assert "Describe a llama?" in generation and "### Answer" in generation
+    # evaluate: base vs tuned on the 12 held-out rows (validation_fraction 0.1 of 120), answers side by side
+    evaluation = json.loads((out_dir / "eval" / "eval.json").read_text())
+    assert evaluation["held_out_rows"] == 12 and len(evaluation["answers"]) == 3
+    assert evaluation["tuned"]["model"] == str(out_dir / "merged")
+    for model in ("base", "tuned"):
+        result = evaluation[model]
+        assert result["tokens"] > 0 and result["perplexity"] == pytest.approx(math.exp(result["validation_loss"]))
+    report = (out_dir / "eval" / "report.md").read_text()
+    assert (
+        f"| tuned | {evaluation['tuned']['validation_loss']:.4f} |" in report and "![training loss](loss.png)" in report
+    )
+    read_png(out_dir / "eval" / "loss.png")
+    # compare on the finished run: its chart and table, with the evaluation beside the curve
+    compared = subprocess.run(
+        [sys.executable, "-m", "llm_pipeline.compare", str(out_dir), "--output", str(out_dir / "compare")],
+        env=env, capture_output=True, text=True, cwd=REPO / "payloads",
+    )  # fmt: skip
+    assert compared.returncode == 0, compared.stderr
+    table = (out_dir / "compare" / "compare.md").read_text()
+    assert f"| {evaluation['base']['validation_loss']:.4f} / {evaluation['base']['perplexity']:.2f} |" in table
+    (curve,) = json.loads((out_dir / "compare" / "compare.json").read_text())["runs"]
+    assert curve["kind"] == "events" and curve["steps_logged"] == 2 and curve["last_step"] == 10  # logging_steps 5
+    read_png(out_dir / "compare" / "compare.png")
 
     status = submit(env, config, "status")
     assert status.returncode == 0 and "pipeline: COMPLETED" in status.stdout

@@ -116,16 +116,27 @@ def test_dry_run_from_a_step_starts_the_chain_there(tmp_path):
         "--config", str(write(tmp_path, "")), "--dry-run", "--from", "train", env={"HPL_OUTPUTS_DIR": str(tmp_path)}
     )
     jobs = out.stdout.splitlines()[3:]
-    long = ["train", "consolidate", "merge", "generate"]
-    smoke = ["smoke_train", "smoke_train_resume", "smoke_consolidate", "smoke_merge", "smoke_generate"]
+    long = ["train", "consolidate", "merge", "generate", "evaluate"]
+    smoke = [
+        "smoke_train",
+        "smoke_train_resume",
+        "smoke_consolidate",
+        "smoke_merge",
+        "smoke_generate",
+        "smoke_evaluate",
+    ]
     assert [line.split("=", 1)[0] for line in jobs] == [f"{job}_job" for job in (*smoke, "estimate", *long)]
     assert "--dependency" not in jobs[0] and '--dependency=afterok:"$smoke_train_job"' in jobs[1]
-    assert '--dependency=afterok:"$estimate_job"' in jobs[6]
+    assert '--dependency=afterok:"$estimate_job"' in jobs[7]
     # after training there is no smoke stage: nothing to resume from, nothing long to protect
     out = constrained_submit(
         "--config", str(write(tmp_path, "")), "--dry-run", "--from", "merge", env={"HPL_OUTPUTS_DIR": str(tmp_path)}
     )
-    assert [line.split("=", 1)[0] for line in out.stdout.splitlines()[2:]] == ["merge_job", "generate_job"]
+    assert [line.split("=", 1)[0] for line in out.stdout.splitlines()[2:]] == [
+        "merge_job",
+        "generate_job",
+        "evaluate_job",
+    ]
 
 
 def test_dry_run_stages_the_smoke_run_before_the_long_steps(tmp_path):
@@ -136,9 +147,9 @@ def test_dry_run_stages_the_smoke_run_before_the_long_steps(tmp_path):
     assert out.stdout.splitlines()[2] == f"# first: {smoke}/ with save.toml and run.toml (the smoke run's configs)"
     jobs = {line.split("=", 1)[0][: -len("_job")]: line for line in out.stdout.splitlines()[3:]}
     assert list(jobs)[:3] == ["prepare", "download", "data"]  # once: their output serves both runs
-    assert list(jobs)[3:9] == ["smoke_precompile", "smoke_train", "smoke_train_resume", *(
-        f"smoke_{step}" for step in ("consolidate", "merge", "generate"))]  # fmt: skip
-    assert list(jobs)[9:] == ["estimate", "precompile", "train", "consolidate", "merge", "generate"]
+    assert list(jobs)[3:10] == ["smoke_precompile", "smoke_train", "smoke_train_resume", *(
+        f"smoke_{step}" for step in ("consolidate", "merge", "generate", "evaluate"))]  # fmt: skip
+    assert list(jobs)[10:] == ["estimate", "precompile", "train", "consolidate", "merge", "generate", "evaluate"]
     assert f"HPL_RUN_CONFIG={smoke}/save.toml," in jobs["smoke_train"]
     assert f"HPL_RUN_CONFIG={smoke}/run.toml," in jobs["smoke_train_resume"]
     for name in ("smoke_train", "smoke_train_resume", "smoke_precompile"):  # the run's node count

@@ -139,6 +139,9 @@ def write_report(sweep_dir: Path) -> Path:
         "",
         reference,
         "",
+        "Chart: scaling.png (throughput vs nodes, the linear-scaling line from the smallest run, the reference), "
+        "drawn by `python -m llm_pipeline.charts scaling <sweep folder>` after this table.",
+        "",
     ]
     (sweep_dir / "scaling.md").write_text("\n".join(text))
     (sweep_dir / "scaling.json").write_text(json.dumps({"plan": plan, "rows": rows}, indent=2) + "\n")

@@ -230,5 +230,12 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
     trainer.remove_callback(PrinterCallback)
     if plan.start_step:  # before the logger, which reads the start step at train begin
         trainer.add_callback(ContinueStepCount(trainer, plan.start_step))
-    trainer.add_callback(MetricsLogger(tokens=tokens, trainable=trainable, tensorboard_dir=plan.tensorboard_dir))
+    trainer.add_callback(
+        MetricsLogger(
+            tokens=tokens,
+            trainable=trainable,
+            sequence_length=cfg.data.max_length,
+            tensorboard_dir=plan.tensorboard_dir,
+        )
+    )
     trainer.train()

@@ -186,7 +186,14 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     trainer.add_callback(
         UtilisationMetrics(tokens=tokens, model_config=model.config, full=full, peak_flops=device_peak_flops())
     )
-    trainer.add_callback(MetricsLogger(tokens=tokens, trainable=trainable, tensorboard_dir=plan.tensorboard_dir))
+    trainer.add_callback(
+        MetricsLogger(
+            tokens=tokens,
+            trainable=trainable,
+            sequence_length=cfg.data.max_length,
+            tensorboard_dir=plan.tensorboard_dir,
+        )
+    )
     trainer.add_callback(SealCheckpoints(wait_for_everyone=trainer.accelerator.wait_for_everyone))
     if cfg.train.profile_window is not None and plan.save_checkpoints:
         trainer.add_callback(StepProfiler(window=cfg.train.profile_window, folder=cfg.paths.profile_dir))

@@ -95,6 +95,8 @@ def as_markdown(report: dict) -> str:
         )
     lines += [
         "",
+        "Chart: report.png (tokens/s per GPU of each rung, measured beside the reference).",
+        "",
         f"Reference, for comparison only (reported by users, not measured here): {report['reference_setup']}.",
         "",
         "| rung | tokens/s/GPU | vs baseline | loss |",

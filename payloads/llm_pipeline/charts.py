@@ -1,0 +1,166 @@
+"""Charts beside the reports: loss curves (one run or a comparison), the scaling sweep, the ladder,
+the training benchmark. matplotlib, headless: figures are built on the Agg canvas (no pyplot, no
+display) and written as PNG atomically. Each ``*_figure`` function returns the Figure, so a caller
+(or a test) can read back exactly what was drawn; ``save`` writes it.
+
+    python -m llm_pipeline.charts scaling <sweep folder>     scaling.png from scaling.json
+    python -m llm_pipeline.charts ladder <ladder folder>     report.png from report.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+DPI = 110
+WIDTH_INCHES, ROW_HEIGHT_INCHES = 8, 4.2  # one axis per row
+SCALING_JSON, SCALING_PNG = "scaling.json", "scaling.png"
+LADDER_JSON, LADDER_PNG = "report.json", "report.png"
+
+
+def _figure(rows: int = 1) -> tuple[Figure, list]:
+    figure = Figure(figsize=(WIDTH_INCHES, ROW_HEIGHT_INCHES * rows), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = [figure.add_subplot(rows, 1, i + 1) for i in range(rows)]
+    return figure, axes
+
+
+def save(figure: Figure, path: Path) -> Path:
+    """Write ``figure`` as PNG at ``path`` (complete or not at all)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    figure.savefig(partial, format="png")
+    partial.replace(path)
+    return path
+
+
+def loss_figure(
+    curves: Sequence[tuple[str, Sequence[float], Sequence[float]]],
+    *,
+    x_label: str,
+    title: str,
+    differences: Sequence[tuple[str, Sequence[float], Sequence[float]]] = (),
+    tolerance: float | None = None,
+) -> Figure:
+    """Loss of each (label, x, loss) curve on one axis; with ``differences`` (label, x, relative
+    difference to the reference), a second axis shows them against the tolerance line."""
+    figure, axes = _figure(2 if differences else 1)
+    loss_axis = axes[0]
+    colors = {label: f"C{index}" for index, (label, _, _) in enumerate(curves)}  # a run keeps its color below
+    for label, xs, losses in curves:
+        loss_axis.plot(list(xs), list(losses), marker="." if len(xs) < 60 else None, label=label, color=colors[label])
+    loss_axis.set(xlabel=x_label, ylabel="training loss", title=title)
+    loss_axis.grid(alpha=0.3)
+    loss_axis.legend()
+    if differences:
+        diff_axis = axes[1]
+        for label, xs, values in differences:
+            diff_axis.plot(list(xs), [v * 100 for v in values], label=label, color=colors.get(label))
+        if tolerance is not None:
+            diff_axis.axhline(tolerance * 100, color="red", linestyle="--", label=f"tolerance {tolerance:.1%}")
+        diff_axis.set(xlabel=x_label, ylabel="|loss - reference| / reference (%)", title="relative difference")
+        diff_axis.grid(alpha=0.3)
+        diff_axis.legend()
+    return figure
+
+
+def scaling_figure(
+    nodes: Sequence[int], measured: Sequence[float], reference: Sequence[float | None], *, unit: str, title: str
+) -> Figure:
+    """Measured throughput against nodes, the linear-scaling line from the smallest run, and the
+    published reference where there is one."""
+    figure, (axis,) = _figure()
+    axis.plot(list(nodes), list(measured), marker="o", label="measured")
+    first_nodes, first = nodes[0], measured[0]
+    axis.plot(
+        list(nodes), [first * n / first_nodes for n in nodes], linestyle="--", color="gray", label="linear scaling"
+    )
+    known = [(n, r) for n, r in zip(nodes, reference, strict=True) if r is not None]
+    if known:
+        axis.plot(
+            [n for n, _ in known], [r for _, r in known], marker="s", linestyle=":", label="reference (published)"
+        )
+    axis.set(xlabel="nodes", ylabel=unit, title=title, xticks=list(nodes))
+    axis.grid(alpha=0.3)
+    axis.legend()
+    return figure
+
+
+def bar_figure(
+    labels: Sequence[str],
+    series: Sequence[tuple[str, Sequence[float | None]]],
+    *,
+    unit: str,
+    title: str,
+) -> Figure:
+    """Grouped bars: one group per label, one bar per (name, values) series; a None value draws no bar."""
+    figure, (axis,) = _figure()
+    width = 0.8 / max(len(series), 1)
+    for index, (name, values) in enumerate(series):
+        positions = [i + (index - (len(series) - 1) / 2) * width for i, v in enumerate(values) if v is not None]
+        heights = [v for v in values if v is not None]
+        axis.bar(positions, heights, width=width, label=name)
+    axis.set_xticks(range(len(labels)), list(labels), rotation=15, ha="right")
+    axis.set(ylabel=unit, title=title)
+    axis.grid(alpha=0.3, axis="y")
+    axis.legend()
+    return figure
+
+
+def sweep_figure(report: dict) -> Figure:
+    """The scaling sweep's figure from its scaling.json (jobs/scaling_report.py writes it)."""
+    rows = report["rows"]
+    return scaling_figure(
+        [row["nodes"] for row in rows],
+        [row["sequences_per_second"] for row in rows],
+        [row["reference_sequences_per_second"] for row in rows],
+        unit="sequences/s",
+        title=f"scaling sweep: {rows[0]['backend']}, method {report['plan']['base'].get('method')}",
+    )
+
+
+def ladder_figure(report: dict) -> Figure:
+    """The ladder's figure from its report.json (training/torchtitan/report.py writes it): tokens/s
+    per GPU of each rung, measured beside the reference figures."""
+    rows = report["rungs"]
+    return bar_figure(
+        [row["title"] for row in rows],
+        [
+            ("measured", [row["measured"]["tps"] if row["measured"] else None for row in rows]),
+            ("reference (32 H100, reported)", [row["reference_tps"] for row in rows]),
+        ],
+        unit="tokens/s per GPU",
+        title=f"pretraining ladder, {report['steps_per_rung']} steps per rung",
+    )
+
+
+def scaling_chart(sweep_dir: Path) -> Path:
+    return save(sweep_figure(json.loads((sweep_dir / SCALING_JSON).read_text())), sweep_dir / SCALING_PNG)
+
+
+def ladder_chart(ladder_dir: Path) -> Path:
+    return save(ladder_figure(json.loads((ladder_dir / LADDER_JSON).read_text())), ladder_dir / LADDER_PNG)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m llm_pipeline.charts", description="Draw a report's chart.")
+    parser.add_argument("report", choices=("scaling", "ladder"), help="which report")
+    parser.add_argument("folder", type=Path, help="the sweep folder (scaling.json) or the ladder folder (report.json)")
+    args = parser.parse_args(argv)
+    try:
+        path = (scaling_chart if args.report == "scaling" else ladder_chart)(args.folder)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"error: cannot chart the {args.report} report in {args.folder}: {exc!r}", file=sys.stderr)
+        return 2
+    print(f"chart written to {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

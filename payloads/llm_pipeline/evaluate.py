@@ -1,0 +1,192 @@
+"""Evaluate step: is the tuned model better than the base? Validation loss, perplexity, answers.
+
+    python -m llm_pipeline.evaluate --config run.toml
+
+Scores the base model (paths.model_dir) and the tuned one (the merged model, else the base with the
+consolidated adapter, as generate picks it) on the held-out split the data step set aside
+(data.validation_fraction; the first eval.max_samples rows): each row is the training text (the
+same prompt format and end-of-sequence token), cut at data.max_length, and the loss is the mean
+cross-entropy over every predicted token, padding excluded, as the trainers compute it; perplexity
+is exp(loss). The first eval.answers held-out prompts (the generate question when there is no
+held-out split) are answered by both models, greedily. Writes into <run>/eval/: eval.json,
+report.md (the numbers, the answers side by side, the loss chart) and loss.png (the run's training
+loss from its own metrics). compare shows these numbers next to the run's curve.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from llm_pipeline import cli, generate
+from llm_pipeline.config import RunConfig
+from llm_pipeline.errors import StepError
+from llm_pipeline.prompt import format_example, format_prompt
+
+EVAL_JSON, REPORT, LOSS_CHART = "eval.json", "report.md", "loss.png"
+
+
+def held_out_rows(cfg: RunConfig) -> list[dict]:
+    """The first eval.max_samples rows of the prepared validation split; [] when there is none."""
+    import datasets
+
+    folder = cfg.paths.data_dir
+    if not folder.is_dir():
+        raise StepError(f"no prepared data in {folder}: run the data step first")
+    prepared = datasets.load_from_disk(str(folder))
+    if "validation" not in prepared:
+        return []
+    split = prepared["validation"]
+    return [split[i] for i in range(min(cfg.eval.max_samples, len(split)))]
+
+
+def score(model, tokenizer, texts: list[str], *, max_length: int, batch_size: int) -> dict:
+    """Token-weighted mean next-token cross-entropy over ``texts`` (padding excluded) and its exp."""
+    import torch
+
+    device = next(model.parameters()).device
+    total, tokens = 0.0, 0
+    for start in range(0, len(texts), batch_size):
+        batch = tokenizer(
+            texts[start : start + batch_size],
+            truncation=True,
+            max_length=max_length,
+            padding=True,
+            return_tensors="pt",
+        ).to(device)
+        with torch.no_grad():
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+        labels = batch["input_ids"][:, 1:].masked_fill(batch["attention_mask"][:, 1:] == 0, -100)
+        total += torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
+        ).item()
+        tokens += int((labels != -100).sum())
+    if tokens == 0:
+        raise StepError("the held-out rows hold no token to score (check data.max_length)")
+    loss = total / tokens
+    return {"validation_loss": loss, "perplexity": math.exp(loss), "tokens": tokens, "rows": len(texts)}
+
+
+def _prepare_tokenizer(tokenizer):
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+def evaluate_model(cfg: RunConfig, name: str, model_dir: Path, adapter_dir: Path | None, rows, prompts) -> dict:
+    """Load one model, score the held-out rows, answer the prompts, free it."""
+    import torch
+
+    using = f"{model_dir} + adapter {adapter_dir}" if adapter_dir else str(model_dir)
+    print(f"evaluating the {name} model: {using}", flush=True)
+    model, tokenizer = generate.load(model_dir, adapter_dir, cfg.model.dtype)
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    tokenizer = _prepare_tokenizer(tokenizer)
+    result: dict = {"model": using}
+    if rows:
+        texts = [format_example(row) + tokenizer.eos_token for row in rows]
+        result |= score(model, tokenizer, texts, max_length=cfg.data.max_length, batch_size=cfg.eval.batch_size)
+        print(
+            f"{name}: validation loss {result['validation_loss']:.4f}, perplexity {result['perplexity']:.2f} "
+            f"({result['rows']} rows, {result['tokens']} tokens)",
+            flush=True,
+        )
+    result["answers"] = []
+    for number, prompt in enumerate(prompts, 1):
+        text = generate.answer(model, tokenizer, prompt, cfg.generate.max_new_tokens, 0.0)
+        result["answers"].append(text)
+        print(f"{name}: answered prompt {number}/{len(prompts)}", flush=True)
+    del model
+    return result
+
+
+def loss_chart(cfg: RunConfig, path: Path) -> Path | None:
+    """The run's training loss by step, from its own metrics; None when it logged none."""
+    from llm_pipeline import charts, run_metrics
+
+    try:
+        curves = run_metrics.read_run(Path(cfg.paths.output_dir))
+    except StepError as exc:
+        print(f"no loss chart: {exc}", flush=True)
+        return None
+    drawn = [(curve.label, curve.steps, curve.losses) for curve in curves]
+    title = f"training loss: {Path(cfg.paths.output_dir).name}"
+    return charts.save(charts.loss_figure(drawn, x_label="optimizer step", title=title), path)
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|") or "(empty)"
+
+
+def as_markdown(result: dict) -> str:
+    base, tuned = result["base"], result["tuned"]
+    lines = ["# Evaluation: base vs tuned", "", f"- base: `{base['model']}`", f"- tuned: `{tuned['model']}`", ""]
+    if result["held_out_rows"]:
+        lines += [
+            f"Held-out rows scored: {result['held_out_rows']} ({base['tokens']} tokens); loss is the mean "
+            "next-token cross-entropy, perplexity its exp.",
+            "",
+            "| model | validation loss | perplexity |",
+            "|---|---|---|",
+            f"| base | {base['validation_loss']:.4f} | {base['perplexity']:.2f} |",
+            f"| tuned | {tuned['validation_loss']:.4f} | {tuned['perplexity']:.2f} |",
+            "",
+            f"Tuned vs base validation loss: {tuned['validation_loss'] - base['validation_loss']:+.4f}.",
+        ]
+    else:
+        lines.append(
+            "No held-out split (data.validation_fraction = 0): no validation loss. Set data.validation_fraction "
+            "(e.g. 0.05) and rerun the data step for one."
+        )
+    lines += ["", "## Answers (greedy)", "", "| instruction | reference | base | tuned |", "|---|---|---|---|"]
+    for answer in result["answers"]:
+        lines.append(
+            f"| {_cell(answer['instruction'])} | {_cell(answer['reference'] or '-')} "
+            f"| {_cell(answer['base'])} | {_cell(answer['tuned'])} |"
+        )
+    if result.get("loss_chart"):
+        lines += ["", "## Training loss", "", f"![training loss]({LOSS_CHART})"]
+    return "\n".join(lines) + "\n"
+
+
+def evaluate(cfg: RunConfig) -> dict:
+    rows = held_out_rows(cfg)
+    if rows:
+        asked = [(row["instruction"], row.get("context") or "", row["response"]) for row in rows[: cfg.eval.answers]]
+    else:
+        print("no held-out split (data.validation_fraction = 0): answers only, no validation loss", flush=True)
+        asked = [(cfg.generate.instruction, cfg.generate.context, None)]
+    prompts = [format_prompt(instruction, context) for instruction, context, _ in asked]
+    tuned_dir, adapter_dir = generate.choose_model(cfg, None, None)
+    base = evaluate_model(cfg, "base", Path(cfg.paths.model_dir), None, rows, prompts)
+    tuned = evaluate_model(cfg, "tuned", tuned_dir, adapter_dir, rows, prompts)
+    folder = cfg.paths.eval_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    result = {
+        "held_out_rows": len(rows),
+        "base": {k: v for k, v in base.items() if k != "answers"},
+        "tuned": {k: v for k, v in tuned.items() if k != "answers"},
+        "answers": [
+            {"instruction": instruction, "context": context, "reference": reference, "base": b, "tuned": t}
+            for (instruction, context, reference), b, t in zip(asked, base["answers"], tuned["answers"], strict=True)
+        ],
+        "loss_chart": None,
+    }
+    chart = loss_chart(cfg, folder / LOSS_CHART)
+    result["loss_chart"] = chart.name if chart else None
+    (folder / EVAL_JSON).write_text(json.dumps(result, indent=2) + "\n")
+    (folder / REPORT).write_text(as_markdown(result))
+    print(f"evaluation written to {folder / REPORT} and {folder / EVAL_JSON}", flush=True)
+    return result
+
+
+def main(argv=None) -> int:
+    description = "Validation loss and perplexity of the base and the tuned model, and their answers side by side."
+    return cli.run_config_only_step("evaluate", description, evaluate, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
