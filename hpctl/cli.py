@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from cluster_contract import DEFAULT_STACK_NAME
 from hpctl import commands, job_commands
 from hpctl.errors import HpctlError
+from llm_pipeline.compare import DEFAULT_TOLERANCE  # stdlib at import; charts load when it runs
 from llm_pipeline.submit import STEPS as PIPELINE_STEPS  # stdlib-only module, shipped with hpctl
 
 
@@ -86,21 +88,48 @@ def build_parser() -> argparse.ArgumentParser:
     steps.add_argument("log", nargs="?", help="log file, or a step name for its newest log (omit to list)")
     steps.add_argument("--tail", type=count, default=0, metavar="N", help="last N lines (0: all)")
     steps.set_defaults(handler=commands.logs_steps)
+    add_run_parsers(sub, common)
     job_commands.add_parsers(sub, common)
     return parser
+
+
+def add_run_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    runs = "a local run folder, s3://bucket/prefix, or a run name under the stack's outputs/"
+    run = sub.add_parser("run", help="a run's metrics on this machine: compare runs, open TensorBoard")
+    actions = run.add_subparsers(dest="run_command", required=True, metavar="ACTION")
+    compare = actions.add_parser(
+        "compare", parents=[common], help="overlay runs' loss curves: chart, table, match within a tolerance"
+    )
+    compare.add_argument("runs", nargs="+", metavar="RUN", help=f"{runs}; the first is the reference")
+    compare.add_argument("--output", type=Path, default=Path("compare"), help="folder for the chart and table")
+    compare.add_argument("--by", choices=("step", "tokens"), default="step", help="align by step or tokens seen")
+    compare.add_argument("--steps", type=int, help="compare over the reference's first N steps")
+    compare.add_argument(
+        "--tolerance", type=positive, default=DEFAULT_TOLERANCE, help="max relative difference that matches"
+    )
+    compare.add_argument("--labels", help="comma-separated names for the runs")
+    compare.set_defaults(handler=commands.run_compare)
+    board = actions.add_parser(
+        "tensorboard", parents=[common], help="bring a run's events and charts down and open TensorBoard on them"
+    )
+    board.add_argument("runs", nargs=1, metavar="RUN", help=runs)
+    board.add_argument("--dest", type=Path, default=Path("hpl-runs"), help="where the run is copied to")
+    board.add_argument("--port", type=int, default=6006, help="TensorBoard's port (default 6006)")
+    board.add_argument("--print-only", action="store_true", help="download, then print the command instead")
+    board.set_defaults(handler=commands.run_tensorboard)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.handler(args)
+        status = args.handler(args)  # None, or an exit status of its own (run compare: 1 = no match)
     except HpctlError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    return 0
+    return status or 0
 
 
 if __name__ == "__main__":

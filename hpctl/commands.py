@@ -17,6 +17,7 @@ from hpctl.facts import read_cluster_facts
 from hpctl.job_status import pricing_client
 from hpctl.lifecycle_logs import find_log_group, show_lifecycle_logs
 from hpctl.project import ProjectSettings, read_cdk_context, resolve_settings
+from hpctl.run_files import compare_runs, local_copies, open_tensorboard
 from hpctl.stack import StackInfo, describe_stack, require_outputs
 from hpctl.status import collect_status, render_json, render_text
 from hpctl.step_logs import show_step_logs
@@ -142,3 +143,31 @@ def logs_steps(args: argparse.Namespace) -> None:
     deployment = connect(args)
     bucket = deployment.stack().output(StackOutput.BUCKET_NAME)
     show_step_logs(deployment.session, bucket, run=args.run, log=args.log, tail=args.tail)
+
+
+def _run_sources(args: argparse.Namespace):
+    """(S3 client, the stack's bucket) when a run must come from S3; bucket only for run names."""
+    remote = [run for run in args.runs if not Path(run).exists()]
+    if not remote:
+        return None, None
+    deployment = connect(args)
+    names_only = any(not run.startswith("s3://") for run in remote)
+    bucket = deployment.stack().output(StackOutput.BUCKET_NAME) if names_only else None
+    return deployment.session.client("s3"), bucket
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    s3, bucket = _run_sources(args)
+    folders = local_copies(args.runs, args.output / "runs", s3, bucket)
+    status = compare_runs(
+        folders, args.output, by=args.by, steps=args.steps, tolerance=args.tolerance, labels=args.labels
+    )
+    if status == 2:
+        raise HpctlError("compare could not read the runs (the error is above)")
+    return status  # 1: a run does not match the reference
+
+
+def run_tensorboard(args: argparse.Namespace) -> None:
+    s3, bucket = _run_sources(args)
+    (folder,) = local_copies(args.runs, args.dest, s3, bucket)
+    open_tensorboard(folder, args.port, launch=not args.print_only)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from slurm_helpers import REPO, wait_for
 
-from llm_pipeline import config, consolidate, data, train
+from llm_pipeline import compare, config, consolidate, data, train
 from tools.rehearse import fsx_environment, write_inputs
 
 pytestmark = pytest.mark.xdist_group("slurm")
@@ -160,6 +160,20 @@ def test_two_ranks_match_one_process_step_by_step(request, runs):
         assert set(gathered) == set(alone)
         for name, tensor in alone.items():
             torch.testing.assert_close(gathered[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("runs", ["lora_runs", "full_runs"])
+def test_compare_says_two_ranks_match_one_process(request, runs, tmp_path):
+    """The loss-parity gate for 1 process vs 2 FSDP2 ranks, through the compare command and its
+    tolerance (tests/payloads/test_loss_parity.py states how it was chosen)."""
+    _, fsdp, single, _ = request.getfixturevalue(runs)
+    runs_compared = [single.paths.output_dir, fsdp.paths.output_dir, "--labels", "one-process,fsdp2-2-ranks"]
+    code = compare.main([*runs_compared, "--output", str(tmp_path), "--steps", str(STEPS), "--tolerance", "0.005"])
+    result = json.loads((tmp_path / "compare.json").read_text())
+    assert code == 0 and result["verdict"] == "match", result
+    assert result["runs"][1]["points_compared"] == STEPS and result["runs"][1]["kind"] == "events"
+    # same global batch, same sequence length: the same tokens per step
+    assert result["runs"][0]["tokens_per_step"] == result["runs"][1]["tokens_per_step"] == 4 * 128
 
 
 def test_restarted_job_resumes_exactly_from_the_newest_complete_checkpoint(lora_runs, cluster):
