@@ -5,10 +5,11 @@
 Scores the base model (paths.model_dir) and the tuned one (the merged model, else the base with the
 consolidated adapter, as generate picks it) on the held-out split the data step set aside
 (data.validation_fraction; the first eval.max_samples rows): each row is the training text (the
-same prompt format and end-of-sequence token), cut at data.max_length, and the loss is the mean
-cross-entropy over every predicted token, padding excluded, as the trainers compute it; perplexity
-is exp(loss). The first eval.answers held-out prompts (the generate question when there is no
-held-out split) are answered by both models, greedily. Writes into <run>/eval/: eval.json,
+same prompt format and end-of-sequence token), cut at data.max_length, or in block mode
+(data.blocks) the block itself; the loss is the mean cross-entropy over every predicted token,
+padding excluded, as the trainers compute it; perplexity is exp(loss). The first eval.answers
+held-out prompts (the generate question when there is none, or in block mode) are answered by both
+models, greedily. Writes into <run>/eval/: eval.json,
 report.md (the numbers, the answers side by side, the loss chart) and loss.png (the run's training
 loss from its own metrics). compare shows these numbers next to the run's curve.
 """
@@ -41,23 +42,29 @@ def held_out_rows(cfg: RunConfig) -> list[dict]:
     return [split[i] for i in range(min(cfg.eval.max_samples, len(split)))]
 
 
-def score(model, tokenizer, texts: list[str], *, max_length: int, batch_size: int) -> dict:
-    """Token-weighted mean next-token cross-entropy over ``texts`` (padding excluded) and its exp."""
+def token_rows(rows: list[dict], tokenizer, max_length: int) -> list[list[int]]:
+    """Token ids of each held-out row as training saw it: a dolly record's training text with EOS,
+    cut at max_length; a block (data.blocks) as it is."""
+    if rows and "input_ids" in rows[0]:
+        return [list(row["input_ids"])[:max_length] for row in rows]
+    texts = [format_example(row) + tokenizer.eos_token for row in rows]
+    return tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+
+
+def score(model, rows: list[list[int]], *, batch_size: int) -> dict:
+    """Token-weighted mean next-token cross-entropy over the rows (padding excluded) and its exp."""
     import torch
 
     device = next(model.parameters()).device
     total, tokens = 0.0, 0
-    for start in range(0, len(texts), batch_size):
-        batch = tokenizer(
-            texts[start : start + batch_size],
-            truncation=True,
-            max_length=max_length,
-            padding=True,
-            return_tensors="pt",
-        ).to(device)
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start : start + batch_size]
+        width = max(len(ids) for ids in batch)
+        ids = torch.tensor([r + [0] * (width - len(r)) for r in batch], device=device)
+        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in batch], device=device)
         with torch.no_grad():
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-        labels = batch["input_ids"][:, 1:].masked_fill(batch["attention_mask"][:, 1:] == 0, -100)
+            logits = model(input_ids=ids, attention_mask=mask).logits.float()
+        labels = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
         total += torch.nn.functional.cross_entropy(
             logits[:, :-1].reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
         ).item()
@@ -65,14 +72,7 @@ def score(model, tokenizer, texts: list[str], *, max_length: int, batch_size: in
     if tokens == 0:
         raise StepError("the held-out rows hold no token to score (check data.max_length)")
     loss = total / tokens
-    return {"validation_loss": loss, "perplexity": math.exp(loss), "tokens": tokens, "rows": len(texts)}
-
-
-def _prepare_tokenizer(tokenizer):
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "right"
-    return tokenizer
+    return {"validation_loss": loss, "perplexity": math.exp(loss), "tokens": tokens, "rows": len(rows)}
 
 
 def evaluate_model(cfg: RunConfig, name: str, model_dir: Path, adapter_dir: Path | None, rows, prompts) -> dict:
@@ -84,11 +84,9 @@ def evaluate_model(cfg: RunConfig, name: str, model_dir: Path, adapter_dir: Path
     model, tokenizer = generate.load(model_dir, adapter_dir, cfg.model.dtype)
     if torch.cuda.is_available():
         model = model.to("cuda")
-    tokenizer = _prepare_tokenizer(tokenizer)
     result: dict = {"model": using}
     if rows:
-        texts = [format_example(row) + tokenizer.eos_token for row in rows]
-        result |= score(model, tokenizer, texts, max_length=cfg.data.max_length, batch_size=cfg.eval.batch_size)
+        result |= score(model, token_rows(rows, tokenizer, cfg.data.max_length), batch_size=cfg.eval.batch_size)
         print(
             f"{name}: validation loss {result['validation_loss']:.4f}, perplexity {result['perplexity']:.2f} "
             f"({result['rows']} rows, {result['tokens']} tokens)",
@@ -154,10 +152,11 @@ def as_markdown(result: dict) -> str:
 
 def evaluate(cfg: RunConfig) -> dict:
     rows = held_out_rows(cfg)
-    if rows:
+    if rows and "instruction" in rows[0]:
         asked = [(row["instruction"], row.get("context") or "", row["response"]) for row in rows[: cfg.eval.answers]]
-    else:
-        print("no held-out split (data.validation_fraction = 0): answers only, no validation loss", flush=True)
+    else:  # no held-out split, or blocks of a corpus (data.blocks): the run's own question
+        if not rows:
+            print("no held-out split (data.validation_fraction = 0): answers only, no validation loss", flush=True)
         asked = [(cfg.generate.instruction, cfg.generate.context, None)]
     prompts = [format_prompt(instruction, context) for instruction, context, _ in asked]
     tuned_dir, adapter_dir = generate.choose_model(cfg, None, None)

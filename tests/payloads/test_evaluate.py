@@ -1,0 +1,41 @@
+"""The evaluate step's score is the model's own next-token loss, token-weighted over rows of
+different lengths with the padding left out; block-mode rows are scored as they are."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from llm_pipeline import evaluate, generate
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(tiny_models_dir):
+    return generate.load(tiny_models_dir / "tiny-llama", None, "float32")
+
+
+def test_score_is_the_model_loss_token_weighted_without_padding(model_and_tokenizer):
+    import torch
+
+    model, tokenizer = model_and_tokenizer
+    records = [
+        {"instruction": "Describe a llama?", "context": "", "response": "A camelid."},
+        {"instruction": "Why is the sky blue at noon and red at dusk?", "context": "Light.", "response": "Scattering."},
+    ]
+    rows = evaluate.token_rows(records, tokenizer, max_length=64)
+    assert rows[0][-1] == tokenizer.eos_token_id and len(rows[0]) != len(rows[1])
+    with torch.no_grad():
+        alone = [model(input_ids=torch.tensor([r]), labels=torch.tensor([r])).loss.item() for r in rows]
+    expected = sum(loss * (len(r) - 1) for loss, r in zip(alone, rows, strict=True)) / sum(len(r) - 1 for r in rows)
+    result = evaluate.score(model, rows, batch_size=2)  # one padded batch
+    assert result["validation_loss"] == pytest.approx(expected, rel=1e-5)
+    assert result["tokens"] == sum(len(r) - 1 for r in rows) and result["rows"] == 2
+    assert result["perplexity"] == pytest.approx(math.exp(expected))
+    assert evaluate.score(model, rows, batch_size=1)["validation_loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_block_rows_are_scored_as_they_are_and_cut_at_max_length(model_and_tokenizer):
+    _, tokenizer = model_and_tokenizer
+    blocks = [{"input_ids": list(range(5, 25))}, {"input_ids": list(range(30, 50))}]
+    assert evaluate.token_rows(blocks, tokenizer, max_length=16) == [list(range(5, 21)), list(range(30, 46))]
