@@ -327,6 +327,10 @@ def write_report(path: Path, settings: dict, device: str, found: dict, results: 
     for name, (_, result) in results.items():
         samples = ", ".join(f"{s:.1f}" for s in result.get("samples", []))
         lines.append(f"- {name}: {samples or 'none'}")
+    from llm_pipeline import charts  # matplotlib: only the parent process draws
+
+    chart = path.with_suffix(".png")
+    lines += ["", f"Chart: [{chart.name}]({chart.name}) (median tokens/s per variant, every timed step as a dot)."]
     record = {
         "device": device,
         "settings": settings,
@@ -335,6 +339,12 @@ def write_report(path: Path, settings: dict, device: str, found: dict, results: 
     }
     lines += ["", "## Every figure (JSON)", "", "```json", json.dumps(record, indent=2), "```"]
     path.write_text("\n".join(lines) + "\n")
+    measured = [
+        (name, result.get("tokens_per_second"), result.get("samples", [])) for name, (_, result) in results.items()
+    ]
+    charts.save(
+        charts.benchmark_figure(measured, title=f"training benchmark: {settings['shape']} shape, {device}"), chart
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -113,6 +113,21 @@ def bar_figure(
     return figure
 
 
+def benchmark_figure(variants: Sequence[tuple[str, float | None, Sequence[float]]], *, title: str) -> Figure:
+    """The training benchmark: each (variant, median tokens/s or None, every timed step) as a bar at
+    the median with the timed steps as dots over it (their spread is the host's noise)."""
+    names = [name for name, _, _ in variants]
+    figure = bar_figure(names, [("median", [median for _, median, _ in variants])], unit="tokens/s", title=title)
+    axis = figure.axes[0]
+    for index, (_, _, samples) in enumerate(variants):
+        if samples:
+            axis.plot(
+                [index] * len(samples), list(samples), "k.", alpha=0.5, label="timed steps" if index == 0 else None
+            )
+    axis.legend()
+    return figure
+
+
 def sweep_figure(report: dict) -> Figure:
     """The scaling sweep's figure from its scaling.json (jobs/scaling_report.py writes it)."""
     rows = report["rows"]

@@ -160,3 +160,12 @@ def test_scaling_and_ladder_figures_carry_their_report_data():
     (axis,) = charts.ladder_figure(ladder).axes
     assert [round(bar.get_height()) for bar in axis.patches] == [1000, 6000, 8000]  # no bar for a missing rung
     assert [t.get_text() for t in axis.get_xticklabels()] == ["baseline", "fp8"]
+
+
+def test_benchmark_figure_has_a_bar_per_variant_and_every_timed_step():
+    variants = [("engine", 210.0, [200.0, 210.0, 220.0]), ("trl-defaults", 130.0, [120.0, 130.0]), ("liger", None, [])]
+    (axis,) = charts.benchmark_figure(variants, title="t").axes
+    assert [round(bar.get_height()) for bar in axis.patches] == [210, 130]  # nothing for a variant not run
+    dots = line_data(axis)
+    assert dots["timed steps"] == [(0, 200.0), (0, 210.0), (0, 220.0)]
+    assert [t.get_text() for t in axis.get_xticklabels()] == ["engine", "trl-defaults", "liger"]

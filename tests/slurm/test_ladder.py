@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 import tomllib
-from slurm_helpers import REPO, submit
+from slurm_helpers import REPO, read_png, submit
 
-from llm_pipeline import config
+from llm_pipeline import charts, config
 from llm_pipeline.jobs.run_facts import RunFactsError
 from llm_pipeline.ladder_submit import read_rungs
 from tools.rehearse import fsx_environment
@@ -78,6 +78,10 @@ def test_ladder_chain_runs_every_rung_and_reports_torchtitans_metrics(one_node, 
     assert rows["baseline"]["tps_vs_baseline"] == 1.0
     assert rows["fp8"]["tps_vs_baseline"] == rows["fp8"]["measured"]["tps"] / rows["baseline"]["measured"]["tps"]
     markdown = (run / "ladder" / "report.md").read_text()
+    read_png(run / "ladder" / "report.png")  # drawn by the report step from report.json, whose figures it plots:
+    (axis,) = charts.ladder_figure(report).axes
+    measured = [round(bar.get_height(), 3) for bar in axis.patches[: len(rows)]]
+    assert measured == [round(row["measured"]["tps"], 3) for row in rows.values()]
     assert "| + FP8 tensorwise linears |" in markdown and "8,624" in markdown
     hf_dir = run / "hf"
     assert f"Hugging Face folder ready: {hf_dir}" in logs["export"]

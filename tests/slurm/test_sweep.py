@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from slurm_helpers import REPO
+from slurm_helpers import REPO, read_png
 
+from llm_pipeline import charts
 from tools.rehearse import fsx_environment, write_inputs
 
 pytestmark = pytest.mark.xdist_group("slurm")
@@ -59,6 +60,10 @@ def test_two_node_counts_keep_the_global_batch_and_are_reported(setup):
     train_2 = Path(rows[2]["log"]).read_text()
     assert "2 data-parallel replica(s)" in train_2 and "(2 node(s))" in train_2
     table = (sweep_dir / "scaling.md").read_text()
+    read_png(sweep_dir / "scaling.png")  # drawn by the report job from scaling.json, whose figures it plots:
+    (axis,) = charts.sweep_figure(report).axes
+    measured = [(float(n), rows[n]["sequences_per_second"]) for n in (1, 2)]
+    assert [tuple(p) for p in axis.lines[0].get_xydata()] == measured and axis.lines[0].get_label() == "measured"
     assert re.search(r"(?m)^\| 2 \| 1 \| 8 \| [0-9.]+ \| \d+ \|", table) and "smallest run is the baseline" in table
     derived = (sweep_dir / "nodes-2" / "run.toml").read_text()
     assert "nodes = 2" in derived and "gradient_accumulation_steps = 1" in derived and "max_steps = 3" in derived
