@@ -21,7 +21,7 @@ def training_log(capsys, tmp_path, backend: str, step_seconds: float, ga: int) -
                              gradient_accumulation_steps=ga, report_to="none")  # fmt: skip
     state = TrainerState(max_steps=6, is_world_process_zero=True)
     tokens = TokenCounter(lambda features: features)
-    logger = MetricsLogger(tokens=tokens, trainable=1, sequence_length=128, tensorboard_dir=None)
+    logger = MetricsLogger(tokens=tokens, trainable=1, tensorboard_dir=None)
     print(f"training with the {backend} backend, from the base model")
     logger.on_train_begin(args, state, None)
     for step in (2, 4, 6):

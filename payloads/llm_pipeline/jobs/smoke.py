@@ -9,7 +9,7 @@ previous one succeeded (afterok: a failure anywhere cancels everything after it)
    a derived run config (``<run>/smoke/run.toml``: the same config, partition and node count, step
    counts cut to SMOKE_STEPS). A resuming job (``ChainJob.resumes``: the pipeline's train) runs
    twice: ``smoke-<step>`` trains SAVE_STEP steps and saves, ``smoke-<step>-resume`` resumes from
-   that checkpoint to SMOKE_STEPS; the later smoke jobs (consolidate, merge, generate) then work on
+   that checkpoint to SMOKE_STEPS; the later smoke jobs (consolidate, merge, generate, evaluate) then work on
    a checkpoint written after a resume. A ladder rung trains SMOKE_STEPS steps with a full
    checkpoint at SAVE_STEP and its model-only last save, which the smoke export then loads.
    ``<run>/smoke/data`` links to the run's prepared data; the model and the compile cache live
@@ -40,6 +40,7 @@ SMOKE_STEPS = 4  # ...and the resumed one trains on to here (steps 1 and 3 carry
 TORCHTITAN_SMOKE = ("metrics.log_freq = 1", f"checkpoint.interval = {SAVE_STEP}")
 CONFIGS = ("save.toml", "run.toml")  # the saving smoke run's config, the whole smoke run's
 SMOKE_NEW_TOKENS = 8  # generate: enough to prove the path
+SMOKE_EVAL_ROWS = 8  # evaluate: held-out rows scored per model, and one answer
 NO_SMOKE_RISK = (
     "--no-smoke: the long steps start without a smoke run. A defect in a late step (resume, consolidation, "
     "merge, export) then shows only after the long training was paid for, and no time or cost estimate is made"
@@ -64,6 +65,8 @@ def smoke_overrides(config: Path, max_steps: int) -> dict[tuple[str, str], objec
         ("generate", "max_new_tokens"): min(tokens, SMOKE_NEW_TOKENS) if isinstance(tokens, int) else SMOKE_NEW_TOKENS,
         ("torchtitan", "steps"): max_steps,
         ("torchtitan", "overrides"): [*overrides, *TORCHTITAN_SMOKE],
+        ("eval", "max_samples"): SMOKE_EVAL_ROWS,
+        ("eval", "answers"): 1,
     }
 
 

@@ -60,7 +60,9 @@ def _scalar_name(key: str) -> str:
 class MetricsLogger(TrainerCallback):
     """Prints one progress line per log event and writes the same numbers to TensorBoard."""
 
-    def __init__(self, *, tokens: TokenCounter, trainable: int, sequence_length: int, tensorboard_dir: Path | None):
+    def __init__(
+        self, *, tokens: TokenCounter, trainable: int, tensorboard_dir: Path | None, sequence_length: int | None = None
+    ):
         self.tokens = tokens
         self.trainable = trainable
         self.sequence_length = sequence_length
@@ -76,10 +78,10 @@ class MetricsLogger(TrainerCallback):
 
             self.writer = SummaryWriter(log_dir=str(self.tensorboard_dir))
             self.writer.add_scalar("model/trainable_parameters", self.trainable, state.global_step)
-            # With these two, a reader of the events puts the loss on a tokens-seen axis (run_metrics.py).
-            sequences = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
-            self.writer.add_scalar("model/sequences_per_step", sequences, state.global_step)
-            self.writer.add_scalar("model/sequence_length", self.sequence_length, state.global_step)
+            if self.sequence_length is not None:  # the engines give it: events then carry a tokens-seen axis
+                sequences = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+                self.writer.add_scalar("model/sequences_per_step", sequences, state.global_step)
+                self.writer.add_scalar("model/sequence_length", self.sequence_length, state.global_step)
         print(
             f"training steps {state.global_step} -> {state.max_steps}, {args.world_size} data-parallel replica(s)",
             flush=True,
