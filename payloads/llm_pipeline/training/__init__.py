@@ -12,6 +12,7 @@ May import (the shared modules here): the stdlib, the training stack of the imag
 transformers, trl, peft, datasets, accelerate), the top-level config, errors, prompt and
 model_shapes modules, and weights.checkpoints (the checkpoint seals the callbacks write). Never
 an engine subpackage: engines import the shared room, not the reverse. Engines are imported only
-by the step modules (train, prepare, pretrain), so other steps never load a training stack, and no
-engine imports another engine's modules.
+by the step modules (train, prepare, pretrain) and by run_metrics (torchtitan's stdlib metric-line
+parser, for compare and evaluate), so other steps never load a training stack, and no engine
+imports another engine's modules.
 """
