@@ -67,6 +67,16 @@ def test_train_bench_runs_every_variant_this_machine_can_run(tmp_path):
     assert record["not_run"] == not_run
     for lever, reason in not_run.items():
         assert table_row(report, f"engine+{lever}")[2] == f"not run: {reason}"
+    # the chart beside the report, opened: one bar per variant that ran, at its median tokens/s
+    from matplotlib.image import imread
+
+    from llm_pipeline import charts
+
+    chart = imread(tmp_path / "report.png")
+    assert chart.shape[1] == charts.WIDTH_INCHES * charts.DPI and (chart[..., :3].min(axis=-1) < 0.9).mean() > 0.01
+    drawn = [(n, r["tokens_per_second"], r["samples"]) for n, r in record["variants"].items()]
+    bars = charts.benchmark_figure(drawn, title="").axes[0].patches
+    assert [bar.get_height() for bar in bars] == [record["variants"][n]["tokens_per_second"] for n in expected]
     import torch
 
     if not torch.cuda.is_available():
