@@ -8,6 +8,7 @@ from pathlib import Path
 import tomllib
 
 from llm_pipeline import config
+from llm_pipeline.training.plan import TrainPlan
 
 CONFIGS = Path(__file__).resolve().parents[2] / "payloads" / "configs"
 TINY_TOML = CONFIGS / "tiny-cpu.toml"
@@ -40,3 +41,16 @@ def write_config(path: Path, env: dict[str, str], **sections) -> Path:
             lines.append(f"{key} = {json.dumps(value)}")  # JSON scalars and string lists are valid TOML
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def neuron_plan() -> TrainPlan:
+    """A real neuron run from step 0 (epochs decide its length): what the neuron engine's refusals are tested with."""
+    return TrainPlan(
+        backend="neuron",
+        max_steps=-1,
+        logging_steps=10,
+        save_checkpoints=True,
+        resume_from=None,
+        start_step=0,
+        tensorboard_dir=None,
+    )

@@ -14,12 +14,11 @@ from pathlib import Path
 import api_source
 import pytest
 from api_usage import check_module
-from payload_configs import tiny_config
+from payload_configs import neuron_plan, tiny_config
 
 from llm_pipeline import train
 from llm_pipeline.errors import StepError
 from llm_pipeline.training.neuron import backend as train_neuron
-from llm_pipeline.training.plan import TrainPlan
 
 PACKAGE = Path(train_neuron.__file__).parents[2]
 NEURON_PATH = ("training.neuron.backend", "training.plan")  # the neuron module and the helpers it spreads into calls
@@ -228,15 +227,7 @@ def test_tp_that_does_not_divide_the_cores_is_refused(hpl_env, monkeypatch):
     with pytest.raises(StepError, match=r"parallel\.tensor_parallel_size 8 .*does not divide the 12 NeuronCores"):
         train_neuron.check_parallel_layout(cfg, 12)
     monkeypatch.setenv("WORLD_SIZE", "12")
-    plan = TrainPlan(
-        backend="neuron",
-        max_steps=-1,
-        logging_steps=10,
-        save_checkpoints=True,
-        resume_from=None,
-        start_step=0,
-        tensorboard_dir=None,
-    )
+    plan = neuron_plan()
     with pytest.raises(StepError, match="tensor_parallel_size"):
         train_neuron.run(cfg, plan, {}, None, 0)
 
@@ -258,15 +249,7 @@ def test_neuron_backend_without_neuron_software_is_a_clear_error(hpl_env, monkey
     with pytest.raises(StepError, match="needs optimum-neuron with torch-neuronx"):
         train_neuron.run(
             cfg,
-            TrainPlan(
-                backend="neuron",
-                max_steps=-1,
-                logging_steps=10,
-                save_checkpoints=True,
-                resume_from=None,
-                start_step=0,
-                tensorboard_dir=None,
-            ),
+            neuron_plan(),
             {},
             None,
             0,

@@ -13,7 +13,7 @@ import types
 import api_source
 import pytest
 import torch
-from payload_configs import tiny_config
+from payload_configs import neuron_plan, tiny_config
 
 from llm_pipeline import prepare
 from llm_pipeline.errors import StepError
@@ -21,7 +21,6 @@ from llm_pipeline.training import lora_count
 from llm_pipeline.training.callbacks import TokenCounter
 from llm_pipeline.training.neuron import backend as neuron_backend
 from llm_pipeline.training.neuron import rules as neuron_rules
-from llm_pipeline.training.plan import TrainPlan
 from tools import tiny_model
 
 MAX_LENGTH = 64
@@ -105,15 +104,7 @@ def test_packing_is_refused_on_neuron_before_anything_loads(hpl_env, monkeypatch
     with pytest.raises(StepError, match=r"data.packing = true is not supported with the neuron backend"):
         neuron_backend.run(
             cfg,
-            TrainPlan(
-                backend="neuron",
-                max_steps=-1,
-                logging_steps=10,
-                save_checkpoints=True,
-                resume_from=None,
-                start_step=0,
-                tensorboard_dir=None,
-            ),
+            neuron_plan(),
             {},
             None,
             0,
