@@ -115,8 +115,8 @@ def test_whole_pipeline_produces_every_step_output(cluster):
     assert evaluation["held_out_rows"] == 12 and len(evaluation["answers"]) == 3
     assert evaluation["tuned"]["model"] == str(out_dir / "merged")
     for model in ("base", "tuned"):
-        result = evaluation[model]
-        assert result["tokens"] > 0 and result["perplexity"] == pytest.approx(math.exp(result["validation_loss"]))
+        scores = evaluation[model]
+        assert scores["tokens"] > 0 and scores["perplexity"] == pytest.approx(math.exp(scores["validation_loss"]))
     report = (out_dir / "eval" / "report.md").read_text()
     assert (
         f"| tuned | {evaluation['tuned']['validation_loss']:.4f} |" in report and "![training loss](loss.png)" in report
