@@ -1,8 +1,8 @@
-"""A tiny random Llama, a tiny tokenizer and dolly-format records, all made locally.
+"""A tiny random Llama, a tiny tokenizer and dolly- or chat-format records, all made locally.
 
 Used by the offline rehearsal and the tests: nothing is downloaded, yet every step runs the same
-code paths it runs on the real model (a Llama config, a fast tokenizer with a chat-free prompt
-format, safetensors weights).
+code paths it runs on the real model (a Llama config, a fast tokenizer with a chat template in
+the dolly headers' words, safetensors weights).
 """
 
 from __future__ import annotations
@@ -117,6 +117,40 @@ def write_c4_folder(folder: Path, *, shards: int = 2, records: int = 40, card: b
     return folder
 
 
+# A chat template in the dolly headers' words (the tiny vocabulary has them), with the generation markers
+# transformers needs to report the assistant's tokens (trl's assistant_only_loss).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}### Context\n{{ message['content'] }}\n\n"
+    "{% elif message['role'] == 'user' %}### Instruction\n{{ message['content'] }}\n\n"
+    "{% else %}### Answer\n{% generation %}{{ message['content'] }}{{ eos_token }}{% endgeneration %}\n\n"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}### Answer\n{% endif %}"
+)
+
+
+def chat_records(count: int, seed: int = 0) -> list[dict[str, list[dict[str, str]]]]:
+    """Chat-format records (messages): two question-answer rounds each, a context as system turn when the
+    first dolly record has one."""
+    dolly = dolly_records(2 * count, seed)
+    records = []
+    for first, second in zip(dolly[::2], dolly[1::2], strict=True):
+        system = [{"role": "system", "content": first["context"]}] if first["context"] else []
+        turns = [
+            {"role": role, "content": record[key]}
+            for record in (first, second)
+            for role, key in (("user", "instruction"), ("assistant", "response"))
+        ]
+        records.append({"messages": system + turns})
+    return records
+
+
+def write_chat_jsonl(path: Path, count: int, seed: int = 0) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(record) + "\n" for record in chat_records(count, seed)))
+    return path
+
+
 def build_tokenizer():
     """A word-level fast tokenizer over the tiny vocabulary, saved like a Hub tokenizer."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -140,6 +174,7 @@ def build_tokenizer():
         eos_token="<|end_of_text|>",
         pad_token="<|pad|>",
         unk_token="<|unk|>",
+        chat_template=CHAT_TEMPLATE,
     )
 
 

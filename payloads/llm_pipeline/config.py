@@ -60,7 +60,8 @@ class ModelConfig:
 class DataConfig:
     dataset: str = described(
         "databricks/databricks-dolly-15k",
-        "Hub dataset id, local .json/.jsonl/.parquet file, or folder (data files or a `save_to_disk` folder)",
+        "Hub dataset id, local .json/.jsonl/.parquet file, or folder (data files or a `save_to_disk` folder); "
+        "dolly records (instruction, context, response) or chat records (messages, torch backend only)",
     )
     split: str = described("train", "split to read (Hub ids and folders)")
     validation_fraction: float = described(
@@ -79,7 +80,8 @@ class DataConfig:
         True,
         "torch backend: the loss covers only the answer (prompt tokens labelled -100, trl's prompt-completion "
         "records), as axolotl, LLaMA-Factory and TRL do for instruction data; false: every token of the "
-        "formatted text; the neuron backend and block mode train on the whole text",
+        "formatted text; chat records: only the assistant turns (the chat template's generation markers); "
+        "the neuron backend and block mode train on the whole text",
     )
     blocks: bool = described(
         False,

@@ -1,5 +1,5 @@
-"""Data step: dolly records from a Hub dataset, a local JSON/JSONL/Parquet file or a folder ->
-validated, optionally split, saved in the run folder (paths.data_dir) with a padding report.
+"""Data step: dolly or chat-format (`messages`) records from a Hub dataset, a local JSON/JSONL/Parquet
+file or a folder -> validated, optionally split, saved in the run folder (paths.data_dir) with a padding report.
 
 Every training process then reads the same prepared copy: the Hub is hit once, the split is fixed
 once, and a change of the [data] config is noticed instead of silently training on stale data.
@@ -16,7 +16,7 @@ from pathlib import Path
 from llm_pipeline import cli
 from llm_pipeline.config import DataConfig, RunConfig
 from llm_pipeline.errors import StepError
-from llm_pipeline.prompt import COLUMNS, REQUIRED_COLUMNS
+from llm_pipeline.prompt import CHAT_ROLES, COLUMNS, GENERATION_MARKER, MESSAGES_COLUMN, REQUIRED_COLUMNS, is_chat
 from llm_pipeline.training import data_stats, text_blocks
 from llm_pipeline.weights import model_files
 from llm_pipeline.weights.atomic_output import AtomicOutputDir
@@ -73,6 +73,49 @@ def validate(dataset, source: str):
     return dataset.map(lambda record: {name: record[name] or "" for name in COLUMNS}, desc="cleaning records")
 
 
+def validate_chat(dataset, data: DataConfig, tokenizer):
+    """Keep the messages column; every record a list of {role, content} turns with an assistant turn, and a
+    tokenizer whose chat template can format them (and mark the assistant turns for completion-only loss)."""
+    source = data.dataset
+    if len(dataset) == 0:
+        raise StepError(f"data.dataset {source} is empty: there is nothing to train on")
+    for row, messages in enumerate(dataset[MESSAGES_COLUMN]):
+        turns_ok = isinstance(messages, list) and all(
+            isinstance(turn, dict) and turn.get("role") in CHAT_ROLES and isinstance(turn.get("content"), str)
+            for turn in messages
+        )
+        if not turns_ok:
+            raise StepError(
+                f"data.dataset {source}, record {row}: messages must be a list of {{role, content}} turns with "
+                f"role one of {', '.join(CHAT_ROLES)} and text content"
+            )
+        if not any(turn["role"] == "assistant" for turn in messages):
+            raise StepError(f"data.dataset {source}, record {row}: no assistant turn, so nothing to learn from it")
+    template = tokenizer.chat_template
+    template = template.get("default", "") if isinstance(template, dict) else template or ""
+    if not template:
+        raise StepError(
+            f"data.dataset {source} holds chat-format records (messages), but the tokenizer has no chat template: "
+            "train a model whose tokenizer has one (an instruct model) or convert the records to the dolly "
+            f"columns ({', '.join(COLUMNS)})"
+        )
+    if data.completion_only_loss and GENERATION_MARKER not in template:
+        raise StepError(
+            f"data.completion_only_loss needs the tokenizer's chat template to mark assistant turns with "
+            f"{GENERATION_MARKER} (it does not), to label the other turns -100 for data.dataset {source}: set "
+            "data.completion_only_loss = false to train on every token, or use a template with the marker"
+        )
+    return dataset.select_columns([MESSAGES_COLUMN])
+
+
+def validated_records(data: DataConfig, tokenizer):
+    """The loaded records, validated as chat-format or dolly records by their columns."""
+    dataset = load_source(data)
+    if is_chat(dataset.column_names):
+        return validate_chat(dataset, data, tokenizer)
+    return validate(dataset, data.dataset)
+
+
 def split(dataset, data: DataConfig, seed: int):
     import datasets
 
@@ -115,8 +158,10 @@ def prepare(cfg: RunConfig, tokenizer=None) -> Path:
         prepared, report = prepare_blocks(cfg, tokenizer)
         describe = text_blocks.describe_blocks
     else:
-        data_stats.check_template_fits(tokenizer, cfg.data.max_length)
-        prepared = split(validate(load_source(cfg.data), cfg.data.dataset), cfg.data, cfg.train.seed)
+        records = validated_records(cfg.data, tokenizer)
+        if not is_chat(records.column_names):
+            data_stats.check_template_fits(tokenizer, cfg.data.max_length)
+        prepared = split(records, cfg.data, cfg.train.seed)
         report = data_stats.padding_report(prepared["train"], tokenizer, cfg)
         describe = data_stats.describe
     target = cfg.paths.data_dir

@@ -1,5 +1,8 @@
 """The dolly prompt format, used by training and generation alike.
 
+Chat-format records (a `messages` column) skip this format: the tokenizer's chat template formats
+them (the torch engine only); generation keeps using the dolly prompt.
+
 Real newlines separate the sections (the reference wrote a literal backslash-n). The context
 section is left out when a record has none. Training text is `format_prompt(...) + response`, so
 generation feeds the model exactly the prefix it was trained on.
@@ -14,6 +17,16 @@ CONTEXT_HEADER = "### Context"
 ANSWER_HEADER = "### Answer"
 COLUMNS = ("instruction", "context", "response")
 REQUIRED_COLUMNS = ("instruction", "response")
+# Chat-format records: one column of turns, each {role, content}, formatted by the tokenizer's chat template.
+MESSAGES_COLUMN = "messages"
+CHAT_ROLES = ("system", "user", "assistant")
+# The marker transformers needs in a chat template to report which tokens the assistant wrote.
+GENERATION_MARKER = "{% generation %}"
+
+
+def is_chat(column_names) -> bool:
+    """Records in chat format (a messages column) rather than the dolly schema."""
+    return MESSAGES_COLUMN in column_names
 
 
 def format_prompt(instruction: str, context: str = "") -> str:

@@ -136,3 +136,51 @@ def test_malformed_file_is_an_error(tmp_path):
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     with pytest.raises(StepError, match="cannot be read"):
         data.load_source(DataConfig(dataset=str(tmp_path / "bad.jsonl")))
+
+
+def chat_config(env, folder, records=None, **data_keys):
+    """tiny-cpu.toml reading chat-format records (tiny.chat_records unless given) from a JSON-lines file."""
+    path = folder / "chat.jsonl"
+    if records is None:
+        tiny.write_chat_jsonl(path, 24)
+    else:
+        path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return tiny_config(env, data={"dataset": str(path), "validation_fraction": 0.0, **data_keys})
+
+
+def test_chat_records_are_prepared_and_their_padding_counted_through_the_chat_template(hpl_env, tmp_path):
+    cfg = chat_config(hpl_env, tmp_path)
+    target = data.prepare(cfg)
+    prepared, tokenizer = data.training_inputs(cfg, may_prepare=False)
+    assert prepared["train"].column_names == ["messages"]
+    assert prepared["train"][0]["messages"] == tiny.chat_records(24)[0]["messages"]
+    report = json.loads((target / "stats.json").read_text())
+    lengths = [len(tokenizer.apply_chat_template(r["messages"], tokenize=True)) for r in tiny.chat_records(24)]
+    assert report["examples"] == 24
+    assert report["tokens"] == sum(min(n, cfg.data.max_length) for n in lengths)
+    assert report["truncated_examples"] == sum(n > cfg.data.max_length for n in lengths)
+
+
+@pytest.mark.parametrize(
+    ("messages", "message"),
+    [
+        ([{"role": "user", "content": "Why?"}], "no assistant turn"),
+        ([{"role": "robot", "content": "Why?"}, {"role": "assistant", "content": "Because."}], "role one of"),
+    ],
+)
+def test_malformed_chat_records_are_named(hpl_env, tmp_path, messages, message):
+    cfg = chat_config(hpl_env, tmp_path, records=[{"messages": messages}])
+    with pytest.raises(StepError, match=f"record 0: .*{message}"):
+        data.prepare(cfg)
+
+
+def test_chat_records_need_a_template_that_marks_the_assistant_turns(hpl_env, tmp_path):
+    cfg = chat_config(hpl_env, tmp_path)
+    tokenizer = data.load_tokenizer(cfg.paths.model_dir)
+    tokenizer.chat_template = tokenizer.chat_template.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    with pytest.raises(StepError, match=r"data\.completion_only_loss needs .* set data\.completion_only_loss = false"):
+        data.prepare(cfg, tokenizer)
+    data.prepare(chat_config(hpl_env, tmp_path, completion_only_loss=False), tokenizer)  # every token: no marker needed
+    tokenizer.chat_template = None
+    with pytest.raises(StepError, match=r"data\.dataset .* has no chat template"):
+        data.prepare(cfg, tokenizer)

@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 
 import pytest
 import torch
-from payload_configs import tiny_config, write_config
+from payload_configs import neuron_plan, tiny_config, write_config
 from safetensors.torch import load_file
 
 from llm_pipeline import consolidate, data, generate, merge, train
+from llm_pipeline.errors import StepError
+from llm_pipeline.training.neuron import backend as neuron_backend
 from llm_pipeline.training.torch import backend as torch_backend
 from llm_pipeline.training.torch import methods as torch_methods
+from tools import tiny_model
 
 STEPS = {"max_steps": 4, "save_steps": 4, "logging_steps": 2}
 SMALL_DATA = {"validation_fraction": 0.0, "max_samples": 48}  # no evaluation, a short data step
@@ -225,6 +229,71 @@ def test_the_whole_text_is_labelled_when_completion_only_loss_is_off(hpl_env):
     ids = batch["input_ids"][0].tolist()
     assert any(ids[i : i + len(header)] == header for i in range(len(ids)))  # the prompt is in the row
     assert torch.equal(batch["labels"][0], batch["input_ids"][0])  # one unpadded row: every token counts
+
+
+def chat_config(env, tmp_path, **data_keys):
+    """The tiny config on chat-format records (two question-answer rounds each, some with a system turn)."""
+    path = tiny_model.write_chat_jsonl(tmp_path / "chat.jsonl", 16)
+    return tiny_config(env, data={**SMALL_DATA, "dataset": str(path), **data_keys})
+
+
+def assistant_tokens(messages, tokenizer) -> list[int]:
+    """The tokens of a conversation's assistant turns, each closed by EOS as the template writes it."""
+    ids = []
+    for turn in messages:
+        if turn["role"] == "assistant":
+            ids += tokenizer(turn["content"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return ids
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_chat_records_are_labelled_only_on_the_assistant_turns(hpl_env, tmp_path, packing):
+    """Chat-format records go through the tokenizer's chat template; with completion-only loss (the default)
+    every system, user and header token is labelled -100 and the labelled tokens are exactly the assistant
+    turns, in order, packed or padded."""
+    cfg = chat_config(hpl_env, tmp_path, packing=packing)
+    datasets, tokenizer = training_inputs(cfg)
+    trainer = unsaved_trainer(cfg, datasets, tokenizer)
+    assert trainer.args.assistant_only_loss
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
+    labels, ids = batch["labels"], batch["input_ids"]
+    assert torch.equal(labels[labels != -100], ids[labels != -100])
+    # each conversation's tokens, as the template writes them -> its assistant tokens
+    answers = {
+        tuple(tokenizer.apply_chat_template(record["messages"])): assistant_tokens(record["messages"], tokenizer)
+        for record in datasets["train"]
+    }
+    if packing:  # one row, conversations one after another, each starting at position 0
+        starts = [*(batch["position_ids"][0] == 0).nonzero().flatten().tolist(), ids.shape[1]]
+        segments = [(0, slice(a, b)) for a, b in itertools.pairwise(starts)]
+    else:  # a conversation a row, padded on the right
+        segments = [(row, slice(0, int(batch["attention_mask"][row].sum()))) for row in range(ids.shape[0])]
+    assert len(segments) >= 4
+    prompt_tokens = 0
+    for row, span in segments:
+        conversation = tuple(ids[row, span].tolist())
+        assert conversation in answers  # a whole conversation of the dataset
+        labelled = labels[row, span][labels[row, span] != -100].tolist()
+        assert labelled == answers[conversation]
+        prompt_tokens += len(conversation) - len(labelled)
+    assert prompt_tokens > 0  # system, user and header tokens are in the rows, unlabelled
+
+
+def test_chat_records_are_labelled_everywhere_when_completion_only_loss_is_off(hpl_env, tmp_path):
+    cfg = chat_config(hpl_env, tmp_path, completion_only_loss=False, packing=False)
+    datasets, tokenizer = training_inputs(cfg)
+    trainer = unsaved_trainer(cfg, datasets, tokenizer)
+    batch = trainer.data_collator([trainer.train_dataset[0]])
+    assert batch["input_ids"][0].tolist() == tokenizer.apply_chat_template(datasets["train"][0]["messages"])
+    assert torch.equal(batch["labels"][0], batch["input_ids"][0])
+
+
+def test_the_neuron_backend_refuses_chat_records(hpl_env, tmp_path, monkeypatch):
+    cfg = chat_config(hpl_env, tmp_path, packing=False)  # the neuron backend refuses packing first
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    datasets, tokenizer = training_inputs(cfg)
+    with pytest.raises(StepError, match=r"data.dataset .*chat-format.* convert the records to the dolly columns"):
+        neuron_backend.run(cfg, neuron_plan(), datasets, tokenizer, expected_trainable=0)
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """How much of each batch is padding, padded to max_length (the reference) and packed.
 
 Texts are tokenized exactly as the trainer does it (prompt format + EOS, the tokenizer's own special
-tokens), and packing uses trl's own best-fit-decreasing packer, so the numbers describe the run.
+tokens; chat-format records through the tokenizer's chat template, as trl does), and packing uses
+trl's own best-fit-decreasing packer, so the numbers describe the run.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import math
 
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
-from llm_pipeline.prompt import format_example, format_prompt, template_skeleton
+from llm_pipeline.prompt import MESSAGES_COLUMN, format_example, format_prompt, is_chat, template_skeleton
 
 
 def check_template_fits(tokenizer, max_length: int) -> None:
@@ -31,15 +32,38 @@ def optimizer_steps_per_epoch(sequences: int, cfg: RunConfig) -> int:
     return math.ceil(batches_per_rank / cfg.train.gradient_accumulation_steps)
 
 
+def chat_ids(messages: list[dict], tokenizer) -> list[int]:
+    """One chat-format record's token ids, as trl tokenizes it (the chat template, no extra EOS)."""
+    return tokenizer.apply_chat_template(messages, tokenize=True)
+
+
+def first_prompt(messages: list[dict]) -> list[dict]:
+    """The turns before the first answer: what must fit for the model to see anything to answer."""
+    first_answer = next(i for i, turn in enumerate(messages) if turn["role"] == "assistant")
+    return messages[:first_answer]
+
+
+def token_ids(dataset, tokenizer) -> tuple[list[list[int]], list[int]]:
+    """(each record's training token ids, each record's first prompt length in tokens)."""
+    if is_chat(dataset.column_names):
+        conversations = dataset[MESSAGES_COLUMN]
+        ids = [chat_ids(messages, tokenizer) for messages in conversations]
+        prompt_lengths = [
+            len(tokenizer.apply_chat_template(first_prompt(messages), tokenize=True, add_generation_prompt=True))
+            for messages in conversations
+        ]
+        return ids, prompt_lengths
+    texts = [format_example(record) + tokenizer.eos_token for record in dataset]
+    prompts = [format_prompt(record["instruction"], record["context"]) for record in dataset]
+    return tokenizer(texts)["input_ids"], [len(p) for p in tokenizer(prompts)["input_ids"]]
+
+
 def padding_report(dataset, tokenizer, cfg: RunConfig) -> dict:
     import datasets
     from trl import pack_dataset
 
     length = cfg.data.max_length
-    texts = [format_example(record) + tokenizer.eos_token for record in dataset]
-    prompts = [format_prompt(record["instruction"], record["context"]) for record in dataset]
-    ids = tokenizer(texts)["input_ids"]
-    prompt_lengths = [len(p) for p in tokenizer(prompts)["input_ids"]]
+    ids, prompt_lengths = token_ids(dataset, tokenizer)
     kept = sum(min(len(x), length) for x in ids)
     packed_rows = len(pack_dataset(datasets.Dataset.from_dict({"input_ids": ids}), length, "bfd"))
     return {

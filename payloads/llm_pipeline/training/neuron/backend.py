@@ -54,6 +54,7 @@ from transformers import PrinterCallback, TrainerCallback
 
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
+from llm_pipeline.prompt import COLUMNS, is_chat
 from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
 from llm_pipeline.training.collator import FixedLengthCollator, pad_token_id
 from llm_pipeline.training.neuron.rules import attention_kernel, check_neuron_run
@@ -188,11 +189,22 @@ def resume_model_folder(cfg: RunConfig, checkpoint: Path) -> Path:
     return folder
 
 
+def refuse_chat_records(cfg: RunConfig, dataset) -> None:
+    """The fixed-length collator here trains on dolly prompt text; chat templates are the torch engine's."""
+    if is_chat(dataset.column_names):
+        raise StepError(
+            f"data.dataset {cfg.data.dataset} holds chat-format records (messages), which the neuron backend does "
+            "not train on (it formats dolly records for its fixed-length collator): convert the records to the "
+            f"dolly columns ({', '.join(COLUMNS)}) or train with the torch backend"
+        )
+
+
 def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable: int) -> None:
     from llm_pipeline.weights.model_files import read_model_config
 
     check_neuron_run(cfg, read_model_config(cfg.paths.model_dir), f"{cfg.paths.model_dir}/config.json")
     check_parallel_layout(cfg, world_size())
+    refuse_chat_records(cfg, datasets["train"])
     try:
         from optimum.neuron import NeuronSFTConfig, NeuronSFTTrainer
         from optimum.neuron.models.training import NeuronModelForCausalLM

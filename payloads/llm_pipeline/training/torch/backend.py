@@ -16,7 +16,7 @@ from pathlib import Path
 
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
-from llm_pipeline.prompt import prompt_completion
+from llm_pipeline.prompt import is_chat, prompt_completion
 from llm_pipeline.training.callbacks import MetricsLogger, SealCheckpoints, TokenCounter
 from llm_pipeline.training.metrics import UtilisationMetrics, device_peak_flops
 from llm_pipeline.training.plan import TrainPlan, check_target_modules, say, sft_arguments, world_size
@@ -111,8 +111,9 @@ def completion_only(cfg: RunConfig) -> bool:
 
 
 def loss_records(cfg: RunConfig, dataset):
-    """What trl trains on: prompt-completion pairs (trl labels the prompt -100) or the prepared records."""
-    if dataset is None or not completion_only(cfg):
+    """What trl trains on: prompt-completion pairs (trl labels the prompt -100) or the prepared records
+    (chat-format records as they are: trl applies the chat template and masks by assistant turn)."""
+    if dataset is None or not completion_only(cfg) or is_chat(dataset.column_names):
         return dataset
     return dataset.map(prompt_completion, remove_columns=dataset.column_names, desc="prompt-completion pairs")
 
@@ -133,7 +134,13 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     # transformers refuses bf16 without a GPU unless told that the CPU is meant (CPU bf16 autocast).
     cpu = {"use_cpu": True} if not torch.cuda.is_available() else {}
     levers = {"torch_compile": cfg.train.compile, "use_liger_kernel": cfg.train.liger_kernel}
-    loss = {"completion_only_loss": completion_only(cfg), "optim": cfg.train.optimizer}
+    chat = is_chat(datasets["train"].column_names)
+    loss = {
+        "completion_only_loss": completion_only(cfg),
+        # chat records: trl labels every token outside the template's {% generation %} turns -100
+        "assistant_only_loss": chat and completion_only(cfg),
+        "optim": cfg.train.optimizer,
+    }
     args = SFTConfig(
         **sft_arguments(cfg, plan),
         **evaluation,
@@ -157,7 +164,7 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
         eval_dataset=loss_records(cfg, validation),
         processing_class=tokenizer,
         peft_config=peft_config,
-        formatting_func=None if completion_only(cfg) else formatting_func(cfg),
+        formatting_func=None if completion_only(cfg) or chat else formatting_func(cfg),
         fsdp=fsdp,
         run_config=cfg,
     )
@@ -175,6 +182,7 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
         f"{processes} process(es), {'FSDP2' if fsdp else 'DDP' if processes > 1 else 'one process'}; "
         f"attention {methods.attention_kernel(cfg)}, compile {cfg.train.compile}, liger {cfg.train.liger_kernel}, "
         f"gradient checkpointing {cfg.train.gradient_checkpointing}; "
+        f"{'chat-format records, ' if chat else ''}"
         f"loss on {'the answers only' if completion_only(cfg) else 'every token'}"
     )
     dtypes = ", ".join(f"{name} {count:,}" for name, count in sorted(trainer.parameter_dtypes.items()))
