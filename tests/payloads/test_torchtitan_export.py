@@ -51,6 +51,7 @@ def test_fp8_allgather_checkpoint_exports_to_a_transformers_model_with_torchtita
     assets = Path(cfg.paths.model_dir)
     assets.mkdir(parents=True)
     (assets / "config.json").write_text(json.dumps(ASSET_CONFIG))
+    (assets / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     trained = run([*torchrun, "-m", "tools.torchtitan_standin", "--job.config_file", str(job_file)], env)
     assert "Swapped to Float8Linear layers with enable_fsdp_float8_all_gather=True" in trained.stdout + trained.stderr
@@ -69,6 +70,7 @@ def test_fp8_allgather_checkpoint_exports_to_a_transformers_model_with_torchtita
     exported = json.loads((hf_dir / "config.json").read_text())
     assert (exported["hidden_size"], exported["num_hidden_layers"], exported["vocab_size"]) == (256, 6, 2048)
     assert exported["bos_token_id"] == 128000 and exported["torch_dtype"] == "bfloat16"  # export_dtype
+    assert (hf_dir / "chat_template.jinja").read_text() == (assets / "chat_template.jinja").read_text()
 
     compare = PROBES / "torchtitan_export_probe.py"
     answer = json.loads(run([sys.executable, str(compare), "compare", str(saved), str(hf_dir)], env).stdout)

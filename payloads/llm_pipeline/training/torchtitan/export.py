@@ -33,6 +33,7 @@ COPIED_ASSETS = (
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "chat_template.jinja",  # transformers >= 4.5x saves the chat template beside tokenizer_config.json
 )
 
 
