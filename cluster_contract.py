@@ -117,5 +117,6 @@ class JobStackOutput:
 # Bucket prefixes of the jobs lane: the job execution role reads the inputs and writes the rest.
 JOBS_FOLDER = "jobs"  # s3://<bucket>/jobs/<run>/: staged code, model.tar.gz, TensorBoard
 JOB_INPUT_PREFIXES = (MODELS_FOLDER, DATASETS_FOLDER)  # channels models/<model>/ and datasets/<run>/
-JOB_OUTPUT_PREFIXES = (OUTPUTS_FOLDER, JOBS_FOLDER)  # the run folder (checkpoint sync), job artifacts
+# the run folder (checkpoint sync), job artifacts, and the Neuron compile cache every job of the stack shares
+JOB_OUTPUT_PREFIXES = (OUTPUTS_FOLDER, JOBS_FOLDER, COMPILE_CACHE_FOLDER)
 JOB_LOG_GROUP = "/aws/sagemaker/TrainingJobs"  # SageMaker's own, account-wide

@@ -7,6 +7,8 @@ S3 prefixes and, inside the job, to channels (llm_pipeline/jobs/sagemaker_env.py
     s3://<bucket>/datasets/<run>/   -> channel `datasets` -> HPL_DATASETS_DIR (when data.dataset is a file there)
     s3://<bucket>/outputs/<run>/    <- the run folder, the job's checkpoint folder (synced while it runs)
     s3://<bucket>/jobs/<run>/       <- staged code, model.tar.gz / output.tar.gz, TensorBoard
+    s3://<bucket>/neuron-cache/     -> channel `neuron_cache` -> HPL_COMPILE_CACHE_DIR, and back after
+                                       precompile and train (Neuron types; every job of the stack shares it)
 
 <run> is the run folder's name (paths.output_dir under ${HPL_OUTPUTS_DIR}), so a job's outputs land
 where the cluster's FSx export puts the same run's.
@@ -20,11 +22,12 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from cluster_contract import DATASETS_FOLDER, JOBS_FOLDER, MODELS_FOLDER, OUTPUTS_FOLDER
+from cluster_contract import COMPILE_CACHE_FOLDER, DATASETS_FOLDER, JOBS_FOLDER, MODELS_FOLDER, OUTPUTS_FOLDER
 from hpctl.errors import HpctlError
 from hpctl.job_instances import job_instance_facts
 from llm_pipeline import config as run_config
 from llm_pipeline.jobs import sagemaker_env
+from stacks.accelerators import NEURON
 
 ENTRY_MODULE = "llm_pipeline.sagemaker_job"
 CODE_CONFIGS_FOLDER = "configs"  # run configs sit here in the code channel, as in payloads/
@@ -34,6 +37,7 @@ JOBS_PREFIX = JOBS_FOLDER
 MODELS_PREFIX = MODELS_FOLDER
 DATASETS_PREFIX = DATASETS_FOLDER
 OUTPUTS_PREFIX = OUTPUTS_FOLDER
+COMPILE_CACHE_PREFIX = COMPILE_CACHE_FOLDER
 JOB_NAME_PREFIX = "hpl-"
 BASE_NAME_LIMIT = 40  # the SDK appends -<timestamp>; training job names stop at 63 characters
 # What SageMaker reads off the job's log into CloudWatch metrics and the console's charts: the
@@ -184,18 +188,27 @@ def run_paths(cfg: run_config.RunConfig) -> RunPaths:
     return RunPaths(run=run, model=model, dataset=dataset)
 
 
-def job_environment(instance_type: str, *, devices_per_node: int) -> dict[str, str]:
+def compile_cache_uri(bucket: str) -> str:
+    """The stack's Neuron compile cache, shared by all its jobs (llm_pipeline/compile_cache.py)."""
+    return f"s3://{bucket}/{COMPILE_CACHE_PREFIX}/"
+
+
+def job_environment(instance_type: str, *, devices_per_node: int, bucket: str) -> dict[str, str]:
     """The job's Environment: processes per host and the accelerator and network facts of the
     instance's row, which payloads/slurm/accelerator_env.sh turns into settings in the job as it
-    does on the cluster (a CPU type: the run config's processes, no accelerator, no EFA)."""
+    does on the cluster (a CPU type: the run config's processes, no accelerator, no EFA); on a
+    Neuron type also where the compile cache persists."""
     facts = job_instance_facts(instance_type)
-    return {
+    environment = {
         "PYTHONUNBUFFERED": "1",
         "HPL_DEVICES_PER_NODE": str(facts.devices if facts.accelerated else devices_per_node),
         "HPL_ACCELERATOR": facts.accelerator,
         "HPL_EFA_INTERFACES": str(facts.efa_interfaces),
         "HPL_EFA_DEVICE_RDMA": "1" if facts.efa_device_rdma else "0",
     }
+    if facts.accelerator == NEURON:
+        environment[sagemaker_env.COMPILE_CACHE_URI_VARIABLE] = compile_cache_uri(bucket)
+    return environment
 
 
 def stage_source(spec: JobSpec, destination: Path) -> Path:

@@ -20,6 +20,7 @@ from cluster_contract import JobStackOutput, StackOutput
 from hpctl.errors import HpctlError, aws_errors
 from hpctl.job_instances import accelerator, check_instance_type, check_run_fits, training_shape_limit
 from hpctl.job_spec import (
+    COMPILE_CACHE_PREFIX,
     DATASETS_PREFIX,
     METRIC_DEFINITIONS,
     MODELS_PREFIX,
@@ -119,7 +120,10 @@ def build_spec(
     bucket = deployment.require(BUCKET_OUTPUT, "the data bucket", "a stack that has one")
     paths = run_paths(cfg)
     channels = {}
-    environment = job_environment(instance_type, devices_per_node=cfg.parallel.devices_per_node)
+    environment = job_environment(instance_type, devices_per_node=cfg.parallel.devices_per_node, bucket=bucket)
+    cache_uri = environment.get(sagemaker_env.COMPILE_CACHE_URI_VARIABLE)
+    if cache_uri and s3_has(session, bucket, f"{COMPILE_CACHE_PREFIX}/"):  # an empty S3 channel fails the job
+        channels[sagemaker_env.COMPILE_CACHE_CHANNEL] = cache_uri
     model_prefix = f"{MODELS_PREFIX}/{paths.model}/"  # keyed by the model folder: uploaded once, any run
     if s3_has(session, bucket, model_prefix):
         channels[sagemaker_env.MODELS_CHANNEL] = f"s3://{bucket}/{model_prefix}"
@@ -169,6 +173,11 @@ def describe_spec(spec: JobSpec) -> str:
     ]
     for name, uri in spec.channels.items():
         lines.append(f"  channel    {name} <- {uri}")
+    if sagemaker_env.COMPILE_CACHE_URI_VARIABLE in spec.environment and not spec.channels.get(
+        sagemaker_env.COMPILE_CACHE_CHANNEL
+    ):
+        cache = spec.environment[sagemaker_env.COMPILE_CACHE_URI_VARIABLE]
+        lines.append(f"  compile    {cache} is empty: this job compiles, then writes its cache there for the next")
     if sagemaker_env.MODELS_CHANNEL not in spec.channels:
         folder = spec.environment.get(sagemaker_env.MODEL_FOLDER_VARIABLE) or spec.model
         lines.append(f"  model      not in s3://{spec.bucket}/{MODELS_PREFIX}/{folder}/: the job downloads it")

@@ -39,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from llm_pipeline import config, submit
+from llm_pipeline import compile_cache, config, submit
 from llm_pipeline.jobs import chain, launch, pipeline_status, sagemaker_env, smoke
 from llm_pipeline.jobs.chain import ChainJob
 from llm_pipeline.jobs.pipeline_status import StepJob
@@ -48,6 +48,7 @@ from llm_pipeline.jobs.run_facts import RunFacts
 # The Slurm chain's order, plus gather after train: a job's hosts share no file system (gather.py).
 STEPS = (*submit.STEPS[: submit.STEPS.index("train") + 1], "gather", *submit.STEPS[submit.STEPS.index("train") + 1 :])
 LEADER_ONLY_STEPS = ("consolidate", "merge", "generate", "evaluate")
+COMPILING_STEPS = ("precompile", "train")  # after these the leader writes new compile cache entries back
 # The job owns its run folder: a restarted job rewrites what an earlier attempt left half done.
 STEP_ARGS = {"consolidate": ["--overwrite"], "merge": ["--overwrite"]}
 PAYLOADS_DIR = Path(__file__).resolve().parents[1]
@@ -91,6 +92,15 @@ def step_command(step: str, run_config: Path, env: dict[str, str], hosts: sagema
         command = [*torchrun, "-m", "llm_pipeline.train", "--config", str(run_config)]
         return ["neuron_parallel_compile", *command, "--precompile"] if step == "precompile" else command
     return [python, "-m", f"llm_pipeline.{step}", "--config", str(run_config), *STEP_ARGS.get(step, [])]
+
+
+def persist_compile_cache(env: dict[str, str]) -> None:
+    """The new compile cache entries to the stack's S3 prefix for the next job. A failure costs the
+    next job its head start, not this job its result: it is printed and the job goes on."""
+    try:
+        compile_cache.persist(Path(env["HPL_COMPILE_CACHE_DIR"]), env[sagemaker_env.COMPILE_CACHE_URI_VARIABLE])
+    except Exception as error:  # boto3 missing, access denied, throttled: all mean the same here
+        print(f"== compile cache not persisted ({type(error).__name__}: {error}); the next job compiles again")
 
 
 def write_failure(env: dict[str, str], message: str) -> None:
@@ -158,6 +168,9 @@ def run(run_config: Path, *, first_step: str, env: dict[str, str], smoke_stage: 
     hosts = sagemaker_env.read_hosts(env)
     env = step_environment(env, hosts)
     sagemaker_env.link_model_channel(env)
+    restored = sagemaker_env.restore_compile_cache(env)
+    if restored:
+        print(f"== compile cache: {restored} file(s) from earlier jobs in {env['HPL_COMPILE_CACHE_DIR']}", flush=True)
     cfg = config.load(run_config, env=env)
     role = "leader" if hosts.is_leader else "worker"
     print(
@@ -208,6 +221,8 @@ def run(run_config: Path, *, first_step: str, env: dict[str, str], smoke_stage: 
                 env, f"pipeline step {name} failed on {hosts.current} (exit {code}); see its log lines ({step_log.log})"
             )
             return code
+        if step in COMPILING_STEPS and hosts.is_leader and env.get(sagemaker_env.COMPILE_CACHE_URI_VARIABLE):
+            persist_compile_cache(env)
     if hosts.is_leader:
         publish(cfg, env)
     write_summary(env, hosts.current, record)

@@ -262,9 +262,17 @@ def test_neuron_run_gets_the_neuron_image_and_its_cores(jobs_stack, requests_sen
     assert "model      not in s3://sagemaker-hpl-jobs-bucket/models/Meta-Llama-3-8B/: the job downloads it" in out
     assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 24 * 3600}
     assert "already holds files" not in out
+    cache = f"s3://{BUCKET}/neuron-cache/"  # the stack's compile cache, shared by its Neuron jobs
+    assert request["Environment"]["HPL_COMPILE_CACHE_URI"] == cache
+    assert f"compile    {cache} is empty: this job compiles, then writes its cache there for the next" in out
     jobs_stack.put_object(Bucket=BUCKET, Key="outputs/llama3-8b-dolly-lora/checkpoints/checkpoint-5/x", Body=b"")
     code, out, _ = hpctl("job", "submit", "--config", "default", "--dry-run")
     assert code == 0 and "the run folder already holds files: train resumes from its newest checkpoint" in out
+    jobs_stack.put_object(Bucket=BUCKET, Key="neuron-cache/neuronxcc-2.21/MODULE_1/model.neff", Body=b"")
+    code, out, err = hpctl("job", "submit", "--config", "default")
+    assert code == 0, err
+    assert channel_uris(valid_request(requests_sent[1]))["neuron_cache"] == cache
+    assert f"channel    neuron_cache <- {cache}" in out and "is empty" not in out
 
 
 def test_the_job_runs_its_smoke_stage_unless_told_not_to(jobs_stack, hpctl):

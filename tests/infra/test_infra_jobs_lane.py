@@ -11,7 +11,7 @@ from test_infra_snapshot import check_snapshot
 
 from cluster_contract import JOB_INPUT_PREFIXES, JOB_LOG_GROUP, JOB_OUTPUT_PREFIXES, JobStackOutput, StackOutput
 from hpctl.job_instances import accelerator, training_instance_types
-from hpctl.job_spec import DATASETS_PREFIX, JOBS_PREFIX, MODELS_PREFIX, OUTPUTS_PREFIX
+from hpctl.job_spec import COMPILE_CACHE_PREFIX, DATASETS_PREFIX, JOBS_PREFIX, MODELS_PREFIX, OUTPUTS_PREFIX
 from hpctl.job_submit import IMAGE_OUTPUTS, ROLE_OUTPUT
 from stacks.accelerators import JOB_INSTANCE_TYPES, JOB_ONLY_INSTANCE_TYPES
 from stacks.config import ConfigError, HyperPodConfig
@@ -73,7 +73,7 @@ def test_outputs_are_what_hpctl_job_reads(jobs_synth):
     assert IMAGE_OUTPUTS["neuron"] == (JobStackOutput.NEURON_IMAGE_URI,)  # default groups: Trainium only
     # The role's prefixes are the ones hpctl lays a run out under.
     assert (MODELS_PREFIX, DATASETS_PREFIX) == JOB_INPUT_PREFIXES
-    assert (OUTPUTS_PREFIX, JOBS_PREFIX) == JOB_OUTPUT_PREFIXES
+    assert (OUTPUTS_PREFIX, JOBS_PREFIX, COMPILE_CACHE_PREFIX) == JOB_OUTPUT_PREFIXES  # the cache: read and written
 
 
 def test_both_lanes_have_the_cluster_and_the_job_role(synth_variant, synth):

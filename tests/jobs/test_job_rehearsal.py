@@ -38,7 +38,10 @@ SPEC = JobSpec(
     role_arn="unused",
     bucket="unused",
     channels={},
-    environment={**job_environment("ml.m5.xlarge", devices_per_node=1), "HPL_MODEL_FOLDER": "tiny-llama"},
+    environment={
+        **job_environment("ml.m5.xlarge", devices_per_node=1, bucket="unused"),
+        "HPL_MODEL_FOLDER": "tiny-llama",
+    },
     spot=False,
     max_runtime_s=3600,
     max_wait_s=None,
@@ -165,7 +168,7 @@ def cluster_settings(tmp_path: Path, facts: dict[str, str], nodes: int, cache: s
 def test_each_instance_type_gets_in_a_job_what_env_sh_sets_on_the_cluster(
     tmp_path, instance_type, hosts, expected, absent
 ):
-    facts = job_environment(instance_type, devices_per_node=1)
+    facts = job_environment(instance_type, devices_per_node=1, bucket="hpl-bucket")
     names = tuple(f"algo-{n}" for n in range(1, hosts + 1))
     container = {"SM_MODEL_DIR": str(tmp_path / "model"), "PATH": os.environ["PATH"], **facts}
     job = settings(sagemaker_job.step_environment(container, JobHosts(hosts=names, current="algo-1")))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,12 @@ CHECKPOINTS_FOLDER = "checkpoints"  # under the container root; SageMaker's defa
 SCRATCH_FOLDER = "scratch"  # under the container root, on the job's ML storage volume
 MODELS_CHANNEL = "models"
 DATASETS_CHANNEL = "datasets"
+# s3://<bucket>/neuron-cache/, shared by every job of the stack: restored into HPL_COMPILE_CACHE_DIR
+# before precompile (restore_compile_cache), new entries written back after it (llm_pipeline.compile_cache).
+# An underscore, not a hyphen: the SDK's driver names SM_CHANNEL_<NAME> after it.
+COMPILE_CACHE_CHANNEL = "neuron_cache"
+COMPILE_CACHE_URI_VARIABLE = "HPL_COMPILE_CACHE_URI"  # set by hpctl for Neuron types: where the cache persists
+CHANNELS_FOLDER = "input/data"  # under the container root: SageMaker puts each channel in <channel>/
 RESOURCE_CONFIG = "input/config/resourceconfig.json"  # under the container root
 MODEL_FOLDER_VARIABLE = "HPL_MODEL_FOLDER"  # set by hpctl when the models channel holds that folder
 DEFAULT_MASTER_PORT = 7777  # the port the SDK's container driver names (SM_MASTER_PORT)
@@ -145,6 +152,21 @@ def link_model_channel(env: Mapping[str, str]) -> Path | None:
     if not link.is_symlink():
         link.symlink_to(channel, target_is_directory=True)
     return link
+
+
+def restore_compile_cache(env: Mapping[str, str]) -> int:
+    """Copy the `neuron_cache` channel (the stack's compile cache from earlier jobs) into
+    HPL_COMPILE_CACHE_DIR, where neuronx-cc looks (--cache_dir); the channel folder stays as it came.
+    Returns how many files came; 0 without the channel (a first job, or a type without Neuron)."""
+    channel = Path(
+        env.get(f"SM_CHANNEL_{COMPILE_CACHE_CHANNEL.upper()}", "")
+        or container_root(env) / CHANNELS_FOLDER / COMPILE_CACHE_CHANNEL
+    )
+    if not channel.is_dir():
+        return 0
+    cache = Path(pipeline_environment(env)["HPL_COMPILE_CACHE_DIR"])
+    shutil.copytree(channel, cache, dirs_exist_ok=True)
+    return sum(1 for path in channel.rglob("*") if path.is_file())
 
 
 def job_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
