@@ -164,12 +164,12 @@ def engine_config(spec: dict, folder: Path):
 
 def engine_flags(cfg) -> dict:
     """The speed and loss flags the engine resolves for this device, as SFTConfig arguments."""
-    from llm_pipeline.training.torch import backend, parallel
+    from llm_pipeline.training.torch import backend, methods, parallel
 
     return {
         **parallel.trainer_arguments(cfg, 1),
         "torch_compile": cfg.train.compile,
-        "use_liger_kernel": cfg.train.liger_kernel,
+        "use_liger_kernel": methods.liger_enabled(cfg),
         "optim": cfg.train.optimizer,
         "completion_only_loss": backend.completion_only(cfg),
     }

@@ -225,8 +225,10 @@ class TrainConfig:
         "small GPUs); the neuron backend uses its own ZeRO-1 AdamW",
     )
     compile: bool = described(False, "torch.compile the model (torch backend)")
-    liger_kernel: bool = described(
-        False, "liger-kernel's fused RMSNorm/RoPE/SwiGLU/cross-entropy (torch backend on CUDA)"
+    liger_kernel: bool | str = described(
+        "auto",
+        "liger-kernel's fused RMSNorm/RoPE/SwiGLU/cross-entropy (torch backend on CUDA): true, false or auto; "
+        "auto is on on CUDA when liger-kernel is installed (the CUDA image), else off; true needs liger-kernel",
     )
     attention: str = described(
         "auto",
@@ -413,7 +415,8 @@ def _build(cls: type, table: Any, section: str) -> Any:
                 raise ConfigError(f"{key}: expected a number, got {value!r}")
             value = float(value)
         elif isinstance(default, str):
-            if not isinstance(value, str):
+            # a `bool | str` key (true, false or "auto") takes a boolean too
+            if not isinstance(value, str) and not (isinstance(value, bool) and fields[name].type == "bool | str"):
                 raise ConfigError(f"{key}: expected a string, got {value!r}")
         elif isinstance(default, tuple):
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -496,6 +499,7 @@ def validate(cfg: RunConfig) -> None:
     _require(tr.method in METHODS, "train.method", tr.method, ", ".join(METHODS))
     _require(par.strategy in STRATEGIES, "parallel.strategy", par.strategy, ", ".join(STRATEGIES))
     _require(tr.attention in ATTENTIONS, "train.attention", tr.attention, ", ".join(ATTENTIONS))
+    _require(tr.liger_kernel in (True, False, "auto"), "train.liger_kernel", tr.liger_kernel, "true, false or auto")
     _require(tr.optimizer in OPTIMIZERS, "train.optimizer", tr.optimizer, ", ".join(OPTIMIZERS))
     _require(
         re.fullmatch(r"(\d+)(-\d+)?", tr.profile) is not None or tr.profile == "",

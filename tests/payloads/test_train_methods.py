@@ -15,6 +15,7 @@ from payload_configs import neuron_plan, tiny_config, write_config
 from safetensors.torch import load_file
 
 from llm_pipeline import consolidate, data, generate, merge, train
+from llm_pipeline.config import ConfigError
 from llm_pipeline.errors import StepError
 from llm_pipeline.training.neuron import backend as neuron_backend
 from llm_pipeline.training.torch import backend as torch_backend
@@ -191,6 +192,26 @@ def test_attention_auto_picks_flash_attention_on_cuda_when_installed(hpl_env, at
     assert torch_methods.model_kwargs(cfg)["attn_implementation"] == ("sdpa" if attention == "auto" else attention)
 
 
+@pytest.mark.parametrize(
+    ("liger", "cuda", "liger_installed", "enabled"),
+    [
+        ("auto", True, True, True),  # the CUDA image
+        ("auto", True, False, False),
+        ("auto", False, True, False),  # Triton kernels: GPU only
+        (False, True, True, False),  # an explicit choice wins
+        (True, False, False, True),  # and stops before training where the package is missing (above)
+    ],
+)
+def test_liger_auto_is_on_on_cuda_when_installed(hpl_env, liger, cuda, liger_installed, enabled):
+    cfg = tiny_config(hpl_env, train={"liger_kernel": liger})
+    assert torch_methods.liger_enabled(cfg, cuda=cuda, liger_installed=liger_installed) is enabled
+
+
+def test_liger_accepts_only_true_false_or_auto(hpl_env):
+    with pytest.raises(ConfigError, match=r"train\.liger_kernel"):
+        tiny_config(hpl_env, train={"liger_kernel": "yes"})
+
+
 @pytest.mark.parametrize("packing", [True, False])
 def test_completion_only_loss_labels_only_the_answers(hpl_env, packing):
     """The default for instruction data: trl gets prompt-completion pairs and labels every prompt token
@@ -199,6 +220,8 @@ def test_completion_only_loss_labels_only_the_answers(hpl_env, packing):
     assert cfg.data.completion_only_loss  # the default
     datasets, tokenizer = training_inputs(cfg)
     trainer = unsaved_trainer(cfg, datasets, tokenizer)
+    # what transformers is handed with the defaults on this CPU: train.liger_kernel auto resolves off
+    assert cfg.train.liger_kernel == "auto" and trainer.args.use_liger_kernel is False
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
     labels = batch["labels"]
     answered = labels != -100

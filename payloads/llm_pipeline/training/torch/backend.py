@@ -133,7 +133,7 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     evaluation = {"eval_strategy": "steps", "eval_steps": cfg.train.save_steps} if validation is not None else {}
     # transformers refuses bf16 without a GPU unless told that the CPU is meant (CPU bf16 autocast).
     cpu = {"use_cpu": True} if not torch.cuda.is_available() else {}
-    levers = {"torch_compile": cfg.train.compile, "use_liger_kernel": cfg.train.liger_kernel}
+    levers = {"torch_compile": cfg.train.compile, "use_liger_kernel": methods.liger_enabled(cfg)}
     chat = is_chat(datasets["train"].column_names)
     loss = {
         "completion_only_loss": completion_only(cfg),
@@ -180,7 +180,7 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     say(
         f"method {cfg.train.method}: {trainable:,} trainable parameters (as expected); "
         f"{processes} process(es), {'FSDP2' if fsdp else 'DDP' if processes > 1 else 'one process'}; "
-        f"attention {methods.attention_kernel(cfg)}, compile {cfg.train.compile}, liger {cfg.train.liger_kernel}, "
+        f"attention {methods.attention_kernel(cfg)}, compile {cfg.train.compile}, liger {methods.liger_enabled(cfg)}, "
         f"gradient checkpointing {cfg.train.gradient_checkpointing}; "
         f"{'chat-format records, ' if chat else ''}"
         f"loss on {'the answers only' if completion_only(cfg) else 'every token'}"

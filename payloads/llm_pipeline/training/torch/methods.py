@@ -57,20 +57,33 @@ def computes_in_bf16(cfg: RunConfig) -> bool:
     return cfg.train.bf16 or cfg.train.method == "qlora"
 
 
+def cuda_with(module: str, *, cuda: bool | None, installed: bool | None) -> bool:
+    """The `auto` levers' rule: a CUDA device and `module` installed (either fact given wins, for tests)."""
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    if installed is None:
+        import importlib.util
+
+        installed = importlib.util.find_spec(module) is not None
+    return cuda and installed
+
+
 def attention_kernel(cfg: RunConfig, *, cuda: bool | None = None, flash_installed: bool | None = None) -> str:
     """train.attention, with auto resolved: flash-attention 2 on CUDA where flash-attn is installed (the
     CUDA image has it; packed rows then take its variable-length path), else sdpa."""
     if cfg.train.attention != "auto":
         return cfg.train.attention
-    if cuda is None:
-        import torch
+    return "flash_attention_2" if cuda_with("flash_attn", cuda=cuda, installed=flash_installed) else "sdpa"
 
-        cuda = torch.cuda.is_available()
-    if flash_installed is None:
-        import importlib.util
 
-        flash_installed = importlib.util.find_spec("flash_attn") is not None
-    return "flash_attention_2" if cuda and flash_installed else "sdpa"
+def liger_enabled(cfg: RunConfig, *, cuda: bool | None = None, liger_installed: bool | None = None) -> bool:
+    """train.liger_kernel, with auto resolved: on on CUDA where liger-kernel is installed (the CUDA image;
+    its kernels are Triton, GPU only), else off."""
+    if cfg.train.liger_kernel != "auto":
+        return cfg.train.liger_kernel
+    return cuda_with("liger_kernel", cuda=cuda, installed=liger_installed)
 
 
 def model_kwargs(cfg: RunConfig) -> dict[str, Any]:
