@@ -143,7 +143,7 @@ def table(results: dict) -> list[str]:
             run = runs[method]
             rate = runs["model_bytes"] / 1e9 / run["wall_s"]
             rows.append(
-                f"| {key} | {method} | {run['wall_s']:.1f} | {run['wall_s'] / runs['copy']['wall_s']:.2f}x "
+                f"| {key} | {method} | {run['wall_s']:.3g} | {run['wall_s'] / runs['copy']['wall_s']:.2f}x "
                 f"| {run['peak_rss_gib']:.2f} | {rate:.2f} |"
             )
     return rows

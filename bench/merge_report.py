@@ -47,7 +47,7 @@ def table(results: dict) -> list[str]:
             rate = runs["model_bytes"] / 1e9 / run["wall_s"]
             vs_copy = run["wall_s"] / runs["copy"]["wall_s"]
             rows.append(
-                f"| {name} | {method} | {run['wall_s']:.1f} | {vs_copy:.2f}x | {run['peak_rss_gib']:.2f} | {rate:.2f} |"
+                f"| {name} | {method} | {run['wall_s']:.3g} | {vs_copy:.2f}x | {run['peak_rss_gib']:.2f} | {rate:.2f} |"
             )
     return rows
 

@@ -375,7 +375,7 @@ def write_report(path: Path, settings: dict, device: str, found: dict, results: 
             lines.append(f"| {name} | | failed: {result['error']} | | | |")
             continue
         lines.append(
-            f"| {name} | {result['flags']} | {result['tokens_per_second']:.1f} | {result['warmup_s']:.1f} | "
+            f"| {name} | {result['flags']} | {result['tokens_per_second']:.1f} | {result['warmup_s']:.3g} | "
             f"{cell(result, 'mfu', '.1%')} | {result['peak_memory_gb']:.2f} |"
         )
     lines += ["", "## Target", "", *target_lines(results, device, settings["shape"])]

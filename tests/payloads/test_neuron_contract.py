@@ -14,11 +14,13 @@ from pathlib import Path
 import api_source
 import pytest
 from api_usage import check_module
+from datasets import Dataset
 from payload_configs import neuron_plan, tiny_config
 
 from llm_pipeline import train
 from llm_pipeline.errors import StepError
 from llm_pipeline.training.neuron import backend as train_neuron
+from tools.tiny_model import dolly_records
 
 PACKAGE = Path(train_neuron.__file__).parents[2]
 NEURON_PATH = ("training.neuron.backend", "training.plan")  # the neuron module and the helpers it spreads into calls
@@ -246,14 +248,9 @@ def test_too_few_processes_per_node_names_the_launch_setting_not_tp(hpl_env):
 def test_neuron_backend_without_neuron_software_is_a_clear_error(hpl_env, monkeypatch):
     cfg = tiny_config(hpl_env, data={"packing": False})
     monkeypatch.setenv("WORLD_SIZE", "1")
+    dolly = Dataset.from_list(dolly_records(4))  # what the data step hands over: dolly records pass the chat check
     with pytest.raises(StepError, match="needs optimum-neuron with torch-neuronx"):
-        train_neuron.run(
-            cfg,
-            neuron_plan(),
-            {},
-            None,
-            0,
-        )
+        train_neuron.run(cfg, neuron_plan(), {"train": dolly}, None, 0)
 
 
 def test_auto_backend_is_torch_without_neuron_devices():
