@@ -25,6 +25,8 @@ from metric_lines import trainer_lines
 from moto import mock_aws
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.sagemaker.models import sagemaker_backends
+from price_list_stub import price_item
+from price_list_stub import stubbed_pricing as stub_price_list
 
 from hpctl import job_commands, job_status
 from hpctl.job_spec import METRIC_DEFINITIONS
@@ -344,32 +346,11 @@ def test_a_missing_image_for_the_accelerator_is_named(jobs_stack, project, hpctl
 
 
 def price_list(usage_type: str, usd: str) -> str:
-    """One Price List API product in the service's document shape (the figure is test data, not a price)."""
-    return json.dumps(
-        {
-            "product": {"attributes": {"usagetype": usage_type, "regionCode": REGION}},
-            "terms": {
-                "OnDemand": {
-                    "SKU.TERM": {"priceDimensions": {"SKU.TERM.RATE": {"unit": "Hrs", "pricePerUnit": {"USD": usd}}}}
-                }
-            },
-        }
-    )
+    return price_item(usage_type, usd, REGION)
 
 
 def stubbed_pricing(items: list[str]):
-    client = FIXTURE_SESSION.client("pricing", region_name="us-east-1")
-    stubber = Stubber(client)
-    expected = {
-        "ServiceCode": "AmazonSageMaker",
-        "Filters": [
-            {"Type": "TERM_MATCH", "Field": "regionCode", "Value": REGION},
-            {"Type": "CONTAINS", "Field": "usagetype", "Value": "-Train:ml.m5.xlarge"},
-        ],
-    }
-    stubber.add_response("get_products", {"PriceList": items, "FormatVersion": "aws_v1"}, expected)
-    stubber.activate()
-    return client
+    return stub_price_list(items, usage_suffix="-Train:ml.m5.xlarge", region=REGION)
 
 
 def test_price_comes_from_the_exact_on_demand_training_usage_type():

@@ -8,6 +8,8 @@ import json
 import boto3
 from botocore.stub import Stubber
 from metric_lines import trainer_lines
+from price_list_stub import price_item as stub_price_item
+from price_list_stub import stubbed_pricing as stub_price_list
 
 from hpctl import commands, run_progress
 from hpctl.job_status import hourly_price
@@ -41,30 +43,12 @@ def write_run(s3, train_log: str, *, estimate: dict | None) -> None:
         put(s3, "logs/estimate.json", json.dumps(estimate))
 
 
-def stubbed_pricing(items: list[str], instance_type: str):
-    client = FIXTURE_SESSION.client("pricing", region_name="us-east-1")
-    stubber = Stubber(client)
-    expected = {
-        "ServiceCode": "AmazonSageMaker",
-        "Filters": [
-            {"Type": "TERM_MATCH", "Field": "regionCode", "Value": REGION},
-            {"Type": "CONTAINS", "Field": "usagetype", "Value": f"-Cluster:{instance_type}"},
-        ],
-    }
-    stubber.add_response("get_products", {"PriceList": items, "FormatVersion": "aws_v1"}, expected)
-    stubber.activate()
-    return client
-
-
 def price_item(usage_type: str, usd: str) -> str:
-    """One Price List API product in the service's document shape (the figure is test data, not a price)."""
-    dimension = {"unit": "Hrs", "pricePerUnit": {"USD": usd}}
-    return json.dumps(
-        {
-            "product": {"attributes": {"usagetype": usage_type, "regionCode": REGION}},
-            "terms": {"OnDemand": {"SKU.TERM": {"priceDimensions": {"SKU.TERM.RATE": dimension}}}},
-        }
-    )
+    return stub_price_item(usage_type, usd, REGION)
+
+
+def stubbed_pricing(items: list[str], instance_type: str):
+    return stub_price_list(items, usage_suffix=f"-Cluster:{instance_type}", region=REGION)
 
 
 def test_the_hyperpod_price_is_the_exact_on_demand_cluster_usage_type():
