@@ -99,3 +99,16 @@ def test_qlora_under_fsdp2_needs_an_accelerate_that_keeps_the_4bit_base(hpl_env)
     torch_parallel.check_accelerate_keeps_4bit(qlora, 2, version="1.14.0")
     torch_parallel.check_accelerate_keeps_4bit(qlora, 1, version="1.8.1")  # one process: nothing is sharded
     torch_parallel.check_accelerate_keeps_4bit(tiny_config(hpl_env), 2, version="1.8.1")  # lora: no 4-bit base
+
+
+def test_a_finished_run_leaves_its_process_group(tmp_path):
+    """The engine tears the group down itself (left to interpreter exit, gloo's threads can abort a finished rank)."""
+    import torch.distributed as dist
+
+    from llm_pipeline.training.torch.backend import leave_process_group
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    assert dist.is_initialized()
+    leave_process_group()
+    assert not dist.is_initialized()
+    leave_process_group()  # one process, never initialised: nothing to do

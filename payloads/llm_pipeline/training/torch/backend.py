@@ -212,3 +212,14 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
     del expected_trainable  # the LoRA count; this backend counts per method (torch_methods)
     trainer, _ = build_trainer(cfg, plan, datasets, tokenizer)
     trainer.train(resume_from_checkpoint=str(plan.resume_from) if plan.resume_from else None)
+    leave_process_group()
+
+
+def leave_process_group() -> None:
+    """Tear the process group down once every rank has finished: left to interpreter shutdown, gloo's threads
+    can abort a finished rank ("terminate called without an active exception", exit -6), failing the job."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
