@@ -137,9 +137,8 @@ def gather(cfg: RunConfig, env: dict[str, str] | None = None) -> None:
     checkpoints_dir = cfg.paths.checkpoints_dir
     port = hosts.master_port + PORT_OFFSET
     if not any(any(folder.glob(f"{SEAL_PREFIX}*.json")) for _, folder in checkpoint_folders(checkpoints_dir)):
-        # The neuron backend does not seal its checkpoints: its saving ranks (data-parallel rank 0's
-        # tensor-parallel group) are on the first host, which already holds what consolidate reads.
-        say("the checkpoints are not sealed (neuron backend): consolidate reads the first host's files")
+        # Written before seals existed: nothing says which host holds which file.
+        say("the checkpoints are not sealed (written before seals existed): consolidate reads the first host's files")
         return
     if not hosts.is_leader:
         folder = newest_sealed_here(checkpoints_dir, hosts.rank)

@@ -3,10 +3,21 @@ order a restore brought them back in; pruning keeps a node's newest sealed check
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
+import torch
+from nxd_files import write_sharded_checkpoint
+from transformers import TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_callback import CallbackHandler
+
+from llm_pipeline.errors import StepError
+from llm_pipeline.training.neuron.backend import SEAL_RENDEZVOUS, seal_checkpoints
 from llm_pipeline.weights.checkpoints import (
     complete_checkpoints,
+    is_sealed,
     newest_complete,
     prune,
     seal_name,
@@ -76,3 +87,39 @@ def test_prune_keeps_the_newest_sealed_checkpoints_of_this_node(tmp_path):
     assert deleted == [tmp_path / "checkpoint-10"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-20", "checkpoint-30", "checkpoint-40"]
     assert prune(tmp_path, keep=2, node=0) == []  # node 0 sealed nothing here
+
+
+def test_the_neuron_seal_callback_seals_what_neuronx_distributed_wrote_after_the_barrier(tmp_path, monkeypatch):
+    """Invoked as NeuronTrainer invokes it (test_neuron_contract: right after _save_checkpoint, through the
+    trainer's CallbackHandler, on every rank): the second node's first process seals that node's files."""
+    checkpoints = tmp_path / "checkpoints"
+    tensors = [{"q_proj.lora_A.weight": torch.ones(4, 8)}, {"q_proj.lora_A.weight": torch.zeros(4, 8)}]
+    metadata = {"parameters": {}, "model_weight_transformation_specs": []}
+    folder = write_sharded_checkpoint(checkpoints / "checkpoint-4", tensors, metadata, {"r": 4}, xser=True)
+    older = write_sharded_checkpoint(checkpoints / "checkpoint-2", tensors, metadata, {"r": 4}, xser=True)
+    write_seal(older, node=1, nodes=2)
+    args = TrainingArguments(output_dir=str(checkpoints), save_total_limit=1, report_to=[])
+    for name, value in {"LOCAL_RANK": "0", "GROUP_RANK": "1", "WORLD_SIZE": "64", "LOCAL_WORLD_SIZE": "32"}.items():
+        monkeypatch.setenv(name, value)
+    barriers = []
+    callback = seal_checkpoints(
+        SimpleNamespace(async_save=False),
+        lambda tag: barriers.append((tag, (folder / seal_name(1)).is_file())),
+    )
+    handler = CallbackHandler([callback], None, None, None, None)
+    handler.on_save(args, TrainerState(global_step=4), TrainerControl())
+
+    assert barriers == [(SEAL_RENDEZVOUS, False), (SEAL_RENDEZVOUS, True)]  # every rank's files, then the seal
+    seal = json.loads((folder / seal_name(1)).read_text())
+    written = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and "hpl-" not in p.name}
+    assert seal["node"] == 1 and seal["nodes"] == 2 and set(seal["files"]) == written
+    assert any(name.endswith(".pt.tensors/tensor_0.pt") for name in written)  # the xser tensor files too
+    assert not is_sealed(folder)  # node 0's seal comes from the first node
+    write_seal(folder, node=0, nodes=2)
+    assert newest_complete(checkpoints) == (4, folder)
+    assert not older.exists()  # save_total_limit 1: this node's older checkpoint pruned
+
+
+def test_the_neuron_seal_callback_refuses_asynchronous_saves():
+    with pytest.raises(StepError, match="async_save is on"):
+        seal_checkpoints(SimpleNamespace(async_save=True), lambda tag: None)

@@ -1,5 +1,5 @@
 """The gather step's transfer: a host's sealed part of a checkpoint reaches the first host over a real
-socket and completes the checkpoint there; unsealed (neuron) checkpoints are left as they are."""
+socket and completes the checkpoint there; unsealed checkpoints (older runs) are left as they are."""
 
 from __future__ import annotations
 
@@ -52,4 +52,4 @@ def test_unsealed_checkpoints_are_left_to_the_first_host(tmp_path, capsys):
     cfg = type("Cfg", (), {"paths": type("Paths", (), {"checkpoints_dir": tmp_path / "checkpoints"})()})()
     env = {"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-2", "SM_MASTER_PORT": str(free_port())}
     gather.gather(cfg, env)
-    assert "not sealed (neuron backend)" in capsys.readouterr().out
+    assert "not sealed (written before seals existed)" in capsys.readouterr().out

@@ -89,7 +89,7 @@ def test_each_engine_imports_only_the_shared_room_and_itself(engine):
     third_party = (
         TRAINING_STACK
         | {
-            "neuron": {"optimum"},
+            "neuron": {"optimum", "torch_xla"},
             "torch": {"bitsandbytes", "liger_kernel"},
             "torchtitan": {"torchtitan", "torchao", "tomllib", "huggingface_hub"},
         }[engine]

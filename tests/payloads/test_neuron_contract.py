@@ -20,6 +20,7 @@ from payload_configs import neuron_plan, tiny_config
 from llm_pipeline import train
 from llm_pipeline.errors import StepError
 from llm_pipeline.training.neuron import backend as train_neuron
+from llm_pipeline.training.plan import sft_arguments
 from tools.tiny_model import dolly_records
 
 PACKAGE = Path(train_neuron.__file__).parents[2]
@@ -257,3 +258,31 @@ def test_auto_backend_is_torch_without_neuron_devices():
     assert not train.neuron_available()
     assert train.resolve_backend("auto") == "torch"
     assert train.resolve_backend("neuron") == "neuron"
+
+
+def test_neuron_checkpoints_are_sealed_where_optimum_neuron_has_written_them(hpl_env):
+    """What seal_checkpoints relies on (training/neuron/backend.py docstring), read in optimum-neuron 0.4.5:
+    on_save runs on every rank right after _save_checkpoint, which ends at a rendezvous of all ranks; the
+    save underneath is synchronous unless async_save, which defaults to off and which we never set."""
+    maybe_save = _method("optimum.neuron", "NeuronTrainer", "maybe_save_checkpoint")
+    closure = next(n for n in ast.walk(maybe_save) if isinstance(n, ast.FunctionDef) and n.name == "save_closure")
+    assert [ast.unparse(statement) for statement in closure.body] == [
+        "self._save_checkpoint()",
+        "self.control = self.callback_handler.on_save(self.args, self.state, self.control)",
+    ]
+    assert "xm.add_step_closure(save_closure, (self,))" in ast.unparse(maybe_save)  # run by every rank
+    save_checkpoint = _method("optimum.neuron", "NeuronTrainer", "_save_checkpoint")
+    assert ast.unparse(save_checkpoint.body[-1]) == "xm.rendezvous('checkpoint_saved')"
+    arguments = api_source.resolve("optimum.neuron.trainers.training_args", "NeuronTrainingArguments").node
+    async_field = next(n for n in arguments.body if isinstance(n, ast.AnnAssign) and n.target.id == "async_save")
+    assert "default=False" in ast.unparse(async_field.value)
+    assert "async_save=self.async_save" in ast.unparse(arguments)  # into trn_config
+    for module, cls in (
+        ("optimum.neuron.models.training.modeling_utils", "NeuronModelMixin"),
+        ("optimum.neuron.peft.peft_model", "NeuronPeftModel"),
+    ):
+        assert "async_save=self.trn_config.async_save" in _source(module, cls, "save_pretrained"), module
+    cfg = tiny_config(hpl_env, train={"method": "full"})
+    assert "async_save" not in {**sft_arguments(cfg, neuron_plan()), **train_neuron.neuron_arguments(cfg)}
+    run = next(n for n in ast.parse(Path(train_neuron.__file__).read_text()).body if getattr(n, "name", "") == "run")
+    assert "trainer.add_callback(seal_checkpoints(args, xm.rendezvous))" in ast.unparse(run)

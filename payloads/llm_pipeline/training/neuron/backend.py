@@ -33,6 +33,17 @@ ranks; train.gradient_checkpointing turns on optimum-neuron's activation recompu
 trainable count must be the whole model (as get_model_param_count counts it: TP parameters x TP
 size, replicated KV heads included).
 
+Checkpoint seals (training/callbacks.py SealCheckpoints, as on the torch engine): optimum-neuron
+0.4.5's NeuronTrainer.maybe_save_checkpoint queues one XLA step closure that every rank runs:
+``_save_checkpoint()``, then ``callback_handler.on_save``. ``_save_checkpoint`` ends with
+``xm.rendezvous("checkpoint_saved")``, and with ``async_save`` off (its default; we never set it) the
+neuronx-distributed 2.26 save underneath writes each file before it returns (trainer/checkpoint.py:
+CheckpointIOState.add_save_task saves at once; with async_save it only queues the files for a thread
+that finishes at the next save or at exit). So at on_save every rank's files are on disk, and the
+seal's own barrier is xm.rendezvous, the one the library calls in that same closure. With async_save
+on there is no such point inside the callback, so seal_checkpoints refuses it rather than seal files
+that may still be in flight.
+
 Resume: optimum-neuron 0.4.5's NeuronTrainer refuses `resume_from_checkpoint`, so a restart
 consolidates the newest sharded adapter, loads it into the LoRA model, and continues the step count
 and the learning-rate schedule from that step; the optimizer moments and the data order restart.
@@ -46,7 +57,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +66,7 @@ from transformers import PrinterCallback, TrainerCallback
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import COLUMNS, is_chat
-from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
+from llm_pipeline.training.callbacks import MetricsLogger, SealCheckpoints, TokenCounter
 from llm_pipeline.training.collator import FixedLengthCollator, pad_token_id
 from llm_pipeline.training.neuron.rules import attention_kernel, check_neuron_run
 from llm_pipeline.training.plan import TrainPlan, check_trainable, peft_lora_config, say, sft_arguments, world_size
@@ -134,6 +145,20 @@ def data_collator(cfg: RunConfig, tokenizer) -> FixedLengthCollator:
     return FixedLengthCollator(pad_token_id=pad_token_id(tokenizer), max_length=cfg.data.max_length)
 
 
+SEAL_RENDEZVOUS = "hpl_checkpoint_sealed"
+
+
+def seal_checkpoints(args, rendezvous: Callable[[str], Any]) -> SealCheckpoints:
+    """The seal callback for NeuronTrainer, its barrier ``rendezvous`` (torch_xla's xm.rendezvous); refused
+    when the trainer saves asynchronously (see the module docstring)."""
+    if getattr(args, "async_save", False):
+        raise StepError(
+            "async_save is on: optimum-neuron would still be writing a checkpoint's files when it calls on_save, "
+            "so its completion seal would be a lie; leave async_save unset (the pipeline never sets it)"
+        )
+    return SealCheckpoints(wait_for_everyone=lambda: rendezvous(SEAL_RENDEZVOUS))
+
+
 class ContinueStepCount(TrainerCallback):
     """Start the step counter, the loss average and the LR schedule at the resumed step."""
 
@@ -206,6 +231,7 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
     check_parallel_layout(cfg, world_size())
     refuse_chat_records(cfg, datasets["train"])
     try:
+        import torch_xla.core.xla_model as xm
         from optimum.neuron import NeuronSFTConfig, NeuronSFTTrainer
         from optimum.neuron.models.training import NeuronModelForCausalLM
     except ImportError as exc:
@@ -250,4 +276,5 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
             tensorboard_dir=plan.tensorboard_dir,
         )
     )
+    trainer.add_callback(seal_checkpoints(args, xm.rendezvous))
     trainer.train()
