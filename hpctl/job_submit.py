@@ -35,8 +35,9 @@ from llm_pipeline import config as run_config
 from llm_pipeline.jobs import sagemaker_env
 
 # Stack outputs a job needs (stacks/outputs.py writes them): the bucket, the execution role, and
-# one training image per accelerator family. A CPU instance runs the CUDA image's torch on CPU (the
-# Neuron image would pick the neuron backend).
+# one training image per accelerator family: the jobs lane's own, so CudaImageUri is the CUDA image
+# built on AWS's -sagemaker base, not the cluster's -ec2 one (stacks/image.py). A CPU instance runs
+# the CUDA image's torch on CPU (the Neuron image would pick the neuron backend).
 BUCKET_OUTPUT = StackOutput.BUCKET_NAME
 ROLE_OUTPUT = JobStackOutput.JOB_ROLE_ARN
 IMAGE_OUTPUTS = {

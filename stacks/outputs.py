@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from aws_cdk import CfnOutput, Fn, Stack
 
 from cluster_contract import CONTROLLER_GROUP, JobStackOutput, StackOutput
 from stacks.accelerators import CUDA, NEURON
 from stacks.cluster import HyperPodCluster
 from stacks.config import HyperPodConfig
+from stacks.image import TrainingImage
 from stacks.storage import DataBucket, SharedFileSystem
 
 DEFAULT_RUN_CONFIG = "default"  # payloads/configs/default.toml
@@ -68,15 +71,17 @@ def add_job_outputs(
     *,
     config: HyperPodConfig,
     role_arn: str,
-    image_uris: dict[str, str],
+    images: Mapping[str, TrainingImage],
     data: DataBucket,
     with_shared: bool,
 ) -> None:
     """The jobs lane's outputs: the execution role and one image per accelerator family (what
-    `hpctl job submit` reads); the bucket and region too when no cluster lane outputs them."""
+    `hpctl job submit` reads; the CUDA one is built on the -sagemaker DLC variant, not the cluster's
+    -ec2 image); the bucket and region too when no cluster lane outputs them."""
     values = {JobStackOutput.JOB_ROLE_ARN: (role_arn, "Execution role of the SageMaker training jobs")}
-    for family, uri in image_uris.items():
-        values[JOB_IMAGE_OUTPUTS[family]] = (uri, f"Training image for {family} instances in ECR")
+    for family, image in images.items():
+        base = f" (on AWS's -{image.variant} PyTorch training image)" if image.variant else ""
+        values[JOB_IMAGE_OUTPUTS[family]] = (image.image_uri, f"Training image for {family} instances in ECR{base}")
     if with_shared:
         values[StackOutput.BUCKET_NAME] = (
             data.bucket.bucket_name,

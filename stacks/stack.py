@@ -12,7 +12,7 @@ from stacks.cluster import HyperPodCluster
 from stacks.config import HyperPodConfig, cluster_facts
 from stacks.handler_logs import attach_provider_log_groups
 from stacks.iam import ClusterRole
-from stacks.image import RECIPES, TrainingImage
+from stacks.image import lane_images
 from stacks.jobs import JobRole
 from stacks.lifecycle import LifecycleUpload
 from stacks.nag import acknowledge_cdk_providers
@@ -53,17 +53,15 @@ class HyperPodStack(Stack):
         if config.cluster_lane:
             pin_availability_zone(self, config.availability_zone_id)  # context: before any child
         self.data = DataBucket(self, "Data", bucket_name=config.bucket_name, retain=config.retain_outputs)
-        self.images = {
-            family: TrainingImage(
-                self, RECIPES[family].construct_id, context_dir=source_root / "payloads", family=family
-            )
-            for family in config.image_families
-        }
+        lanes = tuple(lane for lane, on in (("cluster", config.cluster_lane), ("jobs", config.jobs_lane)) if on)
+        images = lane_images(self, context_dir=source_root / "payloads", families=config.image_families, lanes=lanes)
+        self.images = images.get("cluster", {})  # CUDA: the -ec2 base
+        self.job_images = images.get("jobs", {})  # CUDA: the -sagemaker base
         if config.cluster_lane:
             self._cluster_lane(config, source_root)
         if config.jobs_lane:
             # One CDK assets repository holds every image.
-            repository = next(iter(self.images.values())).asset.repository
+            repository = next(iter(self.job_images.values())).asset.repository
             self.job_role = JobRole(
                 self, "JobRole", name_prefix=config.name_prefix, bucket=self.data.bucket, image_repository=repository
             )
@@ -71,7 +69,7 @@ class HyperPodStack(Stack):
                 self,
                 config=config,
                 role_arn=self.job_role.role.role_arn,
-                image_uris={family: image.image_uri for family, image in self.images.items()},
+                images=self.job_images,
                 data=self.data,
                 with_shared=not config.cluster_lane,
             )

@@ -19,11 +19,11 @@ EXPECTED_CONTEXT = {"Dockerfile", ".dockerignore", "requirements-cluster.txt", "
 EXPECTED_CUDA_CONTEXT = {"Dockerfile.cuda", ".dockerignore", "requirements-gpu.txt", "image/verify_env.py"}
 
 
-def stage(directory: Path, outdir: Path, family: str = "neuron") -> tuple[str, set[str]]:
+def stage(directory: Path, outdir: Path, family: str = "neuron", variant: str | None = None) -> tuple[str, set[str]]:
     """(asset hash, files in the staged context) of the stack's image asset built from `directory`."""
     app = cdk.App(outdir=str(outdir))
     stack = cdk.Stack(app, "ImageContextProbe")
-    asset = TrainingImage(stack, "Image", context_dir=directory, family=family).asset
+    asset = TrainingImage(stack, "Image", context_dir=directory, family=family, variant=variant).asset
     staged = outdir / f"asset.{asset.asset_hash}"  # CDK's staging folder name for the asset
     assert staged.is_dir(), f"CDK staged no context at {staged}"
     files = {p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file()}
@@ -75,3 +75,19 @@ def test_requirement_and_check_changes_change_the_image_hash(payloads_copy, tmp_
     check.write_text(check.read_text() + "# touched\n")
     after_check, _ = stage(payloads_copy, tmp_path / "check")
     assert len({before, after_pins, after_check}) == 3
+
+
+def test_each_cuda_variant_is_its_own_tag_from_the_same_context(tmp_path):
+    """The variant travels as a build argument, which CDK counts in the asset hash (so in the tag);
+    the files staged for the build are the same, and no variant is the ec2 one, the Dockerfile's default."""
+    default, default_files = stage(PAYLOADS, tmp_path / "default", "cuda")
+    ec2, ec2_files = stage(PAYLOADS, tmp_path / "ec2", "cuda", "ec2")
+    sagemaker, sagemaker_files = stage(PAYLOADS, tmp_path / "sagemaker", "cuda", "sagemaker")
+    assert default == ec2 != sagemaker
+    assert default_files == ec2_files == sagemaker_files == EXPECTED_CUDA_CONTEXT
+
+
+@pytest.mark.parametrize(("family", "variant"), [("cuda", "Sagemaker"), ("cuda", "gpu"), ("neuron", "sagemaker")])
+def test_only_the_bases_published_variants_are_accepted(tmp_path, family, variant):
+    with pytest.raises(ValueError, match=f"the {family} image has no base variant '{variant}'"):
+        stage(PAYLOADS, tmp_path / "out", family, variant)

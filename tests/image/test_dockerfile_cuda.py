@@ -13,10 +13,21 @@ import pytest
 from image_files import CUDA_DOCKERFILE, GPU_REQUIREMENTS, PAYLOADS, REQUIREMENTS, parse_dockerfile
 
 from llm_pipeline.training.torch.parallel import ACCELERATE_KEEPS_4BIT
+from stacks.accelerators import CUDA
+from stacks.image import CLUSTER_VARIANT, DLC_VARIANTS, JOB_VARIANT, RECIPES, VARIANT_BUILD_ARG
 
 DOCS_IMAGE = PAYLOADS.parent / "docs" / "image.md"
 BASE_IMAGE = "public.ecr.aws/deep-learning-containers/pytorch-training"
-TAG = re.compile(r"^(?P<torch>\d+\.\d+\.\d+)-gpu-py(?P<py>\d{3,})-cu(?P<cuda>\d{3})-ubuntu22\.04-ec2$")
+# The tag as written, its variant left to the build argument, and each tag it resolves to.
+VARIANT_REFERENCE = f"${{{VARIANT_BUILD_ARG}}}"
+TAG = re.compile(
+    r"^(?P<torch>\d+\.\d+\.\d+)-gpu-py(?P<py>\d{3,})-cu(?P<cuda>\d{3})-ubuntu22\.04-"
+    + re.escape(VARIANT_REFERENCE)
+    + "$"
+)
+FULL_TAG = re.compile(
+    r"^(?P<torch>\d+\.\d+\.\d+)-gpu-py(?P<py>\d{3,})-cu(?P<cuda>\d{3})-ubuntu22\.04-(?P<variant>\w+)$"
+)
 # The fine-tuning stack both lanes share: the GPU lane trains, saves and merges with the same code.
 SHARED_WITH_NEURON = ("transformers", "trl", "peft", "datasets", "safetensors", "huggingface-hub")
 # Where the GPU lane moves ahead; the torch engine's CPU tests install the same versions (gpu-site).
@@ -62,11 +73,32 @@ def test_the_base_image_torch_is_the_pinned_torch(instructions, gpu_pins):
     assert "flash-attn" in gpu_pins  # the base's build, held to its version at build time
 
 
-def test_docs_name_the_base_tag_and_where_it_was_confirmed(instructions):
+def test_docs_name_each_variants_tag_and_where_it_was_confirmed(instructions):
     _, image, tag = from_image(instructions)
     docs = DOCS_IMAGE.read_text()
-    assert f"{image}:{tag}" in docs
-    assert "aws/deep-learning-containers" in docs and "docs/src/data/pytorch-training/2.10-gpu-ec2.yml" in docs
+    assert "aws/deep-learning-containers" in docs
+    for variant in DLC_VARIANTS:
+        assert f"{image}:{tag.replace(VARIANT_REFERENCE, variant)}" in docs
+        assert f"docs/src/data/pytorch-training/2.10-gpu-{variant}.yml" in docs
+
+
+def test_the_variant_is_a_build_argument_whose_default_is_the_cluster_image(instructions):
+    """Declared before FROM (the only place FROM can read it) with the ec2 default, so a plain build
+    gives the cluster lane's image; declared again after FROM, so the label names the same base."""
+    first_name, first_arguments = instructions[0]
+    assert (first_name, first_arguments) == ("ARG", f"{VARIANT_BUILD_ARG}={CLUSTER_VARIANT}")
+    assert (
+        RECIPES[CUDA].variants == DLC_VARIANTS == ("ec2", "sagemaker") and RECIPES[CUDA].variants[0] == CLUSTER_VARIANT
+    )
+    assert JOB_VARIANT == "sagemaker"
+    from_at = next(i for i, (name, _) in enumerate(instructions) if name == "FROM")
+    assert ("ARG", VARIANT_BUILD_ARG) in instructions[from_at + 1 :]
+    _, image, tag = from_image(instructions)
+    (label,) = [arguments for name, arguments in instructions if name == "LABEL"]
+    assert f'org.opencontainers.image.base.name="{image}:{tag}"' in label
+    for variant in DLC_VARIANTS:  # each value resolves to a full, pinned tag of that variant
+        resolved = FULL_TAG.match(tag.replace(VARIANT_REFERENCE, variant))
+        assert resolved and resolved["variant"] == variant
 
 
 def test_installs_only_from_the_gpu_requirements_file(instructions):

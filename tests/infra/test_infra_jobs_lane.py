@@ -7,14 +7,17 @@ from pathlib import Path
 
 import pytest
 from test_infra_lint_nag import nag_report, template_path
+from test_infra_payload_change import rendered_deploy_facts
 from test_infra_snapshot import check_snapshot
 
 from cluster_contract import JOB_INPUT_PREFIXES, JOB_LOG_GROUP, JOB_OUTPUT_PREFIXES, JobStackOutput, StackOutput
 from hpctl.job_instances import accelerator, training_instance_types
 from hpctl.job_spec import COMPILE_CACHE_PREFIX, DATASETS_PREFIX, JOBS_PREFIX, MODELS_PREFIX, OUTPUTS_PREFIX
-from hpctl.job_submit import IMAGE_OUTPUTS, ROLE_OUTPUT
+from hpctl.job_submit import IMAGE_OUTPUTS, ROLE_OUTPUT, JobDeployment
+from llm_pipeline.jobs.deploy_facts import read_deploy_facts
 from stacks.accelerators import JOB_INSTANCE_TYPES, JOB_ONLY_INSTANCE_TYPES
 from stacks.config import ConfigError, HyperPodConfig
+from stacks.image import VARIANT_BUILD_ARG
 from stacks.lint import lint_template
 
 pytestmark = pytest.mark.xdist_group("infra")
@@ -104,3 +107,105 @@ def test_hpctl_reads_the_accelerator_table_for_every_job_type():
     assert set(JOB_ONLY_INSTANCE_TYPES) <= set(training_instance_types())
     for instance_type, facts in JOB_INSTANCE_TYPES.items():
         assert accelerator(instance_type) == {"none": "cpu"}.get(facts.accelerator, facts.accelerator), instance_type
+
+
+# A Trainium and a GPU group: each lane needs an image of both families.
+TRN_AND_GPU_GROUPS = [
+    {"name": "trn", "instance_type": "ml.trn1.32xlarge", "count": 1, "partition": "trn1"},
+    {"name": "gpu", "instance_type": "ml.g5.12xlarge", "count": 1, "partition": "g5"},
+]
+
+
+@pytest.fixture(scope="session")
+def jobs_gpu_synth(synthesize_from, source_root: Path):
+    return synthesize_from(source_root, stack_name="HyperPodJobsGpu", lanes="jobs", compute_groups=TRN_AND_GPU_GROUPS)
+
+
+@pytest.fixture(scope="session")
+def both_gpu_synth(synthesize_from, source_root: Path):
+    return synthesize_from(source_root, stack_name="HyperPodBothGpu", lanes="both", compute_groups=TRN_AND_GPU_GROUPS)
+
+
+def image_builds(synth) -> dict[str, tuple[str, str | None]]:
+    """{image tag: (Dockerfile, DLC variant build argument)} of every image asset cdk-assets builds."""
+    builds = {}
+    for image in synth.assets_manifest()["dockerImages"].values():
+        (destination,) = image["destinations"].values()
+        source = image["source"]
+        builds[destination["imageTag"]] = (
+            source["dockerFile"],
+            source.get("dockerBuildArgs", {}).get(VARIANT_BUILD_ARG),
+        )
+    return builds
+
+
+def resolved_outputs(synth) -> dict[str, str]:
+    """The stack outputs as describe-stacks returns them (hpctl's input), the URL suffix filled in."""
+    resolved = {}
+    for key, output in synth.template["Outputs"].items():
+        value = output["Value"]
+        resolved[key] = value["Fn::Sub"].replace("${AWS::URLSuffix}", "amazonaws.com") if "Fn::Sub" in value else value
+    return resolved
+
+
+def built_from(synth, uri: str) -> tuple[str, str | None]:
+    return image_builds(synth)[uri.rpartition(":")[2]]
+
+
+def test_the_sagemaker_variant_is_built_only_for_a_jobs_lane_that_runs_cuda(
+    named_synths, jobs_synth, jobs_gpu_synth, both_gpu_synth
+):
+    neuron, ec2, sagemaker = ("Dockerfile", None), ("Dockerfile.cuda", "ec2"), ("Dockerfile.cuda", "sagemaker")
+    for cluster_only in named_synths.values():  # GPU groups, no jobs lane: the cluster's image alone
+        assert ec2 in image_builds(cluster_only).values() and sagemaker not in image_builds(cluster_only).values()
+    assert sorted(image_builds(jobs_synth).values()) == [neuron]  # a jobs lane without CUDA types
+    assert sorted(image_builds(jobs_gpu_synth).values(), key=str) == sorted([neuron, sagemaker], key=str)
+    # Both lanes: the Neuron image once for both, the CUDA image once per variant.
+    assert sorted(image_builds(both_gpu_synth).values(), key=str) == sorted([neuron, ec2, sagemaker], key=str)
+    for synth in (jobs_gpu_synth, both_gpu_synth):
+        outputs = resolved_outputs(synth)
+        assert built_from(synth, outputs[JobStackOutput.CUDA_IMAGE_URI]) == sagemaker
+        assert built_from(synth, outputs[JobStackOutput.NEURON_IMAGE_URI]) == neuron
+        assert "-sagemaker" in synth.template["Outputs"][JobStackOutput.CUDA_IMAGE_URI]["Description"]
+
+
+def test_hpctl_job_submit_gives_cuda_and_cpu_types_the_sagemaker_variant(both_gpu_synth):
+    """hpctl's own choice (JobDeployment.image_for) on the outputs of the real template."""
+    deployment = JobDeployment(stack="HyperPodBothGpu", region="us-west-2", outputs=resolved_outputs(both_gpu_synth))
+    chosen = {
+        instance_type: built_from(both_gpu_synth, deployment.image_for(instance_type))
+        for instance_type in ("ml.g5.12xlarge", "ml.p5.48xlarge", "ml.c5.xlarge", "ml.trn1.32xlarge")
+    }
+    assert chosen == {
+        "ml.g5.12xlarge": ("Dockerfile.cuda", "sagemaker"),
+        "ml.p5.48xlarge": ("Dockerfile.cuda", "sagemaker"),
+        "ml.c5.xlarge": ("Dockerfile.cuda", "sagemaker"),  # a CPU type runs the CUDA image's torch
+        "ml.trn1.32xlarge": ("Dockerfile", None),
+    }
+
+
+def test_the_cluster_partitions_keep_the_ec2_variant_beside_the_jobs_lane(both_gpu_synth, tmp_path):
+    facts_folder = rendered_deploy_facts(both_gpu_synth, tmp_path)
+    images = {
+        partition: built_from(both_gpu_synth, read_deploy_facts(facts_folder, partition=partition)["HPL_IMAGE_URI"])
+        for partition in ("trn1", "g5")
+    }
+    assert images == {"trn1": ("Dockerfile", None), "g5": ("Dockerfile.cuda", "ec2")}
+
+
+def test_the_job_role_pulls_every_job_image(jobs_gpu_synth, both_gpu_synth):
+    """One CDK assets repository holds every image; the role's pull grant is that repository."""
+    for synth in (jobs_gpu_synth, both_gpu_synth):
+        pull = {s["Sid"]: s for s in job_policy(synth)}["PullTrainingImages"]
+        outputs = resolved_outputs(synth)
+        for key in (JobStackOutput.CUDA_IMAGE_URI, JobStackOutput.NEURON_IMAGE_URI):
+            repository = outputs[key].partition("/")[2].rpartition(":")[0]
+            assert pull["Resource"].endswith(f":repository/{repository}"), (key, pull["Resource"])
+
+
+def test_both_lanes_with_gpu_snapshot_lint_and_nag(both_gpu_synth, request):
+    check_snapshot(both_gpu_synth, request)
+    matches = lint_template(template_path(both_gpu_synth), ["us-west-2"])
+    assert [f"{m.rule.id} {m.message} {m.path}" for m in matches] == []
+    report = nag_report(both_gpu_synth)
+    assert report["conclusion"] == "success" and report["violations"] == []
