@@ -3,11 +3,13 @@
 It asserts that every pin of the image's requirements file is installed at exactly its version,
 that the modules the pipeline steps import load and, on the CUDA image, that each speed lever
 applies to a tiny model (an import alone passes a liger-kernel that refuses the pinned transformers
-at apply time) and that the EFA plugin NCCL loads (aws-ofi-nccl) is present, so a drifted or
-broken environment fails the image build instead of the first training job on the cluster. The
+at apply time) and that the EFA plugin NCCL loads (aws-ofi-nccl) is present, and that the base is
+the DLC variant the build asked for, so a drifted or broken environment fails the image build
+instead of the first training job on the cluster. The
 versions are read from the requirements file itself; nothing here retypes them.
 
-Usage: python3 verify_env.py [--family neuron|cuda] REQUIREMENTS_FILE   (exit 0 ok, 1 check failed, 2 bad input)
+Usage: python3 verify_env.py [--family neuron|cuda] [--variant ec2|sagemaker] REQUIREMENTS_FILE
+(exit 0 ok, 1 check failed, 2 bad input)
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ NCCL_EFA_PLUGIN_GLOBS = (
     "/usr/local/lib/libnccl-net*.so",
     "/usr/lib/x86_64-linux-gnu/libnccl-net*.so",
 )
+
+# What tells AWS's two PyTorch training image variants apart from inside: the -sagemaker target
+# installs the SageMaker training toolkit on the shared stage, the -ec2 target does not.
+VARIANT_MARKER = "sagemaker-training"
+VARIANTS = ("ec2", "sagemaker")
 
 
 class PinError(ValueError):
@@ -135,6 +142,23 @@ def file_problems(family: str, root: str = "/") -> list[str]:
     return ["NCCL EFA plugin (aws-ofi-nccl, libnccl-net*.so) not found in " + ", ".join(NCCL_EFA_PLUGIN_GLOBS)]
 
 
+def variant_problems(variant: str | None) -> list[str]:
+    """The base is the variant the build argument named (none named: nothing to check)."""
+    if variant is None:
+        return []
+    try:
+        metadata.version(VARIANT_MARKER)
+        has_toolkit = True
+    except metadata.PackageNotFoundError:
+        has_toolkit = False
+    if has_toolkit == (variant == "sagemaker"):
+        return []
+    state = "installed" if has_toolkit else "missing"
+    return [
+        f"base variant {variant}: the SageMaker training toolkit ({VARIANT_MARKER}) is {state}; FROM is another image"
+    ]
+
+
 def apply_liger() -> None:
     """liger-kernel's Llama patch, then a tiny Llama built from the patched classes."""
     from liger_kernel.transformers import apply_liger_kernel_to_llama
@@ -186,6 +210,7 @@ def lever_problems(levers) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", choices=sorted(FAMILY_IMPORTS), default="neuron", help="which image this is")
+    parser.add_argument("--variant", choices=VARIANTS, help="the DLC base variant the image was built from")
     parser.add_argument("requirements", type=Path, help="the pinned requirements file the image installed")
     args = parser.parse_args(argv)
     if not args.requirements.is_file():
@@ -199,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     imports = FAMILY_IMPORTS[args.family]
     print(f"checking {len(pins)} pins from {args.requirements.name} and {len(imports)} key imports ({args.family})")
     levers = FAMILY_LEVERS[args.family]
-    problems = version_problems(pins) + import_problems(imports) + lever_problems(levers) + file_problems(args.family)
+    problems = version_problems(pins) + import_problems(imports) + lever_problems(levers)
+    problems += file_problems(args.family) + variant_problems(args.variant)
     for problem in problems:
         print(f"FAIL {problem}")
     if problems:

@@ -128,6 +128,8 @@ def test_build_ends_with_the_cuda_check_against_the_same_file(instructions):
         "/opt/hyperpod-lora/verify_env.py",
         "--family",
         "cuda",
+        "--variant",
+        VARIANT_REFERENCE,  # the build argument: the check knows which base the tag named
         "/opt/hyperpod-lora/requirements-gpu.txt",
     ]
 

@@ -115,6 +115,32 @@ def test_cli_checks_the_family_it_is_told(tmp_path):
     assert "FAIL NCCL EFA plugin (aws-ofi-nccl" in result.stdout  # this machine has no EFA stack
 
 
+def test_the_base_variant_is_told_by_the_sagemaker_training_toolkit(verify_env, monkeypatch, tmp_path):
+    """-sagemaker bases carry AWS's SageMaker training toolkit, -ec2 bases do not; this venv has none."""
+    with pytest.raises(metadata.PackageNotFoundError):
+        metadata.version(verify_env.VARIANT_MARKER)
+    assert verify_env.variant_problems(None) == verify_env.variant_problems("ec2") == []
+    (missing,) = verify_env.variant_problems("sagemaker")
+    assert "sagemaker-training) is missing" in missing
+    toolkit = tmp_path / "sagemaker_training-5.0.0.dist-info"  # what pip leaves for an installed toolkit
+    toolkit.mkdir()
+    (toolkit / "METADATA").write_text("Metadata-Version: 2.1\nName: sagemaker-training\nVersion: 5.0.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert verify_env.variant_problems("sagemaker") == []
+    (installed,) = verify_env.variant_problems("ec2")
+    assert "sagemaker-training) is installed" in installed
+
+
+def test_cli_accepts_only_the_published_variants(tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("packaging==" + metadata.version("packaging") + "\n")
+    command = [sys.executable, str(VERIFY_ENV), "--variant"]
+    refused = subprocess.run([*command, "gpu", str(requirements)], capture_output=True, text=True)
+    assert refused.returncode == 2 and "invalid choice: 'gpu'" in refused.stderr
+    checked = subprocess.run([*command, "sagemaker", str(requirements)], capture_output=True, text=True)
+    assert checked.returncode == 1 and "FAIL base variant sagemaker" in checked.stdout
+
+
 # The GPU lane's liger-kernel (.venv/gpu-site) and the Triton it imports (.venv/torchtitan-site), both
 # installed by `make venv`: the lever checks run in a subprocess with them first on the path.
 LEVER_SITES = [Path(sys.prefix) / "gpu-site", Path(sys.prefix) / "torchtitan-site"]
