@@ -166,4 +166,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from llm_pipeline.cli import exit_step  # FSDP2 keeps gloo's workers alive: see its docstring
+
+    exit_step(main())

@@ -97,4 +97,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from llm_pipeline.cli import exit_step  # FSDP2 keeps gloo's workers alive: see its docstring
+
     main()
+    exit_step(0)

@@ -81,4 +81,6 @@ def main(steps: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1])))
+    from llm_pipeline.cli import exit_step  # FSDP2 keeps gloo's workers alive: see its docstring
+
+    exit_step(main(int(sys.argv[1])))

@@ -216,8 +216,9 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
 
 
 def leave_process_group() -> None:
-    """Tear the process group down once every rank has finished: left to interpreter shutdown, gloo's threads
-    can abort a finished rank ("terminate called without an active exception", exit -6), failing the job."""
+    """Tear the process group down once every rank has finished, so no rank leaves while another still
+    talks to it. FSDP2 keeps a gloo group's worker threads alive even so: the train step then ends
+    through cli.exit_step, which skips the interpreter finalization those threads can abort."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
