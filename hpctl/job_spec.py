@@ -5,7 +5,8 @@ S3 prefixes and, inside the job, to channels (llm_pipeline/jobs/sagemaker_env.py
 
     s3://<bucket>/models/<model>/   -> channel `models`   -> HPL_MODELS_DIR/<model> (optional: else the job downloads)
     s3://<bucket>/datasets/<run>/   -> channel `datasets` -> HPL_DATASETS_DIR (when data.dataset is a file there)
-    s3://<bucket>/outputs/<run>/    <- the run folder, the job's checkpoint folder (synced while it runs)
+    s3://<bucket>/outputs/<run>/    <- the first host's run folder, the job's checkpoint folder (synced while
+                                       it runs), with each other host's checkpoint parts and step logs
     s3://<bucket>/jobs/<run>/       <- staged code, model.tar.gz / output.tar.gz, TensorBoard
     s3://<bucket>/neuron-cache/     -> channel `neuron_cache` -> HPL_COMPILE_CACHE_DIR, and back after
                                        precompile and train (Neuron types; every job of the stack shares it)

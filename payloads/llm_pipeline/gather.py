@@ -7,8 +7,11 @@ A training job has no shared file system: with FSDP full fine-tuning on two host
 its own shard (``__<rank>_0.distcp``) on its own host's disk, and consolidate, which runs on the
 first host, would find only half of the checkpoint. After train, each other host sends the newest
 checkpoint it sealed (weights/checkpoints.py: its files and its seal, the seal last) over the job's
-network to the first host, which listens on SM_MASTER_PORT + 1 and writes what it lacks. The first
-host then checks that checkpoint is complete: every host's seal and every file they list.
+network to the first host, which listens on SM_MASTER_PORT + 1. The first host assembles the whole
+checkpoint in scratch (sagemaker_env.gathered_dir: links to its own files, the others' files as they
+arrive), outside the synced checkpoint folder, because every part is already in S3, uploaded once by
+the host that wrote it; then it checks that checkpoint is complete (every host's seal and every file
+they list) and consolidate reads it from there.
 
 On one host there is nothing to gather; on a Slurm cluster the checkpoints folder is on FSx and
 every node already sees every shard, so the Slurm chain has no such step.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import struct
 import time
@@ -91,8 +95,8 @@ def _receive_one(connection: socket.socket, checkpoints_dir: Path) -> tuple[int,
     folder = checkpoints_dir / Path(header["checkpoint"]).name
     written = 0
     for name, size in header["files"]:
-        target = (folder / name).resolve()
-        if not target.is_relative_to(folder.resolve()):
+        target = folder / name  # not resolved: a link to this host's own copy is replaced, not followed
+        if Path(name).is_absolute() or ".." in Path(name).parts:
             raise StepError(f"refusing {name}: outside {folder}")
         target.parent.mkdir(parents=True, exist_ok=True)
         part = target.with_name(target.name + ".part")
@@ -146,14 +150,28 @@ def gather(cfg: RunConfig, env: dict[str, str] | None = None) -> None:
         say(f"sent this host's part of {folder.name} to {hosts.leader}: {size / 1e6:.1f} MB")
         return
     newest = newest_sealed_here(checkpoints_dir, 0)
-    received = receive(checkpoints_dir, senders=len(hosts.hosts) - 1, port=port)
+    gathered = sagemaker_env.gathered_dir(env, Path(cfg.paths.output_dir)) / checkpoints_dir.name
+    assembled = link_own_part(newest, gathered)
+    received = receive(gathered, senders=len(hosts.hosts) - 1, port=port)
     names = {name for _, name, _ in received} | {newest.name}
-    if len(names) != 1 or not is_sealed(newest):
+    if len(names) != 1 or not is_sealed(assembled):
         raise StepError(
             f"the hosts' newest checkpoints differ or are incomplete after gathering ({sorted(names)} in "
-            f"{checkpoints_dir}): rerun the job, which resumes from the newest complete checkpoint"
+            f"{gathered}): rerun the job, which resumes from the newest complete checkpoint"
         )
-    say(f"{newest.name} is complete on this host: the seals of all {len(hosts.hosts)} hosts and their files")
+    say(f"{newest.name} is complete in {gathered}: the seals of all {len(hosts.hosts)} hosts and their files")
+
+
+def link_own_part(folder: Path, gathered: Path) -> Path:
+    """A fresh ``gathered/<checkpoint>`` holding a link to every file of this host's ``folder``."""
+    shutil.rmtree(gathered, ignore_errors=True)  # an earlier attempt's, or another checkpoint's
+    assembled = gathered / folder.name
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            link = assembled / path.relative_to(folder)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(path.resolve())
+    return assembled
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,8 +20,10 @@ estimate of the long steps (<run>/logs/estimate.json, from the smoke run's measu
 the long steps. A job restarted with a checkpoint in the run folder (spot) passed its smoke stage
 before and skips it. Every step's output also goes to <run>/[smoke/]logs/<step>-<host>.log.
 
-The run folder is the job's checkpoint folder (synced to s3://<bucket>/outputs/<run>/, restored on a
-spot restart, when train resumes from its newest checkpoint). Finally the adapter and the generated
+The first host's run folder is the job's checkpoint folder (synced to s3://<bucket>/outputs/<run>/,
+restored to every host on a spot restart, when train resumes from its newest complete checkpoint);
+the other hosts keep their run folders in scratch and put only their checkpoint parts and step logs
+into the synced folder, so S3 holds one copy of each file (jobs/sagemaker_env.py). Finally the adapter and the generated
 answer are copied to SM_MODEL_DIR (the job's model.tar.gz) and a step summary to SM_OUTPUT_DATA_DIR.
 A failed step stops the job with that step's exit status and names it in /opt/ml/output/failure,
 which SageMaker reports as the job's FailureReason.
@@ -54,6 +56,7 @@ STEP_ARGS = {"consolidate": ["--overwrite"], "merge": ["--overwrite"]}
 PAYLOADS_DIR = Path(__file__).resolve().parents[1]
 ACCELERATOR_ENV = PAYLOADS_DIR / "slurm" / "accelerator_env.sh"  # staged into the code channel by hpctl
 SUMMARY_FILE = "pipeline-summary-{host}.json"
+CHECKPOINTS = "checkpoints"  # the gathered run folder's checkpoints folder, as in a run folder
 
 
 def neuron_devices() -> bool:
@@ -131,6 +134,13 @@ def write_summary(env: dict[str, str], host: str, record: dict) -> None:
     (out / SUMMARY_FILE.format(host=host)).write_text(json.dumps(record, indent=2) + "\n")
 
 
+def consolidate_source(run_config: Path, env: dict[str, str]) -> list[str]:
+    """consolidate's --checkpoint: the whole checkpoint the gather step assembled, where it did."""
+    cfg = config.load(run_config, env=env)
+    gathered = sagemaker_env.gathered_dir(env, Path(cfg.paths.output_dir)) / CHECKPOINTS
+    return ["--checkpoint", str(gathered)] if gathered.is_dir() else []
+
+
 def job_plan(
     run_config: Path, cfg: config.RunConfig, first_step: str, hosts: sagemaker_env.JobHosts, *, smoke_stage: bool
 ) -> list[tuple[ChainJob, RunFacts]]:
@@ -172,6 +182,9 @@ def run(run_config: Path, *, first_step: str, env: dict[str, str], smoke_stage: 
     if restored:
         print(f"== compile cache: {restored} file(s) from earlier jobs in {env['HPL_COMPILE_CACHE_DIR']}", flush=True)
     cfg = config.load(run_config, env=env)
+    linked = sagemaker_env.link_checkpoints(env, cfg.paths.checkpoints_dir)
+    if linked is not None:
+        print(f"== checkpoints: {cfg.paths.checkpoints_dir} -> {linked} (synced: this host's parts only)", flush=True)
     role = "leader" if hosts.is_leader else "worker"
     print(
         f"== job {env.get('TRAINING_JOB_NAME', '?')}: host {hosts.current} ({role}, {hosts.rank + 1} of "
@@ -184,13 +197,14 @@ def run(run_config: Path, *, first_step: str, env: dict[str, str], smoke_stage: 
         StepJob(
             step=job.step,
             job=hosts.current,
-            log=str(facts.logs_dir / f"{job.step}-{hosts.current}.log"),
+            log=str(sagemaker_env.synced_path(env, facts.logs_dir) / f"{job.step}-{hosts.current}.log"),
             nodes=chain.job_nodes(job, facts),
         )
         for job, facts in plan
     ]
-    Path(cfg.paths.logs_dir).mkdir(parents=True, exist_ok=True)
-    pipeline_status.write_record(Path(cfg.paths.logs_dir), run_config, logs)  # what the estimate reads
+    if hosts.is_leader:  # the estimate reads it; one copy in S3
+        Path(cfg.paths.logs_dir).mkdir(parents=True, exist_ok=True)
+        pipeline_status.write_record(Path(cfg.paths.logs_dir), run_config, logs)
     for (job, facts), step_log in zip(plan, logs, strict=True):
         step, name = smoke.long_step(job.step), job.step
         if step in (*LEADER_ONLY_STEPS, smoke.ESTIMATE_STEP) and not hosts.is_leader:
@@ -200,6 +214,8 @@ def run(run_config: Path, *, first_step: str, env: dict[str, str], smoke_stage: 
             command += ["--config", str(facts.config), "--training-job"]
         else:
             command = step_command(step, facts.config, env, hosts)
+            if step == "consolidate":
+                command += consolidate_source(facts.config, env)
         if isinstance(command, str):
             print(f"== {name}: {command}", flush=True)
             skipped = Path(step_log.log)  # a log all the same: the estimate reads its smoke copy's run time

@@ -11,7 +11,8 @@ once and hands both to it.
 
 Checkpoints go to paths.checkpoints_dir/checkpoint-<step> every train.save_steps and at the last
 step; TensorBoard events to paths.tensorboard_dir. A restart resumes from the newest complete
-checkpoint and the step count continues. --precompile runs train.precompile_steps steps with the
+checkpoint and the step count continues; checkpoint folders newer than that one (incomplete) are
+deleted first, so a save of the same step starts clean. --precompile runs train.precompile_steps steps with the
 same settings and saves nothing: the Slurm precompile step runs it under neuron_parallel_compile
 so the real run finds every graph in the compile cache.
 """
@@ -32,7 +33,7 @@ from llm_pipeline.training import full_rules, lora_count
 from llm_pipeline.training.neuron import rules as neuron_rules
 from llm_pipeline.training.plan import TrainPlan, say, world_size
 from llm_pipeline.weights import model_files
-from llm_pipeline.weights.checkpoints import newest_complete
+from llm_pipeline.weights.checkpoints import discard_after, newest_complete
 
 FINISHED_MARKER = "finished.json"  # in paths.checkpoints_dir, next to the checkpoint it names
 
@@ -126,6 +127,9 @@ def train(cfg: RunConfig, backend_override: str | None = None, precompile: bool 
             "train.max_steps to train on"
         )
         return plan
+    if not precompile and os.environ.get("LOCAL_RANK", "0") == "0":  # each node's disk (a training job's hosts)
+        for folder in discard_after(cfg.paths.checkpoints_dir, plan.start_step):
+            print(f"discarded {folder}: incomplete, newer than the checkpoint training starts from", flush=True)
     what = "precompile run" if precompile else "training"
     start = f"resuming from {plan.resume_from}" if plan.resume_from else "from the base model"
     say(f"{what} with the {backend} backend, {start}")

@@ -27,7 +27,11 @@ def test_a_second_job_starts_from_the_first_jobs_compile_cache(tmp_path):
     with mock_aws():
         s3 = boto3.client("s3", region_name="us-west-2")
         s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
-        first = {"SM_MODEL_DIR": str(tmp_path / "job1" / "model")}
+        first = {
+            "SM_MODEL_DIR": str(tmp_path / "job1" / "model"),
+            "SM_HOSTS": '["algo-1"]',
+            "SM_CURRENT_HOST": "algo-1",
+        }
         cache = tmp_path / "job1" / "scratch" / "neuron-cache"
         assert sagemaker_env.pipeline_environment(first)["HPL_COMPILE_CACHE_DIR"] == str(cache)
         assert sagemaker_env.restore_compile_cache(first) == 0  # no channel: the stack's first job

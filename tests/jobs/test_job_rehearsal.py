@@ -11,15 +11,17 @@ import shlex
 import socket
 import subprocess
 import sys
-from pathlib import Path
+import threading
+from pathlib import Path, PurePosixPath
 
 import pytest
+from checkpoint_sync import CheckpointSync
 from job_container import Container, lay_out
 
 from hpctl.job_spec import METRIC_DEFINITIONS, JobSpec, job_environment, stage_source
 from llm_pipeline import sagemaker_job
 from llm_pipeline.jobs import smoke
-from llm_pipeline.jobs.sagemaker_env import JobHosts
+from llm_pipeline.jobs.sagemaker_env import CONTAINER_ROOT, JobHosts
 from llm_pipeline.weights.adapter_files import open_adapter_folder
 from tools import tiny_model as tiny
 
@@ -171,6 +173,7 @@ def test_each_instance_type_gets_in_a_job_what_env_sh_sets_on_the_cluster(
     facts = job_environment(instance_type, devices_per_node=1, bucket="hpl-bucket")
     names = tuple(f"algo-{n}" for n in range(1, hosts + 1))
     container = {"SM_MODEL_DIR": str(tmp_path / "model"), "PATH": os.environ["PATH"], **facts}
+    container |= {"SM_HOSTS": json.dumps(names), "SM_CURRENT_HOST": "algo-1"}
     job = settings(sagemaker_job.step_environment(container, JobHosts(hosts=names, current="algo-1")))
     assert job.items() >= expected.items()
     assert not [name for name in job if name.startswith(tuple(absent.split()))]
@@ -184,44 +187,105 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_two_hosts_fine_tune_the_full_model_with_fsdp_and_the_first_consolidates(tmp_path):
-    # Full fine-tuning, FSDP2 over two "hosts" (one process each) with separate disks: each rank
-    # saves its own shard on its own host, and consolidate on the first host needs both.
+def two_host_config(tmp_path: Path, *, max_steps: int) -> Path:
+    """Full fine-tuning on two hosts, a checkpoint every 2 steps (save_total_limit 2, as tiny-cpu)."""
     text = TINY.read_text().replace("nodes = 1", "nodes = 2").replace("[train]\n", '[train]\nmethod = "full"\n')
-    text = re.sub(r"(?m)^max_steps = .*$", "max_steps = 4", re.sub(r"(?m)^save_steps = .*$", "save_steps = 2", text))
-    config = tmp_path / "tiny-full-2hosts.toml"
+    text = re.sub(r"(?m)^max_steps = .*$", f"max_steps = {max_steps}", text)
+    text = re.sub(r"(?m)^save_steps = .*$", "save_steps = 2", text)
+    config = tmp_path / f"steps-{max_steps}" / "tiny-full-2hosts.toml"
+    config.parent.mkdir(parents=True)
     config.write_text(re.sub(r"(?m)^logging_steps = .*$", "logging_steps = 2", text))
-    spec = dataclasses.replace(SPEC, config_file=config, instance_count=2)
-    hosts, port = ("127.0.0.1", "localhost"), str(free_port())  # 127.0.0.1 sorts first: algo-1's role
-    jobs = []
-    for host in hosts:
-        container = lay_out(tmp_path / host / "opt" / "ml", host=host, hosts=hosts)
+    return config
+
+
+HOSTS = ("127.0.0.1", "localhost")  # 127.0.0.1 sorts first: algo-1's role
+
+
+def two_host_job(root: Path, spec: JobSpec, prefix: Path, *, leave_out=frozenset()):
+    """Both hosts run the job's command, their checkpoint folders synced to ``prefix`` (a restart when
+    it holds objects: restored first, but ``leave_out``). Returns the containers, the sync and the logs."""
+    port, containers, processes = str(free_port()), [], []
+    for host in HOSTS:
+        container = lay_out(root / host / "opt" / "ml", host=host, hosts=HOSTS)
         stage_source(spec, container.code_dir)
         tiny.write_tiny_model(container.channel("models"))  # s3://<bucket>/models/tiny-llama/
         tiny.write_dolly_jsonl(container.channel("datasets") / "tiny-dolly.jsonl", 60)
+        containers.append(container)
+    # CheckpointConfig: LocalPath /opt/ml/checkpoints/<run> on every host, S3Uri s3://<bucket>/outputs/<run>/
+    local = PurePosixPath(spec.checkpoint_local_path).relative_to(CONTAINER_ROOT)
+    sync = CheckpointSync(prefix, {container.host: container.root / local for container in containers})
+    sync.restore(leave_out=set(leave_out))
+    for container in containers:
         env = container.environment(spec.environment, job_name="rehearsal", channels=["code", "models", "datasets"])
         env["SM_MASTER_PORT"] = port
         env["HF_HOME"] = str(container.root.parent / "hf-home")  # separate machines: caches of their own
-        log = (tmp_path / f"{host}.log").open("w")
+        log = (root / f"{container.host}.log").open("w")
         # --no-smoke: the smoke stage (its own rehearsal above covers it) would run every step twice here.
-        process = subprocess.Popen(
-            job_command(spec, "--no-smoke"), cwd=container.code_dir, env=env, stdout=log, stderr=log, text=True
+        processes.append(
+            subprocess.Popen(
+                job_command(spec, "--no-smoke"), cwd=container.code_dir, env=env, stdout=log, stderr=log, text=True
+            )
         )
-        jobs.append((container, process, log))
-    codes = [process.wait(timeout=900) for _, process, _ in jobs]
-    leader, worker = ((tmp_path / f"{host}.log").read_text() for host in hosts)
-    assert codes == [0, 0], leader[-4000:] + worker[-4000:]
+    finished = threading.Event()
+    syncing = sync.run_until(finished)
+    codes = [process.wait(timeout=900) for process in processes]
+    finished.set()
+    syncing.join(timeout=60)
+    logs = [(root / f"{host}.log").read_text() for host in HOSTS]
+    assert codes == [0, 0], logs[0][-4000:] + logs[1][-4000:]
+    return containers, sync, logs
+
+
+def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_partial_restore(tmp_path):
+    # Full fine-tuning, FSDP2 over two "hosts" (one process each) with separate disks: each rank
+    # saves its own shard on its own host, and consolidate on the first host needs both.
+    spec = dataclasses.replace(SPEC, config_file=two_host_config(tmp_path, max_steps=4), instance_count=2)
+    prefix = tmp_path / "s3" / "outputs" / spec.run
+    containers, sync, (leader, worker) = two_host_job(tmp_path / "job", spec, prefix)
 
     assert "gather: node 1 (127.0.0.1) sent its part of checkpoint-4" in leader
-    assert "gather: checkpoint-4 is complete on this host: the seals of all 2 hosts and their files" in leader
+    gathered = r"\S+/scratch/gathered/tiny-lora/checkpoints"  # assembled in scratch, outside the synced folder
+    assert re.search(rf"gather: checkpoint-4 is complete in {gathered}: the seals of all 2 hosts", leader)
     assert "gather: sent this host's part of checkpoint-4 to 127.0.0.1" in worker
     assert "== consolidate" not in worker  # the first host's steps only
-    run_dir = jobs[0][0].root / "checkpoints" / "tiny-lora"
-    shards = sorted(p.name for p in (run_dir / "checkpoints" / "checkpoint-4").rglob("*.distcp"))
-    assert any(name.startswith("__1_") for name in shards) and any(name.startswith("__0_") for name in shards)
     assert re.search(r"(?m)^== consolidate: COMPLETED", leader)
+    run_dir = containers[0].root / "checkpoints" / "tiny-lora"
     assert (run_dir / "merged" / "model.safetensors").stat().st_size > 0
     assert "### Answer" in (run_dir / "generation.txt").read_text()
+    # S3 holds one copy of each file: the second host uploaded only its ranks' checkpoint files and its logs.
+    assert sync.written_twice() == {}
+    second = sorted(key for key, hosts in sync.writers.items() if hosts == {"localhost"})
+    assert all(key.startswith("logs/") and key.endswith("-localhost.log") for key in second if "checkpoint-" not in key)
+    own = (
+        "hpl-complete-node1.json",
+        "rng_state_1.pth",
+        *(f"{part}/__1_0.distcp" for part in ("pytorch_model_fsdp_0", "optimizer_0")),
+    )
+    assert {key for key in second if key.startswith("checkpoints/checkpoint-4/")} == {
+        f"checkpoints/checkpoint-4/{name}" for name in own
+    }
+    keys = sync.objects()
+    first = {"generation.txt", "logs/pipeline.json", "data/stats.json", "checkpoints/checkpoint-4/trainer_state.json"}
+    assert first <= keys and all(sync.writers[key] == {"127.0.0.1"} for key in first)
+    assert "logs/train-localhost.log" in keys and "logs/train-127.0.0.1.log" in keys
+
+    # A spot restart: a new pair of instances, every object restored but the second host's model shard
+    # of checkpoint-4 (a restore cut short), and a longer run: both resume from checkpoint-2.
+    spec = dataclasses.replace(spec, config_file=two_host_config(tmp_path, max_steps=6))
+    shard = "checkpoints/checkpoint-4/pytorch_model_fsdp_0/__1_0.distcp"
+    containers, sync, (leader, worker) = two_host_job(tmp_path / "restart", spec, prefix, leave_out={shard})
+
+    run_dir = containers[0].root / "checkpoints" / "tiny-lora"
+    assert f"resuming from {run_dir}/checkpoints/checkpoint-2" in leader
+    for log in (leader, worker):  # each host deletes the incomplete checkpoint-4 before saving it again
+        assert "checkpoint-4: incomplete, newer than the checkpoint training starts from" in log
+    assert re.search(r"(?m)^step 4/6 \| loss", leader) and re.search(r"(?m)^step 6/6 \| loss", leader)
+    assert "gather: node 1 (127.0.0.1) sent its part of checkpoint-6" in leader
+    assert re.search(r"(?m)^== consolidate: COMPLETED", leader)
+    assert sync.written_twice() == {}
+    keys = sync.objects()
+    assert shard in keys and "checkpoints/checkpoint-6/pytorch_model_fsdp_0/__1_0.distcp" in keys
+    assert not any(key.startswith("checkpoints/checkpoint-2/") for key in keys)  # pruned on both hosts
 
 
 def test_metric_definitions_read_every_field_of_the_progress_line(capsys):

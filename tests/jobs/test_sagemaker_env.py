@@ -65,6 +65,27 @@ def test_without_channels_inputs_go_to_scratch_and_devices_come_from_the_driver(
     assert neuron["HPL_DEVICES_PER_NODE"] == "32"
 
 
+def test_only_the_first_host_keeps_its_run_folder_in_the_synced_checkpoint_folder(tmp_path):
+    """The other hosts' run folders are in scratch; their checkpoints/ links into the synced folder and
+    their step logs go there, under the same relative paths (S3 gets one copy of each file)."""
+    root = tmp_path / "ml"
+    first = sm_env(root, ["algo-1", "algo-2"], "algo-1")
+    second = sm_env(root, ["algo-1", "algo-2"], "algo-2")
+    assert sagemaker_env.pipeline_environment(first)["HPL_OUTPUTS_DIR"] == str(root / "checkpoints")
+    assert sagemaker_env.pipeline_environment(second)["HPL_OUTPUTS_DIR"] == str(root / "scratch" / "outputs")
+    cfg = config.load(TINY, env={**second, **sagemaker_env.pipeline_environment(second)})
+    assert cfg.paths.output_dir == str(root / "scratch" / "outputs" / "tiny-lora")
+    linked = sagemaker_env.link_checkpoints(second, cfg.paths.checkpoints_dir)
+    assert linked == root / "checkpoints" / "tiny-lora" / "checkpoints" and linked.is_dir()
+    assert cfg.paths.checkpoints_dir.resolve() == linked.resolve()
+    assert sagemaker_env.link_checkpoints(second, cfg.paths.checkpoints_dir) == linked  # a second call: as it is
+    assert sagemaker_env.synced_path(second, cfg.paths.logs_dir) == root / "checkpoints" / "tiny-lora" / "logs"
+    assert sagemaker_env.gathered_dir(second, Path(cfg.paths.output_dir)) == root / "scratch" / "gathered" / "tiny-lora"
+    leader = config.load(TINY, env={**first, **sagemaker_env.pipeline_environment(first)})
+    assert sagemaker_env.link_checkpoints(first, leader.paths.checkpoints_dir) is None
+    assert sagemaker_env.synced_path(first, leader.paths.logs_dir) == leader.paths.logs_dir
+
+
 def test_hosts_are_sorted_and_ranked(tmp_path):
     hosts = sagemaker_env.read_hosts(sm_env(tmp_path, ["algo-3", "algo-1", "algo-2"], "algo-2"))
     assert hosts.hosts == ("algo-1", "algo-2", "algo-3")

@@ -17,6 +17,7 @@ from llm_pipeline.errors import StepError
 from llm_pipeline.training.neuron.backend import SEAL_RENDEZVOUS, seal_checkpoints
 from llm_pipeline.weights.checkpoints import (
     complete_checkpoints,
+    discard_after,
     is_sealed,
     newest_complete,
     prune,
@@ -123,3 +124,15 @@ def test_the_neuron_seal_callback_seals_what_neuronx_distributed_wrote_after_the
 def test_the_neuron_seal_callback_refuses_asynchronous_saves():
     with pytest.raises(StepError, match="async_save is on"):
         seal_checkpoints(SimpleNamespace(async_save=True), lambda tag: None)
+
+
+def test_a_resume_discards_the_incomplete_checkpoints_after_its_own(tmp_path):
+    """A restore cut short leaves checkpoint-20 without a shard; saving step 20 again into it would list
+    its leftovers in the new seals, so train deletes it before it starts from checkpoint-10."""
+    previous = two_host_checkpoint(tmp_path, 10)
+    newest = two_host_checkpoint(tmp_path, 20)
+    (newest / "model" / "__1_0.distcp").unlink()
+    step, resume = newest_complete(newest.parent)
+    assert discard_after(newest.parent, step) == [newest]
+    assert not newest.exists() and previous.is_dir() and resume == previous
+    assert discard_after(newest.parent, step) == []

@@ -53,3 +53,24 @@ def test_unsealed_checkpoints_are_left_to_the_first_host(tmp_path, capsys):
     env = {"SM_HOSTS": '["algo-1", "algo-2"]', "SM_CURRENT_HOST": "algo-2", "SM_MASTER_PORT": str(free_port())}
     gather.gather(cfg, env)
     assert "not sealed (written before seals existed)" in capsys.readouterr().out
+
+
+def test_the_first_host_assembles_the_checkpoint_outside_its_synced_folder(tmp_path):
+    """Links to its own files, the other host's files written over any stale copy it holds (a restore
+    brought back every host's files); its own folder, which SageMaker uploads, is left as it was."""
+    first = part(tmp_path / "algo-1", 0, {"trainer_state.json": b"{}", "model/__0_0.distcp": b"a" * 9})
+    (first / "model" / "__1_0.distcp").write_bytes(b"stale")  # restored from an earlier attempt
+    other = part(tmp_path / "algo-2", 1, {"model/__1_0.distcp": b"fresh" * 3})
+    assembled = gather.link_own_part(first, tmp_path / "gathered" / "checkpoints")
+    assert (assembled / "model" / "__0_0.distcp").is_symlink()
+    port = free_port()
+    leader = threading.Thread(target=lambda: gather.receive(assembled.parent, senders=1, port=port, wait_s=60))
+    leader.start()
+    gather.send(other, node=1, leader="127.0.0.1", port=port, wait_s=60)
+    leader.join(timeout=60)
+
+    assert (assembled / "model" / "__1_0.distcp").read_bytes() == b"fresh" * 3
+    assert not (assembled / "model" / "__1_0.distcp").is_symlink()
+    assert (first / "model" / "__1_0.distcp").read_bytes() == b"stale"  # not written through the link
+    assert not (first / "hpl-complete-node1.json").exists()
+    assert is_sealed(assembled)

@@ -12,9 +12,22 @@ so every step runs unchanged (one code path, no SageMaker branch in the steps):
                       <model> (HPL_MODEL_FOLDER names it; link_model_channel); without the
                       channel the download step fetches the model from the Hub
     HPL_DATASETS_DIR  the `datasets` channel (s3://<bucket>/datasets/<run>/), else <root>/scratch/datasets
-    HPL_OUTPUTS_DIR   <root>/checkpoints: the run folder <root>/checkpoints/<run> is the job's checkpoint
-                      folder, which SageMaker syncs to s3://<bucket>/outputs/<run>/ and restores on a
-                      (spot) restart, so train resumes and the outputs land where the cluster's would
+    HPL_OUTPUTS_DIR   on the first host <root>/checkpoints: the run folder <root>/checkpoints/<run> is
+                      the job's checkpoint folder, which SageMaker syncs to s3://<bucket>/outputs/<run>/
+                      and restores on a (spot) restart, so train resumes and the outputs land where
+                      the cluster's would. On every other host <root>/scratch/outputs (not synced):
+                      see "One copy in S3" below
+
+One copy in S3. SageMaker syncs every host's checkpoint folder to the same S3 prefix and restores the
+whole prefix to every host; its docs leave file names to the script ("to avoid overwrites in
+distributed training with multiple instances, you must manually configure the checkpoint file names
+and paths"). So the first host's run folder is the synced one, and each other host's run folder is
+in scratch except two things: its ``checkpoints/`` is a link into the synced folder
+(link_checkpoints), where it writes only its own ranks' files (``__<rank>_0.distcp``,
+``rng_state_<rank>.pth``, its node's seal: names no other host writes), and its step logs
+(``logs/<step>-<host>.log``, synced_path). On a restart every host gets every host's parts back in
+``checkpoints/``, which is what a resume needs. The gather step assembles the whole checkpoint for
+consolidate in scratch (gathered_dir), not in the synced folder, so no file reaches S3 twice.
 
 <root> is the container root (/opt/ml), taken as the parent of SM_MODEL_DIR so a rehearsal can lay
 the same folders out anywhere. Stdlib only, Python 3.10 (hpctl imports the names below).
@@ -32,6 +45,8 @@ from pathlib import Path
 CONTAINER_ROOT = "/opt/ml"
 CHECKPOINTS_FOLDER = "checkpoints"  # under the container root; SageMaker's default checkpoint folder
 SCRATCH_FOLDER = "scratch"  # under the container root, on the job's ML storage volume
+MODELS_SCRATCH = "models"  # HPL_MODELS_DIR under the scratch folder
+COMPILE_CACHE_SCRATCH = "neuron-cache"  # HPL_COMPILE_CACHE_DIR under the scratch folder
 MODELS_CHANNEL = "models"
 DATASETS_CHANNEL = "datasets"
 # s3://<bucket>/neuron-cache/, shared by every job of the stack: restored into HPL_COMPILE_CACHE_DIR
@@ -125,17 +140,59 @@ def devices_per_node(env: Mapping[str, str]) -> int:
     return 1
 
 
+def scratch_dir(env: Mapping[str, str]) -> Path:
+    return container_root(env) / SCRATCH_FOLDER
+
+
+def synced_outputs_dir(env: Mapping[str, str]) -> Path:
+    """Where run folders sit in the checkpoint folder SageMaker syncs (CheckpointConfig.LocalPath is
+    <this>/<run>); the first host's HPL_OUTPUTS_DIR."""
+    return container_root(env) / CHECKPOINTS_FOLDER
+
+
+def outputs_dir(env: Mapping[str, str]) -> Path:
+    """This host's HPL_OUTPUTS_DIR: the synced folder on the first host, scratch on the others."""
+    if read_hosts(env).is_leader:
+        return synced_outputs_dir(env)
+    return scratch_dir(env) / "outputs"
+
+
+def synced_path(env: Mapping[str, str], path: Path) -> Path:
+    """``path`` (under this host's HPL_OUTPUTS_DIR) at the same place in the synced folder."""
+    return synced_outputs_dir(env) / Path(path).relative_to(outputs_dir(env))
+
+
+def link_checkpoints(env: Mapping[str, str], checkpoints_dir: Path) -> Path | None:
+    """On a host other than the first, make the run's ``checkpoints/`` a link to the same folder in the
+    synced checkpoint folder, so its ranks' checkpoint files reach S3 (and come back on a restart).
+    Returns the linked folder, None on the first host (its run folder is the synced one)."""
+    target = synced_path(env, checkpoints_dir)
+    if target == Path(checkpoints_dir):
+        return None
+    target.mkdir(parents=True, exist_ok=True)
+    link = Path(checkpoints_dir)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        link.symlink_to(target, target_is_directory=True)
+    return target
+
+
+def gathered_dir(env: Mapping[str, str], output_dir: Path) -> Path:
+    """Where the gather step assembles a run folder's whole checkpoint on the first host: scratch,
+    outside the synced folder (each part is already in S3, uploaded by the host that wrote it)."""
+    return scratch_dir(env) / "gathered" / Path(output_dir).relative_to(outputs_dir(env))
+
+
 def pipeline_environment(env: Mapping[str, str]) -> dict[str, str]:
     """The HPL_* values for this container (see the module docstring); the steps read nothing else."""
-    root = container_root(env)
-    scratch = root / SCRATCH_FOLDER
+    scratch = scratch_dir(env)
     channel = {name: env.get(f"SM_CHANNEL_{name.upper()}", "") for name in (MODELS_CHANNEL, DATASETS_CHANNEL)}
     return {
         "HPL_FSX_MOUNT_PATH": str(scratch),  # no shared file system: everything else is per container
-        "HPL_MODELS_DIR": str(scratch / "models"),
+        "HPL_MODELS_DIR": str(scratch / MODELS_SCRATCH),
         "HPL_DATASETS_DIR": channel[DATASETS_CHANNEL] or str(scratch / "datasets"),
-        "HPL_OUTPUTS_DIR": str(root / CHECKPOINTS_FOLDER),
-        "HPL_COMPILE_CACHE_DIR": str(scratch / "neuron-cache"),
+        "HPL_OUTPUTS_DIR": str(outputs_dir(env)),
+        "HPL_COMPILE_CACHE_DIR": str(scratch / COMPILE_CACHE_SCRATCH),
         "HPL_SCRATCH_DIR": str(scratch),
         "HPL_DEVICES_PER_NODE": str(devices_per_node(env)),
         "HPL_RUNTIME": "host",  # the job already runs inside the training image
@@ -147,7 +204,7 @@ def link_model_channel(env: Mapping[str, str]) -> Path | None:
     channel, folder = env.get(f"SM_CHANNEL_{MODELS_CHANNEL.upper()}", ""), env.get(MODEL_FOLDER_VARIABLE, "")
     if not channel or not folder:
         return None
-    link = Path(pipeline_environment(env)["HPL_MODELS_DIR"]) / folder
+    link = scratch_dir(env) / MODELS_SCRATCH / folder
     link.parent.mkdir(parents=True, exist_ok=True)
     if not link.is_symlink():
         link.symlink_to(channel, target_is_directory=True)
@@ -164,7 +221,7 @@ def restore_compile_cache(env: Mapping[str, str]) -> int:
     )
     if not channel.is_dir():
         return 0
-    cache = Path(pipeline_environment(env)["HPL_COMPILE_CACHE_DIR"])
+    cache = scratch_dir(env) / COMPILE_CACHE_SCRATCH
     shutil.copytree(channel, cache, dirs_exist_ok=True)
     return sum(1 for path in channel.rglob("*") if path.is_file())
 
