@@ -4,10 +4,18 @@ socket and completes the checkpoint there; unsealed checkpoints (older runs) are
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import threading
 
-from llm_pipeline import gather
+import pytest
+import torch
+from merge_fixtures import Shape, adapter_config, full_adapter, shard_adapter
+from nxd_files import write_sharded_checkpoint
+from safetensors.torch import load_file
+
+from llm_pipeline import consolidate, gather
+from llm_pipeline.errors import CheckpointError
 from llm_pipeline.weights.checkpoints import is_sealed, newest_complete, write_seal
 
 
@@ -61,16 +69,58 @@ def test_the_first_host_assembles_the_checkpoint_outside_its_synced_folder(tmp_p
     first = part(tmp_path / "algo-1", 0, {"trainer_state.json": b"{}", "model/__0_0.distcp": b"a" * 9})
     (first / "model" / "__1_0.distcp").write_bytes(b"stale")  # restored from an earlier attempt
     other = part(tmp_path / "algo-2", 1, {"model/__1_0.distcp": b"fresh" * 3})
-    assembled = gather.link_own_part(first, tmp_path / "gathered" / "checkpoints")
-    assert (assembled / "model" / "__0_0.distcp").is_symlink()
-    port = free_port()
-    leader = threading.Thread(target=lambda: gather.receive(assembled.parent, senders=1, port=port, wait_s=60))
-    leader.start()
-    gather.send(other, node=1, leader="127.0.0.1", port=port, wait_s=60)
-    leader.join(timeout=60)
+    assert gather.link_own_part(first, tmp_path / "linked" / "checkpoints").joinpath("trainer_state.json").is_symlink()
+    assembled = gathered_by_socket(first, other, tmp_path / "gathered" / "checkpoints")
 
     assert (assembled / "model" / "__1_0.distcp").read_bytes() == b"fresh" * 3
     assert not (assembled / "model" / "__1_0.distcp").is_symlink()
     assert (first / "model" / "__1_0.distcp").read_bytes() == b"stale"  # not written through the link
     assert not (first / "hpl-complete-node1.json").exists()
     assert is_sealed(assembled)
+
+
+def gathered_by_socket(first, other, gathered):
+    """The first host's part linked into ``gathered``, the other's sent over a real socket."""
+    assembled = gather.link_own_part(first, gathered)
+    port = free_port()
+    leader = threading.Thread(target=lambda: gather.receive(gathered, senders=1, port=port, wait_s=60))
+    leader.start()
+    gather.send(other, node=1, leader="127.0.0.1", port=port, wait_s=60)
+    leader.join(timeout=60)
+    return assembled
+
+
+def test_a_neuron_checkpoint_split_over_two_hosts_consolidates_after_gather(tmp_path):
+    """With xser, neuronx-distributed 2.26 gives each data-parallel rank a share of every tensor file
+    (trainer/checkpoint.py _xser_save_data: bins per rank); rank 0 writes the references, metadata and
+    markers. With data parallelism across two hosts each disk holds part of the tensors."""
+    shape, targets = Shape(), ("q_proj", "v_proj")
+    full = full_adapter(shape, targets)
+    ranks, metadata = shard_adapter(shape, full, 2, fuse_qkv=False)
+    first = write_sharded_checkpoint(
+        tmp_path / "algo-1" / "checkpoints" / "checkpoint-4", ranks, metadata, adapter_config(targets), xser=True
+    )
+    other = tmp_path / "algo-2" / "checkpoints" / "checkpoint-4"
+    shutil.copytree(first, other)
+    tensors = sorted(first.rglob("tensor_*.pt"))
+
+    def seconds(path):  # tensor_<i>.pt: odd i on the second host's ranks, even on the first's
+        return path.name.startswith("tensor_") and int(path.stem.split("_")[1]) % 2 == 1
+
+    for path in [path for path in other.rglob("*") if path.is_file() and not seconds(path)]:
+        path.unlink()
+    theirs = [path for path in tensors if seconds(path)]
+    for path in theirs:
+        path.unlink()
+    write_seal(first, node=0, nodes=2)
+    write_seal(other, node=1, nodes=2)
+    assert len(json.loads((other / "hpl-complete-node1.json").read_text())["files"]) == len(theirs) > 0
+    with pytest.raises(CheckpointError):
+        consolidate.consolidate_checkpoint(first, tmp_path / "half")
+
+    assembled = gathered_by_socket(first, other, tmp_path / "gathered" / "checkpoints")
+    assert is_sealed(assembled)
+    rebuilt = load_file(
+        consolidate.consolidate_checkpoint(assembled, tmp_path / "adapter") / "adapter_model.safetensors"
+    )
+    assert sorted(rebuilt) == sorted(full) and all(torch.equal(rebuilt[name], full[name]) for name in full)
