@@ -23,8 +23,9 @@ before and skips it. Every step's output also goes to <run>/[smoke/]logs/<step>-
 The first host's run folder is the job's checkpoint folder (synced to s3://<bucket>/outputs/<run>/,
 restored to every host on a spot restart, when train resumes from its newest complete checkpoint);
 the other hosts keep their run folders in scratch and put only their checkpoint parts and step logs
-into the synced folder, so S3 holds one copy of each file (jobs/sagemaker_env.py). Finally the adapter and the generated
-answer are copied to SM_MODEL_DIR (the job's model.tar.gz) and a step summary to SM_OUTPUT_DATA_DIR.
+into the synced folder, so S3 holds one copy of each file (jobs/sagemaker_env.py). Finally the
+adapter and the generated answer are copied to SM_MODEL_DIR (the job's model.tar.gz) and a step
+summary to SM_OUTPUT_DATA_DIR.
 A failed step stops the job with that step's exit status and names it in /opt/ml/output/failure,
 which SageMaker reports as the job's FailureReason.
 """
@@ -56,7 +57,6 @@ STEP_ARGS = {"consolidate": ["--overwrite"], "merge": ["--overwrite"]}
 PAYLOADS_DIR = Path(__file__).resolve().parents[1]
 ACCELERATOR_ENV = PAYLOADS_DIR / "slurm" / "accelerator_env.sh"  # staged into the code channel by hpctl
 SUMMARY_FILE = "pipeline-summary-{host}.json"
-CHECKPOINTS = "checkpoints"  # the gathered run folder's checkpoints folder, as in a run folder
 
 
 def neuron_devices() -> bool:
@@ -137,7 +137,7 @@ def write_summary(env: dict[str, str], host: str, record: dict) -> None:
 def consolidate_source(run_config: Path, env: dict[str, str]) -> list[str]:
     """consolidate's --checkpoint: the whole checkpoint the gather step assembled, where it did."""
     cfg = config.load(run_config, env=env)
-    gathered = sagemaker_env.gathered_dir(env, Path(cfg.paths.output_dir)) / CHECKPOINTS
+    gathered = sagemaker_env.gathered_dir(env, Path(cfg.paths.output_dir)) / cfg.paths.checkpoints_dir.name
     return ["--checkpoint", str(gathered)] if gathered.is_dir() else []
 
 
