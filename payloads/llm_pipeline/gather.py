@@ -31,7 +31,14 @@ from llm_pipeline import cli
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.jobs import sagemaker_env
-from llm_pipeline.weights.checkpoints import SEAL_PREFIX, checkpoint_folders, is_sealed, seal_name
+from llm_pipeline.weights.checkpoints import (
+    SEAL_PREFIX,
+    checkpoint_folders,
+    complete_checkpoints,
+    discard_after,
+    is_sealed,
+    seal_name,
+)
 
 PORT_OFFSET = 1  # above SM_MASTER_PORT, which torchrun's rendezvous used during train
 WAIT_S = 1800  # how long the first host waits for the others, and they retry reaching it
@@ -62,24 +69,37 @@ def _receive_exactly(sock: socket.socket, size: int) -> bytes:
     return b"".join(parts)
 
 
+def _send_json(sock: socket.socket, value) -> None:
+    body = json.dumps(value).encode()
+    sock.sendall(struct.pack("!I", len(body)) + body)
+
+
+def _receive_json(sock: socket.socket):
+    (length,) = struct.unpack("!I", _receive_exactly(sock, 4))
+    return json.loads(_receive_exactly(sock, length))
+
+
+def _connect(leader: str, port: int, wait_s: float) -> socket.socket:
+    """A connection to the first host, retried until it listens (it may still be in an earlier step)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            sock = socket.create_connection((leader, port), timeout=30)
+            sock.settimeout(wait_s)
+            return sock
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise StepError(f"could not reach the first host {leader}:{port} for {wait_s:.0f} s: {exc}") from None
+            time.sleep(2)
+
+
 def send(folder: Path, *, node: int, leader: str, port: int, wait_s: float = WAIT_S) -> int:
     """Send this host's part of ``folder`` (its seal last) to the first host; bytes sent."""
     seal = folder / seal_name(node)
     listed = json.loads(seal.read_text())["files"]
     files = [(name, size) for name, size in listed.items()] + [(seal.name, seal.stat().st_size)]
-    header = json.dumps({"node": node, "checkpoint": folder.name, "files": files}).encode()
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            sock = socket.create_connection((leader, port), timeout=30)
-            break
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                raise StepError(f"could not reach the first host {leader}:{port} for {wait_s:.0f} s: {exc}") from None
-            time.sleep(2)
-    with sock:
-        sock.settimeout(wait_s)
-        sock.sendall(struct.pack("!I", len(header)) + header)
+    with _connect(leader, port, wait_s) as sock:
+        _send_json(sock, {"node": node, "checkpoint": folder.name, "files": files})
         for name, _ in files:
             with (folder / name).open("rb") as source:
                 while chunk := source.read(CHUNK):
@@ -90,8 +110,7 @@ def send(folder: Path, *, node: int, leader: str, port: int, wait_s: float = WAI
 
 
 def _receive_one(connection: socket.socket, checkpoints_dir: Path) -> tuple[int, str, int]:
-    (length,) = struct.unpack("!I", _receive_exactly(connection, 4))
-    header = json.loads(_receive_exactly(connection, length))
+    header = _receive_json(connection)
     folder = checkpoints_dir / Path(header["checkpoint"]).name
     written = 0
     for name, size in header["files"]:
@@ -130,6 +149,46 @@ def receive(checkpoints_dir: Path, *, senders: int, port: int, wait_s: float = W
             say(f"node {node} ({address[0]}) sent its part of {name}: {size / 1e6:.1f} MB")
             received.append((node, name, size))
     return received
+
+
+def agree_on_resume(checkpoints_dir: Path, hosts: sagemaker_env.JobHosts, *, wait_s: float = WAIT_S) -> int:
+    """Before train on several hosts: the newest checkpoint step every host sees complete (0: none).
+
+    Each host restored the S3 prefix on its own; were one restore cut short and another not, the
+    hosts would resume from different checkpoints. The first host collects every host's complete
+    steps and answers the newest they all hold; each host then deletes its checkpoint folders newer
+    than that (incomplete somewhere), so train resumes from the same checkpoint everywhere."""
+    mine = [step for step, _ in complete_checkpoints(checkpoints_dir)]
+    port = hosts.master_port + PORT_OFFSET
+    if not hosts.is_leader:
+        with _connect(hosts.leader, port, wait_s) as sock:
+            _send_json(sock, mine)
+            agreed = _receive_json(sock)
+    else:
+        shared, connections = set(mine), []
+        with socket.create_server(("", port)) as server:
+            server.settimeout(wait_s)
+            try:
+                while len(connections) < len(hosts.hosts) - 1:
+                    try:
+                        connection, _ = server.accept()
+                    except TimeoutError:
+                        raise StepError(
+                            f"{len(connections)} of {len(hosts.hosts) - 1} hosts named their checkpoints within "
+                            f"{wait_s:.0f} s"
+                        ) from None
+                    connection.settimeout(wait_s)
+                    connections.append(connection)
+                    shared &= set(_receive_json(connection))
+                agreed = max(shared, default=0)
+                for connection in connections:
+                    _send_json(connection, agreed)
+            finally:
+                for connection in connections:
+                    connection.close()
+    for folder in discard_after(checkpoints_dir, agreed):
+        say(f"discarded {folder}: not complete on every host")
+    return agreed
 
 
 def gather(cfg: RunConfig, env: dict[str, str] | None = None) -> None:

@@ -9,7 +9,8 @@ step modules the Slurm scripts run, in the same order, with the same arguments:
 
     prepare, download, data       every host (no shared file system: each host needs its own copy)
     precompile                    every host, only where Neuron devices exist (neuron_parallel_compile)
-    train                         torchrun on every host, arguments from the job's hosts (jobs/launch.py)
+    train                         torchrun on every host, arguments from the job's hosts (jobs/launch.py);
+                                  with several hosts, first they agree on the checkpoint to resume from
     gather                        several hosts: each sends its part of the newest checkpoint to the first
     consolidate, merge, generate  the first host only: its run folder now holds every host's shards
 
@@ -42,7 +43,8 @@ import sys
 import time
 from pathlib import Path
 
-from llm_pipeline import compile_cache, config, submit
+from llm_pipeline import compile_cache, config, gather, submit
+from llm_pipeline.errors import StepError
 from llm_pipeline.jobs import chain, launch, pipeline_status, sagemaker_env, smoke
 from llm_pipeline.jobs.chain import ChainJob
 from llm_pipeline.jobs.pipeline_status import StepJob
@@ -222,6 +224,10 @@ def run(run_config: Path, *, first_step: str, env: dict[str, str], smoke_stage: 
             skipped.parent.mkdir(parents=True, exist_ok=True)
             skipped.write_text(f"{command}\n== {name}: COMPLETED (exit 0) after 0 s\n")
             continue
+        if step == "train" and len(hosts.hosts) > 1:
+            checkpoints_dir = config.load(facts.config, env=env).paths.checkpoints_dir
+            agreed = gather.agree_on_resume(checkpoints_dir, hosts)
+            print(f"== {name}: every host starts from step {agreed} (the newest checkpoint all hold complete)")
         print(f"== {name}: {' '.join(command)}", flush=True)
         start = time.monotonic()
         code = run_step(command, env, Path(step_log.log))
@@ -254,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     try:
         return run(args.config.resolve(), first_step=args.first_step, env=env, smoke_stage=args.smoke)
-    except (config.ConfigError, sagemaker_env.SageMakerEnvError, launch.LaunchError) as exc:
+    except (config.ConfigError, sagemaker_env.SageMakerEnvError, launch.LaunchError, StepError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         write_failure(env, str(exc))
         return 2

@@ -243,6 +243,7 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
     prefix = tmp_path / "s3" / "outputs" / spec.run
     containers, sync, (leader, worker) = two_host_job(tmp_path / "job", spec, prefix)
 
+    assert "== train: every host starts from step 0" in leader and "== train: every host starts from step 0" in worker
     assert "gather: node 1 (127.0.0.1) sent its part of checkpoint-4" in leader
     gathered = r"\S+/scratch/gathered/tiny-lora/checkpoints"  # assembled in scratch, outside the synced folder
     assert re.search(rf"gather: checkpoint-4 is complete in {gathered}: the seals of all 2 hosts", leader)
@@ -277,8 +278,9 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
 
     run_dir = containers[0].root / "checkpoints" / "tiny-lora"
     assert f"resuming from {run_dir}/checkpoints/checkpoint-2" in leader
-    for log in (leader, worker):  # each host deletes the incomplete checkpoint-4 before saving it again
-        assert "checkpoint-4: incomplete, newer than the checkpoint training starts from" in log
+    for log in (leader, worker):  # they agree first, and delete the incomplete checkpoint-4 before saving it again
+        assert "== train: every host starts from step 2" in log
+        assert re.search(r"discarded \S+/checkpoint-4: (not complete on every host|incomplete, newer than)", log)
     assert re.search(r"(?m)^step 4/6 \| loss", leader) and re.search(r"(?m)^step 6/6 \| loss", leader)
     assert "gather: node 1 (127.0.0.1) sent its part of checkpoint-6" in leader
     assert re.search(r"(?m)^== consolidate: COMPLETED", leader)

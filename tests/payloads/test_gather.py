@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from llm_pipeline import consolidate, gather
 from llm_pipeline.errors import CheckpointError
+from llm_pipeline.jobs.sagemaker_env import JobHosts
 from llm_pipeline.weights.checkpoints import is_sealed, newest_complete, write_seal
 
 
@@ -124,3 +125,37 @@ def test_a_neuron_checkpoint_split_over_two_hosts_consolidates_after_gather(tmp_
         consolidate.consolidate_checkpoint(assembled, tmp_path / "adapter") / "adapter_model.safetensors"
     )
     assert sorted(rebuilt) == sorted(full) and all(torch.equal(rebuilt[name], full[name]) for name in full)
+
+
+def restored(root, steps: tuple[int, ...]):
+    """A host's checkpoints folder after a restore: each step complete (both nodes' seals and files)."""
+    for step in steps:
+        folder = root / "checkpoints" / f"checkpoint-{step}"
+        for node in (0, 1):
+            (folder / f"__{node}_0.distcp").parent.mkdir(parents=True, exist_ok=True)
+            (folder / f"__{node}_0.distcp").write_bytes(b"s" * (step + node))
+            write_seal(folder, node=node, nodes=2)
+    return root / "checkpoints"
+
+
+def test_hosts_whose_restores_differ_agree_on_the_newest_checkpoint_all_hold(tmp_path):
+    first, second = restored(tmp_path / "algo-1", (2, 4)), restored(tmp_path / "algo-2", (2, 4))
+    (second / "checkpoint-4" / "__0_0.distcp").unlink()  # this host's restore came back short
+    names, port, agreed = ("127.0.0.1", "localhost"), free_port(), {}
+
+    def agree(host, checkpoints):
+        hosts = JobHosts(hosts=names, current=host, master_port=port)
+        agreed[host] = gather.agree_on_resume(checkpoints, hosts, wait_s=60)
+
+    threads = [threading.Thread(target=agree, args=pair) for pair in zip(names, (first, second), strict=True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert agreed == {"127.0.0.1": 2, "localhost": 2}
+    assert [newest_complete(folder) for folder in (first, second)] == [
+        (2, first / "checkpoint-2"),
+        (2, second / "checkpoint-2"),
+    ]
+    assert not (first / "checkpoint-4").exists()  # complete here, but not everywhere
