@@ -32,12 +32,14 @@ from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.jobs import sagemaker_env
 from llm_pipeline.weights.checkpoints import (
-    SEAL_PREFIX,
     checkpoint_folders,
     complete_checkpoints,
     discard_after,
+    has_seals,
+    held_steps,
     is_sealed,
     seal_name,
+    shared_files,
 )
 
 PORT_OFFSET = 1  # above SM_MASTER_PORT, which torchrun's rendezvous used during train
@@ -93,20 +95,24 @@ def _connect(leader: str, port: int, wait_s: float) -> socket.socket:
             time.sleep(2)
 
 
+def _send_files(sock: socket.socket, folder: Path, names: list[str], *, node: int) -> int:
+    """``names`` of ``folder`` over ``sock`` (the header _receive_one reads, then the bytes); bytes sent."""
+    files = [(name, (folder / name).stat().st_size) for name in names]
+    _send_json(sock, {"node": node, "checkpoint": folder.name, "files": files})
+    for name, _ in files:
+        with (folder / name).open("rb") as source:
+            while chunk := source.read(CHUNK):
+                sock.sendall(chunk)
+    if _receive_exactly(sock, len(ACK)) != ACK:
+        raise StepError(f"the other host did not confirm {folder.name}")
+    return sum(size for _, size in files)
+
+
 def send(folder: Path, *, node: int, leader: str, port: int, wait_s: float = WAIT_S) -> int:
     """Send this host's part of ``folder`` (its seal last) to the first host; bytes sent."""
     seal = folder / seal_name(node)
-    listed = json.loads(seal.read_text())["files"]
-    files = [(name, size) for name, size in listed.items()] + [(seal.name, seal.stat().st_size)]
     with _connect(leader, port, wait_s) as sock:
-        _send_json(sock, {"node": node, "checkpoint": folder.name, "files": files})
-        for name, _ in files:
-            with (folder / name).open("rb") as source:
-                while chunk := source.read(CHUNK):
-                    sock.sendall(chunk)
-        if _receive_exactly(sock, len(ACK)) != ACK:
-            raise StepError(f"the first host {leader} did not confirm {folder.name}")
-    return sum(size for _, size in files)
+        return _send_files(sock, folder, [*json.loads(seal.read_text())["files"], seal.name], node=node)
 
 
 def _receive_one(connection: socket.socket, checkpoints_dir: Path) -> tuple[int, str, int]:
@@ -151,21 +157,39 @@ def receive(checkpoints_dir: Path, *, senders: int, port: int, wait_s: float = W
     return received
 
 
-def agree_on_resume(checkpoints_dir: Path, hosts: sagemaker_env.JobHosts, *, wait_s: float = WAIT_S) -> int:
-    """Before train on several hosts: the newest checkpoint step every host sees complete (0: none).
+def agree_on_resume(
+    checkpoints_dir: Path,
+    hosts: sagemaker_env.JobHosts,
+    *,
+    resume_dir: Path,
+    by_part: bool = True,
+    wait_s: float = WAIT_S,
+) -> Path | None:
+    """Before train on several hosts: the checkpoint this host resumes from, the same step on every
+    host (None: every host starts from the base model).
 
-    Each host restored the S3 prefix on its own; were one restore cut short and another not, the
-    hosts would resume from different checkpoints. The first host collects every host's complete
-    steps and answers the newest they all hold; each host then deletes its checkpoint folders newer
-    than that (incomplete somewhere), so train resumes from the same checkpoint everywhere."""
-    mine = [step for step, _ in complete_checkpoints(checkpoints_dir)]
+    Each host names the steps whose checkpoint it holds: with ``by_part`` (the torch engine) its own
+    node's part complete (its seal and the files it lists; within one job a host's disk holds nothing
+    else), else the whole checkpoint complete. The first host answers the newest step every host
+    holds, then sends every other host that checkpoint's shared files (checkpoints.shared_files:
+    trainer_state.json, scheduler.pt, the .metadata files, an adapter; never a rank's shard), which
+    that host assembles in ``resume_dir`` (scratch: links to its own files, the received files beside
+    them, so nothing it receives is uploaded again) and resumes from there. A rank's optimizer entries
+    in another host's files come over the process group at load (training/torch/parallel.py). Every
+    host deletes its checkpoint folders newer than the agreed one (incomplete somewhere)."""
+    held = held_steps(checkpoints_dir, hosts.rank) if by_part else [s for s, _ in complete_checkpoints(checkpoints_dir)]
     port = hosts.master_port + PORT_OFFSET
     if not hosts.is_leader:
         with _connect(hosts.leader, port, wait_s) as sock:
-            _send_json(sock, mine)
+            _send_json(sock, held)
             agreed = _receive_json(sock)
+            if agreed:
+                link_own_part(checkpoints_dir / f"checkpoint-{agreed}", resume_dir)
+                _, name, size = _receive_one(sock, resume_dir)
+                say(f"received the shared files of {name} from {hosts.leader}: {size / 1e6:.1f} MB")
+        resume = resume_dir / f"checkpoint-{agreed}"
     else:
-        shared, connections = set(mine), []
+        shared, connections = set(held), []
         with socket.create_server(("", port)) as server:
             server.settimeout(wait_s)
             try:
@@ -181,14 +205,17 @@ def agree_on_resume(checkpoints_dir: Path, hosts: sagemaker_env.JobHosts, *, wai
                     connections.append(connection)
                     shared &= set(_receive_json(connection))
                 agreed = max(shared, default=0)
+                resume = checkpoints_dir / f"checkpoint-{agreed}"
                 for connection in connections:
                     _send_json(connection, agreed)
+                    if agreed:
+                        _send_files(connection, resume, shared_files(resume, node=0), node=0)
             finally:
                 for connection in connections:
                     connection.close()
     for folder in discard_after(checkpoints_dir, agreed):
         say(f"discarded {folder}: not complete on every host")
-    return agreed
+    return resume if agreed else None
 
 
 def gather(cfg: RunConfig, env: dict[str, str] | None = None) -> None:
@@ -199,7 +226,7 @@ def gather(cfg: RunConfig, env: dict[str, str] | None = None) -> None:
         return
     checkpoints_dir = cfg.paths.checkpoints_dir
     port = hosts.master_port + PORT_OFFSET
-    if not any(any(folder.glob(f"{SEAL_PREFIX}*.json")) for _, folder in checkpoint_folders(checkpoints_dir)):
+    if not has_seals(checkpoint_folders(checkpoints_dir)):
         # Written before seals existed: nothing says which host holds which file.
         say("the checkpoints are not sealed (written before seals existed): consolidate reads the first host's files")
         return

@@ -11,6 +11,7 @@ step modules the Slurm scripts run, in the same order, with the same arguments:
     precompile                    every host, only where Neuron devices exist (neuron_parallel_compile)
     train                         torchrun on every host, arguments from the job's hosts (jobs/launch.py);
                                   with several hosts, first they agree on the checkpoint to resume from
+                                  and the first host sends the others its shared files of it
     gather                        several hosts: each sends its part of the newest checkpoint to the first
     consolidate, merge, generate  the first host only: its run folder now holds every host's shards
 
@@ -43,12 +44,13 @@ import sys
 import time
 from pathlib import Path
 
-from llm_pipeline import compile_cache, config, gather, submit
+from llm_pipeline import compile_cache, config, gather, submit, train
 from llm_pipeline.errors import StepError
 from llm_pipeline.jobs import chain, launch, pipeline_status, sagemaker_env, smoke
 from llm_pipeline.jobs.chain import ChainJob
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts
+from llm_pipeline.weights.checkpoints import checkpoint_step
 
 # The Slurm chain's order, plus gather after train: a job's hosts share no file system (gather.py).
 STEPS = (*submit.STEPS[: submit.STEPS.index("train") + 1], "gather", *submit.STEPS[submit.STEPS.index("train") + 1 :])
@@ -143,6 +145,18 @@ def consolidate_source(run_config: Path, env: dict[str, str]) -> list[str]:
     return ["--checkpoint", str(gathered)] if gathered.is_dir() else []
 
 
+def agree_on_resume(run_config: Path, env: dict[str, str], hosts: sagemaker_env.JobHosts) -> Path | None:
+    """Several hosts: the checkpoint this host's train resumes from, the same step on every host."""
+    cfg = config.load(run_config, env=env)
+    return gather.agree_on_resume(
+        cfg.paths.checkpoints_dir,
+        hosts,
+        resume_dir=sagemaker_env.resume_dir(env, Path(cfg.paths.output_dir)) / cfg.paths.checkpoints_dir.name,
+        # torch ranks read their own shards and the shared files; a Neuron resume reads every tensor file
+        by_part=train.resolve_backend(cfg.train.backend) == "torch",
+    )
+
+
 def job_plan(
     run_config: Path, cfg: config.RunConfig, first_step: str, hosts: sagemaker_env.JobHosts, *, smoke_stage: bool
 ) -> list[tuple[ChainJob, RunFacts]]:
@@ -225,9 +239,10 @@ def run(run_config: Path, *, first_step: str, env: dict[str, str], smoke_stage: 
             skipped.write_text(f"{command}\n== {name}: COMPLETED (exit 0) after 0 s\n")
             continue
         if step == "train" and len(hosts.hosts) > 1:
-            checkpoints_dir = config.load(facts.config, env=env).paths.checkpoints_dir
-            agreed = gather.agree_on_resume(checkpoints_dir, hosts)
-            print(f"== {name}: every host starts from step {agreed} (the newest checkpoint all hold complete)")
+            resume = agree_on_resume(facts.config, env, hosts)
+            start = f"step {checkpoint_step(resume) if resume else 0}"
+            print(f"== {name}: every host starts from {start} (the newest checkpoint all hold their part of)")
+            command = [*command, "--resume-from", str(resume or train.FROM_BASE_MODEL)]
         print(f"== {name}: {' '.join(command)}", flush=True)
         start = time.monotonic()
         code = run_step(command, env, Path(step_log.log))

@@ -12,9 +12,10 @@ once and hands both to it.
 Checkpoints go to paths.checkpoints_dir/checkpoint-<step> every train.save_steps and at the last
 step; TensorBoard events to paths.tensorboard_dir. A restart resumes from the newest complete
 checkpoint and the step count continues; checkpoint folders newer than that one (incomplete) are
-deleted first, so a save of the same step starts clean. --precompile runs train.precompile_steps steps with the
-same settings and saves nothing: the Slurm precompile step runs it under neuron_parallel_compile
-so the real run finds every graph in the compile cache.
+deleted first, so a save of the same step starts clean. --resume-from names the checkpoint instead
+(or "none"): a training job's hosts agree on it before train (sagemaker_job, gather.agree_on_resume).
+--precompile runs train.precompile_steps steps with the same settings and saves nothing: the Slurm
+precompile step runs it under neuron_parallel_compile so the real run finds every graph in the compile cache.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from llm_pipeline.training import full_rules, lora_count
 from llm_pipeline.training.neuron import rules as neuron_rules
 from llm_pipeline.training.plan import TrainPlan, say, world_size
 from llm_pipeline.weights import model_files
-from llm_pipeline.weights.checkpoints import discard_after, newest_complete
+from llm_pipeline.weights.checkpoints import checkpoint_step, discard_after, newest_complete
 
+FROM_BASE_MODEL = "none"  # --resume-from: no checkpoint
 FINISHED_MARKER = "finished.json"  # in paths.checkpoints_dir, next to the checkpoint it names
 
 
@@ -49,7 +51,9 @@ def resolve_backend(name: str) -> str:
     return name
 
 
-def make_plan(cfg: RunConfig, backend: str, precompile: bool) -> TrainPlan:
+def make_plan(cfg: RunConfig, backend: str, precompile: bool, resume_from: str | None = None) -> TrainPlan:
+    """``resume_from``: the checkpoint folder (or FROM_BASE_MODEL) the hosts agreed on; None: the newest
+    complete checkpoint in paths.checkpoints_dir."""
     train = cfg.train
     if precompile:
         # Same graphs as the real run, a few steps, one log event (its graph is compiled too), no saving.
@@ -62,8 +66,13 @@ def make_plan(cfg: RunConfig, backend: str, precompile: bool) -> TrainPlan:
             start_step=0,
             tensorboard_dir=None,
         )
-    newest = newest_complete(cfg.paths.checkpoints_dir)
-    step, folder = newest if newest else (0, None)
+    if resume_from == FROM_BASE_MODEL:
+        step, folder = 0, None
+    elif resume_from is not None:
+        step, folder = checkpoint_step(Path(resume_from)), Path(resume_from)
+    else:
+        newest = newest_complete(cfg.paths.checkpoints_dir)
+        step, folder = newest if newest else (0, None)
     return TrainPlan(
         backend=backend,
         max_steps=train.max_steps,
@@ -110,14 +119,16 @@ def check_scheduler(name: str) -> None:
         raise StepError(f"train.lr_scheduler: invalid value {name!r} (allowed: {', '.join(allowed)})")
 
 
-def train(cfg: RunConfig, backend_override: str | None = None, precompile: bool = False) -> TrainPlan:
+def train(
+    cfg: RunConfig, backend_override: str | None = None, precompile: bool = False, resume_from: str | None = None
+) -> TrainPlan:
     from transformers import AutoConfig
 
     check_scheduler(cfg.train.lr_scheduler)
     backend = resolve_backend(backend_override or cfg.train.backend)
     check_backend(cfg, backend)
     model_dir = model_files.require_model_folder(Path(cfg.paths.model_dir), "the base model to train")
-    plan = make_plan(cfg, backend, precompile)
+    plan = make_plan(cfg, backend, precompile, resume_from)
     done = finished_step(cfg)
     if done is not None:
         # A resubmitted finished run would otherwise recompile and take one more (zero-LR) step.
@@ -132,7 +143,8 @@ def train(cfg: RunConfig, backend_override: str | None = None, precompile: bool 
             print(f"discarded {folder}: incomplete, newer than the checkpoint training starts from", flush=True)
     what = "precompile run" if precompile else "training"
     start = f"resuming from {plan.resume_from}" if plan.resume_from else "from the base model"
-    say(f"{what} with the {backend} backend, {start}")
+    if os.environ.get("LOCAL_RANK", "0") == "0":  # each node: a training job's hosts resume from their own folders
+        print(f"{what} with the {backend} backend, {start}", flush=True)
 
     datasets, tokenizer = data.training_inputs(cfg, may_prepare=world_size() == 1)
     model_config = AutoConfig.from_pretrained(model_dir)
@@ -173,11 +185,19 @@ def build_parser():
         action="store_true",
         help="run train.precompile_steps steps, save nothing (for neuron_parallel_compile)",
     )
+    parser.add_argument(
+        "--resume-from",
+        metavar="CHECKPOINT",
+        help=f"resume from this checkpoint-<step> folder ({FROM_BASE_MODEL!r}: from the base model) instead of the "
+        "newest complete one in paths.checkpoints_dir (a training job's hosts agree on it first)",
+    )
     return parser
 
 
 def main(argv=None) -> int:
-    return cli.run_step(build_parser, lambda cfg, args: train(cfg, args.backend, args.precompile), argv)
+    return cli.run_step(
+        build_parser, lambda cfg, args: train(cfg, args.backend, args.precompile, args.resume_from), argv
+    )
 
 
 if __name__ == "__main__":

@@ -201,7 +201,7 @@ def two_host_config(tmp_path: Path, *, max_steps: int) -> Path:
 HOSTS = ("127.0.0.1", "localhost")  # 127.0.0.1 sorts first: algo-1's role
 
 
-def two_host_job(root: Path, spec: JobSpec, prefix: Path, *, leave_out=frozenset()):
+def two_host_job(root: Path, spec: JobSpec, prefix: Path, *, leave_out=frozenset(), smoke_stage: bool = False):
     """Both hosts run the job's command, their checkpoint folders synced to ``prefix`` (a restart when
     it holds objects: restored first, but ``leave_out``). Returns the containers, the sync and the logs."""
     port, containers, processes = str(free_port()), [], []
@@ -220,12 +220,8 @@ def two_host_job(root: Path, spec: JobSpec, prefix: Path, *, leave_out=frozenset
         env["SM_MASTER_PORT"] = port
         env["HF_HOME"] = str(container.root.parent / "hf-home")  # separate machines: caches of their own
         log = (root / f"{container.host}.log").open("w")
-        # --no-smoke: the smoke stage (its own rehearsal above covers it) would run every step twice here.
-        processes.append(
-            subprocess.Popen(
-                job_command(spec, "--no-smoke"), cwd=container.code_dir, env=env, stdout=log, stderr=log, text=True
-            )
-        )
+        command = job_command(spec, *([] if smoke_stage else ["--no-smoke"]))
+        processes.append(subprocess.Popen(command, cwd=container.code_dir, env=env, stdout=log, stderr=log, text=True))
     finished = threading.Event()
     syncing = sync.run_until(finished)
     codes = [process.wait(timeout=900) for process in processes]
@@ -241,8 +237,19 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
     # saves its own shard on its own host, and consolidate on the first host needs both.
     spec = dataclasses.replace(SPEC, config_file=two_host_config(tmp_path, max_steps=4), instance_count=2)
     prefix = tmp_path / "s3" / "outputs" / spec.run
-    containers, sync, (leader, worker) = two_host_job(tmp_path / "job", spec, prefix)
+    containers, sync, (leader, worker) = two_host_job(tmp_path / "job", spec, prefix, smoke_stage=True)
 
+    # The smoke stage's resume resumes on both hosts: each holds only its part of checkpoint-2 (the second
+    # host gets the first host's shared files), and they train steps 3 and 4 only.
+    smoke_checkpoint = r"\S+/smoke/checkpoints/checkpoint-2"
+    for log in (leader, worker):
+        assert "== smoke-train: every host starts from step 0" in log
+        assert "== smoke-train-resume: every host starts from step 2" in log
+        assert re.search(rf"(?m)^training with the torch backend, resuming from {smoke_checkpoint}$", log), log[-3000:]
+    assert re.search(r"gather: received the shared files of checkpoint-2 from 127.0.0.1", worker)
+    assert f"/scratch/resume/{spec.run}/smoke/checkpoints/checkpoint-2" in worker  # assembled outside the synced folder
+    resumed = leader[leader.index("== smoke-train-resume:") : leader.index("== smoke-train-resume: COMPLETED")]
+    assert re.findall(r"(?m)^step (\d+)/4 \| loss", resumed) == ["3", "4"]
     assert "== train: every host starts from step 0" in leader and "== train: every host starts from step 0" in worker
     assert "gather: node 1 (127.0.0.1) sent its part of checkpoint-4" in leader
     gathered = r"\S+/scratch/gathered/tiny-lora/checkpoints"  # assembled in scratch, outside the synced folder
@@ -256,7 +263,7 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
     # S3 holds one copy of each file: the second host uploaded only its ranks' checkpoint files and its logs.
     assert sync.written_twice() == {}
     second = sorted(key for key, hosts in sync.writers.items() if hosts == {"localhost"})
-    assert all(key.startswith("logs/") and key.endswith("-localhost.log") for key in second if "checkpoint-" not in key)
+    assert all(re.fullmatch(r"(smoke/)?logs/[\w-]+-localhost\.log", key) for key in second if "checkpoint-" not in key)
     own = (
         "hpl-complete-node1.json",
         "rng_state_1.pth",

@@ -127,35 +127,97 @@ def test_a_neuron_checkpoint_split_over_two_hosts_consolidates_after_gather(tmp_
     assert sorted(rebuilt) == sorted(full) and all(torch.equal(rebuilt[name], full[name]) for name in full)
 
 
-def restored(root, steps: tuple[int, ...]):
-    """A host's checkpoints folder after a restore: each step complete (both nodes' seals and files)."""
+# Each node's files of a torch FSDP2 checkpoint: node 0 also writes the shared ones.
+SHARED = {
+    "trainer_state.json": b"{}",
+    "scheduler.pt": b"lr",
+    "optimizer_0/.metadata": b"md",
+    "adapter_config.json": b"{}",
+}
+
+
+def node_files(node: int, step: int) -> dict[str, bytes]:
+    own = {f"optimizer_0/__{node}_0.distcp": b"s" * (step + node), f"rng_state_{node}.pth": b"r"}
+    return {**own, **(SHARED if node == 0 else {})}
+
+
+def saved(root, steps: tuple[int, ...], nodes: tuple[int, ...] = (0, 1)):
+    """A host's checkpoints folder holding ``nodes``' sealed parts of each step (both after a restore; its
+    own only within one job)."""
     for step in steps:
-        folder = root / "checkpoints" / f"checkpoint-{step}"
-        for node in (0, 1):
-            (folder / f"__{node}_0.distcp").parent.mkdir(parents=True, exist_ok=True)
-            (folder / f"__{node}_0.distcp").write_bytes(b"s" * (step + node))
-            write_seal(folder, node=node, nodes=2)
+        for node in nodes:  # each part as its own host wrote and sealed it
+            written = root / "written" / str(node) / f"checkpoint-{step}"
+            for name, data in node_files(node, step).items():
+                (written / name).parent.mkdir(parents=True, exist_ok=True)
+                (written / name).write_bytes(data)
+            write_seal(written, node=node, nodes=2)
+            shutil.copytree(written, root / "checkpoints" / written.name, dirs_exist_ok=True)
     return root / "checkpoints"
 
 
-def test_hosts_whose_restores_differ_agree_on_the_newest_checkpoint_all_hold(tmp_path):
-    first, second = restored(tmp_path / "algo-1", (2, 4)), restored(tmp_path / "algo-2", (2, 4))
-    (second / "checkpoint-4" / "__0_0.distcp").unlink()  # this host's restore came back short
-    names, port, agreed = ("127.0.0.1", "localhost"), free_port(), {}
+NAMES = ("127.0.0.1", "localhost")  # 127.0.0.1 sorts first: the first host
 
-    def agree(host, checkpoints):
-        hosts = JobHosts(hosts=names, current=host, master_port=port)
-        agreed[host] = gather.agree_on_resume(checkpoints, hosts, wait_s=60)
 
-    threads = [threading.Thread(target=agree, args=pair) for pair in zip(names, (first, second), strict=True)]
+def agree_over_a_socket(tmp_path, checkpoints: tuple, **options) -> dict:
+    """Both hosts run gather.agree_on_resume at once over a real socket; host -> the folder it resumes from."""
+    port, resumes = free_port(), {}
+
+    def agree(host, folder):
+        hosts = JobHosts(hosts=NAMES, current=host, master_port=port)
+        resume_dir = tmp_path / host / "scratch" / "resume"
+        resumes[host] = gather.agree_on_resume(folder, hosts, resume_dir=resume_dir, wait_s=60, **options)
+
+    threads = [threading.Thread(target=agree, args=pair) for pair in zip(NAMES, checkpoints, strict=True)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
+    return resumes
 
-    assert agreed == {"127.0.0.1": 2, "localhost": 2}
+
+def test_within_one_job_each_host_holds_its_part_and_the_others_get_the_shared_files(tmp_path):
+    first, second = saved(tmp_path / "algo-1", (2, 4), nodes=(0,)), saved(tmp_path / "algo-2", (2, 4), nodes=(1,))
+    own = sorted(p.relative_to(second).as_posix() for p in second.rglob("*"))
+
+    resumes = agree_over_a_socket(tmp_path, (first, second))
+
+    resume = tmp_path / "localhost" / "scratch" / "resume" / "checkpoint-4"
+    assert resumes == {"127.0.0.1": first / "checkpoint-4", "localhost": resume}
+    for name, data in {**SHARED, **node_files(1, 4)}.items():
+        assert (resume / name).read_bytes() == data, name
+    assert (
+        resume / "optimizer_0" / "__1_0.distcp"
+    ).resolve() == second / "checkpoint-4" / "optimizer_0" / "__1_0.distcp"
+    assert not (resume / "optimizer_0" / "__0_0.distcp").exists() and not (resume / "rng_state_0.pth").exists()
+    # nothing received lands in the second host's checkpoints folder (synced: it would reach S3 twice)
+    assert sorted(p.relative_to(second).as_posix() for p in second.rglob("*")) == own
+
+
+def test_hosts_whose_restores_differ_agree_on_the_newest_checkpoint_all_hold_their_part_of(tmp_path):
+    first, second = saved(tmp_path / "algo-1", (2, 4)), saved(tmp_path / "algo-2", (2, 4))
+    (second / "checkpoint-4" / "optimizer_0" / "__1_0.distcp").unlink()  # its own shard came back short
+    (second / "checkpoint-2" / "optimizer_0" / "__0_0.distcp").unlink()  # another rank's: never read there
+
+    resumes = agree_over_a_socket(tmp_path, (first, second))
+
+    assert resumes["127.0.0.1"] == first / "checkpoint-2"
+    assert resumes["localhost"] == tmp_path / "localhost" / "scratch" / "resume" / "checkpoint-2"
+    assert not (first / "checkpoint-4").exists() and not (second / "checkpoint-4").exists()
+
+
+def test_a_neuron_resume_needs_the_whole_checkpoint_on_every_host(tmp_path):
+    first, second = saved(tmp_path / "algo-1", (2, 4)), saved(tmp_path / "algo-2", (2, 4))
+    (second / "checkpoint-4" / "optimizer_0" / "__0_0.distcp").unlink()
+
+    resumes = agree_over_a_socket(tmp_path, (first, second), by_part=False)
+
+    assert resumes["127.0.0.1"] == first / "checkpoint-2"
     assert [newest_complete(folder) for folder in (first, second)] == [
         (2, first / "checkpoint-2"),
         (2, second / "checkpoint-2"),
     ]
-    assert not (first / "checkpoint-4").exists()  # complete here, but not everywhere
+
+
+def test_hosts_without_a_checkpoint_start_from_the_base_model(tmp_path):
+    resumes = agree_over_a_socket(tmp_path, (tmp_path / "a" / "checkpoints", tmp_path / "b" / "checkpoints"))
+    assert resumes == {"127.0.0.1": None, "localhost": None}

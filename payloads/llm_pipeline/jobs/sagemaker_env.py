@@ -26,8 +26,12 @@ in scratch except two things: its ``checkpoints/`` is a link into the synced fol
 (link_checkpoints), where it writes only its own ranks' files (``__<rank>_0.distcp``,
 ``rng_state_<rank>.pth``, its node's seal: names no other host writes), and its step logs
 (``logs/<step>-<host>.log``, synced_path). On a restart every host gets every host's parts back in
-``checkpoints/``, which is what a resume needs. The gather step assembles the whole checkpoint for
-consolidate in scratch (gathered_dir), not in the synced folder, so no file reaches S3 twice.
+``checkpoints/``. Within one job a host's disk holds only its own part; before train the hosts
+agree on the checkpoint to resume from, and the first host sends the others its shared files
+(trainer_state.json, scheduler.pt, the .metadata files), which each assembles with its own files
+in scratch (resume_dir) and resumes from there, so they are not uploaded twice. The gather step
+assembles the whole checkpoint for consolidate in scratch (gathered_dir), not in the synced folder,
+so no file reaches S3 twice.
 
 <root> is the container root (/opt/ml), taken as the parent of SM_MODEL_DIR so a rehearsal can lay
 the same folders out anywhere. Stdlib only, Python 3.10 (hpctl imports the names below).
@@ -180,7 +184,17 @@ def link_checkpoints(env: Mapping[str, str], checkpoints_dir: Path) -> Path | No
 def gathered_dir(env: Mapping[str, str], output_dir: Path) -> Path:
     """Where the gather step assembles a run folder's whole checkpoint on the first host: scratch,
     outside the synced folder (each part is already in S3, uploaded by the host that wrote it)."""
-    return scratch_dir(env) / "gathered" / Path(output_dir).relative_to(outputs_dir(env))
+    return _scratch_copy(env, output_dir, "gathered")
+
+
+def resume_dir(env: Mapping[str, str], output_dir: Path) -> Path:
+    """Where a host other than the first assembles the checkpoint its train resumes from (its own files
+    and the first host's shared ones, gather.agree_on_resume): scratch, so none is uploaded again."""
+    return _scratch_copy(env, output_dir, "resume")
+
+
+def _scratch_copy(env: Mapping[str, str], output_dir: Path, purpose: str) -> Path:
+    return scratch_dir(env) / purpose / Path(output_dir).relative_to(outputs_dir(env))
 
 
 def pipeline_environment(env: Mapping[str, str]) -> dict[str, str]:

@@ -9,6 +9,11 @@ training job's local disk that host's own). A checkpoint is complete when the se
 is there and every file the seals list is there at its size: the seals are written last, and they
 say what else must have arrived.
 
+On a training job with several hosts each host holds its own part: its ranks' files
+(PER_RANK_FILE) and its seal; the first host also the shared files (trainer_state.json,
+scheduler.pt, the .metadata of each sharded folder, an adapter). ``held_steps`` says which parts a
+host holds, ``shared_files`` what the first host sends the others so they can resume (gather.py).
+
 Checkpoints written before seals existed (no seal anywhere in the folder) still count by
 ``trainer_state.json``; once any checkpoint of the run has a seal, one without seals is not complete.
 """
@@ -24,6 +29,8 @@ COMPLETE_MARKER = "trainer_state.json"  # what the trainers write last (checkpoi
 SEAL_PREFIX = "hpl-complete-node"
 _SEAL = re.compile(rf"^{SEAL_PREFIX}(\d+)\.json$")
 _NAME = re.compile(r"^checkpoint-(\d+)$")
+# What one process writes for itself: torch's sharded checkpoint files and the Trainer's RNG state.
+PER_RANK_FILE = re.compile(r"(^|/)(__\d+_\d+\.distcp|rng_state_\d+\.pth)$")
 
 
 def seal_name(node: int) -> str:
@@ -60,6 +67,13 @@ def write_seal(folder: Path, *, node: int, nodes: int) -> Path:
     return seal
 
 
+def checkpoint_step(folder: Path) -> int:
+    match = _NAME.match(Path(folder).name)
+    if match is None:
+        raise ValueError(f"{folder} is not a checkpoint-<step> folder")
+    return int(match.group(1))
+
+
 def _read_seals(folder: Path) -> list[dict] | None:
     seals = []
     for path in folder.glob(f"{SEAL_PREFIX}*.json"):
@@ -70,6 +84,13 @@ def _read_seals(folder: Path) -> list[dict] | None:
     return seals
 
 
+def _files_present(folder: Path, seal: dict) -> bool:
+    return all(
+        (folder / name).is_file() and (folder / name).stat().st_size == size
+        for name, size in seal.get("files", {}).items()
+    )
+
+
 def is_sealed(folder: Path) -> bool:
     """Every node's seal is there, they agree on the node count, and every file they list is there."""
     seals = _read_seals(folder)
@@ -78,21 +99,49 @@ def is_sealed(folder: Path) -> bool:
     nodes = {seal.get("nodes") for seal in seals}
     if len(nodes) != 1 or {seal.get("node") for seal in seals} != set(range(nodes.pop() or 0)):
         return False
-    for seal in seals:
-        for name, size in seal.get("files", {}).items():
-            path = folder / name
-            if not path.is_file() or path.stat().st_size != size:
-                return False
-    return True
+    return all(_files_present(folder, seal) for seal in seals)
+
+
+def _own_seal(folder: Path, node: int) -> dict | None:
+    try:
+        return json.loads((folder / seal_name(node)).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None  # not written, or cut short by the restore
+
+
+def part_complete(folder: Path, node: int) -> bool:
+    """This node's part of the checkpoint is here: its seal and every file the seal lists, at its size."""
+    seal = _own_seal(folder, node)
+    return seal is not None and _files_present(folder, seal)
+
+
+def shared_files(folder: Path, node: int = 0) -> list[str]:
+    """The files of ``node``'s part that are not one process's own: what another host needs to resume."""
+    seal = _own_seal(folder, node)
+    if seal is None:
+        raise FileNotFoundError(f"{folder / seal_name(node)} is missing or unreadable")
+    return [name for name in seal.get("files", {}) if not PER_RANK_FILE.search(name)]
+
+
+def has_seals(folders: list[tuple[int, Path]]) -> bool:
+    """A run written with seals: from then on a checkpoint without them is not complete."""
+    return any(any(folder.glob(f"{SEAL_PREFIX}*.json")) for _, folder in folders)
 
 
 def complete_checkpoints(checkpoints_dir: Path) -> list[tuple[int, Path]]:
     """(step, folder) of every complete checkpoint, oldest first."""
     folders = checkpoint_folders(checkpoints_dir)
-    sealed_run = any(any(folder.glob(f"{SEAL_PREFIX}*.json")) for _, folder in folders)
-    if sealed_run:
+    if has_seals(folders):
         return [(step, folder) for step, folder in folders if is_sealed(folder)]
     return [(step, folder) for step, folder in folders if (folder / COMPLETE_MARKER).is_file()]
+
+
+def held_steps(checkpoints_dir: Path, node: int) -> list[int]:
+    """Steps whose part of ``node`` this host holds complete (without seals: the complete checkpoints)."""
+    folders = checkpoint_folders(checkpoints_dir)
+    if not has_seals(folders):
+        return [step for step, _ in complete_checkpoints(checkpoints_dir)]
+    return [step for step, folder in folders if part_complete(folder, node)]
 
 
 def newest_complete(checkpoints_dir: Path) -> tuple[int, Path] | None:

@@ -44,9 +44,15 @@ def engine_trainer_class():
                 parallel.apply_mixed_precision_policy(self, self._run_config)
 
         def _load_optimizer_and_scheduler(self, checkpoint):
-            super()._load_optimizer_and_scheduler(checkpoint)
-            if checkpoint is not None and self.is_fsdp_enabled:
-                parallel.load_sharded_optimizer(self, Path(checkpoint))
+            if checkpoint is None or not self.is_fsdp_enabled:
+                return super()._load_optimizer_and_scheduler(checkpoint)
+            # Not accelerate's FSDP optimizer loader: it reads nothing useful (parallel.py) and opens
+            # every rank's file, which a training job's other hosts hold; the scheduler as the Trainer loads it.
+            import torch
+            from transformers.trainer import SCHEDULER_NAME
+
+            parallel.load_sharded_optimizer(self, Path(checkpoint))
+            self.lr_scheduler.load_state_dict(torch.load(Path(checkpoint) / SCHEDULER_NAME, weights_only=True))
 
         def _save_checkpoint(self, model, trial):
             # Under FSDP the Trainer writes only the sharded state; write the gathered adapter first,

@@ -17,7 +17,9 @@ code path on for CPU processes, so the CPU tests run what a GPU run runs.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -115,13 +117,21 @@ def enable_fsdp_on_cpu(trainer) -> None:
 
 
 def load_sharded_optimizer(trainer, checkpoint: Path) -> None:
-    """Load the FSDP2 optimizer state of ``checkpoint`` (accelerate's own loader misses it).
+    """Load the FSDP2 optimizer state of ``checkpoint`` (accelerate's own loader misses it), reading only
+    the files this host holds.
 
     accelerate 1.8.1 loads the sharded optimizer checkpoint into ``optimizer.state_dict()``, whose
     keys are parameter numbers and whose state is still empty before the first step, so nothing is
     read and a resumed run restarts Adam's moments. The template from ``get_optimizer_state_dict``
     has the parameter names and initialised state the checkpoint was written with.
+
+    Each rank's moments are its own shards, in its own ``__<rank>_0.distcp``. The replicated entries
+    (``param_groups`` and every parameter's ``step``) are written once, by whichever rank torch's
+    save planner picked (it balances them over the ranks: mostly the others' files, not rank 0's),
+    and every rank reads them. A training job's hosts share no disk: each rank reads what its host
+    holds (HostFilesPlanner) and gets the other replicated entries from the rank that wrote them.
     """
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
@@ -129,5 +139,64 @@ def load_sharded_optimizer(trainer, checkpoint: Path) -> None:
     if not folder.is_dir():
         raise StepError(f"{folder} is missing: the checkpoint has no sharded optimizer state to resume from")
     state = {"optimizer": get_optimizer_state_dict(trainer.model, trainer.optimizer)}
-    dcp.load(state, checkpoint_id=str(folder))
+    planner = host_files_planner(folder)
+    dcp.load(state, checkpoint_id=str(folder), planner=planner)
+    for writer in sorted(set(planner.writers.values())):  # the same order on every rank: the same collectives
+        names = [name for name, rank in planner.writers.items() if rank == writer]
+        box = [{name: planner.entry(name) for name in names} if dist.get_rank() == writer else None]
+        dist.broadcast_object_list(box, src=writer)
+        for name, value in box[0].items():
+            planner.set_entry(name, value)
     set_optimizer_state_dict(trainer.model, trainer.optimizer, state["optimizer"])
+
+
+DCP_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")  # torch's FileSystemWriter: __<rank>_<n>.distcp
+
+
+def host_files_planner(folder: Path):
+    """A DefaultLoadPlanner that reads only the entries whose file is in ``folder`` on this host and notes,
+    for every replicated entry (anything but a DTensor shard), the rank whose file holds it (``writers``).
+    A shard of this rank's own parameters in a file this host lacks stops the load, naming the file."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.tensor import DTensor
+
+    class HostFilesPlanner(DefaultLoadPlanner):
+        def __init__(self):
+            super().__init__()
+            self.writers: dict[str, int] = {}
+
+        def create_local_plan(self):
+            plan = super().create_local_plan()
+            here = []
+            for item in plan.items:
+                name = item.dest_index.fqn
+                path = self.metadata.storage_data[item.storage_index].relative_path
+                if not isinstance(self.state_dict[name], DTensor):
+                    self.writers[name] = int(DCP_FILE.match(path).group(1))
+                if (folder / path).is_file():
+                    here.append(item)
+                elif name not in self.writers:
+                    raise StepError(
+                        f"cannot resume: {folder / path} is missing and holds this rank's shard of {name}; a "
+                        "sharded checkpoint resumes on as many processes as wrote it, each host holding its own files"
+                    )
+            return dataclasses.replace(plan, items=here)
+
+        def entry(self, name: str):
+            return _element(self.original_state_dict, self.mappings[name])
+
+        def set_entry(self, name: str, value) -> None:
+            *parents, last = self.mappings[name]
+            target = _element(self.original_state_dict, parents)
+            if hasattr(target[last], "copy_"):
+                target[last].copy_(value)
+            else:
+                target[last] = value
+
+    return HostFilesPlanner()
+
+
+def _element(nested, path):
+    for key in path:
+        nested = nested[key]
+    return nested
