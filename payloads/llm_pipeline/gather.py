@@ -13,6 +13,9 @@ arrive), outside the synced checkpoint folder, because every part is already in 
 the host that wrote it; then it checks that checkpoint is complete (every host's seal and every file
 they list) and consolidate reads it from there.
 
+Before each train run the hosts agree on the checkpoint to resume from over the same kind of
+connection, and the first host sends the others that checkpoint's shared files (agree_on_resume).
+
 On one host there is nothing to gather; on a Slurm cluster the checkpoints folder is on FSx and
 every node already sees every shard, so the Slurm chain has no such step.
 """
@@ -170,11 +173,12 @@ def agree_on_resume(
 
     Each host names the steps whose checkpoint it holds: with ``by_part`` (the torch engine) its own
     node's part complete (its seal and the files it lists; within one job a host's disk holds nothing
-    else), else the whole checkpoint complete. The first host answers the newest step every host
-    holds, then sends every other host that checkpoint's shared files (checkpoints.shared_files:
-    trainer_state.json, scheduler.pt, the .metadata files, an adapter; never a rank's shard), which
-    that host assembles in ``resume_dir`` (scratch: links to its own files, the received files beside
-    them, so nothing it receives is uploaded again) and resumes from there. A rank's optimizer entries
+    else), else the whole checkpoint complete (each host then resumes from its own folder). The first
+    host answers the newest step every host holds; by part, it then sends every other host that
+    checkpoint's shared files (checkpoints.shared_files: trainer_state.json, scheduler.pt, the
+    .metadata files, an adapter; never a rank's shard), which that host assembles in ``resume_dir``
+    (scratch: links to its own files, the received files beside them, so nothing it receives is
+    uploaded again) and resumes from there. A rank's optimizer entries
     in another host's files come over the process group at load (training/torch/parallel.py). Every
     host deletes its checkpoint folders newer than the agreed one (incomplete somewhere)."""
     held = held_steps(checkpoints_dir, hosts.rank) if by_part else [s for s, _ in complete_checkpoints(checkpoints_dir)]
@@ -183,11 +187,11 @@ def agree_on_resume(
         with _connect(hosts.leader, port, wait_s) as sock:
             _send_json(sock, held)
             agreed = _receive_json(sock)
-            if agreed:
+            if agreed and by_part:
                 link_own_part(checkpoints_dir / f"checkpoint-{agreed}", resume_dir)
                 _, name, size = _receive_one(sock, resume_dir)
                 say(f"received the shared files of {name} from {hosts.leader}: {size / 1e6:.1f} MB")
-        resume = resume_dir / f"checkpoint-{agreed}"
+        resume = (resume_dir if by_part else checkpoints_dir) / f"checkpoint-{agreed}"
     else:
         shared, connections = set(held), []
         with socket.create_server(("", port)) as server:
@@ -208,7 +212,7 @@ def agree_on_resume(
                 resume = checkpoints_dir / f"checkpoint-{agreed}"
                 for connection in connections:
                     _send_json(connection, agreed)
-                    if agreed:
+                    if agreed and by_part:
                         _send_files(connection, resume, shared_files(resume, node=0), node=0)
             finally:
                 for connection in connections:

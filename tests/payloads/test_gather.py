@@ -211,7 +211,8 @@ def test_a_neuron_resume_needs_the_whole_checkpoint_on_every_host(tmp_path):
 
     resumes = agree_over_a_socket(tmp_path, (first, second), by_part=False)
 
-    assert resumes["127.0.0.1"] == first / "checkpoint-2"
+    assert resumes == {"127.0.0.1": first / "checkpoint-2", "localhost": second / "checkpoint-2"}  # nothing sent
+    assert not (tmp_path / "localhost" / "scratch").exists()
     assert [newest_complete(folder) for folder in (first, second)] == [
         (2, first / "checkpoint-2"),
         (2, second / "checkpoint-2"),
