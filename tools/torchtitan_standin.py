@@ -6,11 +6,12 @@ It runs torchtitan 0.2.2's own parts in the trainer's order, on gloo: the job fi
 torchtitan's ConfigManager, its custom import, the train spec's model of the job's flavor and
 init_weights, the job's model converters (the float8 linears of the fp8 rungs), FSDP2 (torchtitan's
 apply_fsdp), the train spec's optimizer and LR scheduler with the converters' post-optimizer hook,
-and torchtitan's CheckpointManager, which saves every checkpoint.interval steps and the model-only
-final step the export reads. Two CPU-only settings: float8 runs in torchao's emulation (float8
-matmuls need a GPU of compute capability 8.9) and compile is off (torchtitan refuses emulation
-with a compiled model). Tokens are a learnable random stream (each token the previous plus one),
-not the dataset.
+and torchtitan's CheckpointManager, which first loads the newest step-N checkpoint of the job's folder
+(model, optimizer, LR scheduler and the step, as the Trainer resumes), then saves every
+checkpoint.interval steps and the model-only final step the export reads. Two CPU-only settings:
+float8 runs in torchao's emulation (float8 matmuls need a GPU of compute capability 8.9) and compile
+is off (torchtitan refuses emulation with a compiled model). Tokens are a learnable random stream
+(each token the previous plus one), not the dataset.
 
 At step 1 and every metrics.log_freq steps each rank prints one line in torchtitan's metric format
 (torchtitan/components/metrics.py, MetricsProcessor.log, colors off) through torchtitan's log
@@ -65,7 +66,20 @@ def peak_memory() -> tuple[float, float]:
     return rss_gib, 100 * rss_gib / total_gib
 
 
-def build(job, world: int):
+class TrainState:
+    """The trainer's own checkpointed state, as torchtitan's Trainer keeps it (train.py: step, tokens seen)."""
+
+    def __init__(self):
+        self.step, self.ntokens_seen = 0, 0
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "ntokens_seen": self.ntokens_seen}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.step, self.ntokens_seen = state_dict["step"], state_dict["ntokens_seen"]
+
+
+def build(job, world: int, train_state: TrainState):
     """torchtitan's model, converters, FSDP2, optimizer, scheduler and checkpointer for `job`."""
     import torchtitan.protocols.train_spec as train_spec
     from torchtitan.components.checkpoint import CheckpointManager
@@ -100,7 +114,7 @@ def build(job, world: int):
         model_parts=[model],
         optimizers=optimizers,
         lr_schedulers=schedulers,
-        states={},
+        states={"train_state": train_state},
         checkpoint_config=job.checkpoint,
         sd_adapter=adapter,
         base_folder=job.job.dump_folder,
@@ -128,14 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     total_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
     logger.info(f"CPU capacity: {platform.machine() or 'cpu'} host with {total_gib:.2f}GiB memory")
     logger.info(f"stand-in for torchtitan.train: {job_file}, {steps} steps, rank {rank} of {world}")
-    model, args, optimizers, schedulers, checkpointer = build(job, world)
+    state = TrainState()
+    model, args, optimizers, schedulers, checkpointer = build(job, world, state)
+    checkpointer.load(step=job.checkpoint.load_step)  # as the Trainer does: the newest step-N, if any
+    logger.info(f"Training starts at step {state.step + 1}")
     params = sum(p.numel() for p in model.parameters())
     logger.info(f"{job.model.name} {job.model.flavor}: {params:,} parameters, converters {job.model.converters}")
 
     data = torch.Generator().manual_seed(1234 + rank)
     starts = torch.randint(0, args.vocab_size, (steps, batch, 1), generator=data)
     tokens_since, last = 0, time.perf_counter()
-    for step in range(1, steps + 1):
+    for step in range(state.step + 1, steps + 1):
+        state.step = step
         sequence = (starts[step - 1] + torch.arange(seq + 1)) % args.vocab_size
         labels = sequence[:, 1:]
         global_tokens = torch.tensor(float(labels.numel()))
@@ -147,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         optimizers.step()
         schedulers.step()
         tokens_since += batch * seq
+        state.ntokens_seen += batch * seq
         if step == 1 or step % log_freq == 0:
             global_loss = loss.detach().clone()
             dist.all_reduce(global_loss)

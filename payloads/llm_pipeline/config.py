@@ -29,6 +29,17 @@ TORCHTITAN_RUNGS = ("baseline", "compile", "fp8", "fp8_allgather")  # the ladder
 # Beside the ladder: float8 with rowwise scales (torchao's "rowwise" recipe) on top of compile.
 LADDER_RUNG_OPTIONS = (*TORCHTITAN_RUNGS, "fp8_rowwise")  # every rung torchtitan.rungs may name
 FP8_RUNGS = ("fp8", "fp8_allgather", "fp8_rowwise")  # rungs that need FP8 GPUs (compute capability 8.9 or newer)
+# What a rung's full checkpoint holds, by rung (torchtitan 0.2.2 + torchao): plain DTensor weights under
+# the baseline's names (torch.compile's wrapper name is dropped by DCP's state-dict helpers; a tensorwise or
+# rowwise Float8Linear keeps a plain weight), or, with the float8 FSDP all-gather, weights of torchao's
+# WeightWithDynamicFloat8CastTensor subclass (loading needs torchao.float8 imported first).
+RUNG_CHECKPOINT_FORMATS = {
+    "baseline": "plain",
+    "compile": "plain",
+    "fp8": "plain",
+    "fp8_allgather": "float8 all-gather weights",
+    "fp8_rowwise": "plain",
+}
 
 
 class ConfigError(ValueError):
@@ -207,6 +218,12 @@ class TrainConfig:
         "false: no checkpoint at all, not even at the last step (throughput runs such as the sweep's points); "
         "such a run cannot resume",
     )
+    stop_after_step: int = described(
+        0,
+        "0 (off) or >= 1: end training after this optimizer step, with a checkpoint there, while the learning-rate "
+        "schedule stays that of max_steps / epochs (the smoke stage's saving run: the run resumed from it trains on "
+        "the same schedule as one that never stopped)",
+    )
     precompile_steps: int = described(
         2,
         ">= 1: optimizer steps run by `train --precompile` (under neuron_parallel_compile), each "
@@ -320,6 +337,12 @@ class TorchtitanConfig:
         "or fp8_rowwise (compile + float8 linears with rowwise scales)",
     )
     steps: int = described(2000, "training steps of every rung (torchtitan training.steps)")
+    stop_after_step: int = described(
+        0,
+        "0 (off) or 1 to steps - 1: every rung ends after this step with a full checkpoint there, its learning-rate "
+        "schedule still that of torchtitan.steps (lr_scheduler.total_steps); the same rung without it resumes from "
+        "that checkpoint (the smoke stage's saving rungs)",
+    )
     overrides: tuple[str, ...] = described(
         (), "torchtitan keys set for every rung, as TOML lines, e.g. 'training.local_batch_size = 2'"
     )
@@ -483,6 +506,14 @@ def validate(cfg: RunConfig) -> None:
         _require(getattr(tr, name) >= 1, f"train.{name}", getattr(tr, name), ">= 1")
     _require(tr.max_steps == -1 or tr.max_steps > 0, "train.max_steps", tr.max_steps, "-1 (use epochs) or > 0")
     _require(tr.epochs > 0, "train.epochs", tr.epochs, "> 0")
+    _require(tr.stop_after_step >= 0, "train.stop_after_step", tr.stop_after_step, ">= 0")
+    _require(
+        tr.stop_after_step == 0 or (tr.save_checkpoints and (tr.max_steps == -1 or tr.stop_after_step < tr.max_steps)),
+        "train.stop_after_step",
+        tr.stop_after_step,
+        "0 (off), or a step before train.max_steps with train.save_checkpoints = true (the stop saves a checkpoint "
+        "to resume from)",
+    )
     _require(tr.learning_rate > 0, "train.learning_rate", tr.learning_rate, "> 0")
     _require(tr.warmup_steps >= 0, "train.warmup_steps", tr.warmup_steps, ">= 0")
     _require(tr.weight_decay >= 0, "train.weight_decay", tr.weight_decay, ">= 0")
@@ -529,6 +560,12 @@ def validate(cfg: RunConfig) -> None:
         _require(rung in LADDER_RUNG_OPTIONS, "torchtitan.rungs", rung, ", ".join(LADDER_RUNG_OPTIONS))
     _require(len(set(titan.rungs)) == len(titan.rungs), "torchtitan.rungs", list(titan.rungs), "each rung once")
     _require(titan.steps >= 1, "torchtitan.steps", titan.steps, ">= 1")
+    _require(
+        0 <= titan.stop_after_step < titan.steps,
+        "torchtitan.stop_after_step",
+        titan.stop_after_step,
+        f"0 (off) or a step before torchtitan.steps ({titan.steps})",
+    )
     retentions = ("all", "last", "none")
     _require(
         titan.checkpoint_retention in retentions,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llm_pipeline.config import LADDER_RUNG_OPTIONS, TorchtitanConfig
+from llm_pipeline.config import LADDER_RUNG_OPTIONS, RUNG_CHECKPOINT_FORMATS, TorchtitanConfig
 from llm_pipeline.jobs import chain
 from llm_pipeline.jobs.chain import ChainJob
 from llm_pipeline.jobs.pipeline_status import StepJob
@@ -40,16 +40,32 @@ def read_rungs(config: Path) -> tuple[str, ...]:
     return tuple(rungs)
 
 
+def resumed_rungs(rungs: tuple[str, ...]) -> tuple[str, ...]:
+    """The rungs whose smoke run also resumes (stops after its save, then a second job goes on from it): the
+    first rung of each checkpoint format (config.RUNG_CHECKPOINT_FORMATS). A resume loads what the rung
+    saved; rungs of one format save and load the same tensors under the same names, so one resume per
+    format proves that load path for all of them, for one more rung start-up instead of one per rung."""
+    first = {}
+    for rung in rungs:
+        first.setdefault(RUNG_CHECKPOINT_FORMATS[rung], rung)
+    return tuple(first.values())
+
+
 def ladder_jobs(rungs: tuple[str, ...]) -> list[ChainJob]:
     return [
         # Run once: the image, the tokenizer and the staged dataset serve the smoke run and the long one.
         ChainJob(step="prepare", script="prepare.sbatch", args=("--ladder",), shared=True),
         ChainJob(step="tokenizer", script="ladder-tokenizer.sbatch", shared=True),
         ChainJob(step="dataset", script="ladder-dataset.sbatch", shared=True),
-        # Not resumed in smoke: a rung's job-file guard refuses to resume with another step count, and
-        # its last save holds the model only (what export reads).
         *(
-            ChainJob(step=f"rung-{rung}", script="ladder-rung.sbatch", args=(rung,), multi_node=True, trains=True)
+            ChainJob(
+                step=f"rung-{rung}",
+                script="ladder-rung.sbatch",
+                args=(rung,),
+                multi_node=True,
+                trains=True,
+                resumes=rung in resumed_rungs(rungs),
+            )
             for rung in rungs
         ),
         ChainJob(step="report", script="ladder-report.sbatch"),

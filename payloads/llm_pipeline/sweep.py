@@ -1,20 +1,25 @@
 """Scaling sweep: train one run config at several node counts on Slurm, then report the scaling.
 
-    python3 -m llm_pipeline.sweep --config configs/llama2-7b-full.toml --nodes 1,2,4 [--steps 40] [--dry-run] [--wait]
+    python3 -m llm_pipeline.sweep --config configs/llama2-7b-full.toml --nodes 1,2,4 [--steps 40] [--no-smoke]
+        [--dry-run] [--wait]
 
 Every node count trains the same config for ``--steps`` optimizer steps at the same global batch
 (gradient accumulation shrinks as nodes grow; jobs/sweep_plan), each in its own folder
 ``<run folder>/<--name>/nodes-<n>/`` whose ``data`` links to the run's prepared data. One chain of
 sbatch jobs, each after the previous one succeeded: data (unless the run's data is already
 prepared), then per node count precompile and train (the usual step scripts), then the report
-(jobs/scaling_report: ``scaling.md`` and ``scaling.json`` in the sweep folder). Works for every
-engine: the steps pick the backend from the run config as they always do. Stdlib only (the
-controller's python3), like submit.
+(jobs/scaling_report: ``scaling.md`` and ``scaling.json`` in the sweep folder). Unless --no-smoke,
+a smoke stage comes first (after data): every node count's precompile and a SMOKE_STEPS-step train
+on ``<sweep>/smoke/nodes-<n>/``, the smoke sweep's report, then the estimate (jobs/smoke.py,
+chain.with_smoke_stage; docs/scaling.md says why every node count). Works for every engine: the
+steps pick the backend from the run config as they always do. Stdlib only (the controller's
+python3), like submit.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import shutil
@@ -22,9 +27,10 @@ import sys
 import time
 from pathlib import Path
 
-from llm_pipeline.jobs import deploy_facts
+from llm_pipeline.jobs import deploy_facts, pipeline_status, smoke
 from llm_pipeline.jobs.chain import (
     PAYLOADS_DIR,
+    ChainJob,
     SubmitError,
     check_runtime_sees,
     partition_environment,
@@ -33,12 +39,15 @@ from llm_pipeline.jobs.chain import (
     sbatch_command,
     slurm,
     submit_jobs,
+    with_smoke_stage,
 )
+from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts, read_run_facts
 from llm_pipeline.jobs.sweep_plan import SweepPoint, plan_sweep, read_base, training_summary, write_plan
-from llm_pipeline.submit import step_job
+from llm_pipeline.submit import print_estimate, step_job
 
 REPORT_STEP = "sweep_report"  # payloads/slurm/sweep_report.sbatch
+REPORT_JOB = ChainJob(step=REPORT_STEP, script=f"{REPORT_STEP}.sbatch")
 
 
 def link_data(points: list[SweepPoint], data_dir: Path) -> None:
@@ -61,32 +70,63 @@ def clear_checkpoints(points: list[SweepPoint]) -> None:
             shutil.rmtree(checkpoints)
 
 
-def chain(base: RunFacts, points: list[SweepPoint], sweep_dir: Path, with_data: bool) -> list[tuple[str, RunFacts]]:
-    """(step, the facts its job runs with), in submission order."""
-    jobs: list[tuple[str, RunFacts]] = [("data", base)] if with_data else []
+def point_facts(point: SweepPoint) -> RunFacts:
+    return RunFacts(config=Path(point.config), output_dir=Path(point.output_dir), nodes=point.nodes)
+
+
+def sweep_facts(base: RunFacts, sweep_dir: Path) -> RunFacts:
+    """The report's (and the estimate's) run: the sweep folder, on one node."""
+    return RunFacts(config=base.config, output_dir=sweep_dir, nodes=1)
+
+
+def chain(
+    base: RunFacts, points: list[SweepPoint], sweep_dir: Path, with_data: bool
+) -> list[tuple[ChainJob, RunFacts]]:
+    """(job, the facts it runs with), in submission order, before any smoke stage."""
+    jobs: list[tuple[ChainJob, RunFacts]] = [(step_job("data"), base)] if with_data else []
+    train = dataclasses.replace(step_job("train"), resumes=False)  # a point saves no checkpoint to resume from
     for point in points:
-        facts = RunFacts(config=Path(point.config), output_dir=Path(point.output_dir), nodes=point.nodes)
-        jobs += [("precompile", facts), ("train", facts)]
-    jobs.append((REPORT_STEP, RunFacts(config=base.config, output_dir=sweep_dir, nodes=1)))
-    for _, facts in jobs:  # sbatch cannot open a log in a folder that does not exist
-        (facts.logs_dir / "state").mkdir(parents=True, exist_ok=True)
+        jobs += [(step_job("precompile"), point_facts(point)), (train, point_facts(point))]
+    jobs.append((REPORT_JOB, sweep_facts(base, sweep_dir)))
     return jobs
 
 
-def submit_chain(jobs: list[tuple[str, RunFacts]], env: dict[str, str]) -> list[dict]:
-    submitted = submit_jobs(
-        [(step_job(step), facts) for step, facts in jobs],
-        env,
-        label=lambda job, facts: f"{job.step} ({facts.nodes} node(s))",
+def plan_smoke(base: RunFacts, points: list[SweepPoint], sweep_dir: Path) -> list[SweepPoint]:
+    """The smoke sweep: every point again in <sweep>/smoke/nodes-<n>/, SMOKE_STEPS steps, a line per step
+    (a fresh folder: written anew at each submission)."""
+    folder = sweep_dir / smoke.SMOKE_FOLDER
+    if folder.exists():
+        shutil.rmtree(folder)
+    return plan_sweep(
+        base.config,
+        folder,
+        [point.nodes for point in points],
+        steps=smoke.SMOKE_STEPS,
+        logging_steps=1,
+        overrides={("train", "profile"): ""},  # the cut run never reaches a profiler window
     )
-    return [
-        {"step": job.step, "nodes": facts.nodes, "job": job.job, "log": job.log}
-        for job, (_, facts) in zip(submitted, jobs, strict=True)
-    ]
 
 
-def wait(jobs: list[dict], poll_s: float) -> None:
-    ids = ",".join(job["job"] for job in jobs)
+def staged(
+    base: RunFacts,
+    points: list[SweepPoint],
+    smoke_points: list[SweepPoint],
+    sweep_dir: Path,
+    planned: list[tuple[ChainJob, RunFacts]],
+) -> list[tuple[ChainJob, RunFacts]]:
+    """``planned`` after its smoke stage: each point's precompile and train on its smoke point (same nodes,
+    layout and partition), the smoke sweep's report, the estimate, then the long chain (chain.with_smoke_stage)."""
+    runs = {point_facts(p): point_facts(s) for p, s in zip(points, smoke_points, strict=True)}
+    runs[sweep_facts(base, sweep_dir)] = sweep_facts(base, sweep_dir / smoke.SMOKE_FOLDER)
+    return with_smoke_stage(planned, lambda facts: (runs[facts], runs[facts]), sweep_facts(base, sweep_dir))
+
+
+def submit_chain(planned: list[tuple[ChainJob, RunFacts]], env: dict[str, str]) -> list[StepJob]:
+    return submit_jobs(planned, env, label=lambda job, facts: f"{job.step} ({facts.nodes} node(s))")
+
+
+def wait(jobs: list[StepJob], poll_s: float) -> None:
+    ids = ",".join(job.job for job in jobs)
     while True:
         out = slurm(["squeue", "-h", "-j", ids, "-o", "%i"])
         if out.returncode == 0 and not out.stdout.strip():
@@ -105,6 +145,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--name", default="sweep", help="sweep folder inside the run folder (default: %(default)s)")
     parser.add_argument(
         "--dry-run", action="store_true", help="write the point configs, print the jobs, submit nothing"
+    )
+    parser.add_argument(
+        "--no-smoke",
+        dest="smoke",
+        action="store_false",
+        help="skip the smoke stage (every node count trains a few steps on <sweep>/smoke first, reported, then "
+        "the time estimate) that otherwise runs before the long points: a node count that cannot start then "
+        "fails only after the smaller points' long runs",
     )
     parser.add_argument("--wait", action="store_true", help="wait for the chain and print the report")
     parser.add_argument("--poll", type=float, default=10.0, help="seconds between checks with --wait")
@@ -142,25 +190,44 @@ def _main(args: argparse.Namespace) -> int:
     with_data = not (data_dir.is_dir() and any(data_dir.iterdir()))
     if not with_data:
         print(f"using the prepared data in {data_dir} (delete it to prepare it again)", flush=True)
-    jobs = chain(base, points, sweep_dir, with_data)
+    planned = chain(base, points, sweep_dir, with_data)
+    if args.smoke:
+        smoke_points = plan_smoke(base, points, sweep_dir)
+        planned = staged(base, points, smoke_points, sweep_dir, planned)
+    else:
+        print(f"note: {smoke.NO_SMOKE_RISK}", flush=True)
     if args.dry_run:
         print("# dry run: nothing submitted. The jobs, each after the previous one:")
-        for step, facts in jobs:
-            print(shlex.join(sbatch_command(step_job(step), facts, None, env)))
+        for job, facts in planned:
+            print(shlex.join(sbatch_command(job, facts, None, env)))
         return 0
     require_sbatch()
+    for facts in {facts for _, facts in planned}:  # sbatch cannot open a log in a folder that does not exist
+        (facts.logs_dir / "state").mkdir(parents=True, exist_ok=True)
+    base_facts = read_base(base.config)
+    if args.smoke:
+        link_data(smoke_points, data_dir)
+        write_plan(sweep_dir / smoke.SMOKE_FOLDER, base.config, base_facts, smoke_points, {"chain": []})
+        print(
+            f"smoke stage: every node count trains {smoke.SMOKE_STEPS} steps on {sweep_dir / smoke.SMOKE_FOLDER} "
+            "first, with its report and the time estimate; the long points start only if it passes",
+            flush=True,
+        )
     link_data(points, data_dir)
     clear_checkpoints(points)
-    base_facts = read_base(base.config)
     write_plan(sweep_dir, base.config, base_facts, points, {"chain": []})  # before any job can read it
-    submitted = submit_chain(jobs, env)
-    write_plan(sweep_dir, base.config, base_facts, points, {"chain": submitted})
+    submitted = submit_chain(planned, env)
+    # The estimate job reads the record: each long point's job beside its smoke copy on as many nodes.
+    pipeline_status.write_record(sweep_dir / "logs", base.config, submitted)
+    write_plan(sweep_dir, base.config, base_facts, points, {"chain": [vars(job) for job in submitted]})
     print(f"report: {sweep_dir / 'scaling.md'} (written by the last job)")
     if args.wait:
         wait(submitted, args.poll)
+        if args.smoke:
+            print_estimate(sweep_facts(base, sweep_dir))
         report = sweep_dir / "scaling.md"
         if not report.is_file():
-            raise SubmitError(f"the sweep ended without a report; see the logs in {submitted[-1]['log']}")
+            raise SubmitError(f"the sweep ended without a report; see the logs in {submitted[-1].log}")
         print(report.read_text())
     return 0
 

@@ -81,6 +81,7 @@ def make_plan(cfg: RunConfig, backend: str, precompile: bool, resume_from: str |
         resume_from=folder,
         start_step=step,
         tensorboard_dir=cfg.paths.tensorboard_dir,
+        stop_after_step=train.stop_after_step,
     )
 
 

@@ -96,13 +96,13 @@ def test_main_writes_the_estimate_and_an_unfinished_smoke_log_is_named(capsys, t
     assert f"{log} does not say `== smoke-consolidate: COMPLETED" in capsys.readouterr().err
 
 
-def titan_log(start: float, step_seconds: float, first_extra: float) -> str:
+def titan_log(start: float, step_seconds: float, first_extra: float, steps: range = range(1, 5)) -> str:
     """A smoke rung's log: torchtitan's metric lines (the stand-in's format) through its logger's format,
     two ranks per step, one step every ``step_seconds`` after a first step ``first_extra`` longer."""
     formatter = torchtitan_standin.build_logger().handlers[0].formatter
     lines, now = [], start
-    for step in range(1, 5):
-        now += step_seconds + (first_extra if step == 1 else 0.0)
+    for step in steps:
+        now += step_seconds + (first_extra if step == steps[0] else 0.0)
         for rank in range(2):
             record = logging.LogRecord("root", logging.INFO, __file__, 0, "", None, None)
             record.msg = torchtitan_standin.metric_line(step, 9.0 / step, 1.0, 1.0, 1.0, 1000.0 + rank, 1.0, 1.0)
@@ -127,3 +127,38 @@ def test_a_ladder_rung_is_timed_from_torchtitans_logged_steps(tmp_path):
     assert "2000 steps (torchtitan.steps)" in rung["basis"]
     assert rung["seconds"] == pytest.approx(70 - 4 * 1.5 + 2000 * 1.5, abs=30)
     assert rung["node_hours"] == pytest.approx(rung["seconds"] * 4 / 3600)
+
+
+def test_a_resumed_smoke_rung_is_timed_from_both_of_its_jobs(tmp_path):
+    """A rung smoke-tested with a resume logs steps 1-2 in one job and 3-4 in the next: each job's one
+    interval is a step after its first (load, compilation), and the first job's run time gives the start-up."""
+    run, config = tmp_path / "run", tmp_path / "run.toml"
+    config.write_text("[torchtitan]\nsteps = 1000\n")
+    jobs = [
+        write_job(run, "smoke-rung-fp8_allgather", "2", titan_log(1_700_000_000.0, 2.0, 40.0, range(1, 3)), 60, 2),
+        write_job(
+            run, "smoke-rung-fp8_allgather-resume", "3", titan_log(1_700_000_100.0, 2.2, 50.0, range(3, 5)), 70, 2
+        ),
+        StepJob(step="estimate", job="4", log=str(run / "logs" / "estimate-4.log")),
+        StepJob(step="rung-fp8_allgather", job="5", log=str(run / "logs" / "rung-fp8_allgather-5.log"), nodes=2),
+    ]
+    (run / "logs").mkdir()
+    pipeline_status.write_record(run / "logs", config, jobs)
+    result = estimate.estimate(run, config)
+    assert result["seconds_per_step"]["rung-fp8_allgather"] == pytest.approx(2.1, abs=0.01)  # median of 2.0, 2.2
+    assert result["steps"][0]["seconds"] == pytest.approx(60 - 2 * 2.1 + 1000 * 2.1, abs=1)
+
+
+def test_precompile_takes_its_smoke_run_time_though_it_prints_step_lines(capsys, tmp_path):
+    """On Neuron `train --precompile` prints its few steps' lines: its long copy takes the smoke copy's run time."""
+    run, config = tmp_path / "run", tmp_path / "run.toml"
+    config.write_text(f"[train]\nper_device_batch_size = 1\ngradient_accumulation_steps = {GA}\nmax_steps = 500\n")
+    jobs = [
+        write_job(run, "smoke-precompile", "2", smoke_training_log(capsys, tmp_path, range(1, 4), 0.5, 30.0), 95, 2),
+        StepJob(step="estimate", job="3", log=str(run / "logs" / "estimate-3.log")),
+        StepJob(step="precompile", job="4", log=str(run / "logs" / "precompile-4.log"), nodes=2),
+    ]
+    (run / "logs").mkdir()
+    pipeline_status.write_record(run / "logs", config, jobs)
+    (row,) = estimate.estimate(run, config)["steps"]
+    assert (row["seconds"], row["basis"]) == (95, "its smoke run's duration")

@@ -286,3 +286,14 @@ def test_neuron_checkpoints_are_sealed_where_optimum_neuron_has_written_them(hpl
     assert "async_save" not in {**sft_arguments(cfg, neuron_plan()), **train_neuron.neuron_arguments(cfg)}
     run = next(n for n in ast.parse(Path(train_neuron.__file__).read_text()).body if getattr(n, "name", "") == "run")
     assert "trainer.add_callback(seal_checkpoints(args, xm.rendezvous))" in ast.unparse(run)
+
+
+def test_the_trainer_saves_then_stops_on_the_flags_stop_after_step_sets():
+    """train.stop_after_step's callback (StopAfterStep) sets should_save and should_training_stop in on_step_end:
+    NeuronTrainer's loop runs on_step_end, then maybe_save_checkpoint (which saves on should_save), then leaves
+    the loop on should_training_stop, with max_steps, and so the scheduler, untouched."""
+    loop = _source("optimum.neuron", "NeuronTrainer", "_train")
+    step_end = loop.index("self.control = self.callback_handler.on_step_end(args, self.state, self.control)")
+    saving = loop.index("self.maybe_save_checkpoint()", step_end)
+    assert loop.index("if self.control.should_epoch_stop or self.control.should_training_stop:", saving) > saving
+    assert "if self.control.should_save:" in _source("optimum.neuron", "NeuronTrainer", "maybe_save_checkpoint")

@@ -169,3 +169,22 @@ def test_without_a_dataset_source_nothing_is_staged_and_rungs_stream(ladder_conf
     cfg = staged_config(ladder_config, "")
     assert pretrain_dataset.stage(cfg) is None and "no staging" in capsys.readouterr().out
     assert "dataset_path" not in torchtitan_ladder.compose(cfg, "baseline")["training"]
+
+
+def test_a_rung_stopped_early_saves_a_full_checkpoint_on_the_whole_schedule_and_resumes(ladder_config, capsys):
+    stopping = torchtitan_ladder.stopping_at(ladder_config, 4)
+    job = torchtitan_ladder.compose(stopping, "fp8_allgather")
+    assert job["training"]["steps"] == 4 and job["lr_scheduler"]["total_steps"] == ladder_config.torchtitan.steps
+    assert job["checkpoint"]["last_save_model_only"] is False  # the stop's save holds the optimizer too
+    whole = torchtitan_ladder.compose(ladder_config, "fp8_allgather")
+    assert "total_steps" not in whole.get("lr_scheduler", {}) and whole["training"]["steps"] == 20
+    pretrain.write_job(stopping, "fp8_allgather")
+    save_step(ladder_config, "fp8_allgather", 4)
+    pretrain.write_job(stopping, "fp8_allgather")  # the stopped job resubmitted: done
+    assert "finished earlier with this job file" in capsys.readouterr().out
+    pretrain.write_job(ladder_config, "fp8_allgather")  # the whole job goes on from the stop's checkpoint
+    out = capsys.readouterr().out
+    assert "resumes from the newest checkpoint" in out and "finished earlier" not in out
+    longer = dataclasses.replace(ladder_config, torchtitan=dataclasses.replace(ladder_config.torchtitan, steps=40))
+    with pytest.raises(StepError, match="from a different job file"):  # another schedule: still refused
+        pretrain.write_job(longer, "fp8_allgather")

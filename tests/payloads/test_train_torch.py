@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from payload_configs import write_config
@@ -119,6 +120,9 @@ def test_a_restart_after_a_partial_restore_resumes_from_the_previous_complete_ch
     out = _train(run[0], capsys)
     assert f"resuming from {cfg.paths.checkpoints_dir / 'checkpoint-20'}" in out
     assert "step 25/30 | loss" in out and "step 5/30" not in out
+    # The resumed run keeps the whole run's schedule: step 25's learning rate as the first run logged it.
+    logged = re.compile(r"(?m)^step 25/30 \| loss \S+ \| lr (\S+) ")
+    assert logged.search(out).group(1) == logged.search(first_output).group(1)
     assert _trainer_state(newest)["global_step"] == 30
     assert newest_complete(cfg.paths.checkpoints_dir) == (30, newest)  # written again, sealed again
 

@@ -23,7 +23,7 @@ from slurm_helpers import REPO, read_png, submit
 
 from llm_pipeline import charts, config
 from llm_pipeline.jobs.run_facts import RunFactsError
-from llm_pipeline.ladder_submit import read_rungs
+from llm_pipeline.ladder_submit import read_rungs, resumed_rungs
 from tools.rehearse import fsx_environment
 from tools.rehearse_ladder import ladder_environment, write_dataset_source, write_tokenizer
 
@@ -32,7 +32,9 @@ CONFIGS = REPO / "payloads" / "configs"
 TINY_LADDER = CONFIGS / "tiny-ladder-cpu.toml"
 SHARED = ["prepare", "tokenizer", "dataset"]  # once: their output serves the smoke run and the long one
 LONG = [*(f"rung-{r}" for r in config.TORCHTITAN_RUNGS), "report", "export"]
-LADDER_STEPS = [*SHARED, *(f"smoke-{step}" for step in LONG), "estimate", *LONG]
+RESUMED = [f"rung-{rung}" for rung in resumed_rungs(config.TORCHTITAN_RUNGS)]  # baseline, fp8_allgather
+SMOKE = [f"smoke-{name}" for step in LONG for name in ((step, f"{step}-resume") if step in RESUMED else (step,))]
+LADDER_STEPS = [*SHARED, *SMOKE, "estimate", *LONG]
 
 
 def submitted_jobs(stdout: str) -> dict[str, str]:
@@ -92,8 +94,23 @@ def test_ladder_chain_runs_every_rung_and_reports_torchtitans_metrics(one_node, 
     # Before the first long rung: every rung's smoke run (4 steps, a metric line each), its report, its
     # export step, and the estimate from the smoke rungs' logged step times.
     smoke_report = json.loads((run / "smoke" / "ladder" / "report.json").read_text())
-    for row in smoke_report["rungs"]:
-        assert row["measured"]["last_step"] == 4 and row["measured"]["steady_steps"] == [2, 3, 4]
+    for row in smoke_report["rungs"]:  # a resumed rung's report reads the resumed job's log: steps 3 and 4
+        steady = [3, 4] if f"rung-{row['rung']}" in RESUMED else [2, 3, 4]
+        assert row["measured"]["last_step"] == 4 and row["measured"]["steady_steps"] == steady
+    # One rung per checkpoint format stops after its full save at step 2 (the 4-step schedule kept), and a
+    # second job resumes from it through torchtitan's CheckpointManager: plain weights, then float8 all-gather ones.
+    for step in RESUMED:
+        checkpoint = run / "smoke" / "ladder" / step.removeprefix("rung-") / "checkpoint"
+        saving, resumed = logs[f"smoke-{step}"], logs[f"smoke-{step}-resume"]
+        assert ", 2 steps, rank 0 of 2" in saving and "Saving a full checkpoint at last step, step 2" in saving
+        assert "torchtitan resumes from the newest checkpoint" in resumed
+        assert f"Loading the checkpoint from {checkpoint}/step-2" in resumed and "Training starts at step 3" in resumed
+    # The stand-in trains with compile off on CPU, so the compile rung trains exactly as the baseline: the compile
+    # rung's uninterrupted smoke run logs the losses of steps 3 and 4 that the baseline's resumed job must log
+    # (the same schedule, optimizer state and data position after the resume).
+    late_losses = re.compile(r"step:\s+[34]\s+loss:\s+\S+")
+    resumed_losses = late_losses.findall(logs["smoke-rung-baseline-resume"])
+    assert len(resumed_losses) == 4 and resumed_losses == late_losses.findall(logs["smoke-rung-compile"])
     job_file = tomllib.loads((run / "smoke" / "ladder" / "baseline" / "job.toml").read_text())
     assert job_file["checkpoint"]["interval"] == 2 and job_file["training"]["steps"] == 4
     found = json.loads((run / "logs" / "estimate.json").read_text())
@@ -117,7 +134,10 @@ def test_ladder_dry_run_chains_the_rungs_on_every_node(tmp_path):
         words = shlex.split(line.split("=$(", 1)[1].rstrip(")"))
         assert f"--nodes={4 if 'rung-' in step else 1}" in words
         assert ('--dependency=afterok:"$' in line) == (step != "prepare")
-    assert lines[4].endswith("ladder-rung.sbatch compile)")
+    assert lines[LADDER_STEPS.index("smoke-rung-compile")].endswith("ladder-rung.sbatch compile)")
+    saving, resumed = (lines[LADDER_STEPS.index(f"smoke-rung-fp8_allgather{end}")] for end in ("", "-resume"))
+    assert "/smoke/save.toml," in saving and "/smoke/run.toml," in resumed  # stop after step 2, then go on
+    assert resumed.endswith("ladder-rung.sbatch fp8_allgather)")
 
 
 def test_rung_list_is_read_on_the_controller_without_tomllib(tmp_path):

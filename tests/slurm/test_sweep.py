@@ -1,5 +1,6 @@
 """The scaling sweep under a real two-node local Slurm: the tiny torch-backend run at 1 and 2 nodes,
-chained (data, precompile, train per node count, report), at one global batch, reported as a table."""
+chained (data, the smoke stage, the estimate, precompile and train per node count, report), at one
+global batch, reported as a table."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from slurm_helpers import REPO, read_png
 
 from llm_pipeline import charts
+from llm_pipeline.jobs import smoke
 from tools.rehearse import fsx_environment, write_inputs
 
 pytestmark = pytest.mark.xdist_group("slurm")
@@ -48,9 +50,9 @@ def test_two_node_counts_keep_the_global_batch_and_are_reported(setup):
     result = sweep(env, config, "--nodes", "1,2", "--steps", "3", "--logging-steps", "1", "--wait", "--poll", "1")
     assert result.returncode == 0, result.stdout + result.stderr
     steps = re.findall(r"(?m)^submitted (\S+) \((\d) node\(s\)\) job \d+$", result.stdout)
-    assert steps == [
-        ("data", "1"), ("precompile", "1"), ("train", "1"), ("precompile", "2"), ("train", "2"), ("sweep_report", "1"),
-    ]  # fmt: skip
+    points = [("precompile", "1"), ("train", "1"), ("precompile", "2"), ("train", "2"), ("sweep_report", "1")]
+    # The smoke stage first: every node count's path (launch on its nodes, train, the report), then the estimate.
+    assert steps == [("data", "1"), *((f"smoke-{step}", n) for step, n in points), ("estimate", "1"), *points]
     report = json.loads((sweep_dir / "scaling.json").read_text())
     rows = {row["nodes"]: row for row in report["rows"]}
     assert [rows[n]["gradient_accumulation_steps"] for n in (1, 2)] == [2, 1]
@@ -70,6 +72,30 @@ def test_two_node_counts_keep_the_global_batch_and_are_reported(setup):
     assert "save_checkpoints = false" in derived
     for nodes in (1, 2):  # a throughput point writes no checkpoint, not even at its last step
         assert not list((sweep_dir / f"nodes-{nodes}").glob("checkpoints/checkpoint-*"))
+
+    # The smoke sweep: 4 steps at each node count on its own folders, reported like the real one.
+    smoke_rows = json.loads((sweep_dir / "smoke" / "scaling.json").read_text())["rows"]
+    assert [(row["nodes"], row["gradient_accumulation_steps"]) for row in smoke_rows] == [(1, 2), (2, 1)]
+    smoke_2 = Path(smoke_rows[1]["log"])
+    assert smoke_2.parent == sweep_dir / "smoke" / "nodes-2" / "logs" and smoke_2.name.startswith("smoke-train-")
+    assert "step 4/4 | loss" in smoke_2.read_text() and "2 data-parallel replica(s)" in smoke_2.read_text()
+    # The estimate, from each node count's smoke step time, before the first long point started.
+    found = json.loads((sweep_dir / "logs" / "estimate.json").read_text())
+    trains = [row for row in found["steps"] if row["step"] == "train"]
+    assert [row["nodes"] for row in trains] == [1, 2] and set(found["seconds_per_step"]) == {"train@1", "train@2"}
+    assert all("3 steps (train.max_steps)" in row["basis"] for row in trains)
+    assert "estimate from the smoke run" in result.stdout
+    estimated = json.loads((sweep_dir / "logs" / "state" / "estimate.json").read_text())["time"]
+    assert estimated <= json.loads((sweep_dir / "nodes-1" / "logs" / "state" / "precompile.json").read_text())["time"]
+
+
+def test_no_smoke_submits_the_long_points_only_and_says_what_that_risks(setup):
+    env, config, _ = setup
+    result = sweep(env, config, "--nodes", "1,2", "--no-smoke", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    jobs = [job for job in re.findall(r"--job-name=hpl-(\S+)", result.stdout) if job != "data"]
+    assert jobs == ["precompile", "train", "precompile", "train", "sweep_report"]
+    assert f"note: {smoke.NO_SMOKE_RISK}" in result.stdout
 
 
 def test_a_node_count_that_cannot_keep_the_batch_is_refused_before_submitting(setup):

@@ -132,24 +132,35 @@ def smoke_stage_runs(jobs: list[ChainJob], requested: bool) -> bool:
     return requested and any(job.trains for job in jobs)
 
 
+def with_smoke_stage(
+    planned: list[tuple[ChainJob, RunFacts]],
+    smoke_runs: Callable[[RunFacts], tuple[RunFacts, RunFacts]],
+    estimate_facts: RunFacts,
+) -> list[tuple[ChainJob, RunFacts]]:
+    """``planned`` (job, the run it belongs to) with its smoke stage: the shared jobs, a smoke copy of every
+    other job on the smoke run ``smoke_runs`` names for its run (a resuming job twice: on the saving run,
+    then resumed on the whole one), the estimate (on ``estimate_facts``), then the long jobs (jobs/smoke.py)."""
+    copies: list[tuple[ChainJob, RunFacts]] = []
+    long = [(job, facts) for job, facts in planned if not job.shared]
+    for job, facts in long:
+        save, whole = smoke_runs(facts)
+        copy = dataclasses.replace(job, step=smoke.PREFIX + job.step)
+        if job.resumes:
+            copies += [(copy, save), (dataclasses.replace(copy, step=copy.step + smoke.RESUME_SUFFIX), whole)]
+        else:
+            copies.append((copy, whole))
+    shared = [(job, facts) for job, facts in planned if job.shared]
+    return [*shared, *copies, (ESTIMATE_JOB, estimate_facts), *long]
+
+
 def staged_chain(facts: RunFacts, jobs: list[ChainJob], *, smoke_stage: bool) -> list[tuple[ChainJob, RunFacts]]:
-    """(job, the run it belongs to) in submission order. With the smoke stage: the shared jobs, a smoke
-    copy of every other job (a resuming one twice: save, then resume) on the smoke run, the estimate,
-    then the long jobs (jobs/smoke.py). The smoke run's configs are named here; write_smoke_run writes them."""
+    """(job, the run it belongs to) in submission order: with the smoke stage, the smoke copies run on
+    <run>/smoke. The smoke run's configs are named here; write_smoke_run writes them."""
     if not smoke_stage_runs(jobs, smoke_stage):
         return [(job, facts) for job in jobs]
     folder = smoke.smoke_dir(facts)
     save, full = (dataclasses.replace(facts, config=folder / name, output_dir=folder) for name in smoke.CONFIGS)
-    copies: list[tuple[ChainJob, RunFacts]] = []
-    long = [job for job in jobs if not job.shared]
-    for job in long:
-        copy = dataclasses.replace(job, step=smoke.PREFIX + job.step)
-        if job.resumes:
-            copies += [(copy, save), (dataclasses.replace(copy, step=copy.step + smoke.RESUME_SUFFIX), full)]
-        else:
-            copies.append((copy, full))
-    shared = [(job, facts) for job in jobs if job.shared]
-    return [*shared, *copies, (ESTIMATE_JOB, facts), *((job, facts) for job in long)]
+    return with_smoke_stage([(job, facts) for job in jobs], lambda _: (save, full), facts)
 
 
 def sbatch_command(job: ChainJob, facts: RunFacts, after: str | None, env: dict[str, str]) -> list[str]:
@@ -220,7 +231,9 @@ def submit_jobs(
             )
         job_id = out.stdout.strip().split(";")[0]
         log = str(facts.logs_dir / f"{job.step}-{job_id}.log")
-        submitted.append(StepJob(step=job.step, job=job_id, log=log, nodes=job_nodes(job, facts)))
+        submitted.append(
+            StepJob(step=job.step, job=job_id, log=log, nodes=job_nodes(job, facts), config=str(facts.config))
+        )
         print(f"submitted {label(job, facts)} job {job_id}", flush=True)
     return submitted
 

@@ -14,8 +14,8 @@ submission record (<run>/logs/pipeline.json):
   job takes its start-up (the first smoke copy's run time less its steps) plus its steps
   (train.max_steps, or train.epochs x the optimizer steps per epoch in <run>/data/stats.json; a
   ladder rung: torchtitan.steps) times that step time;
-- any other job: its smoke copy's run time (consolidation, merge and generation do not scale with
-  the step count).
+- any other job: its smoke copy's run time (precompile's few steps, consolidation, merge and
+  generation do not scale with the step count).
 Node-hours are each job's duration times its nodes. Prints the table and writes
 <run>/logs/estimate.json; `submit status`, `submit --wait` and hpctl show it, hpctl with the price.
 Stdlib only (the node's python3).
@@ -41,6 +41,7 @@ from llm_pipeline.jobs.run_facts import read_key
 
 ESTIMATE_FILE = "estimate.json"  # in <run>/logs
 RUNG_PREFIX = "rung-"  # the ladder's training jobs (ladder_submit)
+TRAIN_STEP = "train"  # the pipeline's and the sweep's training job (submit.TRAINING_STEPS)
 BILLING_NOTE = (
     "HyperPod bills every node of the cluster while the cluster exists, busy or idle: these node-hours "
     "are what the run occupies, not what it adds to the bill"
@@ -85,10 +86,12 @@ class SmokeLog:
 
 def _titan_step_seconds(stamps: dict[int, datetime]) -> list[float]:
     """Seconds per step between consecutive logged steps (each step's first line: every rank prints one),
-    leaving out the interval after the first logged step."""
+    leaving out the interval after the first logged step where there are more (the job's first step,
+    with its load and compilation, ends before the first stamp; the next may still recompile). A job
+    that logged two steps (a smoke rung stopped after its save, or the one resumed from it) keeps its one."""
     steps = sorted(stamps)
-    pairs = list(itertools.pairwise(steps))[1:]
-    return [(stamps[b] - stamps[a]).total_seconds() / (b - a) for a, b in pairs]
+    pairs = list(itertools.pairwise(steps))
+    return [(stamps[b] - stamps[a]).total_seconds() / (b - a) for a, b in (pairs[1:] or pairs)]
 
 
 def read_smoke_log(path: Path, name: str) -> SmokeLog:
@@ -142,6 +145,11 @@ def sequences_per_step(config: Path, replicas: int) -> int:
     return int(batch) * int(accumulation) * replicas
 
 
+def is_training(step: str) -> bool:
+    """The long jobs whose duration grows with their step count: the pipeline's train, a ladder rung."""
+    return step == TRAIN_STEP or step.startswith(RUNG_PREFIX)
+
+
 def estimate_job(job: pipeline_status.StepJob, copies: list[pipeline_status.StepJob], config: Path, run_dir: Path):
     """(StepEstimate, seconds per step or None) of one long job from its smoke copies' logs."""
     if not copies:
@@ -149,6 +157,8 @@ def estimate_job(job: pipeline_status.StepJob, copies: list[pipeline_status.Step
     logs = [read_smoke_log(Path(copy.log), copy.step) for copy in copies]
     rates = [rate for log in logs for rate in log.samples_per_second]
     titan = [seconds for log in logs for seconds in log.step_seconds]
+    if not is_training(job.step):  # precompile's few steps print step lines too (on Neuron): they do not scale
+        return StepEstimate(job.step, job.nodes, logs[-1].run_seconds, "its smoke run's duration"), None
     if titan:
         step_seconds = statistics.median(titan)
     elif rates:
@@ -172,11 +182,16 @@ def estimate(run_dir: Path, config: Path, *, note: str = BILLING_NOTE) -> dict:
     long = record[names.index(smoke.ESTIMATE_STEP) + 1 :]
     rows, step_times = [], {}
     for job in long:
-        copies = [c for c in record if smoke.is_smoke(c.step) and smoke.long_step(c.step) == job.step]
-        row, step_seconds = estimate_job(job, copies, config, run_dir)
+        # Its smoke copies: the same step on as many nodes (a sweep has a train job per node count).
+        copies = [
+            c for c in record if smoke.is_smoke(c.step) and smoke.long_step(c.step) == job.step and c.nodes == job.nodes
+        ]
+        row, step_seconds = estimate_job(job, copies, Path(job.config) if job.config else config, run_dir)
         rows.append(row)
         if step_seconds is not None:
-            step_times[job.step] = step_seconds
+            # A sweep trains once per node count: its keys say the nodes (train@2).
+            repeated = sum(other.step == job.step for other in long) > 1
+            step_times[f"{job.step}@{job.nodes}" if repeated else job.step] = step_seconds
     total = sum(row.seconds for row in rows)
     return {
         "config": str(config),

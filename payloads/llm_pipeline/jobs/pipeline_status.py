@@ -28,6 +28,7 @@ class StepJob:
     job: str
     log: str
     nodes: int = 1
+    config: str = ""  # the run config the job ran with ("": the record's); a sweep's points each have their own
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
     python3 -m llm_pipeline.jobs.scaling_report --sweep-dir <run folder>/sweep
 
-Reads ``sweep.json`` (written at submission) and each point's newest ``logs/train-<job>.log``. The
+Reads ``sweep.json`` (written at submission) and each point's newest ``logs/train-<job>.log`` (in the
+smoke sweep, ``<sweep>/smoke``, its ``logs/smoke-train-<job>.log``). The
 trainers print one line per log event (training/callbacks.py):
 ``step 20/40 | loss 1.2 | lr 2.0e-05 | 3.70 samples/s | 15155 tokens/s | eta 0:01:00``. The first
 event is left out when there are more (it carries start-up and graph compilation), the median of
@@ -36,6 +37,7 @@ _EVENT = re.compile(
     r"^step (?P<step>\d+)/\d+ \| loss [^|]+\|[^|]*\| (?P<samples>[0-9.]+) samples/s \| (?P<tokens>[0-9.]+) tokens/s"
 )
 _BACKEND = re.compile(r"with the (\w+) backend")
+_TRAIN_LOG = re.compile(r"(?:smoke-)?train-(\d+)\.log")
 
 
 class ReportError(RuntimeError):
@@ -43,9 +45,10 @@ class ReportError(RuntimeError):
 
 
 def newest_train_log(point_dir: Path) -> Path:
+    """The point's newest training log: train-<job>.log, or smoke-train-<job>.log in a smoke sweep's point."""
     logs = sorted(
-        (point_dir / "logs").glob("train-*.log"),
-        key=lambda p: int(m[1]) if (m := re.search(r"-(\d+)\.log$", p.name)) else -1,
+        (p for p in (point_dir / "logs").glob("*train-*.log") if _TRAIN_LOG.fullmatch(p.name)),
+        key=lambda p: int(_TRAIN_LOG.fullmatch(p.name)[1]),
     )
     if not logs:
         raise ReportError(f"{point_dir / 'logs'} has no train-<job>.log: the point's training did not run")

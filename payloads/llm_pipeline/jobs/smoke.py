@@ -8,10 +8,12 @@ previous one succeeded (afterok: a failure anywhere cancels everything after it)
 2. a smoke copy of every other job, named ``smoke-<step>``, on the run folder ``<run>/smoke`` with
    a derived run config (``<run>/smoke/run.toml``: the same config, partition and node count, step
    counts cut to SMOKE_STEPS). A resuming job (``ChainJob.resumes``: the pipeline's train) runs
-   twice: ``smoke-<step>`` trains SAVE_STEP steps and saves, ``smoke-<step>-resume`` resumes from
-   that checkpoint to SMOKE_STEPS; the later smoke jobs (consolidate, merge, generate, evaluate) then work on
-   a checkpoint written after a resume. A ladder rung trains SMOKE_STEPS steps with a full
-   checkpoint at SAVE_STEP and its model-only last save, which the smoke export then loads.
+   twice: ``smoke-<step>`` trains on the SMOKE_STEPS schedule, saves at SAVE_STEP and stops there
+   (train.stop_after_step), ``smoke-<step>-resume`` resumes from that checkpoint to SMOKE_STEPS;
+   the later smoke jobs (consolidate, merge, generate, evaluate) then work on a checkpoint written
+   after a resume. A ladder rung trains SMOKE_STEPS steps with a full checkpoint at SAVE_STEP and
+   its model-only last save, which the smoke export then loads; the rungs ladder_submit marks
+   ``resumes`` (one per checkpoint format) run as two jobs too, the first stopping after its save.
    ``<run>/smoke/data`` links to the run's prepared data; the model and the compile cache live
    outside the run folder, so the smoke run fills the cache the long run reads;
 3. ``estimate`` (llm_pipeline.jobs.estimate: each long step's duration and node-hours from the smoke
@@ -33,7 +35,7 @@ SMOKE_FOLDER = "smoke"  # <run>/smoke: the smoke run's own run folder
 ESTIMATE_STEP = "estimate"  # payloads/slurm/estimate.sbatch, after the smoke stage
 PREFIX = "smoke-"
 RESUME_SUFFIX = "-resume"
-SAVE_STEP = 2  # the first smoke training saves here...
+SAVE_STEP = 2  # the first smoke training saves and stops here...
 SMOKE_STEPS = 4  # ...and the resumed one trains on to here (steps 1 and 3 carry the warm-up)
 # torchtitan keys a smoke rung adds to torchtitan.overrides: a metric line per step (the step time), and a
 # full checkpoint before the last step (the last one holds the model only).
@@ -51,19 +53,23 @@ def smoke_dir(facts: RunFacts) -> Path:
     return facts.output_dir / SMOKE_FOLDER
 
 
-def smoke_overrides(config: Path, max_steps: int) -> dict[tuple[str, str], object]:
+def smoke_overrides(config: Path, stop_after_step: int = 0) -> dict[tuple[str, str], object]:
     """The run config's keys a smoke run changes: step counts only (and the profiler window, which
-    the cut run never reaches)."""
+    the cut run never reaches). Every smoke run has the schedule of SMOKE_STEPS steps; the saving one
+    ends after ``stop_after_step`` (train.stop_after_step, torchtitan.stop_after_step), so the run resumed
+    from its checkpoint trains steps 3 and 4 at the learning rates an uninterrupted run would."""
     text = config.read_text()
     tokens = read_key(text, "generate", "max_new_tokens", str(config))
     overrides = read_key(text, "torchtitan", "overrides", str(config)) or []
     return {
-        ("train", "max_steps"): max_steps,
+        ("train", "max_steps"): SMOKE_STEPS,
+        ("train", "stop_after_step"): stop_after_step,
         ("train", "save_steps"): SAVE_STEP,
         ("train", "logging_steps"): 1,  # a step time per step
         ("train", "profile"): "",
         ("generate", "max_new_tokens"): min(tokens, SMOKE_NEW_TOKENS) if isinstance(tokens, int) else SMOKE_NEW_TOKENS,
-        ("torchtitan", "steps"): max_steps,
+        ("torchtitan", "steps"): SMOKE_STEPS,
+        ("torchtitan", "stop_after_step"): stop_after_step,
         ("torchtitan", "overrides"): [*overrides, *TORCHTITAN_SMOKE],
         ("eval", "max_samples"): SMOKE_EVAL_ROWS,
         ("eval", "answers"): 1,
@@ -71,7 +77,7 @@ def smoke_overrides(config: Path, max_steps: int) -> dict[tuple[str, str], objec
 
 
 def write_smoke_run(facts: RunFacts) -> None:
-    """A fresh <run>/smoke with its two run configs (CONFIGS: SAVE_STEP, then SMOKE_STEPS steps).
+    """A fresh <run>/smoke with its two run configs (CONFIGS: the run that stops after SAVE_STEP, the whole one).
 
     An earlier smoke run is removed: its checkpoints would be resumed instead of written."""
     folder = smoke_dir(facts)
@@ -79,8 +85,8 @@ def write_smoke_run(facts: RunFacts) -> None:
         shutil.rmtree(folder)
     (folder / "logs" / "state").mkdir(parents=True)
     (folder / "data").symlink_to(facts.output_dir / "data", target_is_directory=True)
-    for name, steps in zip(CONFIGS, (SAVE_STEP, SMOKE_STEPS), strict=True):
-        (folder / name).write_text(derived_config(facts.config, folder, smoke_overrides(facts.config, steps)))
+    for name, stop in zip(CONFIGS, (SAVE_STEP, 0), strict=True):
+        (folder / name).write_text(derived_config(facts.config, folder, smoke_overrides(facts.config, stop)))
 
 
 def is_smoke(step: str) -> bool:

@@ -141,9 +141,16 @@ def derived_config(config: Path, point_dir: Path, overrides: dict[tuple[str, str
 
 
 def plan_sweep(
-    config: Path, sweep_dir: Path, node_counts: list[int], *, steps: int, logging_steps: int
+    config: Path,
+    sweep_dir: Path,
+    node_counts: list[int],
+    *,
+    steps: int,
+    logging_steps: int,
+    overrides: dict[tuple[str, str], object] | None = None,
 ) -> list[SweepPoint]:
-    """Write every point's run config under ``sweep_dir`` and return the points (smallest first)."""
+    """Write every point's run config under ``sweep_dir`` (with ``overrides`` too) and return the points
+    (smallest first)."""
     base = read_base(config)
     points = []
     for nodes in sorted(set(node_counts)):
@@ -152,7 +159,8 @@ def plan_sweep(
         accumulation = accumulation_for(base, nodes)
         point_dir = sweep_dir / f"nodes-{nodes}"
         (point_dir / "logs" / "state").mkdir(parents=True, exist_ok=True)
-        overrides = {
+        keys = {
+            **(overrides or {}),
             ("parallel", "nodes"): nodes,
             ("train", "gradient_accumulation_steps"): accumulation,
             ("train", "max_steps"): steps,
@@ -160,7 +168,7 @@ def plan_sweep(
             ("train", "save_checkpoints"): False,
         }
         derived = point_dir / "run.toml"
-        derived.write_text(derived_config(config, point_dir, overrides))
+        derived.write_text(derived_config(config, point_dir, keys))
         global_batch = base.per_device_batch_size * (base.data_parallel * nodes // base.nodes) * accumulation
         points.append(SweepPoint(nodes, accumulation, global_batch, str(derived), str(point_dir)))
     return points

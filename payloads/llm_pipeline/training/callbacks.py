@@ -153,3 +153,19 @@ class SealCheckpoints(TrainerCallback):
             if args.save_total_limit:
                 prune(Path(args.output_dir), keep=args.save_total_limit, node=node)
         self.wait_for_everyone()
+
+
+class StopAfterStep(TrainerCallback):
+    """train.stop_after_step: end training after ``step`` and save a checkpoint there, leaving max_steps, and so
+    the learning-rate schedule, that of the whole run. (Cutting max_steps instead would decay the schedule to
+    its end by that step, and a run resumed from the checkpoint would restore that spent schedule.) The
+    transformers Trainer and optimum-neuron's NeuronTrainer both read these flags right after on_step_end:
+    save, then leave the loop."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.step:
+            control.should_training_stop = True
+            control.should_save = args.save_strategy != "no"

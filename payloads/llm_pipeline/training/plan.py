@@ -23,6 +23,7 @@ class TrainPlan:
     resume_from: Path | None  # newest complete checkpoint, when restarting
     start_step: int
     tensorboard_dir: Path | None  # None: precompile metrics would be noise
+    stop_after_step: int = 0  # train.stop_after_step: end here with a checkpoint, the schedule unchanged; 0: off
 
 
 def world_size(env: Mapping[str, str] | None = None) -> int:

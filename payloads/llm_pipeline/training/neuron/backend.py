@@ -66,7 +66,7 @@ from transformers import PrinterCallback, TrainerCallback
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import COLUMNS, is_chat
-from llm_pipeline.training.callbacks import MetricsLogger, SealCheckpoints, TokenCounter
+from llm_pipeline.training.callbacks import MetricsLogger, SealCheckpoints, StopAfterStep, TokenCounter
 from llm_pipeline.training.collator import FixedLengthCollator, pad_token_id
 from llm_pipeline.training.neuron.rules import attention_kernel, check_neuron_run
 from llm_pipeline.training.plan import TrainPlan, check_trainable, peft_lora_config, say, sft_arguments, world_size
@@ -277,4 +277,6 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
         )
     )
     trainer.add_callback(seal_checkpoints(args, xm.rendezvous))
+    if plan.stop_after_step:
+        trainer.add_callback(StopAfterStep(plan.stop_after_step))
     trainer.train()

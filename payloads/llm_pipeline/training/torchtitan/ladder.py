@@ -12,6 +12,7 @@ Stdlib only (tomllib: Python 3.11+, the training image's interpreter).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import math
@@ -145,7 +146,26 @@ def compose(cfg: RunConfig, rung: str) -> dict[str, Any]:
         run["profiling"] = {"enable_profiling": True}
     if cfg.torchtitan.memory_snapshot:
         run["profiling"] = {**run.get("profiling", {}), "enable_memory_snapshot": True}
-    return merge(merge(merge(base, run), rung_options(rung)), overrides(cfg))
+    tables = merge(merge(merge(base, run), rung_options(rung)), overrides(cfg))
+    return stopped(tables, cfg.torchtitan.stop_after_step)
+
+
+def stopped(tables: dict[str, Any], step: int) -> dict[str, Any]:
+    """torchtitan.stop_after_step: the job trains to ``step`` only (0: unchanged). torchtitan 0.2.2 has no stop
+    setting, so training.steps becomes ``step``, while lr_scheduler.total_steps keeps the whole run's schedule
+    (its LambdaLR restores only last_epoch on load: a schedule built for ``step`` steps would already have
+    decayed) and the last save is a full checkpoint (last_save_model_only would leave nothing to resume)."""
+    if not step:
+        return tables
+    schedule = tables.get("lr_scheduler", {}).get("total_steps") or tables["training"]["steps"]
+    return merge(
+        tables,
+        {
+            "training": {"steps": step},
+            "lr_scheduler": {"total_steps": schedule},
+            "checkpoint": {"last_save_model_only": False},
+        },
+    )
 
 
 def toml_value(value: Any, key: str) -> str:
@@ -211,13 +231,24 @@ def saved_steps(tables: dict[str, Any]) -> list[int]:
     return sorted(steps)
 
 
+def stopping_at(cfg: RunConfig, step: int) -> RunConfig:
+    return dataclasses.replace(cfg, torchtitan=dataclasses.replace(cfg.torchtitan, stop_after_step=step))
+
+
 def rung_state(cfg: RunConfig, rung: str) -> str:
     """'new' (no checkpoint), 'resume' (same job, checkpoints short of the last step), 'finished'
-    (same job, the last step saved), or 'changed' (checkpoints from a different job file)."""
+    (same job, the last step saved), or 'changed' (checkpoints from a different job file).
+
+    The same job stopped early (torchtitan.stop_after_step at a step it saved) counts as the same job:
+    its checkpoint carries this job's schedule, and the job goes on from it."""
     steps = saved_steps(compose(cfg, rung))
     if not steps:
         return "new"
     previous = rung_dir(cfg, rung) / "job.toml"
-    if not previous.is_file() or previous.read_text() != job_text(cfg, rung):
+    same = {job_text(cfg, rung)} | {
+        job_text(stopping_at(cfg, step), rung) for step in steps if step < cfg.torchtitan.steps
+    }
+    if not previous.is_file() or previous.read_text() not in same:
         return "changed"
-    return "finished" if cfg.torchtitan.steps in steps else "resume"
+    last = cfg.torchtitan.stop_after_step or cfg.torchtitan.steps
+    return "finished" if last in steps else "resume"
