@@ -143,6 +143,12 @@ def test_whole_pipeline_produces_every_step_output(cluster):
     assert "resuming from" not in logs["smoke-train"] and "checkpoint saved" in logs["smoke-train"]
     assert f"resuming from {smoke_dir}/checkpoints/checkpoint-{smoke.SAVE_STEP}" in logs["smoke-train-resume"]
     assert re.search(rf"(?m)^step {smoke.SMOKE_STEPS}/{smoke.SMOKE_STEPS} \|", logs["smoke-train-resume"])
+    # The saving job trained steps 1-2 of the 4-step schedule and stopped: the resumed step 3 still learns.
+    assert re.search(rf"(?m)^step {smoke.SAVE_STEP}/{smoke.SMOKE_STEPS} \|", logs["smoke-train"])
+    resumed_lr = re.search(
+        rf"(?m)^step {smoke.SAVE_STEP + 1}/{smoke.SMOKE_STEPS} \| loss \S+ \| lr (\S+) ", logs["smoke-train-resume"]
+    )
+    assert float(resumed_lr.group(1)) > 0
     assert (smoke_dir / "adapter" / "adapter_model.safetensors").is_file() and (smoke_dir / "generation.txt").is_file()
     assert (smoke_dir / "data").resolve() == (out_dir / "data").resolve()  # tokenized once
 
