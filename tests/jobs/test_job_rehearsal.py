@@ -198,6 +198,12 @@ def two_host_config(tmp_path: Path, *, max_steps: int) -> Path:
     return config
 
 
+def step_losses(log: str, step: str) -> dict[int, float]:
+    """The training step -> loss lines the first host printed while the job ran ``step``."""
+    section = log[log.index(f"== {step}: ") : log.index(f"== {step}: COMPLETED")]
+    return {int(n): float(loss) for n, loss in re.findall(r"(?m)^step (\d+)/\d+ \| loss (\S+) ", section)}
+
+
 HOSTS = ("127.0.0.1", "localhost")  # 127.0.0.1 sorts first: algo-1's role
 
 
@@ -248,8 +254,13 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
         assert re.search(rf"(?m)^training with the torch backend, resuming from {smoke_checkpoint}$", log), log[-3000:]
     assert re.search(r"gather: received the shared files of checkpoint-2 from 127.0.0.1", worker)
     assert f"/scratch/resume/{spec.run}/smoke/checkpoints/checkpoint-2" in worker  # assembled outside the synced folder
-    resumed = leader[leader.index("== smoke-train-resume:") : leader.index("== smoke-train-resume: COMPLETED")]
-    assert re.findall(r"(?m)^step (\d+)/4 \| loss", resumed) == ["3", "4"]
+    saving, resumed = step_losses(leader, "smoke-train"), step_losses(leader, "smoke-train-resume")
+    assert list(saving) == [1, 2] and list(resumed) == [3, 4]
+    # The resume is exact on both hosts (weights, Adam state, schedule, data position): the long run
+    # (the same config, logging every 2 steps: their mean) logs what the saved and the resumed smoke runs did.
+    long = step_losses(leader, "train")
+    assert long[2] == pytest.approx((saving[1] + saving[2]) / 2, abs=1e-4)
+    assert long[4] == pytest.approx((resumed[3] + resumed[4]) / 2, abs=1e-4)
     assert "== train: every host starts from step 0" in leader and "== train: every host starts from step 0" in worker
     assert "gather: node 1 (127.0.0.1) sent its part of checkpoint-4" in leader
     gathered = r"\S+/scratch/gathered/tiny-lora/checkpoints"  # assembled in scratch, outside the synced folder
