@@ -1,4 +1,8 @@
-"""Local Slurm clusters for the pipeline tests (tools/local_slurm.py), one per test module."""
+"""Local Slurm clusters for the pipeline tests (tools/local_slurm.py), one per test module.
+
+Each cluster has its own free ports, state folders and munge socket, so every module is its own
+xdist group (``slurm-<module>``): under ``pytest -n 2 --dist loadgroup`` two modules run side by side.
+"""
 
 from __future__ import annotations
 

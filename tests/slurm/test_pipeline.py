@@ -21,7 +21,7 @@ from llm_pipeline.jobs import estimate, pipeline_status, smoke
 from llm_pipeline.submit import SHARED_STEPS, STEPS
 from tools.rehearse import fsx_environment, write_inputs
 
-pytestmark = pytest.mark.xdist_group("slurm-pipeline")  # one cluster per module: modules may run side by side
+pytestmark = pytest.mark.xdist_group("slurm-pipeline")
 TINY = REPO / "payloads" / "configs" / "tiny-cpu.toml"
 
 

@@ -13,7 +13,7 @@ from llm_pipeline import config
 from llm_pipeline.config import METHODS
 from tools.rehearse import fsx_environment, method_config, write_inputs
 
-pytestmark = pytest.mark.xdist_group("slurm-pipeline_methods")  # one cluster per module: modules may run side by side
+pytestmark = pytest.mark.xdist_group("slurm-pipeline_methods")
 TINY = REPO / "payloads" / "configs" / "tiny-cpu.toml"
 
 

@@ -17,7 +17,7 @@ from llm_pipeline import config as run_config
 from llm_pipeline.jobs.run_facts import RunFactsError, read_run_facts
 from llm_pipeline.submit import STEPS
 
-pytestmark = pytest.mark.xdist_group("slurm-submit_cli")  # one cluster per module: modules may run side by side
+pytestmark = pytest.mark.xdist_group("slurm-submit_cli")
 PAYLOADS = REPO / "payloads"
 CONTROLLER_SIDE = (
     "submit",
