@@ -145,6 +145,14 @@ def consolidate_source(run_config: Path, env: dict[str, str]) -> list[str]:
     return ["--checkpoint", str(gathered)] if gathered.is_dir() else []
 
 
+NEURON_SMOKE_RESUME = (
+    "smoke stage on {hosts} hosts with the neuron engine: its resume run starts from the base model, because a "
+    "Neuron checkpoint's tensor files are spread over the hosts and within one job each holds only its own "
+    "(a spot restart restores them all to every host). The smoke proves training, saving, consolidation, merge "
+    "and generation here, not the resume"
+)
+
+
 def agree_on_resume(run_config: Path, env: dict[str, str], hosts: sagemaker_env.JobHosts) -> Path | None:
     """Several hosts: the checkpoint this host's train resumes from, the same step on every host."""
     cfg = config.load(run_config, env=env)
@@ -171,6 +179,8 @@ def job_plan(
         print(f"== note: {smoke.NO_SMOKE_RISK}", flush=True)
     if chain.smoke_stage_runs(jobs, smoke_stage):
         smoke.write_smoke_run(facts)  # every host: each has its own run folder
+        if len(hosts.hosts) > 1 and train.resolve_backend(cfg.train.backend) != "torch":
+            print(f"== note: {NEURON_SMOKE_RESUME.format(hosts=len(hosts.hosts))}", flush=True)
     return chain.staged_chain(facts, jobs, smoke_stage=smoke_stage)
 
 

@@ -148,3 +148,23 @@ def test_two_hosts_form_one_world_with_these_arguments(tmp_path):
     seen = sorted((json.loads(p.read_text()) for p in tmp_path.glob("rank-*.json")), key=lambda s: s["rank"])
     assert [(s["rank"], s["world"], s["sum"]) for s in seen] == [(0, 2, 3.0), (1, 2, 3.0)]
     assert {s["node"] for s in seen} == {0, 1}
+
+
+@pytest.mark.parametrize("backend", ["torch", "neuron"])
+def test_a_smoke_stage_on_several_hosts_says_when_it_cannot_prove_the_resume(tmp_path, capsys, backend):
+    """Within one job each host holds only its own part of a checkpoint: the torch engine's ranks resume
+    from that and the shared files the first host sends; a Neuron resume reads every tensor file, so
+    there the smoke's resume run starts from the base model and the job log says so."""
+    from llm_pipeline import sagemaker_job
+
+    root = tmp_path / "ml"
+    env = sm_env(root, ["algo-1", "algo-2"], "algo-1")
+    env = {**env, **sagemaker_env.pipeline_environment(env)}
+    run_config = tmp_path / "run.toml"
+    run_config.write_text(TINY.read_text().replace('backend = "torch"', f'backend = "{backend}"'))
+    cfg = config.load(run_config, env=env)
+    hosts = sagemaker_env.read_hosts(env)
+    plan = sagemaker_job.job_plan(run_config, cfg, "prepare", hosts, smoke_stage=True)
+    assert any(job.step.startswith("smoke-train") and job.step.endswith("-resume") for job, _ in plan)
+    note = sagemaker_job.NEURON_SMOKE_RESUME.format(hosts=2)
+    assert (note in capsys.readouterr().out) == (backend == "neuron")
