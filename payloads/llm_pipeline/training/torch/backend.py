@@ -4,13 +4,15 @@ One process per device under torchrun; `parallel.strategy` picks FSDP2 or DDP (p
 `train.method` the model and adapter (methods.py); `train.compile`, `train.liger_kernel` and
 `train.attention` are the speed levers; `train.profile` traces a window of steps (profiling).
 The transformers Trainer resumes exactly (weights, optimizer, scheduler, RNG, data position) from
-the checkpoint the plan names; under FSDP2 those are sharded distributed checkpoints, and adapter
+the checkpoint the plan names, once the engine carries the epoch across accelerate's batch skip
+(resume_keeping_epoch); under FSDP2 those are sharded distributed checkpoints, and adapter
 methods also get a plain peft adapter in each checkpoint so consolidate and generate read it as
 they read a one-process checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from pathlib import Path
 
@@ -54,6 +56,10 @@ def engine_trainer_class():
             parallel.load_sharded_optimizer(self, Path(checkpoint))
             self.lr_scheduler.load_state_dict(torch.load(Path(checkpoint) / SCHEDULER_NAME, weights_only=True))
 
+        def train(self, *args, **kwargs):
+            with resume_keeping_epoch():
+                return super().train(*args, **kwargs)
+
         def _save_checkpoint(self, model, trial):
             # Under FSDP the Trainer writes only the sharded state; write the gathered adapter first,
             # so a checkpoint counts as complete (trainer_state.json, written last) only with it.
@@ -65,6 +71,36 @@ def engine_trainer_class():
         peft_config_for_export = None
 
     return EngineTrainer
+
+
+def skip_first_batches_keeping_epoch(dataloader, num_batches: int = 0):
+    """accelerate's skip_first_batches, with the skipping loader on the epoch the Trainer set.
+
+    On a resume inside epoch e >= 1 the Trainer sets epoch e on the prepared loader, then skips the
+    trained batches with accelerate's skip_first_batches. That builds a new DataLoaderShard whose epoch
+    counter starts at 0, and its first iteration sets epoch 0 on the shared seeded sampler: the rest of
+    the epoch came from epoch 0's shuffle, not epoch e's (accelerate 1.8.1 and 1.14.0, data_loader.py).
+    """
+    from accelerate import skip_first_batches
+
+    skipping = skip_first_batches(dataloader, num_batches)
+    if hasattr(dataloader, "iteration") and hasattr(skipping, "iteration"):
+        skipping.iteration = dataloader.iteration
+    return skipping
+
+
+@contextlib.contextmanager
+def resume_keeping_epoch():
+    """The Trainer's training loop calls transformers.trainer.skip_first_batches: the epoch-keeping one
+    while this engine trains."""
+    import transformers.trainer
+
+    original = transformers.trainer.skip_first_batches
+    transformers.trainer.skip_first_batches = skip_first_batches_keeping_epoch
+    try:
+        yield
+    finally:
+        transformers.trainer.skip_first_batches = original
 
 
 def export_adapter(trainer, folder: Path) -> None:
