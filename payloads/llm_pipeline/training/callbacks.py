@@ -169,3 +169,18 @@ class StopAfterStep(TrainerCallback):
         if state.global_step >= self.step:
             control.should_training_stop = True
             control.should_save = args.save_strategy != "no"
+
+
+def add_run_callbacks(
+    trainer, plan, *, tokens: TokenCounter, trainable: int, sequence_length: int, seal: SealCheckpoints
+) -> None:
+    """The callbacks every engine adds after its own, in this order: the progress line and TensorBoard
+    scalars, the checkpoint seals (``seal``: with the engine's own barrier), and train.stop_after_step."""
+    trainer.add_callback(
+        MetricsLogger(
+            tokens=tokens, trainable=trainable, sequence_length=sequence_length, tensorboard_dir=plan.tensorboard_dir
+        )
+    )
+    trainer.add_callback(seal)
+    if plan.stop_after_step:
+        trainer.add_callback(StopAfterStep(plan.stop_after_step))

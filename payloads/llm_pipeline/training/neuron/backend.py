@@ -66,7 +66,7 @@ from transformers import PrinterCallback, TrainerCallback
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import COLUMNS, is_chat
-from llm_pipeline.training.callbacks import MetricsLogger, SealCheckpoints, StopAfterStep, TokenCounter
+from llm_pipeline.training.callbacks import SealCheckpoints, TokenCounter, add_run_callbacks
 from llm_pipeline.training.collator import FixedLengthCollator, pad_token_id
 from llm_pipeline.training.neuron.rules import attention_kernel, check_neuron_run
 from llm_pipeline.training.plan import TrainPlan, check_trainable, peft_lora_config, say, sft_arguments, world_size
@@ -268,15 +268,12 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
     trainer.remove_callback(PrinterCallback)
     if plan.start_step:  # before the logger, which reads the start step at train begin
         trainer.add_callback(ContinueStepCount(trainer, plan.start_step))
-    trainer.add_callback(
-        MetricsLogger(
-            tokens=tokens,
-            trainable=trainable,
-            sequence_length=cfg.data.max_length,
-            tensorboard_dir=plan.tensorboard_dir,
-        )
+    add_run_callbacks(
+        trainer,
+        plan,
+        tokens=tokens,
+        trainable=trainable,
+        sequence_length=cfg.data.max_length,
+        seal=seal_checkpoints(args, xm.rendezvous),
     )
-    trainer.add_callback(seal_checkpoints(args, xm.rendezvous))
-    if plan.stop_after_step:
-        trainer.add_callback(StopAfterStep(plan.stop_after_step))
     trainer.train()

@@ -19,7 +19,7 @@ from pathlib import Path
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import is_chat, prompt_completion
-from llm_pipeline.training.callbacks import MetricsLogger, SealCheckpoints, StopAfterStep, TokenCounter
+from llm_pipeline.training.callbacks import SealCheckpoints, TokenCounter, add_run_callbacks
 from llm_pipeline.training.metrics import UtilisationMetrics, device_peak_flops
 from llm_pipeline.training.plan import TrainPlan, check_target_modules, say, sft_arguments, world_size
 from llm_pipeline.training.text_blocks import formatting_func
@@ -236,17 +236,14 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     trainer.add_callback(
         UtilisationMetrics(tokens=tokens, model_config=model.config, full=full, peak_flops=device_peak_flops())
     )
-    trainer.add_callback(
-        MetricsLogger(
-            tokens=tokens,
-            trainable=trainable,
-            sequence_length=cfg.data.max_length,
-            tensorboard_dir=plan.tensorboard_dir,
-        )
+    add_run_callbacks(
+        trainer,
+        plan,
+        tokens=tokens,
+        trainable=trainable,
+        sequence_length=cfg.data.max_length,
+        seal=SealCheckpoints(wait_for_everyone=trainer.accelerator.wait_for_everyone),
     )
-    trainer.add_callback(SealCheckpoints(wait_for_everyone=trainer.accelerator.wait_for_everyone))
-    if plan.stop_after_step:
-        trainer.add_callback(StopAfterStep(plan.stop_after_step))
     if cfg.train.profile_window is not None and plan.save_checkpoints:
         trainer.add_callback(StepProfiler(window=cfg.train.profile_window, folder=cfg.paths.profile_dir))
     return trainer, tokens
