@@ -14,20 +14,18 @@ export PYTHONPATH := $(CURDIR):$(CURDIR)/payloads
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-$(STAMP): requirements.txt requirements-dev.txt requirements-torchtitan-cpu.txt requirements-gpu-cpu.txt requirements-sagemaker.txt payloads/requirements-cluster.txt pyproject.toml package-lock.json
+$(STAMP): requirements.txt requirements-dev.txt requirements-torchtitan-cpu.txt requirements-trn1-cpu.txt requirements-sagemaker.txt payloads/requirements-gpu.txt payloads/requirements-cluster.txt pyproject.toml package-lock.json
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -r requirements-dev.txt
-	# optimum-neuron is only read by the contract tests; its Neuron dependencies cannot install here.
-	$(PIP) install -q --no-deps optimum-neuron==0.4.5 optimum==2.0.0
 	$(PIP) install -q --no-deps -r requirements-sagemaker.txt
 	# bitsandbytes has a CPU backend: the QLoRA tests load real 4-bit layers (pin: requirements-gpu.txt).
 	$(PIP) install -q --no-deps bitsandbytes==0.50.2
 	$(PIP) install -q --no-deps -e .
 	# torchtitan 0.2.2 in its own folder: its tyro needs typeguard 4, jsii pins 2 (see the file).
 	$(PIP) install -q --no-deps --upgrade --target $(VENV)/torchtitan-site -r requirements-torchtitan-cpu.txt
-	# The GPU lane's libraries where they move ahead of the Neuron lane's (see the file); the torch engine's tests use them.
-	$(PIP) install -q --no-deps --upgrade --target $(VENV)/gpu-site -r requirements-gpu-cpu.txt
+	# The frozen trn1 lane (optimum-neuron 0.4.5 and its pins) in its own folder; `pytest -m trn1` runs there.
+	$(PIP) install -q --no-deps --upgrade --target $(VENV)/trn1-site -r requirements-trn1-cpu.txt
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $(STAMP)
 
