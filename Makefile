@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR):$(CURDIR)/payloads
 
 .DEFAULT_GOAL := help
-.PHONY: help system-packages venv synth lint doc-tables test snapshot-update deploy diff destroy rehearse rehearse-ladder bench bench-train diagram clean
+.PHONY: help system-packages venv synth lint doc-tables test test-trn1 snapshot-update deploy diff destroy rehearse rehearse-ladder bench bench-train diagram clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -46,8 +46,12 @@ doc-tables: $(STAMP)  ## rewrite the run-config tables in README.md and docs/tra
 	$(PY) -m tools.doc_tables
 
 # Make builds prerequisites left to right: system packages, then .venv (inside lint), then lint.
-test: system-packages lint  ## set up a fresh Debian/Ubuntu machine as needed, lint, then run the whole suite
+test: system-packages lint  ## set up a fresh Debian/Ubuntu machine as needed, lint, then run the whole suite (both stacks)
 	$(PY) -m pytest -n 2 --dist loadgroup
+	$(MAKE) --no-print-directory test-trn1
+
+test-trn1: $(STAMP)  ## the frozen trn1 lane's tests (and the payload code shared with it) on .venv/trn1-site
+	PYTHONPATH=$(CURDIR)/$(VENV)/trn1-site:$(PYTHONPATH) $(PY) -m pytest -n 2 --dist loadgroup
 
 snapshot-update: $(STAMP)  ## rewrite the template snapshots after an intended change
 	$(PY) -m pytest tests/infra -k snapshot --snapshot-update

@@ -16,6 +16,8 @@ from llm_pipeline import consolidate
 from llm_pipeline.errors import CheckpointError
 from llm_pipeline.weights.tp_layout import join_shards
 
+pytestmark = pytest.mark.both_stacks
+
 EVERYTHING = (*ATTENTION, *MLP, "embed_tokens", "lm_head")
 CASES = {
     # name: (shape, TP, targets, fuse_qkv)

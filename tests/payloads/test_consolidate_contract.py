@@ -19,6 +19,8 @@ from merge_fixtures import ATTENTION, MLP, Shape, full_adapter, shard_adapter
 
 from llm_pipeline.weights.tp_layout import query_head_order
 
+pytestmark = pytest.mark.trn1
+
 WANTED = {
     "compute_query_indices_for_rank",
     "create_query_or_output_projection_local_weight_from_regular_weight",

@@ -26,6 +26,8 @@ from llm_pipeline.weights.full_layout import OutputTensor
 from llm_pipeline.weights.safetensors_writer import ShardedWriter, plan_shards
 from tools import tiny_model as tiny
 
+pytestmark = pytest.mark.both_stacks
+
 # name: (KV heads, TP, fuse_qkv); the tiny model has 8 query heads
 CASES = {
     "tp2-split-qkv": (2, 2, False),
@@ -173,6 +175,7 @@ def upstream_transformations(tp: int) -> types.ModuleType:
 
 
 @pytest.mark.parametrize("case", ["tp8-gqa-kv-x4", "tp8-gqa-fused-qkv", "tp2-mha-fused-qkv", "tp4-gqa-kv-x2"])
+@pytest.mark.trn1
 def test_upstream_consolidation_of_our_fixture_gives_the_original_model(models, case):
     kv_heads, tp, fuse_qkv = CASES[case]
     state = hf_state(models[kv_heads])

@@ -18,6 +18,8 @@ from llm_pipeline.training import text_blocks
 from llm_pipeline.training.collator import FixedLengthCollator
 from tools import tiny_model as tiny
 
+pytestmark = pytest.mark.both_stacks
+
 BLOCK = 64
 WORDS = [
     "the",

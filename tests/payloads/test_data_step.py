@@ -14,6 +14,8 @@ from llm_pipeline.prompt import format_example, format_prompt
 from llm_pipeline.training import data_stats
 from tools import tiny_model as tiny
 
+pytestmark = pytest.mark.both_stacks
+
 
 def test_prompt_uses_real_newlines_and_skips_an_empty_context():
     text = format_example({"instruction": "Why?", "context": "", "response": "Because."})

@@ -9,6 +9,8 @@ import pytest
 
 from llm_pipeline import evaluate, generate
 
+pytestmark = pytest.mark.both_stacks
+
 
 @pytest.fixture(scope="module")
 def model_and_tokenizer(tiny_models_dir):

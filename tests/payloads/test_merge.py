@@ -17,6 +17,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from llm_pipeline import consolidate, merge
 from tools import tiny_model as tiny
 
+pytestmark = pytest.mark.both_stacks
+
 EVERYTHING = [*ATTENTION, *MLP, "embed_tokens", "lm_head"]
 
 

@@ -8,6 +8,8 @@ import torch
 
 from llm_pipeline.weights.float_codec import decode, encode
 
+pytestmark = pytest.mark.both_stacks
+
 SPECIAL = [
     0.0,
     -0.0,

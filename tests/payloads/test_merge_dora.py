@@ -13,6 +13,8 @@ from llm_pipeline import merge
 from llm_pipeline.errors import CheckpointError
 from llm_pipeline.weights import merge_stream
 
+pytestmark = pytest.mark.both_stacks
+
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
 
 

@@ -16,6 +16,8 @@ from bench.synthetic_llama import LlamaShape, write_adapter, write_model
 from llm_pipeline import merge
 from llm_pipeline.errors import CheckpointError
 
+pytestmark = pytest.mark.both_stacks
+
 SMALL = LlamaShape(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=128, tied=False)
 REPO = Path(__file__).resolve().parents[2]
 

@@ -25,6 +25,8 @@ from llm_pipeline.training.neuron import backend as neuron_backend
 from llm_pipeline.training.neuron import rules as neuron_rules
 from tools import tiny_model
 
+pytestmark = pytest.mark.trn1
+
 LENGTHS = (512, 1024, 2048, 4096, 8192)
 LLAMA_HEADS, LLAMA_HEAD_DIM = 32, 128
 

@@ -23,6 +23,8 @@ from llm_pipeline.training.neuron import backend as train_neuron
 from llm_pipeline.training.plan import sft_arguments
 from tools.tiny_model import dolly_records
 
+pytestmark = pytest.mark.trn1
+
 PACKAGE = Path(train_neuron.__file__).parents[2]
 NEURON_PATH = ("training.neuron.backend", "training.plan")  # the neuron module and the helpers it spreads into calls
 

@@ -20,6 +20,8 @@ from llm_pipeline.training.neuron import backend as train_neuron
 from llm_pipeline.training.neuron import rules as neuron_rules
 from tools import tiny_model as tiny
 
+pytestmark = pytest.mark.trn1
+
 CONFIGS = Path(config.__file__).resolve().parents[1] / "configs"
 LLAMA3_8B = {
     "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,

@@ -23,6 +23,8 @@ from llm_pipeline.training.neuron import backend as neuron_backend
 from llm_pipeline.training.neuron import rules as neuron_rules
 from tools import tiny_model
 
+pytestmark = pytest.mark.trn1
+
 MAX_LENGTH = 64
 LENGTHS = (27, 33, 41, 59)  # dolly-like records, all shorter than max_length
 LLAMA3_8B = {

@@ -1,0 +1,56 @@
+"""Two stacks, one suite: which tests run in which environment.
+
+The main environment (.venv) carries the current stack (payloads/requirements-gpu.txt); the frozen
+trn1 lane's libraries (optimum-neuron 0.4.5 and its older pins, requirements-trn1-cpu.txt) live in
+.venv/trn1-site, which `make test-trn1` puts first on PYTHONPATH. Tests marked `trn1` run only
+there; tests marked `both_stacks` (payload code that also runs inside the trn1 image) run in both;
+everything else runs in the main environment. Each invocation deselects what belongs to the other,
+so a plain `pytest` never runs a neuron-lane test against the wrong library versions.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TRN1_REQUIREMENTS = REPO / "requirements-trn1-cpu.txt"
+REPORTED = ("transformers", "trl", "peft", "accelerate", "datasets", "huggingface-hub", "optimum-neuron", "torch")
+
+
+def trn1_pins() -> dict[str, str]:
+    """name -> version of requirements-trn1-cpu.txt."""
+    lines = (line.split("#", 1)[0].strip() for line in TRN1_REQUIREMENTS.read_text().splitlines())
+    return dict(line.split("==") for line in lines if line)
+
+
+def installed(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def on_trn1_site() -> bool:
+    """This interpreter imports the frozen lane's transformers (the trn1 site is first on the path)."""
+    return installed("transformers") == trn1_pins()["transformers"] and installed("optimum-neuron") is not None
+
+
+def pytest_report_header(config):
+    lane = "frozen trn1 site (.venv/trn1-site)" if on_trn1_site() else "main stack"
+    found = ", ".join(f"{name} {installed(name)}" for name in REPORTED if installed(name))
+    return f"lane: {lane}: {found}"
+
+
+def pytest_collection_modifyitems(config, items):
+    trn1 = on_trn1_site()
+
+    def belongs_here(item) -> bool:
+        if item.get_closest_marker("trn1"):  # a trn1 test inside a both_stacks module stays on its lane
+            return trn1
+        return True if item.get_closest_marker("both_stacks") else not trn1
+
+    kept = [item for item in items if belongs_here(item)]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if not belongs_here(item)])
+        items[:] = kept
