@@ -157,7 +157,10 @@ def test_chat_records_are_prepared_and_their_padding_counted_through_the_chat_te
     assert prepared["train"].column_names == ["messages"]
     assert prepared["train"][0]["messages"] == tiny.chat_records(24)[0]["messages"]
     report = json.loads((target / "stats.json").read_text())
-    lengths = [len(tokenizer.apply_chat_template(r["messages"], tokenize=True)) for r in tiny.chat_records(24)]
+    lengths = [
+        len(tokenizer.apply_chat_template(r["messages"], tokenize=True, return_dict=False))
+        for r in tiny.chat_records(24)
+    ]
     assert report["examples"] == 24
     assert report["tokens"] == sum(min(n, cfg.data.max_length) for n in lengths)
     assert report["truncated_examples"] == sum(n > cfg.data.max_length for n in lengths)

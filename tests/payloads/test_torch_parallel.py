@@ -23,18 +23,15 @@ def restore_environment():
 
 
 def fsdp_plugin(cfg, monkeypatch, world_size: int):
-    """The plugin accelerate builds for a GPU launch: SFTConfig sets FSDP_* variables, we add ours."""
+    """The plugin a GPU launch gets: transformers' Trainer builds it from the arguments' fsdp_plugin_args
+    (create_accelerator_and_postprocess), with no FSDP_* variable set."""
     from accelerate.utils import FullyShardedDataParallelPlugin
     from trl import SFTConfig
 
-    env = {}
-    torch_parallel.set_fsdp_environment(cfg, world_size, env)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
+    for key in [key for key in os.environ if key.startswith("FSDP_")]:
+        monkeypatch.delenv(key)
     args = SFTConfig(output_dir="unused", use_cpu=True, **torch_parallel.trainer_arguments(cfg, world_size))
-    plugin = FullyShardedDataParallelPlugin()
-    plugin.activation_checkpointing = args.fsdp_config["activation_checkpointing"]  # as the Trainer copies it
-    return plugin, args
+    return FullyShardedDataParallelPlugin(**args.fsdp_plugin_args), args
 
 
 def test_fsdp_is_full_shard_fsdp2_per_decoder_layer_with_sharded_checkpoints(hpl_env, monkeypatch):
@@ -61,12 +58,10 @@ def test_fsdp_is_full_shard_fsdp2_per_decoder_layer_with_sharded_checkpoints(hpl
 @pytest.mark.parametrize(("strategy", "world_size"), [("ddp", 8), ("fsdp", 1)])
 def test_ddp_and_single_process_use_non_reentrant_checkpointing_and_no_fsdp(hpl_env, strategy, world_size):
     cfg = tiny_config(hpl_env, parallel={"strategy": strategy}, train={"gradient_checkpointing": True})
-    env: dict[str, str] = {}
-    torch_parallel.set_fsdp_environment(cfg, world_size, env)
     arguments = torch_parallel.trainer_arguments(cfg, world_size)
-    assert env == {} and "fsdp" not in arguments
-    assert arguments["gradient_checkpointing"] is True
-    assert arguments["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
+    assert "fsdp" not in arguments and "fsdp_config" not in arguments
+    assert arguments["activation_checkpointing"] is True
+    assert arguments["activation_checkpointing_kwargs"] == {"use_reentrant": False}
 
 
 @pytest.mark.parametrize(("strategy", "world_size"), [("fsdp", 8), ("ddp", 8), ("fsdp", 1)])
@@ -77,7 +72,8 @@ def test_gradient_checkpointing_off_reaches_every_strategy(hpl_env, strategy, wo
     cfg = tiny_config(hpl_env, parallel={"strategy": strategy}, train={"gradient_checkpointing": False})
     arguments = torch_parallel.trainer_arguments(cfg, world_size)
     args = SFTConfig(output_dir="unused", use_cpu=True, **arguments)
-    assert args.gradient_checkpointing is False
+    # transformers 5 renamed the switch; the old name mirrors the new one (what trl's default set)
+    assert args.activation_checkpointing is False and args.gradient_checkpointing is False
     assert not (args.fsdp_config or {}).get("activation_checkpointing", False)
 
 

@@ -164,12 +164,12 @@ def test_each_method_counts_its_trainable_parameters(hpl_env, method):
 @pytest.mark.parametrize(
     ("train_keys", "message"),
     [
-        ({"liger_kernel": True}, "train.liger_kernel = True needs liger-kernel"),
+        ({"liger_kernel": True}, "train.liger_kernel = True needs a CUDA GPU (liger-kernel's kernels are Triton)"),
         ({"attention": "flash_attention_2"}, "train.attention = 'flash_attention_2' needs flash-attn"),
     ],
 )
 def test_a_lever_whose_package_is_missing_stops_before_training(hpl_env, tmp_path, capsys, train_keys, message):
-    """liger-kernel and flash-attn are CUDA-only packages: this CPU environment has neither."""
+    """liger-kernel's Triton kernels need CUDA (the package is installed here), flash-attn is not installed."""
     path, cfg = short_run(tmp_path, hpl_env, **train_keys)
     assert train.main(["--config", str(path)]) == 2
     assert message in capsys.readouterr().err
@@ -283,7 +283,9 @@ def test_chat_records_are_labelled_only_on_the_assistant_turns(hpl_env, tmp_path
     assert torch.equal(labels[labels != -100], ids[labels != -100])
     # each conversation's tokens, as the template writes them -> its assistant tokens
     answers = {
-        tuple(tokenizer.apply_chat_template(record["messages"])): assistant_tokens(record["messages"], tokenizer)
+        tuple(tokenizer.apply_chat_template(record["messages"], return_dict=False)): assistant_tokens(
+            record["messages"], tokenizer
+        )
         for record in datasets["train"]
     }
     if packing:  # one row, conversations one after another, each starting at position 0
@@ -307,7 +309,9 @@ def test_chat_records_are_labelled_everywhere_when_completion_only_loss_is_off(h
     datasets, tokenizer = training_inputs(cfg)
     trainer = unsaved_trainer(cfg, datasets, tokenizer)
     batch = trainer.data_collator([trainer.train_dataset[0]])
-    assert batch["input_ids"][0].tolist() == tokenizer.apply_chat_template(datasets["train"][0]["messages"])
+    assert batch["input_ids"][0].tolist() == tokenizer.apply_chat_template(
+        datasets["train"][0]["messages"], return_dict=False
+    )
     assert torch.equal(batch["labels"][0], batch["input_ids"][0])
 
 

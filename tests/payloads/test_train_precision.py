@@ -1,5 +1,5 @@
 """The torch engine's precision policy under the production defaults, with the GPU lane's pins
-(gpu_site.py): bf16 on, every method, FSDP2 on 2 gloo ranks against one process with the same
+(engine_launch.py): bf16 on, every method, FSDP2 on 2 gloo ranks against one process with the same
 global batch. Trainable weights are fp32 masters (the full run's lr 2e-5 updates would round away
 in bf16 weights), the loss the trainer sees is fp32, and a QLoRA run leaves its packed 4-bit base
 bit-identical."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from gpu_site import run_engine
+from engine_launch import run_engine
 from payload_configs import write_config
 
 from llm_pipeline import config, data

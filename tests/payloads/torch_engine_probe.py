@@ -1,7 +1,7 @@
 """Train with the torch engine (one process, or one rank of a torchrun launch) and write what the
 precision tests check as JSON, per run config (by file stem): the logged losses, the dtype of every
 loss the trainer computed, the share of trainable weights that changed, how many packed 4-bit words
-changed, and the parameter dtypes the engine reported. Run by gpu_site.run_engine with the GPU lane's pins.
+changed, and the parameter dtypes the engine reported. Run by engine_launch.run_engine on the main stack.
 
     python torch_engine_probe.py --config lora.toml --config full.toml --out result.json
 

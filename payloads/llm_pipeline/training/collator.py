@@ -19,12 +19,19 @@ class FixedLengthCollator:
     """trl's language-modeling collator, with every batch exactly ``max_length`` tokens wide."""
 
     def __init__(self, *, pad_token_id: int, max_length: int):
+        import dataclasses
+
         from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
         self.max_length = max_length
+        # trl 0.24 (the trn1 image) masks the prompt in the collator when told; trl 1.x labels the prompt
+        # -100 while preparing the dataset and its collator has no such switch. Masking is ours to decide
+        # (neuron/backend.py), so the collator never masks on its own.
+        fields = {field.name for field in dataclasses.fields(DataCollatorForLanguageModeling)}
+        own_masking = {"completion_only_loss": False} if "completion_only_loss" in fields else {}
         # Padding to a multiple of max_length, after cutting to max_length, is padding to max_length.
         self.collator = DataCollatorForLanguageModeling(
-            pad_token_id=pad_token_id, completion_only_loss=False, pad_to_multiple_of=max_length
+            pad_token_id=pad_token_id, pad_to_multiple_of=max_length, **own_masking
         )
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:

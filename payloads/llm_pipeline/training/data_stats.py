@@ -33,8 +33,9 @@ def optimizer_steps_per_epoch(sequences: int, cfg: RunConfig) -> int:
 
 
 def chat_ids(messages: list[dict], tokenizer) -> list[int]:
-    """One chat-format record's token ids, as trl tokenizes it (the chat template, no extra EOS)."""
-    return tokenizer.apply_chat_template(messages, tokenize=True)
+    """One chat-format record's token ids, as trl tokenizes it (the chat template, no extra EOS). transformers 5
+    returns a dict from apply_chat_template unless told otherwise (4.x returned the ids)."""
+    return tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)
 
 
 def first_prompt(messages: list[dict]) -> list[dict]:
@@ -49,7 +50,11 @@ def token_ids(dataset, tokenizer) -> tuple[list[list[int]], list[int]]:
         conversations = dataset[MESSAGES_COLUMN]
         ids = [chat_ids(messages, tokenizer) for messages in conversations]
         prompt_lengths = [
-            len(tokenizer.apply_chat_template(first_prompt(messages), tokenize=True, add_generation_prompt=True))
+            len(
+                tokenizer.apply_chat_template(
+                    first_prompt(messages), tokenize=True, add_generation_prompt=True, return_dict=False
+                )
+            )
             for messages in conversations
         ]
         return ids, prompt_lengths

@@ -124,13 +124,29 @@ LEVER_PACKAGES = (
 )
 
 
-def check_lever_packages(cfg: RunConfig) -> None:
-    """Stop before any work when a chosen lever's package is missing from this runtime."""
+# Levers whose kernels exist only for CUDA (Triton or CUDA C++): installed is not enough, a CPU run would
+# reach the kernel launch and fail there ("0 active drivers" from Triton), after loading model and data.
+CUDA_ONLY_LEVERS = (("liger_kernel", True, "liger-kernel's kernels are Triton"),)
+
+
+def check_lever_packages(cfg: RunConfig, *, cuda: bool | None = None) -> None:
+    """Stop before any work when a chosen lever's package is missing from this runtime, or its kernels
+    need a CUDA device this runtime lacks."""
     for key, value, module, package in LEVER_PACKAGES:
         if getattr(cfg.train, key) == value and importlib.util.find_spec(module) is None:
             raise StepError(
                 f"train.{key} = {value!r} needs {package}, which this runtime lacks (the CUDA training image "
                 f"has it, payloads/requirements-gpu.txt); change train.{key} or run in that image"
+            )
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    for key, value, why in CUDA_ONLY_LEVERS:
+        if getattr(cfg.train, key) == value and not cuda:
+            raise StepError(
+                f"train.{key} = {value!r} needs a CUDA GPU ({why}) and this runtime has none; "
+                f'set train.{key} = "auto" (on where CUDA is) or false'
             )
 
 
@@ -170,7 +186,6 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     processes = world_size()
     parallel.check_accelerate_keeps_4bit(cfg, processes)
     fsdp = parallel.uses_fsdp(cfg, processes)
-    parallel.set_fsdp_environment(cfg, processes)
     validation = datasets.get("validation")
     evaluation = {"eval_strategy": "steps", "eval_steps": cfg.train.save_steps} if validation is not None else {}
     # transformers refuses bf16 without a GPU unless told that the CPU is meant (CPU bf16 autocast).

@@ -6,9 +6,9 @@ activations are recomputed per decoder layer; with ``train.bf16`` parameters are
 while gradients are reduced and the loss and logits returned in fp32 (``mixed_precision_policy``;
 accelerate's own bf16 policy reduces and returns bf16) and the trainable shards stay fp32 master
 weights (methods.apply_precision); checkpoints are torch distributed checkpoints (each rank writes
-its shard). transformers' Trainer hands accelerate its FSDP options through ``FSDP_*`` environment
-variables (as ``accelerate launch`` does); ``FSDP_VERSION`` and ``FSDP_STATE_DICT_TYPE`` are the two
-it does not set itself.
+its shard). transformers 5's Trainer builds accelerate's FSDP plugin from ``fsdp_config`` alone
+(``TrainingArguments.fsdp_plugin_args``; 4.x passed it through ``FSDP_*`` environment variables), so
+every setting lives in the arguments ``trainer_arguments`` returns.
 
 accelerate turns FSDP on only for accelerator devices (CUDA and the like); with the CPU wheel and
 gloo it would silently fall back to DDP. ``enable_fsdp_on_cpu`` switches the same accelerate FSDP2
@@ -18,7 +18,6 @@ code path on for CPU processes, so the CPU tests run what a GPU run runs.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,6 @@ SHARDED_OPTIMIZER_DIR = "optimizer_0"  # accelerate's name for the first optimiz
 # accelerate 1.8.1 casts the whole model to fp32 after fully_shard, packed 4-bit storage included, so the
 # bf16 all-gather then rewrites packed words that read as NaN; 1.14 leaves a 4-bit model as loaded.
 ACCELERATE_KEEPS_4BIT = (1, 14)
-FSDP_ENV = {"FSDP_VERSION": "2", "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT", "FSDP_RESHARD_AFTER_FORWARD": "true"}
 
 
 def uses_fsdp(cfg: RunConfig, world_size: int) -> bool:
@@ -41,21 +39,25 @@ def uses_fsdp(cfg: RunConfig, world_size: int) -> bool:
 
 
 def trainer_arguments(cfg: RunConfig, world_size: int, layer_class: str = DECODER_LAYER) -> dict[str, Any]:
-    """SFTConfig keyword arguments for the strategy and train.gradient_checkpointing."""
+    """SFTConfig keyword arguments for the strategy and train.gradient_checkpointing (transformers 5 names it
+    activation_checkpointing; its gradient_checkpointing is a deprecated alias that mirrors it)."""
     recompute = cfg.train.gradient_checkpointing
     if not uses_fsdp(cfg, world_size):
-        # trl's SFTConfig turns gradient checkpointing on unless told; its default reentrant form breaks
-        # DDP with peft ("marked a variable ready only once"), so use the non-reentrant form.
-        kwargs = {"gradient_checkpointing_kwargs": {"use_reentrant": False}} if recompute else {}
-        return {"gradient_checkpointing": recompute, **kwargs}
+        # trl's SFTConfig turns checkpointing on unless told; its default reentrant form breaks DDP with
+        # peft ("marked a variable ready only once"), so use the non-reentrant form.
+        kwargs = {"activation_checkpointing_kwargs": {"use_reentrant": False}} if recompute else {}
+        return {"activation_checkpointing": recompute, **kwargs}
     return {
         "fsdp": "full_shard auto_wrap",
         "fsdp_config": {
+            "version": 2,
+            "reshard_after_forward": True,  # full shard: parameters freed after each forward
+            "state_dict_type": "SHARDED_STATE_DICT",  # each rank writes its own shard
             "transformer_layer_cls_to_wrap": [layer_class],
             "activation_checkpointing": recompute,  # FSDP's own, per wrapped layer (not the Trainer's)
             "cpu_ram_efficient_loading": False,
         },
-        "gradient_checkpointing": False,
+        "activation_checkpointing": False,  # the Trainer's own would recompute a second time
     }
 
 
@@ -86,13 +88,6 @@ def check_accelerate_keeps_4bit(cfg: RunConfig, world_size: int, version: str | 
         )
 
 
-def set_fsdp_environment(cfg: RunConfig, world_size: int, env: dict[str, str] | None = None) -> None:
-    """The accelerate settings the Trainer arguments cannot carry."""
-    env = os.environ if env is None else env
-    if uses_fsdp(cfg, world_size):
-        env.update(FSDP_ENV)
-
-
 def apply_mixed_precision_policy(trainer, cfg: RunConfig) -> None:
     """Replace accelerate's FSDP2 policy (bf16 reduce and outputs) with ours, before the model is sharded."""
     trainer.accelerator.state.fsdp_plugin.mixed_precision_policy = mixed_precision_policy(cfg)
@@ -107,8 +102,7 @@ def enable_fsdp_on_cpu(trainer) -> None:
         return
     if state.distributed_type != DistributedType.MULTI_CPU:
         raise RuntimeError(f"parallel.strategy fsdp: accelerate chose {state.distributed_type}, expected FSDP")
-    plugin = FullyShardedDataParallelPlugin()  # reads the FSDP_* variables the Trainer arguments set
-    plugin.activation_checkpointing = trainer.args.fsdp_config.get("activation_checkpointing", False)
+    plugin = FullyShardedDataParallelPlugin(**trainer.args.fsdp_plugin_args)  # as the Trainer builds it on GPU
     if state.mixed_precision != "no":
         plugin.set_mixed_precision(state.mixed_precision)
     state.fsdp_plugin = plugin

@@ -1,0 +1,35 @@
+"""The torch engine in its own processes, as torchrun starts it on a node: 1 or 2 gloo ranks training
+run configs through tests/payloads/torch_engine_probe.py, with the main environment's libraries (the
+CUDA image's pins) and this checkout's payload package first on the path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PROBE = Path(__file__).with_name("torch_engine_probe.py")
+LEAKED_PREFIXES = ("ACCELERATE_", "FSDP_")  # process-wide settings an in-process Trainer exported
+
+
+def engine_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a rank starts with: no settings an earlier in-process Trainer left behind."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith(LEAKED_PREFIXES)}
+    paths = [str(REPO / "payloads"), str(REPO)]
+    env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def run_engine(run_configs: list[Path], out: Path, *, ranks: int, timeout: float = 600) -> dict[str, dict]:
+    """Train each run config in turn with the torch engine on ``ranks`` gloo processes (one launch);
+    the probe's answer per config file stem."""
+    probe = [str(PROBE), *(f"--config={path}" for path in run_configs), "--out", str(out)]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+    command = (launch if ranks > 1 else [sys.executable]) + probe
+    done = subprocess.run(command, env=engine_env(), capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return json.loads(out.read_text())
