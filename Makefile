@@ -4,6 +4,8 @@ VENV  ?= .venv
 PY    := $(VENV)/bin/python
 PIP   := $(VENV)/bin/pip
 CDK   := npx --no-install cdk
+# cdk.json's app runs this interpreter (default .venv's), so `make synth VENV=...` synthesizes with that venv.
+export CDK_PYTHON := $(PY)
 STAMP := $(VENV)/.installed
 # This checkout's code wins over whatever an editable install points at (as in pytest's pythonpath).
 export PYTHONPATH := $(CURDIR):$(CURDIR)/payloads

@@ -12,9 +12,10 @@ from constructs import Construct
 
 from stacks.accelerators import CUDA, NEURON
 
-# The two variants AWS publishes of each PyTorch training image release (aws/deep-learning-containers,
-# docs/src/data/pytorch-training/<version>-gpu-{ec2,sagemaker}.yml): ec2 for the HyperPod cluster lane,
-# sagemaker (the SageMaker training toolkit and SDK on the same PyTorch/CUDA/EFA stack) for training jobs.
+# The two variants AWS publishes of each PyTorch image release (aws/deep-learning-containers,
+# docs/src/data/pytorch/<version>-cuda-{ec2,sagemaker}.yml): ec2 (the plain tag) for the HyperPod cluster
+# lane, sagemaker (the SageMaker training toolkit and SDK on the same PyTorch/CUDA/EFA stack) for training
+# jobs. payloads/Dockerfile.cuda names each variant's full tag in a stage `base-<variant>`.
 DlcVariant = Literal["ec2", "sagemaker"]
 DLC_VARIANTS: tuple[DlcVariant, ...] = get_args(DlcVariant)
 CLUSTER_VARIANT: DlcVariant = "ec2"

@@ -172,7 +172,11 @@ def check(
 def parse_arguments(argv: Sequence[str]) -> tuple[dict[str, Any], Allowances, bool]:
     """The context (cdk.json with -c on top), what the flags allow, and whether to run the online
     checks (stacks/online_checks.py); other words are the deploy's own."""
-    parser = argparse.ArgumentParser(prog="python -m stacks.predeploy", add_help=False)
+    parser = argparse.ArgumentParser(
+        prog="python -m stacks.predeploy",
+        description="Refuse a deploy the deployed stack cannot take or that loses data; "
+        "other words (-c key=value) are the deploy's own.",
+    )
     parser.add_argument("--allow-replace", action="append", default=[], metavar="LOGICAL_ID")
     parser.add_argument("--allow-remove-group", action="append", default=[], metavar="NAME")
     parser.add_argument("--allow-drop-cluster-lane", action="store_true")

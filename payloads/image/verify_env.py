@@ -3,8 +3,9 @@
 It asserts that every pin of the image's requirements file is installed at exactly its version,
 that the modules the pipeline steps import load and, on the CUDA image, that each speed lever
 applies to a tiny model (an import alone passes a liger-kernel that refuses the pinned transformers
-at apply time) and that the EFA plugin NCCL loads (aws-ofi-nccl) is present, and that the base is
-the DLC variant the build asked for, so a drifted or broken environment fails the image build
+at apply time), that the EFA plugin NCCL loads (aws-ofi-nccl) is present and that `python` and
+`python3` on PATH are the interpreter holding the pins (the base's venv), and that the base is the
+DLC variant the build asked for, so a drifted or broken environment fails the image build
 instead of the first training job on the cluster. The
 versions are read from the requirements file itself; nothing here retypes them.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import glob
 import importlib
+import shutil
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -51,7 +53,7 @@ CUDA_IMPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 FAMILY_IMPORTS = {"neuron": NEURON_IMPORTS, "cuda": CUDA_IMPORTS}
 # NCCL reaches EFA through the aws-ofi-nccl plugin (libnccl-net*.so); AWS's images install it with
-# the EFA installer. Any one of these places will do.
+# the EFA installer (the amzn2023 line in /opt/amazon/ofi-nccl/lib64). Any one of these places will do.
 NCCL_EFA_PLUGIN_GLOBS = (
     "/opt/amazon/ofi-nccl/**/libnccl-net*.so",
     "/opt/aws-ofi-nccl/**/libnccl-net*.so",
@@ -142,6 +144,24 @@ def file_problems(family: str, root: str = "/") -> list[str]:
     return ["NCCL EFA plugin (aws-ofi-nccl, libnccl-net*.so) not found in " + ", ".join(NCCL_EFA_PLUGIN_GLOBS)]
 
 
+# The names the pipeline steps start Python by (slurm scripts, jobs' drivers).
+STEP_INTERPRETERS = ("python", "python3")
+
+
+def interpreter_problems(family: str) -> list[str]:
+    """On the CUDA image: each interpreter name on PATH is this one (the base's venv, where pip put the
+    pins), so a step never starts another Python that lacks them."""
+    if family != "cuda":
+        return []
+    here = Path(sys.executable).parent
+    problems = []
+    for name in STEP_INTERPRETERS:
+        found = shutil.which(name)
+        if found is None or Path(found).parent != here:
+            problems.append(f"`{name}` on PATH is {found or 'missing'}, not the interpreter holding the pins ({here})")
+    return problems
+
+
 def variant_problems(variant: str | None) -> list[str]:
     """The base is the variant the build argument named (none named: nothing to check)."""
     if variant is None:
@@ -225,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"checking {len(pins)} pins from {args.requirements.name} and {len(imports)} key imports ({args.family})")
     levers = FAMILY_LEVERS[args.family]
     problems = version_problems(pins) + import_problems(imports) + lever_problems(levers)
-    problems += file_problems(args.family) + variant_problems(args.variant)
+    problems += file_problems(args.family) + interpreter_problems(args.family) + variant_problems(args.variant)
     for problem in problems:
         print(f"FAIL {problem}")
     if problems:

@@ -98,10 +98,30 @@ def test_cuda_image_needs_the_nccl_efa_plugin(verify_env, tmp_path):
     assert verify_env.file_problems("neuron", root=str(tmp_path)) == []  # the Neuron image has no NCCL
     (problem,) = verify_env.file_problems("cuda", root=str(tmp_path))
     assert "aws-ofi-nccl" in problem
-    plugin = tmp_path / "opt/amazon/ofi-nccl/lib/x86_64-linux-gnu"
+    plugin = tmp_path / "opt/amazon/ofi-nccl/lib64"  # where the amzn2023 base's EFA installer puts it
     plugin.mkdir(parents=True)
-    (plugin / "libnccl-net-ofi.so").write_bytes(b"")
+    (plugin / "libnccl-net.so").write_bytes(b"")
     assert verify_env.file_problems("cuda", root=str(tmp_path)) == []
+
+
+def test_cuda_image_steps_start_the_interpreter_holding_the_pins(verify_env, monkeypatch, tmp_path):
+    """On the amzn2023 base the pins go into /opt/venv; a `python` or `python3` on PATH from elsewhere
+    (the system Python) would start the steps without them."""
+    here = Path(sys.executable).parent
+    monkeypatch.setenv("PATH", str(here))
+    assert verify_env.interpreter_problems("cuda") == []
+    assert verify_env.interpreter_problems("neuron") == []  # the Neuron image keeps its base's Python
+    other = tmp_path / "bin"
+    other.mkdir()
+    (other / "python3").symlink_to(sys.executable)  # the same binary, another directory: not this venv
+    monkeypatch.setenv("PATH", f"{other}:{here}")
+    (problem,) = verify_env.interpreter_problems("cuda")
+    assert problem.startswith(f"`python3` on PATH is {other / 'python3'}, not the interpreter holding the pins")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert [p.split(" on PATH is ")[1].split(",")[0] for p in verify_env.interpreter_problems("cuda")] == [
+        "missing",
+        "missing",
+    ]
 
 
 def test_cli_checks_the_family_it_is_told(tmp_path):
@@ -141,25 +161,17 @@ def test_cli_accepts_only_the_published_variants(tmp_path):
     assert checked.returncode == 1 and "FAIL base variant sagemaker" in checked.stdout
 
 
-# The GPU lane's liger-kernel (.venv/gpu-site) and the Triton it imports (.venv/torchtitan-site), both
-# installed by `make venv`: the lever checks run in a subprocess with them first on the path.
-LEVER_SITES = [Path(sys.prefix) / "gpu-site", Path(sys.prefix) / "torchtitan-site"]
-
-
 def test_cuda_levers_are_applied_not_just_imported():
-    """liger's patch builds a tiny Llama with liger's RMSNorm and the NF4 round trip holds; flash-attn
-    (CUDA-only, absent here) is reported by name. On the image all three must pass."""
-    for site in LEVER_SITES:
-        assert site.is_dir(), f"{site} missing: run `make venv`"
+    """liger-kernel 0.8.5's patch (with the pinned transformers 5, both in the main venv with the Triton
+    it imports) builds a tiny Llama with liger's RMSNorm and the NF4 round trip holds; flash-attn
+    (CUDA-only, absent here) is reported by name. On the image all three must pass. A subprocess, as
+    liger's patch rebinds transformers' Llama classes for the rest of the process."""
     code = (
-        "import json, sys; sys.path[:0] = sys.argv[1:3]; "
-        "import importlib.util; spec = importlib.util.spec_from_file_location('verify_env', sys.argv[3]); "
+        "import json, sys, importlib.util; spec = importlib.util.spec_from_file_location('verify_env', sys.argv[1]); "
         "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
         "print(json.dumps(m.lever_problems(m.CUDA_LEVERS)))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, *map(str, LEVER_SITES), str(VERIFY_ENV)], capture_output=True, text=True
-    )
+    done = subprocess.run([sys.executable, "-c", code, str(VERIFY_ENV)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     problems = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(problems) == 1, problems

@@ -120,6 +120,15 @@ def test_the_flags_let_a_dropped_lane_or_a_removed_group_through():
     assert value_refusals(jobs_only, {**jobs_only, "compute_groups": []}, Allowances()) == []  # no cluster to lose
 
 
+def test_help_prints_the_flags_and_touches_nothing(capsys):
+    """`--help` answers (the laptop-side check runs it in a fresh venv) instead of starting a predeploy."""
+    with pytest.raises(SystemExit) as done:
+        parse_arguments(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m stacks.predeploy") and "--allow-drop-cluster-lane" in out
+
+
 def test_flags_are_read_beside_the_deploy_arguments():
     context, allow, online = parse_arguments(
         ["-c", "lanes=jobs", "--allow-replace", "FsxFileSystem1", "--no-rollback", "--allow-drop-cluster-lane"]
