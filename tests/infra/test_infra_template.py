@@ -132,7 +132,12 @@ def test_cluster_role_is_for_sagemaker_with_the_managed_policy_and_scoped_access
     role_id = synth.logical_id(synth.stack.role.role.node.default_child)
     role = synth.template["Resources"][role_id]["Properties"]
     assert role["AssumeRolePolicyDocument"]["Statement"] == [
-        {"Action": "sts:AssumeRole", "Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}}
+        {
+            "Action": "sts:AssumeRole",
+            "Condition": {"StringEquals": {"aws:SourceAccount": synth.config.account}},
+            "Effect": "Allow",
+            "Principal": {"Service": "sagemaker.amazonaws.com"},
+        }
     ]
     assert json.dumps(role["ManagedPolicyArns"]).count("AmazonSageMakerClusterInstanceRolePolicy") == 1
     policy_id = synth.logical_id(synth.stack.role.policy.node.default_child)
