@@ -10,6 +10,7 @@ turns them and the config into ``cluster-facts.json``, which the lifecycle scrip
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -271,6 +272,13 @@ def _check_combinations(config: HyperPodConfig) -> None:
         )
     check_training_plan_region(config.compute_groups, config.region)
     _check_provisioning(config)
+    if config.cluster_lane and ipaddress.IPv4Network(config.vpc_cidr).overlaps(DOCKER_BRIDGE):
+        raise ConfigError.bad_value(
+            "vpc_cidr",
+            config.vpc_cidr,
+            f"a network that does not overlap {DOCKER_BRIDGE}, Docker's default bridge on the nodes (containers "
+            "could not reach FSx, the controller or S3 addresses in it), e.g. 10.0.0.0/16",
+        )
     _check_offered_in_region(config)
     prefix = zone_id_prefix(config.region)
     if prefix and not config.availability_zone_id.startswith(f"{prefix}-"):
@@ -279,6 +287,39 @@ def _check_combinations(config: HyperPodConfig) -> None:
             config.availability_zone_id,
             f"a zone ID of the configured region {config.region}, e.g. {prefix}-az1",
         )
+
+
+# Docker's default bridge network on the nodes' container runtime: a VPC overlapping it makes FSx, the
+# controller or S3 unreachable from inside containers (their replies are routed onto the bridge).
+DOCKER_BRIDGE = ipaddress.IPv4Network("172.17.0.0/16")
+# Keys only the cluster lane reads: with lanes = jobs a value other than the default is ignored (a warning).
+CLUSTER_ONLY_KEYS = (
+    "availability_zone_id",
+    "vpc_cidr",
+    "controller_instance_type",
+    "login_instance_type",
+    "login_instance_count",
+    "fsx_storage_capacity_gib",
+    "fsx_throughput_mibps_per_tib",
+    "fsx_compression",
+    "slurm_config_strategy",
+    "node_recovery",
+    "provisioning",
+    "runtime",
+)
+
+
+def lane_warnings(config: HyperPodConfig) -> list[str]:
+    """Cluster keys set away from their defaults on a config that creates no cluster."""
+    if config.cluster_lane:
+        return []
+    defaults = HyperPodConfig.__dataclass_fields__
+    return [
+        f"config key '{key}' is {getattr(config, key)!r}, but lanes = {config.lanes} creates no cluster, so it is "
+        f"ignored; remove it or set lanes = both"
+        for key in CLUSTER_ONLY_KEYS
+        if getattr(config, key) != defaults[key].default
+    ]
 
 
 def _check_provisioning(config: HyperPodConfig) -> None:

@@ -202,7 +202,11 @@ KEY_BEHAVIOUR: dict[str, KeyBehaviour] = {
     "vpc_cidr": KeyBehaviour(
         FORBIDDEN, f"replaces the VPC, FSx (its data) and the fixed-name cluster; {DESTROY_FIRST}"
     ),
-    "controller_instance_type": KeyBehaviour(IN_PLACE, ""),
+    "controller_instance_type": KeyBehaviour(
+        IN_PLACE,
+        "the template allows it, but HyperPod replaces the controller node with its Slurm state, so predeploy "
+        "refuses it without `--allow-controller-replace`",
+    ),
     "controller_instance_count": KeyBehaviour(FIXED, "only 1 is allowed"),
     "login_instance_type": KeyBehaviour(IN_PLACE, ""),
     "login_instance_count": KeyBehaviour(IN_PLACE, ""),
@@ -272,6 +276,7 @@ class Allowances:
     replace: tuple[str, ...] = ()  # logical ids of stateful resources that may be replaced or removed
     remove_groups: tuple[str, ...] = ()  # compute groups that may go (with their nodes)
     drop_cluster_lane: bool = False  # lanes cluster|both -> jobs: the cluster, FSx and the network go
+    replace_controller: bool = False  # controller_instance_type changes: HyperPod replaces the controller node
 
 
 NOTHING_ALLOWED = Allowances()
@@ -349,6 +354,15 @@ def value_refusals(deployed: Mapping[str, Any], wanted: Mapping[str, Any], allow
             f"config key 'fsx_storage_capacity_gib' is {old_capacity} on the deployed stack and {new_capacity} now: "
             "FSx for Lustre storage can only grow (UpdateFileSystem takes a larger multiple of 2400 GiB for "
             f"PERSISTENT_2 SSD), so the update would fail and roll back; set it back to {old_capacity} or larger"
+        )
+    old_type, new_type = deployed.get("controller_instance_type"), wanted.get("controller_instance_type")
+    if old_type and new_type and old_type != new_type and not allow.replace_controller:
+        messages.append(
+            f"config key 'controller_instance_type' is {old_type!r} on the deployed stack and {new_type!r} now: "
+            "HyperPod replaces the controller node for a new type, and with it the Slurm controller's state on "
+            "its disks (the queue, running and pending jobs, the accounting database); drain the queue first, "
+            "then pass --allow-controller-replace (make deploy PREDEPLOY_ARGS=--allow-controller-replace), or "
+            f"set it back to {old_type!r}"
         )
     old_groups, new_groups = _groups(deployed), _groups(wanted)
     capacity_changed = False

@@ -239,3 +239,17 @@ def test_a_stack_without_recorded_config_is_compared_resource_by_resource(synth,
     assert any("HyperPodCluster" in line and "ClusterName=" in line for line in refusals), refusals
     assert any(line.startswith(f"resource {vpc_id} (AWS::EC2::VPC) would be replaced") for line in refusals)
     assert template_refusals(synth.template, synth.template) == []
+
+
+def test_a_controller_type_change_is_refused_unless_allowed():
+    before = config_record(HyperPodConfig.from_context({}, environ={}))
+    after = config_record(HyperPodConfig.from_context({"controller_instance_type": "ml.c5.2xlarge"}, environ={}))
+    (problem,) = value_refusals(before, after, Allowances())
+    assert problem.startswith(
+        "config key 'controller_instance_type' is 'ml.c5.xlarge' on the deployed stack and 'ml.c5.2xlarge' now: "
+        "HyperPod replaces the controller node"
+    )
+    assert "--allow-controller-replace" in problem
+    assert value_refusals(before, after, Allowances(replace_controller=True)) == []
+    _, allow, _ = parse_arguments(["--allow-controller-replace"])
+    assert allow.replace_controller
