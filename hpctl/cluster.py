@@ -20,6 +20,19 @@ class InstanceGroup:
     capacity: str = "on-demand"  # on-demand or spot (CapacityRequirements; absent means on-demand)
     training_plan_arn: str = ""
     training_plan_status: str = ""
+    minimum: int = 0  # MinCount (continuous provisioning): in service with this many; 0: the target
+
+    @property
+    def needed(self) -> int:
+        """Nodes the group needs before `hpctl wait` calls it ready: its minimum, else its target."""
+        return self.minimum or self.target
+
+    @property
+    def ready(self) -> bool:
+        return self.current >= self.needed
+
+    def progress(self) -> str:
+        return f"{self.name} {self.current}/{self.target}" + (f" (min {self.minimum})" if self.minimum else "")
 
     @property
     def training_plan(self) -> str:
@@ -47,6 +60,16 @@ class ClusterState:
     status: str  # Creating, InService, Updating, Failed, Deleting, ...
     failure_message: str
     groups: tuple[InstanceGroup, ...]
+    provisioning: str = "standard"  # continuous when NodeProvisioningMode is Continuous
+
+    @property
+    def continuous(self) -> bool:
+        return self.provisioning == "continuous"
+
+    @property
+    def filling(self) -> tuple[InstanceGroup, ...]:
+        """Groups still short of what they need (continuous mode is InService before nodes arrive)."""
+        return tuple(group for group in self.groups if not group.ready)
 
     @property
     def cluster_id(self) -> str:
@@ -83,9 +106,11 @@ def describe_cluster(session: boto3.Session, name: str) -> ClusterState:
                 capacity="spot" if "Spot" in group.get("CapacityRequirements", {}) else "on-demand",
                 training_plan_arn=group.get("TrainingPlanArn", ""),
                 training_plan_status=group.get("TrainingPlanStatus", ""),
+                minimum=group.get("MinCount", 0),
             )
             for group in reply.get("InstanceGroups", [])
         ),
+        provisioning="continuous" if reply.get("NodeProvisioningMode") == "Continuous" else "standard",
     )
 
 

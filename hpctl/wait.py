@@ -1,6 +1,7 @@
-"""`hpctl wait`: follow the deploy and the cluster until the deploy is complete and the cluster is in
-service; a failed or rolled-back deploy (create or update) or a failed cluster exits 1 with the first
-failed stack event."""
+"""`hpctl wait`: follow the deploy and the cluster until the deploy is complete, the cluster is in
+service and every instance group has its nodes (its target, or its minimum where one is set); a
+failed or rolled-back deploy (create or update) or a failed cluster exits 1 with the first failed
+stack event."""
 
 from __future__ import annotations
 
@@ -17,8 +18,14 @@ from hpctl.stack import NO_ROLLBACK_HINT, EventFeed, StackNotFound, deploy_faile
 
 
 def progress_line(cluster: ClusterState) -> str:
-    groups = ", ".join(f"{group.name} {group.current}/{group.target}" for group in cluster.groups)
+    groups = ", ".join(group.progress() for group in cluster.groups)
     return f"cluster {cluster.name} {cluster.status}" + (f" (nodes {groups})" if groups else "")
+
+
+def ready(cluster: ClusterState) -> bool:
+    """In service with every group at its target or minimum: a continuous-mode cluster is InService once
+    the controller is, while its compute groups still fill up."""
+    return cluster.status == "InService" and not cluster.filling
 
 
 def stack_failed(stack_name: str, status: str, feed: EventFeed) -> DeployFailed:
@@ -79,12 +86,17 @@ def wait_in_service(
         if poll.failure:
             raise poll.failure
         line = poll.line
+        waiting_for_nodes = poll.cluster is not None and poll.cluster.status == "InService" and not poll.deploying
+        if waiting_for_nodes and poll.cluster.filling:
+            line += "; waiting for nodes: " + ", ".join(group.progress() for group in poll.cluster.filling)
         print(f"[{int(elapsed) // 60:02d}:{int(elapsed) % 60:02d}] {line}", flush=True)
-        if poll.cluster is not None and poll.cluster.status == "InService" and not poll.deploying:
+        if waiting_for_nodes and ready(poll.cluster):
             return poll.cluster
         if elapsed >= timeout_s:
+            what = "not every group has its nodes" if waiting_for_nodes else "not in service"
             raise HpctlError(
-                f"not in service after {timeout_s:g} s (last: {line}): run `hpctl wait` again; "
+                f"{what} after {timeout_s:g} s (last: {line}): run `hpctl wait` again; "
                 "`hpctl logs lifecycle` shows what the nodes are doing"
+                + ("; `hpctl events` shows why HyperPod has not placed them" if waiting_for_nodes else "")
             )
         sleep(min(interval_s, timeout_s - elapsed))

@@ -96,9 +96,33 @@ def regional_instance_types(region: str) -> frozenset[str] | None:
     return _regional_table().get(region)
 
 
+SCHEMA_REFERENCE_REGION = "us-east-1"
+
+
+@functools.cache
+def _provider_types(region: str) -> str:
+    """The region's resource-type table as cfn-lint ships it (type -> schema file), as text."""
+    return (resources.files("cfnlint.data.schemas.providers") / f"{region}.json").read_text()
+
+
+@functools.cache
+def schema_published(region: str) -> bool:
+    """Whether AWS publishes CloudFormation schemas for ``region``: cfn-lint ships a copy of us-east-1's
+    table for the regions it has none of (the isolated partitions, eusc-de-east-1), which says nothing."""
+    if region == SCHEMA_REFERENCE_REGION:
+        return True
+    try:
+        return _provider_types(region) != _provider_types(SCHEMA_REFERENCE_REGION)
+    except FileNotFoundError:
+        return False
+
+
 @functools.cache
 def cloudformation_supports(region: str, resource_type: str) -> bool:
-    """Whether CloudFormation in ``region`` has ``resource_type`` (cfn-lint's provider schema of that region)."""
+    """Whether CloudFormation in ``region`` has ``resource_type`` (cfn-lint's provider schema of that region;
+    a region without a published schema has nothing we can vouch for)."""
+    if not schema_published(region):
+        return False
     try:
         PROVIDER_SCHEMA_MANAGER.get_resource_schema(region, resource_type)
     except ResourceNotFoundError:

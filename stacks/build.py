@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from aws_cdk import App
 
-from stacks.config import HyperPodConfig
+from stacks.config import HyperPodConfig, lane_warnings
 from stacks.nag import enable_checks
 from stacks.stack import HyperPodStack
 
@@ -28,6 +29,8 @@ def build_app(
     """
     app = App(context=dict(context), outdir=outdir) if context is not None else App(outdir=outdir)
     config = HyperPodConfig.from_context(_user_context(app, context), environ=environ)
+    for warning in lane_warnings(config):
+        print(f"warning: {warning}", file=sys.stderr)
     stack = HyperPodStack(app, config.stack_name, config=config, source_root=source_root)
     enable_checks(app)
     return app, stack

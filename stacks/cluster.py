@@ -8,26 +8,36 @@ from constructs import Construct, IDependable
 
 from cluster_contract import CONTROLLER_GROUP, FSX_MOUNT_PATH, LOGIN_GROUP
 from stacks.compute_groups import SPOT, ComputeGroup
-from stacks.config import LIFECYCLE_SCRIPT, HyperPodConfig
+from stacks.config import CONTINUOUS, LIFECYCLE_SCRIPT, STANDARD, HyperPodConfig
 
 Cfn = sagemaker.CfnCluster
-# HyperPod runs Spot groups with continuous provisioning ("Spot instances in Amazon SageMaker HyperPod",
-# https://docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-hyperpod-spot.html; for Slurm see
-# sagemaker-hyperpod-scaling-slurm.html): set at create, so stacks/update_safety.py refuses the switch.
-# botocore's CreateCluster text still calls the mode EKS-only; the HyperPod Slurm guide documents it for
-# Slurm clusters, and the CloudFormation schema accepts it with a Slurm orchestrator (cfn-lint passes).
+# Continuous provisioning (config key provisioning, the default) is set at create, so
+# stacks/update_safety.py refuses a switch. botocore's CreateCluster text still calls the mode EKS-only;
+# the HyperPod Slurm guide documents it for Slurm clusters ("Continuous provisioning for enhanced cluster
+# operations with Slurm", sagemaker-hyperpod-scaling-slurm.html, which also says it refuses any
+# SlurmConfigStrategy), and the CloudFormation schema accepts it with a Slurm orchestrator (cfn-lint passes).
 CONTINUOUS_PROVISIONING = "Continuous"
 
 
 def node_provisioning_mode(config: HyperPodConfig) -> str | None:
-    """Continuous when any compute group is Spot; HyperPod's standard mode (the property left out) otherwise."""
-    return CONTINUOUS_PROVISIONING if any(group.capacity == SPOT for group in config.compute_groups) else None
+    """Continuous, or HyperPod's standard mode (the property left out)."""
+    return CONTINUOUS_PROVISIONING if config.provisioning == CONTINUOUS else None
+
+
+def slurm_orchestrator(config: HyperPodConfig) -> Cfn.OrchestratorProperty:
+    """Slurm, with the strategy set explicitly in standard mode (the docs disagree on its default,
+    Managed vs Merge); continuous mode takes none (it runs in merge mode and refuses the field)."""
+    strategy = config.slurm_config_strategy if config.provisioning == STANDARD else None
+    return Cfn.OrchestratorProperty(slurm=Cfn.ClusterOrchestratorSlurmConfigProperty(slurm_config_strategy=strategy))
 
 
 def capacity_properties(group: ComputeGroup) -> dict[str, object]:
     """Where a group's nodes come from. On-demand is HyperPod's default when CapacityRequirements is
-    absent, so only Spot is written, and a training plan (reserved capacity) is named by its ARN."""
+    absent, so only Spot is written, and a training plan (reserved capacity) is named by its ARN.
+    MinInstanceCount (continuous mode only) is written when set: 0 is HyperPod's default for compute."""
     properties: dict[str, object] = {}
+    if group.min_instance_count:
+        properties["min_instance_count"] = group.min_instance_count
     if group.capacity == SPOT:
         properties["capacity_requirements"] = Cfn.ClusterCapacityRequirementsProperty(spot={})
     if group.training_plan_arn:
@@ -122,10 +132,7 @@ class HyperPodCluster(Construct):
             "Cluster",
             cluster_name=config.cluster_name,
             instance_groups=groups,
-            # Set explicitly: the docs disagree on the default (Managed vs Merge).
-            orchestrator=Cfn.OrchestratorProperty(
-                slurm=Cfn.ClusterOrchestratorSlurmConfigProperty(slurm_config_strategy=config.slurm_config_strategy)
-            ),
+            orchestrator=slurm_orchestrator(config),
             node_recovery=config.node_recovery,
             node_provisioning_mode=node_provisioning_mode(config),
             vpc_config=Cfn.VpcConfigProperty(security_group_ids=[security_group_id], subnets=[subnet_id]),

@@ -44,6 +44,10 @@ class ComputeGroup:
     instance_type: str = field(metadata=_describe("a type from stacks/accelerators.py, e.g. ml.p5.48xlarge"))
     partition: str = field(metadata=_describe("the Slurm partition of this group's nodes"))
     count: int = field(default=1, metadata=_describe("nodes; 0 keeps the group (and partition) with no nodes"))
+    min_instance_count: int = field(
+        default=0,
+        metadata=_describe("continuous provisioning: nodes the group needs to be in service (MinInstanceCount)"),
+    )
     capacity: str = field(default=ON_DEMAND, metadata=_describe("on-demand or spot (HyperPod CapacityRequirements)"))
     training_plan_arn: str = field(
         default="", metadata=_describe("a SageMaker training plan to run this group on (reserved capacity)")
@@ -169,6 +173,12 @@ def check_group(group: ComputeGroup, where: str) -> None:
         )
     if not 0 <= group.count <= MAX_COUNT:
         raise bad("count", f"an integer from 0 to {MAX_COUNT} (0 keeps the group with no nodes)")
+    if not 0 <= group.min_instance_count <= group.count:
+        raise bad(
+            "min_instance_count",
+            f"an integer from 0 to the group's count {group.count} (HyperPod rolls the group back when fewer than "
+            "this many nodes arrive within 3 hours)",
+        )
     if group.capacity not in (ON_DEMAND, SPOT):
         raise bad("capacity", f"{ON_DEMAND} or {SPOT}")
     if group.training_plan_arn:

@@ -10,6 +10,7 @@ turns them and the config into ``cluster-facts.json``, which the lifecycle scrip
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ from stacks.compute_groups import (
 )
 from stacks.compute_groups import (
     DEFAULT_COMPUTE_GROUPS,
+    ON_DEMAND,
+    SPOT,
     ComputeGroup,
     GroupError,
     check_group,
@@ -71,6 +74,15 @@ RETIRED_KEYS = {
 # payload upload). jobs: only what SageMaker training jobs need (bucket, images, a job execution role);
 # compute_groups still choose the accelerator families, so the images. both: the two together.
 LANES = ("cluster", "jobs", "both")
+# HyperPod's node provisioning modes. continuous (NodeProvisioningMode: Continuous): groups fill up
+# asynchronously and the cluster is InService once the controller is, with MinInstanceCount, node
+# operations on logical ids, cluster events, Spot; it manages slurm.conf in merge mode only and
+# refuses any SlurmConfigStrategy ("Continuous provisioning for enhanced cluster operations with
+# Slurm", sagemaker-hyperpod-scaling-slurm.html). standard: all or nothing, any strategy. AWS does
+# not switch a live cluster between them (stacks/update_safety.py refuses it).
+CONTINUOUS, STANDARD = "continuous", "standard"
+PROVISIONING_MODES = (CONTINUOUS, STANDARD)
+CONTINUOUS_SLURM_STRATEGY = "Merge"
 # Training images per accelerator family; a CPU-only group runs the first image the config builds.
 IMAGE_FAMILIES = (NEURON, CUDA)
 
@@ -98,8 +110,9 @@ class HyperPodConfig:
     fsx_storage_capacity_gib: int = 1200
     fsx_throughput_mibps_per_tib: int = 250
     fsx_compression: str = "LZ4"
-    slurm_config_strategy: str = "Managed"
+    slurm_config_strategy: str = "Merge"  # continuous provisioning takes no other (see PROVISIONING_MODES)
     node_recovery: str = "Automatic"
+    provisioning: str = CONTINUOUS  # continuous | standard: HyperPod's NodeProvisioningMode, fixed at create
     runtime: str = "pyxis"
     retain_outputs: bool = False
     lanes: str = "cluster"  # cluster | jobs | both: what the deploy creates (see LANES)
@@ -230,6 +243,7 @@ RULES: dict[str, Rule] = {
     "fsx_compression": one_of("LZ4", "NONE"),
     "slurm_config_strategy": one_of("Managed", "Overwrite", "Merge"),
     "node_recovery": one_of("Automatic", "None"),
+    "provisioning": one_of(*PROVISIONING_MODES),
     "runtime": one_of("pyxis", "host"),
     "retain_outputs": one_of(True, False),
     "lanes": one_of(*LANES),
@@ -257,6 +271,14 @@ def _check_combinations(config: HyperPodConfig) -> None:
             "jobs need no cluster)",
         )
     check_training_plan_region(config.compute_groups, config.region)
+    _check_provisioning(config)
+    if config.cluster_lane and ipaddress.IPv4Network(config.vpc_cidr).overlaps(DOCKER_BRIDGE):
+        raise ConfigError.bad_value(
+            "vpc_cidr",
+            config.vpc_cidr,
+            f"a network that does not overlap {DOCKER_BRIDGE}, Docker's default bridge on the nodes (containers "
+            "could not reach FSx, the controller or S3 addresses in it), e.g. 10.0.0.0/16",
+        )
     _check_offered_in_region(config)
     prefix = zone_id_prefix(config.region)
     if prefix and not config.availability_zone_id.startswith(f"{prefix}-"):
@@ -265,6 +287,70 @@ def _check_combinations(config: HyperPodConfig) -> None:
             config.availability_zone_id,
             f"a zone ID of the configured region {config.region}, e.g. {prefix}-az1",
         )
+
+
+# Docker's default bridge network on the nodes' container runtime: a VPC overlapping it makes FSx, the
+# controller or S3 unreachable from inside containers (their replies are routed onto the bridge).
+DOCKER_BRIDGE = ipaddress.IPv4Network("172.17.0.0/16")
+# Keys only the cluster lane reads: with lanes = jobs a value other than the default is ignored (a warning).
+CLUSTER_ONLY_KEYS = (
+    "availability_zone_id",
+    "vpc_cidr",
+    "controller_instance_type",
+    "login_instance_type",
+    "login_instance_count",
+    "fsx_storage_capacity_gib",
+    "fsx_throughput_mibps_per_tib",
+    "fsx_compression",
+    "slurm_config_strategy",
+    "node_recovery",
+    "provisioning",
+    "runtime",
+)
+
+
+def lane_warnings(config: HyperPodConfig) -> list[str]:
+    """Cluster keys set away from their defaults on a config that creates no cluster."""
+    if config.cluster_lane:
+        return []
+    defaults = HyperPodConfig.__dataclass_fields__
+    return [
+        f"config key '{key}' is {getattr(config, key)!r}, but lanes = {config.lanes} creates no cluster, so it is "
+        f"ignored; remove it or set lanes = both"
+        for key in CLUSTER_ONLY_KEYS
+        if getattr(config, key) != defaults[key].default
+    ]
+
+
+def _check_provisioning(config: HyperPodConfig) -> None:
+    """What only continuous provisioning has (Spot, MinInstanceCount), and what it refuses (a strategy)."""
+    if config.provisioning == CONTINUOUS:
+        if config.slurm_config_strategy != CONTINUOUS_SLURM_STRATEGY:
+            raise ConfigError.bad_value(
+                "slurm_config_strategy",
+                config.slurm_config_strategy,
+                f"{CONTINUOUS_SLURM_STRATEGY} with provisioning = {CONTINUOUS} (HyperPod manages slurm.conf in merge "
+                f"mode there and refuses any other strategy); for Managed or Overwrite set provisioning = {STANDARD}",
+            )
+        return
+    for index, group in enumerate(config.compute_groups):
+        where = f"[{index}] ({group.name})"
+        if group.capacity == SPOT:
+            raise GroupError.at(
+                where,
+                "capacity",
+                group.capacity,
+                f"{ON_DEMAND} with provisioning = {STANDARD} (HyperPod runs Spot "
+                f"groups with continuous provisioning only: set provisioning = {CONTINUOUS} for a new cluster)",
+            )
+        if group.min_instance_count:
+            raise GroupError.at(
+                where,
+                "min_instance_count",
+                group.min_instance_count,
+                f"0 with provisioning = {STANDARD} "
+                f"(MinInstanceCount is a continuous-provisioning setting; standard mode waits for every node)",
+            )
 
 
 def _check_offered_in_region(config: HyperPodConfig) -> None:

@@ -12,6 +12,15 @@ from constructs import Construct
 from stacks.nag import acknowledge
 
 MANAGED_INSTANCE_POLICY = "AmazonSageMakerClusterInstanceRolePolicy"
+SAGEMAKER_SERVICE = "sagemaker.amazonaws.com"
+
+
+def service_principal(stack: Stack, service: str) -> iam.ServicePrincipal:
+    """The service, acting for this account only: aws:SourceAccount guards the trust policy against a
+    confused deputy (another account's cluster or job naming our role)."""
+    return iam.ServicePrincipal(service, conditions={"StringEquals": {"aws:SourceAccount": stack.account}})
+
+
 # Reads without resource-level permissions in EC2, so they can only be granted on "*".
 ENI_READ_ACTIONS = [
     "ec2:DescribeNetworkInterfaces",
@@ -53,7 +62,7 @@ class ClusterRole(Construct):
         self.role = iam.Role(
             self,
             "Role",
-            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+            assumed_by=service_principal(stack, SAGEMAKER_SERVICE),
             description=f"Execution role of the HyperPod cluster {cluster_name}",
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(MANAGED_INSTANCE_POLICY)],
         )

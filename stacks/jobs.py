@@ -1,14 +1,20 @@
 """The jobs lane: the execution role SageMaker training jobs run as, scoped to this stack's bucket
 prefixes, images and SageMaker's training-job log group.
 
+The role holds only what our jobs use: hpctl's jobs name no VpcConfig, so it has none of the EC2
+network-interface actions SageMaker needs for VPC-mode jobs. One customer-managed policy is both the
+role's permissions and its permissions boundary, so nothing attached later widens it.
+
 The sagemaker SDK's ModelTrainer checks the role before it creates a job (sagemaker 3.27.0,
-``sagemaker.core.helper.iam_role_resolver``): when the person submitting may call
-iam:SimulatePrincipalPolicy, it simulates the training role type's actions whose policy resource
-is ``*`` (ecr:GetAuthorizationToken, cloudwatch:PutMetricData and the EC2 network-interface
-actions SageMaker needs for VPC-mode jobs) with no resource and no request context, and refuses the
-role on any denial. So those actions are granted on ``*`` here, and the metrics namespace limit is
-written ``StringEqualsIfExists``: PutMetricData always sends its namespace, so real calls stay
-limited to SageMaker's namespace, while the context-free simulation passes.
+``sagemaker.core.helper.iam_role_resolver.resolve_and_validate_role``; hpctl leaves the check on):
+it simulates the training role type's actions whose policy resource is ``*`` (those EC2 actions
+among them) with no resource and no request context, and reads the trust policy. An action denied
+only implicitly while the permissions boundary does not allow it is one the SDK calls unverifiable
+(``_is_unverifiable_denial``): it then logs a warning and goes on, while an explicit deny or a
+trust policy without sagemaker.amazonaws.com still stops it. That is the route a role with a
+boundary takes; what the role must hold is proven by tests/hpctl/test_hpctl_job.py against the
+calls a job makes. cloudwatch:PutMetricData's namespace limit is written ``StringEqualsIfExists``:
+PutMetricData always sends its namespace, so real calls stay limited to SageMaker's namespace.
 """
 
 from __future__ import annotations
@@ -20,23 +26,10 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from cluster_contract import JOB_INPUT_PREFIXES, JOB_LOG_GROUP, JOB_OUTPUT_PREFIXES
+from stacks.iam import SAGEMAKER_SERVICE, service_principal
 from stacks.nag import acknowledge
 
 METRICS_NAMESPACE = "/aws/sagemaker/TrainingJobs"  # where SageMaker puts a job's metrics
-# What SageMaker does for a job that runs in a customer VPC (VpcConfig): it creates, shares and
-# deletes the job's network interfaces as this role. hpctl's jobs name no VpcConfig, but the SDK's
-# role check requires these of every training role (see the module docstring).
-VPC_MODE_ACTIONS = [
-    "ec2:CreateNetworkInterface",
-    "ec2:CreateNetworkInterfacePermission",
-    "ec2:DeleteNetworkInterface",
-    "ec2:DeleteNetworkInterfacePermission",
-    "ec2:DescribeNetworkInterfaces",
-    "ec2:DescribeVpcs",
-    "ec2:DescribeDhcpOptions",
-    "ec2:DescribeSubnets",
-    "ec2:DescribeSecurityGroups",
-]
 
 
 class JobRole(Construct):
@@ -56,7 +49,7 @@ class JobRole(Construct):
         self.role = iam.Role(
             self,
             "Role",
-            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+            assumed_by=service_principal(stack, SAGEMAKER_SERVICE),
             description=f"Execution role of the {name_prefix} SageMaker training jobs",
         )
         prefixes = (*JOB_INPUT_PREFIXES, *JOB_OUTPUT_PREFIXES)
@@ -100,18 +93,23 @@ class JobRole(Construct):
                 resources=["*"],
                 conditions={"StringEqualsIfExists": {"cloudwatch:namespace": METRICS_NAMESPACE}},
             ),
-            iam.PolicyStatement(sid="VpcModeNetworkInterfaces", actions=VPC_MODE_ACTIONS, resources=["*"]),
         ]
-        self.policy = iam.Policy(self, "JobAccess", statements=statements, roles=[self.role])
+        self.policy = iam.ManagedPolicy(
+            self,
+            "JobAccess",
+            description=f"What the {name_prefix} training jobs may do: the permissions and the boundary of their role",
+            statements=statements,
+        )
+        # Attached from the role's side (ManagedPolicyArns), as the boundary is: the policy names no role.
+        self.role.add_managed_policy(self.policy)
+        iam.PermissionsBoundary.of(self.role).apply(self.policy)
         self._acknowledge(bucket, prefixes)
 
     def _acknowledge(self, bucket: s3.IBucket, prefixes: tuple[str, ...]) -> None:
         bucket_id = Stack.of(self).get_logical_id(bucket.node.default_child)
         reasons = {
             "Resource::*": "ecr:GetAuthorizationToken has no resource-level permissions, and cloudwatch:PutMetricData "
-            f"none either; the latter is limited to SageMaker's {METRICS_NAMESPACE} namespace by a condition. "
-            "The EC2 network-interface actions are what SageMaker needs for a job in a customer VPC, whose "
-            "interfaces and VPC are unknown here; the sagemaker SDK refuses a training role without them on '*'.",
+            f"none either; the latter is limited to SageMaker's {METRICS_NAMESPACE} namespace by a condition.",
             f"Resource::{self.log_group_arn}:log-stream:*": "SageMaker writes one log stream per job and host "
             f"(<job name>/algo-<n>-<time>) in its {JOB_LOG_GROUP} group; names are only known at runtime.",
         }

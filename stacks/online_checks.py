@@ -2,8 +2,9 @@
 
 - The Availability Zone ID exists in the region (EC2 DescribeAvailabilityZones).
 - Each group's training plan (SageMaker DescribeTrainingPlan): it serves HyperPod clusters, is not
-  expired or failed, and reserves the group's instance type, enough instances, in the stack's zone
-  (a plan's capacity lives in one Availability Zone).
+  expired, failed or still pending, has enough instances not in use elsewhere, and reserves the
+  group's instance type, enough instances, in the stack's zone (a plan's capacity lives in one
+  Availability Zone).
 - Service quotas: per instance type, the nodes of every group of that type (controller and login
   included) against the account's "<type> for cluster usage" quota (Service Quotas, service code
   sagemaker). A type without such a quota is not judged.
@@ -28,6 +29,7 @@ SERVICE_CODE = "sagemaker"
 CLUSTER_QUOTA_SUFFIX = " for cluster usage"
 CLUSTER_TARGET = "hyperpod-cluster"  # TrainingPlan TargetResources value for HyperPod
 UNUSABLE_PLAN_STATES = ("Expired", "Failed")
+PENDING_PLAN_STATE = "Pending"  # bought but not yet confirmed: it reserves nothing yet
 
 
 def zone_refusals(config: HyperPodConfig, session: boto3.Session) -> list[str]:
@@ -65,6 +67,17 @@ def training_plan_refusals(config: HyperPodConfig, session: boto3.Session) -> li
             problems.append(f"it serves {', '.join(plan.get('TargetResources', [])) or 'nothing'}, not HyperPod")
         if plan.get("Status") in UNUSABLE_PLAN_STATES:
             problems.append(f"it is {plan['Status']}")
+        elif plan.get("Status") == PENDING_PLAN_STATE:
+            problems.append(
+                f"it is {PENDING_PLAN_STATE} (not yet confirmed: deploy once `aws sagemaker "
+                "describe-training-plan` says Scheduled or Active)"
+            )
+        available = plan.get("AvailableInstanceCount")
+        if available is not None and plan.get("InUseInstanceCount") and group.count > available:
+            problems.append(
+                f"only {available} of its {plan.get('TotalInstanceCount', '?')} instances are free "
+                f"({plan['InUseInstanceCount']} in use elsewhere), fewer than count {group.count}"
+            )
         summaries = plan.get("ReservedCapacitySummaries", [])
         reserved = [r for r in summaries if r.get("InstanceType") == group.instance_type]
         if not reserved:

@@ -2,7 +2,7 @@
 CloudFormation starts.
 
     python -m stacks.predeploy [-c key=value ...] [--allow-replace ID] [--allow-remove-group NAME]
-                               [--allow-drop-cluster-lane] [--skip-online-checks]
+                               [--allow-drop-cluster-lane] [--allow-controller-replace] [--skip-online-checks]
 
 With credentials it reads the deployed stack's template. Its Metadata records the config it was made
 from: each changed key that stacks.update_safety marks forbidden is refused, and so are the changes
@@ -180,12 +180,14 @@ def parse_arguments(argv: Sequence[str]) -> tuple[dict[str, Any], Allowances, bo
     parser.add_argument("--allow-replace", action="append", default=[], metavar="LOGICAL_ID")
     parser.add_argument("--allow-remove-group", action="append", default=[], metavar="NAME")
     parser.add_argument("--allow-drop-cluster-lane", action="store_true")
+    parser.add_argument("--allow-controller-replace", action="store_true")
     parser.add_argument("--skip-online-checks", action="store_true")
     flags, rest = parser.parse_known_args(list(argv))
     allow = Allowances(
         replace=tuple(flags.allow_replace),
         remove_groups=tuple(flags.allow_remove_group),
         drop_cluster_lane=flags.allow_drop_cluster_lane,
+        replace_controller=flags.allow_controller_replace,
     )
     return context_from(rest), allow, not flags.skip_online_checks
 

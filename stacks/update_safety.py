@@ -202,21 +202,27 @@ KEY_BEHAVIOUR: dict[str, KeyBehaviour] = {
     "vpc_cidr": KeyBehaviour(
         FORBIDDEN, f"replaces the VPC, FSx (its data) and the fixed-name cluster; {DESTROY_FIRST}"
     ),
-    "controller_instance_type": KeyBehaviour(IN_PLACE, ""),
+    "controller_instance_type": KeyBehaviour(
+        IN_PLACE,
+        "the template allows it, but HyperPod replaces the controller node with its Slurm state, so predeploy "
+        "refuses it without `--allow-controller-replace`",
+    ),
     "controller_instance_count": KeyBehaviour(FIXED, "only 1 is allowed"),
     "login_instance_type": KeyBehaviour(IN_PLACE, ""),
     "login_instance_count": KeyBehaviour(IN_PLACE, ""),
     "compute_groups": KeyBehaviour(
         IN_PLACE,
         "every group key and adding a group, except: a group's capacity (on-demand or spot) is fixed once created, "
-        "the first Spot group or the last one gone would switch the cluster's provisioning mode (refused), and "
-        "removing or renaming a group needs `--allow-remove-group NAME`",
+        "and removing or renaming a group needs `--allow-remove-group NAME`",
     ),
     "fsx_storage_capacity_gib": KeyBehaviour(IN_PLACE, "FSx can only grow (a decrease is refused)"),
     "fsx_throughput_mibps_per_tib": KeyBehaviour(IN_PLACE, ""),
     "fsx_compression": KeyBehaviour(IN_PLACE, ""),
     "slurm_config_strategy": KeyBehaviour(IN_PLACE, ""),
     "node_recovery": KeyBehaviour(IN_PLACE, ""),
+    "provisioning": KeyBehaviour(
+        IN_PLACE, "the template allows it, but AWS cannot switch a live cluster's mode, so predeploy refuses the switch"
+    ),
     "runtime": KeyBehaviour(IN_PLACE, ""),
     "retain_outputs": KeyBehaviour(IN_PLACE, ""),
     "lanes": KeyBehaviour(
@@ -270,6 +276,7 @@ class Allowances:
     replace: tuple[str, ...] = ()  # logical ids of stateful resources that may be replaced or removed
     remove_groups: tuple[str, ...] = ()  # compute groups that may go (with their nodes)
     drop_cluster_lane: bool = False  # lanes cluster|both -> jobs: the cluster, FSx and the network go
+    replace_controller: bool = False  # controller_instance_type changes: HyperPod replaces the controller node
 
 
 NOTHING_ALLOWED = Allowances()
@@ -319,6 +326,14 @@ def _groups(record: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return {group["name"]: group for group in record.get("compute_groups", [])}
 
 
+def provisioning_of(record: Mapping[str, Any]) -> str:
+    """The record's provisioning mode; a record from before the key was continuous exactly when a group was Spot."""
+    if "provisioning" in record:
+        return record["provisioning"]
+    spot = any(group.get("capacity") == SPOT for group in record.get("compute_groups", []))
+    return "continuous" if spot else "standard"
+
+
 def value_refusals(deployed: Mapping[str, Any], wanted: Mapping[str, Any], allow: Allowances) -> list[str]:
     """Changes the template allows but AWS refuses, or that lose data, from the recorded and the new config."""
     if not _has_cluster_lane(deployed):
@@ -340,6 +355,15 @@ def value_refusals(deployed: Mapping[str, Any], wanted: Mapping[str, Any], allow
             "FSx for Lustre storage can only grow (UpdateFileSystem takes a larger multiple of 2400 GiB for "
             f"PERSISTENT_2 SSD), so the update would fail and roll back; set it back to {old_capacity} or larger"
         )
+    old_type, new_type = deployed.get("controller_instance_type"), wanted.get("controller_instance_type")
+    if old_type and new_type and old_type != new_type and not allow.replace_controller:
+        messages.append(
+            f"config key 'controller_instance_type' is {old_type!r} on the deployed stack and {new_type!r} now: "
+            "HyperPod replaces the controller node for a new type, and with it the Slurm controller's state on "
+            "its disks (the queue, running and pending jobs, the accounting database); drain the queue first, "
+            "then pass --allow-controller-replace (make deploy PREDEPLOY_ARGS=--allow-controller-replace), or "
+            f"set it back to {old_type!r}"
+        )
     old_groups, new_groups = _groups(deployed), _groups(wanted)
     capacity_changed = False
     for name, group in old_groups.items():
@@ -359,18 +383,15 @@ def value_refusals(deployed: Mapping[str, Any], wanted: Mapping[str, Any], allow
                 "type is fixed when it is created; add a new group with the other capacity (and set this one's "
                 f"count to 0), or set it back to {group.get('capacity')!r}"
             )
-    spot_before = any(group.get("capacity") == SPOT for group in old_groups.values())
-    spot_now = any(group.get("capacity") == SPOT for group in new_groups.values())
-    if spot_before != spot_now and not capacity_changed:
+    old_mode, new_mode = provisioning_of(deployed), provisioning_of(wanted)
+    if old_mode != new_mode and not capacity_changed:
+        strategy = deployed.get("slurm_config_strategy")
+        keep = f"set provisioning back to {old_mode!r}" + (
+            f" (and slurm_config_strategy to {strategy!r}, as deployed)" if old_mode == "standard" and strategy else ""
+        )
         messages.append(
-            "config key 'compute_groups': "
-            + ("the first Spot group" if spot_now else "removing the last Spot group")
-            + " would switch the cluster's NodeProvisioningMode (Continuous while any group is Spot, the way "
-            "HyperPod runs Spot), which AWS does not change on an existing cluster; "
-            + (
-                "deploy Spot groups with a new cluster (`make destroy`, then deploy)"
-                if spot_now
-                else "keep a Spot group (count 0 is allowed)"
-            )
+            f"config key 'provisioning' is {old_mode!r} on the deployed stack and {new_mode!r} now: HyperPod fixes a "
+            "cluster's NodeProvisioningMode when it is created and cannot switch a live one; "
+            f"{keep}, or deploy a new cluster in that mode (`make destroy`, then deploy)"
         )
     return messages

@@ -6,8 +6,10 @@ equal to the code) with the rules IAM's policy simulator applies to such a reque
 
 - the request's resource is ``*`` when ResourceArns is not given, and a statement's Resource
   pattern is matched against that literal (so only ``*`` matches ``*``);
-- no request context is sent, so a condition holds only when its operator ends in ``IfExists``;
-- an explicit Deny wins, then an Allow, else ``implicitDeny``.
+- a condition key the request's context lacks holds only when its operator ends in ``IfExists``
+  (the SDK sends no context; the job-call test below sends what the real call would carry);
+- an explicit Deny wins, then an Allow, else ``implicitDeny``; the role's permissions boundary is
+  judged the same way and reported as PermissionsBoundaryDecisionDetail, as IAM does.
 """
 
 from __future__ import annotations
@@ -41,8 +43,27 @@ def _as_list(value) -> list:
     return value if isinstance(value, list) else [value]
 
 
+def _condition_holds(operator: str, values: dict, context: dict[str, str]) -> bool:
+    for key, wanted in values.items():
+        if key not in context:
+            if not operator.endswith("IfExists"):
+                return False
+            continue
+        patterns = _as_list(wanted)
+        if operator.startswith("StringLike"):
+            if not any(fnmatchcase(context[key], pattern) for pattern in patterns):
+                return False
+        elif operator.startswith("StringEquals"):
+            if context[key] not in patterns:
+                return False
+        else:
+            raise AssertionError(f"no rule here for condition operator {operator}")
+    return True
+
+
 class JobRole:
-    """The job role of the jobs-only template: its trust policy and its policy statements."""
+    """The job role of the jobs-only template: its trust policy, its policy statements (from its
+    managed policies) and its permissions boundary's statements."""
 
     def __init__(self, *, bucket: str, template: Path = SNAPSHOT) -> None:
         resources = json.loads(template.read_text())["Resources"]
@@ -51,36 +72,57 @@ class JobRole:
         def job_role(kind: str) -> list[dict]:
             return [res for key, res in resources.items() if res["Type"] == kind and key.startswith("JobRole")]
 
-        (role,) = job_role("AWS::IAM::Role")
-        policies = job_role("AWS::IAM::Policy")
-        self.trust_policy = role["Properties"]["AssumeRolePolicyDocument"]
-        self.statements = [
-            statement
-            for policy in policies
-            for statement in _resolve(policy["Properties"]["PolicyDocument"]["Statement"], buckets)
-        ]
+        def statements(ref: dict) -> list[dict]:
+            policy = resources[ref["Ref"]]
+            assert policy["Type"] == "AWS::IAM::ManagedPolicy", ref
+            return _resolve(policy["Properties"]["PolicyDocument"]["Statement"], buckets)
 
-    def _matches(self, statement: dict, action: str, resource: str) -> bool:
+        (role,) = job_role("AWS::IAM::Role")
+        properties = role["Properties"]
+        self.trust_policy = properties["AssumeRolePolicyDocument"]
+        self.statements = [statement for ref in properties["ManagedPolicyArns"] for statement in statements(ref)]
+        self.boundary: list[dict] | None = statements(properties["PermissionsBoundary"])
+
+    @staticmethod
+    def _matches(statement: dict, action: str, resource: str, context: dict[str, str]) -> bool:
         actions = [a.lower() for a in _as_list(statement["Action"])]
         if not any(fnmatchcase(action.lower(), pattern) for pattern in actions):
             return False
         if not any(fnmatchcase(resource, pattern) for pattern in _as_list(statement["Resource"])):
             return False
-        return all(operator.endswith("IfExists") for operator in statement.get("Condition", {}))
+        return all(_condition_holds(op, values, context) for op, values in statement.get("Condition", {}).items())
 
-    def decision(self, action: str, resource: str = "*") -> str:
-        matching = [s["Effect"] for s in self.statements if self._matches(s, action, resource)]
+    @classmethod
+    def _judge(cls, statements: list[dict], action: str, resource: str, context: dict[str, str]) -> str:
+        matching = [s["Effect"] for s in statements if cls._matches(s, action, resource, context)]
         if "Deny" in matching:
             return "explicitDeny"
         return "allowed" if "Allow" in matching else "implicitDeny"
 
+    def decision(self, action: str, resource: str = "*", context: dict[str, str] | None = None) -> str:
+        """The role's verdict: its policies' and, where it has one, its boundary's."""
+        own = self._judge(self.statements, action, resource, context or {})
+        if own == "explicitDeny" or self.boundary is None:
+            return own
+        return own if self.allowed_by_boundary(action, resource, context) else "implicitDeny"
+
+    def allowed_by_boundary(self, action: str, resource: str = "*", context: dict[str, str] | None = None) -> bool:
+        return self.boundary is None or self._judge(self.boundary, action, resource, context or {}) == "allowed"
+
     def simulate(self, actions: list[str], resources: list[str] | None = None) -> dict:
         """A SimulatePrincipalPolicy response for these actions (and resources)."""
-        results = [
-            {"EvalActionName": action, "EvalResourceName": resource, "EvalDecision": self.decision(action, resource)}
-            for action in actions
-            for resource in resources or ["*"]
-        ]
+        results = []
+        for action in actions:
+            for resource in resources or ["*"]:
+                result = {
+                    "EvalActionName": action,
+                    "EvalResourceName": resource,
+                    "EvalDecision": self.decision(action, resource),
+                }
+                if self.boundary is not None:
+                    allowed = self.allowed_by_boundary(action, resource)
+                    result["PermissionsBoundaryDecisionDetail"] = {"AllowedByPermissionsBoundary": allowed}
+                results.append(result)
         return {"EvaluationResults": results, "IsTruncated": False}
 
     def get_role(self, arn: str) -> dict:

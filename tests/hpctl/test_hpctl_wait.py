@@ -205,3 +205,45 @@ def test_every_failed_or_rolled_back_status_counts_as_failed():
     }
     assert healthy < set(STACK_STATUSES)
     assert {status for status in STACK_STATUSES if not deploy_failed(status)} == healthy
+
+
+def set_group(deployed, name, **fields):
+    """A group as DescribeCluster reports it in continuous mode (moto fills every group at once)."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.sagemaker.models import sagemaker_backends
+
+    cluster = sagemaker_backends[DEFAULT_ACCOUNT_ID][deployed.region].clusters[deployed.cluster]
+    next(group for group in cluster.instance_groups if group["InstanceGroupName"] == name).update(fields)
+
+
+def test_a_continuous_cluster_in_service_is_waited_for_until_each_group_has_its_nodes(deployed, capsys):
+    """Continuous mode: InService once the controller is up, with compute 0 of 4; the wait goes on."""
+    set_group(deployed, "compute", CurrentCount=0, TargetCount=4)
+    polls = []
+
+    def sleep(seconds):
+        polls.append(seconds)
+        set_group(deployed, "compute", CurrentCount=2 * len(polls))
+
+    cluster = wait_in_service(session(deployed), deployed.stack, timeout_s=600, interval_s=30, sleep=sleep)
+    assert polls == [30, 30] and [group.current for group in cluster.groups] == [1, 4]
+    progress = [line.split("] ", 1)[1] for line in capsys.readouterr().out.splitlines()]
+    assert progress == [
+        f"cluster {deployed.cluster} InService (nodes controller 1/1, compute 0/4); waiting for nodes: compute 0/4",
+        f"cluster {deployed.cluster} InService (nodes controller 1/1, compute 2/4); waiting for nodes: compute 2/4",
+        f"cluster {deployed.cluster} InService (nodes controller 1/1, compute 4/4)",
+    ]
+
+
+def test_a_group_with_a_minimum_is_ready_at_its_minimum(deployed, capsys):
+    set_group(deployed, "compute", CurrentCount=2, TargetCount=4, MinCount=2)
+    cluster = wait_in_service(session(deployed), deployed.stack, timeout_s=600, interval_s=30, sleep=pytest.fail)
+    assert cluster.filling == ()
+    out = capsys.readouterr().out
+    assert out.endswith(f"cluster {deployed.cluster} InService (nodes controller 1/1, compute 2/4 (min 2))\n")
+
+
+def test_nodes_that_never_come_time_out_naming_the_group(deployed):
+    set_group(deployed, "compute", CurrentCount=1, TargetCount=3)
+    with pytest.raises(HpctlError, match=r"not every group has its nodes after 0 s .*compute 1/3.*`hpctl events`"):
+        wait_in_service(session(deployed), deployed.stack, timeout_s=0, interval_s=30, sleep=pytest.fail)

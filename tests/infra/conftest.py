@@ -118,6 +118,7 @@ def synth_variant(tmp_path_factory: pytest.TempPathFactory, source_root: Path) -
         availability_zone_id="use1-az6",
         fsx_storage_capacity_gib="2400",
         slurm_config_strategy="Overwrite",
+        provisioning="standard",
         lanes="both",
     )
 

@@ -138,9 +138,36 @@ def test_the_connectivity_check_runs_on_two_or_more_nodes_with_efa():
         assert group.deep_health_checks == tuple(checks) and group.efa_interfaces > 0
 
 
-def test_a_spot_group_gives_the_cluster_continuous_provisioning(synth, named_synths):
-    """HyperPod runs Spot with continuous provisioning; an on-demand cluster keeps the standard mode."""
-    _, spot_cluster = named_synths["gpu-only"].one("AWS::SageMaker::Cluster")
-    _, on_demand_cluster = synth.one("AWS::SageMaker::Cluster")
-    assert spot_cluster["Properties"]["NodeProvisioningMode"] == "Continuous"
-    assert "NodeProvisioningMode" not in on_demand_cluster["Properties"]
+def test_every_cluster_is_continuous_unless_the_config_says_standard(synth, named_synths, synth_variant):
+    for made in (synth, *named_synths.values()):
+        _, cluster = made.one("AWS::SageMaker::Cluster")
+        assert cluster["Properties"]["NodeProvisioningMode"] == "Continuous"
+        assert cluster["Properties"]["Orchestrator"] == {"Slurm": {}}
+    _, standard = synth_variant.one("AWS::SageMaker::Cluster")
+    assert "NodeProvisioningMode" not in standard["Properties"]
+
+
+def test_spot_and_a_minimum_need_continuous_provisioning():
+    with pytest.raises(ConfigError, match=r"group \[0\] \(trn\), key 'capacity'.*provisioning = standard"):
+        HyperPodConfig.from_context({"provisioning": "standard", "compute_groups": [{**TRN, "capacity": "spot"}]})
+    with pytest.raises(ConfigError, match=r"key 'min_instance_count' has value 1; allowed: 0 with provisioning"):
+        HyperPodConfig.from_context(
+            {"provisioning": "standard", "compute_groups": [{**TRN, "count": 2, "min_instance_count": 1}]}
+        )
+
+
+def test_continuous_provisioning_takes_no_slurm_strategy_but_merge():
+    refused = "'slurm_config_strategy' has value 'Managed'; allowed: Merge with provisioning"
+    with pytest.raises(ConfigError, match=refused):
+        HyperPodConfig.from_context({"slurm_config_strategy": "Managed"})
+    assert HyperPodConfig.from_context({"slurm_config_strategy": "Managed", "provisioning": "standard"})
+
+
+def test_a_group_minimum_is_written_and_bounded_by_its_count(synthesize_from, source_root):
+    with pytest.raises(ConfigError, match=r"'min_instance_count' has value 3; allowed: an integer from 0 to .* 2"):
+        parse([{**TRN, "count": 2, "min_instance_count": 3}])
+    made = synthesize_from(source_root, compute_groups=[{**TRN, "count": 4, "min_instance_count": 2}])
+    _, cluster = made.one("AWS::SageMaker::Cluster")
+    compute = cluster["Properties"]["InstanceGroups"][-1]
+    assert (compute["InstanceCount"], compute["MinInstanceCount"]) == (4, 2)
+    assert all("MinInstanceCount" not in group for group in cluster["Properties"]["InstanceGroups"][:-1])

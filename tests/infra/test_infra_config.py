@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -12,9 +13,10 @@ import pytest
 
 from cluster_contract import FACT_KEYS
 from stacks.accelerators import GPU_CUDA_CAPABILITY, INSTANCE_TYPES
+from stacks.aws_catalog import schema_published
 from stacks.build import REPO_ROOT
 from stacks.compute_groups import parse_compute_groups
-from stacks.config import OFFLINE_ACCOUNT, ConfigError, HyperPodConfig, cluster_facts
+from stacks.config import OFFLINE_ACCOUNT, ConfigError, HyperPodConfig, cluster_facts, lane_warnings
 
 pytestmark = pytest.mark.xdist_group("infra")
 
@@ -254,3 +256,31 @@ def test_app_prints_a_clean_error_and_exits_2(tmp_path):
         "error: config key 'fsx_throughput_mibps_per_tib' has value 333; allowed: one of 125, 250, "
         "500, 1000. Fix it in cdk.json (context) or pass -c fsx_throughput_mibps_per_tib=<value>."
     ]
+
+
+def test_a_vpc_overlapping_dockers_bridge_is_refused():
+    for cidr in ("172.17.0.0/16", "172.17.128.0/17"):
+        refused = rf"'vpc_cidr' has value '{re.escape(cidr)}'; allowed: .*Docker's default bridge"
+        with pytest.raises(ConfigError, match=refused):
+            HyperPodConfig.from_context({"vpc_cidr": cidr}, environ={})
+    assert HyperPodConfig.from_context({"vpc_cidr": "172.18.0.0/16"}, environ={})
+    assert HyperPodConfig.from_context({"vpc_cidr": "172.17.0.0/16", "lanes": "jobs"}, environ={})  # no VPC then
+
+
+def test_a_jobs_only_config_warns_of_each_cluster_key_it_ignores():
+    config = HyperPodConfig.from_context({"lanes": "jobs", "vpc_cidr": "10.1.0.0/16", "fsx_compression": "NONE"})
+    assert lane_warnings(config) == [
+        "config key 'vpc_cidr' is '10.1.0.0/16', but lanes = jobs creates no cluster, so it is ignored; remove it "
+        "or set lanes = both",
+        "config key 'fsx_compression' is 'NONE', but lanes = jobs creates no cluster, so it is ignored; remove it "
+        "or set lanes = both",
+    ]
+    assert lane_warnings(HyperPodConfig.from_context({"vpc_cidr": "10.1.0.0/16"})) == []
+
+
+def test_a_region_without_published_schemas_is_not_a_cluster_region():
+    """cfn-lint ships a copy of us-east-1's table for the isolated regions: it vouches for nothing there."""
+    with pytest.raises(ConfigError, match="'region' has value 'us-iso-east-1'; allowed: a region whose CloudFormation"):
+        HyperPodConfig.from_context({"region": "us-iso-east-1", "availability_zone_id": "usie1-az1"}, environ={})
+    assert schema_published("us-west-2") and schema_published("us-east-1")
+    assert not schema_published("us-iso-east-1")

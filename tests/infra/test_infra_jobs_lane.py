@@ -3,6 +3,7 @@ the images and a job execution role scoped to the bucket prefixes; synth, snapsh
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ JOBS_ONLY_TYPES = {
     "AWS::Lambda::Function",  # its handler
     "AWS::Logs::LogGroup",  # the handler's log group
     "AWS::IAM::Role",
-    "AWS::IAM::Policy",
+    "AWS::IAM::ManagedPolicy",  # the job role's permissions and boundary
 }
 
 
@@ -40,7 +41,9 @@ def jobs_synth(synthesize_from, source_root: Path):
 
 def job_policy(synth) -> list[dict]:
     ((_, policy),) = [
-        (key, res) for key, res in synth.resources("AWS::IAM::Policy").items() if key.startswith("JobRoleJobAccess")
+        (key, res)
+        for key, res in synth.resources("AWS::IAM::ManagedPolicy").items()
+        if key.startswith("JobRoleJobAccess")
     ]
     return policy["Properties"]["PolicyDocument"]["Statement"]
 
@@ -59,8 +62,18 @@ def test_job_role_reads_inputs_and_writes_only_outputs(jobs_synth):
     ((_, role),) = [(k, r) for k, r in jobs_synth.resources("AWS::IAM::Role").items() if k.startswith("JobRole")]
     trust = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
     assert trust == [
-        {"Action": "sts:AssumeRole", "Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}}
+        {
+            "Action": "sts:AssumeRole",
+            "Condition": {"StringEquals": {"aws:SourceAccount": jobs_synth.config.account}},
+            "Effect": "Allow",
+            "Principal": {"Service": "sagemaker.amazonaws.com"},
+        }
     ]
+    # One managed policy is the role's permissions and its boundary; no EC2 (the jobs use no VPC).
+    ((policy_id, _),) = jobs_synth.resources("AWS::IAM::ManagedPolicy").items()
+    assert role["Properties"]["ManagedPolicyArns"] == [{"Ref": policy_id}]
+    assert role["Properties"]["PermissionsBoundary"] == {"Ref": policy_id}
+    assert not [s for s in job_policy(jobs_synth) if "ec2:" in json.dumps(s["Action"])]
     statements = {s["Sid"]: s for s in job_policy(jobs_synth)}
     every = {f"{prefix}/*" for prefix in (*JOB_INPUT_PREFIXES, *JOB_OUTPUT_PREFIXES)}
     assert object_prefixes(statements["ReadJobFolders"]) == every

@@ -19,7 +19,15 @@ def config(groups: list[dict], **context) -> HyperPodConfig:
     return HyperPodConfig.from_context({"compute_groups": json.dumps(groups), **context}, environ={})
 
 
-def plan(*, instance_type="ml.g5.12xlarge", count=2, zone="usw2-az4", status="Active", targets=("hyperpod-cluster",)):
+def plan(
+    *,
+    instance_type="ml.g5.12xlarge",
+    count=2,
+    zone="usw2-az4",
+    status="Active",
+    targets=("hyperpod-cluster",),
+    in_use=0,
+):
     capacity = {
         "ReservedCapacityArn": "arn:aws:sagemaker:us-west-2:123456789012:reserved-capacity/rc-1",
         "InstanceType": instance_type,
@@ -32,6 +40,9 @@ def plan(*, instance_type="ml.g5.12xlarge", count=2, zone="usw2-az4", status="Ac
         "TrainingPlanArn": PLAN_ARN,
         "TrainingPlanName": "g5-reserved",
         "Status": status,
+        "TotalInstanceCount": count,
+        "AvailableInstanceCount": count - in_use,
+        "InUseInstanceCount": in_use,
         "TargetResources": list(targets),
         "ReservedCapacitySummaries": [capacity],
     }
@@ -94,6 +105,8 @@ def test_a_training_plan_in_another_zone_is_refused_naming_the_group_and_key(stu
         ({"instance_type": "ml.p5.48xlarge"}, "it reserves ml.p5.48xlarge, not ml.g5.12xlarge"),
         ({"count": 1}, "it reserves 1 x ml.g5.12xlarge, fewer than count 2"),
         ({"status": "Expired"}, "it is Expired"),
+        ({"status": "Pending"}, "it is Pending (not yet confirmed"),
+        ({"count": 4, "in_use": 3}, "only 1 of its 4 instances are free (3 in use elsewhere), fewer than count 2"),
         ({"targets": ("training-job",)}, "it serves training-job, not HyperPod"),
     ],
 )

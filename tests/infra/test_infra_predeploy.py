@@ -89,12 +89,23 @@ def test_on_demand_to_spot_is_refused_naming_the_group_and_key(aws):
     )
 
 
-def test_a_first_spot_group_on_a_live_cluster_is_refused_with_the_reason(aws):
-    deploy(aws, context_from(["--context", f"compute_groups={GROUPS}"]))
-    extra = [*json.loads(GROUPS), {"name": "spare", "instance_type": "ml.trn1.32xlarge", "partition": "spare"}]
-    extra[1]["capacity"] = "spot"
-    (problem,) = predeploy_check(context_from(["--context", f"compute_groups={json.dumps(extra)}"]), aws)
-    assert "the first Spot group would switch the cluster's NodeProvisioningMode" in problem
+def test_switching_a_live_cluster_to_continuous_is_refused_with_the_reason(aws):
+    standard = ["-c", "provisioning=standard", "-c", "slurm_config_strategy=Managed"]
+    deploy(aws, context_from([*standard, "--context", f"compute_groups={GROUPS}"]))
+    (problem,) = predeploy_check(context_from(["--context", f"compute_groups={GROUPS}"]), aws)
+    assert problem.startswith("config key 'provisioning' is 'standard' on the deployed stack and 'continuous' now")
+    assert "set provisioning back to 'standard' (and slurm_config_strategy to 'Managed', as deployed)" in problem
+
+
+def test_a_stack_recorded_before_the_provisioning_key_reads_as_its_mode():
+    """Before the key, a cluster was continuous exactly when a group was Spot."""
+    spot = [{"name": "gpu", "instance_type": "ml.p5.48xlarge", "partition": "p5", "capacity": "spot"}]
+    old_spot = {"lanes": "cluster", "compute_groups": spot}
+    old_on_demand = {"lanes": "cluster", "compute_groups": [{**spot[0], "capacity": "on-demand"}]}
+    now = config_record(HyperPodConfig.from_context({"compute_groups": spot}, environ={}))
+    assert value_refusals(old_spot, now, Allowances()) == []
+    (problem,) = value_refusals(old_on_demand, {**now, "compute_groups": old_on_demand["compute_groups"]}, Allowances())
+    assert "config key 'provisioning' is 'standard' on the deployed stack" in problem
 
 
 def test_dropping_the_cluster_lane_is_refused_saying_what_data_goes(aws):
@@ -237,3 +248,17 @@ def test_a_stack_without_recorded_config_is_compared_resource_by_resource(synth,
     assert any("HyperPodCluster" in line and "ClusterName=" in line for line in refusals), refusals
     assert any(line.startswith(f"resource {vpc_id} (AWS::EC2::VPC) would be replaced") for line in refusals)
     assert template_refusals(synth.template, synth.template) == []
+
+
+def test_a_controller_type_change_is_refused_unless_allowed():
+    before = config_record(HyperPodConfig.from_context({}, environ={}))
+    after = config_record(HyperPodConfig.from_context({"controller_instance_type": "ml.c5.2xlarge"}, environ={}))
+    (problem,) = value_refusals(before, after, Allowances())
+    assert problem.startswith(
+        "config key 'controller_instance_type' is 'ml.c5.xlarge' on the deployed stack and 'ml.c5.2xlarge' now: "
+        "HyperPod replaces the controller node"
+    )
+    assert "--allow-controller-replace" in problem
+    assert value_refusals(before, after, Allowances(replace_controller=True)) == []
+    _, allow, _ = parse_arguments(["--allow-controller-replace"])
+    assert allow.replace_controller

@@ -132,7 +132,12 @@ def test_cluster_role_is_for_sagemaker_with_the_managed_policy_and_scoped_access
     role_id = synth.logical_id(synth.stack.role.role.node.default_child)
     role = synth.template["Resources"][role_id]["Properties"]
     assert role["AssumeRolePolicyDocument"]["Statement"] == [
-        {"Action": "sts:AssumeRole", "Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}}
+        {
+            "Action": "sts:AssumeRole",
+            "Condition": {"StringEquals": {"aws:SourceAccount": synth.config.account}},
+            "Effect": "Allow",
+            "Principal": {"Service": "sagemaker.amazonaws.com"},
+        }
     ]
     assert json.dumps(role["ManagedPolicyArns"]).count("AmazonSageMakerClusterInstanceRolePolicy") == 1
     policy_id = synth.logical_id(synth.stack.role.policy.node.default_child)
@@ -167,7 +172,9 @@ def test_cluster_is_api_driven_slurm_with_controller_and_trainium_compute(synth)
     props = cluster["Properties"]
     config = synth.config
     assert props["ClusterName"] == config.cluster_name
-    assert props["Orchestrator"] == {"Slurm": {"SlurmConfigStrategy": "Managed"}}
+    # Continuous provisioning by default: it runs slurm.conf in merge mode and refuses a strategy.
+    assert props["NodeProvisioningMode"] == "Continuous"
+    assert props["Orchestrator"] == {"Slurm": {}}
     assert props["NodeRecovery"] == "Automatic"
     groups = {g["InstanceGroupName"]: g for g in props["InstanceGroups"]}
     assert list(groups) == [CONTROLLER_GROUP, COMPUTE_GROUP]
@@ -221,6 +228,7 @@ def test_variant_with_login_group_and_overrides(synth_variant):
     assert groups[LOGIN_GROUP]["SlurmConfig"] == {"NodeType": "Login"}
     assert (groups[COMPUTE_GROUP]["InstanceType"], groups[COMPUTE_GROUP]["InstanceCount"]) == ("ml.trn1n.32xlarge", 2)
     assert cluster["Properties"]["Orchestrator"]["Slurm"]["SlurmConfigStrategy"] == "Overwrite"
+    assert "NodeProvisioningMode" not in cluster["Properties"]  # provisioning = standard
     assert synth_variant.one("AWS::FSx::FileSystem")[1]["Properties"]["StorageCapacity"] == 2400
     assert synth_variant.template["Outputs"]["Region"]["Value"] == "us-east-1"
 
