@@ -117,6 +117,7 @@ BAD_VALUES = [
     ("runtime", "docker", "pyxis, host"),
     ("retain_outputs", "maybe", "true or false"),
     ("stack_name", "1stack", "CloudFormation stack name"),
+    ("observability", "grafana", "prometheus, managed, off"),
 ]
 
 
@@ -254,3 +255,24 @@ def test_app_prints_a_clean_error_and_exits_2(tmp_path):
         "error: config key 'fsx_throughput_mibps_per_tib' has value 333; allowed: one of 125, 250, "
         "500, 1000. Fix it in cdk.json (context) or pass -c fsx_throughput_mibps_per_tib=<value>."
     ]
+
+
+def test_managed_observability_needs_continuous_provisioning_and_names_both_keys():
+    with pytest.raises(ConfigError) as caught:
+        parse(observability="managed")
+    message = str(caught.value)
+    assert "'observability' = managed" in message and "'provisioning' = continuous" in message
+    spot = [{"name": "gpu", "instance_type": "ml.g5.48xlarge", "partition": "g5", "count": 1, "capacity": "spot"}]
+    assert parse(observability="managed", compute_groups=spot).observability == "managed"
+    assert parse(observability="managed", lanes="jobs").observability == "managed"  # no cluster to extend
+
+
+@pytest.mark.parametrize("mode", ["prometheus", "managed", "off"])
+def test_cluster_facts_carry_the_observability_mode(mode):
+    spot = [{"name": "gpu", "instance_type": "ml.g5.48xlarge", "partition": "g5", "count": 1, "capacity": "spot"}]
+    config = parse(observability=mode, compute_groups=spot)
+    facts = cluster_facts(config, image_uris={"cuda": "repo:cuda"})
+    assert facts["observability"] == mode
+    own = mode == "prometheus"
+    assert facts["metrics_textfile_path"] == ("/var/lib/hyperpod-lora/metrics" if own else "")
+    assert facts["node_exporter_image"] == facts["metrics_remote_write_url"] == ""  # none given here
