@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 TEXTFILE = "slurm.prom"
+ALWAYS_REPORTED = ("pending", "running")  # job states written per partition even when no job is in them
 HELP = {
     "hpl_slurm_up": "1 if sinfo and squeue answered at the last collection",
     "hpl_slurm_nodes": "Slurm nodes by partition and state (sinfo %T)",
@@ -41,7 +42,10 @@ def cluster_text() -> str:
     jobs: dict[tuple[str, str], int] = collections.Counter()
     try:
         for partition, state, count in slurm("sinfo", "-h", "-o", "%R|%T|%D"):
-            nodes[partition, state.rstrip("*~#!%$@^-").lower()] += int(count)
+            nodes[partition.rstrip("*"), state.rstrip("*~#!%$@^-").lower()] += int(count)
+        for partition in {partition for partition, _ in nodes}:
+            for state in ALWAYS_REPORTED:  # a zero rather than a gap on the dashboard
+                jobs[partition, state] += 0
         for partition, state in slurm("squeue", "-h", "-o", "%P|%T"):
             for name in partition.split(","):  # a pending job may name several partitions
                 jobs[name, state.lower()] += 1
