@@ -76,6 +76,12 @@ FACT_KEYS = (
     "efa_device_rdma",
     "compute_instance_type",
     "runtime",
+    "observability",
+    "metrics_remote_write_url",
+    "metrics_textfile_path",
+    "node_exporter_image",
+    "collector_image",
+    "dcgm_exporter_image",
     "partitions",
 )
 
@@ -120,3 +126,27 @@ JOB_INPUT_PREFIXES = (MODELS_FOLDER, DATASETS_FOLDER)  # channels models/<model>
 # the run folder (checkpoint sync), job artifacts, and the Neuron compile cache every job of the stack shares
 JOB_OUTPUT_PREFIXES = (OUTPUTS_FOLDER, JOBS_FOLDER, COMPILE_CACHE_FOLDER)
 JOB_LOG_GROUP = "/aws/sagemaker/TrainingJobs"  # SageMaker's own, account-wide
+
+
+# Observability (stacks/observability.py, lifecycle/observability.sh, hpctl metrics): what the
+# `observability` config key may be, and where a run's own metrics meet node exporter on a node.
+PROMETHEUS_MODE = "prometheus"  # the stack's AMP workspace and exporters
+MANAGED_MODE = "managed"  # AWS's sagemaker-observability cluster extension
+OFF_MODE = "off"
+OBSERVABILITY_MODES = (PROMETHEUS_MODE, MANAGED_MODE, OFF_MODE)
+MANAGED_EXTENSION = "sagemaker-observability"
+METRICS_TEXTFILE_DIR = "/var/lib/hyperpod-lora/metrics"  # node exporter's textfile collector reads *.prom here
+
+
+class ObservabilityOutput:
+    """How the cluster is watched (cluster lane): the mode always, the AMP endpoint in prometheus mode."""
+
+    MODE = "Observability"
+    METRICS_ENDPOINT = (
+        "MetricsEndpoint"  # the workspace's prometheusEndpoint (https://aps-workspaces.../workspaces/ws-.../)
+    )
+
+
+# Paths under an AMP workspace's prometheusEndpoint (which ends in a slash).
+REMOTE_WRITE_PATH = "api/v1/remote_write"
+QUERY_PATH = "api/v1/query"

@@ -42,6 +42,12 @@ FACT_KEYS = (
     "efa_device_rdma",
     "compute_instance_type",
     "runtime",
+    "observability",
+    "metrics_remote_write_url",
+    "metrics_textfile_path",
+    "node_exporter_image",
+    "collector_image",
+    "dcgm_exporter_image",
     "partitions",
 )
 PARTITIONS_KEY = "partitions"  # {partition: {fact: value}}: the one nested fact

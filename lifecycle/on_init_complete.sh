@@ -4,7 +4,7 @@
 # the shared FSx layout, the cluster facts as HPL_* environment (a compute node gets its own
 # partition's: accelerator, devices, EFA, image), device checks on compute nodes (Neuron devices on
 # Trainium; nvidia-smi and the EFA count on GPU nodes) and a message of the day on controller/login
-# nodes. Idempotent: a second run changes nothing.
+# nodes, and the metrics exporters and collector (observability.sh). Idempotent: a second run changes nothing.
 #
 # Overrides (for tests and unusual nodes):
 #   LIFECYCLE_ROOT                  prefix for every system path (default: none, i.e. /)
@@ -41,7 +41,7 @@ step() {
 }
 
 # Install stdin at $1 with mode $2 unless the file already holds exactly that (no temp file then,
-# so a second run leaves even directory timestamps alone).
+# so a second run leaves even directory timestamps alone). Sets INSTALLED_CHANGED to 1 if it wrote.
 install_if_changed() {
   local dest="$1" mode="$2" content tmp
   content="$(cat; printf x)"
@@ -52,6 +52,7 @@ install_if_changed() {
       log "mode of ${dest#"$ROOT"} set to $mode"
     fi
     log "unchanged: ${dest#"$ROOT"}"
+    INSTALLED_CHANGED=0
     return
   fi
   mkdir -p "$(dirname "$dest")"
@@ -60,6 +61,8 @@ install_if_changed() {
   chmod "$mode" "$tmp"
   mv -f "$tmp" "$dest"
   log "wrote: ${dest#"$ROOT"}"
+  # shellcheck disable=SC2034  # read by observability.sh's ensure_unit
+  INSTALLED_CHANGED=1
 }
 
 read_facts() {
@@ -235,6 +238,9 @@ MOTD
 EOF
 }
 
+# shellcheck source=/dev/null
+source "$HERE/observability.sh"
+
 main() {
   log "on_init_complete.sh on $(hostname)"
   read_facts
@@ -256,6 +262,7 @@ main() {
       ;;
     Controller | Login) write_motd ;;
   esac
+  setup_observability
   STEP="done"
   log "node $NODE_NAME ($NODE_ROLE) is ready"
 }

@@ -24,6 +24,10 @@ from cluster_contract import (
     FSX_MOUNT_PATH,
     LIFECYCLE_PREFIX,
     LOGIN_GROUP,
+    MANAGED_MODE,
+    METRICS_TEXTFILE_DIR,
+    OBSERVABILITY_MODES,
+    PROMETHEUS_MODE,
     fsx_dir,
 )
 from stacks.accelerators import CUDA, NEURON, NO_ACCELERATOR
@@ -116,6 +120,8 @@ class HyperPodConfig:
     runtime: str = "pyxis"
     retain_outputs: bool = False
     lanes: str = "cluster"  # cluster | jobs | both: what the deploy creates (see LANES)
+    # prometheus | managed | off: the stack's AMP workspace and exporters, AWS's cluster extension, or none
+    observability: str = PROMETHEUS_MODE
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -247,6 +253,7 @@ RULES: dict[str, Rule] = {
     "runtime": one_of("pyxis", "host"),
     "retain_outputs": one_of(True, False),
     "lanes": one_of(*LANES),
+    "observability": one_of(*OBSERVABILITY_MODES),
 }
 
 
@@ -279,6 +286,7 @@ def _check_combinations(config: HyperPodConfig) -> None:
             f"a network that does not overlap {DOCKER_BRIDGE}, Docker's default bridge on the nodes (containers "
             "could not reach FSx, the controller or S3 addresses in it), e.g. 10.0.0.0/16",
         )
+    _check_observability(config)
     _check_offered_in_region(config)
     prefix = zone_id_prefix(config.region)
     if prefix and not config.availability_zone_id.startswith(f"{prefix}-"):
@@ -353,6 +361,16 @@ def _check_provisioning(config: HyperPodConfig) -> None:
             )
 
 
+def _check_observability(config: HyperPodConfig) -> None:
+    """AWS's extension installs only on a cluster in continuous provisioning mode (CreateClusterExtension)."""
+    if config.observability == MANAGED_MODE and config.cluster_lane and config.provisioning != CONTINUOUS:
+        raise ConfigError(
+            "config key 'observability' = managed needs continuous provisioning (config key 'provisioning' = "
+            "continuous; AWS installs its sagemaker-observability extension only on such clusters): set "
+            "provisioning = continuous, or observability = prometheus (this stack's own Prometheus setup)"
+        )
+
+
 def _check_offered_in_region(config: HyperPodConfig) -> None:
     """Each instance type must be offered in the region (region x type table: stacks/aws_catalog.py)."""
     offered = regional_instance_types(config.region)
@@ -391,13 +409,38 @@ def partition_facts(config: HyperPodConfig, group: ComputeGroup, image_uris: Map
     }
 
 
-def cluster_facts(config: HyperPodConfig, *, image_uris: Mapping[str, str]) -> dict[str, Any]:
+# The exporter images a node may run (stacks/observability.py), as the facts name them: HPL_<NAME>_IMAGE.
+EXPORTER_FACTS = {
+    "node_exporter": "node_exporter_image",
+    "prometheus": "collector_image",
+    "dcgm_exporter": "dcgm_exporter_image",
+}
+
+
+def observability_facts(
+    config: HyperPodConfig, *, remote_write_url: str = "", exporter_images: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """What a node needs to run the exporters and the collector; empty values where the mode has none."""
+    own = config.observability == PROMETHEUS_MODE
+    images = dict(exporter_images or {}) if own else {}
+    return {
+        "observability": config.observability,
+        "metrics_remote_write_url": remote_write_url if own else "",
+        "metrics_textfile_path": METRICS_TEXTFILE_DIR if own else "",
+        **{fact: images.get(name, "") for name, fact in EXPORTER_FACTS.items()},
+    }
+
+
+def cluster_facts(
+    config: HyperPodConfig, *, image_uris: Mapping[str, str], metrics: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """The cluster-facts.json contract: what every node exports as HPL_<KEY>.
 
     ``image_uris`` maps each of :attr:`HyperPodConfig.image_families` to its image. The flat
     per-partition keys (partition, accelerator, devices_per_node, ...) describe the default
     group; the lifecycle script replaces them with the node's own group on compute nodes.
-    ``partitions`` holds every partition's facts for submit.
+    ``partitions`` holds every partition's facts for submit. ``metrics`` is :func:`observability_facts`
+    (without it: the mode's facts with no workspace or images, as in an offline check of the shape).
     """
     partitions = {group.partition: partition_facts(config, group, image_uris) for group in config.compute_groups}
     default = partitions[config.default_group.partition]
@@ -421,5 +464,6 @@ def cluster_facts(config: HyperPodConfig, *, image_uris: Mapping[str, str]) -> d
         "efa_device_rdma": default["efa_device_rdma"],
         "compute_instance_type": default["instance_type"],
         "runtime": config.runtime,
+        **(metrics if metrics is not None else observability_facts(config)),
         "partitions": partitions,
     }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr as ecr
@@ -56,6 +58,7 @@ class ClusterRole(Construct):
         image_repository: ecr.IRepository,
         subnet: ec2.ISubnet,
         security_group: ec2.ISecurityGroup,
+        extra_statements: Sequence[iam.PolicyStatement] = (),
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
@@ -105,6 +108,7 @@ class ClusterRole(Construct):
                 resources=[log_group_arn, f"{log_group_arn}:log-stream:*"],
             ),
         ]
+        statements.extend(extra_statements)  # e.g. remote write into the stack's metrics workspace
         self.policy = iam.Policy(self, "NodeAccess", statements=statements, roles=[self.role])
         self._acknowledge(eni_arn, log_group_arn, bucket)
 

@@ -6,11 +6,12 @@ from collections.abc import Mapping
 
 from aws_cdk import CfnOutput, Fn, Stack
 
-from cluster_contract import CONTROLLER_GROUP, JobStackOutput, StackOutput
+from cluster_contract import CONTROLLER_GROUP, JobStackOutput, ObservabilityOutput, StackOutput
 from stacks.accelerators import CUDA, NEURON
 from stacks.cluster import HyperPodCluster
 from stacks.config import HyperPodConfig
 from stacks.image import TrainingImage
+from stacks.observability import MetricsWorkspace
 from stacks.storage import DataBucket, SharedFileSystem
 
 DEFAULT_RUN_CONFIG = "default"  # payloads/configs/default.toml
@@ -61,6 +62,18 @@ def add_outputs(
     }
     for logical_id, (value, description) in values.items():
         CfnOutput(stack, logical_id, value=value, description=description)
+
+
+def add_observability_outputs(stack: Stack, *, mode: str, workspace: MetricsWorkspace | None) -> None:
+    """How the cluster is watched (hpctl status, metrics, dashboard read these)."""
+    CfnOutput(stack, ObservabilityOutput.MODE, value=mode, description="Observability mode (prometheus|managed|off)")
+    if workspace is not None:
+        CfnOutput(
+            stack,
+            ObservabilityOutput.METRICS_ENDPOINT,
+            value=workspace.workspace.attr_prometheus_endpoint,
+            description="Amazon Managed Prometheus endpoint of the cluster's metrics (query with SigV4)",
+        )
 
 
 JOB_IMAGE_OUTPUTS = {NEURON: JobStackOutput.NEURON_IMAGE_URI, CUDA: JobStackOutput.CUDA_IMAGE_URI}

@@ -7,9 +7,10 @@ from pathlib import Path
 from aws_cdk import Environment, Stack, Tags
 from constructs import Construct
 
+from cluster_contract import PROMETHEUS_MODE
 from stacks.accelerators import CUDA, NEURON
 from stacks.cluster import HyperPodCluster
-from stacks.config import HyperPodConfig, cluster_facts
+from stacks.config import HyperPodConfig, cluster_facts, observability_facts
 from stacks.handler_logs import attach_provider_log_groups
 from stacks.iam import ClusterRole
 from stacks.image import lane_images
@@ -17,7 +18,8 @@ from stacks.jobs import JobRole
 from stacks.lifecycle import LifecycleUpload
 from stacks.nag import acknowledge_cdk_providers
 from stacks.network import Network, pin_availability_zone
-from stacks.outputs import add_job_outputs, add_outputs
+from stacks.observability import MetricsWorkspace
+from stacks.outputs import add_job_outputs, add_observability_outputs, add_outputs
 from stacks.payloads import PayloadUpload, deploy_facts
 from stacks.storage import DataBucket, SharedFileSystem
 from stacks.update_safety import CONFIG_METADATA_KEY, config_record
@@ -93,6 +95,19 @@ class HyperPodStack(Stack):
         )
         image_uris = {family: image.image_uri for family, image in self.images.items()}
         default_image = self.images[config.image_family_of(config.default_group)]
+        self.metrics = None
+        metrics = observability_facts(config)
+        if config.observability == PROMETHEUS_MODE:
+            self.metrics = MetricsWorkspace(
+                self,
+                "Metrics",
+                alias=f"{config.cluster_name}-metrics",
+                image_dir=source_root / "observability" / "image",
+                with_cuda=CUDA in config.image_families,
+            )
+            metrics = observability_facts(
+                config, remote_write_url=self.metrics.remote_write_url, exporter_images=self.metrics.image_uris
+            )
         self.role = ClusterRole(
             self,
             "ClusterRole",
@@ -101,8 +116,9 @@ class HyperPodStack(Stack):
             image_repository=default_image.asset.repository,  # one CDK assets repository holds every image
             subnet=self.network.private_subnet,
             security_group=security_group.group,
+            extra_statements=[self.metrics.remote_write_statement()] if self.metrics else [],
         )
-        facts = cluster_facts(config, image_uris=image_uris)
+        self.facts = facts = cluster_facts(config, image_uris=image_uris, metrics=metrics)
         self.lifecycle = LifecycleUpload(
             self, "Lifecycle", source_dir=source_root / "lifecycle", bucket=self.data.bucket, facts=facts
         )
@@ -138,3 +154,4 @@ class HyperPodStack(Stack):
             file_system=self.file_system,
             image_uri=default_image.image_uri,
         )
+        add_observability_outputs(self, mode=config.observability, workspace=self.metrics)

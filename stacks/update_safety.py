@@ -230,6 +230,11 @@ KEY_BEHAVIOUR: dict[str, KeyBehaviour] = {
         "adding a lane creates it; dropping the cluster lane deletes the cluster, FSx (its data) and the network, "
         "and needs `--allow-drop-cluster-lane`",
     ),
+    "observability": KeyBehaviour(
+        IN_PLACE,
+        "leaving prometheus deletes the metrics workspace (and its data); nodes change their exporters only "
+        "when provisioned again (the lifecycle runs then)",
+    ),
 }
 
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Install the Debian/Ubuntu packages the tests and the rehearsal need, when missing: a local Slurm
-# (slurm-wlm) with munge, graphviz (the architecture diagram) and the venv module of python3.
+# (slurm-wlm) with munge, graphviz (the architecture diagram), Prometheus and its node exporter (the
+# observability rehearsal) and the venv module of python3.
 # Uses sudo when not root. Does nothing when everything is there (make test runs it every time).
 set -euo pipefail
 
 missing=()
-for pair in slurmctld:slurm-wlm slurmd:slurm-wlm sbatch:slurm-wlm munged:munge dot:graphviz; do
+for pair in slurmctld:slurm-wlm slurmd:slurm-wlm sbatch:slurm-wlm munged:munge dot:graphviz \
+  prometheus:prometheus prometheus-node-exporter:prometheus-node-exporter; do
   command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
 python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)

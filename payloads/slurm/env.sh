@@ -11,6 +11,8 @@
 # deploy-facts.json (llm_pipeline.jobs.deploy_facts) and exports them to every job of the chain.
 # The run's partition (llm_pipeline.jobs.partitions) comes with it: HPL_PARTITION, HPL_ACCELERATOR
 # (neuron|cuda|none), HPL_DEVICES_PER_NODE (processes per node), HPL_EFA_INTERFACES, HPL_EFA_DEVICE_RDMA.
+# HPL_METRICS_TEXTFILE_PATH (cluster facts, observability = prometheus): where the training step writes its
+# figures for node exporter (llm_pipeline.jobs.prom_textfile); mounted into the container.
 # Local fallbacks: paths under HPL_FSX_MOUNT_PATH (default /fsx), runtime host, PYTHON or python3.
 set -euo pipefail
 
@@ -75,8 +77,11 @@ hpl_srun() {
     opts+=(--auto-resume=1)  # on HyperPod: replace a faulty node and restart the step
   fi
   if [[ "$HPL_RUNTIME" == pyxis ]]; then
+    local mounts="$HPL_FSX_MOUNT_PATH:$HPL_FSX_MOUNT_PATH"
+    # The node-local folder node exporter reads the run's metrics from (observability = prometheus).
+    if [[ -n "${HPL_METRICS_TEXTFILE_PATH:-}" ]]; then mounts+=",$HPL_METRICS_TEXTFILE_PATH:$HPL_METRICS_TEXTFILE_PATH"; fi
     opts+=(--container-image="$HPL_IMAGE_FILE"
-           --container-mounts="$HPL_FSX_MOUNT_PATH:$HPL_FSX_MOUNT_PATH"
+           --container-mounts="$mounts"
            --container-workdir="$HPL_PAYLOADS_DIR")
   fi
   echo "+ srun ${opts[*]} $*"

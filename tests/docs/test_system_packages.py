@@ -25,17 +25,18 @@ def run(path: str) -> subprocess.CompletedProcess:
     return subprocess.run([shutil.which("bash"), str(SCRIPT)], env={"PATH": path}, capture_output=True, text=True)
 
 
-def test_a_bare_machine_gets_slurm_munge_and_graphviz(tmp_path):
+def test_a_bare_machine_gets_slurm_munge_graphviz_and_prometheus(tmp_path):
     (tmp_path / "python3").symlink_to(sys.executable)  # what a bare machine has; no slurm, munge or dot
     for tool in ("sort", "sed", "env"):
         (tmp_path / tool).symlink_to(shutil.which(tool))
     log = fake_apt(tmp_path)
     done = run(str(tmp_path))
     assert done.returncode == 0, done.stderr
-    assert "installing system packages: graphviz munge slurm-wlm" in done.stdout
+    packages = ["graphviz", "munge", "prometheus", "prometheus-node-exporter", "slurm-wlm"]
+    assert f"installing system packages: {' '.join(packages)}" in done.stdout
     calls = log.read_text().splitlines()
     assert calls[0] == "update -qq"
-    assert calls[1].split()[-3:] == ["graphviz", "munge", "slurm-wlm"]
+    assert calls[1].split()[-5:] == packages
 
 
 def test_nothing_is_installed_when_everything_is_there(tmp_path):

@@ -26,9 +26,10 @@ from botocore.stub import Stubber
 
 from stacks.build import REPO_ROOT, build_app
 from stacks.config import OFFLINE_ACCOUNT, HyperPodConfig
+from stacks.observability import UPSTREAM_BUILD_ARG
 from stacks.uploads import CACHE_EXCLUDES
 
-SOURCE_FOLDERS = ("lifecycle", "payloads")
+SOURCE_FOLDERS = ("lifecycle", "payloads", "observability")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -72,6 +73,11 @@ class Synth:
 
     def assets_manifest(self) -> dict[str, Any]:
         return json.loads((self.outdir / f"{self.config.stack_name}.assets.json").read_text())
+
+    def training_images(self) -> dict[str, Any]:
+        """The docker image assets less the exporter images (test_infra_observability.py covers those)."""
+        images = self.assets_manifest()["dockerImages"]
+        return {key: i for key, i in images.items() if UPSTREAM_BUILD_ARG not in i["source"].get("dockerBuildArgs", {})}
 
 
 def repo_context(**overrides: Any) -> dict[str, Any]:

@@ -119,6 +119,7 @@ BAD_VALUES = [
     ("runtime", "docker", "pyxis, host"),
     ("retain_outputs", "maybe", "true or false"),
     ("stack_name", "1stack", "CloudFormation stack name"),
+    ("observability", "grafana", "prometheus, managed, off"),
 ]
 
 
@@ -284,3 +285,21 @@ def test_a_region_without_published_schemas_is_not_a_cluster_region():
         HyperPodConfig.from_context({"region": "us-iso-east-1", "availability_zone_id": "usie1-az1"}, environ={})
     assert schema_published("us-west-2") and schema_published("us-east-1")
     assert not schema_published("us-iso-east-1")
+def test_managed_observability_needs_continuous_provisioning_and_names_both_keys():
+    with pytest.raises(ConfigError) as caught:
+        parse(observability="managed", provisioning="standard")
+    message = str(caught.value)
+    assert "'observability' = managed" in message and "'provisioning' = continuous" in message
+    assert parse(observability="managed").observability == "managed"  # continuous is the default
+    assert parse(observability="managed", lanes="jobs").observability == "managed"  # no cluster to extend
+
+
+@pytest.mark.parametrize("mode", ["prometheus", "managed", "off"])
+def test_cluster_facts_carry_the_observability_mode(mode):
+    spot = [{"name": "gpu", "instance_type": "ml.g5.48xlarge", "partition": "g5", "count": 1, "capacity": "spot"}]
+    config = parse(observability=mode, compute_groups=spot)
+    facts = cluster_facts(config, image_uris={"cuda": "repo:cuda"})
+    assert facts["observability"] == mode
+    own = mode == "prometheus"
+    assert facts["metrics_textfile_path"] == ("/var/lib/hyperpod-lora/metrics" if own else "")
+    assert facts["node_exporter_image"] == facts["metrics_remote_write_url"] == ""  # none given here

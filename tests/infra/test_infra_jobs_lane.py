@@ -142,7 +142,7 @@ def both_gpu_synth(synthesize_from, source_root: Path):
 def image_builds(synth) -> dict[str, tuple[str, str | None]]:
     """{image tag: (Dockerfile, DLC variant build argument)} of every image asset cdk-assets builds."""
     builds = {}
-    for image in synth.assets_manifest()["dockerImages"].values():
+    for image in synth.training_images().values():
         (destination,) = image["destinations"].values()
         source = image["source"]
         builds[destination["imageTag"]] = (

@@ -8,7 +8,7 @@ import pytest
 
 from cluster_contract import CLUSTER_FACTS_FILE
 from stacks.build import REPO_ROOT
-from stacks.config import LEGACY_PROVISIONING_FILE, LIFECYCLE_SCRIPT, cluster_facts
+from stacks.config import LEGACY_PROVISIONING_FILE, LIFECYCLE_SCRIPT, cluster_facts, observability_facts
 from stacks.lifecycle import LifecycleLayoutError, check_lifecycle_dir
 
 pytestmark = pytest.mark.xdist_group("infra")
@@ -52,11 +52,16 @@ def test_generated_facts_hold_the_config_and_the_image_uri(synth):
     props = lifecycle_deployment(synth)
     # The image URI is a deploy-time value: CDK leaves a marker the deployment fills in.
     (markers,) = [m for m in props["SourceMarkers"] if m]
-    for marker in markers:  # one per place the image URI appears (default group, its partition)
-        text = text.replace(marker, '"IMAGE"')
-        assert "container-assets" in json.dumps(markers[marker])
+    # One per place an image URI appears (default group, its partition, the exporters) and the remote write URL.
+    for marker in markers:
+        value = json.dumps(markers[marker])
+        text = text.replace(marker, '"WRITE"' if "PrometheusEndpoint" in value else '"IMAGE"')
+        assert "container-assets" in value or "PrometheusEndpoint" in value
     facts = json.loads(text)
-    assert facts == cluster_facts(synth.config, image_uris={"neuron": "IMAGE"})
+    metrics = observability_facts(
+        synth.config, remote_write_url="WRITE", exporter_images={"node_exporter": "IMAGE", "prometheus": "IMAGE"}
+    )
+    assert facts == cluster_facts(synth.config, image_uris={"neuron": "IMAGE"}, metrics=metrics)
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ def test_payload_edit_changes_only_the_payload_deployment(synth, sources_copy, s
     payload_deployment = synth.cfn_ids_under(synth.stack.payloads, "Custom::CDKBucketDeployment")
     assert changed == payload_deployment, "only the payloads/ upload may change"
     assert after.template["Outputs"] == synth.template["Outputs"]
-    before_images, after_images = synth.assets_manifest()["dockerImages"], after.assets_manifest()["dockerImages"]
+    before_images, after_images = synth.training_images(), after.training_images()
     assert before_images.keys() == after_images.keys(), "the image (and its tag) is untouched"
 
 
@@ -79,7 +79,7 @@ def payload_deployment(synth) -> tuple[str, dict]:
 
 
 def image_tag(synth) -> str:
-    (image,) = synth.assets_manifest()["dockerImages"].values()
+    (image,) = synth.training_images().values()
     (destination,) = image["destinations"].values()
     return destination["imageTag"]
 

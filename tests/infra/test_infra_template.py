@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cluster_contract import CONTROLLER_GROUP, FSX_MOUNT_PATH, LOGIN_GROUP, StackOutput
+from cluster_contract import CONTROLLER_GROUP, FSX_MOUNT_PATH, LOGIN_GROUP, ObservabilityOutput, StackOutput
 from stacks.config import COMPUTE_GROUP, LIFECYCLE_SCRIPT
 
 pytestmark = pytest.mark.xdist_group("infra")
@@ -119,7 +119,7 @@ def test_repository_links_import_payloads_and_datasets_and_sync_outputs_both_way
 
 
 def test_training_image_is_an_asset_from_payloads_dockerfile(synth):
-    images = synth.assets_manifest()["dockerImages"]
+    images = synth.training_images()
     assert len(images) == 1
     (image,) = images.values()
     assert image["source"]["dockerFile"] == "Dockerfile" and image["source"]["platform"] == "linux/amd64"
@@ -153,7 +153,7 @@ def test_cluster_role_is_for_sagemaker_with_the_managed_policy_and_scoped_access
 
 
 def test_role_can_pull_exactly_the_training_image_repository(synth):
-    (image,) = synth.assets_manifest()["dockerImages"].values()
+    (image,) = synth.training_images().values()
     (destination,) = image["destinations"].values()
     policy_id = synth.logical_id(synth.stack.role.policy.node.default_child)
     statements = synth.template["Resources"][policy_id]["Properties"]["PolicyDocument"]["Statement"]
@@ -235,7 +235,7 @@ def test_variant_with_login_group_and_overrides(synth_variant):
 
 def test_outputs_have_the_contract_ids_and_next_commands(synth):
     outputs = synth.template["Outputs"]
-    assert list(outputs) == OUTPUT_IDS
+    assert list(outputs) == [*OUTPUT_IDS, ObservabilityOutput.MODE, ObservabilityOutput.METRICS_ENDPOINT]
     config = synth.config
     assert outputs["ClusterName"]["Value"] == config.cluster_name
     assert outputs["ControllerGroup"]["Value"] == CONTROLLER_GROUP and outputs["ComputeGroup"]["Value"] == COMPUTE_GROUP
@@ -264,7 +264,7 @@ def test_gpu_only_config_is_four_spot_p5_nodes_with_only_the_cuda_image(named_sy
     )
     assert gpu["CapacityRequirements"] == {"Spot": {}}
     assert "TrainingPlanArn" not in gpu
-    (image,) = synth.assets_manifest()["dockerImages"].values()
+    (image,) = synth.training_images().values()
     assert image["source"]["dockerFile"] == "Dockerfile.cuda"
     staged = synth.outdir / image["source"]["directory"]
     assert sorted(p.name for p in staged.iterdir()) == [
@@ -287,6 +287,6 @@ def test_mixed_config_has_both_groups_both_images_and_the_training_plan(named_sy
     assert gpu["TrainingPlanArn"] == "arn:aws:sagemaker:us-west-2:123456789012:training-plan/g5-reserved"
     assert "CapacityRequirements" not in gpu  # the plan's reserved capacity
     assert gpu["OnStartDeepHealthChecks"] == ["InstanceStress", "InstanceConnectivity"]
-    dockerfiles = sorted(i["source"]["dockerFile"] for i in synth.assets_manifest()["dockerImages"].values())
+    dockerfiles = sorted(i["source"]["dockerFile"] for i in synth.training_images().values())
     assert dockerfiles == ["Dockerfile", "Dockerfile.cuda"]
     assert synth.template["Outputs"]["ComputeGroup"]["Value"] == "trn,gpu"

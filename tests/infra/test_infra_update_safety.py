@@ -52,6 +52,7 @@ CHANGES: dict[str, tuple[dict, dict]] = {
     "runtime": ({}, {"runtime": "host"}),
     "retain_outputs": ({}, {"retain_outputs": True}),
     "lanes": ({}, {"lanes": "both"}),
+    "observability": ({}, {"observability": "off"}),
 }
 GROUP_CHANGES = {
     "name": "worker",

@@ -45,6 +45,12 @@ FACTS = {
     "efa_device_rdma": 1,
     "compute_instance_type": "ml.trn1.32xlarge",
     "runtime": "pyxis",
+    "observability": "off",  # test_lifecycle_observability.py turns it on
+    "metrics_remote_write_url": "",
+    "metrics_textfile_path": "",
+    "node_exporter_image": "",
+    "collector_image": "",
+    "dcgm_exporter_image": "",
     "partitions": {
         "trn1": {
             "group": "trn1",
@@ -120,6 +126,26 @@ case "$1" in -u) echo "$uid" ;; -g) echo "$gid" ;; *) exit 2 ;; esac""",
   exit "$FAKE_NVIDIA_SMI_EXIT"
 fi
 for ((i = 0; i < ${FAKE_GPUS:-8}; i++)); do echo "$i, NVIDIA H100 80GB HBM3, 81559 MiB"; done""",
+    # Containers and units as state files (outside the node's root): "<hpl.spec label> true" per container.
+    "docker": """case "$1" in
+  inspect) [[ -f "$FAKE_STATE/docker/${*: -1}" ]] && exec cat "$FAKE_STATE/docker/${*: -1}"
+           echo "Error: No such object: ${*: -1}" >&2; exit 1 ;;
+  run) while (($#)); do
+         case "$1" in --name) name="$2" ;; --label) [[ "$2" == hpl.spec=* ]] && spec="${2#hpl.spec=}" ;; esac
+         shift
+       done
+       mkdir -p "$FAKE_STATE/docker"; echo "$spec true" >"$FAKE_STATE/docker/$name"; echo c0ffee ;;
+  rm) rm -f "$FAKE_STATE/docker/${*: -1}" ;;
+  login) cat >/dev/null ;;
+esac""",
+    "systemctl": """case "$1" in
+  is-active) [[ -f "$FAKE_STATE/units/${*: -1}" ]] ;;
+  restart) mkdir -p "$FAKE_STATE/units"; touch "$FAKE_STATE/units/$2" ;;
+  enable) [[ "$2" == --now ]] && { mkdir -p "$FAKE_STATE/units"; touch "$FAKE_STATE/units/$3"; } || true ;;
+esac""",
+    "aws": "echo fake-ecr-token",
+    "neuron-monitor": "sleep 0",
+    "neuron-monitor-prometheus.py": "sleep 0",
 }
 
 
@@ -165,7 +191,14 @@ class Run:
 class FakeNode:
     """One node: its own root (/etc, /dev, /opt, /fsx) and a copy of the uploaded lifecycle folder."""
 
-    def __init__(self, base: Path, *, facts: dict = FACTS, fsx: Path | None = None):
+    def __init__(
+        self,
+        base: Path,
+        *,
+        facts: dict = FACTS,
+        fsx: Path | None = None,
+        cluster: dict[str, list[tuple[str, str]]] = CLUSTER,
+    ):
         self.base = base
         self.root = base / "root"
         self.scripts = base / "lifecycle"  # what HyperPod downloads from s3://<bucket>/lifecycle/
@@ -175,7 +208,7 @@ class FakeNode:
         (self.scripts / "cluster-facts.json").write_text(json.dumps(facts, indent=2))
         self.resource_config_path = self.root / "opt/ml/config/resource_config.json"
         self.resource_config_path.parent.mkdir(parents=True)
-        self.resource_config_path.write_text(json.dumps(resource_config(), indent=2))
+        self.resource_config_path.write_text(json.dumps(resource_config(cluster), indent=2))
         if fsx is None:
             (self.root / "fsx").mkdir()
         else:  # another node's /fsx: the shared file system
@@ -225,6 +258,7 @@ class FakeNode:
             "FAKE_NODE_IPS": ips,
             "FAKE_MOUNTPOINTS": str(self.fsx) if mounted else "",
             "FAKE_USER": f"{user}:{USER_ID}:{USER_ID}",
+            "FAKE_STATE": str(self.base / "state"),
             **env,
         }
         for inherited in ("SAGEMAKER_RESOURCE_CONFIG_PATH", "LIFECYCLE_NODE_IPS", "LIFECYCLE_FACTS_FILE"):

@@ -174,6 +174,7 @@ def test_every_log_line_names_its_step(compute_node: FakeNode) -> None:
         "neuron-devices",
         "enroot-devices",
         "efa-devices",
+        "observability",
         "done",
     }
 

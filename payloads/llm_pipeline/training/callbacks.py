@@ -15,6 +15,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from llm_pipeline.jobs import prom_textfile
 from llm_pipeline.weights.checkpoints import prune, write_seal
 
 
@@ -111,6 +112,13 @@ class MetricsLogger(TrainerCallback):
                 f"lr {metrics.get('learning_rate', 0.0):.2e} | {metrics['samples_per_second']:.2f} samples/s | "
                 f"{metrics['tokens_per_second']:.0f} tokens/s{extra} | eta {eta}",
                 flush=True,
+            )
+            prom_textfile.publish_event(  # for node exporter, where the node has observability on
+                metrics,
+                step=state.global_step,
+                max_steps=state.max_steps,
+                eta_seconds=eta.total_seconds(),
+                run=Path(args.output_dir).parent.name,
             )
         else:
             print(

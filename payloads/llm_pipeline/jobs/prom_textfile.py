@@ -1,0 +1,95 @@
+"""The run's own figures as Prometheus series, through node exporter's textfile collector (stdlib only).
+
+Each log event replaces ``$HPL_METRICS_TEXTFILE_PATH/hpl_run_<slurm job id>.prom`` (the folder the lifecycle
+creates where observability = prometheus; unset or missing: nothing is written). The file is written
+beside its final name and renamed, so node exporter never reads half a file; it reads only ``*.prom``.
+Every series carries the run and the Slurm job id, so a dashboard puts a job's loss next to the
+utilisation of the devices it ran on (DCGM's hpc_job label holds the same id).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+FOLDER_ENV = "HPL_METRICS_TEXTFILE_PATH"
+# Series name -> what it is; the values come from the engines' log events under the key in SOURCES.
+SERIES = {
+    "hpl_train_loss": "training loss at the last log event",
+    "hpl_train_learning_rate": "learning rate at the last log event",
+    "hpl_train_tokens_per_second": "real (non-padding) tokens per second over all data-parallel replicas",
+    "hpl_train_mfu_ratio": "model FLOPs utilisation, 0 to 1",
+    "hpl_train_step": "optimizer steps done",
+    "hpl_train_max_steps": "optimizer steps the run will take",
+    "hpl_train_eta_seconds": "estimated seconds until the last step",
+    "hpl_train_last_update_timestamp_seconds": "when these figures were written (Unix time)",
+}
+SOURCES = {
+    "loss": "hpl_train_loss",
+    "learning_rate": "hpl_train_learning_rate",
+    "tokens_per_second": "hpl_train_tokens_per_second",
+    "mfu": "hpl_train_mfu_ratio",
+    "step": "hpl_train_step",
+    "max_steps": "hpl_train_max_steps",
+    "eta_seconds": "hpl_train_eta_seconds",
+    "timestamp": "hpl_train_last_update_timestamp_seconds",
+}
+
+
+def sample(value: float) -> str:
+    """Prometheus text format: NaN and the infinities by name, everything else as Python's shortest repr."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+def label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render(figures: Mapping[str, float], *, run: str, job_id: str) -> str:
+    labels = f'{{run="{label(run)}",slurm_job_id="{label(job_id)}"}}'
+    lines = []
+    for key, name in SOURCES.items():
+        if key in figures:
+            lines += [f"# HELP {name} {SERIES[name]}", f"# TYPE {name} gauge", f"{name}{labels} {sample(figures[key])}"]
+    return "\n".join(lines) + "\n"
+
+
+def publish(figures: Mapping[str, float], *, run: str, environ: Mapping[str, str] | None = None) -> Path | None:
+    """Write ``figures`` (keys of SOURCES) for node exporter; returns the file, or None where there is no folder."""
+    env = os.environ if environ is None else environ
+    folder = env.get(FOLDER_ENV, "")
+    if not folder or not os.path.isdir(folder):
+        return None
+    job_id = env.get("SLURM_JOB_ID", "none")
+    target = Path(folder) / f"hpl_run_{job_id}.prom"
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".hpl_run_", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as out:
+            out.write(render(figures, run=run, job_id=job_id))
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def publish_event(
+    metrics: Mapping[str, float], *, step: int, max_steps: int, eta_seconds: float, run: str
+) -> Path | None:
+    """One log event of the engines' metrics logger; a failed write is a warning, never a failed run."""
+    figures = {key: metrics[key] for key in ("loss", "learning_rate", "tokens_per_second", "mfu") if key in metrics}
+    figures.update(step=step, max_steps=max_steps, eta_seconds=eta_seconds, timestamp=time.time())
+    try:
+        return publish(figures, run=run)
+    except OSError as error:
+        print(f"warning: the run's metrics were not written for node exporter: {error}", flush=True)
+        return None

@@ -1,0 +1,141 @@
+"""observability = prometheus on each kind of node: exactly the exporters its role and accelerator call
+for, started from the stack's images, and a second run that changes nothing."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from lifecycle_node import CLUSTER, CONTROLLER_IP, FACTS, GPU_IPS, FakeNode
+
+ECR = "123456789012.dkr.ecr.us-west-2.amazonaws.com/cdk-assets"
+IMAGES = {
+    "node_exporter_image": f"{ECR}:node",
+    "collector_image": f"{ECR}:collector",
+    "dcgm_exporter_image": f"{ECR}:dcgm",
+}
+REMOTE_WRITE = "https://aps-workspaces.us-west-2.amazonaws.com/workspaces/ws-1234/api/v1/remote_write"
+TEXTFILE = "/var/lib/hyperpod-lora/metrics"
+G5_IP = "10.1.3.1"
+
+
+def prometheus_facts() -> dict:
+    facts = copy.deepcopy(FACTS)
+    facts.update(
+        observability="prometheus", metrics_remote_write_url=REMOTE_WRITE, metrics_textfile_path=TEXTFILE, **IMAGES
+    )
+    facts["compute_groups"] += ",g5"
+    facts["partitions"]["g5"] = {
+        **facts["partitions"]["p5"],
+        "group": "g5",
+        "partition": "g5",
+        "instance_type": "ml.g5.xlarge",
+        "devices_per_node": 1,
+        "efa_interfaces": 0,
+        "efa_device_rdma": 0,
+    }
+    return facts
+
+
+@pytest.fixture
+def metrics_node(tmp_path: Path, node: FakeNode) -> FakeNode:
+    del node  # the root check
+    return FakeNode(tmp_path / "metrics-node", facts=prometheus_facts(), cluster={**CLUSTER, "g5": [("g5-1", G5_IP)]})
+
+
+def containers(run) -> dict[str, list[str]]:
+    """Started containers: name -> the arguments after the image."""
+    started = {}
+    for call in run.called("docker"):
+        words = call.split()
+        if words[1] == "run":
+            image = next(word for word in words if word.startswith(ECR))
+            started[words[words.index("--name") + 1]] = words[words.index(image) :]
+    return started
+
+
+def units(run) -> list[str]:
+    return sorted(call.split()[-1] for call in run.called("systemctl") if call.split()[1] == "restart")
+
+
+# (address, what runs there): containers with their image, systemd units, scrape jobs of the collector
+ROLES = {
+    "controller": (CONTROLLER_IP, {"hpl-node-exporter": "node", "hpl-collector": "collector"},
+                   ["hpl-slurm-metrics.service", "hpl-slurm-metrics.timer"], ["node"]),
+    "trn1": ("10.1.1.1", {"hpl-node-exporter": "node", "hpl-collector": "collector"},
+             ["hpl-neuron-monitor.service"], ["node", "neuron"]),
+    "g5.xlarge": (G5_IP, {"hpl-node-exporter": "node", "hpl-dcgm-exporter": "dcgm", "hpl-collector": "collector"},
+                  ["hpl-gpu-jobs.service", "hpl-gpu-jobs.timer"], ["node", "dcgm"]),
+    "p5": (GPU_IPS[0], {"hpl-node-exporter": "node", "hpl-dcgm-exporter": "dcgm", "hpl-collector": "collector"},
+           ["hpl-gpu-jobs.service", "hpl-gpu-jobs.timer"], ["node", "dcgm"]),
+}  # fmt: skip
+EFA = {"controller": False, "trn1": True, "g5.xlarge": False, "p5": True}
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_each_role_gets_exactly_its_exporters_and_a_second_run_changes_nothing(metrics_node, role):
+    ip, expected_containers, expected_units, scrape_jobs = ROLES[role]
+    metrics_node.add_neuron_devices()
+    metrics_node.add_efa_devices({"trn1": 8, "p5": 32}.get(role, 0))
+    gpus = {"FAKE_GPUS": "1"} if role == "g5.xlarge" else {}
+    first = metrics_node.run(ip, **gpus)
+
+    assert first.returncode == 0, first.stderr + first.stdout
+    assert "WARNING" not in first.stdout
+    started = containers(first)
+    assert {name: args[0].rsplit(":", 1)[1] for name, args in started.items()} == expected_containers
+    assert units(first) == expected_units
+    node_args = started["hpl-node-exporter"]
+    assert f"--collector.textfile.directory=/host{TEXTFILE}" in node_args
+    assert ("--collector.infiniband" if EFA[role] else "--no-collector.infiniband") in node_args  # EFA counters
+    if "hpl-dcgm-exporter" in started:
+        assert "--hpc-job-mapping-dir=/hpc-jobs" in started["hpl-dcgm-exporter"]  # the Slurm job id label
+    assert started["hpl-collector"][1:3] == ["--agent", "--config.file=/etc/hpl/prometheus-agent.yml"]
+    config = (metrics_node.root / "etc/hyperpod-lora/prometheus-agent.yml").read_text()
+    assert [line.split(": ")[1] for line in config.splitlines() if "job_name" in line] == scrape_jobs
+    assert f"url: {REMOTE_WRITE}\n    sigv4:\n      region: us-west-2" in config
+    textfile = metrics_node.root / TEXTFILE.lstrip("/")
+    assert textfile.is_dir() and textfile.stat().st_uid == 4242  # the jobs' user writes its metrics there
+    assert (metrics_node.root / "opt/hyperpod-lora/slurm_metrics.py").is_file()
+
+    before = metrics_node.snapshot()
+    second = metrics_node.run(ip, **gpus)
+    assert second.returncode == 0, second.stderr
+    assert metrics_node.snapshot() == before
+    changing = [c for c in second.called("docker") + second.called("systemctl") if c.split()[1] != "inspect"]
+    assert changing == [c for c in second.called("systemctl") if c.split()[1] == "is-active"]
+    assert not second.called("aws")  # no registry login when nothing is pulled
+
+
+def test_a_changed_remote_write_url_recreates_only_the_collector(metrics_node):
+    metrics_node.run(CONTROLLER_IP)
+    facts_file = metrics_node.scripts / "cluster-facts.json"
+    facts_file.write_text(facts_file.read_text().replace("ws-1234", "ws-5678"))
+    run = metrics_node.run(CONTROLLER_IP)
+
+    assert run.returncode == 0, run.stderr
+    assert list(containers(run)) == ["hpl-collector"]
+    assert "docker rm -f hpl-collector" in run.calls
+    assert "unchanged: container hpl-node-exporter" in run.stdout
+
+
+def test_a_stopped_unit_is_started_again(metrics_node):
+    metrics_node.run(CONTROLLER_IP)
+    (metrics_node.base / "state/units/hpl-slurm-metrics.timer").unlink()
+    run = metrics_node.run(CONTROLLER_IP)
+    assert "systemctl enable --now hpl-slurm-metrics.timer" in run.calls
+    assert "started hpl-slurm-metrics.timer (was not running)" in run.stdout
+
+
+@pytest.mark.parametrize("mode", ["off", "managed"])
+def test_other_modes_install_nothing(node: FakeNode, mode):
+    facts = copy.deepcopy(FACTS)
+    facts["observability"] = mode
+    (node.scripts / "cluster-facts.json").write_text(json.dumps(facts))
+    run = node.run(CONTROLLER_IP)
+
+    assert run.returncode == 0, run.stderr
+    assert not run.called("docker") and not run.called("systemctl")
+    assert f"observability is {mode}" in run.stdout
