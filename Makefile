@@ -42,7 +42,7 @@ lint: $(STAMP)  ## ruff lint and format check (shellcheck and hadolint run insid
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-doc-tables: $(STAMP)  ## rewrite the run-config tables in README.md and docs/training.md from config.py
+doc-tables: $(STAMP)  ## rewrite the run-config table in docs/training.md from config.py
 	$(PY) -m tools.doc_tables
 
 # Make builds prerequisites left to right: system packages, then .venv (inside lint), then lint.
