@@ -26,7 +26,7 @@ from pathlib import Path
 
 from cluster_contract import FSX_FOLDER_FACTS, PAYLOADS_FOLDER
 from llm_pipeline.config import METHODS
-from tools.local_slurm import LocalSlurm, LocalSlurmError
+from tools.local_slurm import LocalSlurm, LocalSlurmError, hand_to_invoking_user
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / PAYLOADS_FOLDER / "configs" / "tiny-cpu.toml"
@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     except LocalSlurmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        hand_to_invoking_user(args.root.resolve())
 
 
 if __name__ == "__main__":
