@@ -17,7 +17,7 @@ import os
 import re
 import sys
 
-from llm_pipeline import ladder_submit
+from llm_pipeline import __version__, ladder_submit
 from llm_pipeline.jobs import deploy_facts, estimate, pipeline_status, smoke
 from llm_pipeline.jobs.chain import (
     PAYLOADS_DIR,
@@ -75,6 +75,7 @@ def submit(facts: RunFacts, first: str, env: dict[str, str], *, smoke_stage: boo
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python3 -m llm_pipeline.submit", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument(
         "action",
         nargs="?",
