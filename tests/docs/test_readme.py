@@ -205,3 +205,14 @@ def test_accelerator_table_matches_the_code() -> None:
     for name, facts in accelerated.items():
         capability = ".".join(map(str, facts.cuda_capability)) if facts.cuda_capability else "-"
         assert rows[name] == (str(facts.devices), str(facts.efa_interfaces), capability), name
+
+
+def test_the_smoke_table_lists_every_smoke_job_the_chain_stages() -> None:
+    from llm_pipeline.jobs import smoke
+    from llm_pipeline.submit import SHARED_STEPS, STEPS
+
+    table = section((ROOT / "docs" / "pipeline.md").read_text(), "Smoke stage and estimate")
+    assert f"{smoke.SMOKE_EVAL_ROWS} held-out rows" in table
+    for step in STEPS:
+        if step not in SHARED_STEPS:
+            assert f"`smoke-{step}`" in table, f"docs/pipeline.md's smoke table omits smoke-{step}"

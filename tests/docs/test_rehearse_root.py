@@ -96,3 +96,12 @@ def test_the_tools_scripts_are_shellcheck_clean():
     scripts = sorted(str(path) for path in (ROOT / "tools").glob("*.sh"))
     done = subprocess.run([str(shellcheck), *scripts], capture_output=True, text=True)
     assert len(scripts) >= 2 and done.returncode == 0, done.stdout
+
+
+def test_the_rehearsal_says_a_tiny_models_answer_is_nonsense(tmp_path, capsys):
+    from tools.rehearse import TINY_MODEL_NOTE, show_outputs
+
+    (tmp_path / "generation.txt").write_text("### Instruction\nDescribe a llama?\n\n### Answer\n.\n")
+    show_outputs(tmp_path)
+    out = capsys.readouterr().out
+    assert out.index(TINY_MODEL_NOTE) > out.index("### Answer") and "nonsense" in TINY_MODEL_NOTE
