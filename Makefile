@@ -9,9 +9,11 @@ export CDK_PYTHON := $(PY)
 STAMP := $(VENV)/.installed
 # This checkout's code wins over whatever an editable install points at (as in pytest's pythonpath).
 export PYTHONPATH := $(CURDIR):$(CURDIR)/payloads
+# The rehearsals' local Slurm daemons run as root: sudo (asked once, up front, by tools/need_root.sh) when not root.
+AS_ROOT := $(if $(filter 0,$(shell id -u)),,sudo env PYTHONPATH=$(PYTHONPATH))
 
 .DEFAULT_GOAL := help
-.PHONY: help system-packages venv synth lint doc-tables test test-trn1 snapshot-update deploy diff destroy rehearse rehearse-ladder bench bench-train diagram clean
+.PHONY: help need-root system-packages venv synth lint doc-tables test test-trn1 snapshot-update deploy diff destroy rehearse rehearse-ladder bench bench-train diagram clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -31,6 +33,9 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-torchtitan-cpu.txt 
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $(STAMP)
 
+need-root:  # the rehearsals' first prerequisite (not in `make help`): says why root, and asks sudo once, before installing
+	@tools/need_root.sh "make $(firstword $(filter rehearse%,$(MAKECMDGOALS)) rehearse)"
+
 system-packages:  ## install slurm-wlm, munge, graphviz, python3-venv when missing (apt-get; sudo when not root)
 	tools/system_packages.sh
 
@@ -44,7 +49,7 @@ lint: $(STAMP)  ## ruff lint and format check (shellcheck and hadolint run insid
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-doc-tables: $(STAMP)  ## rewrite the run-config tables in README.md and docs/training.md from config.py
+doc-tables: $(STAMP)  ## rewrite the run-config table in docs/training.md from config.py
 	$(PY) -m tools.doc_tables
 
 # Make builds prerequisites left to right: system packages, then .venv (inside lint), then lint.
@@ -58,7 +63,7 @@ test-trn1: $(STAMP)  ## the frozen trn1 lane's tests (and the payload code share
 snapshot-update: $(STAMP)  ## rewrite the template snapshots after an intended change
 	$(PY) -m pytest tests/infra -k snapshot --snapshot-update
 
-deploy: $(STAMP)  ## deploy to the AWS account of your credentials (needs Docker; DEPLOY_ARGS=--no-rollback keeps a failed create; PREDEPLOY_ARGS=--allow-... lets a refused change through)
+deploy: $(STAMP)  ## deploy to the AWS account of your credentials (needs Docker; DEPLOY_ARGS="-c KEY=VALUE" overrides cdk.json for predeploy and the deploy, DEPLOY_ARGS=--no-rollback keeps a failed create; PREDEPLOY_ARGS=--allow-... lets a refused change through)
 	$(PY) -m stacks.predeploy $(DEPLOY_ARGS) $(PREDEPLOY_ARGS)  # refuses changes the deployed stack cannot take or that lose data
 	$(CDK) deploy --require-approval never $(DEPLOY_ARGS)
 
@@ -69,11 +74,11 @@ destroy: $(STAMP)  ## delete everything the stack created, then list what outliv
 	$(CDK) destroy --force
 	$(PY) -m stacks.leftovers $(DEPLOY_ARGS)
 
-rehearse: system-packages $(STAMP)  ## run the whole pipeline on a local single-node Slurm with a tiny model
-	$(PY) -m tools.rehearse
+rehearse: need-root system-packages $(STAMP)  ## run the whole pipeline on a local single-node Slurm with a tiny model (root or sudo)
+	$(AS_ROOT) $(PY) -m tools.rehearse
 
-rehearse-ladder: system-packages $(STAMP)  ## run the torchtitan ladder chain on a local Slurm (CPU stand-in trainer)
-	$(PY) -m tools.rehearse_ladder
+rehearse-ladder: need-root system-packages $(STAMP)  ## run the torchtitan ladder chain on a local Slurm (CPU stand-in trainer; root or sudo)
+	$(AS_ROOT) $(PY) -m tools.rehearse_ladder
 
 bench: $(STAMP)  ## merge benchmark: streaming merge vs reference vs copy floor
 	$(PY) bench/merge_bench.py

@@ -9,6 +9,7 @@ from pathlib import Path
 from cluster_contract import DEFAULT_STACK_NAME
 from hpctl import commands, job_commands
 from hpctl.errors import HpctlError
+from llm_pipeline import __version__
 from llm_pipeline.compare import DEFAULT_TOLERANCE  # stdlib at import; charts load when it runs
 from llm_pipeline.submit import STEPS as PIPELINE_STEPS  # stdlib-only module, shipped with hpctl
 
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--profile", help="AWS profile from ~/.aws/config (else AWS_PROFILE / default)")
 
     parser = argparse.ArgumentParser(prog="hpctl", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"hpctl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     status = sub.add_parser("status", parents=[common], help="stack outputs, cluster, nodes, FSx and image")

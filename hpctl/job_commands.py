@@ -64,7 +64,10 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         ("stop", job_stop, "stop a running job"),
     ):
         action = kinds.add_parser(name, parents=[common], help=text)
-        action.add_argument("job", nargs=None if name == "stop" else "?", help="training job name (default: newest)")
+        if name == "stop":  # stopping is never a guess
+            action.add_argument("job", help="training job name")
+        else:
+            action.add_argument("job", nargs="?", help="training job name (default: newest)")
         if name == "logs":
             action.add_argument("--tail", type=int, default=0, metavar="N", help="last N lines per host (0: all)")
             action.add_argument(

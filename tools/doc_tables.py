@@ -1,4 +1,4 @@
-"""The run-config key tables in README.md and docs/training.md, generated from llm_pipeline/config.py.
+"""The run-config key table in docs/training.md, generated from llm_pipeline/config.py.
 
 Each key is described once, next to its field (``described(default, "...")`` in config.py). This
 tool writes the tables between the markers below; ``--check`` only reports drift (the docs test
@@ -19,7 +19,7 @@ from pathlib import Path
 from llm_pipeline.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/training.md")
+DOCS = ("docs/training.md",)
 CONFIG_FILE = "payloads/llm_pipeline/config.py"
 BEGIN = f"<!-- run-config keys: generated from {CONFIG_FILE} by `make doc-tables`; edit the descriptions there -->"
 END = "<!-- end of run-config keys -->"

@@ -34,6 +34,17 @@ def missing_binaries() -> list[str]:
     return [name for name in (*DAEMONS, "sbatch", "squeue", "scontrol") if not shutil.which(name)]
 
 
+def hand_to_invoking_user(folder: Path) -> None:
+    """Under sudo (as `make rehearse` runs it for a normal user), give the work folder back to that user,
+    so they can read and delete it without sudo."""
+    uid, gid = os.environ.get("SUDO_UID"), os.environ.get("SUDO_GID")
+    if os.geteuid() != 0 or not uid or not gid or not folder.exists():
+        return
+    for parent, folders, files in os.walk(folder):
+        for name in (parent, *(Path(parent) / entry for entry in (*folders, *files))):
+            os.lchown(name, int(uid), int(gid))
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -78,7 +89,10 @@ class LocalSlurm:
                 f"missing {', '.join(missing)}: install them with `apt-get install -y slurm-wlm munge`"
             )
         if os.geteuid() != 0:
-            raise LocalSlurmError("the local Slurm runs its daemons as root: run as root (CI does)")
+            raise LocalSlurmError(
+                "the local Slurm runs its daemons (munged, slurmctld, slurmd) as root: run as root, or through "
+                "`make rehearse` / `make rehearse-ladder`, which use sudo"
+            )
         for sub in ("munge-key", "state", "spool", "log"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.socket_dir = Path(tempfile.mkdtemp(prefix="hpl-munge-"))

@@ -26,11 +26,12 @@ from pathlib import Path
 
 from cluster_contract import FSX_FOLDER_FACTS, PAYLOADS_FOLDER
 from llm_pipeline.config import METHODS
-from tools.local_slurm import LocalSlurm, LocalSlurmError
+from tools.local_slurm import LocalSlurm, LocalSlurmError, hand_to_invoking_user
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / PAYLOADS_FOLDER / "configs" / "tiny-cpu.toml"
 DOLLY_RECORDS = 240
+TINY_MODEL_NOTE = "a tiny random model: nonsense answers (often a lone '.') are expected; this tests the plumbing"
 FSX_VARIABLES = ("HPL_MODELS_DIR", "HPL_DATASETS_DIR", "HPL_OUTPUTS_DIR", "HPL_COMPILE_CACHE_DIR")
 
 
@@ -41,7 +42,8 @@ def fsx_environment(fsx: Path, base: dict[str, str] | None = None) -> dict[str, 
     for key, folder in FSX_FOLDER_FACTS.items():
         if folder != PAYLOADS_FOLDER:  # submit sets HPL_PAYLOADS_DIR to the payloads it runs from
             env[f"HPL_{key.upper()}"] = str(fsx / folder)
-    env.update(HPL_RUNTIME="host", HPL_DEVICES_PER_NODE="1", PYTHON=sys.executable)
+    # This host's CPU: without partition facts env.sh would assume the Trainium default (and log "(neuron)").
+    env.update(HPL_RUNTIME="host", HPL_DEVICES_PER_NODE="1", HPL_ACCELERATOR="none", PYTHON=sys.executable)
     for stray in ("HPL_IMAGE_URI", "HPL_PARTITION", "SLURM_JOB_ID"):
         env.pop(stray, None)
     return env
@@ -93,6 +95,8 @@ def show_outputs(output_dir: Path) -> None:
             print(f"  {path.name:<36} {path.stat().st_size:>12,} bytes")
     for path in (output_dir / "generation.txt", output_dir / "eval" / "report.md"):
         print(f"\n{path}:\n{path.read_text() if path.is_file() else '(missing)'}")
+        if path.name == "generation.txt":
+            print(f"({TINY_MODEL_NOTE})")
 
 
 def compare_run(output_dir: Path, env: dict[str, str]) -> int:
@@ -143,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     except LocalSlurmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        hand_to_invoking_user(args.root.resolve())
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools.local_slurm import LocalSlurm, LocalSlurmError
+from tools.local_slurm import LocalSlurm, LocalSlurmError, hand_to_invoking_user
 from tools.rehearse import fsx_environment
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     except LocalSlurmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        hand_to_invoking_user(args.root.resolve())
 
 
 if __name__ == "__main__":

@@ -9,3 +9,5 @@ in three subpackages, each stating what it may import:
 - weights/   model and adapter files on disk: safetensors headers, TP shards, merge, atomic output
 - jobs/      host side (Slurm submission, launch arguments, run status): stdlib only, Python 3.10
 """
+
+__version__ = "0.1.0"  # the project version (pyproject.toml); `--version` on every step and on hpctl

@@ -19,6 +19,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 DPI = 110
+LOG_SCALE_SPREAD = 30  # bars further apart than this share a log axis, so the small ones stay visible
 WIDTH_INCHES, ROW_HEIGHT_INCHES = 8, 4.2  # one axis per row
 SCALING_JSON, SCALING_PNG = "scaling.json", "scaling.png"
 LADDER_JSON, LADDER_PNG = "report.json", "report.png"
@@ -113,9 +114,12 @@ def bar_figure(
     return figure
 
 
-def benchmark_figure(variants: Sequence[tuple[str, float | None, Sequence[float]]], *, title: str) -> Figure:
+def benchmark_figure(
+    variants: Sequence[tuple[str, float | None, Sequence[float]]], *, title: str, note: str = ""
+) -> Figure:
     """The training benchmark: each (variant, median tokens/s or None, every timed step) as a bar at
-    the median with the timed steps as dots over it (their spread is the host's noise)."""
+    the median with the timed steps as dots over it (their spread is the host's noise); ``note`` under
+    the axes says how to read it (a CPU run)."""
     names = [name for name, _, _ in variants]
     figure = bar_figure(names, [("median", [median for _, median, _ in variants])], unit="tokens/s", title=title)
     axis = figure.axes[0]
@@ -125,6 +129,8 @@ def benchmark_figure(variants: Sequence[tuple[str, float | None, Sequence[float]
                 [index] * len(samples), list(samples), "k.", alpha=0.5, label="timed steps" if index == 0 else None
             )
     axis.legend()
+    if note:
+        figure.text(0.5, 0.01, note, ha="center", va="bottom", fontsize="small", wrap=True)
     return figure
 
 
@@ -144,15 +150,22 @@ def ladder_figure(report: dict) -> Figure:
     """The ladder's figure from its report.json (training/torchtitan/report.py writes it): tokens/s
     per GPU of each rung, measured beside the reference figures."""
     rows = report["rungs"]
-    return bar_figure(
+    series = [
+        ("measured", [row["measured"]["tps"] if row["measured"] else None for row in rows]),
+        ("reference (32 H100, reported)", [row["reference_tps"] for row in rows]),
+    ]
+    figure = bar_figure(
         [row["title"] for row in rows],
-        [
-            ("measured", [row["measured"]["tps"] if row["measured"] else None for row in rows]),
-            ("reference (32 H100, reported)", [row["reference_tps"] for row in rows]),
-        ],
+        series,
         unit="tokens/s per GPU",
         title=f"pretraining ladder, {report['steps_per_rung']} steps per rung",
     )
+    heights = [value for _, values in series for value in values if value]
+    if heights and max(heights) > LOG_SCALE_SPREAD * min(heights):  # e.g. a CPU rehearsal beside H100 figures
+        axis = figure.axes[0]
+        axis.set_yscale("log")
+        axis.set_ylabel("tokens/s per GPU (log scale)")
+    return figure
 
 
 def scaling_chart(sweep_dir: Path) -> Path:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from llm_pipeline import __version__
 from llm_pipeline.config import ConfigError, RunConfig, load
 from llm_pipeline.errors import StepError
 
@@ -26,7 +27,13 @@ def parser(step: str, description: str) -> argparse.ArgumentParser:
     """An argument parser for `python -m llm_pipeline.<step>` with the shared --config option."""
     result = argparse.ArgumentParser(prog=f"python -m llm_pipeline.{step}", description=description)
     result.add_argument("--config", required=True, metavar="RUN.toml", help="the run config (see payloads/configs/)")
+    add_version(result)
     return result
+
+
+def add_version(command: argparse.ArgumentParser) -> None:
+    """`--version`: the project version the payload code on this host belongs to."""
+    command.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
 
 
 def run_config_only_step(

@@ -693,3 +693,14 @@ def load(path: str | os.PathLike[str], env: dict[str, str] | None = None) -> Run
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"run config {path} is not valid TOML: {exc}") from None
     return from_dict(raw, base_dir=path.resolve().parent, env=env)
+
+
+def _show(argv: list[str] | None = None) -> int:
+    """`python -m llm_pipeline.config --show RUN.toml`: the resolved config (config_show.py, not loaded on import)."""
+    from llm_pipeline.config_show import main
+
+    return main(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(_show())

@@ -17,7 +17,7 @@ import os
 import re
 import sys
 
-from llm_pipeline import ladder_submit
+from llm_pipeline import __version__, ladder_submit
 from llm_pipeline.jobs import deploy_facts, estimate, pipeline_status, smoke
 from llm_pipeline.jobs.chain import (
     PAYLOADS_DIR,
@@ -75,6 +75,7 @@ def submit(facts: RunFacts, first: str, env: dict[str, str], *, smoke_stage: boo
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python3 -m llm_pipeline.submit", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument(
         "action",
         nargs="?",
@@ -120,17 +121,17 @@ def print_estimate(facts: RunFacts) -> bool:
     return True
 
 
-def report(facts: RunFacts, states: list[pipeline_status.StepState]) -> int:
+def report(facts: RunFacts, states: list[pipeline_status.StepState], *, estimate_shown: bool = False) -> int:
     for line in pipeline_status.describe(states):
         print(line)
-    if any(s.step == smoke.ESTIMATE_STEP for s in states):
+    if not estimate_shown and any(s.step == smoke.ESTIMATE_STEP for s in states):
         print_estimate(facts)
     return 1 if pipeline_status.verdict(states)[0] == "FAILED" else 0
 
 
-def follow(facts: RunFacts, poll_s: float) -> list[pipeline_status.StepState]:
+def follow(facts: RunFacts, poll_s: float) -> tuple[list[pipeline_status.StepState], bool]:
     """--wait: every state change as it happens, and the estimate as soon as the estimate job finished,
-    before the long steps run."""
+    before the long steps run; the final states, and whether the estimate was shown (once is enough)."""
     shown = False
 
     def echo(line: str) -> None:
@@ -139,7 +140,8 @@ def follow(facts: RunFacts, poll_s: float) -> list[pipeline_status.StepState]:
         if not shown and re.search(rf"\] {smoke.ESTIMATE_STEP} +COMPLETED ", line):
             shown = print_estimate(facts)
 
-    return pipeline_status.wait(facts.logs_dir, slurm, poll_s=poll_s, echo=echo)
+    states = pipeline_status.wait(facts.logs_dir, slurm, poll_s=poll_s, echo=echo)
+    return states, shown
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,7 +176,8 @@ def _main(args: argparse.Namespace) -> int:
     print(f"logs: {facts.logs_dir}/<step>-<job>.log")
     print(f"status: python3 -m llm_pipeline.submit status --config {facts.config}")
     if args.wait:
-        return report(facts, follow(facts, args.poll))
+        states, estimate_shown = follow(facts, args.poll)
+        return report(facts, states, estimate_shown=estimate_shown)
     return 0
 
 

@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from llm_pipeline import __version__
 from llm_pipeline.jobs import deploy_facts, pipeline_status, smoke
 from llm_pipeline.jobs.chain import (
     PAYLOADS_DIR,
@@ -136,6 +137,7 @@ def wait(jobs: list[StepJob], poll_s: float) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python3 -m llm_pipeline.sweep", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--config", required=True, help="run config (TOML): its node count and batch are the base")
     parser.add_argument("--nodes", required=True, help="comma-separated node counts, e.g. 1,2,4")
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps per node count (default: %(default)s)")

@@ -1,4 +1,4 @@
-"""Each run-config key is described once, in config.py; the README and docs tables are generated from it."""
+"""Each run-config key is described once, in config.py; the docs table is generated from it."""
 
 from __future__ import annotations
 
@@ -41,4 +41,5 @@ def test_the_tool_reports_and_repairs_drift(tmp_path, monkeypatch):
     assert doc_tables.main(["--check"]) == 1
     assert doc_tables.main([]) == 0
     assert doc_tables.main(["--check"]) == 0
-    assert (tmp_path / "README.md").read_text() == f"# README.md\n\n{doc_tables.generated_block()}\n\nafter\n"
+    for doc in doc_tables.DOCS:
+        assert (tmp_path / doc).read_text() == f"# {doc}\n\n{doc_tables.generated_block()}\n\nafter\n"

@@ -69,8 +69,8 @@ def test_every_lambda_logs_to_a_group_with_retention_removed_on_destroy(synth):
 
 
 def destroy_section() -> str:
-    readme = (REPO_ROOT / "README.md").read_text()
-    return readme.split("- **Destroy**:", 1)[1].split("\n- **", 1)[0]
+    deploy_doc = (REPO_ROOT / "docs" / "deploy.md").read_text()
+    return deploy_doc.split("- **Destroy**:", 1)[1].split("\n- **", 1)[0]
 
 
 def test_the_readme_lists_everything_destroy_leaves():
@@ -79,13 +79,13 @@ def test_the_readme_lists_everything_destroy_leaves():
     assert len(names) == 5
     section = destroy_section()
     for name in names:
-        assert name in section, f"the README's destroy list lacks {name}"
+        assert name in section, f"docs/deploy.md's destroy list lacks {name}"
     plain = [item.name for item in left_after_destroy(HyperPodConfig.from_context({}, environ={}))]
     assert "the access-log bucket" not in plain and f"`{JOB_LOG_GROUP}`" not in plain
 
 
 def test_retain_outputs_keeps_the_access_log_bucket_too(synth_variant):
-    """Both buckets stay: leftovers.py and the README say so."""
+    """Both buckets stay: leftovers.py and docs/deploy.md say so."""
     buckets = synth_variant.resources("AWS::S3::Bucket").values()
     assert [b["DeletionPolicy"] for b in buckets] == ["Retain", "Retain"]
 

@@ -160,6 +160,14 @@ def test_scaling_and_ladder_figures_carry_their_report_data():
     (axis,) = charts.ladder_figure(ladder).axes
     assert [round(bar.get_height()) for bar in axis.patches] == [1000, 6000, 8000]  # no bar for a missing rung
     assert [t.get_text() for t in axis.get_xticklabels()] == ["baseline", "fp8"]
+    assert axis.get_yscale() == "linear"
+    cpu_rehearsal = {
+        "steps_per_rung": 4,
+        "rungs": [{"title": "baseline", "measured": {"tps": 40.0}, "reference_tps": 6000}],
+    }
+    (axis,) = charts.ladder_figure(cpu_rehearsal).axes
+    assert axis.get_yscale() == "log", "a measured bar 150x below the reference stays visible"
+    assert [round(bar.get_height()) for bar in axis.patches] == [40, 6000]
 
 
 def test_benchmark_figure_has_a_bar_per_variant_and_every_timed_step():
@@ -169,3 +177,6 @@ def test_benchmark_figure_has_a_bar_per_variant_and_every_timed_step():
     dots = line_data(axis)
     assert dots["timed steps"] == [(0, 200.0), (0, 210.0), (0, 220.0)]
     assert [t.get_text() for t in axis.get_xticklabels()] == ["engine", "trl-defaults", "liger"]
+    noted = charts.benchmark_figure(variants, title="t", note="CPU run: read me")
+    assert [text.get_text() for text in noted.texts] == ["CPU run: read me"]
+    assert not charts.benchmark_figure(variants, title="t").texts

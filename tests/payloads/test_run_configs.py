@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 import tomllib
-from payload_configs import DEFAULT_TOML, TINY_TOML, tiny_config
+from payload_configs import CONFIGS, DEFAULT_TOML, TINY_TOML, tiny_config
 
 from llm_pipeline import config
 
@@ -57,3 +57,29 @@ def test_tiny_config_without_hpl_variables_names_the_variable():
 def test_unknown_target_module_is_a_config_error(hpl_env):
     with pytest.raises(config.ConfigError, match=r"lora\.target_modules.*c_attn"):
         tiny_config(hpl_env, lora={"target_modules": ["q_proj", "c_attn"]})
+
+
+GPU_EXAMPLES = {  # example config: (the instance its header names, train.method)
+    "llama3-8b-lora-g5.toml": ("ml.g5.12xlarge", "lora"),
+    "llama3-8b-qlora-g5.toml": ("ml.g5.2xlarge", "qlora"),
+    "llama3-8b-lora-g6e.toml": ("ml.g6e.xlarge", "lora"),
+    "llama3-8b-lora-p5.toml": ("ml.p5.48xlarge", "lora"),
+    "llama3-1b-lora-1gpu.toml": ("ml.g5.xlarge", "lora"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GPU_EXAMPLES))
+def test_gpu_example_is_accepted_by_prepare_on_its_instance(name, monkeypatch, capsys):
+    from llm_pipeline import prepare
+    from stacks.accelerators import INSTANCE_TYPES
+
+    instance_type, method = GPU_EXAMPLES[name]
+    path = CONFIGS / name
+    assert instance_type in path.read_text().split("\n\n", 1)[0], "the header names the instance it is sized for"
+    facts = INSTANCE_TYPES[instance_type]
+    cfg = config.load(path, env={})
+    assert (cfg.train.backend, cfg.train.method, cfg.parallel.devices_per_node) == ("torch", method, facts.devices)
+    assert facts.accelerator == "cuda" and cfg.model.id.startswith("meta-llama/Llama-3.")
+    monkeypatch.setenv("HPL_DEVICES_PER_NODE", str(facts.devices))
+    assert prepare.main(["--config", str(path)]) == 0, capsys.readouterr().err
+    assert f"processes per node: {facts.devices}" in capsys.readouterr().out
