@@ -3,8 +3,9 @@
 The main environment (.venv) carries the current stack (payloads/requirements-gpu.txt); the frozen
 trn1 lane's libraries (optimum-neuron 0.4.5 and its older pins, requirements-trn1-cpu.txt) live in
 .venv/trn1-site, which `make test-trn1` puts first on PYTHONPATH. Tests marked `trn1` run only
-there; tests marked `both_stacks` (payload code that also runs inside the trn1 image) run in both;
-everything else runs in the main environment. Each invocation deselects what belongs to the other,
+there; tests marked `both_stacks` (payload code that also runs inside the trn1 image) run in both,
+except those of them marked `main_stack` (they train with the torch engine, which the trn1 image does
+not run); everything else runs in the main environment. Each invocation deselects what belongs to the other,
 so a plain `pytest` never runs a neuron-lane test against the wrong library versions.
 """
 
@@ -48,6 +49,8 @@ def pytest_collection_modifyitems(config, items):
     def belongs_here(item) -> bool:
         if item.get_closest_marker("trn1"):  # a trn1 test inside a both_stacks module stays on its lane
             return trn1
+        if item.get_closest_marker("main_stack"):  # so does a main-stack one (the torch engine trains)
+            return not trn1
         return True if item.get_closest_marker("both_stacks") else not trn1
 
     kept = [item for item in items if belongs_here(item)]

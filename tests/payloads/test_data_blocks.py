@@ -137,6 +137,7 @@ def test_packing_with_blocks_is_refused(hpl_env):
         tiny_config(hpl_env, data={"blocks": True, "packing": True})
 
 
+@pytest.mark.main_stack
 def test_full_fine_tuning_on_blocks_with_the_reference_optimizer_trains_and_saves_nothing(
     hpl_env, tmp_path, capsys, monkeypatch
 ):
