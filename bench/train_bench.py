@@ -26,6 +26,7 @@ tiny shape with one warm-up and one timed step (tests/bench/test_benchmarks.py).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import json
 import math
@@ -320,8 +321,10 @@ def versions() -> dict[str, str]:
         if importlib.util.find_spec(name) is None:
             found[name] = "not installed"
             continue
-        module = __import__(name)
-        found[name] = getattr(module, "__version__", "?")
+        try:  # the distribution's version: liger_kernel has no __version__
+            found[name] = importlib.metadata.version(name.replace("_", "-"))
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = getattr(__import__(name), "__version__", "?")
     return found
 
 
