@@ -56,6 +56,7 @@ doc-tables: $(STAMP)  ## rewrite the run-config table in docs/training.md from c
 test: system-packages lint  ## set up a fresh Debian/Ubuntu machine as needed, lint, then run the whole suite (both stacks)
 	$(PY) -m pytest -n 2 --dist loadgroup
 	$(MAKE) --no-print-directory test-trn1
+	tools/check_python312.sh  # the laptop side on Ubuntu 24.04's Python: a fresh 3.12 venv installs and synthesizes
 
 test-trn1: $(STAMP)  ## the frozen trn1 lane's tests (and the payload code shared with it) on .venv/trn1-site
 	PYTHONPATH=$(CURDIR)/$(VENV)/trn1-site:$(PYTHONPATH) $(PY) -m pytest -n 2 --dist loadgroup
