@@ -285,6 +285,8 @@ def test_a_region_without_published_schemas_is_not_a_cluster_region():
         HyperPodConfig.from_context({"region": "us-iso-east-1", "availability_zone_id": "usie1-az1"}, environ={})
     assert schema_published("us-west-2") and schema_published("us-east-1")
     assert not schema_published("us-iso-east-1")
+
+
 def test_managed_observability_needs_continuous_provisioning_and_names_both_keys():
     with pytest.raises(ConfigError) as caught:
         parse(observability="managed", provisioning="standard")
