@@ -72,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the smoke stage (every step on <run>/smoke with a few training steps, then the estimate): a "
         "defect in a late step then shows only after the long training",
     )
-    submit.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
+    submit.add_argument(
+        "--dry-run", action="store_true", help="offline: validate the config and print the sbatch chain, submit nothing"
+    )
     submit.set_defaults(handler=commands.submit)
 
     logs = sub.add_parser("logs", help="lifecycle logs (CloudWatch) or pipeline step logs (S3)")

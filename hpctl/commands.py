@@ -25,9 +25,11 @@ from hpctl.submit import (
     SubmitOptions,
     SubmitOutput,
     check_deployed_copy,
+    offline_dry_run,
     print_jobs,
     remote_command,
     resolve_run_config,
+    validate_run_config,
 )
 from hpctl.wait import wait_in_service
 
@@ -116,21 +118,29 @@ def shell(args: argparse.Namespace) -> None:
 
 
 def submit(args: argparse.Namespace) -> None:
+    if args.dry_run:  # offline: no credentials, no session tools
+        root = resolve_settings(stack=args.stack, region=args.region, cwd=Path.cwd()).root
+        local_config = resolve_run_config(args.config, project_root=root)
+        validate_run_config(local_config)
+        options = SubmitOptions(
+            config=f"configs/{local_config.name}", from_step=args.from_step, dry_run=True, smoke=args.smoke
+        )
+        offline_dry_run(options, project_root=root)
+        return
     ssm.find_session_tools()
     deployment = connect(args)
     local_config = resolve_run_config(args.config, project_root=deployment.settings.root)
+    validate_run_config(local_config)
     stack = deployment.stack()
     check_deployed_copy(deployment.session, bucket=stack.output(StackOutput.BUCKET_NAME), local=local_config)
     facts = read_cluster_facts(deployment.session, stack.output(StackOutput.BUCKET_NAME))
-    options = SubmitOptions(
-        config=f"configs/{local_config.name}", from_step=args.from_step, dry_run=args.dry_run, smoke=args.smoke
-    )
+    options = SubmitOptions(config=f"configs/{local_config.name}", from_step=args.from_step, smoke=args.smoke)
     request = session_request(
         deployment, group=None, node=None, ready=True, command=remote_command(options, facts=facts)
     )
     output = SubmitOutput()
     session_rc = ssm.run_session(request, output)
-    print_jobs(output.verdict(session_rc=session_rc, dry_run=args.dry_run))
+    print_jobs(output.verdict(session_rc=session_rc, dry_run=False))
 
 
 def logs_lifecycle(args: argparse.Namespace) -> None:

@@ -1,27 +1,35 @@
 """`hpctl submit`: run the pipeline's submit command on the controller and collect the job ids.
 
 Run configs reach the cluster only through a deploy (payloads/ -> S3 -> FSx), so the config must
-be a file under payloads/configs/ here, and its deployed copy must match it.
+be a file under payloads/configs/ here, and its deployed copy must match it. `--dry-run` needs no
+AWS at all: it validates the config here and prints the chain the controller would submit.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import boto3
 from botocore.exceptions import ClientError
 
-from cluster_contract import PAYLOADS_FOLDER  # the repo folder, its S3 prefix and its FSx folder
+import llm_pipeline
+from cluster_contract import FSX_FOLDER_FACTS, PAYLOADS_FOLDER, fsx_dir
 from hpctl.errors import HpctlError, aws_errors
+from llm_pipeline.config import ConfigError, load
 
 CONFIGS_DIR = Path(PAYLOADS_FOLDER) / "configs"
 JOB_LINE = re.compile(r"^submitted (?P<step>\S+) job (?P<job_id>\d+)\b")
 PLAIN_PATH = re.compile(r"/[A-Za-z0-9_./-]*")
 EXIT_MARKER = "hpctl-remote-exit="
 EXIT_LINE = re.compile(re.escape(EXIT_MARKER) + r"(?P<status>\d+)$")
+# What every node exports for the shared folders (HPL_<KEY>): a run config reads here as it reads there.
+CLUSTER_FOLDERS_ENV = {f"HPL_{key.upper()}": fsx_dir(folder) for key, folder in FSX_FOLDER_FACTS.items()}
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,48 @@ def resolve_run_config(value: str, *, project_root: Path) -> Path:
     raise HpctlError(f"run config {value} not found in {CONFIGS_DIR}/ (available: {available})")
 
 
+def validate_run_config(path: Path) -> None:
+    """Read the run config as every step will (the cluster's folders), so a bad key stops here."""
+    try:
+        import tomllib  # noqa: F401  (Python 3.11+; llm_pipeline.config.load needs it)
+    except ModuleNotFoundError:
+        print("note: Python 3.10 cannot read TOML: the run config is validated on the cluster", file=sys.stderr)
+        return
+    try:
+        load(path, env={**os.environ, **CLUSTER_FOLDERS_ENV})
+    except ConfigError as error:
+        raise HpctlError(f"run config {path}: {error}") from error
+
+
+def chain_argv(options: SubmitOptions) -> list[str]:
+    """The submit step's arguments after the interpreter: the same here (dry run) and on the controller."""
+    argv = ["-m", "llm_pipeline.submit", "--config", options.config]
+    if options.from_step:
+        argv += ["--from", options.from_step]
+    if not options.smoke:
+        argv.append("--no-smoke")
+    if options.dry_run:
+        argv.append("--dry-run")
+    return argv
+
+
+def offline_dry_run(options: SubmitOptions, *, project_root: Path) -> None:
+    """Print the chain with this checkout's submit step, in the payloads folder, with the cluster's folders."""
+    payloads = project_root / PAYLOADS_FOLDER
+    print(
+        "# offline: this checkout's submit step; the deployed partitions and images are not read, "
+        "so a deploy with several partitions may pick another one",
+        flush=True,
+    )
+    # This checkout's package first; the one hpctl runs with when the folder holds none.
+    installed = str(Path(llm_pipeline.__file__).resolve().parents[1])
+    python_path = os.pathsep.join((str(payloads), str(project_root), installed))
+    env = {**os.environ, **CLUSTER_FOLDERS_ENV, "PYTHONPATH": python_path}
+    result = subprocess.run([sys.executable, *chain_argv(options)], cwd=payloads, env=env, check=False)
+    if result.returncode != 0:
+        raise HpctlError(f"the chain's dry run failed (exit {result.returncode}): see its output above")
+
+
 def check_deployed_copy(session: boto3.Session, *, bucket: str, local: Path) -> None:
     """The controller reads the deployed copy; refuse to submit when it differs from the local file."""
     key = f"{CONFIGS_DIR.as_posix()}/{local.name}"
@@ -82,13 +132,7 @@ def remote_command(options: SubmitOptions, *, facts: dict) -> str:
     payloads_dir = facts["payloads_dir"]
     if not PLAIN_PATH.fullmatch(payloads_dir):  # it sits inside "${...:-default}", where quoting would not apply
         raise HpctlError(f"cluster facts: payloads_dir {payloads_dir!r} is not a plain absolute path")
-    submit = ["python3", "-m", "llm_pipeline.submit", "--config", options.config]
-    if options.from_step:
-        submit += ["--from", options.from_step]
-    if not options.smoke:
-        submit.append("--no-smoke")
-    if options.dry_run:
-        submit.append("--dry-run")
+    submit = ["python3", *chain_argv(options)]
     # HPL_PAYLOADS_DIR comes from /etc/profile.d on the node; the facts file gives the same value.
     script = f'cd "${{HPL_PAYLOADS_DIR:-{payloads_dir}}}" && {shlex.join(submit)}; echo "{EXIT_MARKER}$?"'
     return shlex.join(["sudo", "-n", "-u", facts["default_user"], "-H", "bash", "-lc", script])

@@ -101,11 +101,40 @@ def test_submit_through_an_ssm_session(deployed, session_tools, hpctl):
     assert jobs == ["  download  101", "  data      102", "  train     103"]
 
 
-def test_dry_run_prints_and_needs_no_job_ids(deployed, session_tools, hpctl):
-    session_tools.replay_session("sbatch --parsable download.sbatch", "hpctl-remote-exit=0")
-    code, out, _ = hpctl("submit", "--config", "configs/tiny.toml", "--dry-run")
-    assert code == 0 and "sbatch --parsable download.sbatch" in out
-    assert "--dry-run" in json.loads(session_tools.calls()[9])["command"][0]
+@pytest.fixture
+def offline(project, monkeypatch, tmp_path):
+    """No AWS at all: no credentials, no config file, no AWS CLI or session plugin on PATH."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    return project
+
+
+def test_dry_run_is_offline_and_prints_the_chain(offline, capfd):
+    from hpctl.cli import main
+
+    assert main(["submit", "--config", "configs/tiny.toml", "--dry-run", "--from", "train", "--no-smoke"]) == 0
+    out = capfd.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith(("train_job=", "evaluate_job="))]
+    assert len(lines) == 2, out
+    assert "--output=/fsx/outputs/" in lines[0] and f"HPL_RUN_CONFIG={offline}/payloads/configs/tiny.toml" in lines[0]
+    assert "prepare_job=" not in out and "smoke" not in out  # --from and --no-smoke reach the chain
+
+
+def test_dry_run_validates_the_config_first(offline, capfd):
+    from hpctl.cli import main
+
+    (offline / "payloads/configs/tiny.toml").write_text("[train]\nepochs = 0\n")
+    assert main(["submit", "--config", "tiny", "--dry-run"]) == 2
+    captured = capfd.readouterr()
+    assert captured.err == f"error: run config {offline}/payloads/configs/tiny.toml: train.epochs: " + (
+        "invalid value 0.0 (allowed: > 0)\n"
+    )
+    assert "sbatch" not in captured.out
 
 
 @pytest.mark.parametrize(
