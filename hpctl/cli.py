@@ -54,9 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--group", help="connect to the first running node of this instance group")
     shell.set_defaults(handler=commands.shell)
 
-    submit = sub.add_parser("submit", parents=[common], help="submit the pipeline on the controller")
-    submit.add_argument(
-        "--config", required=True, help="run config in payloads/configs/: a name (default), configs/<file> or a path"
+    submit = sub.add_parser(
+        "submit", parents=[common], help="send a run config (no deploy) and submit its chain on the controller"
+    )
+    submit.add_argument("--config", required=True, help="run config: a path, or a name in payloads/configs/ (default)")
+    chain = submit.add_mutually_exclusive_group()
+    chain.add_argument("--ladder", action="store_true", help="the torchtitan pretraining ladder (docs/pretraining.md)")
+    chain.add_argument(
+        "--sweep", metavar="NODES", help="the scaling sweep at these node counts, e.g. 1,2,4 (docs/scaling.md)"
     )
     submit.add_argument(
         "--from",
