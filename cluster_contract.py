@@ -10,6 +10,9 @@ tests/lifecycle/test_lifecycle_files.py keeps that copy equal to this one.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 DEFAULT_STACK_NAME = "HyperPodLlamaLora"
 
 # Instance groups. HyperPod names SSM targets and log streams after them.
@@ -48,6 +51,27 @@ def fsx_dir(folder: str) -> str:
 def s3_prefix(folder: str) -> str:
     """The bucket prefix a linked folder is imported from (and exported to)."""
     return f"{folder}/"
+
+
+# Run configs `hpctl submit` sends without a deploy: s3://<bucket>/payloads/run-configs/, which FSx imports
+# beside configs/ (same depth: relative paths in a config resolve alike); a deploy's prune leaves it alone.
+RUN_CONFIGS_FOLDER = "run-configs"
+# The code only a deploy ships (a config upload cannot): its digest is written beside it, so hpctl can
+# tell when the cluster runs older code than the checkout.
+PAYLOAD_CODE_FOLDERS = ("llm_pipeline", "slurm")
+PAYLOAD_CODE_DIGEST_FILE = "payload-code.sha256"
+
+
+def payload_code_digest(payloads_dir: Path) -> str:
+    """sha256 over the payload code's relative paths and bytes (interpreter caches left out)."""
+    digest = hashlib.sha256()
+    for folder in PAYLOAD_CODE_FOLDERS:
+        for path in sorted((payloads_dir / folder).rglob("*")):
+            if not path.is_file() or "__pycache__" in path.parts or path.suffix == ".pyc":
+                continue
+            digest.update(path.relative_to(payloads_dir).as_posix().encode() + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
 
 
 # Lifecycle upload: s3://<bucket>/lifecycle/ holds the script HyperPod runs once Slurm is up and

@@ -54,9 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--group", help="connect to the first running node of this instance group")
     shell.set_defaults(handler=commands.shell)
 
-    submit = sub.add_parser("submit", parents=[common], help="submit the pipeline on the controller")
-    submit.add_argument(
-        "--config", required=True, help="run config in payloads/configs/: a name (default), configs/<file> or a path"
+    submit = sub.add_parser(
+        "submit", parents=[common], help="send a run config (no deploy) and submit its chain on the controller"
+    )
+    submit.add_argument("--config", required=True, help="run config: a path, or a name in payloads/configs/ (default)")
+    chain = submit.add_mutually_exclusive_group()
+    chain.add_argument("--ladder", action="store_true", help="the torchtitan pretraining ladder (docs/pretraining.md)")
+    chain.add_argument(
+        "--sweep", metavar="NODES", help="the scaling sweep at these node counts, e.g. 1,2,4 (docs/scaling.md)"
     )
     submit.add_argument(
         "--from",
@@ -72,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the smoke stage (every step on <run>/smoke with a few training steps, then the estimate): a "
         "defect in a late step then shows only after the long training",
     )
-    submit.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
+    submit.add_argument(
+        "--dry-run", action="store_true", help="offline: validate the config and print the sbatch chain, submit nothing"
+    )
     submit.set_defaults(handler=commands.submit)
 
     logs = sub.add_parser("logs", help="lifecycle logs (CloudWatch) or pipeline step logs (S3)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +25,13 @@ from hpctl.step_logs import show_step_logs
 from hpctl.submit import (
     SubmitOptions,
     SubmitOutput,
-    check_deployed_copy,
+    note_payload_code_age,
+    offline_dry_run,
     print_jobs,
     remote_command,
     resolve_run_config,
+    send_run_config,
+    validate_run_config,
 )
 from hpctl.wait import wait_in_service
 
@@ -116,21 +120,31 @@ def shell(args: argparse.Namespace) -> None:
 
 
 def submit(args: argparse.Namespace) -> None:
+    if args.from_step and (args.ladder or args.sweep):
+        raise HpctlError("--from starts the pipeline at a step: the ladder and the sweep always run whole")
+    options = SubmitOptions(
+        config="", from_step=args.from_step, smoke=args.smoke, ladder=args.ladder, sweep_nodes=args.sweep
+    )
+    if args.dry_run:  # offline: no credentials, no session tools
+        root = resolve_settings(stack=args.stack, region=args.region, cwd=Path.cwd()).root
+        local_config = resolve_run_config(args.config, project_root=root)
+        validate_run_config(local_config)
+        offline_dry_run(dataclasses.replace(options, config=str(local_config), dry_run=True), project_root=root)
+        return
     ssm.find_session_tools()
     deployment = connect(args)
     local_config = resolve_run_config(args.config, project_root=deployment.settings.root)
+    validate_run_config(local_config)
     stack = deployment.stack()
-    check_deployed_copy(deployment.session, bucket=stack.output(StackOutput.BUCKET_NAME), local=local_config)
-    facts = read_cluster_facts(deployment.session, stack.output(StackOutput.BUCKET_NAME))
-    options = SubmitOptions(
-        config=f"configs/{local_config.name}", from_step=args.from_step, dry_run=args.dry_run, smoke=args.smoke
-    )
-    request = session_request(
-        deployment, group=None, node=None, ready=True, command=remote_command(options, facts=facts)
-    )
+    bucket = stack.output(StackOutput.BUCKET_NAME)
+    note_payload_code_age(deployment.session, bucket=bucket, project_root=deployment.settings.root)
+    facts = read_cluster_facts(deployment.session, bucket)
+    request = session_request(deployment, group=None, node=None, ready=True, command=None)
+    sent = send_run_config(deployment.session, bucket=bucket, local=local_config)
+    command = remote_command(dataclasses.replace(options, config=sent.path), facts=facts, sent=sent)
     output = SubmitOutput()
-    session_rc = ssm.run_session(request, output)
-    print_jobs(output.verdict(session_rc=session_rc, dry_run=args.dry_run))
+    session_rc = ssm.run_session(dataclasses.replace(request, command=command), output)
+    print_jobs(output.verdict(session_rc=session_rc, dry_run=False))
 
 
 def logs_lifecycle(args: argparse.Namespace) -> None:

@@ -1,44 +1,74 @@
-"""`hpctl submit`: run the pipeline's submit command on the controller and collect the job ids.
+"""`hpctl submit`: send a run config to the cluster and run the submit step on the controller.
 
-Run configs reach the cluster only through a deploy (payloads/ -> S3 -> FSx), so the config must
-be a file under payloads/configs/ here, and its deployed copy must match it.
+The config is validated here, uploaded to s3://<bucket>/payloads/run-configs/ (FSx imports it into
+the payloads folder within seconds) and submitted from there: no deploy, no CloudFormation change.
+The payload code still ships only with a deploy; submit says when the deployed code differs from this
+checkout's. `--dry-run` needs no AWS at all: it validates the config and prints the chain.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import shlex
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import boto3
 from botocore.exceptions import ClientError
 
-from cluster_contract import PAYLOADS_FOLDER  # the repo folder, its S3 prefix and its FSx folder
+import llm_pipeline
+from cluster_contract import (
+    FSX_FOLDER_FACTS,
+    PAYLOAD_CODE_DIGEST_FILE,
+    PAYLOADS_FOLDER,
+    RUN_CONFIGS_FOLDER,
+    fsx_dir,
+    payload_code_digest,
+)
 from hpctl.errors import HpctlError, aws_errors
+from llm_pipeline.config import ConfigError, load
 
 CONFIGS_DIR = Path(PAYLOADS_FOLDER) / "configs"
 JOB_LINE = re.compile(r"^submitted (?P<step>\S+) job (?P<job_id>\d+)\b")
 PLAIN_PATH = re.compile(r"/[A-Za-z0-9_./-]*")
 EXIT_MARKER = "hpctl-remote-exit="
 EXIT_LINE = re.compile(re.escape(EXIT_MARKER) + r"(?P<status>\d+)$")
+IMPORT_WAIT_S = 120  # FSx auto-import usually shows a new object within seconds
+IMPORT_POLL_S = 2
+# What every node exports for the shared folders (HPL_<KEY>): a run config reads here as it reads there.
+CLUSTER_FOLDERS_ENV = {f"HPL_{key.upper()}": fsx_dir(folder) for key, folder in FSX_FOLDER_FACTS.items()}
 
 
 @dataclass(frozen=True)
 class SubmitOptions:
-    config: str  # path relative to payloads/, e.g. configs/default.toml
+    config: str  # path relative to the payloads folder, e.g. run-configs/default-0123456789ab.toml
     from_step: str | None = None
     dry_run: bool = False
     smoke: bool = True  # False: submit --no-smoke (no smoke stage, no estimate)
+    ladder: bool = False  # the torchtitan ladder (llm_pipeline.submit ladder)
+    sweep_nodes: str | None = None  # the scaling sweep at these node counts (llm_pipeline.sweep --nodes)
+
+
+@dataclass(frozen=True)
+class SentConfig:
+    key: str  # s3 key under the bucket
+    path: str  # the same file relative to the payloads folder on FSx
+    digest: str  # sha256 of its bytes: the controller waits until FSx shows exactly these
 
 
 def resolve_run_config(value: str, *, project_root: Path) -> Path:
-    """The local run config file for ``value``: a name, configs/<file> or a path under payloads/configs."""
+    """The local run config file for ``value``: a path, or a name / configs/<file> in payloads/configs/."""
     configs = (project_root / CONFIGS_DIR).resolve()
     candidates = (
         [Path(value)]
         if Path(value).is_absolute()
         else [
+            Path.cwd() / value,
             project_root / value,
             project_root / PAYLOADS_FOLDER / value,
             configs / value,
@@ -47,50 +77,118 @@ def resolve_run_config(value: str, *, project_root: Path) -> Path:
     )
     for candidate in candidates:
         if candidate.is_file():
-            path = candidate.resolve()
-            if path.parent != configs:
-                raise HpctlError(
-                    f"run config {value} is not in {CONFIGS_DIR}/: only that folder reaches the cluster; "
-                    f"copy it there and deploy (`make deploy`)"
-                )
-            return path
+            return candidate.resolve()
     available = ", ".join(sorted(path.name for path in configs.glob("*.toml"))) or "none"
-    raise HpctlError(f"run config {value} not found in {CONFIGS_DIR}/ (available: {available})")
+    raise HpctlError(f"run config {value} not found (a path, or a name in {CONFIGS_DIR}/: {available})")
 
 
-def check_deployed_copy(session: boto3.Session, *, bucket: str, local: Path) -> None:
-    """The controller reads the deployed copy; refuse to submit when it differs from the local file."""
-    key = f"{CONFIGS_DIR.as_posix()}/{local.name}"
+def validate_run_config(path: Path) -> None:
+    """Read the run config as every step will (the cluster's folders), so a bad key stops here."""
+    try:
+        import tomllib  # noqa: F401  (Python 3.11+; llm_pipeline.config.load needs it)
+    except ModuleNotFoundError:
+        print("note: Python 3.10 cannot read TOML: the run config is validated on the cluster", file=sys.stderr)
+        return
+    try:
+        load(path, env={**os.environ, **CLUSTER_FOLDERS_ENV})
+    except ConfigError as error:
+        raise HpctlError(f"run config {path}: {error}") from error
+
+
+def chain_argv(options: SubmitOptions) -> list[str]:
+    """The submit step's arguments after the interpreter: the same here (dry run) and on the controller."""
+    if options.sweep_nodes:
+        argv = ["-m", "llm_pipeline.sweep", "--config", options.config, "--nodes", options.sweep_nodes]
+    else:
+        argv = ["-m", "llm_pipeline.submit", *(["ladder"] if options.ladder else []), "--config", options.config]
+    if options.from_step:
+        argv += ["--from", options.from_step]
+    if not options.smoke:
+        argv.append("--no-smoke")
+    if options.dry_run:
+        argv.append("--dry-run")
+    return argv
+
+
+def offline_dry_run(options: SubmitOptions, *, project_root: Path) -> None:
+    """Print the chain with this checkout's submit step, in the payloads folder, with the cluster's folders."""
+    payloads = project_root / PAYLOADS_FOLDER
+    print(
+        "# offline: this checkout's submit step; the deployed partitions and images are not read, "
+        "so a deploy with several partitions may pick another one",
+        flush=True,
+    )
+    # This checkout's package first; the one hpctl runs with when the folder holds none.
+    installed = str(Path(llm_pipeline.__file__).resolve().parents[1])
+    python_path = os.pathsep.join((str(payloads), str(project_root), installed))
+    env = {**os.environ, **CLUSTER_FOLDERS_ENV, "PYTHONPATH": python_path}
+    with tempfile.TemporaryDirectory(prefix="hpctl-dry-run-") as scratch:
+        if options.sweep_nodes:  # the sweep's dry run writes its point configs into the run folder
+            env["HPL_OUTPUTS_DIR"] = scratch
+            print(f"# the sweep's run folders are under a scratch folder standing in for {fsx_dir('outputs')}")
+            sys.stdout.flush()
+        result = subprocess.run([sys.executable, *chain_argv(options)], cwd=payloads, env=env, check=False)
+    if result.returncode != 0:
+        raise HpctlError(f"the chain's dry run failed (exit {result.returncode}): see its output above")
+
+
+def send_run_config(session: boto3.Session, *, bucket: str, local: Path) -> SentConfig:
+    """Upload the config under a name that carries its digest: an edit never overwrites what a chain reads."""
+    body = local.read_bytes()
+    digest = hashlib.sha256(body).hexdigest()
+    path = f"{RUN_CONFIGS_FOLDER}/{local.stem}-{digest[:12]}.toml"
+    key = f"{PAYLOADS_FOLDER}/{path}"
+    with aws_errors(f"upload the run config to s3://{bucket}/{key}"):
+        session.client("s3").put_object(Bucket=bucket, Key=key, Body=body)
+    print(f"run config {local} -> s3://{bucket}/{key}", file=sys.stderr, flush=True)
+    return SentConfig(key=key, path=path, digest=digest)
+
+
+def note_payload_code_age(session: boto3.Session, *, bucket: str, project_root: Path) -> None:
+    """Say so when the payload code the cluster runs is not this checkout's (only a deploy ships code)."""
+    payloads = project_root / PAYLOADS_FOLDER
+    if not (payloads / "llm_pipeline").is_dir():
+        return  # hpctl runs outside a checkout: nothing to compare
+    key = f"{PAYLOADS_FOLDER}/{PAYLOAD_CODE_DIGEST_FILE}"
     with aws_errors(f"read s3://{bucket}/{key}"):
         try:
-            deployed = session.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+            deployed = session.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read().decode().strip()
         except ClientError as error:
             if error.response.get("Error", {}).get("Code") not in ("NoSuchKey", "404"):
                 raise
-            raise HpctlError(
-                f"{CONFIGS_DIR / local.name} is not deployed yet (no s3://{bucket}/{key}): run `make deploy` first"
-            ) from error
-    if deployed != local.read_bytes():
-        raise HpctlError(
-            f"{CONFIGS_DIR / local.name} differs from its deployed copy s3://{bucket}/{key}: "
-            "run `make deploy` so the cluster sees your edits"
+            deployed = ""
+    if not deployed:
+        print(
+            f"note: the deploy records no payload code digest (no s3://{bucket}/{key}): `make deploy` "
+            "ships this checkout's code and records one",
+            file=sys.stderr,
+        )
+    elif deployed != payload_code_digest(payloads):
+        print(
+            "note: the payload code on FSx differs from this checkout's payloads/ (llm_pipeline, slurm): "
+            "the run uses the deployed code; `make deploy` ships yours",
+            file=sys.stderr,
         )
 
 
-def remote_command(options: SubmitOptions, *, facts: dict) -> str:
-    """One command line for the node: the submit step as the default user in a login shell."""
+def remote_command(options: SubmitOptions, *, facts: dict, sent: SentConfig | None = None) -> str:
+    """One command line for the node: the submit step as the default user in a login shell, after FSx has
+    imported the sent config (auto-import takes seconds; the loop gives it IMPORT_WAIT_S)."""
     payloads_dir = facts["payloads_dir"]
     if not PLAIN_PATH.fullmatch(payloads_dir):  # it sits inside "${...:-default}", where quoting would not apply
         raise HpctlError(f"cluster facts: payloads_dir {payloads_dir!r} is not a plain absolute path")
-    submit = ["python3", "-m", "llm_pipeline.submit", "--config", options.config]
-    if options.from_step:
-        submit += ["--from", options.from_step]
-    if not options.smoke:
-        submit.append("--no-smoke")
-    if options.dry_run:
-        submit.append("--dry-run")
+    submit = shlex.join(["python3", *chain_argv(options)])
+    if sent is not None:
+        imported = f'[ "$(sha256sum < {shlex.quote(sent.path)} 2>/dev/null | cut -c1-64)" = {sent.digest} ]'
+        tries = IMPORT_WAIT_S // IMPORT_POLL_S
+        wait = (
+            f"{{ for _ in $(seq {tries}); do {imported} && break; sleep {IMPORT_POLL_S}; done; {imported} || "
+            f'{{ echo "error: {sent.path} has not reached FSx after {IMPORT_WAIT_S} s (auto-import from '
+            f's3://.../{sent.key}): check the data repository association of {PAYLOADS_FOLDER}/"; false; }}; }}'
+        )
+        submit = f"{wait} && {submit}"
     # HPL_PAYLOADS_DIR comes from /etc/profile.d on the node; the facts file gives the same value.
-    script = f'cd "${{HPL_PAYLOADS_DIR:-{payloads_dir}}}" && {shlex.join(submit)}; echo "{EXIT_MARKER}$?"'
+    script = f'cd "${{HPL_PAYLOADS_DIR:-{payloads_dir}}}" && {submit}; echo "{EXIT_MARKER}$?"'
     return shlex.join(["sudo", "-n", "-u", facts["default_user"], "-H", "bash", "-lc", script])
 
 

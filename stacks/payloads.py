@@ -16,7 +16,12 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_deployment as s3_deployment
 from constructs import Construct
 
-from cluster_contract import PAYLOADS_FOLDER
+from cluster_contract import (
+    PAYLOAD_CODE_DIGEST_FILE,
+    PAYLOADS_FOLDER,
+    RUN_CONFIGS_FOLDER,
+    payload_code_digest,
+)
 from llm_pipeline.jobs.deploy_facts import DEPLOY_FACTS_FILE, KEYS, PARTITION_KEYS
 from stacks.image import RECIPES
 from stacks.uploads import CACHE_EXCLUDES, deploy_to_prefix
@@ -30,6 +35,8 @@ PAYLOAD_EXCLUDES = [
     ".dockerignore",
     "image",
     DEPLOY_FACTS_FILE,
+    PAYLOAD_CODE_DIGEST_FILE,
+    RUN_CONFIGS_FOLDER,
 ]
 
 
@@ -71,5 +78,7 @@ class PayloadUpload(Construct):
             sources=[
                 s3_deployment.Source.asset(str(source_dir), exclude=PAYLOAD_EXCLUDES),
                 s3_deployment.Source.json_data(DEPLOY_FACTS_FILE, dict(deploy_facts)),
+                s3_deployment.Source.data(PAYLOAD_CODE_DIGEST_FILE, payload_code_digest(source_dir) + "\n"),
             ],
+            keep=(f"{RUN_CONFIGS_FOLDER}/*",),  # configs hpctl submit sent; a running chain still reads them
         )

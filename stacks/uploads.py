@@ -19,9 +19,11 @@ def deploy_to_prefix(
     bucket: s3.IBucket,
     prefix: str,
     sources: list[s3_deployment.ISource],
+    keep: tuple[str, ...] = (),
 ) -> s3_deployment.BucketDeployment:
-    """Sync ``sources`` to ``s3://bucket/prefix/``: stale files under the prefix are pruned, nothing
-    outside it is touched, and destroying the stack removes what was uploaded."""
+    """Sync ``sources`` to ``s3://bucket/prefix/``: stale files under the prefix are pruned (except those
+    matching a ``keep`` pattern), nothing outside it is touched, and destroying the stack removes what was
+    uploaded."""
     return s3_deployment.BucketDeployment(
         scope,
         construct_id,
@@ -29,6 +31,7 @@ def deploy_to_prefix(
         destination_bucket=bucket,
         destination_key_prefix=f"{prefix}/",
         prune=True,
+        exclude=list(keep) or None,
         retain_on_delete=False,
         output_object_keys=False,  # keeps the custom resource's response small for large payload trees
         memory_limit=512,

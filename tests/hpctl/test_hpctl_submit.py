@@ -1,17 +1,20 @@
 """`hpctl submit`: run config checks, the remote command, and the session run for real against a recorder."""
 
+import hashlib
 import json
 import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import boto3
 import pytest
 
-from cluster_contract import CLUSTER_FACTS_KEY
+import llm_pipeline
+from cluster_contract import CLUSTER_FACTS_KEY, PAYLOAD_CODE_DIGEST_FILE, payload_code_digest
 from hpctl.errors import HpctlError
-from hpctl.submit import SubmitOptions, remote_command, resolve_run_config
+from hpctl.submit import CLUSTER_FOLDERS_ENV, SubmitOptions, remote_command, resolve_run_config, send_run_config
 
 FACTS = {"payloads_dir": "/fsx/payloads", "default_user": "ubuntu"}
 REMOTE = (
@@ -31,19 +34,16 @@ def test_run_config_absolute_path(project):
     assert resolve_run_config(str(path), project_root=project) == path.resolve()
 
 
-def test_run_config_outside_payloads_configs_cannot_reach_the_cluster(project, tmp_path):
-    stray = tmp_path / "mine.toml"
-    stray.write_text("")
-    with pytest.raises(
-        HpctlError,
-        match=r"^run config .*mine.toml is not in payloads/configs/: only that folder "
-        r"reaches the cluster; copy it there and deploy \(`make deploy`\)$",
-    ):
-        resolve_run_config(str(stray), project_root=project)
+def test_run_config_anywhere_is_accepted(project, tmp_path):
+    mine = tmp_path / "mine.toml"
+    mine.write_text("")
+    assert resolve_run_config(str(mine), project_root=project) == mine.resolve()
 
 
 def test_unknown_run_config_lists_the_available_ones(project):
-    with pytest.raises(HpctlError, match=r"^run config llama not found in payloads/configs/ \(available: tiny.toml\)$"):
+    with pytest.raises(
+        HpctlError, match=r"^run config llama not found \(a path, or a name in payloads/configs/: tiny.toml\)$"
+    ):
         resolve_run_config("llama", project_root=project)
 
 
@@ -79,7 +79,11 @@ def test_remote_script_runs_in_the_payloads_folder(tmp_path):
         assert result.stdout.splitlines() == expected, label
 
 
-def test_submit_through_an_ssm_session(deployed, session_tools, hpctl):
+def sent_key(text: str, stem: str = "tiny") -> str:
+    return f"payloads/run-configs/{stem}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.toml"
+
+
+def test_submit_sends_the_config_and_runs_it_through_an_ssm_session(deployed, session_tools, hpctl):
     session_tools.replay_session(
         "submitted download job 101",
         "submitted data job 102",
@@ -89,23 +93,158 @@ def test_submit_through_an_ssm_session(deployed, session_tools, hpctl):
     )
     code, out, err = hpctl("submit", "--config", "tiny", "--from", "download")
     assert code == 0, err
+    key = sent_key(deployed.config_text)
+    body = boto3.client("s3", region_name=deployed.region).get_object(Bucket=deployed.bucket, Key=key)["Body"]
+    assert body.read().decode() == deployed.config_text
     argv = session_tools.calls()
     target = f"sagemaker-cluster:{deployed.cluster_id}_controller-controller-0"
     assert argv[:7] == ["ssm", "start-session", "--target", target, "--region", "us-west-2", "--document-name"]
     assert argv[7:9] == ["AWS-StartNonInteractiveCommand", "--parameters"]
     command = json.loads(argv[9])["command"]
     assert len(command) == 1 and shlex.split(command[0])[:7] == ["sudo", "-n", "-u", "ubuntu", "-H", "bash", "-lc"]
-    assert "python3 -m llm_pipeline.submit --config configs/tiny.toml --from download;" in command[0]
+    assert f"python3 -m llm_pipeline.submit --config {key.removeprefix('payloads/')} --from download;" in command[0]
     assert "logs: /fsx/outputs/tiny/logs" in out and "hpctl-remote-exit" not in out
     jobs = out.split("submitted jobs:\n")[1].splitlines()[:3]
     assert jobs == ["  download  101", "  data      102", "  train     103"]
 
 
-def test_dry_run_prints_and_needs_no_job_ids(deployed, session_tools, hpctl):
-    session_tools.replay_session("sbatch --parsable download.sbatch", "hpctl-remote-exit=0")
-    code, out, _ = hpctl("submit", "--config", "configs/tiny.toml", "--dry-run")
-    assert code == 0 and "sbatch --parsable download.sbatch" in out
-    assert "--dry-run" in json.loads(session_tools.calls()[9])["command"][0]
+def test_an_edited_or_outside_config_is_sent_without_a_deploy(deployed, session_tools, hpctl, project, tmp_path):
+    s3 = boto3.client("s3", region_name=deployed.region)
+    edited = '[model]\nid = "edited"\n'
+    (project / "payloads/configs/tiny.toml").write_text(edited)
+    mine = tmp_path / "my-run.toml"
+    mine.write_text('[model]\nid = "mine"\n')
+    for config, key in (("tiny", sent_key(edited)), (str(mine), sent_key(mine.read_text(), "my-run"))):
+        session_tools.replay_session("submitted prepare job 1", "hpctl-remote-exit=0")
+        assert hpctl("submit", "--config", config)[0] == 0
+        assert (
+            s3.get_object(Bucket=deployed.bucket, Key=key)["Body"].read().decode()
+            == Path(project / "payloads/configs/tiny.toml" if config == "tiny" else mine).read_text()
+        )
+    # the deployed copy is left as the deploy wrote it; nothing under the stack changed
+    assert s3.get_object(Bucket=deployed.bucket, Key="payloads/configs/tiny.toml")["Body"].read().decode() == (
+        deployed.config_text
+    )
+
+
+def test_ladder_and_sweep_reach_their_submitters(deployed, session_tools, hpctl):
+    for flags, expected in (
+        (["--ladder"], "python3 -m llm_pipeline.submit ladder --config run-configs/"),
+        (["--sweep", "1,2", "--no-smoke"], "python3 -m llm_pipeline.sweep --config run-configs/"),
+    ):
+        session_tools.replay_session("submitted prepare job 1", "hpctl-remote-exit=0")
+        assert hpctl("submit", "--config", "tiny", *flags)[0] == 0
+        command = json.loads(session_tools.calls()[9])["command"][0]
+        assert expected in command, command
+    assert "--nodes 1,2 --no-smoke;" in command
+    code, _, err = hpctl("submit", "--config", "tiny", "--ladder", "--from", "train")
+    assert (code, err) == (
+        2,
+        "error: --from starts the pipeline at a step: the ladder and the sweep always run whole\n",
+    )
+
+
+def test_a_bad_config_stops_before_any_upload(deployed, session_tools, hpctl, project):
+    (project / "payloads/configs/tiny.toml").write_text("[train]\nepochs = 0\n")
+    code, _, err = hpctl("submit", "--config", "tiny")
+    assert code == 2 and "train.epochs: invalid value 0.0" in err
+    listed = boto3.client("s3", region_name=deployed.region).list_objects_v2(
+        Bucket=deployed.bucket, Prefix="payloads/run-configs/"
+    )
+    assert listed["KeyCount"] == 0 and not session_tools.record.exists()
+
+
+def test_payload_code_older_than_the_checkout_is_named(deployed, session_tools, hpctl, project):
+    code_file = project / "payloads/llm_pipeline/__init__.py"
+    code_file.parent.mkdir()
+    code_file.write_text("")
+    s3 = boto3.client("s3", region_name=deployed.region)
+    note = "note: the payload code on FSx differs from this checkout's payloads/"
+    for deployed_digest, shown in (
+        (payload_code_digest(project / "payloads"), None),
+        ("0" * 64, note),
+        (None, "note: the deploy records no payload code digest"),
+    ):
+        key = f"payloads/{PAYLOAD_CODE_DIGEST_FILE}"
+        if deployed_digest is None:
+            s3.delete_object(Bucket=deployed.bucket, Key=key)
+        else:
+            s3.put_object(Bucket=deployed.bucket, Key=key, Body=(deployed_digest + "\n").encode())
+        session_tools.replay_session("submitted prepare job 1", "hpctl-remote-exit=0")
+        code, _, err = hpctl("submit", "--config", "tiny")
+        assert code == 0
+        assert ("note:" in err) == (shown is not None) and (shown is None or shown in err), err
+
+
+def run_remote(command: str, payloads: Path, *, python_path: str = "") -> subprocess.CompletedProcess:
+    """The script part of a remote command, run with bash for real in ``payloads``."""
+    script = shlex.split(command)[-1]
+    env = {**CLUSTER_FOLDERS_ENV, "PYTHONPATH": python_path} if python_path else {}
+    env |= {"PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin", "HPL_PAYLOADS_DIR": str(payloads)}
+    return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_sent_config_runs_the_chain_once_fsx_shows_it(deployed, tmp_path, monkeypatch):
+    """Moto S3 holds the upload; a folder standing in for FSx gets it; the chain's dry run reads it there."""
+    session = boto3.Session(region_name=deployed.region)
+    local = tmp_path / "my-run.toml"
+    local.write_text('[model]\nid = "tiny"\n[paths]\noutput_dir = "${HPL_OUTPUTS_DIR}/my-run"\n')
+    sent = send_run_config(session, bucket=deployed.bucket, local=local)
+    payloads = tmp_path / "fsx-payloads"
+    (payloads / "run-configs").mkdir(parents=True)
+    for name in ("llm_pipeline", "slurm"):
+        (payloads / name).symlink_to(Path(llm_pipeline.__file__).resolve().parents[1] / name)
+    options = SubmitOptions(config=sent.path, dry_run=True, smoke=False)
+    monkeypatch.setattr("hpctl.submit.IMPORT_WAIT_S", 2)
+    command = remote_command(options, facts={**FACTS, "payloads_dir": str(payloads)}, sent=sent)
+    missing = run_remote(command, payloads)
+    assert missing.stdout.splitlines()[-2:] == [
+        f"error: {sent.path} has not reached FSx after 2 s (auto-import from s3://.../{sent.key}): "
+        "check the data repository association of payloads/",
+        "hpctl-remote-exit=1",
+    ]
+    imported = session.client("s3").get_object(Bucket=deployed.bucket, Key=sent.key)["Body"].read()
+    (payloads / sent.path).write_bytes(imported)
+    result = run_remote(command, payloads, python_path=str(payloads))
+    assert result.stdout.splitlines()[-1] == "hpctl-remote-exit=0", result.stderr
+    assert f"HPL_RUN_CONFIG={payloads / sent.path}" in result.stdout
+    assert "--output=/fsx/outputs/my-run/logs/train-%j.log" in result.stdout
+
+
+@pytest.fixture
+def offline(project, monkeypatch, tmp_path):
+    """No AWS at all: no credentials, no config file, no AWS CLI or session plugin on PATH."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    return project
+
+
+def test_dry_run_is_offline_and_prints_the_chain(offline, capfd):
+    from hpctl.cli import main
+
+    assert main(["submit", "--config", "configs/tiny.toml", "--dry-run", "--from", "train", "--no-smoke"]) == 0
+    out = capfd.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith(("train_job=", "evaluate_job="))]
+    assert len(lines) == 2, out
+    assert "--output=/fsx/outputs/" in lines[0] and f"HPL_RUN_CONFIG={offline}/payloads/configs/tiny.toml" in lines[0]
+    assert "prepare_job=" not in out and "smoke" not in out  # --from and --no-smoke reach the chain
+
+
+def test_dry_run_validates_the_config_first(offline, capfd):
+    from hpctl.cli import main
+
+    (offline / "payloads/configs/tiny.toml").write_text("[train]\nepochs = 0\n")
+    assert main(["submit", "--config", "tiny", "--dry-run"]) == 2
+    captured = capfd.readouterr()
+    assert captured.err == f"error: run config {offline}/payloads/configs/tiny.toml: train.epochs: " + (
+        "invalid value 0.0 (allowed: > 0)\n"
+    )
+    assert "sbatch" not in captured.out
 
 
 @pytest.mark.parametrize(
@@ -128,7 +267,7 @@ def test_dry_run_prints_and_needs_no_job_ids(deployed, session_tools, hpctl):
 def test_remote_failures(deployed, session_tools, hpctl, lines, message):
     session_tools.replay_session(*lines)
     code, out, err = hpctl("submit", "--config", "tiny")
-    assert (code, err) == (2, "session on controller/controller-0 (Running)\n" + message)
+    assert code == 2 and err.startswith("session on controller/controller-0 (Running)\n") and err.endswith(message)
     assert lines[0] in out
 
 
@@ -139,28 +278,6 @@ def test_session_refused(deployed, session_tools, hpctl, monkeypatch):
     assert err.endswith(
         "error: the session ended before the submit command finished (aws exit 254): see the output above\n"
     )
-
-
-@pytest.mark.parametrize(
-    ("name", "expected"),
-    [
-        (
-            "tiny",
-            "payloads/configs/tiny.toml differs from its deployed copy s3://{bucket}/payloads/configs/tiny.toml: "
-            "run `make deploy` so the cluster sees your edits",
-        ),
-        (
-            "new",
-            "payloads/configs/new.toml is not deployed yet (no s3://{bucket}/payloads/configs/new.toml): "
-            "run `make deploy` first",
-        ),
-    ],
-)
-def test_local_config_must_match_the_deployed_copy(deployed, session_tools, hpctl, project, name, expected):
-    (project / f"payloads/configs/{name}.toml").write_text('[model]\nid = "edited"\n')
-    code, _, err = hpctl("submit", "--config", name)
-    assert (code, err) == (2, "error: " + expected.format(bucket=deployed.bucket) + "\n")
-    assert not session_tools.record.exists()
 
 
 def test_unknown_step_is_refused_before_anything_runs(hpctl, capsys):

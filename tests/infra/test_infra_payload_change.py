@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from aws_cdk import App, Stack
 
+from cluster_contract import PAYLOAD_CODE_DIGEST_FILE, RUN_CONFIGS_FOLDER, payload_code_digest
 from llm_pipeline.jobs.deploy_facts import DEPLOY_FACTS_FILE, KEYS, read_deploy_facts
 from stacks.image import TrainingImage
 
@@ -58,8 +59,8 @@ def staged_sources(synth) -> list[set[str]]:
 
 
 def test_payload_upload_skips_image_inputs_tests_and_caches(synth):
-    names, facts = staged_sources(synth)
-    assert facts == {DEPLOY_FACTS_FILE}
+    names, facts, digest = staged_sources(synth)
+    assert facts == {DEPLOY_FACTS_FILE} and digest == {PAYLOAD_CODE_DIGEST_FILE}
     assert "llm_pipeline/config.py" in names and "requirements-cluster.txt" in names
     unwanted = [
         n
@@ -71,6 +72,21 @@ def test_payload_upload_skips_image_inputs_tests_and_caches(synth):
     ]
     assert unwanted == []
     assert payload_deployment(synth)[1]["DestinationBucketKeyPrefix"] == "payloads/"
+
+
+def test_the_upload_records_the_payload_code_digest_and_keeps_submitted_configs(synth, sources_copy):
+    """hpctl compares the checkout with this digest; a deploy's prune must not delete a config a chain reads."""
+    _, props = payload_deployment(synth)
+    digest_key = props["SourceObjectKeys"][2]
+    staged = synth.outdir / f"asset.{digest_key.removesuffix('.zip')}" / PAYLOAD_CODE_DIGEST_FILE
+    before = payload_code_digest(sources_copy / "payloads")  # the same bytes the synth read
+    assert staged.read_text() == before + "\n"
+    assert props["Exclude"] == [f"{RUN_CONFIGS_FOLDER}/*"] and props["Prune"] is True
+    (sources_copy / "payloads/configs/extra.toml").write_text("")  # configs are not code
+    assert payload_code_digest(sources_copy / "payloads") == before
+    script = sources_copy / "payloads/slurm/accelerator_env.sh"
+    script.write_text(script.read_text() + "# edited\n")
+    assert payload_code_digest(sources_copy / "payloads") != before
 
 
 def payload_deployment(synth) -> tuple[str, dict]:
@@ -87,8 +103,8 @@ def image_tag(synth) -> str:
 def rendered_deploy_facts(synth, folder: Path) -> Path:
     """deploy-facts.json as the upload handler writes it: each marker replaced by its deploy-time value."""
     _, props = payload_deployment(synth)
-    _, facts_key = props["SourceObjectKeys"]
-    _, markers = props["SourceMarkers"]
+    _, facts_key, _ = props["SourceObjectKeys"]
+    _, markers, _ = props["SourceMarkers"]
     text = (synth.outdir / f"asset.{facts_key.removesuffix('.zip')}" / DEPLOY_FACTS_FILE).read_text()
     for marker, value in markers.items():  # Fn::Join ['"', Fn::Sub '<uri>', '"'] for an image URI
         parts = value["Fn::Join"][1]
