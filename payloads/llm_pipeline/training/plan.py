@@ -78,7 +78,7 @@ def sft_arguments(cfg: config.RunConfig, plan: TrainPlan) -> dict[str, Any]:
         "logging_steps": plan.logging_steps,
         "save_strategy": "steps" if plan.save_checkpoints else "no",
         "save_steps": train.save_steps,
-        "save_total_limit": train.save_total_limit,
+        "save_total_limit": None,  # SealCheckpoints prunes to train.save_total_limit once the new one is sealed
         "report_to": "none",  # our MetricsLogger writes TensorBoard itself, on the logging rank only
         "disable_tqdm": True,
         "max_length": cfg.data.max_length,

@@ -148,15 +148,15 @@ def data_collator(cfg: RunConfig, tokenizer) -> FixedLengthCollator:
 SEAL_RENDEZVOUS = "hpl_checkpoint_sealed"
 
 
-def seal_checkpoints(args, rendezvous: Callable[[str], Any]) -> SealCheckpoints:
-    """The seal callback for NeuronTrainer, its barrier ``rendezvous`` (torch_xla's xm.rendezvous); refused
-    when the trainer saves asynchronously (see the module docstring)."""
+def seal_checkpoints(args, rendezvous: Callable[[str], Any], *, keep: int) -> SealCheckpoints:
+    """The seal callback for NeuronTrainer, its barrier ``rendezvous`` (torch_xla's xm.rendezvous), pruning to
+    ``keep`` checkpoints; refused when the trainer saves asynchronously (see the module docstring)."""
     if getattr(args, "async_save", False):
         raise StepError(
             "async_save is on: optimum-neuron would still be writing a checkpoint's files when it calls on_save, "
             "so its completion seal would be a lie; leave async_save unset (the pipeline never sets it)"
         )
-    return SealCheckpoints(wait_for_everyone=lambda: rendezvous(SEAL_RENDEZVOUS))
+    return SealCheckpoints(wait_for_everyone=lambda: rendezvous(SEAL_RENDEZVOUS), keep=keep)
 
 
 class ContinueStepCount(TrainerCallback):
@@ -274,6 +274,6 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
         tokens=tokens,
         trainable=trainable,
         sequence_length=cfg.data.max_length,
-        seal=seal_checkpoints(args, xm.rendezvous),
+        seal=seal_checkpoints(args, xm.rendezvous, keep=cfg.train.save_total_limit),
     )
     trainer.train()

@@ -257,7 +257,7 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
         tokens=tokens,
         trainable=trainable,
         sequence_length=cfg.data.max_length,
-        seal=SealCheckpoints(wait_for_everyone=trainer.accelerator.wait_for_everyone),
+        seal=SealCheckpoints(wait_for_everyone=trainer.accelerator.wait_for_everyone, keep=cfg.train.save_total_limit),
     )
     if cfg.train.profile_window is not None and plan.save_checkpoints:
         trainer.add_callback(StepProfiler(window=cfg.train.profile_window, folder=cfg.paths.profile_dir))
