@@ -8,6 +8,10 @@ cannot import the trainer). What we change from optimum-neuron's defaults, and w
 
 - data_collator: a fixed-length collator that masks padding (training/collator.py); the default one
   labels the padding and attends to it.
+- completion_only_loss (data.completion_only_loss, the default): dolly records go to the trainer as
+  prompt-completion pairs with no formatting function, so trl 0.24's dataset preparation (which
+  NeuronSFTTrainer inherits) marks the completion tokens and the collator labels only those; with a
+  formatting function the whole text would be labelled, prompt included.
 - disable_sequence_parallel: LoRA's replicated factor (lora_A of q/k/v/gate/up, lora_B of o/down)
   is a plain nn.Linear; with sequence parallelism each TP rank would feed it only its slice of the
   sequence and nothing sums its gradient across ranks (only parameters tagged
@@ -69,7 +73,16 @@ from llm_pipeline.prompt import COLUMNS, is_chat
 from llm_pipeline.training.callbacks import SealCheckpoints, TokenCounter, add_run_callbacks
 from llm_pipeline.training.collator import FixedLengthCollator, pad_token_id
 from llm_pipeline.training.neuron.rules import attention_kernel, check_neuron_run
-from llm_pipeline.training.plan import TrainPlan, check_trainable, peft_lora_config, say, sft_arguments, world_size
+from llm_pipeline.training.plan import (
+    TrainPlan,
+    check_trainable,
+    completion_only,
+    loss_records,
+    peft_lora_config,
+    say,
+    sft_arguments,
+    world_size,
+)
 from llm_pipeline.training.text_blocks import formatting_func
 
 if TYPE_CHECKING:
@@ -129,7 +142,14 @@ def neuron_arguments(cfg: RunConfig) -> dict[str, Any]:
         "stochastic_rounding_enabled": True,
         "optimizer_use_master_weights": cfg.train.fp32_master_weights,
         "optimizer_use_fp32_grad_acc": cfg.train.fp32_master_weights,
+        "completion_only_loss": completion_only(cfg),
     }
+
+
+def sft_inputs(cfg: RunConfig, dataset) -> tuple[Any, Callable[[Any], str] | None]:
+    """(train_dataset, formatting_func) for NeuronSFTTrainer: prompt-completion pairs and no formatter (trl marks
+    the completion) with completion-only loss, else the records and the per-example formatter."""
+    return loss_records(cfg, dataset), None if completion_only(cfg) else formatting_func(cfg)
 
 
 def model_arguments(cfg: RunConfig) -> dict[str, Any]:
@@ -142,7 +162,9 @@ def model_arguments(cfg: RunConfig) -> dict[str, Any]:
 
 def data_collator(cfg: RunConfig, tokenizer) -> FixedLengthCollator:
     """Batches exactly data.max_length wide (one compiled graph), padding masked from attention and loss."""
-    return FixedLengthCollator(pad_token_id=pad_token_id(tokenizer), max_length=cfg.data.max_length)
+    return FixedLengthCollator(
+        pad_token_id=pad_token_id(tokenizer), max_length=cfg.data.max_length, completion_only_loss=completion_only(cfg)
+    )
 
 
 SEAL_RENDEZVOUS = "hpl_checkpoint_sealed"
@@ -251,14 +273,15 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
     if plan.resume_from is not None and not full:
         model = restore_adapter(cfg, model, lora, plan.resume_from)
     tokens = TokenCounter(data_collator(cfg, tokenizer))
+    records, formatter = sft_inputs(cfg, datasets["train"])
     trainer: NeuronSFTTrainer = NeuronSFTTrainer(
         model=model,
         args=args,
         data_collator=tokens,
-        train_dataset=datasets["train"],
+        train_dataset=records,
         processing_class=tokenizer,
         peft_config=lora,
-        formatting_func=formatting_func(cfg),
+        formatting_func=formatter,
     )
     trainable = trainer.get_num_trainable_parameters()
     if full:
