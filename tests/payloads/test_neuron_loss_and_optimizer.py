@@ -2,7 +2,8 @@
 
 NeuronSFTTrainer prepares the dataset with trl 0.24's SFTTrainer methods (optimum-neuron builds its base class
 from SFTTrainer's own members), so a real trl 0.24 SFTTrainer given what the neuron backend gives shows the
-batches the Trainium run trains on.
+batches the Trainium run trains on. optimum-neuron's create_optimizer needs torch_xla to import: it is compiled
+from its installed source, as test_neuron_training does with the default collator.
 """
 
 from __future__ import annotations
@@ -89,3 +90,72 @@ def test_neuron_sft_trainer_prepares_data_as_trl_0_24_does():
     assert "'completion_mask'" in _member_source(
         "trl.trainer.sft_trainer", "SFTTrainer", "_set_signature_columns_if_needed"
     )
+
+
+def upstream_optimizer_class():
+    """NeuronTrainer's create_optimizer and get_decay_parameter_names, compiled from optimum-neuron 0.4.5."""
+    from transformers.pytorch_utils import ALL_LAYERNORM_LAYERS
+    from transformers.trainer_pt_utils import get_parameter_names
+
+    cls = api_source.resolve("optimum.neuron.trainers.transformers", "NeuronTrainer")
+    methods = [
+        node
+        for node in cls.node.body
+        if isinstance(node, ast.FunctionDef) and node.name in {"create_optimizer", "get_decay_parameter_names"}
+    ]
+    assert len(methods) == 2
+    fields = {"name": "Upstream", "bases": [], "keywords": [], "body": methods, "decorator_list": []}
+    if "type_params" in ast.ClassDef._fields:
+        fields["type_params"] = []
+    module = ast.fix_missing_locations(ast.Module([ast.ClassDef(**fields)], []))
+    namespace = {
+        "NxDPPModel": type("NxDPPModel", (), {}),  # only an isinstance test: the model is not pipelined here
+        "get_parameter_names": get_parameter_names,
+        "ALL_LAYERNORM_LAYERS": ALL_LAYERNORM_LAYERS,
+    }
+    exec(compile(module, "transformers.py", "exec"), namespace)
+    return namespace["Upstream"]
+
+
+def decayed_names(trainer, model) -> set[str]:
+    trainer.model, trainer.optimizer, trainer.args = model, None, type("Args", (), {"weight_decay": 0.1})()
+    trainer.optimizer_cls_and_kwargs = (torch.optim.AdamW, {"lr": 1e-3})
+    names = {id(parameter): name for name, parameter in model.named_parameters()}
+    groups = trainer.create_optimizer().param_groups
+    return {names[id(p)] for group in groups if group["weight_decay"] == 0.1 for p in group["params"]}
+
+
+def test_weight_decay_skips_norms_and_biases_as_the_reference_does():
+    """NeMo Megatron (the full fine-tuning reference) decays neither norm weights nor biases. optimum-neuron
+    0.4.5 matches names containing bias/layernorm/rmsnorm only, so the final norm was decayed; the backend
+    hands its trainer our grouping (run() sets get_decay_parameter_names, which create_optimizer asks)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, attention_bias=True,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config)
+    Upstream = upstream_optimizer_class()
+    assert "model.norm.weight" in decayed_names(Upstream(), model)  # the defect, upstream as installed
+
+    ours = Upstream()
+    ours.get_decay_parameter_names = train_neuron.decay_parameter_names  # as run() does
+    decayed = decayed_names(ours, model)
+    every = {name for name, _ in model.named_parameters()}
+    exempt = {name for name in every if name.endswith(".bias") or "norm" in name}
+    assert {
+        "model.norm.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.0.self_attn.q_proj.bias",
+    } <= exempt
+    assert decayed == every - exempt
+    assert "self.get_decay_parameter_names(opt_model)" in _member_source(
+        "optimum.neuron.trainers.transformers", "NeuronTrainer", "create_optimizer"
+    )
+    run = next(
+        n
+        for n in api_source.module_tree("llm_pipeline.training.neuron.backend").body
+        if getattr(n, "name", "") == "run"
+    )
+    assert "trainer.get_decay_parameter_names = decay_parameter_names" in ast.unparse(run)

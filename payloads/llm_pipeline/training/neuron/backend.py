@@ -12,6 +12,9 @@ cannot import the trainer). What we change from optimum-neuron's defaults, and w
   prompt-completion pairs with no formatting function, so trl 0.24's dataset preparation (which
   NeuronSFTTrainer inherits) marks the completion tokens and the collator labels only those; with a
   formatting function the whole text would be labelled, prompt included.
+- get_decay_parameter_names: AdamW decays every parameter but norm weights and biases, as the full
+  fine-tuning reference (NeMo Megatron) groups them; optimum-neuron 0.4.5 exempts only names containing
+  bias/layernorm/rmsnorm, so Llama's final ``model.norm`` and Qwen3's q_norm/k_norm were decayed.
 - disable_sequence_parallel: LoRA's replicated factor (lora_A of q/k/v/gate/up, lora_B of o/down)
   is a plain nn.Linear; with sequence parallelism each TP rank would feed it only its slice of the
   sequence and nothing sums its gradient across ranks (only parameters tagged
@@ -152,6 +155,23 @@ def sft_inputs(cfg: RunConfig, dataset) -> tuple[Any, Callable[[Any], str] | Non
     return loss_records(cfg, dataset), None if completion_only(cfg) else formatting_func(cfg)
 
 
+def decay_parameter_names(model) -> list[str]:
+    """Names of the parameters AdamW decays: all but the weights of norm modules and biases (the reference's
+    grouping). A norm is an nn.LayerNorm or a class named ...Norm (LlamaRMSNorm, Qwen3RMSNorm)."""
+    import torch
+
+    names = []
+    for prefix, module in model.named_modules():
+        if isinstance(module, torch.nn.LayerNorm) or type(module).__name__.endswith("Norm"):
+            continue
+        names += [
+            f"{prefix}.{name}" if prefix else name
+            for name, _ in module.named_parameters(recurse=False)
+            if name != "bias"
+        ]
+    return names
+
+
 def model_arguments(cfg: RunConfig) -> dict[str, Any]:
     """NeuronModelForCausalLM.from_pretrained keywords: dtype and attention kernel."""
     import torch
@@ -283,6 +303,8 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
         peft_config=lora,
         formatting_func=formatter,
     )
+    # create_optimizer (at train()) groups the parameters by self.get_decay_parameter_names(model)
+    trainer.get_decay_parameter_names = decay_parameter_names
     trainable = trainer.get_num_trainable_parameters()
     if full:
         check_full_trainable(trainable, expected_trainable)
