@@ -59,11 +59,18 @@ def check(cfg: config.RunConfig, env: Mapping[str, str]) -> None:
     check_full_storage(cfg, backend)
 
 
+FROZEN_LANE_NOTE = (
+    "note: the trn1 lane (optimum-neuron 0.4.5) is frozen at Neuron SDK 2.26.1: defect fixes only "
+    "(docs/versions.md); new Trainium work goes to the trn2 lane (docs/trainium2.md)"
+)
+
+
 def check_neuron(cfg: config.RunConfig) -> None:
     """optimum-neuron's rules for this run (packing, fused q/k/v), with the model's config when downloaded."""
     from llm_pipeline.training.neuron.rules import check_neuron_run
     from llm_pipeline.weights.model_files import read_model_config
 
+    print(FROZEN_LANE_NOTE)
     config_file = f"{cfg.paths.model_dir}/config.json"
     model_config = read_model_config(cfg.paths.model_dir)
     check_neuron_run(cfg, model_config, config_file)

@@ -10,12 +10,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 from nxd_files import write_sharded_checkpoint
-from transformers import TrainerControl, TrainerState, TrainingArguments
+from payload_configs import tiny_config
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import CallbackHandler
 
+from llm_pipeline import train
+from llm_pipeline.data import training_inputs
 from llm_pipeline.errors import StepError
+from llm_pipeline.training.callbacks import SealCheckpoints
 from llm_pipeline.training.neuron.backend import SEAL_RENDEZVOUS, seal_checkpoints
+from llm_pipeline.training.torch import backend as torch_backend
 from llm_pipeline.weights.checkpoints import (
+    checkpoint_folders,
     complete_checkpoints,
     discard_after,
     is_sealed,
@@ -99,13 +105,14 @@ def test_the_neuron_seal_callback_seals_what_neuronx_distributed_wrote_after_the
     folder = write_sharded_checkpoint(checkpoints / "checkpoint-4", tensors, metadata, {"r": 4}, xser=True)
     older = write_sharded_checkpoint(checkpoints / "checkpoint-2", tensors, metadata, {"r": 4}, xser=True)
     write_seal(older, node=1, nodes=2)
-    args = TrainingArguments(output_dir=str(checkpoints), save_total_limit=1, report_to=[])
+    args = TrainingArguments(output_dir=str(checkpoints), report_to=[])
     for name, value in {"LOCAL_RANK": "0", "GROUP_RANK": "1", "WORLD_SIZE": "64", "LOCAL_WORLD_SIZE": "32"}.items():
         monkeypatch.setenv(name, value)
     barriers = []
     callback = seal_checkpoints(
         SimpleNamespace(async_save=False),
         lambda tag: barriers.append((tag, (folder / seal_name(1)).is_file())),
+        keep=1,
     )
     handler = CallbackHandler([callback], None, None, None, None)
     handler.on_save(args, TrainerState(global_step=4), TrainerControl())
@@ -118,12 +125,36 @@ def test_the_neuron_seal_callback_seals_what_neuronx_distributed_wrote_after_the
     assert not is_sealed(folder)  # node 0's seal comes from the first node
     write_seal(folder, node=0, nodes=2)
     assert newest_complete(checkpoints) == (4, folder)
-    assert not older.exists()  # save_total_limit 1: this node's older checkpoint pruned
+    assert not older.exists()  # keep 1 (train.save_total_limit): this node's older checkpoint pruned
+
+
+def test_the_previous_checkpoint_goes_only_once_every_node_has_sealed_the_new_one(tmp_path, monkeypatch):
+    """Two nodes on one shared file system, save_total_limit 1. Node 0 seals checkpoint-4 between the two
+    barriers; node 1's seal may land as late as the second barrier. Until then checkpoint-4 is incomplete, so
+    checkpoint-2 must still be there: a crash in that window must leave a checkpoint to resume from."""
+    checkpoints = tmp_path / "checkpoints"
+    files = {"trainer_state.json": b"{}", "shards/model/dp_rank_00_tp_rank_00_pp_rank_00.pt": b"w" * 8}
+    older, newer = checkpoint(checkpoints, 2, files), checkpoint(checkpoints, 4, files)
+    for node in (0, 1):
+        write_seal(older, node=node, nodes=2)
+    for name, value in {"LOCAL_RANK": "0", "GROUP_RANK": "0", "WORLD_SIZE": "64", "LOCAL_WORLD_SIZE": "32"}.items():
+        monkeypatch.setenv(name, value)
+    resumable = []
+
+    def rendezvous(tag):
+        resumable.append([step for step, _ in complete_checkpoints(checkpoints)])  # a crash here resumes from these
+        if len(resumable) == 2:
+            write_seal(newer, node=1, nodes=2)  # the last node to reach the second barrier seals just before it
+
+    callback = seal_checkpoints(SimpleNamespace(async_save=False), rendezvous, keep=1)
+    callback.on_save(SimpleNamespace(output_dir=str(checkpoints)), TrainerState(global_step=4), TrainerControl())
+    assert resumable == [[2], [2]]
+    assert [step for step, _ in complete_checkpoints(checkpoints)] == [4] and not older.exists()
 
 
 def test_the_neuron_seal_callback_refuses_asynchronous_saves():
     with pytest.raises(StepError, match="async_save is on"):
-        seal_checkpoints(SimpleNamespace(async_save=True), lambda tag: None)
+        seal_checkpoints(SimpleNamespace(async_save=True), lambda tag: None, keep=2)
 
 
 def test_a_resume_discards_the_incomplete_checkpoints_after_its_own(tmp_path):
@@ -136,3 +167,31 @@ def test_a_resume_discards_the_incomplete_checkpoints_after_its_own(tmp_path):
     assert discard_after(newest.parent, step) == [newest]
     assert not newest.exists() and previous.is_dir() and resume == previous
     assert discard_after(newest.parent, step) == []
+
+
+def test_a_save_total_limit_of_one_keeps_the_sealed_checkpoint_until_the_next_is_sealed(hpl_env):
+    """The trainers prune inside their save, before on_save seals the new checkpoint (transformers 5.24's
+    _save_checkpoint and optimum-neuron 0.4.5's alike): given save_total_limit 1, a crash between the two left
+    only an unsealed checkpoint. Here the limit is ours: when the seal callback starts at step 4, step 2 is
+    still there and sealed; once step 4 is sealed, step 2 goes."""
+    cfg = tiny_config(
+        hpl_env,
+        train={"max_steps": 4, "save_steps": 2, "logging_steps": 2, "save_total_limit": 1},
+        data={"validation_fraction": 0.0, "max_samples": 48},
+    )
+    datasets, tokenizer = training_inputs(cfg, may_prepare=True)
+    trainer, _ = torch_backend.build_trainer(cfg, train.make_plan(cfg, "torch", precompile=False), datasets, tokenizer)
+    assert trainer.args.save_total_limit is None
+    checkpoints, at_seal = cfg.paths.checkpoints_dir, []
+
+    class BeforeTheSeal(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            at_seal.append(
+                (state.global_step, [step for step, folder in checkpoint_folders(checkpoints) if is_sealed(folder)])
+            )
+
+    callbacks = trainer.callback_handler.callbacks
+    callbacks.insert(next(i for i, cb in enumerate(callbacks) if isinstance(cb, SealCheckpoints)), BeforeTheSeal())
+    trainer.train()
+    assert at_seal == [(2, []), (4, [2])]
+    assert [step for step, _ in checkpoint_folders(checkpoints)] == [4] and is_sealed(checkpoints / "checkpoint-4")

@@ -24,3 +24,14 @@ def test_matching_or_unknown_node_device_count_passes(hpl_env, tmp_path, monkeyp
     monkeypatch.delenv("HPL_DEVICES_PER_NODE")
     assert prepare.main(["--config", str(path)]) == 0
     assert "HPL_DEVICES_PER_NODE is not set here" in capsys.readouterr().out
+
+
+def test_a_neuron_run_is_told_once_that_the_trn1_lane_is_frozen(hpl_env, tmp_path, capsys):
+    neuron = write_config(tmp_path / "neuron.toml", hpl_env, train={"backend": "neuron"}, data={"packing": False})
+    assert prepare.main(["--config", str(neuron)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("frozen at Neuron SDK 2.26.1") == 1
+    assert "defect fixes only (docs/versions.md)" in out and "trn2 lane (docs/trainium2.md)" in out
+    torch_run = write_config(tmp_path / "torch.toml", hpl_env, train={"backend": "torch"})
+    assert prepare.main(["--config", str(torch_run)]) == 0
+    assert "frozen" not in capsys.readouterr().out

@@ -143,24 +143,29 @@ class MetricsLogger(TrainerCallback):
 
 class SealCheckpoints(TrainerCallback):
     """After every save, once every process has written its part: each node's first process seals
-    that node's part of the checkpoint (weights/checkpoints.py) and deletes its node's checkpoints
-    beyond ``train.save_total_limit``. The trainer prunes only where global rank 0 runs; on a
-    training job every host has its own disk, and a seal is what a resume after a partial restore
-    trusts."""
+    that node's part of the checkpoint (weights/checkpoints.py); once every node has sealed, it
+    deletes its node's checkpoints beyond the newest ``keep`` sealed ones (train.save_total_limit).
+    Pruning waits for the other nodes' seals: on a shared file system the new checkpoint is complete
+    only with all of them, and with keep 1 a crash between one node's pruning and another's seal left
+    nothing to resume from. The trainers get no save_total_limit (plan.sft_arguments): transformers
+    deletes inside its save, before on_save, and only where global rank 0 runs, while on a training
+    job every host has its own disk."""
 
-    def __init__(self, *, wait_for_everyone: Callable[[], None]):
+    def __init__(self, *, wait_for_everyone: Callable[[], None], keep: int):
         self.wait_for_everyone = wait_for_everyone
+        self.keep = keep
 
     def on_save(self, args, state, control, **kwargs):
+        first_on_node = int(os.environ.get("LOCAL_RANK", "0")) == 0
+        node = int(os.environ.get("GROUP_RANK", "0"))
         self.wait_for_everyone()
-        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        if first_on_node:
             world = int(os.environ.get("WORLD_SIZE", "1"))
             nodes = max(1, world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
-            node = int(os.environ.get("GROUP_RANK", "0"))
             write_seal(Path(args.output_dir) / f"checkpoint-{state.global_step}", node=node, nodes=nodes)
-            if args.save_total_limit:
-                prune(Path(args.output_dir), keep=args.save_total_limit, node=node)
         self.wait_for_everyone()
+        if first_on_node:
+            prune(Path(args.output_dir), keep=self.keep, node=node)
 
 
 class StopAfterStep(TrainerCallback):

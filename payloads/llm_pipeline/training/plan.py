@@ -10,6 +10,7 @@ from typing import Any
 
 from llm_pipeline import config
 from llm_pipeline.errors import StepError
+from llm_pipeline.prompt import is_chat, prompt_completion
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +58,19 @@ def scheduler_kwargs(train: config.TrainConfig) -> dict[str, float]:
     return {"min_lr": train.min_learning_rate} if train.lr_scheduler == "cosine_with_min_lr" else {}
 
 
+def completion_only(cfg: config.RunConfig) -> bool:
+    """data.completion_only_loss, where there are prompts (block mode trains on the whole text)."""
+    return cfg.data.completion_only_loss and not cfg.data.blocks
+
+
+def loss_records(cfg: config.RunConfig, dataset):
+    """What trl (both lines) trains on: prompt-completion pairs (trl labels the prompt -100) or the prepared records
+    (chat-format records as they are: trl applies the chat template and masks by assistant turn)."""
+    if dataset is None or not completion_only(cfg) or is_chat(dataset.column_names):
+        return dataset
+    return dataset.map(prompt_completion, remove_columns=dataset.column_names, desc="prompt-completion pairs")
+
+
 def sft_arguments(cfg: config.RunConfig, plan: TrainPlan) -> dict[str, Any]:
     """Keyword arguments common to trl's SFTConfig and optimum-neuron's NeuronSFTConfig."""
     train = cfg.train
@@ -78,7 +92,7 @@ def sft_arguments(cfg: config.RunConfig, plan: TrainPlan) -> dict[str, Any]:
         "logging_steps": plan.logging_steps,
         "save_strategy": "steps" if plan.save_checkpoints else "no",
         "save_steps": train.save_steps,
-        "save_total_limit": train.save_total_limit,
+        "save_total_limit": None,  # SealCheckpoints prunes to train.save_total_limit once the new one is sealed
         "report_to": "none",  # our MetricsLogger writes TensorBoard itself, on the logging rank only
         "disable_tqdm": True,
         "max_length": cfg.data.max_length,

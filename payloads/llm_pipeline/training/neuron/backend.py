@@ -8,6 +8,13 @@ cannot import the trainer). What we change from optimum-neuron's defaults, and w
 
 - data_collator: a fixed-length collator that masks padding (training/collator.py); the default one
   labels the padding and attends to it.
+- completion_only_loss (data.completion_only_loss, the default): dolly records go to the trainer as
+  prompt-completion pairs with no formatting function, so trl 0.24's dataset preparation (which
+  NeuronSFTTrainer inherits) marks the completion tokens and the collator labels only those; with a
+  formatting function the whole text would be labelled, prompt included.
+- get_decay_parameter_names: AdamW decays every parameter but norm weights and biases, as the full
+  fine-tuning reference (NeMo Megatron) groups them; optimum-neuron 0.4.5 exempts only names containing
+  bias/layernorm/rmsnorm, so Llama's final ``model.norm`` and Qwen3's q_norm/k_norm were decayed.
 - disable_sequence_parallel: LoRA's replicated factor (lora_A of q/k/v/gate/up, lora_B of o/down)
   is a plain nn.Linear; with sequence parallelism each TP rank would feed it only its slice of the
   sequence and nothing sums its gradient across ranks (only parameters tagged
@@ -69,7 +76,16 @@ from llm_pipeline.prompt import COLUMNS, is_chat
 from llm_pipeline.training.callbacks import SealCheckpoints, TokenCounter, add_run_callbacks
 from llm_pipeline.training.collator import FixedLengthCollator, pad_token_id
 from llm_pipeline.training.neuron.rules import attention_kernel, check_neuron_run
-from llm_pipeline.training.plan import TrainPlan, check_trainable, peft_lora_config, say, sft_arguments, world_size
+from llm_pipeline.training.plan import (
+    TrainPlan,
+    check_trainable,
+    completion_only,
+    loss_records,
+    peft_lora_config,
+    say,
+    sft_arguments,
+    world_size,
+)
 from llm_pipeline.training.text_blocks import formatting_func
 
 if TYPE_CHECKING:
@@ -129,7 +145,31 @@ def neuron_arguments(cfg: RunConfig) -> dict[str, Any]:
         "stochastic_rounding_enabled": True,
         "optimizer_use_master_weights": cfg.train.fp32_master_weights,
         "optimizer_use_fp32_grad_acc": cfg.train.fp32_master_weights,
+        "completion_only_loss": completion_only(cfg),
     }
+
+
+def sft_inputs(cfg: RunConfig, dataset) -> tuple[Any, Callable[[Any], str] | None]:
+    """(train_dataset, formatting_func) for NeuronSFTTrainer: prompt-completion pairs and no formatter (trl marks
+    the completion) with completion-only loss, else the records and the per-example formatter."""
+    return loss_records(cfg, dataset), None if completion_only(cfg) else formatting_func(cfg)
+
+
+def decay_parameter_names(model) -> list[str]:
+    """Names of the parameters AdamW decays: all but the weights of norm modules and biases (the reference's
+    grouping). A norm is an nn.LayerNorm or a class named ...Norm (LlamaRMSNorm, Qwen3RMSNorm)."""
+    import torch
+
+    names = []
+    for prefix, module in model.named_modules():
+        if isinstance(module, torch.nn.LayerNorm) or type(module).__name__.endswith("Norm"):
+            continue
+        names += [
+            f"{prefix}.{name}" if prefix else name
+            for name, _ in module.named_parameters(recurse=False)
+            if name != "bias"
+        ]
+    return names
 
 
 def model_arguments(cfg: RunConfig) -> dict[str, Any]:
@@ -142,21 +182,23 @@ def model_arguments(cfg: RunConfig) -> dict[str, Any]:
 
 def data_collator(cfg: RunConfig, tokenizer) -> FixedLengthCollator:
     """Batches exactly data.max_length wide (one compiled graph), padding masked from attention and loss."""
-    return FixedLengthCollator(pad_token_id=pad_token_id(tokenizer), max_length=cfg.data.max_length)
+    return FixedLengthCollator(
+        pad_token_id=pad_token_id(tokenizer), max_length=cfg.data.max_length, completion_only_loss=completion_only(cfg)
+    )
 
 
 SEAL_RENDEZVOUS = "hpl_checkpoint_sealed"
 
 
-def seal_checkpoints(args, rendezvous: Callable[[str], Any]) -> SealCheckpoints:
-    """The seal callback for NeuronTrainer, its barrier ``rendezvous`` (torch_xla's xm.rendezvous); refused
-    when the trainer saves asynchronously (see the module docstring)."""
+def seal_checkpoints(args, rendezvous: Callable[[str], Any], *, keep: int) -> SealCheckpoints:
+    """The seal callback for NeuronTrainer, its barrier ``rendezvous`` (torch_xla's xm.rendezvous), pruning to
+    ``keep`` checkpoints; refused when the trainer saves asynchronously (see the module docstring)."""
     if getattr(args, "async_save", False):
         raise StepError(
             "async_save is on: optimum-neuron would still be writing a checkpoint's files when it calls on_save, "
             "so its completion seal would be a lie; leave async_save unset (the pipeline never sets it)"
         )
-    return SealCheckpoints(wait_for_everyone=lambda: rendezvous(SEAL_RENDEZVOUS))
+    return SealCheckpoints(wait_for_everyone=lambda: rendezvous(SEAL_RENDEZVOUS), keep=keep)
 
 
 class ContinueStepCount(TrainerCallback):
@@ -251,15 +293,18 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
     if plan.resume_from is not None and not full:
         model = restore_adapter(cfg, model, lora, plan.resume_from)
     tokens = TokenCounter(data_collator(cfg, tokenizer))
+    records, formatter = sft_inputs(cfg, datasets["train"])
     trainer: NeuronSFTTrainer = NeuronSFTTrainer(
         model=model,
         args=args,
         data_collator=tokens,
-        train_dataset=datasets["train"],
+        train_dataset=records,
         processing_class=tokenizer,
         peft_config=lora,
-        formatting_func=formatting_func(cfg),
+        formatting_func=formatter,
     )
+    # create_optimizer (at train()) groups the parameters by self.get_decay_parameter_names(model)
+    trainer.get_decay_parameter_names = decay_parameter_names
     trainable = trainer.get_num_trainable_parameters()
     if full:
         check_full_trainable(trainable, expected_trainable)
@@ -274,6 +319,6 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
         tokens=tokens,
         trainable=trainable,
         sequence_length=cfg.data.max_length,
-        seal=seal_checkpoints(args, xm.rendezvous),
+        seal=seal_checkpoints(args, xm.rendezvous, keep=cfg.train.save_total_limit),
     )
     trainer.train()

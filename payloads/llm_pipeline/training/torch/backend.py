@@ -18,10 +18,18 @@ from pathlib import Path
 
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
-from llm_pipeline.prompt import is_chat, prompt_completion
+from llm_pipeline.prompt import is_chat
 from llm_pipeline.training.callbacks import SealCheckpoints, TokenCounter, add_run_callbacks
 from llm_pipeline.training.metrics import UtilisationMetrics, device_peak_flops
-from llm_pipeline.training.plan import TrainPlan, check_target_modules, say, sft_arguments, world_size
+from llm_pipeline.training.plan import (
+    TrainPlan,
+    check_target_modules,
+    completion_only,
+    loss_records,
+    say,
+    sft_arguments,
+    world_size,
+)
 from llm_pipeline.training.text_blocks import formatting_func
 from llm_pipeline.training.torch import methods, parallel
 from llm_pipeline.training.torch.profiling import StepProfiler
@@ -163,19 +171,6 @@ def load_model(cfg: RunConfig):
         raise StepError(f"train.attention / train.method: {exc}") from None
 
 
-def completion_only(cfg: RunConfig) -> bool:
-    """data.completion_only_loss, where there are prompts (block mode trains on the whole text)."""
-    return cfg.data.completion_only_loss and not cfg.data.blocks
-
-
-def loss_records(cfg: RunConfig, dataset):
-    """What trl trains on: prompt-completion pairs (trl labels the prompt -100) or the prepared records
-    (chat-format records as they are: trl applies the chat template and masks by assistant turn)."""
-    if dataset is None or not completion_only(cfg) or is_chat(dataset.column_names):
-        return dataset
-    return dataset.map(prompt_completion, remove_columns=dataset.column_names, desc="prompt-completion pairs")
-
-
 def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     """The configured trainer and the token counter around its collator (the benchmark times it too)."""
     import torch
@@ -257,7 +252,7 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
         tokens=tokens,
         trainable=trainable,
         sequence_length=cfg.data.max_length,
-        seal=SealCheckpoints(wait_for_everyone=trainer.accelerator.wait_for_everyone),
+        seal=SealCheckpoints(wait_for_everyone=trainer.accelerator.wait_for_everyone, keep=cfg.train.save_total_limit),
     )
     if cfg.train.profile_window is not None and plan.save_checkpoints:
         trainer.add_callback(StepProfiler(window=cfg.train.profile_window, folder=cfg.paths.profile_dir))
