@@ -224,6 +224,11 @@ class TrainConfig:
         "schedule stays that of max_steps / epochs (the smoke stage's saving run: the run resumed from it trains on "
         "the same schedule as one that never stopped)",
     )
+    nonfinite_loss_grace: int = described(
+        0,
+        ">= 0: optimizer steps in a row whose loss may be NaN or Inf before training stops with an error (exit 2, "
+        "no checkpoint of those steps); 0: stop at the first one",
+    )
     precompile_steps: int = described(
         2,
         ">= 1: optimizer steps run by `train --precompile` (under neuron_parallel_compile), each "
@@ -507,6 +512,7 @@ def validate(cfg: RunConfig) -> None:
     _require(tr.max_steps == -1 or tr.max_steps > 0, "train.max_steps", tr.max_steps, "-1 (use epochs) or > 0")
     _require(tr.epochs > 0, "train.epochs", tr.epochs, "> 0")
     _require(tr.stop_after_step >= 0, "train.stop_after_step", tr.stop_after_step, ">= 0")
+    _require(tr.nonfinite_loss_grace >= 0, "train.nonfinite_loss_grace", tr.nonfinite_loss_grace, ">= 0")
     _require(
         tr.stop_after_step == 0 or (tr.save_checkpoints and (tr.max_steps == -1 or tr.stop_after_step < tr.max_steps)),
         "train.stop_after_step",

@@ -90,6 +90,9 @@ def sft_arguments(cfg: config.RunConfig, plan: TrainPlan) -> dict[str, Any]:
         "bf16": train.bf16,
         "seed": train.seed,
         "logging_steps": plan.logging_steps,
+        # a NaN or Inf loss shows as such (the filter logs the running average instead: 0.0 from step 1);
+        # the engines stop on it (loss_guard.py)
+        "logging_nan_inf_filter": False,
         "save_strategy": "steps" if plan.save_checkpoints else "no",
         "save_steps": train.save_steps,
         "save_total_limit": None,  # SealCheckpoints prunes to train.save_total_limit once the new one is sealed

@@ -75,6 +75,7 @@ from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import COLUMNS, is_chat
 from llm_pipeline.training.callbacks import SealCheckpoints, TokenCounter, add_run_callbacks
 from llm_pipeline.training.collator import FixedLengthCollator, pad_token_id
+from llm_pipeline.training.loss_guard import NonFiniteLossGuard, StopAtNonFiniteLoss
 from llm_pipeline.training.neuron.rules import attention_kernel, check_neuron_run
 from llm_pipeline.training.plan import (
     TrainPlan,
@@ -321,4 +322,6 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
         sequence_length=cfg.data.max_length,
         seal=seal_checkpoints(args, xm.rendezvous, keep=cfg.train.save_total_limit),
     )
+    guard = NonFiniteLossGuard(grace=cfg.train.nonfinite_loss_grace, checkpoints_dir=cfg.paths.checkpoints_dir)
+    trainer.add_callback(StopAtNonFiniteLoss(guard, read_logs=True))
     trainer.train()

@@ -20,6 +20,7 @@ from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import is_chat
 from llm_pipeline.training.callbacks import SealCheckpoints, TokenCounter, add_run_callbacks
+from llm_pipeline.training.loss_guard import NonFiniteLossGuard, StopAtNonFiniteLoss
 from llm_pipeline.training.metrics import UtilisationMetrics, device_peak_flops
 from llm_pipeline.training.plan import (
     TrainPlan,
@@ -64,6 +65,21 @@ def engine_trainer_class():
             parallel.load_sharded_optimizer(self, Path(checkpoint))
             self.lr_scheduler.load_state_dict(torch.load(Path(checkpoint) / SCHEDULER_NAME, weights_only=True))
 
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            loss = super().training_step(model, inputs, num_items_in_batch)
+            step = self.state.global_step + 1
+            self.loss_guard.observe(first=step, last=step, value=agreed_loss(loss))
+            return loss
+
+        def _get_grad_norm(self, model, grad_norm=None):
+            # a finite loss can still give an Inf gradient: stop before the optimizer writes it into the weights
+            grad_norm = super()._get_grad_norm(model, grad_norm)
+            if grad_norm is not None:
+                step = self.state.global_step + 1
+                value = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+                self.loss_guard.observe(first=step, last=step, value=float(value), what="gradient norm")
+            return grad_norm
+
         def train(self, *args, **kwargs):
             with resume_keeping_epoch():
                 return super().train(*args, **kwargs)
@@ -77,8 +93,20 @@ def engine_trainer_class():
             super()._save_checkpoint(model, trial)
 
         peft_config_for_export = None
+        loss_guard: NonFiniteLossGuard
 
     return EngineTrainer
+
+
+def agreed_loss(loss) -> float:
+    """This micro-batch's loss summed over the ranks: non-finite on every rank when it is on any, so all
+    ranks stop at the same step (one scalar all-reduce; the Trainer's NaN filter synced on it anyway)."""
+    import torch.distributed as dist
+
+    total = loss.detach().float().clone()
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(total)
+    return total.item()
 
 
 def skip_first_batches_keeping_epoch(dataloader, num_batches: int = 0):
@@ -221,6 +249,9 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
         run_config=cfg,
     )
     trainer.peft_config_for_export = peft_config
+    trainer.loss_guard = NonFiniteLossGuard(
+        grace=cfg.train.nonfinite_loss_grace, checkpoints_dir=cfg.paths.checkpoints_dir
+    )
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     expected = methods.expected_trainable(model.config, cfg, total)
     if trainable != expected:
@@ -254,6 +285,7 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
         sequence_length=cfg.data.max_length,
         seal=SealCheckpoints(wait_for_everyone=trainer.accelerator.wait_for_everyone, keep=cfg.train.save_total_limit),
     )
+    trainer.add_callback(StopAtNonFiniteLoss(trainer.loss_guard, read_logs=False))
     if cfg.train.profile_window is not None and plan.save_checkpoints:
         trainer.add_callback(StepProfiler(window=cfg.train.profile_window, folder=cfg.paths.profile_dir))
     return trainer, tokens
