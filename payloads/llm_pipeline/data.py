@@ -51,6 +51,11 @@ def load_source(data: DataConfig):
         raise StepError(f"data.dataset {spec} cannot be read: {exc.__cause__ or exc}") from None
     except (FileNotFoundError, ValueError, KeyError, datasets.exceptions.DatasetNotFoundError) as exc:
         raise StepError(f"data.dataset {spec} (split {data.split!r}) cannot be loaded: {exc}") from None
+    except OSError as exc:  # the Hub out of reach (ConnectionError, HF_HUB_OFFLINE=1) or refusing
+        raise StepError(
+            f"data.dataset {spec}: cannot reach it on the Hugging Face Hub ({str(exc).splitlines()[0]}); give the "
+            "node Hub access or point data.dataset at a local copy"
+        ) from None
 
 
 def validate(dataset, source: str):

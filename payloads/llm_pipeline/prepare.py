@@ -12,6 +12,7 @@ import os
 import platform
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 from llm_pipeline import cli, config
 from llm_pipeline.errors import StepError
@@ -57,6 +58,85 @@ def check(cfg: config.RunConfig, env: Mapping[str, str]) -> None:
     if backend == "neuron":
         check_neuron(cfg)
     check_full_storage(cfg, backend)
+    check_trainer_names(cfg)
+    check_target_modules(cfg)
+    check_sources(cfg)
+
+
+def check_trainer_names(cfg: config.RunConfig) -> None:
+    """train.lr_scheduler and train.optimizer against the installed transformers (else train fails on them)."""
+    from transformers.training_args import OptimizerNames
+
+    from llm_pipeline.train import check_scheduler
+
+    check_scheduler(cfg.train.lr_scheduler)
+    known = [name.value for name in OptimizerNames]
+    if cfg.train.optimizer not in known:
+        raise StepError(
+            f"train.optimizer: {cfg.train.optimizer!r} is not an optimizer of the installed transformers "
+            f"(its names include {', '.join(name for name in config.OPTIMIZERS if name in known)})"
+        )
+    print(f"lr_scheduler {cfg.train.lr_scheduler}, optimizer {cfg.train.optimizer}: known to transformers")
+
+
+def check_sources(cfg: config.RunConfig) -> None:
+    """model.id (unless paths.model_dir holds it already) and a Hub data.dataset can be reached with this
+    runtime's token, so the download and data steps do not fail on them later."""
+    from llm_pipeline.weights import model_files
+
+    if model_files.is_complete(Path(cfg.paths.model_dir), cfg.model.dtype):
+        print(f"model: {cfg.paths.model_dir} holds it already")
+    else:
+        hub_check("model.id", cfg.model.id, kind="model", revision=cfg.model.revision)
+    spec = cfg.data.dataset
+    if not Path(spec).expanduser().exists() and not spec.startswith(("/", ".", "~")):  # a Hub id (data.load_source)
+        hub_check("data.dataset", spec, kind="dataset")
+
+
+def hub_check(key: str, repo_id: str, *, kind: str, revision: str | None = None) -> None:
+    """The Hub knows ``repo_id`` and lets this runtime's token read it: one error line if not."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    from llm_pipeline.download import find_token
+
+    token = find_token()
+    api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)
+    try:
+        info = (api.model_info if kind == "model" else api.dataset_info)(repo_id, revision=revision, token=token)
+    except GatedRepoError:
+        raise StepError(f"{key} {repo_id}: gated, and this token has no access: accept its terms on the Hub") from None
+    except RepositoryNotFoundError:
+        hint = "" if token else ", or set HF_TOKEN if it is private"
+        raise StepError(
+            f"{key} {repo_id}: no such {kind} on the Hugging Face Hub (or no access): check {key}{hint}"
+        ) from None
+    except (HfHubHTTPError, OSError, Exception) as exc:  # HF_HUB_OFFLINE=1, or the HTTP client's own error
+        raise StepError(
+            f"{key} {repo_id}: cannot reach the Hugging Face Hub to check it ({str(exc).splitlines()[0]}); "
+            f"give the node Hub access, or point {key} at a local copy"
+        ) from None
+    print(f"{key}: {repo_id} found on the Hub ({kind}{', gated' if getattr(info, 'gated', False) else ''})")
+
+
+def check_target_modules(cfg: config.RunConfig) -> None:
+    """lora.target_modules against the model's modules (built on the meta device: no weights read), once
+    the model is downloaded; adapter methods only."""
+    from llm_pipeline.training.plan import check_target_modules as check_modules
+
+    if cfg.train.method == "full":
+        return
+    config_file = Path(cfg.paths.model_dir) / "config.json"
+    if not config_file.is_file():
+        print(f"note: {config_file} is not there yet; the train step checks lora.target_modules against it")
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg.paths.model_dir))
+    check_modules(model, cfg.lora)
+    print(f"lora.target_modules: all in the model ({', '.join(cfg.lora.target_modules)})")
 
 
 FROZEN_LANE_NOTE = (

@@ -35,3 +35,67 @@ def test_a_neuron_run_is_told_once_that_the_trn1_lane_is_frozen(hpl_env, tmp_pat
     torch_run = write_config(tmp_path / "torch.toml", hpl_env, train={"backend": "torch"})
     assert prepare.main(["--config", str(torch_run)]) == 0
     assert "frozen" not in capsys.readouterr().out
+
+
+def _prepare(tmp_path, env, **sections) -> int:
+    return prepare.main(["--config", str(write_config(tmp_path / "run.toml", env, **sections))])
+
+
+def _offline(monkeypatch) -> None:
+    """HF_HUB_OFFLINE=1 as a step starts with it (the libraries read it at import, so their flags too)."""
+    import datasets
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_an_unknown_lr_scheduler_or_optimizer_stops_at_prepare(hpl_env, tmp_path, capsys, monkeypatch):
+    assert _prepare(tmp_path, hpl_env, train={"lr_scheduler": "cosin"}) == 2
+    assert "train.lr_scheduler: invalid value 'cosin' (allowed: linear, cosine" in _one_error_line(capsys)
+    from transformers import training_args
+
+    # an optimizer this pipeline knows but the installed transformers lacks (an older image)
+    names = [name for name in training_args.OptimizerNames if name.value != "paged_adamw_8bit"]
+    monkeypatch.setattr(training_args, "OptimizerNames", names)
+    assert _prepare(tmp_path, hpl_env, train={"optimizer": "paged_adamw_8bit"}) == 2
+    assert "train.optimizer: 'paged_adamw_8bit' is not an optimizer of the installed" in _one_error_line(capsys)
+
+
+def test_an_unreachable_model_or_dataset_id_stops_at_prepare_with_one_line(hpl_env, tmp_path, capsys, monkeypatch):
+    _offline(monkeypatch)  # never the network: the Hub is out of reach
+    missing = {"HPL_MODELS_DIR": str(tmp_path / "no-models")}
+    assert _prepare(tmp_path, {**hpl_env, **missing}, model={"id": "no-such-owner/no-such-model"}) == 2
+    assert "model.id no-such-owner/no-such-model: cannot reach the Hugging Face Hub" in _one_error_line(capsys)
+    assert _prepare(tmp_path, hpl_env, data={"dataset": "no-such-owner/no-such-dataset"}) == 2
+    assert "data.dataset no-such-owner/no-such-dataset: cannot reach the Hugging Face Hub" in _one_error_line(capsys)
+
+
+def test_the_data_step_reports_an_unreachable_dataset_id_in_one_line(hpl_env, tmp_path, capsys, monkeypatch):
+    from llm_pipeline import data
+
+    _offline(monkeypatch)
+    path = write_config(tmp_path / "run.toml", hpl_env, data={"dataset": "no-such-owner/no-such-dataset"})
+    assert data.main(["--config", str(path)]) == 2
+    assert "data.dataset no-such-owner/no-such-dataset: cannot reach it on the Hugging Face Hub" in _one_error_line(
+        capsys
+    )
+
+
+def test_lora_target_modules_missing_from_the_model_stop_at_prepare(hpl_env, tmp_path, capsys):
+    from transformers import GPT2Config
+
+    other = tmp_path / "models" / "tiny-llama"  # a model of another architecture (fused c_attn, no q_proj)
+    GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=64).save_pretrained(other)
+    env = {**hpl_env, "HPL_MODELS_DIR": str(tmp_path / "models")}
+    assert _prepare(tmp_path, env) == 2
+    assert "lora.target_modules: q_proj, k_proj, v_proj" in _one_error_line(capsys)
+    assert _prepare(tmp_path, hpl_env) == 0
+    assert "lora.target_modules: all in the model" in capsys.readouterr().out

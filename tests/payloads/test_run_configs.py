@@ -81,5 +81,8 @@ def test_gpu_example_is_accepted_by_prepare_on_its_instance(name, monkeypatch, c
     assert (cfg.train.backend, cfg.train.method, cfg.parallel.devices_per_node) == ("torch", method, facts.devices)
     assert facts.accelerator == "cuda" and cfg.model.id.startswith("meta-llama/Llama-3.")
     monkeypatch.setenv("HPL_DEVICES_PER_NODE", str(facts.devices))
+    asked = []  # the Hub itself is out of reach here: record what prepare asks it
+    monkeypatch.setattr(prepare, "hub_check", lambda key, repo_id, **_: asked.append((key, repo_id)))
     assert prepare.main(["--config", str(path)]) == 0, capsys.readouterr().err
+    assert ("model.id", cfg.model.id) in asked
     assert f"processes per node: {facts.devices}" in capsys.readouterr().out
