@@ -21,7 +21,12 @@ from llm_pipeline.training import data_stats, text_blocks
 from llm_pipeline.weights import model_files
 from llm_pipeline.weights.atomic_output import AtomicOutputDir
 
-FILE_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+FILE_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+# Other record layouts people bring, mapped onto the dolly columns: alpaca's instruction/input/output.
+COLUMN_MAPS = {"alpaca": {"instruction": "instruction", "input": "context", "output": "response"}}
+# Refused above these shares of the records (counted and reported below them).
+EMPTY_RESPONSES_REFUSED_ABOVE = 0.5
+NO_ROOM_REFUSED_ABOVE = data_stats.NO_ROOM_SHARE
 SOURCE_FILE = "source.json"  # the [data] config + seed the prepared copy was made from
 STATS_FILE = "stats.json"
 
@@ -58,10 +63,38 @@ def load_source(data: DataConfig):
         ) from None
 
 
+def map_columns(dataset, source: str):
+    """Records in a known other layout (alpaca) renamed to the dolly columns; others as they are."""
+    names = set(dataset.column_names)
+    for layout, mapping in COLUMN_MAPS.items():
+        if "response" not in names and set(mapping) <= names:
+            print(f"data.dataset {source}: {layout} columns ({', '.join(mapping)}) read as dolly's", flush=True)
+            return dataset.rename_columns({old: new for old, new in mapping.items() if old != new})
+    return dataset
+
+
+def check_responses(dataset, source: str) -> None:
+    """Empty or missing responses teach nothing: refused when most records have none, else counted."""
+    empty = sum(not (text or "").strip() for text in dataset["response"])
+    if not empty:
+        return
+    share = empty / len(dataset)
+    if share > EMPTY_RESPONSES_REFUSED_ABOVE:
+        raise StepError(
+            f"data.dataset {source}: {empty} of {len(dataset)} records have an empty or missing response "
+            f"({share:.0%}; refused above {EMPTY_RESPONSES_REFUSED_ABOVE:.0%}): fill the response column, or map the "
+            "answer column to it"
+        )
+    print(
+        f"note: data.dataset {source}: {empty} of {len(dataset)} records have an empty or missing response", flush=True
+    )
+
+
 def validate(dataset, source: str):
-    """Keep the dolly columns as strings; stop on an empty dataset or missing columns."""
+    """Keep the dolly columns as strings; stop on an empty dataset, missing columns or (mostly) empty responses."""
     if len(dataset) == 0:
         raise StepError(f"data.dataset {source} is empty: there is nothing to train on")
+    dataset = map_columns(dataset, source)
     missing = [name for name in REQUIRED_COLUMNS if name not in dataset.column_names]
     if missing:
         raise StepError(
@@ -75,6 +108,7 @@ def validate(dataset, source: str):
         if dtype not in ("string", "large_string", "null"):
             raise StepError(f"data.dataset {source}: column {name} holds {dataset.features[name]}, expected text")
     dataset = dataset.select_columns(list(COLUMNS))
+    check_responses(dataset, source)
     return dataset.map(lambda record: {name: record[name] or "" for name in COLUMNS}, desc="cleaning records")
 
 
@@ -168,6 +202,7 @@ def prepare(cfg: RunConfig, tokenizer=None) -> Path:
             data_stats.check_template_fits(tokenizer, cfg.data.max_length)
         prepared = split(records, cfg.data, cfg.train.seed)
         report = data_stats.padding_report(prepared["train"], tokenizer, cfg)
+        check_room_for_answers(report, cfg.data)
         describe = data_stats.describe
     target = cfg.paths.data_dir
     with AtomicOutputDir(target, overwrite=True) as partial:
@@ -178,6 +213,17 @@ def prepare(cfg: RunConfig, tokenizer=None) -> Path:
     print(f"prepared {sizes} rows in {target}", flush=True)
     print(describe(report), flush=True)
     return target
+
+
+def check_room_for_answers(report: dict, data: DataConfig) -> None:
+    """Prompts that fill data.max_length leave the answer out: nothing to learn from them."""
+    full, examples = report["prompts_filling_max_length"], report["examples"]
+    if full / examples > NO_ROOM_REFUSED_ABOVE:
+        raise StepError(
+            f"data.max_length {data.max_length}: {full} of {examples} prompts fill it and leave no room for the "
+            f"answer ({full / examples:.0%}; refused above {NO_ROOM_REFUSED_ABOVE:.0%}): data.max_length "
+            f"{report['max_length_leaving_room']} leaves room in all but {NO_ROOM_REFUSED_ABOVE:.0%} of them"
+        )
 
 
 def prepare_blocks(cfg: RunConfig, tokenizer):

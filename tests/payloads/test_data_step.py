@@ -189,3 +189,45 @@ def test_chat_records_need_a_template_that_marks_the_assistant_turns(hpl_env, tm
     tokenizer.chat_template = None
     with pytest.raises(StepError, match=r"data\.dataset .* has no chat template"):
         data.prepare(cfg, tokenizer)
+
+
+def _jsonl(path, records):
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return path
+
+
+def test_mostly_empty_or_missing_responses_are_refused_and_a_few_counted(hpl_env, tmp_path, capsys):
+    records = tiny.dolly_records(20)
+    empty = [{**r, "response": ""} for r in records[:11]] + [
+        {k: v for k, v in r.items() if k != "response"} for r in records[11:]
+    ]
+    cfg = tiny_config(hpl_env, data={"dataset": str(_jsonl(tmp_path / "empty.jsonl", empty))})
+    with pytest.raises(
+        StepError, match=r"20 of 20 records have an empty or missing response \(100%; refused above 50%"
+    ):
+        data.prepare(cfg)
+    few = [{**r, "response": "  "} if i < 3 else r for i, r in enumerate(records)]
+    data.prepare(tiny_config(hpl_env, data={"dataset": str(_jsonl(tmp_path / "few.jsonl", few))}))
+    assert "3 of 20 records have an empty or missing response" in capsys.readouterr().out
+
+
+def test_prompts_leaving_no_room_for_the_answer_are_refused_with_a_length_that_fits(hpl_env):
+    cfg = tiny_config(hpl_env, data={"max_length": 24})
+    with pytest.raises(StepError, match=r"data\.max_length 24: \d+ of \d+ prompts fill it") as refused:
+        data.prepare(cfg)
+    suggested = int(str(refused.value).split("data.max_length ")[2].split(" ")[0])
+    report = data.prepare(tiny_config(hpl_env, data={"max_length": suggested})) / data.STATS_FILE
+    stats = json.loads(report.read_text())
+    assert stats["prompts_filling_max_length"] <= 0.1 * stats["examples"]
+
+
+def test_alpaca_and_csv_records_are_read_as_dolly_records(hpl_env, tmp_path):
+    import datasets
+
+    records = tiny.dolly_records(12)
+    alpaca = [{"instruction": r["instruction"], "input": r["context"], "output": r["response"]} for r in records]
+    csv = tmp_path / "rows.csv"
+    datasets.Dataset.from_list(records).to_csv(str(csv))
+    for source in (_jsonl(tmp_path / "alpaca.jsonl", alpaca), csv):
+        loaded = data.validate(data.load_source(DataConfig(dataset=str(source))), str(source))
+        assert loaded.to_list() == [{k: r[k] or "" for k in ("instruction", "context", "response")} for r in records]

@@ -63,6 +63,17 @@ def token_ids(dataset, tokenizer) -> tuple[list[list[int]], list[int]]:
     return tokenizer(texts)["input_ids"], [len(p) for p in tokenizer(prompts)["input_ids"]]
 
 
+NO_ROOM_SHARE = 0.1  # data.NO_ROOM_REFUSED_ABOVE: the share of prompts the suggested length may still fill
+
+
+def length_leaving_room(prompt_lengths: list[int], share: float) -> int:
+    """The shortest max_length whose prompts fill it in at most ``share`` of the records (one answer token
+    past every other prompt)."""
+    ordered = sorted(prompt_lengths)
+    allowed = math.floor(share * len(ordered))
+    return ordered[len(ordered) - allowed - 1] + 1
+
+
 def padding_report(dataset, tokenizer, cfg: RunConfig) -> dict:
     import datasets
     from trl import pack_dataset
@@ -78,6 +89,7 @@ def padding_report(dataset, tokenizer, cfg: RunConfig) -> dict:
         "mean_tokens_per_example": round(kept / len(ids), 1),
         "truncated_examples": sum(len(x) > length for x in ids),
         "prompts_filling_max_length": sum(n >= length for n in prompt_lengths),
+        "max_length_leaving_room": length_leaving_room(prompt_lengths, NO_ROOM_SHARE),
         "packing_enabled": cfg.data.packing,
         "padded_to_max_length": {
             "sequences": len(ids),
