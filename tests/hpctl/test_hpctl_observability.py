@@ -23,10 +23,10 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.stub import Stubber
-from conftest import FIXTURE_SESSION, REGION, STACK, outputs_template
 
 from cluster_contract import MANAGED_EXTENSION, ObservabilityOutput, StackOutput
 from hpctl import observability
+from tests.hpctl.conftest import FIXTURE_SESSION, REGION, STACK, outputs_template
 
 RUN = "llama-lora"
 
