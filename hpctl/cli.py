@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     steps.add_argument("--tail", type=count, default=0, metavar="N", help="last N lines (0: all)")
     steps.set_defaults(handler=commands.logs_steps)
     add_run_parsers(sub, common)
+    add_observability_parsers(sub, common)
     job_commands.add_parsers(sub, common)
     return parser
 
@@ -126,6 +127,22 @@ def add_run_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
     board.add_argument("--port", type=int, default=6006, help="TensorBoard's port (default 6006)")
     board.add_argument("--print-only", action="store_true", help="download, then print the command instead")
     board.set_defaults(handler=commands.run_tensorboard)
+
+
+def add_observability_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    metrics = sub.add_parser("metrics", parents=[common], help="a run's latest figures from the metrics workspace")
+    metrics.add_argument("run", metavar="RUN", help="the run's name (its run folder under outputs/)")
+    metrics.add_argument(
+        "--endpoint", help="another Prometheus HTTP API (default: the stack's MetricsEndpoint, AMP with SigV4)"
+    )
+    metrics.add_argument("--unsigned", action="store_true", help="send no SigV4 signature (a plain Prometheus)")
+    metrics.set_defaults(handler=commands.metrics)
+    board = sub.add_parser("dashboard", parents=[common], help="where the dashboard is and how to open it")
+    board.set_defaults(handler=commands.dashboard)
+    extension = sub.add_parser("observability", help="observability = managed: AWS's cluster extension")
+    actions = extension.add_subparsers(dest="observability_command", required=True, metavar="ACTION")
+    enable = actions.add_parser("enable", parents=[common], help="install sagemaker-observability on the cluster")
+    enable.set_defaults(handler=commands.observability_enable)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import boto3
 
-from cluster_contract import StackOutput
-from hpctl import run_progress, ssm
+from cluster_contract import MANAGED_MODE, ObservabilityOutput, StackOutput
+from hpctl import observability, run_progress, ssm
 from hpctl.cluster import choose_node, describe_cluster, list_nodes, require_usable, ssm_target
 from hpctl.errors import HpctlError, aws_errors
 from hpctl.facts import read_cluster_facts
@@ -63,6 +63,7 @@ def status(args: argparse.Namespace) -> None:
     deployment = connect(args)
     stack = deployment.stack()
     report = collect_status(deployment.session, stack)
+    report["observability"] = observability.health(deployment.session, stack)
     report["run"] = newest_run_status(deployment, stack)
     print(render_json(report) if args.json else render_text(report))
 
@@ -185,3 +186,40 @@ def run_tensorboard(args: argparse.Namespace) -> None:
     s3, bucket = _run_sources(args)
     (folder,) = local_copies(args.runs, args.dest, s3, bucket)
     open_tensorboard(folder, args.port, launch=not args.print_only)
+
+
+def metrics(args: argparse.Namespace) -> None:
+    if args.endpoint and args.unsigned:  # a plain Prometheus: no stack, region or credentials needed
+        promql = observability.PromQL(args.endpoint, None, signed=False)
+    else:
+        deployment = connect(args)
+        endpoint = args.endpoint or observability.endpoint_for(deployment.stack())
+        promql = observability.PromQL(endpoint, deployment.session, signed=not args.unsigned)
+    print(observability.render_figures(observability.run_figures(promql, args.run)))
+
+
+def dashboard(args: argparse.Namespace) -> None:
+    deployment = connect(args)
+    stack = deployment.stack()
+    print(
+        observability.dashboard_text(
+            root=deployment.settings.root,
+            mode=observability.mode_of(stack),
+            endpoint=stack.output(ObservabilityOutput.METRICS_ENDPOINT),
+            region=deployment.region,
+        )
+    )
+
+
+def observability_enable(args: argparse.Namespace) -> None:
+    deployment = connect(args)
+    stack = deployment.stack()
+    mode = observability.mode_of(stack)
+    if mode != MANAGED_MODE:
+        raise HpctlError(
+            f"stack {stack.name} has observability = {mode or 'not set'}: AWS's extension is for "
+            f"observability = {MANAGED_MODE} (cdk.json, with provisioning = continuous), then `make deploy`"
+        )
+    cluster = describe_cluster(deployment.session, stack.output(StackOutput.CLUSTER_NAME))
+    require_usable(cluster, ready=True)
+    print(observability.enable_extension(observability.sagemaker_client(deployment.session), cluster.arn))

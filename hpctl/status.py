@@ -9,7 +9,7 @@ import boto3
 from botocore.exceptions import ClientError
 
 from cluster_contract import StackOutput
-from hpctl import run_progress
+from hpctl import observability, run_progress
 from hpctl.cluster import describe_cluster, list_nodes
 from hpctl.errors import aws_errors
 from hpctl.stack import StackInfo
@@ -78,6 +78,7 @@ def render_text(status: dict) -> str:
         f"FSx          {fsx['id']}  {fsx['status']}{size}  {fsx.get('dns_name', '')}@tcp:/{fsx.get('mount_name', '')}",
         f"Image        {status['image_uri'] or '-'}",
         f"Bucket       {stack['outputs'].get('BucketName', '-')}",
+        *([f"Metrics      {observability.render_health(watched)}"] if (watched := status.get("observability")) else []),
         "",
         "Instance groups",
         format_table(

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from hpctl.cli import main
+
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "observability" / "dashboards" / "cluster-and-run.json"
 RUN = "rehearsal-run"
@@ -175,3 +177,13 @@ def test_every_dashboard_query_evaluates_and_the_local_ones_return_data(stack):
     for title, expr in exprs.items():
         result = prometheus.query(expr.replace("$run", ".*").replace("$job", ".*"))  # Grafana's "All"
         assert bool(result) != (title in remote_only), f"{title}: {expr} -> {result}"
+
+
+def test_hpctl_metrics_reads_the_run_from_this_prometheus(stack, capsys):
+    _, prometheus, _, _ = stack
+    prometheus.wait_for(f'hpl_train_step{{run="{RUN}"}} == 8')
+    assert main(["metrics", RUN, "--endpoint", prometheus.url, "--unsigned"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"run {RUN}  (Slurm job ")
+    assert lines[1:4] == ["  step          8 / 8", "  loss          0.3750", "  learning rate 1.25e-05"]
+    assert lines[5:] == ["  MFU           30.0%", "  ETA           0:00:00"]
