@@ -185,3 +185,13 @@ def run_tensorboard(args: argparse.Namespace) -> None:
     s3, bucket = _run_sources(args)
     (folder,) = local_copies(args.runs, args.dest, s3, bucket)
     open_tensorboard(folder, args.port, launch=not args.print_only)
+
+
+def doctor(args: argparse.Namespace) -> int:
+    from hpctl import doctor as checkup  # loads stacks.config and cfn-lint's tables: only this command needs them
+
+    settings = resolve_settings(stack=args.stack, region=args.region, cwd=Path.cwd())
+    context = read_cdk_context(settings.root) if (settings.root / "cdk.json").is_file() else {}
+    if args.region:  # the deploy's region is cdk.json's unless told otherwise
+        context = {**context, "region": args.region}
+    return checkup.run(context=context, profile=args.profile)
