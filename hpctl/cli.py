@@ -82,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     submit.set_defaults(handler=commands.submit)
 
+    doctor = sub.add_parser(
+        "doctor",
+        parents=[common],
+        help="before a deploy: credentials, region, quotas, zone, Docker, Node.js, CDK, token",
+    )
+    doctor.set_defaults(handler=commands.doctor)
+
     logs = sub.add_parser("logs", help="lifecycle logs (CloudWatch) or pipeline step logs (S3)")
     kinds = logs.add_subparsers(dest="kind", required=True, metavar="KIND")
     lifecycle = kinds.add_parser("lifecycle", parents=[common], help="node lifecycle script logs")

@@ -223,3 +223,13 @@ def observability_enable(args: argparse.Namespace) -> None:
     cluster = describe_cluster(deployment.session, stack.output(StackOutput.CLUSTER_NAME))
     require_usable(cluster, ready=True)
     print(observability.enable_extension(observability.sagemaker_client(deployment.session), cluster.arn))
+
+
+def doctor(args: argparse.Namespace) -> int:
+    from hpctl import doctor as checkup  # loads stacks.config and cfn-lint's tables: only this command needs them
+
+    settings = resolve_settings(stack=args.stack, region=args.region, cwd=Path.cwd())
+    context = read_cdk_context(settings.root) if (settings.root / "cdk.json").is_file() else {}
+    if args.region:  # the deploy's region is cdk.json's unless told otherwise
+        context = {**context, "region": args.region}
+    return checkup.run(context=context, profile=args.profile)

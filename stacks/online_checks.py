@@ -111,20 +111,29 @@ def cluster_quotas(session: boto3.Session) -> dict[str, float]:
     return quotas
 
 
-def quota_refusals(config: HyperPodConfig, session: boto3.Session) -> list[str]:
+def quota_wanted(config: HyperPodConfig) -> Counter[str]:
+    """Nodes per instance type that count against the cluster-usage quotas (controller and login included)."""
     wanted: Counter[str] = Counter({config.controller_instance_type: config.controller_instance_count})
     wanted[config.login_instance_type] += config.login_instance_count
     for group in config.compute_groups:
         if not group.training_plan_arn:  # groups on a training plan are judged against the plan (above)
             wanted[group.instance_type] += group.count
+    return +wanted  # drops the types wanted 0 times (no login node)
+
+
+def quota_increase_hint() -> str:
+    return f"Service Quotas console, or aws service-quotas request-service-quota-increase --service-code {SERVICE_CODE}"
+
+
+def quota_refusals(config: HyperPodConfig, session: boto3.Session) -> list[str]:
+    wanted = quota_wanted(config)
     quotas = cluster_quotas(session)
     return [
         f"config key '{GROUPS_KEY}': {count} x {instance_type} wanted, but this account's quota "
         f"'{instance_type}{CLUSTER_QUOTA_SUFFIX}' in {config.region} is {quota:g}; lower the count, or ask for "
-        f"more (Service Quotas console, or aws service-quotas request-service-quota-increase --service-code "
-        f"{SERVICE_CODE})"
+        f"more ({quota_increase_hint()})"
         for instance_type, count in sorted(wanted.items())
-        if count and (quota := quotas.get(instance_type)) is not None and count > quota
+        if (quota := quotas.get(instance_type)) is not None and count > quota
     ]
 
 

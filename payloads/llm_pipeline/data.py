@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 from llm_pipeline import cli
@@ -263,8 +264,31 @@ def training_inputs(cfg: RunConfig, *, may_prepare: bool):
     return datasets.load_from_disk(str(cfg.paths.data_dir)), tokenizer
 
 
+def preview(cfg: RunConfig) -> None:
+    """Print the first training record as trl tokenizes it, trained span marked, then the padding report."""
+    from llm_pipeline.training.torch import preview as torch_preview
+
+    tokenizer = load_tokenizer(cfg.paths.model_dir)
+    if cfg.data.blocks:
+        raise StepError("data.blocks trains on every token of fixed-length blocks: there is no span to preview")
+    records = validated_records(cfg.data, tokenizer)
+    if not is_chat(records.column_names):
+        data_stats.check_template_fits(tokenizer, cfg.data.max_length)
+    train = split(records, cfg.data, cfg.train.seed)["train"]
+    example = torch_preview.prepared_example(cfg, train.select([0]), tokenizer)
+    print(f"first training record of {cfg.data.dataset}, as the trainer tokenizes it", flush=True)
+    print(torch_preview.describe(example, tokenizer, cfg.data.max_length), flush=True)
+    print(data_stats.describe(data_stats.padding_report(train, tokenizer, cfg)), flush=True)
+
+
 def main(argv=None) -> int:
-    description = "Validate, split and save the dolly dataset; report padding with and without packing."
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--preview"] and len(argv) == 2:  # python -m llm_pipeline.data --preview CONFIG
+        return cli.run_config_only_step("data", "Preview a tokenized example.", preview, ["--config", argv[1]])
+    description = (
+        "Validate, split and save the dolly dataset; report padding with and without packing. "
+        "`--preview CONFIG` prints the first training record as the trainer tokenizes it, trained span in [[ ]]."
+    )
     return cli.run_config_only_step("data", description, prepare, argv)
 
 
