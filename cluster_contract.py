@@ -106,8 +106,13 @@ FACT_KEYS = (
     "node_exporter_image",
     "collector_image",
     "dcgm_exporter_image",
+    "hf_token_secret_arn",
     "partitions",
 )
+# The Hugging Face token's secret (stacks/secrets.py): its ARN is a plain fact (HPL_HF_TOKEN_SECRET_ARN on
+# the nodes, the job's environment in the jobs lane); the token itself is the JSON field below, read at run time.
+HUB_TOKEN_SECRET_VARIABLE = "HPL_HF_TOKEN_SECRET_ARN"
+HUB_TOKEN_FIELD = "token"
 
 
 class StackOutput:
@@ -126,6 +131,7 @@ class StackOutput:
     COMPUTE_GROUP = "ComputeGroup"
     SHELL_COMMAND = "ShellCommand"
     SUBMIT_COMMAND = "SubmitCommand"
+    HF_TOKEN_SECRET_ARN = "HfTokenSecretArn"  # both lanes: where `hpctl secret set hf-token` writes
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

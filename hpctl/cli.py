@@ -1,4 +1,4 @@
-"""hpctl: operate the deployed HyperPod cluster (status, wait, shell, submit, logs) and training jobs (job)."""
+"""hpctl: operate the deployed HyperPod cluster (status, wait, shell, submit, logs, nodes) and training jobs (job)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from cluster_contract import DEFAULT_STACK_NAME
-from hpctl import commands, job_commands
+from hpctl import commands, job_commands, node_commands, secrets
 from hpctl.errors import HpctlError
 from llm_pipeline import __version__
 from llm_pipeline.compare import DEFAULT_TOLERANCE  # stdlib at import; charts load when it runs
@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     steps.set_defaults(handler=commands.logs_steps)
     add_run_parsers(sub, common)
     add_observability_parsers(sub, common)
+    node_commands.add_parsers(sub, common)
+    secrets.add_parsers(sub, common)
     job_commands.add_parsers(sub, common)
     return parser
 

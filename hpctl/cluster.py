@@ -51,6 +51,12 @@ class Node:
     status: str  # Running, Pending, Failure, ShuttingDown, SystemUpdating, ...
     message: str
     launch_time: datetime | None
+    hostname: str = ""  # PrivateDnsHostname (ip-10-1-2-3.<region>.compute.internal): Slurm uses its first label
+    logical_id: str = ""  # NodeLogicalId (continuous provisioning): the node's id from request to termination
+
+    @property
+    def slurm_name(self) -> str:
+        return self.hostname.split(".", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -120,11 +126,13 @@ def _is_not_found(error: ClientError) -> bool:
     return details.get("Code") == "ResourceNotFound" or "could not find" in details.get("Message", "").lower()
 
 
-def list_nodes(session: boto3.Session, name: str) -> list[Node]:
+def list_nodes(session: boto3.Session, name: str, *, logical_ids: bool = False) -> list[Node]:
+    """The cluster's nodes; ``logical_ids`` (continuous provisioning only) adds each node's NodeLogicalId."""
     paginator = session.client("sagemaker").get_paginator("list_cluster_nodes")
     nodes = []
+    extra = {"IncludeNodeLogicalIds": True} if logical_ids else {}
     with aws_errors(f"list the nodes of cluster {name}"):
-        for page in paginator.paginate(ClusterName=name):
+        for page in paginator.paginate(ClusterName=name, **extra):
             for summary in page["ClusterNodeSummaries"]:
                 status = summary.get("InstanceStatus", {})
                 nodes.append(
@@ -135,6 +143,8 @@ def list_nodes(session: boto3.Session, name: str) -> list[Node]:
                         status=status.get("Status", ""),
                         message=status.get("Message", ""),
                         launch_time=summary.get("LaunchTime"),
+                        hostname=summary.get("PrivateDnsHostname", ""),
+                        logical_id=summary.get("NodeLogicalId", ""),
                     )
                 )
     return sorted(nodes, key=lambda node: (node.group, node.instance_id))

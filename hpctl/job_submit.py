@@ -16,7 +16,7 @@ from pathlib import Path
 
 import boto3
 
-from cluster_contract import JobStackOutput, StackOutput
+from cluster_contract import HUB_TOKEN_SECRET_VARIABLE, JobStackOutput, StackOutput
 from hpctl.errors import HpctlError, aws_errors
 from hpctl.job_instances import accelerator, check_instance_type, check_run_fits, training_shape_limit
 from hpctl.job_spec import (
@@ -125,6 +125,9 @@ def build_spec(
     cache_uri = environment.get(sagemaker_env.COMPILE_CACHE_URI_VARIABLE)
     if cache_uri and s3_has(session, bucket, f"{COMPILE_CACHE_PREFIX}/"):  # an empty S3 channel fails the job
         channels[sagemaker_env.COMPILE_CACHE_CHANNEL] = cache_uri
+    token_secret = deployment.outputs.get(StackOutput.HF_TOKEN_SECRET_ARN, "")
+    if token_secret:  # the secret's ARN only: the download step reads the token with the job role
+        environment[HUB_TOKEN_SECRET_VARIABLE] = token_secret
     model_prefix = f"{MODELS_PREFIX}/{paths.model}/"  # keyed by the model folder: uploaded once, any run
     if s3_has(session, bucket, model_prefix):
         channels[sagemaker_env.MODELS_CHANNEL] = f"s3://{bucket}/{model_prefix}"

@@ -48,6 +48,7 @@ FACT_KEYS = (
     "node_exporter_image",
     "collector_image",
     "dcgm_exporter_image",
+    "hf_token_secret_arn",
     "partitions",
 )
 PARTITIONS_KEY = "partitions"  # {partition: {fact: value}}: the one nested fact

@@ -432,7 +432,11 @@ def observability_facts(
 
 
 def cluster_facts(
-    config: HyperPodConfig, *, image_uris: Mapping[str, str], metrics: Mapping[str, str] | None = None
+    config: HyperPodConfig,
+    *,
+    image_uris: Mapping[str, str],
+    metrics: Mapping[str, str] | None = None,
+    hf_token_secret_arn: str = "",
 ) -> dict[str, Any]:
     """The cluster-facts.json contract: what every node exports as HPL_<KEY>.
 
@@ -441,6 +445,7 @@ def cluster_facts(
     group; the lifecycle script replaces them with the node's own group on compute nodes.
     ``partitions`` holds every partition's facts for submit. ``metrics`` is :func:`observability_facts`
     (without it: the mode's facts with no workspace or images, as in an offline check of the shape).
+    ``hf_token_secret_arn`` names the Hugging Face token's secret (the token is read from it at run time).
     """
     partitions = {group.partition: partition_facts(config, group, image_uris) for group in config.compute_groups}
     default = partitions[config.default_group.partition]
@@ -465,5 +470,6 @@ def cluster_facts(
         "compute_instance_type": default["instance_type"],
         "runtime": config.runtime,
         **(metrics if metrics is not None else observability_facts(config)),
+        "hf_token_secret_arn": hf_token_secret_arn,
         "partitions": partitions,
     }

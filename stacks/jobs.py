@@ -19,6 +19,8 @@ PutMetricData always sends its namespace, so real calls stay limited to SageMake
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_iam as iam
@@ -43,6 +45,7 @@ class JobRole(Construct):
         name_prefix: str,
         bucket: s3.IBucket,
         image_repository: ecr.IRepository,
+        extra_statements: Sequence[iam.PolicyStatement] = (),
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
@@ -93,6 +96,7 @@ class JobRole(Construct):
                 resources=["*"],
                 conditions={"StringEqualsIfExists": {"cloudwatch:namespace": METRICS_NAMESPACE}},
             ),
+            *extra_statements,  # e.g. reading the Hugging Face token's secret
         ]
         self.policy = iam.ManagedPolicy(
             self,

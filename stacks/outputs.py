@@ -103,3 +103,13 @@ def add_job_outputs(
         values[StackOutput.REGION] = (config.region, "Region of the stack")
     for logical_id, (value, description) in values.items():
         CfnOutput(stack, logical_id, value=value, description=description)
+
+
+def add_secret_outputs(stack: Stack, *, hub_token_secret_arn: str) -> None:
+    """Where `hpctl secret set hf-token` puts the Hugging Face token (both lanes)."""
+    CfnOutput(
+        stack,
+        StackOutput.HF_TOKEN_SECRET_ARN,
+        value=hub_token_secret_arn,
+        description="Secrets Manager secret holding the Hugging Face token (hpctl secret set hf-token)",
+    )

@@ -19,8 +19,9 @@ from stacks.lifecycle import LifecycleUpload
 from stacks.nag import acknowledge_cdk_providers
 from stacks.network import Network, pin_availability_zone
 from stacks.observability import MetricsWorkspace
-from stacks.outputs import add_job_outputs, add_observability_outputs, add_outputs
+from stacks.outputs import add_job_outputs, add_observability_outputs, add_outputs, add_secret_outputs
 from stacks.payloads import PayloadUpload, deploy_facts
+from stacks.secrets import HubTokenSecret
 from stacks.storage import DataBucket, SharedFileSystem
 from stacks.update_safety import CONFIG_METADATA_KEY, config_record
 
@@ -55,6 +56,7 @@ class HyperPodStack(Stack):
         if config.cluster_lane:
             pin_availability_zone(self, config.availability_zone_id)  # context: before any child
         self.data = DataBucket(self, "Data", bucket_name=config.bucket_name, retain=config.retain_outputs)
+        self.hub_token = HubTokenSecret(self, "HubToken", name_prefix=config.name_prefix)
         lanes = tuple(lane for lane, on in (("cluster", config.cluster_lane), ("jobs", config.jobs_lane)) if on)
         images = lane_images(self, context_dir=source_root / "payloads", families=config.image_families, lanes=lanes)
         self.images = images.get("cluster", {})  # CUDA: the -ec2 base
@@ -65,7 +67,12 @@ class HyperPodStack(Stack):
             # One CDK assets repository holds every image.
             repository = next(iter(self.job_images.values())).asset.repository
             self.job_role = JobRole(
-                self, "JobRole", name_prefix=config.name_prefix, bucket=self.data.bucket, image_repository=repository
+                self,
+                "JobRole",
+                name_prefix=config.name_prefix,
+                bucket=self.data.bucket,
+                image_repository=repository,
+                extra_statements=self.hub_token.read_statements(),
             )
             add_job_outputs(
                 self,
@@ -75,6 +82,7 @@ class HyperPodStack(Stack):
                 data=self.data,
                 with_shared=not config.cluster_lane,
             )
+        add_secret_outputs(self, hub_token_secret_arn=self.hub_token.arn)
         acknowledge_cdk_providers(self, destination=self.data.bucket)
         attach_provider_log_groups(self)
 
@@ -116,9 +124,14 @@ class HyperPodStack(Stack):
             image_repository=default_image.asset.repository,  # one CDK assets repository holds every image
             subnet=self.network.private_subnet,
             security_group=security_group.group,
-            extra_statements=[self.metrics.remote_write_statement()] if self.metrics else [],
+            extra_statements=[
+                *self.hub_token.read_statements(),
+                *([self.metrics.remote_write_statement()] if self.metrics else []),
+            ],
         )
-        self.facts = facts = cluster_facts(config, image_uris=image_uris, metrics=metrics)
+        self.facts = facts = cluster_facts(
+            config, image_uris=image_uris, metrics=metrics, hf_token_secret_arn=self.hub_token.arn
+        )
         self.lifecycle = LifecycleUpload(
             self, "Lifecycle", source_dir=source_root / "lifecycle", bucket=self.data.bucket, facts=facts
         )

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from llm_pipeline import cli
+from llm_pipeline import cli, hub_token
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.weights import model_files
@@ -23,11 +23,17 @@ TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
 def find_token(env: Mapping[str, str] | None = None) -> str | None:
-    """The Hub token: HF_TOKEN (or its old name), else the file `huggingface-cli login` wrote."""
+    """The Hub token: HF_TOKEN (or its old name), else the stack's secret (HPL_HF_TOKEN_SECRET_ARN, read now,
+    kept in this process), else the file `huggingface-cli login` wrote."""
     env = os.environ if env is None else env
     for name in TOKEN_VARIABLES:
         if env.get(name, "").strip():
             return env[name].strip()
+    arn = hub_token.secret_arn(env)
+    if arn:
+        token = hub_token.read_token(arn)
+        if token:
+            return token
     token_path = env.get("HF_TOKEN_PATH") or str(
         Path(env.get("HF_HOME") or Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface") / "token"
     )
@@ -42,7 +48,7 @@ def check_access(model_id: str, gated: object, token: str | None) -> None:
     if gated and not token:
         raise StepError(
             f"{model_id} is a gated model and no Hugging Face token was found: accept its license on "
-            f"https://huggingface.co/{model_id}, then set HF_TOKEN (or run `huggingface-cli login`)"
+            f"https://huggingface.co/{model_id}, then {hub_token.SET_HINT} (or set HF_TOKEN here)"
         )
 
 

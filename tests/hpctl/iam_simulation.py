@@ -23,12 +23,23 @@ from urllib.parse import quote
 SNAPSHOT = Path(__file__).resolve().parents[1] / "infra" / "__snapshots__" / "HyperPodJobsOnly.template.json"
 
 
+def stand_in_arn(resource_type: str, logical_id: str) -> str:
+    """The ARN a deploy would give the stack's secret or KMS key (named by logical id here)."""
+    service, kind = {"AWS::SecretsManager::Secret": ("secretsmanager", "secret:"), "AWS::KMS::Key": ("kms", "key/")}[
+        resource_type
+    ]
+    return f"arn:aws:{service}:us-west-2:123456789012:{kind}{logical_id}"
+
+
 def _resolve(value, bucket_arns: dict[str, str]):
-    """The template's intrinsic functions that the role policy uses, with the bucket named."""
+    """The template's intrinsic functions that the role policy uses, with the bucket named (and the
+    Hugging Face token's secret and key at their stand-in ARNs)."""
     if isinstance(value, dict) and "Fn::GetAtt" in value:
         logical_id, attribute = value["Fn::GetAtt"]
         assert attribute == "Arn", value
         return bucket_arns[logical_id]
+    if isinstance(value, dict) and "Ref" in value:
+        return bucket_arns[value["Ref"]]
     if isinstance(value, dict) and "Fn::Join" in value:
         separator, parts = value["Fn::Join"]
         return separator.join(_resolve(part, bucket_arns) for part in parts)
@@ -68,6 +79,9 @@ class JobRole:
     def __init__(self, *, bucket: str, template: Path = SNAPSHOT) -> None:
         resources = json.loads(template.read_text())["Resources"]
         buckets = {key: f"arn:aws:s3:::{bucket}" for key, res in resources.items() if res["Type"] == "AWS::S3::Bucket"}
+        for key, res in resources.items():
+            if res["Type"] in ("AWS::SecretsManager::Secret", "AWS::KMS::Key"):
+                buckets[key] = stand_in_arn(res["Type"], key)
 
         def job_role(kind: str) -> list[dict]:
             return [res for key, res in resources.items() if res["Type"] == kind and key.startswith("JobRole")]

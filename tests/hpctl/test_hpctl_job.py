@@ -20,7 +20,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 from botocore.validate import ParamValidator
-from iam_simulation import SNAPSHOT, JobRole
+from iam_simulation import SNAPSHOT, JobRole, stand_in_arn
 from metric_lines import trainer_lines
 from moto import mock_aws
 from moto.core import DEFAULT_ACCOUNT_ID
@@ -39,7 +39,14 @@ BUCKET = "sagemaker-hpl-jobs-bucket"
 ROLE = f"arn:aws:iam::{DEFAULT_ACCOUNT_ID}:role/hpl-job"
 NEURON_IMAGE = f"{DEFAULT_ACCOUNT_ID}.dkr.ecr.{REGION}.amazonaws.com/hpl-neuron:1"
 CUDA_IMAGE = f"{DEFAULT_ACCOUNT_ID}.dkr.ecr.{REGION}.amazonaws.com/hpl-cuda:1"
-OUTPUTS = {"BucketName": BUCKET, "JobRoleArn": ROLE, "NeuronImageUri": NEURON_IMAGE, "CudaImageUri": CUDA_IMAGE}
+TOKEN_SECRET = f"arn:aws:secretsmanager:{REGION}:123456789012:secret:hpl-hub-token-AbCdEf"
+OUTPUTS = {
+    "BucketName": BUCKET,
+    "JobRoleArn": ROLE,
+    "NeuronImageUri": NEURON_IMAGE,
+    "CudaImageUri": CUDA_IMAGE,
+    "HfTokenSecretArn": TOKEN_SECRET,
+}
 
 
 def outputs_template(outputs: dict[str, str]) -> str:
@@ -191,6 +198,7 @@ def test_submit_builds_the_job_the_run_config_describes(jobs_stack, iam, request
     channels = channel_uris(request)
     assert channels["models"] == f"s3://{BUCKET}/models/tiny-llama/"  # keyed by the model: any run reuses it
     assert request["Environment"]["HPL_MODEL_FOLDER"] == "tiny-llama"
+    assert request["Environment"]["HPL_HF_TOKEN_SECRET_ARN"] == TOKEN_SECRET  # the ARN only; the job reads the token
     assert channels["datasets"] == f"s3://{BUCKET}/datasets/tiny-lora/"
     # The role may write only under jobs/ and outputs/, so the SDK stages below the output path.
     assert channels["code"] == f"s3://{BUCKET}/jobs/tiny-lora/jobs/tiny-lora/{name}/input/code"
@@ -285,11 +293,22 @@ def test_the_job_role_has_every_action_a_job_makes(jobs_stack, iam, requests_sen
         request["TensorBoardOutputConfig"]["S3OutputPath"],
     ):
         calls += [(action, s3_object_arn(uri), {}) for action in ("s3:PutObject", "s3:AbortMultipartUpload")]
+    # The download step reads the Hugging Face token: the secret, and its key through Secrets Manager only.
+    resources = template["Resources"]
+    (secret,) = [key for key, res in resources.items() if res["Type"] == "AWS::SecretsManager::Secret"]
+    (key,) = [key for key, res in resources.items() if res["Type"] == "AWS::KMS::Key"]
+    secret_arn, key_arn = stand_in_arn("AWS::SecretsManager::Secret", secret), stand_in_arn("AWS::KMS::Key", key)
+    calls += [
+        ("secretsmanager:GetSecretValue", secret_arn, {}),
+        ("kms:Decrypt", key_arn, {"kms:ViaService": f"secretsmanager.{region}.amazonaws.com"}),
+    ]
     refused = [(a, r) for a, r, context in calls if iam.role.decision(a, r, context) != "allowed"]
     assert refused == []
     # And nothing beyond the bucket's job folders: another bucket, or the metrics of another namespace.
     assert iam.role.decision("s3:GetObject", "arn:aws:s3:::someone-elses-bucket/x") == "implicitDeny"
     assert iam.role.decision("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "Other"}) == "implicitDeny"
+    assert iam.role.decision("kms:Decrypt", key_arn, {"kms:ViaService": f"s3.{region}.amazonaws.com"}) == "implicitDeny"
+    assert iam.role.decision("secretsmanager:GetSecretValue", f"{secret_arn}-other") == "implicitDeny"
 
 
 def test_a_warm_pool_keeps_the_instances_for_the_next_job(jobs_stack, requests_sent, hpctl):

@@ -31,6 +31,8 @@ JOBS_ONLY_TYPES = {
     "AWS::Logs::LogGroup",  # the handler's log group
     "AWS::IAM::Role",
     "AWS::IAM::ManagedPolicy",  # the job role's permissions and boundary
+    "AWS::SecretsManager::Secret",  # the Hugging Face token
+    "AWS::KMS::Key",  # its key
 }
 
 
@@ -85,7 +87,13 @@ def test_job_role_reads_inputs_and_writes_only_outputs(jobs_synth):
 
 def test_outputs_are_what_hpctl_job_reads(jobs_synth):
     outputs = jobs_synth.template["Outputs"]
-    assert set(outputs) == {ROLE_OUTPUT, JobStackOutput.NEURON_IMAGE_URI, StackOutput.BUCKET_NAME, StackOutput.REGION}
+    assert set(outputs) == {
+        ROLE_OUTPUT,
+        JobStackOutput.NEURON_IMAGE_URI,
+        StackOutput.BUCKET_NAME,
+        StackOutput.REGION,
+        StackOutput.HF_TOKEN_SECRET_ARN,
+    }
     assert IMAGE_OUTPUTS["neuron"] == (JobStackOutput.NEURON_IMAGE_URI,)  # default groups: Trainium only
     # The role's prefixes are the ones hpctl lays a run out under.
     assert (MODELS_PREFIX, DATASETS_PREFIX) == JOB_INPUT_PREFIXES

@@ -52,16 +52,20 @@ def test_generated_facts_hold_the_config_and_the_image_uri(synth):
     props = lifecycle_deployment(synth)
     # The image URI is a deploy-time value: CDK leaves a marker the deployment fills in.
     (markers,) = [m for m in props["SourceMarkers"] if m]
-    # One per place an image URI appears (default group, its partition, the exporters) and the remote write URL.
+    # One per place an image URI appears (default group, its partition, the exporters), the remote write URL
+    # and the Hugging Face token's secret ARN.
     for marker in markers:
         value = json.dumps(markers[marker])
-        text = text.replace(marker, '"WRITE"' if "PrometheusEndpoint" in value else '"IMAGE"')
-        assert "container-assets" in value or "PrometheusEndpoint" in value
+        stands_for = {"PrometheusEndpoint": '"WRITE"', "HubTokenSecret": '"SECRET"', "container-assets": '"IMAGE"'}
+        (replacement,) = [stand_in for key, stand_in in stands_for.items() if key in value]
+        text = text.replace(marker, replacement)
     facts = json.loads(text)
     metrics = observability_facts(
         synth.config, remote_write_url="WRITE", exporter_images={"node_exporter": "IMAGE", "prometheus": "IMAGE"}
     )
-    assert facts == cluster_facts(synth.config, image_uris={"neuron": "IMAGE"}, metrics=metrics)
+    assert facts == cluster_facts(
+        synth.config, image_uris={"neuron": "IMAGE"}, metrics=metrics, hf_token_secret_arn="SECRET"
+    )
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from stacks.config import COMPUTE_GROUP, LIFECYCLE_SCRIPT
 
 pytestmark = pytest.mark.xdist_group("infra")
 
-OUTPUT_IDS = list(StackOutput.names())
+OUTPUT_IDS = [name for name in StackOutput.names() if name != StackOutput.HF_TOKEN_SECRET_ARN]
 
 
 def getatt(logical_id: str, attribute: str) -> dict:
@@ -235,7 +235,12 @@ def test_variant_with_login_group_and_overrides(synth_variant):
 
 def test_outputs_have_the_contract_ids_and_next_commands(synth):
     outputs = synth.template["Outputs"]
-    assert list(outputs) == [*OUTPUT_IDS, ObservabilityOutput.MODE, ObservabilityOutput.METRICS_ENDPOINT]
+    assert list(outputs) == [
+        *OUTPUT_IDS,
+        ObservabilityOutput.MODE,
+        ObservabilityOutput.METRICS_ENDPOINT,
+        StackOutput.HF_TOKEN_SECRET_ARN,  # both lanes: after the lane's own
+    ]
     config = synth.config
     assert outputs["ClusterName"]["Value"] == config.cluster_name
     assert outputs["ControllerGroup"]["Value"] == CONTROLLER_GROUP and outputs["ComputeGroup"]["Value"] == COMPUTE_GROUP

@@ -51,6 +51,7 @@ FACTS = {
     "node_exporter_image": "",
     "collector_image": "",
     "dcgm_exporter_image": "",
+    "hf_token_secret_arn": "arn:aws:secretsmanager:us-west-2:123456789012:secret:hpl-hub-token-AbCdEf",
     "partitions": {
         "trn1": {
             "group": "trn1",

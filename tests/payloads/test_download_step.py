@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
+from hub_stub import FakeHub
 from payload_configs import tiny_config
 
 from llm_pipeline import download
@@ -96,42 +97,6 @@ def test_complete_folder_is_not_downloaded_again(hpl_env, capsys):
     # An endpoint nobody listens on: any Hub access would fail the step.
     assert download.download(cfg, endpoint="http://127.0.0.1:9") == download.Path(cfg.paths.model_dir)
     assert "nothing to download" in capsys.readouterr().out
-
-
-class FakeHub(BaseHTTPRequestHandler):
-    """Model info the way the Hub answers it: a gated model, a rejected token, an unknown model."""
-
-    def do_GET(self):
-        if self.headers.get("Authorization") == "Bearer hf_bad_token":
-            self._reply(
-                401,
-                {"error": "Invalid credentials"},
-                {"X-Error-Message": "Invalid credentials in Authorization header"},
-            )
-        elif self.path.startswith("/api/models/org/gated-model"):
-            body = {
-                "id": "org/gated-model",
-                "sha": "0" * 40,
-                "private": False,
-                "gated": "manual",
-                "siblings": [{"rfilename": "config.json"}, {"rfilename": "model.safetensors"}],
-            }
-            self._reply(200, body)
-        else:  # the Hub answers 401 + RepoNotFound for missing, private and gated-without-token repos
-            self._reply(401, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
-
-    def _reply(self, status, body, headers=None):
-        payload = json.dumps(body).encode()
-        self.send_response(status)
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture

@@ -1,0 +1,69 @@
+"""Secrets the runs need, kept in AWS Secrets Manager under a key of the stack's own: the Hugging Face token.
+
+The stack creates the secret with no token in it (``{"token": ""}`` plus a generated filler, so no
+value is ever written in the template); `hpctl secret set hf-token` puts the token in from a hidden
+prompt or stdin. The download step reads it at run time with the node role or the job role
+(llm_pipeline/hub_token.py), which may read this one secret and decrypt with this one key, only
+through Secrets Manager.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_secretsmanager as secretsmanager
+from constructs import Construct
+
+from cluster_contract import HUB_TOKEN_FIELD
+from stacks.nag import acknowledge
+
+
+class HubTokenSecret(Construct):
+    """The Hugging Face token's secret and its customer-managed KMS key (rotated yearly)."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, name_prefix: str) -> None:
+        super().__init__(scope, construct_id)
+        self.key = kms.Key(
+            self,
+            "Key",
+            description=f"Encrypts the {name_prefix} Hugging Face token secret",
+            enable_key_rotation=True,
+            removal_policy=RemovalPolicy.DESTROY,
+            pending_window=Duration.days(7),
+        )
+        self.secret = secretsmanager.Secret(
+            self,
+            "Secret",
+            description=f"Hugging Face token for {name_prefix} runs: set with `hpctl secret set hf-token`",
+            encryption_key=self.key,
+            generate_secret_string=secretsmanager.SecretStringGenerator(
+                secret_string_template=f'{{"{HUB_TOKEN_FIELD}": ""}}', generate_string_key="unset"
+            ),
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        acknowledge(
+            self.secret,
+            "AwsSolutions-SMG4",
+            "A Hugging Face access token is issued by the Hub, not by AWS: no rotation Lambda can mint a new "
+            "one; the user replaces it with `hpctl secret set hf-token`.",
+        )
+
+    @property
+    def arn(self) -> str:
+        return self.secret.secret_arn
+
+    def read_statements(self) -> list[iam.PolicyStatement]:
+        """Read this secret and decrypt with its key, the latter only on Secrets Manager's behalf."""
+        region = Stack.of(self).region
+        return [
+            iam.PolicyStatement(
+                sid="ReadHubToken", actions=["secretsmanager:GetSecretValue"], resources=[self.secret.secret_arn]
+            ),
+            iam.PolicyStatement(
+                sid="DecryptHubToken",
+                actions=["kms:Decrypt"],
+                resources=[self.key.key_arn],
+                conditions={"StringEquals": {"kms:ViaService": f"secretsmanager.{region}.amazonaws.com"}},
+            ),
+        ]
