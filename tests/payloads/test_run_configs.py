@@ -104,5 +104,8 @@ def test_trn2_example_is_accepted_by_prepare_on_its_node(name, monkeypatch, caps
     assert (cfg.train.backend, cfg.train.method, cfg.parallel.strategy) == ("torch", TRN2_EXAMPLES[name], "fsdp")
     assert cfg.parallel.devices_per_node == facts.devices and not cfg.data.packing  # one shape on neuron
     monkeypatch.setenv("HPL_DEVICES_PER_NODE", str(facts.devices))
+    asked = []  # the Hub itself is out of reach here: record what prepare asks it
+    monkeypatch.setattr(prepare, "hub_check", lambda key, repo_id, **_: asked.append((key, repo_id)))
     assert prepare.main(["--config", str(path)]) == 0, capsys.readouterr().err
+    assert ("model.id", cfg.model.id) in asked
     assert f"processes per node: {facts.devices}" in capsys.readouterr().out
