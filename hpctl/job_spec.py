@@ -206,7 +206,10 @@ def job_environment(instance_type: str, *, devices_per_node: int, bucket: str) -
         "HPL_ACCELERATOR": facts.accelerator,
         "HPL_EFA_INTERFACES": str(facts.efa_interfaces),
         "HPL_EFA_DEVICE_RDMA": "1" if facts.efa_device_rdma else "0",
+        "HPL_IMAGE_FAMILY": facts.image_family,
     }
+    if facts.peak_tflops_per_device:
+        environment["HPL_PEAK_TFLOPS"] = str(facts.peak_tflops_per_device)
     if facts.accelerator == NEURON:
         environment[sagemaker_env.COMPILE_CACHE_URI_VARIABLE] = compile_cache_uri(bucket)
     return environment

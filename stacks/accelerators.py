@@ -28,6 +28,12 @@ NEURON = "neuron"
 CUDA = "cuda"
 NO_ACCELERATOR = "none"
 ACCELERATORS = (NEURON, CUDA, NO_ACCELERATOR)
+# Training images by runtime: Trainium2 runs TorchNeuron (torch-neuronx's native `neuron` device, the
+# torch engine; payloads/Dockerfile.trn2), not the trn1 image's torch-xla and optimum-neuron.
+TORCHNEURON = "torchneuron"
+# Trainium2 chip, dense bf16 (Neuron docs, Trainium2 architecture page): 667 TFLOP/s, 16 chips per
+# trn2.48xlarge (10.7 PFLOP/s per node); at LNC=2 a chip is 4 logical NeuronCores, one rank each.
+TRAINIUM2_CHIP_BF16_TFLOPS = 667.0
 
 # (major, minor) per NVIDIA GPU model, including models of training-job types the cluster table
 # does not list (V100 on ml.p3, T4 on ml.g4dn), so a capability gate can name them too.
@@ -61,6 +67,21 @@ class InstanceFacts:
     efa_device_rdma: bool = False
     # NVIDIA compute capability (major, minor); None for Trainium and CPU-only types.
     cuda_capability: tuple[int, int] | None = None
+    # The training image family when it is not the accelerator's own (TORCHNEURON for Trainium2).
+    runtime: str = ""
+    # Dense bf16 peak of the whole node, TFLOP/s, where the payload's own table lacks the device
+    # (llm_pipeline.training.metrics): it reaches training as HPL_PEAK_TFLOPS per rank for MFU.
+    peak_bf16_tflops: float = 0.0
+
+    @property
+    def image_family(self) -> str:
+        """The training image this type runs: its runtime, else its accelerator."""
+        return self.runtime or self.accelerator
+
+    @property
+    def peak_tflops_per_device(self) -> float:
+        """The MFU peak of one rank (0: the payload decides, or no MFU)."""
+        return self.peak_bf16_tflops / self.devices if self.devices and self.peak_bf16_tflops else 0.0
 
     @property
     def accelerated(self) -> bool:
@@ -90,7 +111,14 @@ INSTANCE_TYPES: dict[str, InstanceFacts] = {
     # Trainium (NeuronCores per node)
     "ml.trn1.32xlarge": InstanceFacts(NEURON, 32, 8, "Trainium", efa_device_rdma=True),
     "ml.trn1n.32xlarge": InstanceFacts(NEURON, 32, 16, "Trainium", efa_device_rdma=True),
-    "ml.trn2.48xlarge": InstanceFacts(NEURON, 64, 16, "Trainium2", efa_device_rdma=True),
+    "ml.trn2.48xlarge": InstanceFacts(
+        NEURON, 64, 16, "Trainium2", True, runtime=TORCHNEURON, peak_bf16_tflops=16 * TRAINIUM2_CHIP_BF16_TFLOPS
+    ),
+    # One Trainium2 chip (4 logical NeuronCores). Its EFA count is not in our sources: 0 keeps a
+    # multi-node run off EFA (slow) rather than misconfigured.
+    "ml.trn2.3xlarge": InstanceFacts(
+        NEURON, 4, 0, "Trainium2", runtime=TORCHNEURON, peak_bf16_tflops=TRAINIUM2_CHIP_BF16_TFLOPS
+    ),
     # NVIDIA (GPUs per node, EFA interfaces)
     "ml.p4d.24xlarge": _gpu("A100", 8, 4, memory="40GB", device_rdma=True),
     "ml.p4de.24xlarge": _gpu("A100", 8, 4, memory="80GB", device_rdma=True),

@@ -63,6 +63,14 @@ class ComputeGroup:
         return instance_facts(self.instance_type).accelerator
 
     @property
+    def image_family(self) -> str:
+        return instance_facts(self.instance_type).image_family
+
+    @property
+    def peak_tflops_per_device(self) -> float:
+        return instance_facts(self.instance_type).peak_tflops_per_device
+
+    @property
     def devices_per_node(self) -> int:
         return instance_facts(self.instance_type).devices
 

@@ -30,7 +30,7 @@ from cluster_contract import (
     PROMETHEUS_MODE,
     fsx_dir,
 )
-from stacks.accelerators import CUDA, NEURON, NO_ACCELERATOR
+from stacks.accelerators import CUDA, NEURON, NO_ACCELERATOR, TORCHNEURON
 from stacks.aws_catalog import (
     CLUSTER_RESOURCE_TYPE,
     PROVIDER_SCHEMAS,
@@ -87,8 +87,9 @@ LANES = ("cluster", "jobs", "both")
 CONTINUOUS, STANDARD = "continuous", "standard"
 PROVISIONING_MODES = (CONTINUOUS, STANDARD)
 CONTINUOUS_SLURM_STRATEGY = "Merge"
-# Training images per accelerator family; a CPU-only group runs the first image the config builds.
-IMAGE_FAMILIES = (NEURON, CUDA)
+# Training images per family (the accelerator, or Trainium2's TorchNeuron runtime); a CPU-only group
+# runs the first image the config builds.
+IMAGE_FAMILIES = (NEURON, TORCHNEURON, CUDA)
 
 # The script HyperPod runs on every node once Slurm is up (OnInitComplete), under LIFECYCLE_PREFIX.
 LIFECYCLE_SCRIPT = "on_init_complete.sh"
@@ -192,12 +193,12 @@ class HyperPodConfig:
     @property
     def image_families(self) -> tuple[str, ...]:
         """The training images this config needs: one per accelerator family among its groups."""
-        present = {group.accelerator for group in self.compute_groups}
+        present = {group.image_family for group in self.compute_groups}
         needed = tuple(family for family in IMAGE_FAMILIES if family in present)
         return needed or (CUDA,)  # CPU-only groups still run the steps in an image: the CUDA one runs on CPU
 
     def image_family_of(self, group: ComputeGroup) -> str:
-        return group.accelerator if group.accelerator != NO_ACCELERATOR else self.image_families[0]
+        return group.image_family if group.accelerator != NO_ACCELERATOR else self.image_families[0]
 
     @property
     def cluster_lane(self) -> bool:
@@ -404,6 +405,8 @@ def partition_facts(config: HyperPodConfig, group: ComputeGroup, image_uris: Map
         "efa_device_rdma": int(group.efa_device_rdma),  # 0/1: node facts are strings and integers
         "fp8": int(group.supports_fp8),  # the ladder's FP8 rungs may run there (llm_pipeline.jobs.partitions)
         "image_uri": image_uris[config.image_family_of(group)],
+        "image_family": config.image_family_of(group),  # torchneuron: Trainium2's native runtime
+        "peak_tflops": group.peak_tflops_per_device,  # MFU peak per rank where the payload lacks one (0: none)
         "capacity": group.capacity,
         "training_plan_arn": group.training_plan_arn,
     }

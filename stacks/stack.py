@@ -8,7 +8,7 @@ from aws_cdk import Environment, Stack, Tags
 from constructs import Construct
 
 from cluster_contract import PROMETHEUS_MODE
-from stacks.accelerators import CUDA, NEURON
+from stacks.accelerators import CUDA, NEURON, TORCHNEURON
 from stacks.cluster import HyperPodCluster
 from stacks.config import HyperPodConfig, cluster_facts, observability_facts
 from stacks.handler_logs import attach_provider_log_groups
@@ -27,7 +27,8 @@ from stacks.update_safety import CONFIG_METADATA_KEY, config_record
 
 
 def stack_description(config: HyperPodConfig) -> str:
-    on = {(NEURON,): "Trainium", (CUDA,): "GPU", (NEURON, CUDA): "Trainium and GPU"}[config.image_families]
+    names = {NEURON: "Trainium", TORCHNEURON: "Trainium2", CUDA: "GPU"}
+    on = " and ".join(names[family] for family in config.image_families)
     what = {
         "cluster": "SageMaker HyperPod Slurm cluster",
         "jobs": "SageMaker training jobs (no cluster)",

@@ -9,7 +9,9 @@ DLC variant the build asked for, so a drifted or broken environment fails the im
 instead of the first training job on the cluster. The
 versions are read from the requirements file itself; nothing here retypes them.
 
-Usage: python3 verify_env.py [--family neuron|cuda] [--variant ec2|sagemaker] REQUIREMENTS_FILE
+On the Trainium2 image (torchneuron) it also asserts that torch_xla is absent.
+
+Usage: python3 verify_env.py [--family neuron|cuda|torchneuron] [--variant ec2|sagemaker] REQUIREMENTS_FILE
 (exit 0 ok, 1 check failed, 2 bad input)
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import glob
 import importlib
+import importlib.util
 import shutil
 import sys
 from importlib import metadata
@@ -51,7 +54,19 @@ CUDA_IMPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("bitsandbytes", ()),
     ("liger_kernel.transformers", ()),
 )
-FAMILY_IMPORTS = {"neuron": NEURON_IMPORTS, "cuda": CUDA_IMPORTS}
+# Trainium2 (TorchNeuron): torch-neuronx's native device plugin and the fine-tuning stack.
+TORCHNEURON_IMPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("torch_neuronx", ()),
+    ("transformers", ()),
+    ("trl", ("SFTTrainer", "SFTConfig")),
+    ("peft", ("LoraConfig",)),
+    ("accelerate", ()),
+)
+FAMILY_IMPORTS = {"neuron": NEURON_IMPORTS, "cuda": CUDA_IMPORTS, "torchneuron": TORCHNEURON_IMPORTS}
+# Modules an image must not hold: with torch_xla present accelerate and transformers take their XLA
+# branch before the native `neuron` device (tests/payloads/test_trn2_contract.py), and the torch engine
+# would train through torch-xla or not at all.
+FAMILY_ABSENT = {"torchneuron": ("torch_xla",)}
 # NCCL reaches EFA through the aws-ofi-nccl plugin (libnccl-net*.so); AWS's images install it with
 # the EFA installer (the amzn2023 line in /opt/amazon/ofi-nccl/lib64). Any one of these places will do.
 NCCL_EFA_PLUGIN_GLOBS = (
@@ -131,6 +146,15 @@ def import_problems(imports=KEY_IMPORTS) -> list[str]:
             except Exception as exc:
                 problems.append(f"{module_name}.{name}: {type(exc).__name__}: {exc}")
     return problems
+
+
+def absent_problems(family: str) -> list[str]:
+    """A module this family's image must not hold (find_spec: nothing is imported)."""
+    return [
+        f"{module}: installed, but the {family} image must not hold it (it takes accelerate's device branch first)"
+        for module in FAMILY_ABSENT.get(family, ())
+        if importlib.util.find_spec(module) is not None
+    ]
 
 
 def file_problems(family: str, root: str = "/") -> list[str]:
@@ -213,7 +237,7 @@ def quantize_4bit() -> None:
 
 # (lever, check): on the CUDA image every speed lever must work, not just import.
 CUDA_LEVERS = (("liger-kernel", apply_liger), ("flash-attn", load_flash_attention), ("bitsandbytes", quantize_4bit))
-FAMILY_LEVERS = {"neuron": (), "cuda": CUDA_LEVERS}
+FAMILY_LEVERS = {"neuron": (), "cuda": CUDA_LEVERS, "torchneuron": ()}
 
 
 def lever_problems(levers) -> list[str]:
@@ -246,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     levers = FAMILY_LEVERS[args.family]
     problems = version_problems(pins) + import_problems(imports) + lever_problems(levers)
     problems += file_problems(args.family) + interpreter_problems(args.family) + variant_problems(args.variant)
+    problems += absent_problems(args.family)
     for problem in problems:
         print(f"FAIL {problem}")
     if problems:

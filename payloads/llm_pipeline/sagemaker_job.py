@@ -63,6 +63,9 @@ ACCELERATOR_ENV = PAYLOADS_DIR / "slurm" / "accelerator_env.sh"  # staged into t
 SUMMARY_FILE = "pipeline-summary-{host}.json"
 
 
+NATIVE_NEURON_FAMILY = "torchneuron"  # stacks/accelerators.TORCHNEURON, as the job's environment names it
+
+
 def neuron_devices() -> bool:
     return bool(glob.glob("/dev/neuron[0-9]*"))
 
@@ -97,7 +100,11 @@ def step_command(step: str, run_config: Path, env: dict[str, str], hosts: sagema
     if step in ("precompile", "train"):
         torchrun = [python, "-m", "torch.distributed.run", *launch.launch_args(env)]
         command = [*torchrun, "-m", "llm_pipeline.train", "--config", str(run_config)]
-        return ["neuron_parallel_compile", *command, "--precompile"] if step == "precompile" else command
+        if step != "precompile":
+            return command
+        # neuron_parallel_compile is torch-xla's tool; TorchNeuron (Trainium2) compiles as the steps run
+        native = env.get("HPL_IMAGE_FAMILY") == NATIVE_NEURON_FAMILY
+        return [*command, "--precompile"] if native else ["neuron_parallel_compile", *command, "--precompile"]
     return [python, "-m", f"llm_pipeline.{step}", "--config", str(run_config), *STEP_ARGS.get(step, [])]
 
 

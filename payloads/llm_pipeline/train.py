@@ -3,11 +3,11 @@
     python -m llm_pipeline.train --config run.toml [--backend auto|neuron|torch] [--precompile]
 
 Methods: lora (a peft adapter), dora (weight-decomposed LoRA), qlora (LoRA on a 4-bit NF4 base) and
-full (every parameter, no adapter). Backends: neuron (optimum-neuron on Trainium, tensor parallel;
-lora and full) and torch (trl + peft + accelerate on CUDA or CPU, FSDP2 or DDP; every method);
-auto picks neuron where Neuron devices are, else torch. The engines live in training/neuron and
-training/torch; this step checks the config against the chosen backend, reads the prepared data
-once and hands both to it.
+full (every parameter, no adapter). Backends: neuron (optimum-neuron on trn1's torch-xla runtime,
+tensor parallel; lora and full) and torch (trl + peft + accelerate on CUDA, Trainium2's native
+`neuron` device or CPU, FSDP2 or DDP); auto picks neuron on the torch-xla runtime, else torch.
+The engines live in training/neuron and training/torch; this step checks the config against the
+chosen backend, reads the prepared data once and hands both to it.
 
 Checkpoints go to paths.checkpoints_dir/checkpoint-<step> every train.save_steps and at the last
 step; TensorBoard events to paths.tensorboard_dir. A restart resumes from the newest complete
@@ -30,7 +30,7 @@ from pathlib import Path
 from llm_pipeline import cli, data
 from llm_pipeline.config import BACKENDS, RunConfig, check_backend
 from llm_pipeline.errors import StepError
-from llm_pipeline.training import full_rules, lora_count
+from llm_pipeline.training import device, full_rules, lora_count
 from llm_pipeline.training.neuron import rules as neuron_rules
 from llm_pipeline.training.plan import TrainPlan, say, world_size
 from llm_pipeline.weights import model_files
@@ -41,13 +41,24 @@ FINISHED_MARKER = "finished.json"  # in paths.checkpoints_dir, next to the check
 
 
 def neuron_available() -> bool:
-    """Neuron devices on this host, or the Neuron torch plugin installed."""
+    """The trn1 lane's runtime: Neuron devices, or torch-neuronx, with torch-xla (optimum-neuron's engine).
+    TorchNeuron (trn2) installs torch-neuronx without torch-xla: the torch engine trains there."""
+    if importlib.util.find_spec("torch_xla") is None:
+        return False
     return bool(glob.glob("/dev/neuron[0-9]*")) or importlib.util.find_spec("torch_neuronx") is not None
 
 
-def resolve_backend(name: str) -> str:
+def resolve_backend(name: str, *, kind: str | None = None) -> str:
+    """train.backend with auto resolved; the neuron engine refused on TorchNeuron's native device
+    (``kind``: torch's accelerator, for tests)."""
     if name == "auto":
         return "neuron" if neuron_available() else "torch"
+    if name == "neuron" and (device.accelerator_type() if kind is None else kind) == device.NEURON:
+        raise StepError(
+            "train.backend = 'neuron' is optimum-neuron on trn1's torch-xla runtime; this host runs Trainium2's "
+            "native neuron device (TorchNeuron): set train.backend = 'torch' or 'auto' (the trn2 lane, "
+            "configs/llama3-8b-lora-trn2.toml)"
+        )
     return name
 
 

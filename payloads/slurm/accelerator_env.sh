@@ -4,23 +4,31 @@
 # SageMaker training job (sagemaker_job.py, the facts hpctl put in the job's environment), so both
 # lanes set the same variables from the same table. Values already set win.
 #
-# Reads: HPL_ACCELERATOR (neuron|cuda|none), HPL_EFA_INTERFACES (0: no EFA), HPL_EFA_DEVICE_RDMA
-# (1|0), HPL_NODES (the job's node or host count), HPL_COMPILE_CACHE_DIR.
+# Reads: HPL_ACCELERATOR (neuron|cuda|none), HPL_IMAGE_FAMILY (torchneuron: Trainium2's native runtime),
+# HPL_EFA_INTERFACES (0: no EFA), HPL_EFA_DEVICE_RDMA (1|0), HPL_NODES (the job's node or host count),
+# HPL_COMPILE_CACHE_DIR.
 # Without partition facts (a local Slurm) the settings are the default Trainium partition's.
 export HPL_ACCELERATOR="${HPL_ACCELERATOR:-neuron}"
 case "$HPL_ACCELERATOR" in
   neuron)
-    # The compile cache lives on FSx so every node and every later run reuses compiled graphs.
-    export NEURON_CC_FLAGS="${NEURON_CC_FLAGS:---model-type transformer --retry_failed_compilation}"
-    if [[ "$NEURON_CC_FLAGS" != *--cache_dir* ]]; then
-      NEURON_CC_FLAGS+=" --cache_dir=$HPL_COMPILE_CACHE_DIR"
+    if [[ "${HPL_IMAGE_FAMILY:-neuron}" == torchneuron ]]; then
+      # TorchNeuron (Trainium2) compiles each graph when it first runs and keeps the NEFF in the directory
+      # torch-neuronx's persistent cache reads from this variable: on FSx, so the smoke run's graphs serve
+      # the long run and every node. The torch-xla settings below mean nothing to it.
+      export TORCH_NEURONX_NEFF_CACHE_DIR="${TORCH_NEURONX_NEFF_CACHE_DIR:-$HPL_COMPILE_CACHE_DIR/torchneuron}"
+    else
+      # The compile cache lives on FSx so every node and every later run reuses compiled graphs.
+      export NEURON_CC_FLAGS="${NEURON_CC_FLAGS:---model-type transformer --retry_failed_compilation}"
+      if [[ "$NEURON_CC_FLAGS" != *--cache_dir* ]]; then
+        NEURON_CC_FLAGS+=" --cache_dir=$HPL_COMPILE_CACHE_DIR"
+      fi
+      export NEURON_FUSE_SOFTMAX=1
+      export NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS=3
+      # bf16 with stochastic rounding, as AWS's trn1 full fine-tuning reference trains. optimum-neuron
+      # 0.4.5 also sets it from stochastic_rounding_enabled when its trainer starts; exported here so the
+      # runtime has it from the first device use on (bf16 = false: optimum-neuron sets it to 0 itself).
+      export NEURON_RT_STOCHASTIC_ROUNDING_EN="${NEURON_RT_STOCHASTIC_ROUNDING_EN:-1}"
     fi
-    export NEURON_FUSE_SOFTMAX=1
-    export NEURON_RT_ASYNC_EXEC_MAX_INFLIGHT_REQUESTS=3
-    # bf16 with stochastic rounding, as AWS's trn1 full fine-tuning reference trains. optimum-neuron
-    # 0.4.5 also sets it from stochastic_rounding_enabled when its trainer starts; exported here so the
-    # runtime has it from the first device use on (bf16 = false: optimum-neuron sets it to 0 itself).
-    export NEURON_RT_STOCHASTIC_ROUNDING_EN="${NEURON_RT_STOCHASTIC_ROUNDING_EN:-1}"
     ;;
   cuda)
     # NCCL over EFA through the aws-ofi-nccl plugin in the CUDA image, with the libfabric settings

@@ -118,6 +118,14 @@ hpl_torchrun_command() {
 # torchrun on every node of the allocation, optionally under a wrapper (neuron_parallel_compile):
 # hpl_torchrun [--wrap <command>] [--no-config] <module> [args]. --no-config: the module takes only
 # its own arguments (torchtitan.train --job.config_file <file>), not --config <run config>.
+# The precompile step's wrapper: torch-xla's neuron_parallel_compile on trn1, none on Trainium2
+# (HPL_IMAGE_FAMILY=torchneuron: TorchNeuron has no ahead-of-time tool; the steps compile as they run).
+hpl_precompile_wrap() {
+  if [[ "${HPL_IMAGE_FAMILY:-neuron}" != torchneuron ]]; then
+    echo "--wrap neuron_parallel_compile"
+  fi
+}
+
 hpl_torchrun() {
   hpl_torchrun_command "$@"
   hpl_srun --ntasks-per-node=1 "${HPL_LAUNCH[@]}"

@@ -12,6 +12,8 @@ DOCKERFILE = PAYLOADS / "Dockerfile"
 REQUIREMENTS = PAYLOADS / "requirements-cluster.txt"
 CUDA_DOCKERFILE = PAYLOADS / "Dockerfile.cuda"
 GPU_REQUIREMENTS = PAYLOADS / "requirements-gpu.txt"
+TRN2_DOCKERFILE = PAYLOADS / "Dockerfile.trn2"
+TRN2_REQUIREMENTS = PAYLOADS / "requirements-trn2.txt"
 VERIFY_ENV = PAYLOADS / "image" / "verify_env.py"
 
 
@@ -39,3 +41,14 @@ def load_verify_env():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def hadolint_findings(dockerfile: Path) -> str:
+    """hadolint's report on a Dockerfile (the binary beside this interpreter); empty when clean."""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "hadolint"), str(dockerfile)], capture_output=True, text=True
+    )
+    return "" if result.returncode == 0 else result.stdout + result.stderr

@@ -32,6 +32,8 @@ PARTITION_KEYS = {
     "efa_device_rdma",
     "fp8",
     "image_uri",
+    "image_family",
+    "peak_tflops",
     "capacity",
     "training_plan_arn",
 }

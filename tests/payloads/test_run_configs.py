@@ -86,3 +86,26 @@ def test_gpu_example_is_accepted_by_prepare_on_its_instance(name, monkeypatch, c
     assert prepare.main(["--config", str(path)]) == 0, capsys.readouterr().err
     assert ("model.id", cfg.model.id) in asked
     assert f"processes per node: {facts.devices}" in capsys.readouterr().out
+
+
+TRN2_EXAMPLES = {"llama3-8b-lora-trn2.toml": "lora", "llama3-8b-full-trn2.toml": "full"}
+
+
+@pytest.mark.parametrize("name", sorted(TRN2_EXAMPLES))
+def test_trn2_example_is_accepted_by_prepare_on_its_node(name, monkeypatch, capsys):
+    from llm_pipeline import prepare
+    from stacks.accelerators import INSTANCE_TYPES, TORCHNEURON
+
+    path = CONFIGS / name
+    assert "ml.trn2.48xlarge" in path.read_text().split("\n\n", 1)[0], "the header names the instance it is sized for"
+    facts = INSTANCE_TYPES["ml.trn2.48xlarge"]
+    cfg = config.load(path, env={})
+    assert facts.image_family == TORCHNEURON
+    assert (cfg.train.backend, cfg.train.method, cfg.parallel.strategy) == ("torch", TRN2_EXAMPLES[name], "fsdp")
+    assert cfg.parallel.devices_per_node == facts.devices and not cfg.data.packing  # one shape on neuron
+    monkeypatch.setenv("HPL_DEVICES_PER_NODE", str(facts.devices))
+    asked = []  # the Hub itself is out of reach here: record what prepare asks it
+    monkeypatch.setattr(prepare, "hub_check", lambda key, repo_id, **_: asked.append((key, repo_id)))
+    assert prepare.main(["--config", str(path)]) == 0, capsys.readouterr().err
+    assert ("model.id", cfg.model.id) in asked
+    assert f"processes per node: {facts.devices}" in capsys.readouterr().out

@@ -59,6 +59,7 @@ def test_partition_environment_and_devices_check():
         "HPL_DEVICES_PER_NODE": "8",
         "HPL_EFA_INTERFACES": "32",
         "HPL_EFA_DEVICE_RDMA": "1",
+        "HPL_IMAGE_FAMILY": "cuda",  # a deploy's facts without image_family: the accelerator's image
     }
     assert partition_environment("cpu", CPU)["HPL_DEVICES_PER_NODE"] == "1"  # one process on a CPU node
     check_devices_per_node("p5", P5, None)  # not set in the run config: the partition decides
@@ -136,7 +137,13 @@ def test_a_mismatched_run_config_stops_submit_naming_the_key(fsx):
 
 def env_sh(tmp_path: Path, **env: str) -> dict[str, str]:
     """The environment a step sees after `source env.sh`, given the partition facts submit exported."""
-    script = f"source {ENV_SH} probe >/dev/null && env"
+    out = after_env_sh(tmp_path, "probe", "env", **env)
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def after_env_sh(tmp_path: Path, step: str, command: str, **env: str) -> str:
+    """What ``command`` prints after `source env.sh <step>`, given the partition facts submit exported."""
+    script = f"source {ENV_SH} {step} >/dev/null && {command}"
     base = {
         "PATH": os.environ["PATH"],
         "HPL_PAYLOADS_DIR": str(REPO / "payloads"),
@@ -145,7 +152,7 @@ def env_sh(tmp_path: Path, **env: str) -> dict[str, str]:
         "HPL_FSX_MOUNT_PATH": str(tmp_path / "fsx"),
     }
     out = subprocess.run(["bash", "-c", script], env={**base, **env}, capture_output=True, text=True, check=True)
-    return dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
+    return out.stdout
 
 
 COMMUNICATION = (
@@ -233,3 +240,26 @@ def test_ladder_refuses_fp8_rungs_on_a_partition_without_fp8_gpus(fsx):
 def test_the_rowwise_rung_needs_fp8_gpus_too(fsx):
     out = dry_run(fsx, '[parallel]\npartition = \'g5\'\n[torchtitan]\nrungs = ["baseline", "fp8_rowwise"]\n', "ladder")
     assert out.returncode == 2 and "ladder rung fp8_rowwise needs FP8 GPUs" in out.stderr
+
+
+def test_trainium2_partition_gets_the_torchneuron_cache_and_no_xla_settings(tmp_path):
+    env = env_sh(tmp_path, HPL_ACCELERATOR="neuron", HPL_IMAGE_FAMILY="torchneuron", HPL_EFA_INTERFACES="16")
+    assert env["TORCH_NEURONX_NEFF_CACHE_DIR"] == f"{tmp_path}/fsx/neuron-cache/torchneuron"  # FSx: every run's
+    assert "NEURON_CC_FLAGS" not in env and "NEURON_RT_STOCHASTIC_ROUNDING_EN" not in env
+    trn1 = env_sh(tmp_path, HPL_ACCELERATOR="neuron", HPL_EFA_INTERFACES="8")
+    assert "--cache_dir=" in trn1["NEURON_CC_FLAGS"] and "TORCH_NEURONX_NEFF_CACHE_DIR" not in trn1
+
+
+@pytest.mark.parametrize(("family", "wrap"), [("torchneuron", ""), ("neuron", "--wrap neuron_parallel_compile")])
+def test_precompile_wraps_in_the_xla_tool_only_on_trn1(tmp_path, family, wrap):
+    script = f'source {ENV_SH} precompile >/dev/null && echo "wrap=$(hpl_precompile_wrap)"'
+    base = {
+        "PATH": os.environ["PATH"],
+        "HPL_PAYLOADS_DIR": str(REPO / "payloads"),
+        "HPL_RUN_CONFIG": str(tmp_path / "run.toml"),
+        "HPL_RUN_DIR": str(tmp_path / "run"),
+        "HPL_FSX_MOUNT_PATH": str(tmp_path / "fsx"),
+        "HPL_IMAGE_FAMILY": family,
+    }
+    out = subprocess.run(["bash", "-c", script], env=base, capture_output=True, text=True, check=True)
+    assert [line for line in out.stdout.splitlines() if line.startswith("wrap=")] == [f"wrap={wrap}"]

@@ -30,7 +30,11 @@ FACT_ENV = {
     "efa_interfaces": "HPL_EFA_INTERFACES",
     "efa_device_rdma": "HPL_EFA_DEVICE_RDMA",
 }
-ENV_NAMES = ("HPL_PARTITION", *FACT_ENV.values())
+# Facts a deploy before Trainium2 did not write: the variable, and the value when the fact is absent.
+# image_family: torchneuron on Trainium2 (the native runtime; slurm/accelerator_env.sh, precompile.sbatch),
+# else the accelerator. peak_tflops: one rank's dense bf16 peak for MFU where the payload's table lacks it.
+OPTIONAL_FACT_ENV = {"image_family": "HPL_IMAGE_FAMILY", "peak_tflops": "HPL_PEAK_TFLOPS"}
+ENV_NAMES = ("HPL_PARTITION", *FACT_ENV.values(), *OPTIONAL_FACT_ENV.values())
 
 
 def choose_partition(
@@ -71,6 +75,9 @@ def partition_environment(name: str, facts: Mapping[str, object]) -> dict[str, s
     for key, variable in FACT_ENV.items():
         env[variable] = str(facts[key])
     env["HPL_DEVICES_PER_NODE"] = str(max(1, int(facts["devices_per_node"])))
+    env["HPL_IMAGE_FAMILY"] = str(facts.get("image_family") or facts["accelerator"])
+    if float(facts.get("peak_tflops") or 0) > 0:
+        env["HPL_PEAK_TFLOPS"] = str(facts["peak_tflops"])
     return env
 
 

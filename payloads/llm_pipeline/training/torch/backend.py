@@ -1,4 +1,5 @@
-"""Torch backend: transformers + trl SFTTrainer + peft (+ bitsandbytes, liger-kernel), CPU or CUDA.
+"""Torch backend: transformers + trl SFTTrainer + peft (+ bitsandbytes, liger-kernel), on CPU, CUDA or
+Trainium2's native ``neuron`` device (the device torch's accelerator API reports, training/device.py).
 
 One process per device under torchrun; `parallel.strategy` picks FSDP2 or DDP (parallel.py),
 `train.method` the model and adapter (methods.py); `train.compile`, `train.liger_kernel` and
@@ -19,6 +20,7 @@ from pathlib import Path
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import is_chat
+from llm_pipeline.training import device
 from llm_pipeline.training.callbacks import SealCheckpoints, TokenCounter, add_run_callbacks
 from llm_pipeline.training.loss_guard import NonFiniteLossGuard, StopAtNonFiniteLoss
 from llm_pipeline.training.metrics import UtilisationMetrics, device_peak_flops
@@ -165,9 +167,12 @@ LEVER_PACKAGES = (
 CUDA_ONLY_LEVERS = (("liger_kernel", True, "liger-kernel's kernels are Triton"),)
 
 
-def check_lever_packages(cfg: RunConfig, *, cuda: bool | None = None) -> None:
-    """Stop before any work when a chosen lever's package is missing from this runtime, or its kernels
-    need a CUDA device this runtime lacks."""
+def check_lever_packages(cfg: RunConfig, *, cuda: bool | None = None, kind: str | None = None) -> None:
+    """Stop before any work when a chosen lever's package is missing from this runtime, its kernels
+    need a CUDA device this runtime lacks, or the device (``kind``: torch's accelerator) cannot run it."""
+    refused = device.refused_levers(cfg, device.accelerator_type() if kind is None else kind)
+    if refused:
+        raise StepError(refused[0])
     for key, value, module, package in LEVER_PACKAGES:
         if getattr(cfg.train, key) == value and importlib.util.find_spec(module) is None:
             raise StepError(
@@ -201,18 +206,16 @@ def load_model(cfg: RunConfig):
 
 def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     """The configured trainer and the token counter around its collator (the benchmark times it too)."""
-    import torch
     from transformers import PrinterCallback, set_seed
     from trl import SFTConfig
 
-    check_lever_packages(cfg)
+    kind = device.accelerator_type()
+    check_lever_packages(cfg, kind=kind)
     processes = world_size()
     parallel.check_accelerate_keeps_4bit(cfg, processes)
     fsdp = parallel.uses_fsdp(cfg, processes)
     validation = datasets.get("validation")
     evaluation = {"eval_strategy": "steps", "eval_steps": cfg.train.save_steps} if validation is not None else {}
-    # transformers refuses bf16 without a GPU unless told that the CPU is meant (CPU bf16 autocast).
-    cpu = {"use_cpu": True} if not torch.cuda.is_available() else {}
     levers = {"torch_compile": cfg.train.compile, "use_liger_kernel": methods.liger_enabled(cfg)}
     chat = is_chat(datasets["train"].column_names)
     loss = {
@@ -225,7 +228,8 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
         **sft_arguments(cfg, plan),
         **evaluation,
         **parallel.trainer_arguments(cfg, processes),
-        **cpu,
+        **device.trainer_device_arguments(kind),
+        **device.shape_arguments(cfg.data.max_length, kind),
         **levers,
         **loss,
     )

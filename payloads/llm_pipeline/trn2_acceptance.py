@@ -1,0 +1,326 @@
+"""First-node acceptance of the Trainium2 lane: one command on a user's first trn2 node (about 30 min),
+PASS, FAIL or SKIP per check, and a report (acceptance.json and acceptance.md in --report-dir).
+
+    python -m llm_pipeline.trn2_acceptance --report-dir DIR --tiny-config TINY.toml \\
+        [--lora-config configs/llama3-8b-lora-trn2.toml]
+
+Checks, in order:
+- device: torch's accelerator is `neuron`, with its device count, and a matmul on it matches the CPU's;
+- tiny-parity: a tiny random Llama trains 20 steps on one rank on the device and on the CPU from the same
+  seed; every step's loss agrees within PARITY_RTOL (both fp32; only the reduction order differs);
+- graph-count: the NEFF files in TorchNeuron's cache (TORCH_NEURONX_NEFF_CACHE_DIR) stop growing after
+  WARMUP_STEPS of that run: each new shape would be a new compile;
+- cpu-fallbacks: the operators TorchNeuron ran on the CPU during that run, counted and named from the
+  warnings and log records that report a fallback (informational: it passes with what it found);
+- resume: the engine (llm_pipeline.train) on --tiny-config saves at step 20, stops, resumes to 30, and
+  its losses equal the uninterrupted run's (RESUME_ATOL, as tests/payloads/test_train_stop.py);
+- lora-8b: --lora-config (Llama 3 8B LoRA) trains 50 steps on all the node's ranks; its trainable count
+  is the expected one and its samples/s is reported beside trn1's TRN1_SAMPLES_PER_SECOND (seed 000);
+- two-node: the same config trains 10 steps over EFA on two nodes (inside a two-node Slurm allocation).
+
+Off a Neuron host the device checks SKIP with "not a Neuron host" and the 8B and two-node checks with
+"needs a trn2 node"; the tiny CPU reference and the resume check still run, so the command cannot rot
+(tests/payloads/test_trn2_acceptance.py runs it on CPU). Exit 0 when nothing FAILed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+NOT_NEURON = "not a Neuron host"
+NEEDS_NODE = "needs a trn2 node"
+TINY_STEPS = 20
+WARMUP_STEPS = 3  # the first steps compile (forward, backward, optimizer); later ones must not
+PARITY_RTOL = 0.02
+RESUME_SAVE, RESUME_END = 20, 30
+RESUME_ATOL = 1e-3
+LORA_STEPS, TWO_NODE_STEPS = 50, 10
+# trn1.32xlarge, optimum-neuron, the blog's Llama 3 8B LoRA run (seed 000): samples/s per data-parallel
+# replica, 4 replicas (TP 8) per node. Our progress lines print the node's whole rate beside it.
+TRN1_SAMPLES_PER_SECOND = 3.554
+TRN1_REPLICAS = 4
+NEFF_CACHE_VARIABLE = "TORCH_NEURONX_NEFF_CACHE_DIR"
+FALLBACK_WORDS = re.compile(r"fall(?:s|ing)?[ -]?back|fallback", re.IGNORECASE)
+OPERATOR = re.compile(r"aten::[A-Za-z0-9_.]+")
+PROGRESS = re.compile(r"^step (?P<step>\d+)/\d+ \| loss (?P<loss>\S+) \|.*\| (?P<rate>[0-9.]+) samples/s")
+TRAINABLE = re.compile(r"method \w+: (?P<count>[\d,]+) trainable parameters \(as expected\)")
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+    figures: dict = field(default_factory=dict)
+
+
+def accelerator() -> str:
+    from llm_pipeline.training import device
+
+    return device.accelerator_type()
+
+
+def check_device(kind: str) -> Check:
+    if kind != "neuron":
+        return Check("device", SKIP, NOT_NEURON)
+    import torch
+
+    count = torch.accelerator.device_count()
+    a = torch.randn(128, 128, generator=torch.Generator().manual_seed(0))
+    on_device = (a.to("neuron") @ a.to("neuron")).cpu()
+    agrees = torch.allclose(on_device, a @ a, rtol=1e-3, atol=1e-3)
+    detail = f"{count} NeuronCore(s) visible; a 128x128 matmul {'matches' if agrees else 'differs from'} the CPU's"
+    return Check("device", PASS if agrees and count > 0 else FAIL, detail, {"devices": count})
+
+
+@dataclass
+class TinyRun:
+    losses: list[float]
+    graphs: list[int]  # NEFF files in the cache after each step (empty off Neuron)
+    fallbacks: list[str]  # the fallback messages seen
+
+
+def neff_count() -> int:
+    folder = os.environ.get(NEFF_CACHE_VARIABLE)
+    return sum(1 for _ in Path(folder).rglob("*.neff")) if folder and Path(folder).is_dir() else 0
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def train_tiny(device_name: str, *, steps: int = TINY_STEPS, seed: int = 0) -> TinyRun:
+    """A tiny random Llama, fp32, AdamW, fixed-shape synthetic batches: the same numbers on any device."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    model_config = LlamaConfig(vocab_size=256, num_key_value_heads=2, max_position_embeddings=128, **shape)
+    model = LlamaForCausalLM(model_config).to(device_name)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batches = torch.randint(0, 256, (steps, 4, 64), generator=torch.Generator().manual_seed(seed))
+    run, records = TinyRun([], [], []), _Records()
+    logging.getLogger().addHandler(records)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for batch in batches:
+                tokens = batch.to(device_name)
+                loss = model(input_ids=tokens, labels=tokens).loss
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                run.losses.append(float(loss.detach().cpu()))
+                if device_name != "cpu":
+                    run.graphs.append(neff_count())
+    finally:
+        logging.getLogger().removeHandler(records)
+    seen = [str(w.message) for w in caught] + records.messages
+    run.fallbacks = [message for message in seen if FALLBACK_WORDS.search(message)]
+    return run
+
+
+def check_tiny(kind: str, report: Path) -> list[Check]:
+    cpu = train_tiny("cpu")
+    reference = {"cpu_losses": cpu.losses}
+    if kind != "neuron":
+        trained = f"loss {cpu.losses[0]:.4f} -> {cpu.losses[-1]:.4f}"
+        detail = f"{NOT_NEURON} (the CPU reference trained {TINY_STEPS} steps, {trained})"
+        return [
+            Check("tiny-parity", SKIP, detail, reference),
+            Check("graph-count", SKIP, NOT_NEURON),
+            Check("cpu-fallbacks", SKIP, NOT_NEURON),
+        ]
+    run = train_tiny("neuron")
+    worst = max(abs(d - c) / abs(c) for d, c in zip(run.losses, cpu.losses, strict=True))
+    parity = Check(
+        "tiny-parity",
+        PASS if worst <= PARITY_RTOL else FAIL,
+        f"{TINY_STEPS} steps; largest relative loss difference {worst:.4f} (tolerance {PARITY_RTOL})",
+        {**reference, "neuron_losses": run.losses, "max_relative_difference": worst},
+    )
+    settled = run.graphs[WARMUP_STEPS - 1 :]
+    graphs = Check(
+        "graph-count",
+        PASS if settled and len(set(settled)) == 1 and settled[0] > 0 else FAIL,
+        f"NEFF files after each step: {run.graphs} (steady from step {WARMUP_STEPS} on: {len(set(settled)) == 1})",
+        {"neff_files_per_step": run.graphs, "cache": os.environ.get(NEFF_CACHE_VARIABLE, "")},
+    )
+    operators = sorted({name for message in run.fallbacks for name in OPERATOR.findall(message)})
+    fallbacks = Check(
+        "cpu-fallbacks",
+        PASS,
+        f"{len(run.fallbacks)} fallback report(s); operators: {', '.join(operators) or 'none named'}",
+        {"operators": operators, "messages": run.fallbacks[:50]},
+    )
+    return [parity, graphs, fallbacks]
+
+
+def read_toml(path: Path) -> dict:
+    import tomllib  # Python 3.11+: the training images'
+
+    return tomllib.loads(path.read_text())
+
+
+def _merge(base: dict, changes: dict) -> dict:
+    merged = dict(base)
+    for key, value in changes.items():
+        merged[key] = _merge(base.get(key, {}), value) if isinstance(value, dict) else value
+    return merged
+
+
+def run_config(path: Path, folder: Path, **sections):
+    """The config at ``path`` with some keys changed and its outputs under ``folder``."""
+    from llm_pipeline import config
+
+    raw = _merge(read_toml(path), {"paths": {"output_dir": str(folder)}, **sections})
+    return config.from_dict(raw, base_dir=path.parent)
+
+
+def logged_losses(checkpoint: Path) -> dict[int, float]:
+    history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+    return {entry["step"]: entry["loss"] for entry in history if "loss" in entry}
+
+
+def check_resume(tiny_config: Path | None, report: Path) -> Check:
+    """Save at 20, stop, resume to 30 through the engine, against the run that never stopped."""
+    if tiny_config is None:
+        return Check("resume", SKIP, "no --tiny-config given")
+    from llm_pipeline import train
+
+    shape = {"max_steps": RESUME_END, "save_steps": RESUME_SAVE // 2, "logging_steps": 1, "warmup_steps": 1}
+    data = {"packing": False, "validation_fraction": 0.0}  # one shape a batch on neuron
+    whole = run_config(tiny_config, report / "resume-whole", train=shape, data=data)
+    train.train(whole)
+    stopped = run_config(
+        tiny_config, report / "resume-stopped", train={**shape, "stop_after_step": RESUME_SAVE}, data=data
+    )
+    train.train(stopped)
+    train.train(run_config(tiny_config, report / "resume-stopped", train=shape, data=data))
+    expected = logged_losses(whole.paths.checkpoints_dir / f"checkpoint-{RESUME_END}")
+    resumed = logged_losses(stopped.paths.checkpoints_dir / f"checkpoint-{RESUME_END}")
+    after = range(RESUME_SAVE + 1, RESUME_END + 1)
+    worst = max(abs(resumed[step] - expected[step]) for step in after)
+    return Check(
+        "resume",
+        PASS if worst <= RESUME_ATOL else FAIL,
+        f"saved at {RESUME_SAVE}, stopped, resumed to {RESUME_END}: largest loss difference {worst:.2e} on steps "
+        f"{RESUME_SAVE + 1}-{RESUME_END} (tolerance {RESUME_ATOL})",
+        {"uninterrupted": [expected[s] for s in after], "resumed": [resumed[s] for s in after]},
+    )
+
+
+def torchrun_train(config_path: Path, launcher: list[str]) -> str:
+    """llm_pipeline.train under ``launcher`` (torchrun, or srun + torchrun); its output."""
+    command = [*launcher, "-m", "llm_pipeline.train", "--config", str(config_path)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {done.returncode}: {done.stderr[-2000:]}")
+    return done.stdout
+
+
+def write_toml(path: Path, raw: dict) -> Path:
+    lines = []
+    for section, table in raw.items():
+        lines.append(f"[{section}]")
+        lines += [f"{key} = {json.dumps(value)}" for key, value in table.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def check_lora(kind: str, lora_config: Path, report: Path, *, nodes: int) -> Check:
+    name = "lora-8b" if nodes == 1 else "two-node"
+    steps = LORA_STEPS if nodes == 1 else TWO_NODE_STEPS
+    if kind != "neuron":
+        return Check(name, SKIP, NEEDS_NODE if nodes == 1 else f"{NEEDS_NODE} (two, in a Slurm allocation)")
+    if nodes > 1 and int(os.environ.get("SLURM_JOB_NUM_NODES", "1")) < nodes:
+        return Check(name, SKIP, "needs a two-node Slurm allocation (salloc -N 2, then run this inside it)")
+    from llm_pipeline.jobs import launch
+
+    raw = _merge(
+        read_toml(lora_config),
+        {
+            "paths": {"output_dir": str(report / name)},
+            "parallel": {"nodes": nodes},
+            "train": {"max_steps": steps, "logging_steps": 1, "save_checkpoints": False, "global_batch_size": 0},
+        },
+    )
+    path = write_toml(report / f"{name}.toml", raw)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", *launch.launch_args(os.environ)]
+    launcher = ["srun", f"--nodes={nodes}", "--ntasks-per-node=1", *torchrun] if nodes > 1 else torchrun
+    try:
+        out = torchrun_train(path, launcher)
+    except RuntimeError as error:
+        return Check(name, FAIL, str(error))
+    rates = [float(m["rate"]) for line in out.splitlines() if (m := PROGRESS.match(line))]
+    trainable = TRAINABLE.search(out)
+    figures = {"samples_per_second": rates[-1] if rates else None, "trn1_samples_per_second": TRN1_SAMPLES_PER_SECOND}
+    if trainable:
+        figures["trainable"] = int(trainable["count"].replace(",", ""))
+    ok = bool(rates) and trainable is not None
+    detail = (
+        f"{steps} steps on {nodes} node(s); trainable {figures.get('trainable', 'not reported')}; "
+        f"{figures['samples_per_second']} samples/s (trn1, seed 000: {TRN1_SAMPLES_PER_SECOND} per replica x "
+        f"{TRN1_REPLICAS} = {TRN1_SAMPLES_PER_SECOND * TRN1_REPLICAS:.3f} per node)"
+    )
+    return Check(name, PASS if ok else FAIL, detail, figures)
+
+
+def write_report(checks: list[Check], report: Path, kind: str) -> None:
+    report.mkdir(parents=True, exist_ok=True)
+    summary = {"accelerator": kind, "checks": [asdict(check) for check in checks]}
+    (report / "acceptance.json").write_text(json.dumps(summary, indent=2) + "\n")
+    lines = [
+        "# Trainium2 first-node acceptance",
+        "",
+        f"accelerator: {kind}",
+        "",
+        "| check | result | detail |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {c.name} | {c.status} | {c.detail.replace('|', '/')} |" for c in checks]
+    (report / "acceptance.md").write_text("\n".join(lines) + "\n")
+
+
+def run(report: Path, *, tiny_config: Path | None, lora_config: Path, kind: str | None = None) -> list[Check]:
+    kind = accelerator() if kind is None else kind
+    report.mkdir(parents=True, exist_ok=True)
+    checks = [check_device(kind), *check_tiny(kind, report), check_resume(tiny_config, report)]
+    checks += [check_lora(kind, lora_config, report, nodes=1), check_lora(kind, lora_config, report, nodes=2)]
+    write_report(checks, report, kind)
+    for check in checks:
+        print(f"{check.status:4}  {check.name:13}  {check.detail}", flush=True)
+    return checks
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--report-dir", type=Path, required=True, help="where acceptance.json and .md go")
+    parser.add_argument("--tiny-config", type=Path, help="a tiny model's run config for the resume check")
+    default_lora = Path(__file__).resolve().parents[1] / "configs" / "llama3-8b-lora-trn2.toml"
+    parser.add_argument("--lora-config", type=Path, default=default_lora, help="the 8B LoRA run config")
+    args = parser.parse_args(argv)
+    checks = run(args.report_dir, tiny_config=args.tiny_config, lora_config=args.lora_config)
+    failed = [check.name for check in checks if check.status == FAIL]
+    print(f"{'FAIL: ' + ', '.join(failed) if failed else 'no check failed'}; report in {args.report_dir}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""A Trainium2 compute group (TorchNeuron) in us-east-2, where cfn-lint's data lists ml.trn2.48xlarge for
+HyperPod: the app synthesizes lint- and nag-clean, builds the Trainium2 image for that partition from
+payloads/Dockerfile.trn2 beside the untouched trn1 image, and gives the partition its facts."""
+
+from __future__ import annotations
+
+import pytest
+from test_infra_lint_nag import nag_report, template_path
+
+from stacks.accelerators import INSTANCE_TYPES, TORCHNEURON, TRAINIUM2_CHIP_BF16_TFLOPS
+from stacks.config import cluster_facts
+from stacks.lint import lint_template
+
+pytestmark = pytest.mark.xdist_group("infra")
+
+GROUPS = [
+    {"name": "trn2", "instance_type": "ml.trn2.48xlarge", "count": 2, "partition": "trn2"},
+    {"name": "trn1", "instance_type": "ml.trn1.32xlarge", "count": 1, "partition": "trn1"},
+]
+
+
+@pytest.fixture(scope="module")
+def trn2_synth(synthesize_from, source_root):
+    return synthesize_from(
+        source_root,
+        stack_name="HyperPodTrn2",
+        region="us-east-2",
+        availability_zone_id="use2-az2",
+        compute_groups=GROUPS,
+    )
+
+
+def test_trn2_facts_come_from_the_accelerator_table():
+    facts = INSTANCE_TYPES["ml.trn2.48xlarge"]
+    assert (facts.devices, facts.efa_interfaces, facts.image_family) == (64, 16, TORCHNEURON)
+    assert round(facts.peak_bf16_tflops / 1000, 1) == 10.7  # 10.7 PF dense bf16 per node (Neuron arch page)
+    assert facts.peak_tflops_per_device == 16 * TRAINIUM2_CHIP_BF16_TFLOPS / 64
+
+
+def test_cfn_lint_and_cdk_nag_find_nothing(trn2_synth):
+    matches = lint_template(template_path(trn2_synth), ["us-east-2"])
+    assert [f"{m.rule.id} {m.message} {m.path}" for m in matches] == []
+    report = nag_report(trn2_synth)
+    assert report["conclusion"] == "success" and report["violations"] == []
+
+
+def test_each_trainium_generation_gets_its_own_image(trn2_synth):
+    dockerfiles = sorted(
+        image["source"].get("dockerFile", "Dockerfile") for image in trn2_synth.training_images().values()
+    )
+    assert dockerfiles == ["Dockerfile", "Dockerfile.trn2"]
+    assert trn2_synth.config.image_families == ("neuron", TORCHNEURON)
+
+
+def test_the_trn2_partition_names_its_runtime_and_mfu_peak(trn2_synth):
+    images = {"neuron": "repo:trn1", TORCHNEURON: "repo:trn2"}
+    partitions = cluster_facts(trn2_synth.config, image_uris=images)["partitions"]
+    assert (partitions["trn2"]["image_uri"], partitions["trn2"]["image_family"]) == ("repo:trn2", TORCHNEURON)
+    assert partitions["trn2"]["peak_tflops"] == INSTANCE_TYPES["ml.trn2.48xlarge"].peak_tflops_per_device
+    assert (partitions["trn1"]["image_uri"], partitions["trn1"]["image_family"]) == ("repo:trn1", "neuron")
+    assert partitions["trn1"]["peak_tflops"] == 0.0  # the payload's own table, or no MFU
