@@ -10,7 +10,8 @@
 
 May import (the shared modules here): the stdlib, the training stack of the image (torch,
 transformers, trl, peft, datasets, accelerate), the top-level config, errors, prompt and
-model_shapes modules, and weights.checkpoints (the checkpoint seals the callbacks write). Never
+model_shapes modules, jobs.prom_textfile (stdlib only: the run's figures for node exporter), and
+weights.checkpoints (the checkpoint seals the callbacks write). Never
 an engine subpackage: engines import the shared room, not the reverse. Engines are imported only
 by the step modules (train, prepare, pretrain) and by run_metrics (torchtitan's stdlib metric-line
 parser, for compare and evaluate), so other steps never load a training stack, and no engine
