@@ -59,3 +59,19 @@ def test_the_smoke_stage_saving_config_stops_on_the_whole_smoke_schedule(hpl_env
     saving, whole = (config.load(folder / name, env=hpl_env).train for name in smoke.CONFIGS)
     assert (saving.max_steps, saving.stop_after_step) == (smoke.SMOKE_STEPS, smoke.SAVE_STEP)
     assert (whole.max_steps, whole.stop_after_step) == (smoke.SMOKE_STEPS, 0)
+
+
+def test_a_finished_run_extended_with_more_steps_trains_its_first_new_step_on_the_new_schedule(hpl_env, tmp_path):
+    # The first run's schedule ends at lr 0 and its optimizer state carries that lr; the extended run's schedule
+    # must set the lr of its first new step, or that step trains at lr 0 (seen on a GPU run).
+    first = {**SHAPE, "max_steps": smoke.SAVE_STEP, "lr_scheduler": "linear", "warmup_steps": 0}
+    _run(tmp_path, hpl_env, "run", **first)
+    checkpoints = tmp_path / "run" / "tiny-lora" / "checkpoints"
+    _run(tmp_path, hpl_env, "run", **{**first, "max_steps": smoke.SMOKE_STEPS})
+    extended = _logged(checkpoints / f"checkpoint-{smoke.SMOKE_STEPS}")
+    learning_rate = config.load(tmp_path / "run.toml", env=hpl_env).train.learning_rate
+    # linear decay from the configured lr over the new max_steps, the old steps counted: step k trains at
+    # lr * (1 - (k - 1) / max_steps), and the value logged at step k is the one its optimizer step used
+    new_steps = range(smoke.SAVE_STEP + 1, smoke.SMOKE_STEPS + 1)
+    expected = [learning_rate * (1 - (step - 1) / smoke.SMOKE_STEPS) for step in new_steps]
+    assert [extended[step]["learning_rate"] for step in new_steps] == pytest.approx(expected, rel=1e-6)

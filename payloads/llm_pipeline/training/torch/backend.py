@@ -58,14 +58,17 @@ def engine_trainer_class():
 
         def _load_optimizer_and_scheduler(self, checkpoint):
             if checkpoint is None or not self.is_fsdp_enabled:
-                return super()._load_optimizer_and_scheduler(checkpoint)
-            # Not accelerate's FSDP optimizer loader: it reads nothing useful (parallel.py) and opens
-            # every rank's file, which a training job's other hosts hold; the scheduler as the Trainer loads it.
-            import torch
-            from transformers.trainer import SCHEDULER_NAME
+                super()._load_optimizer_and_scheduler(checkpoint)
+            else:
+                # Not accelerate's FSDP optimizer loader: it reads nothing useful (parallel.py) and opens
+                # every rank's file, which a training job's other hosts hold; the scheduler as the Trainer loads it.
+                import torch
+                from transformers.trainer import SCHEDULER_NAME
 
-            parallel.load_sharded_optimizer(self, Path(checkpoint))
-            self.lr_scheduler.load_state_dict(torch.load(Path(checkpoint) / SCHEDULER_NAME, weights_only=True))
+                parallel.load_sharded_optimizer(self, Path(checkpoint))
+                self.lr_scheduler.load_state_dict(torch.load(Path(checkpoint) / SCHEDULER_NAME, weights_only=True))
+            if checkpoint is not None:
+                follow_schedule(self.lr_scheduler)
 
         def training_step(self, model, inputs, num_items_in_batch=None):
             loss = super().training_step(model, inputs, num_items_in_batch)
@@ -98,6 +101,24 @@ def engine_trainer_class():
         loss_guard: NonFiniteLossGuard
 
     return EngineTrainer
+
+
+def follow_schedule(scheduler) -> None:
+    """Give the optimizer this run's learning rate for the step it resumes at. The restored optimizer state
+    holds the lr the checkpointed run's schedule set last (0 at the end of a finished run's decay); this
+    run's schedule (a longer max_steps) would replace it only after the first resumed step, which would
+    train at that stale lr. transformers' schedules are LambdaLR: lr = base lr x the step's factor."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    if not isinstance(scheduler, LambdaLR):  # reduce_lr_on_plateau: its lr is the state itself
+        return
+    rates = [
+        base * factor(scheduler.last_epoch)
+        for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+    ]
+    for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
+        group["lr"] = rate
+    scheduler._last_lr = rates  # what the Trainer logs before the first resumed step's scheduler.step()
 
 
 def agreed_loss(loss) -> float:
