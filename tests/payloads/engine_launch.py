@@ -24,10 +24,13 @@ def engine_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_engine(run_configs: list[Path], out: Path, *, ranks: int, timeout: float = 600) -> dict[str, dict]:
+def run_engine(
+    run_configs: list[Path], out: Path, *, ranks: int, timeout: float = 600, liger_standin: bool = False
+) -> dict[str, dict]:
     """Train each run config in turn with the torch engine on ``ranks`` gloo processes (one launch);
-    the probe's answer per config file stem."""
+    the probe's answer per config file stem. ``liger_standin``: liger's kernels as torch references."""
     probe = [str(PROBE), *(f"--config={path}" for path in run_configs), "--out", str(out)]
+    probe += ["--liger-standin"] if liger_standin else []
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
     command = (launch if ranks > 1 else [sys.executable]) + probe
     done = subprocess.run(command, env=engine_env(), capture_output=True, text=True, timeout=timeout)

@@ -22,6 +22,11 @@ def _merge(base: dict, changes: dict) -> dict:
     return merged
 
 
+def folder_env(outputs: Path, models: Path, datasets: Path) -> dict[str, str]:
+    """The HPL_* variables tiny-cpu.toml reads, for a module-scoped fixture's own outputs folder."""
+    return {"HPL_MODELS_DIR": str(models), "HPL_DATASETS_DIR": str(datasets), "HPL_OUTPUTS_DIR": str(outputs)}
+
+
 def tiny_config(env: dict[str, str], **sections) -> config.RunConfig:
     """tiny-cpu.toml with some keys changed (validated like a file): tiny_config(env, train={"max_steps": 5})."""
     raw = _merge(tomllib.loads(TINY_TOML.read_text()), sections)

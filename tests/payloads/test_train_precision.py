@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from engine_launch import run_engine
-from payload_configs import write_config
+from payload_configs import folder_env, write_config
 
 from llm_pipeline import config, data
 
@@ -48,11 +48,7 @@ def write_run(folder: Path, env: dict[str, str], method: str, ranks: int) -> Pat
 def results(tmp_path_factory, tiny_models_dir, tiny_datasets_dir) -> dict[int, dict[str, dict]]:
     """ranks -> method -> what the probe measured, for 1 process and 2 FSDP2 ranks."""
     folder = tmp_path_factory.mktemp("precision")
-    env = {
-        "HPL_MODELS_DIR": str(tiny_models_dir),
-        "HPL_DATASETS_DIR": str(tiny_datasets_dir),
-        "HPL_OUTPUTS_DIR": str(folder),
-    }
+    env = folder_env(folder, tiny_models_dir, tiny_datasets_dir)
     answer = {}
     for ranks in (1, 2):
         runs = [write_run(folder, env, method, ranks) for method in METHODS]

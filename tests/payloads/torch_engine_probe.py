@@ -3,9 +3,11 @@ precision tests check as JSON, per run config (by file stem): the logged losses,
 loss the trainer computed, the share of trainable weights that changed, how many packed 4-bit words
 changed, and the parameter dtypes the engine reported. Run by engine_launch.run_engine on the main stack.
 
-    python torch_engine_probe.py --config lora.toml --config full.toml --out result.json
+    python torch_engine_probe.py --config lora.toml --config full.toml --out result.json [--liger-standin]
 
 Several configs train one after another in the same processes (one launch, one process group).
+With --liger-standin, liger-kernel's Triton launches run as torch references (liger_standin.py) and the
+engine's two CUDA decisions about liger (the lever check, "auto") answer as on a CUDA host.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ import json
 import os
 from pathlib import Path
 
+import liger_standin
 import torch
 
 from llm_pipeline import config, data
 from llm_pipeline.training.plan import TrainPlan, world_size
-from llm_pipeline.training.torch import backend
+from llm_pipeline.training.torch import backend, methods
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:
@@ -53,6 +56,7 @@ def train_and_measure(run_config: Path) -> dict:
         start_step=0,
         tensorboard_dir=None,
     )
+    liger_standin.CALLS.clear()
     datasets, tokenizer = data.training_inputs(cfg, may_prepare=world_size() == 1)
     trainer, _ = backend.build_trainer(cfg, plan, datasets, tokenizer)
     parameters = named_parameters(trainer.model)
@@ -83,14 +87,27 @@ def train_and_measure(run_config: Path) -> dict:
         "packed_words": sum(after[n].numel() for n in packed),
         "packed_words_changed": sum(int((bits(after[n]) != bits(before[n])).sum()) for n in packed),
         "parameter_dtypes": trainer.parameter_dtypes,
+        "liger_calls": dict(liger_standin.CALLS),
     }
+
+
+def act_as_cuda_for_liger() -> None:
+    """liger's Python path on this CPU: its kernels as torch references, and the engine told CUDA is there
+    for liger alone (the lever check and train.liger_kernel = "auto")."""
+    liger_standin.install()
+    check_lever_packages, liger_enabled = backend.check_lever_packages, methods.liger_enabled
+    backend.check_lever_packages = lambda cfg, cuda=None: check_lever_packages(cfg, cuda=True)
+    methods.liger_enabled = lambda cfg, cuda=None, liger_installed=None: liger_enabled(cfg, cuda=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", action="append", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--liger-standin", action="store_true")
     args = parser.parse_args()
+    if args.liger_standin:
+        act_as_cuda_for_liger()
     results = {path.stem: train_and_measure(path) for path in args.config}
     if os.environ.get("RANK", "0") == "0":
         args.out.write_text(json.dumps(results))
