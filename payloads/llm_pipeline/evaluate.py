@@ -5,10 +5,12 @@
 Scores the base model (paths.model_dir) and the tuned one (the merged model, else the base with the
 consolidated adapter, as generate picks it) on the held-out split the data step set aside
 (data.validation_fraction; the first eval.max_samples rows): each row is the training text (the
-same prompt format and end-of-sequence token), cut at data.max_length, or in block mode
+same prompt format and end-of-sequence token; chat records through the tokenizer's chat template),
+cut at data.max_length, or in block mode
 (data.blocks) the block itself; the loss is the mean cross-entropy over every predicted token,
 padding excluded, as the trainers compute it; perplexity is exp(loss). The first eval.answers
-held-out prompts (the generate question when there is none, or in block mode) are answered by both
+held-out prompts (chat records: the conversation up to its last assistant turn, by the chat template;
+the generate question when there is none, or in block mode) are answered by both
 models, greedily. Writes into <run>/eval/: eval.json,
 report.md (the numbers, the answers side by side, the loss chart) and loss.png (the run's training
 loss from its own metrics). compare shows these numbers next to the run's curve.
@@ -23,7 +25,7 @@ from pathlib import Path
 from llm_pipeline import cli, generate
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
-from llm_pipeline.prompt import format_example, format_prompt
+from llm_pipeline.prompt import MESSAGES_COLUMN, format_example, format_prompt, is_chat
 
 EVAL_JSON, REPORT, LOSS_CHART = "eval.json", "report.md", "loss.png"
 
@@ -47,6 +49,8 @@ def token_rows(rows: list[dict], tokenizer, max_length: int) -> list[list[int]]:
     cut at max_length; a block (data.blocks) as it is."""
     if rows and "input_ids" in rows[0]:
         return [list(row["input_ids"])[:max_length] for row in rows]
+    if rows and is_chat(rows[0].keys()):  # chat records: the tokenizer's chat template, as trl formats them
+        return [tokenizer.apply_chat_template(row[MESSAGES_COLUMN], return_dict=False)[:max_length] for row in rows]
     texts = [format_example(row) + tokenizer.eos_token for row in rows]
     return tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
 
@@ -150,15 +154,33 @@ def as_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def chat_questions(rows: list[dict], tokenizer) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """(question, "", reference) and the chat-template prompt of each chat record: the conversation up to its
+    last assistant turn, which is the reference."""
+    asked, prompts = [], []
+    for row in rows:
+        messages = row[MESSAGES_COLUMN]
+        last = max(i for i, turn in enumerate(messages) if turn["role"] == "assistant")
+        asked.append((messages[last - 1]["content"] if last else "", "", messages[last]["content"]))
+        prompts.append(tokenizer.apply_chat_template(messages[:last], add_generation_prompt=True, tokenize=False))
+    return asked, prompts
+
+
 def evaluate(cfg: RunConfig) -> dict:
     rows = held_out_rows(cfg)
-    if rows and "instruction" in rows[0]:
+    if rows and is_chat(rows[0].keys()):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.paths.model_dir)
+        asked, prompts = chat_questions(rows[: cfg.eval.answers], tokenizer)
+    elif rows and "instruction" in rows[0]:
         asked = [(row["instruction"], row.get("context") or "", row["response"]) for row in rows[: cfg.eval.answers]]
     else:  # no held-out split, or blocks of a corpus (data.blocks): the run's own question
         if not rows:
             print("no held-out split (data.validation_fraction = 0): answers only, no validation loss", flush=True)
         asked = [(cfg.generate.instruction, cfg.generate.context, None)]
-    prompts = [format_prompt(instruction, context) for instruction, context, _ in asked]
+    if not (rows and is_chat(rows[0].keys())):
+        prompts = [format_prompt(instruction, context) for instruction, context, _ in asked]
     tuned_dir, adapter_dir = generate.choose_model(cfg, None, None)
     base = evaluate_model(cfg, "base", Path(cfg.paths.model_dir), None, rows, prompts)
     tuned = evaluate_model(cfg, "tuned", tuned_dir, adapter_dir, rows, prompts)

@@ -41,3 +41,22 @@ def test_block_rows_are_scored_as_they_are_and_cut_at_max_length(model_and_token
     _, tokenizer = model_and_tokenizer
     blocks = [{"input_ids": list(range(5, 25))}, {"input_ids": list(range(30, 50))}]
     assert evaluate.token_rows(blocks, tokenizer, max_length=16) == [list(range(5, 21)), list(range(30, 46))]
+
+
+@pytest.mark.main_stack
+def test_chat_rows_are_scored_and_asked_through_the_chat_template(model_and_tokenizer, tmp_path):
+    import json
+
+    from tools import tiny_model
+
+    _, tokenizer = model_and_tokenizer
+    path = tiny_model.write_chat_jsonl(tmp_path / "chat.jsonl", 3)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert evaluate.token_rows(rows, tokenizer, 64) == [
+        tokenizer.apply_chat_template(row["messages"], return_dict=False)[:64] for row in rows
+    ]
+    asked, prompts = evaluate.chat_questions(rows, tokenizer)
+    for row, (question, _, reference), prompt in zip(rows, asked, prompts, strict=True):
+        *before, last = row["messages"]
+        assert last["role"] == "assistant" and reference == last["content"] and question == before[-1]["content"]
+        assert prompt == tokenizer.apply_chat_template(before, add_generation_prompt=True, tokenize=False)
