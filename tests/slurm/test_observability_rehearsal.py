@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from hpctl.cli import main
+from tools import dashboard_chart
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "observability" / "dashboards" / "cluster-and-run.json"
@@ -132,6 +133,8 @@ def test_the_run_the_nodes_and_slurm_in_prometheus(stack):
     slurm, prometheus, textfile, base = stack
     script = base / "observability.sbatch"
     script.write_text(JOB.replace("{run_dir}", str(base / "runs" / RUN)))
+    started = time.time()
+    slurm_metrics(slurm, textfile)  # before the job: an idle node, no job
     env = slurm.env({**os.environ, "HPL_METRICS_TEXTFILE_PATH": str(textfile), "PYTHONPATH": f"{ROOT / 'payloads'}"})
     submitted = subprocess.run(
         ["sbatch", "--parsable", f"--output={base / 'job.log'}", str(script)],
@@ -143,8 +146,7 @@ def test_the_run_the_nodes_and_slurm_in_prometheus(stack):
     during = prometheus.wait_for(f'hpl_train_step{{run="{RUN}",slurm_job_id="{job_id}"}} >= 2', timeout=90)
     assert during[0]["metric"]["job"] == "node"  # scraped from node exporter's textfile collector
     slurm_metrics(slurm, textfile)
-    running = prometheus.wait_for('hpl_slurm_jobs{state="running"}')
-    assert sum(float(s["value"][1]) for s in running) >= 1
+    prometheus.wait_for('sum(hpl_slurm_jobs{state="running"}) >= 1')
 
     deadline = time.monotonic() + 90
     while slurm.run("squeue", "-h", "-j", job_id, check=False).stdout.strip():
@@ -164,6 +166,12 @@ def test_the_run_the_nodes_and_slurm_in_prometheus(stack):
     prometheus.wait_for('hpl_slurm_nodes{state="idle"} == 1')
     assert prometheus.query("hpl_slurm_up == 1")
     prometheus.wait_for('sum(hpl_slurm_jobs{state="running"}) == 0')
+
+    # The picture of the dashboard: every drawn panel has this run's data, on one PNG.
+    chart = base / "dashboard.png"
+    drawn = dashboard_chart.draw(prometheus.url, started, time.time(), chart, run=RUN, job=job_id)
+    assert set(drawn) == set(dashboard_chart.PANELS) and all(drawn.values()), drawn
+    assert chart.read_bytes().startswith(b"\x89PNG") and chart.stat().st_size > 20_000
 
 
 def test_every_dashboard_query_evaluates_and_the_local_ones_return_data(stack):
