@@ -16,7 +16,7 @@ AS_ROOT := $(if $(filter 0,$(shell id -u)),,sudo env PYTHONPATH=$(PYTHONPATH))
 .PHONY: help need-root system-packages venv synth lint doc-tables test test-trn1 snapshot-update deploy diff destroy rehearse rehearse-ladder bench bench-train diagram clean
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 $(STAMP): requirements.txt requirements-dev.txt requirements-torchtitan-cpu.txt requirements-trn1-cpu.txt requirements-sagemaker.txt payloads/requirements-gpu.txt payloads/requirements-cluster.txt pyproject.toml package-lock.json
 	test -x $(PY) || python3 -m venv $(VENV)

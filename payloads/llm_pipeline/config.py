@@ -249,8 +249,9 @@ class TrainConfig:
     compile: bool = described(False, "torch.compile the model (torch backend)")
     liger_kernel: bool | str = described(
         "auto",
-        "liger-kernel's fused RMSNorm/RoPE/SwiGLU/cross-entropy (torch backend on CUDA): true, false or auto; "
-        "auto is on on CUDA when liger-kernel is installed (the CUDA image), else off; true needs liger-kernel",
+        "liger-kernel's fused RMSNorm/RoPE/SwiGLU (torch backend on CUDA; trl 1.16 keeps its own fused loss): "
+        "true, false or auto; auto is on on CUDA when liger-kernel is installed (the CUDA image), else off; "
+        "true needs liger-kernel and a CUDA GPU",
     )
     attention: str = described(
         "auto",

@@ -44,7 +44,7 @@ def fenced_commands(text: str) -> list[str]:
 
 
 def make_targets() -> set[str]:
-    return set(re.findall(r"^([a-z][a-z-]*):", (ROOT / "Makefile").read_text(), re.M))
+    return set(re.findall(r"^([a-z][a-z0-9-]*):", (ROOT / "Makefile").read_text(), re.M))
 
 
 def markdown_files() -> list[Path]:
