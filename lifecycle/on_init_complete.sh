@@ -12,6 +12,7 @@
 #   SAGEMAKER_RESOURCE_CONFIG_PATH  HyperPod's resource config (default: /opt/ml/config/resource_config.json)
 #   LIFECYCLE_NODE_IPS              this node's addresses (default: `hostname -I`)
 #   LIFECYCLE_FSX_TIMEOUT, LIFECYCLE_FSX_POLL  seconds to wait for the FSx mount, and between checks
+#   LIFECYCLE_SLURM_CONF            the controller's slurm.conf (default: /opt/slurm/etc/slurm.conf)
 if [ -z "${BASH_VERSION:-}" ]; then exec bash "$0" "$@"; fi  # in case it is started with sh
 set -Eeuo pipefail
 
@@ -26,6 +27,7 @@ MOTD_FILE="$ROOT/etc/update-motd.d/99-hyperpod-lora"
 ENROOT_CONF="$ROOT/etc/enroot/enroot.conf"
 INSTALLED_FACTS="$ROOT/etc/hyperpod-lora/cluster-facts.json"  # every partition's facts, for submit
 EFA_DEVICES_DIR="$ROOT/sys/class/infiniband"  # one entry per EFA device (rdmap*)
+SLURM_CONF="${LIFECYCLE_SLURM_CONF:-$ROOT/opt/slurm/etc/slurm.conf}"  # /opt/slurm is the AMI's active-version link
 PATH="$PATH:$ROOT/opt/aws/neuron/bin"  # neuron-ls lives here on the HyperPod AMI
 STEP="start"
 
@@ -199,6 +201,67 @@ check_efa() {
   fi
 }
 
+# The node's Slurm version, for reading a failure against HyperPod's AMI release notes. The client
+# commands need a configuration source even for --version (Slurm 22.05 does), the daemons do not.
+report_slurm_version() {
+  step slurm-version
+  local probe version failures=()
+  for probe in "sinfo --version" "scontrol --version" "slurmd -V" "slurmctld -V"; do
+    command -v "${probe%% *}" >/dev/null || continue
+    if version="$($probe 2>&1)"; then  # word-split on purpose: "tool flag"
+      log "${version##*$'\n'} (from $probe)"
+      return
+    fi
+    failures+=("$probe: ${version##*$'\n'}")
+  done
+  if ((${#failures[@]} == 0)); then
+    warn "no Slurm command (sinfo, scontrol, slurmd, slurmctld) on PATH: HyperPod's Slurm is not installed on this node"
+  else
+    warn "Slurm version unknown: $(IFS=';'; echo "${failures[*]}")"
+  fi
+}
+
+# HyperPod manages Slurm topology itself since April 2026. On AMIs with Slurm 25.11 other projects
+# found it enabling topology with no topology to use: TopologyPlugin=topology/tree with no topology.conf
+# (sbatch then fails "Requested topology configuration is not available"), or PartitionName ...
+# Topology=tree with an empty topology.yaml (slurmctld crash-loops). Either way no job can run, so the
+# controller's provisioning stops here with the line and the way out, rather than a cluster that looks
+# InService. slurm.conf is HyperPod's (its agent rewrites it), so it is not edited here (lifecycle/README.md).
+has_topology() {
+  local dir="$1"
+  [[ -f "$dir/topology.conf" ]] && grep -Eq '^[[:space:]]*(SwitchName|BlockName)=' "$dir/topology.conf" && return 0
+  # A topology.yaml with content beyond comments, blanks and an empty list.
+  [[ -f "$dir/topology.yaml" ]] && grep -Ev '^[[:space:]]*(#.*)?$|^[[:space:]]*\[[[:space:]]*\][[:space:]]*$' \
+    "$dir/topology.yaml" | grep -q .
+}
+
+check_slurm_topology() {
+  step slurm-topology
+  if [[ ! -f "$SLURM_CONF" ]]; then
+    warn "${SLURM_CONF#"$ROOT"} not found: Slurm's topology setup not checked"
+    return
+  fi
+  local dir line
+  dir="$(dirname "$SLURM_CONF")"
+  line="$(grep -nEi '^[[:space:]]*TopologyPlugin[[:space:]]*=[[:space:]]*topology/(tree|block)\b' "$SLURM_CONF" \
+    || grep -nEi '^[[:space:]]*PartitionName[[:space:]]*=.*[[:space:]]Topology[[:space:]]*=' "$SLURM_CONF" || true)"
+  line="${line%%$'\n'*}"
+  if [[ -z "$line" ]]; then
+    log "no topology plugin or partition topology in ${SLURM_CONF#"$ROOT"}; nothing to check"
+    return
+  fi
+  if has_topology "$dir"; then
+    log "topology in use (${SLURM_CONF#"$ROOT"}:${line%%:*}) and described in ${dir#"$ROOT"}/topology.conf or topology.yaml"
+    return
+  fi
+  die "${SLURM_CONF#"$ROOT"}:${line%%:*} enables topology ('${line#*:}') but ${dir#"$ROOT"} has no topology.conf" \
+    "with SwitchName=/BlockName= lines and no non-empty topology.yaml: Slurm then refuses every job (sbatch:" \
+    "'Requested topology configuration is not available') or slurmctld crash-loops. This is the known fault of" \
+    "HyperPod's automatic topology on Slurm 25.11 AMIs; HyperPod owns slurm.conf, so this script does not edit it." \
+    "Fix: move the cluster to an AMI without the fault (aws sagemaker update-cluster-software) or ask AWS Support," \
+    "then redeploy; see the Slurm topology section of lifecycle/README.md"
+}
+
 # Pyxis starts containers through Enroot; Enroot shows the host's /dev (so /dev/neuron*) unless
 # ENROOT_RESTRICT_DEV is on, in which case it would expose only a minimal device set.
 expose_neuron_to_enroot() {
@@ -248,6 +311,7 @@ main() {
   write_profile
   wait_for_fsx
   create_fsx_layout
+  report_slurm_version
   case "$NODE_ROLE" in
     Compute)
       case "$HPL_ACCELERATOR" in
@@ -260,7 +324,11 @@ main() {
       esac
       if ((HPL_EFA_INTERFACES > 0)); then check_efa; fi
       ;;
-    Controller | Login) write_motd ;;
+    Controller)
+      check_slurm_topology
+      write_motd
+      ;;
+    Login) write_motd ;;
   esac
   setup_observability
   STEP="done"

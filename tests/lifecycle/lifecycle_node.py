@@ -2,7 +2,8 @@
 
 The real script runs from a copy of lifecycle/ (as HyperPod downloads it, with cluster-facts.json
 beside it) against a temporary root (LIFECYCLE_ROOT). The node's system commands that tell about
-or change the machine (hostname, mountpoint, id, chown, neuron-ls, enroot, nvidia-smi) are recorders on PATH:
+or change the machine (hostname, mountpoint, id, chown, neuron-ls, enroot, nvidia-smi, and Slurm's
+sinfo, scontrol, slurmd, slurmctld) are recorders on PATH:
 each logs its call, then answers like the real one from the test's settings. chown really changes
 ownership (the tests run as root, like the script on a node).
 """
@@ -144,6 +145,16 @@ esac""",
   restart) mkdir -p "$FAKE_STATE/units"; touch "$FAKE_STATE/units/$2" ;;
   enable) [[ "$2" == --now ]] && { mkdir -p "$FAKE_STATE/units"; touch "$FAKE_STATE/units/$3"; } || true ;;
 esac""",
+    # The AMI's Slurm: FAKE_SLURM_VERSION (default 25.11.2); the commands named in FAKE_SLURM_FAIL fail
+    # like a client with no configuration source.
+    **{
+        name: f"""if [[ " ${{FAKE_SLURM_FAIL:-}} " == *" {name} "* ]]; then
+  echo "{name}: fatal: Could not establish a configuration source" >&2; exit 1
+fi
+echo "slurm ${{FAKE_SLURM_VERSION:-25.11.2}}"
+"""
+        for name in ("sinfo", "scontrol", "slurmd", "slurmctld")
+    },
     "aws": "echo fake-ecr-token",
     "neuron-monitor": "sleep 0",
     "neuron-monitor-prometheus.py": "sleep 0",
@@ -176,6 +187,15 @@ def resource_config(cluster: dict[str, list[tuple[str, str]]] = CLUSTER) -> dict
         },
         "InstanceGroups": groups,
     }
+
+
+# The controller's slurm.conf as HyperPod writes it for this cluster, without topology.
+SLURM_CONF = """ClusterName=lora-test
+SlurmctldHost=ip-10-1-0-10
+SelectType=select/cons_tres
+NodeName=ip-10-1-1-[1-4] CPUs=128 State=CLOUD
+PartitionName=trn1 Nodes=ip-10-1-1-[1-4] Default=YES MaxTime=INFINITE State=UP
+"""
 
 
 @dataclass
@@ -214,6 +234,9 @@ class FakeNode:
             (self.root / "fsx").mkdir()
         else:  # another node's /fsx: the shared file system
             (self.root / "fsx").symlink_to(fsx)
+        self.slurm_etc = self.root / "opt/slurm/etc"
+        self.slurm_etc.mkdir(parents=True)
+        (self.slurm_etc / "slurm.conf").write_text(SLURM_CONF)
         self.bin.mkdir()
         self.install_recorders(*RECORDERS)
 

@@ -171,6 +171,7 @@ def test_every_log_line_names_its_step(compute_node: FakeNode) -> None:
         "write-profile",
         "wait-fsx",
         "fsx-layout",
+        "slurm-version",
         "neuron-devices",
         "enroot-devices",
         "efa-devices",
