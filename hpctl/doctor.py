@@ -24,13 +24,19 @@ from hpctl.errors import HpctlError, aws_errors
 from llm_pipeline.download import TOKEN_VARIABLES, find_token
 from stacks.aws_catalog import sagemaker_regions
 from stacks.config import ConfigError, HyperPodConfig
-from stacks.online_checks import CLUSTER_QUOTA_SUFFIX, cluster_quotas, quota_increase_hint, quota_wanted
+from stacks.online_checks import (
+    CLUSTER_QUOTA_SUFFIX,
+    EC2_TYPE_PREFIX,
+    cluster_quotas,
+    quota_increase_hint,
+    quota_wanted,
+    zones_offering,
+)
 
 NODE_MAJORS = (22, 24)  # the CDK library's jsii runtime supports these (README, docs/deploy.md)
 CDK_TOOLKIT_STACK = "CDKToolkit"  # the CDK CLI's default bootstrap stack name (cdk.json sets no other)
 # aws-cdk-lib's DefaultStackSynthesizer refuses a bootstrap older than this (its MIN_BOOTSTRAP_STACK_VERSION).
 MIN_BOOTSTRAP_VERSION = 6
-EC2_TYPE_PREFIX = "ml."
 TOOL_TIMEOUT_S = 30
 BOOTSTRAP_FIX = "run `npx --no-install cdk bootstrap` once for this account and region (docs/deploy.md)"
 
@@ -109,25 +115,18 @@ def zone_offerings(config: HyperPodConfig, session: boto3.Session) -> list[Findi
     zone = config.availability_zone_id
 
     def probe() -> list[Finding]:
-        ec2_types = [t.removeprefix(EC2_TYPE_PREFIX) for t in types]
-        zones: dict[str, set[str]] = {t: set() for t in ec2_types}
-        paginator = session.client("ec2").get_paginator("describe_instance_type_offerings")
-        pages = paginator.paginate(
-            LocationType="availability-zone-id", Filters=[{"Name": "instance-type", "Values": ec2_types}]
-        )
-        for page in pages:
-            for offering in page["InstanceTypeOfferings"]:
-                zones.setdefault(offering["InstanceType"], set()).add(offering["Location"])
+        zones = zones_offering(session, types)
         findings = []
-        for instance_type, ec2_type in zip(types, ec2_types, strict=True):
+        for instance_type in types:
             check = f"zone {zone} offers {instance_type}"
-            if zone in zones[ec2_type]:
+            ec2_type = instance_type.removeprefix(EC2_TYPE_PREFIX)
+            if zone in zones[instance_type]:
                 findings.append(passed(check, f"EC2 offers {ec2_type} there"))
-            elif zones[ec2_type]:
+            elif zones[instance_type]:
                 findings.append(
                     failed(
                         check,
-                        f"EC2 offers {ec2_type} only in {', '.join(sorted(zones[ec2_type]))}: set "
+                        f"EC2 offers {ec2_type} only in {', '.join(sorted(zones[instance_type]))}: set "
                         "availability_zone_id in cdk.json to one of them",
                     )
                 )

@@ -318,6 +318,24 @@ CLUSTER_ONLY_KEYS = (
 )
 
 
+# FSx's CreateFileSystem documents no largest PERSISTENT_2 SSD size (only its steps: 1200, then multiples
+# of 2400), so nothing above it is refused. This is the largest SizeInGiB HyperPod's own FSxLustreConfig
+# accepts (SageMaker API reference, FSxLustreConfig): past it a size is most likely a typo, and it is
+# above what FSx's default storage quota in most accounts allows.
+FSX_LARGE_GIB = 100_800
+
+
+def storage_warnings(config: HyperPodConfig) -> list[str]:
+    """An FSx size with no documented upper bound, but far past what a cluster of this project needs."""
+    if not config.cluster_lane or config.fsx_storage_capacity_gib <= FSX_LARGE_GIB:
+        return []
+    return [
+        f"config key 'fsx_storage_capacity_gib' is {config.fsx_storage_capacity_gib:,} GiB, above {FSX_LARGE_GIB:,} "
+        "GiB (the largest file system HyperPod's own FSx setting accepts): check it is not a typo, and that the "
+        "account's FSx for Lustre storage quota (Service Quotas, service code fsx) allows it"
+    ]
+
+
 def lane_warnings(config: HyperPodConfig) -> list[str]:
     """Cluster keys set away from their defaults on a config that creates no cluster."""
     if config.cluster_lane:

@@ -1,6 +1,9 @@
 """What only AWS knows, checked by predeploy when credentials exist (offline it says they were skipped).
 
 - The Availability Zone ID exists in the region (EC2 DescribeAvailabilityZones).
+- The zone offers each compute group's instance type (EC2 DescribeInstanceTypeOfferings of the type
+  without its ``ml.`` prefix, the closest public signal of where SageMaker has it). A group on a training
+  plan is judged by its plan's zone instead, and a type EC2 lists in no zone is left to the deploy.
 - Each group's training plan (SageMaker DescribeTrainingPlan): it serves HyperPod clusters, is not
   expired, failed or still pending, has enough instances not in use elsewhere, and reserves the
   group's instance type, enough instances, in the stack's zone (a plan's capacity lives in one
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import boto3
@@ -30,6 +34,7 @@ CLUSTER_QUOTA_SUFFIX = " for cluster usage"
 CLUSTER_TARGET = "hyperpod-cluster"  # TrainingPlan TargetResources value for HyperPod
 UNUSABLE_PLAN_STATES = ("Expired", "Failed")
 PENDING_PLAN_STATE = "Pending"  # bought but not yet confirmed: it reserves nothing yet
+EC2_TYPE_PREFIX = "ml."  # SageMaker's ml.<type> runs on EC2's <type>
 
 
 def zone_refusals(config: HyperPodConfig, session: boto3.Session) -> list[str]:
@@ -41,6 +46,48 @@ def zone_refusals(config: HyperPodConfig, session: boto3.Session) -> list[str]:
         f"config key 'availability_zone_id' has value {config.availability_zone_id!r}, which is not a zone of "
         f"{config.region} in this account; its zone IDs: {', '.join(ids)}"
     ]
+
+
+def zones_offering(session: boto3.Session, instance_types: Iterable[str]) -> dict[str, set[str]]:
+    """The zone IDs of the session's region where EC2 offers each SageMaker type (asked by its EC2 name)."""
+    types = sorted(set(instance_types))
+    ec2_names = {instance_type: instance_type.removeprefix(EC2_TYPE_PREFIX) for instance_type in types}
+    zones: dict[str, set[str]] = {name: set() for name in ec2_names.values()}
+    pages = (
+        session.client("ec2")
+        .get_paginator("describe_instance_type_offerings")
+        .paginate(
+            LocationType="availability-zone-id", Filters=[{"Name": "instance-type", "Values": list(ec2_names.values())}]
+        )
+    )
+    for page in pages:
+        for offering in page["InstanceTypeOfferings"]:
+            zones.setdefault(offering["InstanceType"], set()).add(offering["Location"])
+    return {instance_type: zones[name] for instance_type, name in ec2_names.items()}
+
+
+def offering_refusals(config: HyperPodConfig, session: boto3.Session) -> list[str]:
+    groups = [(index, group) for index, group in enumerate(config.compute_groups) if not group.training_plan_arn]
+    if not groups:
+        return []
+    offered = zones_offering(session, (group.instance_type for _, group in groups))
+    zone = config.availability_zone_id
+    messages = []
+    for index, group in groups:
+        zones = offered[group.instance_type]
+        if not zones:
+            print(
+                f"note: predeploy could not check zone {zone} for {group.instance_type}: EC2 lists it in no zone of "
+                f"{config.region}",
+                file=sys.stderr,
+            )
+        elif zone not in zones:
+            messages.append(
+                f"config key '{GROUPS_KEY}' group [{index}] ({group.name}): availability_zone_id {zone} does not "
+                f"offer {group.instance_type}; zones of {config.region} that do: {', '.join(sorted(zones))} (set "
+                "availability_zone_id to one that offers every group's type, or change this group's instance_type)"
+            )
+    return messages
 
 
 def _plan(session: boto3.Session, arn: str) -> dict[str, Any] | None:
@@ -140,6 +187,7 @@ def quota_refusals(config: HyperPodConfig, session: boto3.Session) -> list[str]:
 DENIED_CODES = ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation")
 CHECKS = (
     ("the zone ID", zone_refusals),
+    ("the zone's instance types", offering_refusals),
     ("the training plans", training_plan_refusals),
     ("the service quotas", quota_refusals),
 )

@@ -207,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NoCredentialsError:
         print(
             "note: no AWS credentials, so the deployed stack was not compared with this config and the online "
-            "checks (zone ID, training plans, service quotas) were skipped",
+            "checks (zone ID, zone offerings, training plans, service quotas) were skipped",
             file=sys.stderr,
         )
         return 0

@@ -16,7 +16,14 @@ from stacks.accelerators import GPU_CUDA_CAPABILITY, INSTANCE_TYPES
 from stacks.aws_catalog import schema_published
 from stacks.build import REPO_ROOT
 from stacks.compute_groups import parse_compute_groups
-from stacks.config import OFFLINE_ACCOUNT, ConfigError, HyperPodConfig, cluster_facts, lane_warnings
+from stacks.config import (
+    OFFLINE_ACCOUNT,
+    ConfigError,
+    HyperPodConfig,
+    cluster_facts,
+    lane_warnings,
+    storage_warnings,
+)
 
 pytestmark = pytest.mark.xdist_group("infra")
 
@@ -307,3 +314,12 @@ def test_cluster_facts_carry_the_observability_mode(mode):
     own = mode == "prometheus"
     assert facts["metrics_textfile_path"] == ("/var/lib/hyperpod-lora/metrics" if own else "")
     assert facts["node_exporter_image"] == facts["metrics_remote_write_url"] == ""  # none given here
+
+
+def test_an_fsx_size_past_the_largest_hyperpod_accepts_is_warned_by_key():
+    """FSx documents no largest PERSISTENT_2 size, so 240,000,000 GiB is a warning, not a refusal."""
+    (warning,) = storage_warnings(HyperPodConfig.from_context({"fsx_storage_capacity_gib": 240_000_000}))
+    assert warning.startswith("config key 'fsx_storage_capacity_gib' is 240,000,000 GiB, above 100,800 GiB")
+    assert storage_warnings(HyperPodConfig.from_context({"fsx_storage_capacity_gib": 100_800})) == []
+    # The jobs lane creates no file system: the lane warning covers the key there.
+    assert storage_warnings(HyperPodConfig.from_context({"fsx_storage_capacity_gib": 240_000, "lanes": "jobs"})) == []

@@ -58,8 +58,29 @@ def quotas(**values: float) -> dict:
     }
 
 
-def answer(session, *, zones=ZONES, training_plan=None, quota_page=None):
+def offerings(**zones_by_type: list[str]) -> dict:
+    """EC2's answer: each EC2 type (its name with _ for .) in the zone IDs given."""
+    return {
+        "InstanceTypeOfferings": [
+            {"InstanceType": name.replace("_", "."), "LocationType": "availability-zone-id", "Location": zone}
+            for name, zones in zones_by_type.items()
+            for zone in zones
+        ]
+    }
+
+
+def offer(session, answer: dict, *ec2_types: str) -> None:
+    session.stub("ec2").add_response(
+        "describe_instance_type_offerings",
+        answer,
+        {"LocationType": "availability-zone-id", "Filters": [{"Name": "instance-type", "Values": list(ec2_types)}]},
+    )
+
+
+def answer(session, *, zones=ZONES, offered=None, training_plan=None, quota_page=None):
     session.stub("ec2").add_response("describe_availability_zones", zones, {"AllAvailabilityZones": True})
+    if offered is not None:
+        offer(session, offered, *sorted({o["InstanceType"] for o in offered["InstanceTypeOfferings"]}))
     if training_plan is not None:
         session.stub("sagemaker").add_response(
             "describe_training_plan", training_plan, {"TrainingPlanName": "g5-reserved"}
@@ -78,11 +99,13 @@ GPU_ON_PLAN = {
     "training_plan_arn": PLAN_ARN,
 }
 TRN = {"name": "trn", "instance_type": "ml.trn1.32xlarge", "partition": "trn1", "count": 4}
+TRN_HERE = offerings(trn1_32xlarge=["usw2-az4", "usw2-az1"])
 
 
 def test_a_config_that_fits_passes(stubbed_session):
     session = answer(
         stubbed_session(),
+        offered=TRN_HERE,
         training_plan=plan(),
         quota_page=quotas(**{"ml.trn1.32xlarge": 4, "ml.c5.xlarge": 10}),
     )
@@ -128,7 +151,7 @@ def test_a_missing_plan_is_named(stubbed_session):
 
 
 def test_a_zone_id_the_region_lacks_is_refused_with_its_ids(stubbed_session):
-    session = answer(stubbed_session())
+    session = answer(stubbed_session(), offered=offerings(trn1_32xlarge=["usw2-az9"]))
     (problem,) = online_refusals(config([TRN], availability_zone_id="usw2-az9"), session)
     assert problem == (
         "config key 'availability_zone_id' has value 'usw2-az9', which is not a zone of us-west-2 in this account; "
@@ -139,7 +162,9 @@ def test_a_zone_id_the_region_lacks_is_refused_with_its_ids(stubbed_session):
 def test_more_nodes_than_the_cluster_quota_are_refused(stubbed_session):
     """Every group of a type counts (the controller's type too); a quota for training jobs does not."""
     second = {**TRN, "name": "trn-b", "partition": "trn1b", "count": 3}
-    session = answer(stubbed_session(), quota_page=quotas(**{"ml.trn1.32xlarge": 6, "ml.c5.xlarge": 1}))
+    session = answer(
+        stubbed_session(), offered=TRN_HERE, quota_page=quotas(**{"ml.trn1.32xlarge": 6, "ml.c5.xlarge": 1})
+    )
     (problem,) = online_refusals(config([TRN, second]), session)
     assert problem.startswith(
         "config key 'compute_groups': 7 x ml.trn1.32xlarge wanted, but this account's quota "
@@ -150,6 +175,7 @@ def test_more_nodes_than_the_cluster_quota_are_refused(stubbed_session):
 def test_a_denied_check_is_skipped_with_a_note(stubbed_session, capsys):
     session = stubbed_session()
     session.stub("ec2").add_response("describe_availability_zones", ZONES, {"AllAvailabilityZones": True})
+    offer(session, TRN_HERE, "trn1.32xlarge")
     session.stub("service-quotas").add_client_error("list_service_quotas", service_error_code="AccessDeniedException")
     assert online_refusals(config([TRN]), session) == []
     assert "note: predeploy could not check the service quotas" in capsys.readouterr().err
@@ -164,3 +190,37 @@ def test_other_errors_are_not_swallowed(stubbed_session):
 
 def test_the_jobs_lane_has_nothing_to_check_online(stubbed_session):
     assert online_refusals(config([TRN], lanes="jobs"), stubbed_session()) == []
+
+
+GPU = {"name": "gpu", "instance_type": "ml.p5.48xlarge", "partition": "p5", "count": 2}
+
+
+def test_a_group_whose_type_the_zone_does_not_offer_is_refused_with_the_zones_that_do(stubbed_session):
+    """trn1 and p5 in one zone: the zone has trn1, p5 lives elsewhere."""
+    session = answer(
+        stubbed_session(), offered=offerings(trn1_32xlarge=["usw2-az4"], p5_48xlarge=["usw2-az2", "usw2-az1"])
+    )
+    (problem,) = online_refusals(config([TRN, GPU]), session)
+    assert problem.startswith(
+        "config key 'compute_groups' group [1] (gpu): availability_zone_id usw2-az4 does not offer ml.p5.48xlarge; "
+        "zones of us-west-2 that do: usw2-az1, usw2-az2 (set availability_zone_id"
+    )
+    session.verify()
+
+
+def test_a_type_ec2_lists_nowhere_is_left_to_the_deploy_with_a_note(stubbed_session, capsys):
+    session = stubbed_session()
+    session.stub("ec2").add_response("describe_availability_zones", ZONES, {"AllAvailabilityZones": True})
+    offer(session, offerings(trn1_32xlarge=["usw2-az4"]), "p5.48xlarge", "trn1.32xlarge")
+    session.stub("service-quotas").add_response("list_service_quotas", quotas(), {"ServiceCode": "sagemaker"})
+    assert online_refusals(config([TRN, GPU]), session) == []
+    assert "note: predeploy could not check zone usw2-az4 for ml.p5.48xlarge: EC2 lists it in no zone" in (
+        capsys.readouterr().err
+    )
+
+
+def test_groups_on_a_training_plan_are_judged_by_the_plan_not_the_offerings(stubbed_session):
+    """No DescribeInstanceTypeOfferings call: the Stubber would fail on an unexpected request."""
+    session = answer(stubbed_session(), training_plan=plan())
+    assert online_refusals(config([GPU_ON_PLAN]), session) == []
+    session.verify()
