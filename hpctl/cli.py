@@ -78,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
         "defect in a late step then shows only after the long training",
     )
     submit.add_argument(
+        "--replace-outputs",
+        action="store_true",
+        help="a chain that trains into a run folder holding an earlier training's adapter/merged/eval: move them "
+        "aside into <run>/replaced/<time>/ first (docs/pipeline.md)",
+    )
+    submit.add_argument(
         "--dry-run", action="store_true", help="offline: validate the config and print the sbatch chain, submit nothing"
     )
     submit.set_defaults(handler=commands.submit)

@@ -124,7 +124,12 @@ def submit(args: argparse.Namespace) -> None:
     if args.from_step and (args.ladder or args.sweep):
         raise HpctlError("--from starts the pipeline at a step: the ladder and the sweep always run whole")
     options = SubmitOptions(
-        config="", from_step=args.from_step, smoke=args.smoke, ladder=args.ladder, sweep_nodes=args.sweep
+        config="",
+        from_step=args.from_step,
+        smoke=args.smoke,
+        replace_outputs=args.replace_outputs,
+        ladder=args.ladder,
+        sweep_nodes=args.sweep,
     )
     if args.dry_run:  # offline: no credentials, no session tools
         root = resolve_settings(stack=args.stack, region=args.region, cwd=Path.cwd()).root

@@ -50,6 +50,7 @@ class SubmitOptions:
     from_step: str | None = None
     dry_run: bool = False
     smoke: bool = True  # False: submit --no-smoke (no smoke stage, no estimate)
+    replace_outputs: bool = False  # submit --replace-outputs: an earlier training's outputs move aside
     ladder: bool = False  # the torchtitan ladder (llm_pipeline.submit ladder)
     sweep_nodes: str | None = None  # the scaling sweep at these node counts (llm_pipeline.sweep --nodes)
 
@@ -105,6 +106,8 @@ def chain_argv(options: SubmitOptions) -> list[str]:
         argv += ["--from", options.from_step]
     if not options.smoke:
         argv.append("--no-smoke")
+    if options.replace_outputs:
+        argv.append("--replace-outputs")
     if options.dry_run:
         argv.append("--dry-run")
     return argv

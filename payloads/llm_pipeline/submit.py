@@ -16,6 +16,8 @@ import argparse
 import os
 import re
 import sys
+import time
+from pathlib import Path
 
 from llm_pipeline import __version__, ladder_submit
 from llm_pipeline.jobs import deploy_facts, estimate, pipeline_status, smoke
@@ -39,6 +41,11 @@ STEPS = ("prepare", "download", "data", "precompile", "train", "consolidate", "m
 MULTI_NODE_STEPS = ("precompile", "train")  # the others run one process on one node
 SHARED_STEPS = ("prepare", "download", "data")  # run once: the smoke run reuses their image, model and data
 TRAINING_STEPS = ("train",)  # resumes from its newest checkpoint: smoke-tested saving, then resuming
+# What the steps after train write into the run folder (config.py's PathsConfig layout): made from one
+# checkpoint, they are stale once a chain trains on.
+TRAINED_OUTPUTS = ("adapter", "merged", "generation.txt", "eval")
+REPLACED_FOLDER = "replaced"  # <run>/replaced/<UTC time>/: earlier outputs moved aside by --replace-outputs
+REPLACE_FLAG = "--replace-outputs"
 
 
 def steps_from(first: str) -> tuple[str, ...]:
@@ -61,10 +68,48 @@ def pipeline_jobs(first: str) -> list[ChainJob]:
     return [step_job(step) for step in steps_from(first)]
 
 
-def submit(facts: RunFacts, first: str, env: dict[str, str], *, smoke_stage: bool = True) -> list[StepJob]:
+def earlier_outputs(facts: RunFacts, first: str) -> list[Path]:
+    """The outputs of an earlier training that a chain from ``first`` would leave beside a newer checkpoint:
+    the steps after train's, when the chain trains (none when it starts after train)."""
+    if not set(TRAINING_STEPS) & set(steps_from(first)):
+        return []
+    return [facts.output_dir / name for name in TRAINED_OUTPUTS if (facts.output_dir / name).exists()]
+
+
+def check_earlier_outputs(facts: RunFacts, first: str, *, replace: bool) -> list[Path]:
+    """Refuse a chain that trains into a run folder holding outputs of an earlier training (consolidate
+    would refuse its adapter/ hours later, and the folder would mix two checkpoints), unless ``replace``;
+    the outputs to move aside."""
+    found = earlier_outputs(facts, first)
+    if found and not replace:
+        raise SubmitError(
+            f"{facts.output_dir} holds outputs of an earlier training ({', '.join(p.name for p in found)}), which "
+            f"the steps after train would not replace: add {REPLACE_FLAG} to move them aside into "
+            f"{facts.output_dir / REPLACED_FOLDER}/<time>/ before the chain starts"
+        )
+    return found
+
+
+def move_aside(facts: RunFacts, outputs: list[Path]) -> Path | None:
+    """Move ``outputs`` into <run>/replaced/<UTC time>/, each with one rename (same file system): every
+    output is either still in place or moved whole, never half."""
+    if not outputs:
+        return None
+    target = facts.output_dir / REPLACED_FOLDER / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target.mkdir(parents=True)  # an existing one (two submissions in a second) is refused here
+    for path in outputs:
+        os.rename(path, target / path.name)
+    print(f"moved aside: {', '.join(p.name for p in outputs)} -> {target}", flush=True)
+    return target
+
+
+def submit(
+    facts: RunFacts, first: str, env: dict[str, str], *, smoke_stage: bool = True, replace_outputs: bool = False
+) -> list[StepJob]:
     """Submit the pipeline from step `first` (after a smoke stage unless ``smoke_stage`` is off); the record
     keeps the earlier steps' jobs."""
     refuse_while_active(facts)
+    move_aside(facts, check_earlier_outputs(facts, first, replace=replace_outputs))
     kept = [
         job
         for job in pipeline_status.read_record(facts.logs_dir)
@@ -93,6 +138,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="start at this step; earlier steps' outputs must exist (default: %(default)s)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
+    parser.add_argument(
+        REPLACE_FLAG,
+        dest="replace_outputs",
+        action="store_true",
+        help="a chain that trains (e.g. --from train with more steps) into a run folder holding an earlier "
+        f"training's {', '.join(TRAINED_OUTPUTS)}: move them aside into <run>/{REPLACED_FOLDER}/<time>/ first "
+        "(without it, submit refuses)",
+    )
     parser.add_argument(
         "--no-smoke",
         dest="smoke",
@@ -166,13 +219,15 @@ def _main(args: argparse.Namespace) -> int:
         if args.action == "ladder":
             ladder_submit.dry_run(facts, env, smoke_stage=args.smoke)
         else:
+            for path in check_earlier_outputs(facts, args.first, replace=args.replace_outputs):
+                print(f"# first: move {path} aside into {facts.output_dir / REPLACED_FOLDER}/<time>/")
             dry_run(facts, pipeline_jobs(args.first), env, smoke_stage=args.smoke)
         return 0
     require_sbatch()
     if args.action == "ladder":
         ladder_submit.submit(facts, env, smoke_stage=args.smoke)
     else:
-        submit(facts, args.first, env, smoke_stage=args.smoke)
+        submit(facts, args.first, env, smoke_stage=args.smoke, replace_outputs=args.replace_outputs)
     print(f"logs: {facts.logs_dir}/<step>-<job>.log")
     print(f"status: python3 -m llm_pipeline.submit status --config {facts.config}")
     if args.wait:

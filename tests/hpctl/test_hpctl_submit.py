@@ -53,6 +53,8 @@ def test_remote_command_runs_submit_as_the_default_user_in_a_login_shell():
     assert shlex.split(command) == ["sudo", "-n", "-u", "ubuntu", "-H", "bash", "-lc", REMOTE]
     no_smoke = remote_command(SubmitOptions(config="configs/tiny.toml", smoke=False), facts=FACTS)
     assert "llm_pipeline.submit --config configs/tiny.toml --no-smoke;" in shlex.split(no_smoke)[-1]
+    replace = remote_command(SubmitOptions(config="configs/tiny.toml", replace_outputs=True), facts=FACTS)
+    assert "llm_pipeline.submit --config configs/tiny.toml --replace-outputs;" in shlex.split(replace)[-1]
 
 
 def test_payloads_dir_must_be_a_plain_path():

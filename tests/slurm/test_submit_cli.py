@@ -15,7 +15,7 @@ from slurm_helpers import REPO
 
 from llm_pipeline import config as run_config
 from llm_pipeline.jobs.run_facts import RunFactsError, read_run_facts
-from llm_pipeline.submit import STEPS
+from llm_pipeline.submit import REPLACED_FOLDER, STEPS, TRAINED_OUTPUTS, check_earlier_outputs, move_aside
 
 pytestmark = pytest.mark.xdist_group("slurm-submit_cli")
 PAYLOADS = REPO / "payloads"
@@ -137,6 +137,50 @@ def test_dry_run_from_a_step_starts_the_chain_there(tmp_path):
         "generate_job",
         "evaluate_job",
     ]
+
+
+def test_a_chain_that_trains_refuses_an_earlier_trainings_outputs_in_seconds(tmp_path):
+    """A finished run extended with --from train: refused at submit, naming the outputs and the flag,
+    where before consolidate failed after the whole training on the existing adapter/."""
+    config = write(tmp_path, "")
+    run = tmp_path / "llama3-8b-dolly-lora"
+    (run / "adapter").mkdir(parents=True)
+    (run / "adapter" / "adapter_model.safetensors").write_bytes(b"step 30")
+    (run / "generation.txt").write_text("answer of step 30")
+    env = {"HPL_OUTPUTS_DIR": str(tmp_path)}
+    refused = constrained_submit("--config", str(config), "--dry-run", "--from", "train", env=env)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.strip() == (
+        f"error: {run} holds outputs of an earlier training (adapter, generation.txt), which the steps after "
+        f"train would not replace: add --replace-outputs to move them aside into {run / REPLACED_FOLDER}/<time>/ "
+        "before the chain starts"
+    )
+    allowed = constrained_submit("--config", str(config), "--dry-run", "--from", "train", "--replace-outputs", env=env)
+    assert allowed.returncode == 0, allowed.stderr
+    assert f"# first: move {run / 'adapter'} aside" in allowed.stdout and (run / "adapter").is_dir()  # dry: kept
+    # a chain after train works on the checkpoint those outputs came from: not refused
+    assert constrained_submit("--config", str(config), "--dry-run", "--from", "merge", env=env).returncode == 0
+
+
+def test_replace_outputs_moves_each_output_aside_whole(tmp_path):
+    run = tmp_path / "run"
+    for name in TRAINED_OUTPUTS:
+        path = run / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if "." in name:
+            path.write_text(name)
+        else:
+            path.mkdir()
+            (path / "file").write_text(name)
+    (run / "checkpoints").mkdir()
+    facts = read_run_facts(write(tmp_path, f'[paths]\noutput_dir = "{run}"\n'), {})
+    assert check_earlier_outputs(facts, "merge", replace=False) == []
+    target = move_aside(facts, check_earlier_outputs(facts, "prepare", replace=True))
+    assert target.parent == run / REPLACED_FOLDER
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", REPLACED_FOLDER]
+    assert {p.name: (p / "file" if p.is_dir() else p).read_text() for p in target.iterdir()} == {
+        name: name for name in TRAINED_OUTPUTS
+    }
 
 
 def test_dry_run_stages_the_smoke_run_before_the_long_steps(tmp_path):
