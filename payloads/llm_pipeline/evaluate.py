@@ -7,8 +7,10 @@ consolidated adapter, as generate picks it) on the held-out split the data step 
 (data.validation_fraction; the first eval.max_samples rows): each row is the training text (the
 same prompt format and end-of-sequence token; chat records through the tokenizer's chat template),
 cut at data.max_length, or in block mode
-(data.blocks) the block itself; the loss is the mean cross-entropy over every predicted token,
-padding excluded, as the trainers compute it; perplexity is exp(loss). The first eval.answers
+(data.blocks) the block itself; the loss is the training objective: the mean cross-entropy over the
+answer tokens when training was completion-only (the rows as trl prepares them for the trainer, with the
+every-token loss beside it), else over every predicted token, padding excluded; perplexity is exp(loss).
+The first eval.answers
 held-out prompts (chat records: the conversation up to its last assistant turn, by the chat template;
 the generate question when there is none, or in block mode) are answered by both
 models, greedily. Writes into <run>/eval/: eval.json,
@@ -26,8 +28,12 @@ from llm_pipeline import cli, generate
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import MESSAGES_COLUMN, format_example, format_prompt, is_chat
+from llm_pipeline.training.plan import completion_only
+from llm_pipeline.training.trained_tokens import IGNORED, prepared_records
 
 EVAL_JSON, REPORT, LOSS_CHART = "eval.json", "report.md", "loss.png"
+OBJECTIVE_ANSWERS = "answer tokens only, as training computed its loss"
+OBJECTIVE_ALL = "every token, as training computed its loss"
 
 
 def held_out_rows(cfg: RunConfig) -> list[dict]:
@@ -55,10 +61,24 @@ def token_rows(rows: list[dict], tokenizer, max_length: int) -> list[list[int]]:
     return tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
 
 
-def score(model, rows: list[list[int]], *, batch_size: int) -> dict:
-    """Token-weighted mean next-token cross-entropy over the rows (padding excluded) and its exp."""
+def objective_rows(cfg: RunConfig, rows: list[dict], tokenizer) -> tuple[list[list[int]], list[list[int]]] | None:
+    """(token ids, labels) of each held-out row as training computed its loss when it trained on the answers only
+    (data.completion_only_loss): trl's own preparation, prompt and non-assistant tokens labelled -100; None when
+    training scored every token (block mode, or completion_only_loss off)."""
+    if not rows or "input_ids" in rows[0] or not completion_only(cfg):
+        return None
+    import datasets
+
+    prepared = prepared_records(cfg, datasets.Dataset.from_list(rows), tokenizer, "evaluate")
+    return [row["input_ids"] for row in prepared], [row["labels"] for row in prepared]
+
+
+def score(model, rows: list[list[int]], *, batch_size: int, labels: list[list[int]] | None = None) -> dict:
+    """Token-weighted mean next-token cross-entropy over the rows (padding excluded) and its exp; with ``labels``
+    (the rows' tokens, -100 where not trained) over the labelled tokens only."""
     import torch
 
+    labels = labels or rows
     device = next(model.parameters()).device
     total, tokens = 0.0, 0
     for start in range(0, len(rows), batch_size):
@@ -66,17 +86,32 @@ def score(model, rows: list[list[int]], *, batch_size: int) -> dict:
         width = max(len(ids) for ids in batch)
         ids = torch.tensor([r + [0] * (width - len(r)) for r in batch], device=device)
         mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in batch], device=device)
+        targets = torch.tensor(
+            [list(t) + [IGNORED] * (width - len(t)) for t in labels[start : start + batch_size]], device=device
+        )
         with torch.no_grad():
             logits = model(input_ids=ids, attention_mask=mask).logits.float()
-        labels = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+        shifted = targets[:, 1:].masked_fill(mask[:, 1:] == 0, IGNORED)
         total += torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
+            logits[:, :-1].reshape(-1, logits.shape[-1]), shifted.reshape(-1), ignore_index=IGNORED, reduction="sum"
         ).item()
-        tokens += int((labels != -100).sum())
+        tokens += int((shifted != IGNORED).sum())
     if tokens == 0:
         raise StepError("the held-out rows hold no token to score (check data.max_length)")
     loss = total / tokens
     return {"validation_loss": loss, "perplexity": math.exp(loss), "tokens": tokens, "rows": len(rows)}
+
+
+def held_out_scores(cfg: RunConfig, model, tokenizer, rows: list[dict]) -> dict:
+    """The validation loss as training computed it (the objective), and the all-token figure beside it when
+    training trained on the answers only."""
+    every = score(model, token_rows(rows, tokenizer, cfg.data.max_length), batch_size=cfg.eval.batch_size)
+    objective = objective_rows(cfg, rows, tokenizer)
+    if objective is None:
+        return every | {"objective": OBJECTIVE_ALL}
+    ids, labels = objective
+    answers = score(model, ids, batch_size=cfg.eval.batch_size, labels=labels)
+    return answers | {"objective": OBJECTIVE_ANSWERS, "all_tokens": every}
 
 
 def evaluate_model(cfg: RunConfig, name: str, model_dir: Path, adapter_dir: Path | None, rows, prompts) -> dict:
@@ -90,10 +125,11 @@ def evaluate_model(cfg: RunConfig, name: str, model_dir: Path, adapter_dir: Path
         model = model.to("cuda")
     result: dict = {"model": using}
     if rows:
-        result |= score(model, token_rows(rows, tokenizer, cfg.data.max_length), batch_size=cfg.eval.batch_size)
+        result |= held_out_scores(cfg, model, tokenizer, rows)
+        beside = f"; every token: {result['all_tokens']['validation_loss']:.4f}" if "all_tokens" in result else ""
         print(
-            f"{name}: validation loss {result['validation_loss']:.4f}, perplexity {result['perplexity']:.2f} "
-            f"({result['rows']} rows, {result['tokens']} tokens)",
+            f"{name}: validation loss {result['validation_loss']:.4f} ({result['objective']}), perplexity "
+            f"{result['perplexity']:.2f} ({result['rows']} rows, {result['tokens']} tokens{beside})",
             flush=True,
         )
     result["answers"] = []
@@ -127,14 +163,19 @@ def as_markdown(result: dict) -> str:
     base, tuned = result["base"], result["tuned"]
     lines = ["# Evaluation: base vs tuned", "", f"- base: `{base['model']}`", f"- tuned: `{tuned['model']}`", ""]
     if result["held_out_rows"]:
+        both = "all_tokens" in base
         lines += [
-            f"Held-out rows scored: {result['held_out_rows']} ({base['tokens']} tokens); loss is the mean "
-            "next-token cross-entropy, perplexity its exp.",
+            f"Held-out rows scored: {result['held_out_rows']} ({base['tokens']} tokens: {base['objective']}); loss "
+            "is the mean next-token cross-entropy, perplexity its exp."
+            + (" Beside it, the loss over every token (prompt and answer)." if both else ""),
             "",
-            "| model | validation loss | perplexity |",
-            "|---|---|---|",
-            f"| base | {base['validation_loss']:.4f} | {base['perplexity']:.2f} |",
-            f"| tuned | {tuned['validation_loss']:.4f} | {tuned['perplexity']:.2f} |",
+            "| model | validation loss | perplexity |" + (" every-token loss |" if both else ""),
+            "|---|---|---|" + ("---|" if both else ""),
+            *(
+                f"| {name} | {scores['validation_loss']:.4f} | {scores['perplexity']:.2f} |"
+                + (f" {scores['all_tokens']['validation_loss']:.4f} |" if both else "")
+                for name, scores in (("base", base), ("tuned", tuned))
+            ),
             "",
             f"Tuned vs base validation loss: {tuned['validation_loss'] - base['validation_loss']:+.4f}.",
         ]

@@ -60,3 +60,39 @@ def test_chat_rows_are_scored_and_asked_through_the_chat_template(model_and_toke
         *before, last = row["messages"]
         assert last["role"] == "assistant" and reference == last["content"] and question == before[-1]["content"]
         assert prompt == tokenizer.apply_chat_template(before, add_generation_prompt=True, tokenize=False)
+
+
+def test_completion_only_validation_loss_is_the_masked_loss_over_the_answer_tokens(model_and_tokenizer, hpl_env):
+    """The loss evaluate reports for a completion-only run is training's: cross entropy over the response
+    tokens (and EOS) only, computed here by hand; the every-token loss is reported beside it."""
+    import torch
+    from payload_configs import tiny_config
+
+    from llm_pipeline.prompt import format_prompt
+
+    model, tokenizer = model_and_tokenizer
+    cfg = tiny_config(hpl_env, data={"completion_only_loss": True, "max_length": 128})
+    records = [
+        {"instruction": "Describe a llama?", "context": "", "response": "A camelid of the Andes."},
+        {"instruction": "Why is the sky blue?", "context": "Light scatters.", "response": "Rayleigh scattering."},
+    ]
+    total, tokens = 0.0, 0
+    for record in records:
+        prompt = tokenizer(format_prompt(record["instruction"], record["context"]))["input_ids"]
+        answer = tokenizer(record["response"] + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+        ids = torch.tensor([prompt + answer])
+        with torch.no_grad():
+            logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+        for position in range(len(prompt), len(prompt) + len(answer)):  # each answer token, from the one before
+            total -= logprobs[position - 1, ids[0, position]].item()
+            tokens += 1
+    scores = evaluate.held_out_scores(cfg, model, tokenizer, records)
+    assert scores["objective"] == evaluate.OBJECTIVE_ANSWERS and scores["tokens"] == tokens
+    assert scores["validation_loss"] == pytest.approx(total / tokens, rel=1e-5)
+    every = evaluate.score(model, evaluate.token_rows(records, tokenizer, 128), batch_size=2)
+    assert scores["all_tokens"] == every and every["tokens"] > tokens
+
+    every_token_cfg = tiny_config(hpl_env, data={"completion_only_loss": False})
+    full = evaluate.held_out_scores(every_token_cfg, model, tokenizer, records)
+    assert full["objective"] == evaluate.OBJECTIVE_ALL and "all_tokens" not in full
+    assert full["validation_loss"] == pytest.approx(every["validation_loss"])
