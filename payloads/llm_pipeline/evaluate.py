@@ -114,13 +114,28 @@ def held_out_scores(cfg: RunConfig, model, tokenizer, rows: list[dict]) -> dict:
     return answers | {"objective": OBJECTIVE_ANSWERS, "all_tokens": every}
 
 
-def evaluate_model(cfg: RunConfig, name: str, model_dir: Path, adapter_dir: Path | None, rows, prompts) -> dict:
+def tuned_model(cfg: RunConfig) -> tuple[Path, Path | None, object | None]:
+    """(model folder, adapter folder, quantization) of the tuned model: a qlora adapter on the 4-bit base it
+    was trained against (the run's BitsAndBytesConfig), not on the bf16 base a merge starts from; else as
+    generate picks it."""
+    if cfg.train.method == "qlora" and (cfg.paths.adapter_dir / generate.ADAPTER_CONFIG).is_file():
+        from llm_pipeline.training.torch.methods import quantization_config
+
+        return Path(cfg.paths.model_dir), cfg.paths.adapter_dir, quantization_config(cfg)
+    return (*generate.choose_model(cfg, None, None), None)
+
+
+def evaluate_model(
+    cfg: RunConfig, name: str, model_dir: Path, adapter_dir: Path | None, rows, prompts, quantization=None
+) -> dict:
     """Load one model, score the held-out rows, answer the prompts, free it."""
     import torch
 
     using = f"{model_dir} + adapter {adapter_dir}" if adapter_dir else str(model_dir)
+    if quantization is not None:
+        using += f" (base in 4-bit {quantization.bnb_4bit_quant_type}, as trained)"
     print(f"evaluating the {name} model: {using}", flush=True)
-    model, tokenizer = generate.load(model_dir, adapter_dir, cfg.model.dtype)
+    model, tokenizer = generate.load(model_dir, adapter_dir, cfg.model.dtype, quantization=quantization)
     if torch.cuda.is_available():
         model = model.to("cuda")
     result: dict = {"model": using}
@@ -222,9 +237,9 @@ def evaluate(cfg: RunConfig) -> dict:
         asked = [(cfg.generate.instruction, cfg.generate.context, None)]
     if not (rows and is_chat(rows[0].keys())):
         prompts = [format_prompt(instruction, context) for instruction, context, _ in asked]
-    tuned_dir, adapter_dir = generate.choose_model(cfg, None, None)
+    tuned_dir, adapter_dir, quantization = tuned_model(cfg)
     base = evaluate_model(cfg, "base", Path(cfg.paths.model_dir), None, rows, prompts)
-    tuned = evaluate_model(cfg, "tuned", tuned_dir, adapter_dir, rows, prompts)
+    tuned = evaluate_model(cfg, "tuned", tuned_dir, adapter_dir, rows, prompts, quantization)
     folder = cfg.paths.eval_dir
     folder.mkdir(parents=True, exist_ok=True)
     result = {

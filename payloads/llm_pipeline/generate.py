@@ -35,13 +35,16 @@ def choose_model(cfg: RunConfig, model_dir: str | None, adapter_dir: str | None)
     )
 
 
-def load(model_dir: Path, adapter_dir: Path | None, dtype: str):
+def load(model_dir: Path, adapter_dir: Path | None, dtype: str, *, quantization=None):
+    """The model (with the adapter when given) and its tokenizer; ``quantization`` (a BitsAndBytesConfig) loads
+    the model quantized, as qlora training loaded its base."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_files.require_model_folder(model_dir, "the model to generate with")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    extra = {"quantization_config": quantization} if quantization is not None else {}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), **extra)
     if adapter_dir is not None:
         from peft import PeftModel
 

@@ -4,6 +4,7 @@ different lengths with the padding left out; block-mode rows are scored as they 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +97,34 @@ def test_completion_only_validation_loss_is_the_masked_loss_over_the_answer_toke
     full = evaluate.held_out_scores(every_token_cfg, model, tokenizer, records)
     assert full["objective"] == evaluate.OBJECTIVE_ALL and "all_tokens" not in full
     assert full["validation_loss"] == pytest.approx(every["validation_loss"])
+
+
+@pytest.mark.main_stack
+def test_a_qlora_adapter_is_evaluated_on_the_4bit_base_it_was_trained_against(hpl_env):
+    """bitsandbytes' CPU backend: the tuned model of a qlora run is the adapter on the NF4 base (the run's
+    BitsAndBytesConfig), even with a merged (bf16-base) model in the run folder; its loss is not the bf16 one."""
+    import bitsandbytes as bnb
+    import torch
+    from payload_configs import tiny_config
+    from peft import LoraConfig, get_peft_model
+
+    cfg = tiny_config(hpl_env, train={"method": "qlora"})
+    model, tokenizer = generate.load(Path(cfg.paths.model_dir), None, "float32")
+    torch.manual_seed(0)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    get_peft_model(model, lora).save_pretrained(cfg.paths.adapter_dir)
+    (cfg.paths.merged_dir).mkdir(parents=True)
+    (cfg.paths.merged_dir / "config.json").write_text("{}")  # generate would pick this one
+
+    model_dir, adapter_dir, quantization = evaluate.tuned_model(cfg)
+    assert (model_dir, adapter_dir) == (Path(cfg.paths.model_dir), cfg.paths.adapter_dir)
+    assert quantization.load_in_4bit and quantization.bnb_4bit_quant_type == "nf4"
+    records = [{"instruction": "Describe a llama?", "context": "", "response": "A camelid of the Andes."}]
+    rows = evaluate.token_rows(records, tokenizer, 128)
+    on_4bit, _ = generate.load(model_dir, adapter_dir, "float32", quantization=quantization)
+    assert isinstance(on_4bit.base_model.model.model.layers[0].self_attn.q_proj.base_layer, bnb.nn.Linear4bit)
+    on_bf16, _ = generate.load(model_dir, adapter_dir, "bfloat16")
+    quantized, plain = (evaluate.score(m, rows, batch_size=1)["validation_loss"] for m in (on_4bit, on_bf16))
+    result = evaluate.evaluate_model(cfg, "tuned", model_dir, adapter_dir, [], [], quantization)
+    assert "4-bit nf4" in result["model"]
+    assert quantized != pytest.approx(plain, rel=1e-4)
