@@ -11,7 +11,14 @@ import botocore.session
 
 from hpctl.errors import HpctlError
 from llm_pipeline import config as run_config
-from stacks.accelerators import CUDA, CUDA_IMAGE_MIN_CAPABILITY, JOB_INSTANCE_TYPES, NEURON, InstanceFacts
+from stacks.accelerators import (
+    CLUSTER_ONLY_FAMILIES,
+    CUDA,
+    CUDA_IMAGE_MIN_CAPABILITY,
+    JOB_INSTANCE_TYPES,
+    NEURON,
+    InstanceFacts,
+)
 
 BACKEND_FOR = {"neuron": "neuron", "cuda": "torch", "cpu": "torch"}
 DEVICE_NAMES = {NEURON: "NeuronCores", CUDA: "GPUs"}
@@ -65,6 +72,18 @@ def check_instance_type(instance_type: str, *, key: str) -> None:
         raise HpctlError(
             f"{key}: {instance_type} has no row in stacks/accelerators.py, so its devices and network are "
             f"unknown ({hint}): pick a listed type, or add its row (accelerator, devices, EFA interfaces) there"
+        )
+
+
+def check_job_lane_runs(instance_type: str, *, key: str) -> None:
+    """A type whose image the jobs lane does not build (Trainium2's TorchNeuron) stops here, naming the lane
+    that runs it, before the run config's backend is judged against the trn1 image."""
+    facts = JOB_INSTANCE_TYPES[instance_type]
+    if facts.image_family in CLUSTER_ONLY_FAMILIES:
+        raise HpctlError(
+            f"{key}: {instance_type} ({facts.device_model}) runs the {facts.image_family} image, which SageMaker "
+            "training jobs do not run yet: submit this run on the cluster lane (hpctl submit --config <run config>, "
+            "a cluster with a Trainium2 compute group; docs/trainium2.md), or pick a trn1, GPU or CPU instance type"
         )
 
 

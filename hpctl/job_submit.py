@@ -18,7 +18,13 @@ import boto3
 
 from cluster_contract import HUB_TOKEN_SECRET_VARIABLE, JobStackOutput, StackOutput
 from hpctl.errors import HpctlError, aws_errors
-from hpctl.job_instances import accelerator, check_instance_type, check_run_fits, training_shape_limit
+from hpctl.job_instances import (
+    accelerator,
+    check_instance_type,
+    check_job_lane_runs,
+    check_run_fits,
+    training_shape_limit,
+)
 from hpctl.job_spec import (
     COMPILE_CACHE_PREFIX,
     DATASETS_PREFIX,
@@ -112,7 +118,9 @@ def build_spec(
 ) -> JobSpec:
     """The job for this run on this deployment; an HpctlError for anything that would fail later."""
     instance_type = cfg.job.instance_type
-    check_instance_type(instance_type, key="--instance-type" if options.instance_type else "job.instance_type")
+    key = "--instance-type" if options.instance_type else "job.instance_type"
+    check_instance_type(instance_type, key=key)
+    check_job_lane_runs(instance_type, key=key)
     check_run_fits(cfg, instance_type)
     if options.image_uri:
         deployment.check_image(options.image_uri, instance_type)

@@ -31,6 +31,10 @@ ACCELERATORS = (NEURON, CUDA, NO_ACCELERATOR)
 # Training images by runtime: Trainium2 runs TorchNeuron (torch-neuronx's native `neuron` device, the
 # torch engine; payloads/Dockerfile.trn2), not the trn1 image's torch-xla and optimum-neuron.
 TORCHNEURON = "torchneuron"
+# Image families the SageMaker-jobs lane does not build and `hpctl job submit` refuses: the Trainium2
+# image has not run as a training job (its entry point, channels and compile-cache sync are the trn1 and
+# CUDA images'), so trn2 runs on the cluster lane (hpctl submit) only.
+CLUSTER_ONLY_FAMILIES = (TORCHNEURON,)
 # Trainium2 chip, dense bf16 (Neuron docs, Trainium2 architecture page): 667 TFLOP/s, 16 chips per
 # trn2.48xlarge (10.7 PFLOP/s per node); at LNC=2 a chip is 4 logical NeuronCores, one rank each.
 TRAINIUM2_CHIP_BF16_TFLOPS = 667.0

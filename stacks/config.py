@@ -30,7 +30,7 @@ from cluster_contract import (
     PROMETHEUS_MODE,
     fsx_dir,
 )
-from stacks.accelerators import CUDA, NEURON, NO_ACCELERATOR, TORCHNEURON
+from stacks.accelerators import CLUSTER_ONLY_FAMILIES, CUDA, NEURON, NO_ACCELERATOR, TORCHNEURON
 from stacks.aws_catalog import (
     CLUSTER_RESOURCE_TYPE,
     PROVIDER_SCHEMAS,
@@ -279,6 +279,7 @@ def _check_combinations(config: HyperPodConfig) -> None:
             "jobs need no cluster)",
         )
     check_training_plan_region(config.compute_groups, config.region)
+    _check_jobs_lane_images(config)
     _check_provisioning(config)
     if config.cluster_lane and ipaddress.IPv4Network(config.vpc_cidr).overlaps(DOCKER_BRIDGE):
         raise ConfigError.bad_value(
@@ -347,6 +348,20 @@ def lane_warnings(config: HyperPodConfig) -> list[str]:
         for key in CLUSTER_ONLY_KEYS
         if getattr(config, key) != defaults[key].default
     ]
+
+
+def _check_jobs_lane_images(config: HyperPodConfig) -> None:
+    """A jobs-only deploy needs an image the jobs lane runs: not one whose groups are all cluster-only (trn2)."""
+    if config.cluster_lane or not all(family in CLUSTER_ONLY_FAMILIES for family in config.image_families):
+        return
+    types = ", ".join(sorted({group.instance_type for group in config.compute_groups}))
+    raise ConfigError.bad_value(
+        "lanes",
+        config.lanes,
+        f"cluster or both for compute_groups of {types} only: SageMaker training jobs do not run the Trainium2 "
+        "(TorchNeuron) image yet, so lanes = jobs would build nothing to run; submit trn2 runs on the cluster lane "
+        "(hpctl submit), or add a trn1 or GPU group for the jobs lane to build its image",
+    )
 
 
 def _check_provisioning(config: HyperPodConfig) -> None:

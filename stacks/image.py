@@ -10,7 +10,7 @@ from aws_cdk import IgnoreMode
 from aws_cdk import aws_ecr_assets as ecr_assets
 from constructs import Construct
 
-from stacks.accelerators import CUDA, NEURON, TORCHNEURON
+from stacks.accelerators import CLUSTER_ONLY_FAMILIES, CUDA, NEURON, TORCHNEURON
 
 # The two variants AWS publishes of each PyTorch image release (aws/deep-learning-containers,
 # docs/src/data/pytorch/<version>-cuda-{ec2,sagemaker}.yml): ec2 (the plain tag) for the HyperPod cluster
@@ -35,9 +35,6 @@ class ImageRecipe:
     requirements: str
     display_name: str
     variants: tuple[DlcVariant, ...] = ()
-    # The lanes that run it: `hpctl job submit` picks a job's image by accelerator and knows no
-    # Trainium2 image yet, so that one is built for the cluster lane only.
-    lanes: tuple[Lane, ...] = ("cluster", "jobs")
 
     def variant_for(self, lane: Lane) -> DlcVariant | None:
         return LANE_VARIANTS[lane] if self.variants else None
@@ -53,9 +50,7 @@ class ImageRecipe:
 RECIPES = {
     NEURON: ImageRecipe("TrainingImage", "Dockerfile", "requirements-cluster.txt", "training-image"),
     # Trainium2: TorchNeuron (torch-neuronx's native device) with the main stack's pins
-    TORCHNEURON: ImageRecipe(
-        "Trn2TrainingImage", "Dockerfile.trn2", "requirements-trn2.txt", "training-image-trn2", lanes=("cluster",)
-    ),
+    TORCHNEURON: ImageRecipe("Trn2TrainingImage", "Dockerfile.trn2", "requirements-trn2.txt", "training-image-trn2"),
     CUDA: ImageRecipe(
         "CudaTrainingImage", "Dockerfile.cuda", "requirements-gpu.txt", "training-image-cuda", DLC_VARIANTS
     ),
@@ -121,7 +116,7 @@ def lane_images(
     for lane in lanes:
         for family in families:
             recipe = RECIPES[family]
-            if lane not in recipe.lanes:
+            if lane == "jobs" and family in CLUSTER_ONLY_FAMILIES:
                 continue
             variant = recipe.variant_for(lane)
             if (family, variant) not in built:

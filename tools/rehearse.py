@@ -11,6 +11,7 @@
    runs `python -m llm_pipeline.compare` on the run (<run>/compare/: chart and table); stops the
    daemons by PID.
 --method lora|dora|qlora|full runs the config with that train.method (a copy under <root>).
+--trn2 runs the Trainium2 LoRA config's pipeline shape instead (trn2_shape_config, trn2_environment).
 Exit status 0 only when every step completed.
 """
 
@@ -26,12 +27,30 @@ from pathlib import Path
 
 from cluster_contract import FSX_FOLDER_FACTS, PAYLOADS_FOLDER
 from llm_pipeline.config import METHODS
+from llm_pipeline.jobs.sweep_plan import derived_config
 from tools.local_slurm import LocalSlurm, LocalSlurmError, hand_to_invoking_user
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / PAYLOADS_FOLDER / "configs" / "tiny-cpu.toml"
 DOLLY_RECORDS = 240
 TINY_MODEL_NOTE = "a tiny random model: nonsense answers (often a lone '.') are expected; this tests the plumbing"
+TRN2_CONFIG = REPO / PAYLOADS_FOLDER / "configs" / "llama3-8b-lora-trn2.toml"
+# The trn2 config's FSDP2 over a node's 64 ranks, scaled to what a 2-core host runs: two ranks, one
+# sequence each (its global batch scales with them), the tiny model and short sequences.
+TRN2_RANKS = 2
+TRN2_SHAPE = {
+    ("model", "id"): "tiny-random-llama",
+    ("paths", "model_dir"): "${HPL_MODELS_DIR}/tiny-llama",
+    ("data", "dataset"): "${HPL_DATASETS_DIR}/tiny-dolly.jsonl",
+    ("data", "max_length"): 128,
+    ("parallel", "devices_per_node"): TRN2_RANKS,
+    ("train", "global_batch_size"): TRN2_RANKS,
+    ("train", "max_steps"): 6,
+    ("train", "save_steps"): 3,
+    ("train", "logging_steps"): 2,
+    ("generate", "max_new_tokens"): 16,
+    ("eval", "max_samples"): 4,
+}
 FSX_VARIABLES = ("HPL_MODELS_DIR", "HPL_DATASETS_DIR", "HPL_OUTPUTS_DIR", "HPL_COMPILE_CACHE_DIR")
 
 
@@ -87,6 +106,27 @@ def method_config(config_path: Path, method: str, folder: Path) -> Path:
     return path
 
 
+def trn2_shape_config(fsx: Path, folder: Path, name: str = "trn2-shape") -> Path:
+    """The trn2 LoRA config (its engine, FSDP2, adapter, optimizer, fixed-shape data settings) derived for
+    this host: TRN2_SHAPE replaces the model, sequence length, ranks and step counts; the run folder is
+    <fsx>/outputs/<name>."""
+    path = folder / f"{name}.toml"
+    derived = derived_config(TRN2_CONFIG, fsx / "outputs" / name, TRN2_SHAPE)
+    path.write_text(f"# {TRN2_CONFIG.name} for a CPU rehearsal (tools/rehearse.py: TRN2_SHAPE replaced)\n{derived}")
+    return path
+
+
+def trn2_environment(env: dict[str, str]) -> dict[str, str]:
+    """What a Trainium2 partition's facts give every job (llm_pipeline.jobs.partitions), with TRN2_RANKS
+    processes a node; the device stays this host's CPU (torch sees no accelerator)."""
+    return {
+        **env,
+        "HPL_ACCELERATOR": "neuron",
+        "HPL_IMAGE_FAMILY": "torchneuron",
+        "HPL_DEVICES_PER_NODE": str(TRN2_RANKS),
+    }
+
+
 def show_outputs(output_dir: Path) -> None:
     for name in ("adapter", "merged"):
         folder = output_dir / name
@@ -105,17 +145,21 @@ def compare_run(output_dir: Path, env: dict[str, str]) -> int:
     return subprocess.run(command, env=env, cwd=REPO / PAYLOADS_FOLDER).returncode
 
 
-def rehearse(root: Path, config_path: Path, method: str | None = None) -> int:
+def rehearse(root: Path, config_path: Path, method: str | None = None, *, trn2: bool = False) -> int:
     from llm_pipeline.jobs.run_facts import read_run_facts
 
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
+    if trn2:
+        config_path = trn2_shape_config(root / "fsx", root)
     if method is not None:
         config_path = method_config(config_path, method, root)
     start = time.monotonic()
     print(f"[1/4] starting a local Slurm under {root / 'slurm'}", flush=True)
     with LocalSlurm(root / "slurm") as slurm:
         env = slurm.env(fsx_environment(root / "fsx"))
+        if trn2:
+            env = trn2_environment(env)
         print(f"[2/4] writing the tiny model and {DOLLY_RECORDS} dolly records under {root / 'fsx'}", flush=True)
         write_inputs(config_path, env)
         print(f"[3/4] submitting the pipeline with {config_path.name} and following it", flush=True)
@@ -138,12 +182,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run config (default: %(default)s)")
     parser.add_argument("--method", choices=METHODS, help="override train.method (default: the config's)")
+    parser.add_argument(
+        "--trn2",
+        action="store_true",
+        help=f"run {TRN2_CONFIG.name}'s pipeline shape on this CPU: {TRN2_RANKS} FSDP2 ranks, the tiny model",
+    )
     args = parser.parse_args(argv)
     if not args.config.is_file():
         print(f"error: run config {args.config} does not exist", file=sys.stderr)
         return 2
     try:
-        return rehearse(args.root.resolve(), args.config.resolve(), args.method)
+        return rehearse(args.root.resolve(), args.config.resolve(), args.method, trn2=args.trn2)
     except LocalSlurmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

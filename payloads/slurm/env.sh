@@ -158,3 +158,6 @@ trap 'hpl_on_exit $?' EXIT
 hpl_mark RUNNING
 echo "== $HPL_CHAIN_STEP: job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NODELIST:-$(hostname)} (${SLURM_JOB_NUM_NODES:-1} node(s)), runtime $HPL_RUNTIME, partition ${HPL_PARTITION:-default} ($HPL_ACCELERATOR)"
 echo "== config $HPL_RUN_CONFIG, run folder $HPL_RUN_DIR, started $(date -u +%FT%TZ)"
+if [[ -n "${TORCH_NEURONX_NEFF_CACHE_DIR:-}" ]]; then
+  echo "== TorchNeuron compile cache $TORCH_NEURONX_NEFF_CACHE_DIR (shared by the smoke and long runs)"
+fi

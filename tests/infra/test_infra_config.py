@@ -288,6 +288,19 @@ def test_a_jobs_only_config_warns_of_each_cluster_key_it_ignores():
     assert lane_warnings(HyperPodConfig.from_context({"vpc_cidr": "10.1.0.0/16"})) == []
 
 
+def test_a_jobs_only_config_of_trainium2_groups_is_refused_naming_the_cluster_lane():
+    trn2 = {"name": "trn2", "instance_type": "ml.trn2.48xlarge", "count": 1, "partition": "trn2"}
+    trn1 = {"name": "trn1", "instance_type": "ml.trn1.32xlarge", "count": 1, "partition": "trn1"}
+    where = {"region": "us-east-2", "availability_zone_id": "use2-az2"}
+    with pytest.raises(ConfigError) as caught:
+        parse(lanes="jobs", compute_groups=[trn2], **where)
+    message = str(caught.value)
+    assert "'lanes' has value 'jobs'; allowed: cluster or both for compute_groups of ml.trn2.48xlarge only" in message
+    assert "submit trn2 runs on the cluster lane (hpctl submit)" in message
+    assert parse(lanes="both", compute_groups=[trn2], **where).image_families == ("torchneuron",)
+    assert parse(lanes="jobs", compute_groups=[trn2, trn1], **where).image_families == ("neuron", "torchneuron")
+
+
 def test_a_region_without_published_schemas_is_not_a_cluster_region():
     """cfn-lint ships a copy of us-east-1's table for the isolated regions: it vouches for nothing there."""
     with pytest.raises(ConfigError, match="'region' has value 'us-iso-east-1'; allowed: a region whose CloudFormation"):

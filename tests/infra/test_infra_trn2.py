@@ -4,11 +4,14 @@ payloads/Dockerfile.trn2 beside the untouched trn1 image, and gives the partitio
 
 from __future__ import annotations
 
+import aws_cdk as cdk
 import pytest
 from test_infra_lint_nag import nag_report, template_path
 
-from stacks.accelerators import INSTANCE_TYPES, TORCHNEURON, TRAINIUM2_CHIP_BF16_TFLOPS
+from stacks.accelerators import INSTANCE_TYPES, NEURON, TORCHNEURON, TRAINIUM2_CHIP_BF16_TFLOPS
+from stacks.build import REPO_ROOT
 from stacks.config import cluster_facts
+from stacks.image import lane_images
 from stacks.lint import lint_template
 
 pytestmark = pytest.mark.xdist_group("infra")
@@ -50,6 +53,19 @@ def test_each_trainium_generation_gets_its_own_image(trn2_synth):
     )
     assert dockerfiles == ["Dockerfile", "Dockerfile.trn2"]
     assert trn2_synth.config.image_families == ("neuron", TORCHNEURON)
+
+
+def test_the_jobs_lane_builds_no_trainium2_image():
+    """hpctl job submit refuses trn2 (tests/hpctl/test_hpctl_job.py): the jobs lane has no image to build for it."""
+    stack = cdk.Stack(cdk.App(), "Images")
+    images = lane_images(
+        stack, context_dir=REPO_ROOT / "payloads", families=(NEURON, TORCHNEURON), lanes=("cluster", "jobs")
+    )
+    assert {lane: sorted(found) for lane, found in images.items()} == {
+        "cluster": [NEURON, TORCHNEURON],
+        "jobs": [NEURON],
+    }
+    assert images["jobs"][NEURON] is images["cluster"][NEURON]  # built once for both lanes
 
 
 def test_the_trn2_partition_names_its_runtime_and_mfu_peak(trn2_synth):

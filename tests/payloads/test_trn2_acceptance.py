@@ -43,3 +43,12 @@ def test_the_cpu_reference_is_reproducible_from_its_seed():
     """The parity check compares two devices from one seed: on one device the seed must decide everything."""
     first, second = trn2_acceptance.train_tiny("cpu", steps=3), trn2_acceptance.train_tiny("cpu", steps=3)
     assert first.losses == second.losses and first.graphs == [] and first.fallbacks == []
+
+
+def test_the_fallback_count_says_its_pattern_is_unconfirmed():
+    seen = ["op aten::_foo.bar falls back to the CPU", "aten::baz: fallback", "unrelated warning"]
+    found = [message for message in seen if trn2_acceptance.FALLBACK_WORDS.search(message)]
+    check = trn2_acceptance.fallback_check(found)
+    assert check.figures["operators"] == ["aten::_foo.bar", "aten::baz"]
+    assert "2 fallback report(s)" in check.detail and "unconfirmed" in check.detail
+    assert check.figures["confirmed"] is False
