@@ -50,6 +50,7 @@ from llm_pipeline.jobs import chain, launch, pipeline_status, sagemaker_env, smo
 from llm_pipeline.jobs.chain import ChainJob
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts
+from llm_pipeline.run_files import StepVerdict
 from llm_pipeline.weights.checkpoints import checkpoint_step
 
 # The Slurm chain's order, plus gather after train: a job's hosts share no file system (gather.py).
@@ -253,7 +254,7 @@ def run(run_config: Path, *, first_step: str, env: dict[str, str], smoke_stage: 
             print(f"== {name}: {command}", flush=True)
             skipped = Path(step_log.log)  # a log all the same: the estimate reads its smoke copy's run time
             skipped.parent.mkdir(parents=True, exist_ok=True)
-            skipped.write_text(f"{command}\n== {name}: COMPLETED (exit 0) after 0 s\n")
+            skipped.write_text(f"{command}\n{StepVerdict(name, 'COMPLETED', 0, 0).format()}\n")
             continue
         if step == "train" and len(hosts.hosts) > 1:
             resume = agree_on_resume(facts.config, env, hosts)
@@ -265,7 +266,7 @@ def run(run_config: Path, *, first_step: str, env: dict[str, str], smoke_stage: 
         code = run_step(command, env, Path(step_log.log))
         seconds = round(time.monotonic() - start, 1)
         record["steps"].append({"step": name, "exit": code, "seconds": seconds})
-        verdict = f"== {name}: {'COMPLETED' if code == 0 else 'FAILED'} (exit {code}) after {seconds:.0f} s"
+        verdict = StepVerdict(name, "COMPLETED" if code == 0 else "FAILED", code, round(seconds)).format()
         with open(step_log.log, "a") as out:  # the line the estimate reads a smoke job's run time from
             out.write(verdict + "\n")
         print(verdict, flush=True)

@@ -18,6 +18,7 @@ import pytest
 from slurm_helpers import REPO, read_png, submit, wait_for
 
 from llm_pipeline.jobs import estimate, pipeline_status, smoke
+from llm_pipeline.run_files import Estimate, ProgressLine
 from llm_pipeline.submit import SHARED_STEPS, STEPS
 from tools.rehearse import fsx_environment, write_inputs
 
@@ -142,22 +143,20 @@ def test_whole_pipeline_produces_every_step_output(cluster):
     smoke_dir = out_dir / smoke.SMOKE_FOLDER
     assert "resuming from" not in logs["smoke-train"] and "checkpoint saved" in logs["smoke-train"]
     assert f"resuming from {smoke_dir}/checkpoints/checkpoint-{smoke.SAVE_STEP}" in logs["smoke-train-resume"]
-    assert re.search(rf"(?m)^step {smoke.SMOKE_STEPS}/{smoke.SMOKE_STEPS} \|", logs["smoke-train-resume"])
+    resumed = {line.step: line for line in ProgressLine.parse_all(logs["smoke-train-resume"])}
+    assert resumed[smoke.SMOKE_STEPS].total == smoke.SMOKE_STEPS
     # The saving job trained steps 1-2 of the 4-step schedule and stopped: the resumed step 3 still learns.
-    assert re.search(rf"(?m)^step {smoke.SAVE_STEP}/{smoke.SMOKE_STEPS} \|", logs["smoke-train"])
-    resumed_lr = re.search(
-        rf"(?m)^step {smoke.SAVE_STEP + 1}/{smoke.SMOKE_STEPS} \| loss \S+ \| lr (\S+) ", logs["smoke-train-resume"]
-    )
-    assert float(resumed_lr.group(1)) > 0
+    saved = {line.step: line.total for line in ProgressLine.parse_all(logs["smoke-train"])}
+    assert saved[smoke.SAVE_STEP] == smoke.SMOKE_STEPS
+    assert resumed[smoke.SAVE_STEP + 1].learning_rate > 0
     assert (smoke_dir / "adapter" / "adapter_model.safetensors").is_file() and (smoke_dir / "generation.txt").is_file()
     assert (smoke_dir / "data").resolve() == (out_dir / "data").resolve()  # tokenized once
 
     # The estimate, from the smoke run's measured step time, before the long training started.
-    found = json.loads((out_dir / "logs" / estimate.ESTIMATE_FILE).read_text())
-    assert [row["step"] for row in found["steps"]] == LONG_STEPS
-    train = found["steps"][LONG_STEPS.index("train")]
-    assert "10 steps (train.max_steps)" in train["basis"] and found["seconds_per_step"]["train"] > 0
-    assert found["total_seconds"] == pytest.approx(sum(row["seconds"] for row in found["steps"]))
+    found = Estimate.from_json((out_dir / "logs" / estimate.ESTIMATE_FILE).read_text())
+    assert [row.step for row in found.steps] == LONG_STEPS
+    train = found.steps[LONG_STEPS.index("train")]
+    assert "10 steps (train.max_steps)" in train.basis and found.seconds_per_step["train"] > 0
     assert "expected:" in logs["estimate"] and "estimate from the smoke run" in status.stdout
     # --wait printed it as soon as the estimate job finished, before the long training started
     followed = result.stdout
@@ -261,7 +260,7 @@ def test_killed_training_resumes_from_its_checkpoint(cluster):
     train_log = (out_dir / "logs" / f"train-{resumed['train']}.log").read_text()
     resumed_from = int(re.search(rf"resuming from {re.escape(str(checkpoints))}/checkpoint-(\d+)", train_log).group(1))
     assert 4 <= resumed_from <= killed_at
-    first_logged = int(re.search(r"(?m)^step (\d+)/12", train_log).group(1))
+    first_logged = next(line.step for line in ProgressLine.parse_all(train_log) if line.total == 12)
     assert first_logged > resumed_from  # the step count continues; it does not start again at 1
     assert json.loads((checkpoints / "checkpoint-12" / "trainer_state.json").read_text())["global_step"] == 12
     assert (out_dir / "adapter" / "adapter_model.safetensors").is_file() and (out_dir / "generation.txt").is_file()

@@ -11,6 +11,7 @@ from slurm_helpers import REPO, submit
 
 from llm_pipeline import config
 from llm_pipeline.config import METHODS
+from llm_pipeline.run_files import ProgressLine
 from tools.rehearse import fsx_environment, method_config, write_inputs
 
 pytestmark = pytest.mark.xdist_group("slurm-pipeline_methods")
@@ -39,7 +40,7 @@ def set_keys(path, **values) -> None:
 
 
 def logged_losses(train_log: str) -> dict[int, float]:
-    return {int(m[1]): float(m[2]) for m in re.finditer(r"(?m)^step (\d+)/\d+ \| loss ([0-9.]+) \|", train_log)}
+    return {line.step: line.loss for line in ProgressLine.parse_all(train_log)}
 
 
 def test_pipeline_runs_full_fine_tuning_end_to_end(one_node, tmp_path):
