@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llm_pipeline.errors import PipelineError
+
 BACKENDS = ("auto", "neuron", "torch")
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head")
 DTYPES = ("bfloat16", "float16", "float32")
@@ -42,7 +44,7 @@ RUNG_CHECKPOINT_FORMATS = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(PipelineError, ValueError):
     """A bad run config; the message names the key, the value and what is allowed."""
 
 

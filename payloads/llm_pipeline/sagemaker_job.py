@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 from llm_pipeline import compile_cache, config, gather, submit, train
-from llm_pipeline.errors import StepError
+from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs import chain, launch, pipeline_status, sagemaker_env, smoke
 from llm_pipeline.jobs.chain import ChainJob
 from llm_pipeline.jobs.pipeline_status import StepJob
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     try:
         return run(args.config.resolve(), first_step=args.first_step, env=env, smoke_stage=args.smoke)
-    except (config.ConfigError, sagemaker_env.SageMakerEnvError, launch.LaunchError, StepError) as exc:
+    except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         write_failure(env, str(exc))
         return 2

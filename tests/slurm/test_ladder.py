@@ -22,7 +22,6 @@ import tomllib
 from slurm_helpers import REPO, read_png, submit
 
 from llm_pipeline import charts, config
-from llm_pipeline.jobs.run_facts import RunFactsError
 from llm_pipeline.ladder_submit import read_rungs, resumed_rungs
 from llm_pipeline.run_files import TitanMetricLine
 from tools.rehearse import fsx_environment
@@ -153,7 +152,7 @@ def test_rung_list_is_read_on_the_controller_without_tomllib(tmp_path):
     bad_lists = ('rungs = ["baseline", "fp16"]', "rungs = ['baseline']", 'rungs = ["compile", "compile"]')
     for bad in (*bad_lists, 'rungs = [\n  "baseline",\n]'):  # a list over several lines is refused, not skipped
         path.write_text(f"[torchtitan]\n{bad}\n")
-        with pytest.raises(RunFactsError, match=r"torchtitan\.rungs"):
+        with pytest.raises(config.ConfigError, match=r"torchtitan\.rungs"):
             read_rungs(path)
 
 

@@ -14,7 +14,8 @@ import pytest
 from slurm_helpers import REPO
 
 from llm_pipeline import config as run_config
-from llm_pipeline.jobs.run_facts import RunFactsError, read_run_facts
+from llm_pipeline.errors import PipelineError
+from llm_pipeline.jobs.run_facts import read_run_facts
 from llm_pipeline.submit import STEPS
 
 pytestmark = pytest.mark.xdist_group("slurm-submit_cli")
@@ -191,7 +192,7 @@ def test_defaults_and_relative_paths_follow_config_py(tmp_path):
     ],
 )
 def test_bad_run_config_values_are_named(tmp_path, text, message):
-    with pytest.raises(RunFactsError, match=re.escape(message)):
+    with pytest.raises(PipelineError, match=re.escape(message)):
         read_run_facts(write(tmp_path, text), {})
 
 

@@ -35,6 +35,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from llm_pipeline.config import TorchtitanConfig, TrainConfig
+from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs import pipeline_status, smoke
 from llm_pipeline.jobs.run_facts import read_key
 from llm_pipeline.run_files import (
@@ -59,7 +60,7 @@ JOB_BILLING_NOTE = (
 )
 
 
-class EstimateError(RuntimeError):
+class EstimateError(PipelineError, RuntimeError):
     """The smoke run's logs do not hold what the estimate needs; the message names the file."""
 
 
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result = estimate(args.run_dir, args.config, note=JOB_BILLING_NOTE if args.training_job else BILLING_NOTE)
-    except EstimateError as exc:
+    except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     target = args.run_dir / "logs" / ESTIMATE_FILE

@@ -17,13 +17,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from llm_pipeline.config import ConfigError, ParallelConfig, PathsConfig, expand
+from llm_pipeline.config import ParallelConfig, PathsConfig, expand
+from llm_pipeline.errors import PipelineError
 
 _TABLE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.-]+)\s*\]\s*(#.*)?$")
 _KEY = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*=\s*(.*?)\s*$")
 
 
-class RunFactsError(ValueError):
+class RunFactsError(PipelineError, ValueError):
     """The run config cannot be read for submission; the message names the file and key."""
 
 
@@ -106,10 +107,7 @@ def read_run_facts(path: str | os.PathLike[str], env: dict[str, str] | None = No
         raise RunFactsError(f"{config}: paths.output_dir must be a string, got {output_dir!r}")
     if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
         raise RunFactsError(f"{config}: parallel.nodes must be an integer >= 1, got {nodes!r}")
-    try:
-        out = Path(expand(output_dir, "paths.output_dir", env)).expanduser()
-    except ConfigError as exc:
-        raise RunFactsError(str(exc)) from None
+    out = Path(expand(output_dir, "paths.output_dir", env)).expanduser()  # a ConfigError names the variable
     if not out.is_absolute():
         out = config.parent / out
     partition = read_key(text, "parallel", "partition", str(config))

@@ -25,6 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs.sweep_plan import PLAN_NAME
 from llm_pipeline.run_files import BackendLine, ProgressLine
 
@@ -37,7 +38,7 @@ REFERENCE_GLOBAL_BATCH = 256
 _TRAIN_LOG = re.compile(r"(?:smoke-)?train-(\d+)\.log")
 
 
-class ReportError(RuntimeError):
+class ReportError(PipelineError, RuntimeError):
     """The sweep cannot be reported yet; the message names the file."""
 
 
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         path = write_report(args.sweep_dir)
-    except ReportError as exc:
+    except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"scaling report written to {path}")

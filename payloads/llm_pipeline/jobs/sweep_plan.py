@@ -20,8 +20,8 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from llm_pipeline.config import DataConfig, ModelConfig, ParallelConfig, PathsConfig, TrainConfig
-from llm_pipeline.jobs.run_facts import RunFactsError, read_key
+from llm_pipeline.config import ConfigError, DataConfig, ModelConfig, ParallelConfig, PathsConfig, TrainConfig
+from llm_pipeline.jobs.run_facts import read_key
 
 _TABLE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.-]+)\s*\]\s*(#.*)?$")
 _KEY = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*=")
@@ -85,16 +85,16 @@ def read_base(config: Path) -> BaseFacts:
         if name not in ("method", "model_id") and (
             not isinstance(number, int) or isinstance(number, bool) or number < 1
         ):
-            raise RunFactsError(f"{config}: {name} must be an integer >= 1 for a sweep, got {number!r}")
+            raise ConfigError(f"{config}: {name} must be an integer >= 1 for a sweep, got {number!r}")
     return facts
 
 
 def accumulation_for(base: BaseFacts, nodes: int) -> int:
-    """Gradient accumulation at ``nodes`` that keeps the base global batch, or a RunFactsError."""
+    """Gradient accumulation at ``nodes`` that keeps the base global batch, or a ConfigError."""
     total = base.gradient_accumulation_steps * base.nodes
     if total % nodes:
         usable = [n for n in range(1, total + 1) if total % n == 0]
-        raise RunFactsError(
+        raise ConfigError(
             f"{nodes} node(s) cannot keep the global batch of {base.global_batch}: train.gradient_accumulation_steps "
             f"x parallel.nodes = {total} must be divisible by the node count (usable: {usable}); raise "
             "train.gradient_accumulation_steps in the run config"
@@ -155,7 +155,7 @@ def plan_sweep(
     points = []
     for nodes in sorted(set(node_counts)):
         if nodes < 1:
-            raise RunFactsError(f"--nodes: {nodes} is not a node count")
+            raise ConfigError(f"--nodes: {nodes} is not a node count")
         accumulation = accumulation_for(base, nodes)
         point_dir = sweep_dir / f"nodes-{nodes}"
         (point_dir / "logs" / "state").mkdir(parents=True, exist_ok=True)
