@@ -20,7 +20,7 @@ from slurm_helpers import REPO, wait_for
 from llm_pipeline import compare, config, consolidate, data, train
 from tools.rehearse import fsx_environment, write_inputs
 
-pytestmark = pytest.mark.xdist_group("slurm-fsdp_train")
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-fsdp_train")]
 TINY = REPO / "payloads" / "configs" / "tiny-cpu.toml"
 STEPS = 4
 LEAKED_PREFIXES = ("ACCELERATE_", "FSDP_")

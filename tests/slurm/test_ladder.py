@@ -27,7 +27,7 @@ from llm_pipeline.run_files import TitanMetricLine
 from tools.rehearse import fsx_environment
 from tools.rehearse_ladder import ladder_environment, write_dataset_source, write_tokenizer
 
-pytestmark = pytest.mark.xdist_group("slurm-ladder")
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-ladder")]
 CONFIGS = REPO / "payloads" / "configs"
 TINY_LADDER = CONFIGS / "tiny-ladder-cpu.toml"
 SHARED = ["prepare", "tokenizer", "dataset"]  # once: their output serves the smoke run and the long one

@@ -22,7 +22,7 @@ from llm_pipeline.run_files import Estimate, ProgressLine
 from llm_pipeline.submit import SHARED_STEPS, STEPS
 from tools.rehearse import fsx_environment, write_inputs
 
-pytestmark = pytest.mark.xdist_group("slurm-pipeline")
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-pipeline")]
 TINY = REPO / "payloads" / "configs" / "tiny-cpu.toml"
 
 

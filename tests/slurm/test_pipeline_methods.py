@@ -14,7 +14,7 @@ from llm_pipeline.config import METHODS
 from llm_pipeline.run_files import ProgressLine
 from tools.rehearse import fsx_environment, method_config, write_inputs
 
-pytestmark = pytest.mark.xdist_group("slurm-pipeline_methods")
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-pipeline_methods")]
 TINY = REPO / "payloads" / "configs" / "tiny-cpu.toml"
 
 

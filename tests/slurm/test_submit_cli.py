@@ -18,7 +18,7 @@ from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs.run_facts import read_run_facts
 from llm_pipeline.submit import STEPS
 
-pytestmark = pytest.mark.xdist_group("slurm-submit_cli")
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-submit_cli")]
 PAYLOADS = REPO / "payloads"
 CONTROLLER_SIDE = (
     "submit",

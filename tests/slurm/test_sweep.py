@@ -18,7 +18,7 @@ from llm_pipeline import charts
 from llm_pipeline.jobs import smoke
 from tools.rehearse import fsx_environment, write_inputs
 
-pytestmark = pytest.mark.xdist_group("slurm-sweep")
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-sweep")]
 TINY = REPO / "payloads" / "configs" / "tiny-cpu.toml"
 
 
