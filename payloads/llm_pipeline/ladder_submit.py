@@ -21,7 +21,8 @@ from llm_pipeline.config import LADDER_RUNG_OPTIONS, RUNG_CHECKPOINT_FORMATS, Co
 from llm_pipeline.jobs import chain
 from llm_pipeline.jobs.chain import ChainJob
 from llm_pipeline.jobs.pipeline_status import StepJob
-from llm_pipeline.jobs.run_facts import RunFacts, read_key
+from llm_pipeline.jobs.run_config_text import read_key
+from llm_pipeline.jobs.run_facts import RunFacts
 
 
 def read_rungs(config: Path) -> tuple[str, ...]:

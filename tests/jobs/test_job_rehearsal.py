@@ -21,6 +21,7 @@ from job_container import Container, lay_out
 from hpctl.job_spec import METRIC_DEFINITIONS, JobSpec, job_environment, stage_source
 from llm_pipeline import sagemaker_job
 from llm_pipeline.jobs import smoke
+from llm_pipeline.jobs.run_config_text import write_derived
 from llm_pipeline.jobs.sagemaker_env import CONTAINER_ROOT, JobHosts
 from llm_pipeline.run_files import BackendLine, ProgressLine, StepVerdict
 from llm_pipeline.weights.adapter_files import open_adapter_folder
@@ -190,13 +191,9 @@ def free_port() -> int:
 
 def two_host_config(tmp_path: Path, *, max_steps: int) -> Path:
     """Full fine-tuning on two hosts, a checkpoint every 2 steps (save_total_limit 2, as tiny-cpu)."""
-    text = TINY.read_text().replace("nodes = 1", "nodes = 2").replace("[train]\n", '[train]\nmethod = "full"\n')
-    text = re.sub(r"(?m)^max_steps = .*$", f"max_steps = {max_steps}", text)
-    text = re.sub(r"(?m)^save_steps = .*$", "save_steps = 2", text)
-    config = tmp_path / f"steps-{max_steps}" / "tiny-full-2hosts.toml"
-    config.parent.mkdir(parents=True)
-    config.write_text(re.sub(r"(?m)^logging_steps = .*$", "logging_steps = 2", text))
-    return config
+    keys = {("parallel", "nodes"): 2, ("train", "method"): "full", ("train", "max_steps"): max_steps}
+    keys |= {("train", "save_steps"): 2, ("train", "logging_steps"): 2}
+    return write_derived(TINY, tmp_path / f"steps-{max_steps}" / "tiny-full-2hosts.toml", keys)
 
 
 def step_losses(log: str, step: str) -> dict[int, float]:

@@ -18,6 +18,7 @@ import pytest
 from slurm_helpers import REPO, read_png, submit, wait_for
 
 from llm_pipeline.jobs import estimate, pipeline_status, smoke
+from llm_pipeline.jobs.run_config_text import write_derived
 from llm_pipeline.run_files import Estimate, ProgressLine
 from llm_pipeline.submit import SHARED_STEPS, STEPS
 from tools.rehearse import fsx_environment, write_inputs
@@ -35,15 +36,10 @@ def cluster(one_node, tmp_path_factory):
     return env, root
 
 
-def variant(root: Path, name: str, **replace: str) -> Path:
-    """tiny-cpu.toml with its own run folder and some keys replaced (key = TOML value)."""
-    text = TINY.read_text()
-    for key, value in {"output_dir": f'"${{HPL_OUTPUTS_DIR}}/{name}"', **replace}.items():
-        text, count = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
-        assert count == 1, f"tiny-cpu.toml has no single {key} line"
-    path = root / f"{name}.toml"
-    path.write_text(text)
-    return path
+def variant(root: Path, name: str, **train: int) -> Path:
+    """tiny-cpu.toml with its own run folder and some [train] keys set."""
+    keys = {("train", key): value for key, value in train.items()}
+    return write_derived(TINY, root / f"{name}.toml", keys, run_dir=f"${{HPL_OUTPUTS_DIR}}/{name}")
 
 
 def run_dir(env: dict[str, str], name: str) -> Path:
@@ -79,7 +75,7 @@ CHAIN = [*SHARED_STEPS, *SMOKE_JOBS, "estimate", *LONG_STEPS]  # the order of a 
 
 def test_whole_pipeline_produces_every_step_output(cluster):
     env, root = cluster
-    config = variant(root, "e2e", max_steps="10", save_steps="5")
+    config = variant(root, "e2e", max_steps=10, save_steps=5)
     out_dir = run_dir(env, "e2e")
 
     result = submit(env, config, "--wait", "--poll", "1")
@@ -170,7 +166,7 @@ def test_late_smoke_failure_stops_the_chain_before_any_long_step(cluster):
     """Consolidate fails in the smoke stage, on a broken checkpoint: the long training never starts, and
     submit names the failed step and its log."""
     env, root = cluster
-    config = variant(root, "broken", max_steps="8", save_steps="4")
+    config = variant(root, "broken", max_steps=8, save_steps=4)
     out_dir = run_dir(env, "broken")
     smoke_dir = out_dir / smoke.SMOKE_FOLDER
 
@@ -231,7 +227,7 @@ def test_late_smoke_failure_stops_the_chain_before_any_long_step(cluster):
 
 def test_killed_training_resumes_from_its_checkpoint(cluster):
     env, root = cluster
-    config = variant(root, "resume", max_steps="12", save_steps="4")
+    config = variant(root, "resume", max_steps=12, save_steps=4)
     out_dir = run_dir(env, "resume")
     checkpoints = out_dir / "checkpoints"
 

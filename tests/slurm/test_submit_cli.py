@@ -27,6 +27,8 @@ CONTROLLER_SIDE = (
     "config",
     "errors",
     "jobs",
+    "run_files",
+    "jobs.run_config_text",
     "jobs.run_facts",
     "jobs.pipeline_status",
     "jobs.launch",

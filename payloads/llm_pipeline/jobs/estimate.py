@@ -37,7 +37,7 @@ from pathlib import Path
 from llm_pipeline.config import TorchtitanConfig, TrainConfig
 from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs import pipeline_status, smoke
-from llm_pipeline.jobs.run_facts import read_key
+from llm_pipeline.jobs.run_config_text import read_key
 from llm_pipeline.run_files import (
     ESTIMATE_FILE,
     Estimate,
