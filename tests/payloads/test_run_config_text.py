@@ -30,6 +30,8 @@ def test_a_key_is_replaced_added_to_its_table_or_to_a_new_table():
         '[train]\nmax_steps = 3  # short\nmethod = "full"\n\n[data]\npacking = true\n'
     )
     assert set_key(text, "eval", "answers", 1).endswith("\n[eval]\nanswers = 1\n")
+    assert set_key(text, "train", "max_steps", None) == "[train]\n\n[data]\npacking = true\n"  # None: removed
+    assert set_key(text, "data", "max_steps", None) == text  # another table's key stays
 
 
 def test_a_derived_run_has_its_own_folder_absolute_paths_and_loads(tmp_path):

@@ -71,7 +71,10 @@ def read_key(text: str, table: str, key: str, where: str) -> object | None:
 
 
 def set_key(text: str, table: str, key: str, value: object) -> str:
-    """``text`` with ``table.key = value``: the line replaced, added to the table, or a new table."""
+    """``text`` with ``table.key = value``: the line replaced, added to the table, or a new table;
+    ``value`` None: the key's line removed (the key takes its default)."""
+    if value is None:
+        return _without_key(text, table, key)
     toml_value = json.dumps(value)  # a string, number, boolean or list of strings: JSON writes them as TOML does
     lines = text.splitlines()
     current, table_end = "", None
@@ -96,6 +99,17 @@ def set_key(text: str, table: str, key: str, value: object) -> str:
     else:
         lines.insert(table_end, f"{key} = {toml_value}")
     return "\n".join(lines) + "\n"
+
+
+def _without_key(text: str, table: str, key: str) -> str:
+    kept, current = [], ""
+    for line in text.splitlines():
+        header = _TABLE.match(line)
+        current = header.group(1) if header else current
+        match = None if header else _KEY.match(line)
+        if not (current == table and match and match.group(1) == key):
+            kept.append(line)
+    return "\n".join(kept) + "\n"
 
 
 def with_keys(text: str, keys: Mapping[tuple[str, str], object]) -> str:
