@@ -13,7 +13,8 @@ subpackages, each stating what it may import:
 Every entry point (a module with a command line), how it runs and in which lane, is in
 ``ENTRY_POINTS`` below; tests/payloads/test_entry_points.py keeps it true. Lanes: ``controller``
 (the HyperPod controller's python3 3.10, stdlib only), ``slurm`` (a Slurm job's step, on the compute
-nodes), ``job`` (inside a SageMaker training job), ``laptop`` (by hand, or through hpctl).
+nodes), ``job`` (inside a SageMaker training job), ``node`` (by hand on a cluster node), ``laptop`` (by hand,
+or through hpctl).
 """
 
 __version__ = "0.1.0"  # the project version (pyproject.toml); `--version` on every step and on hpctl
@@ -40,6 +41,14 @@ ENTRY_POINTS = {
     "charts": ("python -m llm_pipeline.charts scaling|ladder FOLDER (sweep_report.sbatch)", ("slurm", "laptop")),
     "compile_cache": ("python -m llm_pipeline.compile_cache --cache-dir DIR --uri S3 (by sagemaker_job)", ("job",)),
     "sagemaker_job": ("python3 -m llm_pipeline.sagemaker_job: a training job's entry (hpctl job submit)", ("job",)),
+    "trn2_acceptance": (
+        "python -m llm_pipeline.trn2_acceptance --report-dir DIR: a first trn2 node's checks",
+        ("node",),
+    ),
+    "training.torchtitan.live_metrics": (
+        "hpl_torchrun (ladder-rung.sbatch): runs torchtitan's trainer, its metric lines to node exporter",
+        ("slurm",),
+    ),
     "jobs.estimate": ("python3 -m llm_pipeline.jobs.estimate (estimate.sbatch; a job step)", ("slurm", "job")),
     "jobs.launch": ("python3 -m llm_pipeline.jobs.launch --exec -- PROGRAM (hpl_torchrun)", ("slurm", "job")),
     "jobs.scaling_report": ("python3 -m llm_pipeline.jobs.scaling_report --sweep-dir DIR (sweep_report)", ("slurm",)),

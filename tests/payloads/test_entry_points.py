@@ -11,7 +11,7 @@ import llm_pipeline
 from llm_pipeline import sagemaker_job
 
 PACKAGE = Path(llm_pipeline.__file__).parent
-LANES = {"controller", "slurm", "job", "laptop"}
+LANES = {"controller", "slurm", "job", "node", "laptop"}
 
 
 def runnable_modules() -> set[str]:
