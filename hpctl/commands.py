@@ -83,9 +83,9 @@ def newest_run_status(deployment: Deployment, stack: StackInfo) -> dict | None:
     if estimate:
         root = deployment.settings.root
         context = read_cdk_context(root) if (root / "cdk.json").is_file() else {}
-        instance_type = run_progress.partition_instance_types(context).get(estimate.get("partition", ""))
+        instance_type = run_progress.partition_instance_types(context).get(estimate.partition)
         price = run_progress.cluster_price(pricing_client(deployment.session), instance_type, deployment.region)
-        found["cost"] = run_progress.describe_cost(estimate["node_hours"], instance_type, price)
+        found["cost"] = run_progress.describe_cost(estimate.node_hours, instance_type, price)
     return found
 
 

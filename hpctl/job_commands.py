@@ -114,7 +114,7 @@ def job_status(args: argparse.Namespace) -> None:
     progress = job_run_progress(deployment.session, job)
     if progress:
         estimate = progress["estimate"]
-        cost = run_progress.describe_cost(estimate["node_hours"], instance_type, price) if estimate else None
+        cost = run_progress.describe_cost(estimate.node_hours, instance_type, price) if estimate else None
         print("\n".join(run_progress.render(progress, cost)))
 
 

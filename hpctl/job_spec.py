@@ -28,6 +28,7 @@ from hpctl.errors import HpctlError
 from hpctl.job_instances import job_instance_facts
 from llm_pipeline import config as run_config
 from llm_pipeline.jobs import sagemaker_env
+from llm_pipeline.run_files import SAGEMAKER_METRICS
 from stacks.accelerators import NEURON
 
 ENTRY_MODULE = "llm_pipeline.sagemaker_job"
@@ -45,11 +46,7 @@ BASE_NAME_LIMIT = 40  # the SDK appends -<timestamp>; training job names stop at
 # progress line training/callbacks.py prints ("step 30/30 | loss 1.2345 | lr ... | 812 tokens/s |
 # mfu 41.2% | ...", the mfu field only where the device's peak is known). The rehearsal matches them
 # against a real run's log.
-METRIC_DEFINITIONS = {
-    "train:loss": r"step \d+/\d+ \| loss ([0-9.]+) \|",
-    "train:tokens_per_second": r"\| ([0-9]+) tokens/s",
-    "train:mfu_percent": r"\| mfu ([0-9.]+)%",
-}
+METRIC_DEFINITIONS = SAGEMAKER_METRICS
 # Stand-ins for the HPL_* folders: a path under one of them is relative to that S3 prefix.
 SENTINEL_ROOT = PurePosixPath("/hpl-job")
 SENTINELS = {

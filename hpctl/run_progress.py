@@ -8,7 +8,8 @@ its checkpoint folder, which SageMaker syncs to the same place; it writes no mar
 state comes from its log (llm_pipeline.sagemaker_job ends each with the step's verdict line). The
 running step's progress is the last metric line its trainer printed: ``step 120/1000 | loss 1.2 |
 ... | 15155 tokens/s | ... | eta 0:12:00`` (training/callbacks.py) or torchtitan's ``step: 120
-loss: 7.1 ... tps: 6,475``. The estimate's cost is its node-hours times the on-demand price of the
+loss: 7.1 ... tps: 6,475``; a loss of nan shows as NaN. Every line and file read here has its format
+in llm_pipeline/run_files.py. The estimate's cost is its node-hours times the on-demand price of the
 instance type (AWS Price List API: HyperPod `<region>-Cluster:<type>`, training jobs
 `<region>-Train:<type>`); without one it says "price unknown".
 """
@@ -16,7 +17,6 @@ instance type (AWS Price List API: HyperPod `<region>-Cluster:<type>`, training 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import PurePosixPath
@@ -25,15 +25,20 @@ from botocore.exceptions import ClientError
 
 from hpctl.job_status import PRICE_SOURCE, HourlyPrice, hourly_price
 from hpctl.step_logs import OUTPUTS_PREFIX, list_runs
+from llm_pipeline.run_files import (
+    ESTIMATE_FILE,
+    PIPELINE_FILE,
+    Estimate,
+    PipelineRecord,
+    ProgressLine,
+    StepVerdict,
+    TitanMetricLine,
+    describe_number,
+)
 
 CLUSTER_USAGE = "Cluster"  # the Price List API's HyperPod usage types: <region>-Cluster:ml.<type>
 TAIL_BYTES = 64 * 1024  # of the running step's log: enough for its last metric lines
 VERDICT_BYTES = 512  # of a training job's step log: its last line, `== <step>: COMPLETED (exit 0) after N s`
-_CALLBACK_LINE = re.compile(
-    r"^step (?P<step>\d+)/(?P<total>\d+) \| loss (?P<loss>[0-9.]+) \|.*?\| (?P<tps>[0-9.]+) tokens/s"
-    r"(?:.*\| eta (?P<eta>.+))?$"
-)
-_TITAN_LINE = re.compile(r"(?<!validate )step:\s*(?P<step>\d+)\s+loss:\s*(?P<loss>\S+).*?tps:\s*(?P<tps>[0-9,]+)")
 
 
 @dataclass(frozen=True)
@@ -47,18 +52,18 @@ class Progress:
     def describe(self) -> str:
         total = f"/{self.total}" if self.total else ""
         eta = f", eta {self.eta}" if self.eta else ""
-        return f"step {self.step}{total}, loss {self.loss:.4f}, {self.tokens_per_second:,.0f} tokens/s{eta}"
+        loss = describe_number(self.loss)
+        return f"step {self.step}{total}, loss {loss}, {self.tokens_per_second:,.0f} tokens/s{eta}"
 
 
 def last_progress(log_text: str) -> Progress | None:
-    """The last metric line of a training log, or None when it has printed none yet."""
+    """The last metric line of a training log, or None when it has printed none yet. A loss of nan or
+    inf is the run's news, so it is shown as it is."""
     for line in reversed(log_text.splitlines()):
-        line = line.strip()
-        if found := _CALLBACK_LINE.match(line):
-            eta = found["eta"].strip() if found["eta"] else None
-            return Progress(int(found["step"]), int(found["total"]), float(found["loss"]), float(found["tps"]), eta)
-        if found := _TITAN_LINE.search(line):
-            return Progress(int(found["step"]), None, float(found["loss"]), float(found["tps"].replace(",", "")), None)
+        if found := ProgressLine.parse(line):
+            return Progress(found.step, found.total, found.loss, found.tokens_per_second, found.eta)
+        if titan := TitanMetricLine.parse(line):
+            return Progress(titan.step, None, titan.loss, float(titan.tps), None)
     return None
 
 
@@ -67,8 +72,8 @@ def state_from_log(tail: str | None, step: str) -> str:
     when it has no log yet."""
     if tail is None:
         return "-"
-    found = re.search(rf"^== {re.escape(step)}: (COMPLETED|FAILED) ", tail, flags=re.MULTILINE)
-    return found.group(1) if found else "RUNNING"
+    found = StepVerdict.last(tail, step)
+    return found.state if found else "RUNNING"
 
 
 def _key(run: str, path: str) -> str:
@@ -93,7 +98,7 @@ def newest_run(s3, bucket: str) -> str | None:
     newest = None
     for run in list_runs(s3, bucket):
         try:
-            head = s3.head_object(Bucket=bucket, Key=f"{OUTPUTS_PREFIX}{run}/logs/pipeline.json")
+            head = s3.head_object(Bucket=bucket, Key=f"{OUTPUTS_PREFIX}{run}/logs/{PIPELINE_FILE}")
         except ClientError:
             continue
         if newest is None or head["LastModified"] > newest[0]:
@@ -103,29 +108,28 @@ def newest_run(s3, bucket: str) -> str | None:
 
 def run_progress(s3, bucket: str, run: str) -> dict:
     """Each step's state (its marker), the running step's progress and the estimate, as one document."""
-    record = json.loads(_read(s3, bucket, f"{OUTPUTS_PREFIX}{run}/logs/pipeline.json") or '{"steps": []}')
+    record = _read(s3, bucket, f"{OUTPUTS_PREFIX}{run}/logs/{PIPELINE_FILE}")
+    jobs = PipelineRecord.from_json(record).steps if record else ()
     steps, current = [], None
-    for job in record["steps"]:
-        marker_path = str(PurePosixPath(job["log"]).parent / "state" / f"{job['step']}.json")
+    for job in jobs:
+        marker_path = str(PurePosixPath(job.log).parent / "state" / f"{job.step}.json")
         marker = json.loads(_read(s3, bucket, _key(run, marker_path)) or "{}")
-        state = marker.get("state", "-") if str(marker.get("job")) == job["job"] else None
+        state = marker.get("state", "-") if str(marker.get("job")) == job.job else None
         if state is None:  # a training job writes no markers: its step logs end with the verdict line
-            state = state_from_log(_read(s3, bucket, _key(run, job["log"]), tail=VERDICT_BYTES), job["step"])
-        steps.append({"step": job["step"], "job": job["job"], "state": state})
+            state = state_from_log(_read(s3, bucket, _key(run, job.log), tail=VERDICT_BYTES), job.step)
+        steps.append({"step": job.step, "job": job.job, "state": state})
         if state == "RUNNING":
             current = job
     progress = None
     if current is not None:
-        text = _read(s3, bucket, _key(run, current["log"]), tail=TAIL_BYTES)
-        found = last_progress(text or "")
-        progress = found.__dict__ if found else None
-    estimate = _read(s3, bucket, f"{OUTPUTS_PREFIX}{run}/logs/estimate.json")
+        progress = last_progress(_read(s3, bucket, _key(run, current.log), tail=TAIL_BYTES) or "")
+    estimate = _read(s3, bucket, f"{OUTPUTS_PREFIX}{run}/logs/{ESTIMATE_FILE}")
     return {
         "run": run,
         "steps": steps,
-        "running": current["step"] if current else None,
+        "running": current.step if current else None,
         "progress": progress,
-        "estimate": json.loads(estimate) if estimate else None,
+        "estimate": Estimate.from_json(estimate) if estimate else None,
     }
 
 
@@ -159,13 +163,13 @@ def render(progress: dict, cost: str | None) -> list[str]:
         lines.append(f"  {step['step']:<22} {step['job']:>8}  {step['state']}")
     if progress["running"]:
         found = progress["progress"]
-        detail = Progress(**found).describe() if found else "no metric line yet"
+        detail = found.describe() if found else "no metric line yet"
         lines.append(f"  running: {progress['running']}: {detail}")
     estimate = progress["estimate"]
     if estimate:
-        total = timedelta(seconds=round(estimate["total_seconds"]))
-        lines.append(f"  estimate (smoke run): {total} for the long steps, {estimate['node_hours']:.3f} node-hours")
+        total = timedelta(seconds=round(estimate.total_seconds))
+        lines.append(f"  estimate (smoke run): {total} for the long steps, {estimate.node_hours:.3f} node-hours")
         if cost:
             lines.append(f"  cost: {cost}")
-        lines.append(f"  note: {estimate['note']}")
+        lines.append(f"  note: {estimate.note}")
     return lines

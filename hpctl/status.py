@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, is_dataclass
 
 import boto3
 from botocore.exceptions import ClientError
@@ -62,8 +62,15 @@ def collect_status(session: boto3.Session, stack: StackInfo) -> dict:
     }
 
 
+def _plain(value):
+    """A dataclass of the run's files (progress, estimate) as its fields; anything else as text."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    return str(value)
+
+
 def render_json(status: dict) -> str:
-    return json.dumps(status, indent=2, default=str)
+    return json.dumps(status, indent=2, default=_plain)
 
 
 def render_text(status: dict) -> str:

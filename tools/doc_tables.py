@@ -1,6 +1,7 @@
 """The run-config key table in docs/training.md, generated from llm_pipeline/config.py.
 
-Each key is described once, next to its field (``described(default, "...")`` in config.py). This
+Each key is described once, next to its field (``described(default, "...", *rules)`` or
+``ranged(default, rule, "...")`` in config.py: a range's words open the key's line). This
 tool writes the tables between the markers below; ``--check`` only reports drift (the docs test
 runs the same comparison).
 
@@ -49,6 +50,8 @@ def table() -> str:
     lines = ["| key | default | description |", "|---|---|---|"]
     for key, item in run_config_keys():
         description = item.metadata.get("description", "")
+        if "range" in item.metadata:  # a numeric key's range opens its line (config.ranged)
+            description = f"{item.metadata['range']}: {description}"
         lines.append(f"| `{key}` | `{shown_default(item.default)}` | {description} |")
     return "\n".join(lines)
 

@@ -87,23 +87,9 @@ def submit(config_path: Path, env: dict[str, str], *extra: str, poll: float = 2.
 
 def method_config(config_path: Path, method: str, folder: Path) -> Path:
     """A copy of the run config with train.method set, in ``folder`` (its paths must not be relative)."""
-    import tomllib
+    from llm_pipeline.jobs.run_config_text import write_derived
 
-    from llm_pipeline import config
-
-    text = config_path.read_text()
-    raw = tomllib.loads(text)
-    if "method" in raw.get("train", {}):
-        text = "\n".join(
-            f'method = "{method}"' if line.split("=")[0].strip() == "method" else line for line in text.splitlines()
-        )
-    else:
-        text = text.replace("[train]\n", f'[train]\nmethod = "{method}"\n', 1)
-    path = folder / f"{config_path.stem}-{method}.toml"
-    path.write_text(text)
-    if config.load(path, env={k: "/" for k in FSX_VARIABLES}).train.method != method:
-        raise ValueError(f"{config_path} has no [train] table to set train.method in")
-    return path
+    return write_derived(config_path, folder / f"{config_path.stem}-{method}.toml", {("train", "method"): method})
 
 
 def trn2_shape_config(fsx: Path, folder: Path, name: str = "trn2-shape") -> Path:

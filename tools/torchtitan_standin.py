@@ -36,6 +36,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from llm_pipeline.run_files import TitanMetricLine
+
 H100_BF16_PEAK_FLOPS = 989e12  # torchtitan.tools.utils.get_peak_flops' fallback
 MAX_SEQ = 64  # CPU: sequences are cut to this length
 
@@ -44,10 +46,7 @@ def metric_line(
     step: int, loss: float, grad_norm: float, mem_gib: float, mem_pct: float, tps: float, tflops: float, mfu: float
 ) -> str:
     """One metric line, in torchtitan 0.2.2's format with colors off."""
-    return (
-        f"step: {step:2}  loss: {loss:8.5f}  grad_norm: {grad_norm:7.4f}  "
-        f"memory: {mem_gib:5.2f}GiB({mem_pct:.2f}%)  tps: {round(tps):,}  tflops: {tflops:,.2f}  mfu: {mfu:.2f}%"
-    )
+    return TitanMetricLine(step, loss, grad_norm, mem_gib, mem_pct, round(tps), tflops, mfu).format()
 
 
 def build_logger() -> logging.Logger:

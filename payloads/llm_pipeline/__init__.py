@@ -2,12 +2,54 @@
 
 Step modules sit on top, one per Slurm step plus `submit`: ``python -m llm_pipeline.<step>``
 (prepare, download, data, train, consolidate, merge, generate; precompile runs train). Shared by
-every step: config (the run config), cli (the step command line), errors, prompt. Helpers live
-in three subpackages, each stating what it may import:
+every step: config (the run config), cli (the step command line), errors (one root, PipelineError),
+prompt, run_files (every line and file a run leaves for another program). Helpers live in three
+subpackages, each stating what it may import:
 
 - training/  the trainer glue: the plan, arguments, callbacks, one module per engine
 - weights/   model and adapter files on disk: safetensors headers, TP shards, merge, atomic output
 - jobs/      host side (Slurm submission, launch arguments, run status): stdlib only, Python 3.10
+
+Every entry point (a module with a command line), how it runs and in which lane, is in
+``ENTRY_POINTS`` below; tests/payloads/test_entry_points.py keeps it true. Lanes: ``controller``
+(the HyperPod controller's python3 3.10, stdlib only), ``slurm`` (a Slurm job's step, on the compute
+nodes), ``job`` (inside a SageMaker training job), ``node`` (by hand on a cluster node), ``laptop`` (by hand,
+or through hpctl).
 """
 
 __version__ = "0.1.0"  # the project version (pyproject.toml); `--version` on every step and on hpctl
+
+# module under llm_pipeline: (how it runs, its lanes)
+ENTRY_POINTS = {
+    "submit": ("python3 -m llm_pipeline.submit --config RUN.toml [status|ladder]", ("controller",)),
+    "sweep": ("python3 -m llm_pipeline.sweep --config RUN.toml --nodes 1,2,4", ("controller",)),
+    "prepare": (
+        "hpl_step_python (prepare.sbatch); a job step: checks the host, the image, the config",
+        ("slurm", "job"),
+    ),
+    "download": ("hpl_step_python (download.sbatch); a job step (sagemaker_job)", ("slurm", "job")),
+    "data": ("hpl_step_python (data.sbatch); a job step", ("slurm", "job")),
+    "train": ("hpl_torchrun (train.sbatch, precompile.sbatch --precompile); torchrun in a job", ("slurm", "job")),
+    "gather": ("a job step after train when the job has several hosts", ("job",)),
+    "consolidate": ("hpl_step_python (consolidate.sbatch); a job step on the first host", ("slurm", "job")),
+    "merge": ("hpl_step_python (merge.sbatch); a job step on the first host", ("slurm", "job")),
+    "generate": ("hpl_step_python (generate.sbatch); a job step on the first host", ("slurm", "job")),
+    "evaluate": ("hpl_step_python (evaluate.sbatch); a job step on the first host", ("slurm", "job")),
+    "pretrain": ("hpl_step_python llm_pipeline.pretrain tokenizer|dataset|job|retain|report|export", ("slurm",)),
+    "config": ("python -m llm_pipeline.config --show RUN.toml: the run config as the steps see it", ("laptop",)),
+    "compare": ("python -m llm_pipeline.compare RUN [RUN...] (hpctl run compare)", ("laptop", "slurm")),
+    "charts": ("python -m llm_pipeline.charts scaling|ladder FOLDER (sweep_report.sbatch)", ("slurm", "laptop")),
+    "compile_cache": ("python -m llm_pipeline.compile_cache --cache-dir DIR --uri S3 (by sagemaker_job)", ("job",)),
+    "sagemaker_job": ("python3 -m llm_pipeline.sagemaker_job: a training job's entry (hpctl job submit)", ("job",)),
+    "trn2_acceptance": (
+        "python -m llm_pipeline.trn2_acceptance --report-dir DIR: a first trn2 node's checks",
+        ("node",),
+    ),
+    "training.torchtitan.live_metrics": (
+        "hpl_torchrun (ladder-rung.sbatch): runs torchtitan's trainer, its metric lines to node exporter",
+        ("slurm",),
+    ),
+    "jobs.estimate": ("python3 -m llm_pipeline.jobs.estimate (estimate.sbatch; a job step)", ("slurm", "job")),
+    "jobs.launch": ("python3 -m llm_pipeline.jobs.launch --exec -- PROGRAM (hpl_torchrun)", ("slurm", "job")),
+    "jobs.scaling_report": ("python3 -m llm_pipeline.jobs.scaling_report --sweep-dir DIR (sweep_report)", ("slurm",)),
+}

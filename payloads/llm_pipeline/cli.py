@@ -1,7 +1,8 @@
 """What every step's command line shares: `--config`, clear `error: ...` lines, exit codes.
 
-Bad input (a ConfigError or StepError) prints one line on stderr and exits 2, the same code argparse
-uses for bad arguments, so the Slurm scripts and the user see a reason rather than a traceback.
+Bad input (any PipelineError: a ConfigError, a StepError...) prints one line on stderr and exits 2,
+the same code argparse uses for bad arguments, so the Slurm scripts and the user see a reason rather
+than a traceback.
 The train step ends through `exit_step`, which keeps a finished gloo rank from aborting at exit.
 """
 
@@ -16,8 +17,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from llm_pipeline import __version__
-from llm_pipeline.config import ConfigError, RunConfig, load
-from llm_pipeline.errors import StepError
+from llm_pipeline.config import RunConfig, load
+from llm_pipeline.errors import PipelineError
 
 BAD_INPUT = 2
 GLOO_WORKER_THREAD = "pt_gloo_runloop"  # the name torch gives ProcessGroupGloo's worker threads
@@ -52,7 +53,7 @@ def run_step(
     args = build_parser().parse_args(argv)
     try:
         body(load(args.config), args)
-    except (ConfigError, StepError) as exc:
+    except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return BAD_INPUT
     return 0

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from llm_pipeline.errors import StepError
+from llm_pipeline.errors import PipelineError, StepError
 from llm_pipeline.run_metrics import LossCurve, read_run
 
 DEFAULT_TOLERANCE = 0.05
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             raise StepError("--tolerance must be > 0")
         labels = args.labels.split(",") if args.labels else None
         result = compare(args.runs, args.output, by=args.by, steps=args.steps, tolerance=args.tolerance, labels=labels)
-    except StepError as exc:
+    except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     print((args.output / MARKDOWN).read_text(), flush=True)

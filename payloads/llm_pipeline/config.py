@@ -14,17 +14,24 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-BACKENDS = ("auto", "neuron", "torch")
+from llm_pipeline.errors import PipelineError
+
+# The choice keys: a key typed with one of these takes exactly its values (validate checks them).
+Backend = Literal["auto", "neuron", "torch"]
+Dtype = Literal["bfloat16", "float16", "float32"]
+Method = Literal["lora", "dora", "qlora", "full"]
+Strategy = Literal["fsdp", "ddp"]
+Attention = Literal["auto", "sdpa", "flash_attention_2", "eager"]
+Optimizer = Literal["adamw_torch", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"]  # transformers' optim names
+Retention = Literal["all", "last", "none"]
+BACKENDS, DTYPES, METHODS = get_args(Backend), get_args(Dtype), get_args(Method)
+STRATEGIES, ATTENTIONS, OPTIMIZERS = get_args(Strategy), get_args(Attention), get_args(Optimizer)
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head")
-DTYPES = ("bfloat16", "float16", "float32")
-METHODS = ("lora", "dora", "qlora", "full")
-STRATEGIES = ("fsdp", "ddp")
-ATTENTIONS = ("auto", "sdpa", "flash_attention_2", "eager")
-OPTIMIZERS = ("adamw_torch", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit")  # transformers' optim names
 TORCHTITAN_RUNGS = ("baseline", "compile", "fp8", "fp8_allgather")  # the ladder, in climbing order
 # Beside the ladder: float8 with rowwise scales (torchao's "rowwise" recipe) on top of compile.
 LADDER_RUNG_OPTIONS = (*TORCHTITAN_RUNGS, "fp8_rowwise")  # every rung torchtitan.rungs may name
@@ -42,17 +49,64 @@ RUNG_CHECKPOINT_FORMATS = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(PipelineError, ValueError):
     """A bad run config; the message names the key, the value and what is allowed."""
 
 
-def described(default: Any, description: str) -> Any:
-    """A run-config field with its one-line description: the only place a key is described.
+def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: invalid value {value!r} (allowed: {allowed})")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one key allows: a check and the words that say so (in the error, and for a range in the docs).
+    ``each``: the check applies to every item of a list key."""
+
+    check: Callable[[Any], bool]
+    allowed: str
+    each: bool = False
+
+    def apply(self, key: str, value: Any) -> None:
+        for item in value if self.each else (value,):
+            _require(self.check(item), key, list(item) if isinstance(item, tuple) else item, self.allowed)
+
+
+def at_least(low: int) -> Rule:
+    return Rule(lambda value: value >= low, f">= {low}")
+
+
+POSITIVE = Rule(lambda value: value > 0, "> 0")
+FRACTION = Rule(lambda value: 0 <= value < 1, "0 <= x < 1")
+
+
+def described(default: Any, description: str, *rules: Rule) -> Any:
+    """A run-config field with its one-line description (the only place a key is described) and the
+    rules its value must meet, whose words the description carries.
 
     The run-config tables in README.md and docs/training.md are generated from these by
     `make doc-tables` (tools/doc_tables.py); tests/docs/test_doc_tables.py fails when they drift.
     """
-    return field(default=default, metadata={"description": description})
+    return field(default=default, metadata={"description": description, "rules": rules})
+
+
+def ranged(default: Any, rule: Rule, description: str) -> Any:
+    """A numeric field whose range opens its line in the doc tables (``>= 1: what it is``)."""
+    return field(default=default, metadata={"description": description, "rules": (rule,), "range": rule.allowed})
+
+
+def field_rules(cls: type) -> dict[str, tuple[Rule, ...]]:
+    """{field: its rules}: those it was declared with, and a Literal type's choices."""
+    hints = get_type_hints(cls)
+    found = {}
+    for item in dataclasses.fields(cls):
+        rules = item.metadata.get("rules", ())
+        if get_origin(hints[item.name]) is Literal:
+            choices = get_args(hints[item.name])
+            rules = (Rule(lambda value, choices=choices: value in choices, ", ".join(choices)), *rules)
+        if rules:
+            found[item.name] = rules
+    return found
 
 
 @dataclass(frozen=True)
@@ -61,7 +115,7 @@ class ModelConfig:
         "meta-llama/Meta-Llama-3-8B",
         "Hub model id; a gated model needs HF_TOKEN (or `huggingface-cli login`) with its license accepted",
     )
-    dtype: str = described(
+    dtype: Dtype = described(
         "bfloat16", "bfloat16, float16 or float32: the download is saved in this dtype, and generation runs in it"
     )
     revision: str = described("main", "branch, tag or commit of the Hub repo")
@@ -75,18 +129,19 @@ class DataConfig:
         "dolly records (instruction, context, response) or chat records (messages, torch backend only)",
     )
     split: str = described("train", "split to read (Hub ids and folders)")
-    validation_fraction: float = described(
+    validation_fraction: float = ranged(
         0.0,
-        "0 <= x < 1: rows held out: the evaluate step scores base and tuned model on them; the torch backend also "
+        FRACTION,
+        "rows held out: the evaluate step scores base and tuned model on them; the torch backend also "
         "evaluates during training",
     )
-    max_length: int = described(1024, ">= 16 and longer than the prompt template: tokens per training sequence")
+    max_length: int = ranged(1024, at_least(16), "tokens per training sequence; longer than the prompt template")
     packing: bool = described(
         False,
         "pack several examples into each max_length sequence (trl best-fit-decreasing); the reference pads "
         "every example, packing is the big throughput lever",
     )
-    max_samples: int = described(0, ">= 0: first N rows only; 0 = all")
+    max_samples: int = ranged(0, at_least(0), "first N rows only; 0 = all")
     completion_only_loss: bool = described(
         True,
         "torch backend: the loss covers only the answer (prompt tokens labelled -100, trl's prompt-completion "
@@ -103,6 +158,7 @@ class DataConfig:
         "text",
         "block mode: the column holding each record's text; a dataset without it must have the dolly columns, "
         "formatted with the prompt template",
+        Rule(bool, "a column name"),
     )
 
 
@@ -138,13 +194,20 @@ class PathsConfig:
 
 @dataclass(frozen=True)
 class LoraConfig:
-    r: int = described(16, "> 0: LoRA rank")
-    alpha: int = described(16, "> 0: LoRA scale numerator (scale = alpha / r)")
-    dropout: float = described(0.05, "0 <= x < 1: dropout on the LoRA input")
+    r: int = ranged(16, POSITIVE, "LoRA rank")
+    alpha: int = ranged(16, POSITIVE, "LoRA scale numerator (scale = alpha / r)")
+    dropout: float = ranged(0.05, FRACTION, "dropout on the LoRA input")
     target_modules: tuple[str, ...] = described(
         ("q_proj", "v_proj"),
         "non-empty subset of " + " ".join(LORA_MODULES) + "; gate_proj and up_proj together or neither "
         "(fused on Neuron)",
+        Rule(bool, "at least one module"),
+        Rule(lambda module: module in LORA_MODULES, ", ".join(LORA_MODULES), each=True),
+        # The Neuron training model fuses gate/up: LoRA has to target both or neither.
+        Rule(
+            lambda modules: len({"gate_proj", "up_proj"} & set(modules)) != 1,
+            "gate_proj and up_proj together or neither",
+        ),
     )
     use_rslora: bool = described(False, "scale by alpha / sqrt(r) instead of alpha / r (rsLoRA)")
 
@@ -155,47 +218,58 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    tensor_parallel_size: int = described(
-        8, ">= 1: tensor parallel degree; TP x PP must divide devices_per_node x nodes"
+    tensor_parallel_size: int = ranged(
+        8, at_least(1), "tensor parallel degree; TP x PP must divide devices_per_node x nodes"
     )
-    pipeline_parallel_size: int = described(1, ">= 1: pipeline parallel degree")
-    devices_per_node: int = described(
+    pipeline_parallel_size: int = ranged(1, at_least(1), "pipeline parallel degree")
+    devices_per_node: int = ranged(
         32,
-        ">= 1: processes per node, one per NeuronCore or GPU; submit and prepare fail when it differs from "
+        at_least(1),
+        "processes per node, one per NeuronCore or GPU; submit and prepare fail when it differs from "
         "the partition's devices (HPL_DEVICES_PER_NODE, which launch uses)",
     )
-    nodes: int = described(1, ">= 1: nodes of the training job (multi-node: torchrun rendezvous over EFA)")
+    nodes: int = ranged(1, at_least(1), "nodes of the training job (multi-node: torchrun rendezvous over EFA)")
     partition: str = described(
         "",
         "Slurm partition (one per compute group) every step runs on; empty: submit picks the first partition "
         "whose accelerator train.backend needs (neuron: Trainium, torch: GPU), else the cluster's default",
     )
-    strategy: str = described(
+    strategy: Strategy = described(
         "fsdp",
         "torch backend data parallelism: fsdp (FSDP2: full shard, activation checkpointing, bf16 mixed "
         "precision) or ddp (a full replica per GPU); the neuron backend shards by tensor_parallel_size instead",
     )
 
 
+def _window_ok(window: str) -> bool:
+    """A profile window's steps are in order (its form is checked first)."""
+    first, _, last = window.partition("-")
+    return not first or 1 <= int(first) <= int(last or first)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    backend: str = described(
+    backend: Backend = described(
         "auto", "auto (neuron when torch_xla and Neuron devices exist, else torch), neuron or torch"
     )
-    per_device_batch_size: int = described(1, ">= 1: sequences per device per micro-step")
-    gradient_accumulation_steps: int = described(3, ">= 1: micro-steps per optimizer step")
-    epochs: float = described(3.0, "> 0: passes over the training split")
-    max_steps: int = described(-1, "-1 (epochs decide) or > 0 (optimizer steps; overrides epochs)")
-    learning_rate: float = described(2e-5, "> 0: peak learning rate")
+    per_device_batch_size: int = ranged(1, at_least(1), "sequences per device per micro-step")
+    gradient_accumulation_steps: int = ranged(3, at_least(1), "micro-steps per optimizer step")
+    epochs: float = ranged(3.0, POSITIVE, "passes over the training split")
+    max_steps: int = ranged(
+        -1,
+        Rule(lambda steps: steps == -1 or steps > 0, "-1 (use epochs) or > 0"),
+        "optimizer steps, overriding epochs; -1: epochs decide",
+    )
+    learning_rate: float = ranged(2e-5, POSITIVE, "peak learning rate")
     lr_scheduler: str = described(
         "linear",
         "a transformers scheduler: linear, cosine, cosine_with_restarts, polynomial, constant, "
         "constant_with_warmup, inverse_sqrt, cosine_with_min_lr, ... (checked when training starts)",
     )
-    warmup_steps: int = described(0, ">= 0: steps of linear warm-up")
-    weight_decay: float = described(0.0, ">= 0: AdamW weight decay")
-    adam_beta1: float = described(0.9, "0 <= x < 1: AdamW beta1")
-    adam_beta2: float = described(0.999, "0 <= x < 1: AdamW beta2 (AWS's trn1 full fine-tuning reference: 0.95)")
+    warmup_steps: int = ranged(0, at_least(0), "steps of linear warm-up")
+    weight_decay: float = ranged(0.0, at_least(0), "AdamW weight decay")
+    adam_beta1: float = ranged(0.9, FRACTION, "AdamW beta1")
+    adam_beta2: float = ranged(0.999, FRACTION, "AdamW beta2 (AWS's trn1 full fine-tuning reference: 0.95)")
     min_learning_rate: float = described(
         0.0, ">= 0: the floor of lr_scheduler cosine_with_min_lr (only that scheduler reads it); below learning_rate"
     )
@@ -210,9 +284,9 @@ class TrainConfig:
         "weights, a frozen base loads in bf16, loss and gradient reduction are fp32",
     )
     seed: int = described(42, "seeds training and the validation split")
-    logging_steps: int = described(10, ">= 1: stdout and TensorBoard every N optimizer steps")
-    save_steps: int = described(500, ">= 1: checkpoint every N steps, and always at the last step")
-    save_total_limit: int = described(2, ">= 1: checkpoints kept; older ones are deleted")
+    logging_steps: int = ranged(10, at_least(1), "stdout and TensorBoard every N optimizer steps")
+    save_steps: int = ranged(500, at_least(1), "checkpoint every N steps, and always at the last step")
+    save_total_limit: int = ranged(2, at_least(1), "checkpoints kept; older ones are deleted")
     save_checkpoints: bool = described(
         True,
         "false: no checkpoint at all, not even at the last step (throughput runs such as the sweep's points); "
@@ -223,24 +297,27 @@ class TrainConfig:
         "0 (off) or >= 1: end training after this optimizer step, with a checkpoint there, while the learning-rate "
         "schedule stays that of max_steps / epochs (the smoke stage's saving run: the run resumed from it trains on "
         "the same schedule as one that never stopped)",
+        at_least(0),
     )
-    nonfinite_loss_grace: int = described(
+    nonfinite_loss_grace: int = ranged(
         0,
-        ">= 0: optimizer steps in a row whose loss may be NaN or Inf before training stops with an error (exit 2, "
+        at_least(0),
+        "optimizer steps in a row whose loss may be NaN or Inf before training stops with an error (exit 2, "
         "no checkpoint of those steps); 0: stop at the first one",
     )
-    precompile_steps: int = described(
+    precompile_steps: int = ranged(
         2,
-        ">= 1: optimizer steps run by `train --precompile` (under neuron_parallel_compile), each "
+        at_least(1),
+        "optimizer steps run by `train --precompile` (under neuron_parallel_compile), each "
         "gradient_accumulation_steps micro-batches per replica; 2: the first step (the optimizer state is created) "
         "and a steady one, whose graphs later steps repeat (not measured on Trainium)",
     )
-    method: str = described(
+    method: Method = described(
         "lora",
         "what is trained: lora (adapter), dora (weight-decomposed LoRA), qlora (LoRA on a bitsandbytes NF4 4-bit base; "
         "torch backend), full (every parameter, no adapter; merge is skipped); neuron: lora and full",
     )
-    optimizer: str = described(
+    optimizer: Optimizer = described(
         "adamw_torch",
         "AdamW implementation (torch backend): adamw_torch (fp32 moments), adamw_8bit (bitsandbytes 8-bit moments), "
         "paged_adamw_8bit or paged_adamw_32bit (bitsandbytes, state paged to host memory under pressure: QLoRA on "
@@ -252,8 +329,9 @@ class TrainConfig:
         "liger-kernel's fused RMSNorm/RoPE/SwiGLU (torch backend on CUDA; trl 1.16 keeps its own fused loss): "
         "true, false or auto; auto is on on CUDA when liger-kernel is installed (the CUDA image), else off; "
         "true needs liger-kernel and a CUDA GPU",
+        Rule(lambda value: value in (True, False, "auto"), "true, false or auto"),
     )
-    attention: str = described(
+    attention: Attention = described(
         "auto",
         "attention kernel: auto, sdpa, flash_attention_2 or eager. torch: auto is flash_attention_2 on CUDA when "
         "flash-attn is installed (the CUDA image), else sdpa; flash_attention_2 needs flash-attn. neuron: auto is "
@@ -264,6 +342,11 @@ class TrainConfig:
         "",
         "steps to profile as 'FIRST-LAST' (e.g. '20-22'); torch.profiler writes per-rank traces and a memory "
         "timeline under the run folder's profile/ (torch backend); empty: off",
+        Rule(
+            lambda window: re.fullmatch(r"(\d+)(-\d+)?", window) is not None or window == "",
+            "'' (off) or a step window 'FIRST-LAST', e.g. '20-22'",
+        ),
+        Rule(lambda window: _window_ok(window), "1 <= FIRST <= LAST"),
     )
     gradient_checkpointing: bool = described(
         False,
@@ -275,6 +358,7 @@ class TrainConfig:
         0,
         "0 (not stated) or the sequences per optimizer step the run must have: per_device_batch_size x "
         "data-parallel replicas x gradient_accumulation_steps, checked against the backend's layout",
+        Rule(lambda size: size >= 0, "0 (not stated) or >= 1"),
     )
 
     @property
@@ -292,19 +376,19 @@ class GenerateConfig:
         "What are the main differences between a llama and an alpaca?", "the test question the generate step asks"
     )
     context: str = described("", "optional context for the question")
-    max_new_tokens: int = described(128, ">= 1: tokens to generate")
-    temperature: float = described(0.0, ">= 0: sampling temperature; 0 = greedy")
+    max_new_tokens: int = ranged(128, at_least(1), "tokens to generate")
+    temperature: float = ranged(0.0, at_least(0), "sampling temperature; 0 = greedy")
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    max_samples: int = described(
-        200, ">= 1: held-out rows (data.validation_fraction) the evaluate step scores, base and tuned model"
+    max_samples: int = ranged(
+        200, at_least(1), "held-out rows (data.validation_fraction) the evaluate step scores, base and tuned model"
     )
-    answers: int = described(
-        3, ">= 0: held-out prompts answered by the base and the tuned model side by side in eval/report.md"
+    answers: int = ranged(
+        3, at_least(0), "held-out prompts answered by the base and the tuned model side by side in eval/report.md"
     )
-    batch_size: int = described(4, ">= 1: sequences per forward pass when scoring the held-out rows")
+    batch_size: int = ranged(4, at_least(1), "sequences per forward pass when scoring the held-out rows")
 
 
 # SageMaker caps a training job's run time (and a spot job's wait) at 28 days.
@@ -319,8 +403,12 @@ class JobConfig:
         "ml.trn1.32xlarge",
         "training job instance type (`hpctl job submit --instance-type` overrides); instances: parallel.nodes",
     )
-    volume_size_gb: int = described(500, ">= 1: ML storage volume per instance: the model, the data, the run folder")
-    max_runtime_hours: float = described(24.0, "0 < x <= 672: SageMaker stops the job after this long")
+    volume_size_gb: int = ranged(
+        500, at_least(1), "ML storage volume per instance: the model, the data, the run folder"
+    )
+    max_runtime_hours: float = ranged(
+        24.0, Rule(lambda hours: 0 < hours <= JOB_MAX_HOURS, "0 < x <= 672"), "SageMaker stops the job after this long"
+    )
     spot: bool = described(
         False, "managed spot training: billed at the spot price, may be interrupted; resumes from its checkpoints"
     )
@@ -341,8 +429,11 @@ class TorchtitanConfig:
         "ladder rungs to run, in order, each adding its options to the one before: baseline, compile, "
         "fp8 (tensorwise float8 linears), fp8_allgather (+ float8 FSDP all-gather, precomputed scales); "
         "or fp8_rowwise (compile + float8 linears with rowwise scales)",
+        Rule(bool, "at least one rung"),
+        Rule(lambda rung: rung in LADDER_RUNG_OPTIONS, ", ".join(LADDER_RUNG_OPTIONS), each=True),
+        Rule(lambda rungs: len(set(rungs)) == len(rungs), "each rung once"),
     )
-    steps: int = described(2000, "training steps of every rung (torchtitan training.steps)")
+    steps: int = ranged(2000, at_least(1), "training steps of every rung (torchtitan training.steps)")
     stop_after_step: int = described(
         0,
         "0 (off) or 1 to steps - 1: every rung ends after this step with a full checkpoint there, its learning-rate "
@@ -350,12 +441,18 @@ class TorchtitanConfig:
         "that checkpoint (the smoke stage's saving rungs)",
     )
     overrides: tuple[str, ...] = described(
-        (), "torchtitan keys set for every rung, as TOML lines, e.g. 'training.local_batch_size = 2'"
+        (),
+        "torchtitan keys set for every rung, as TOML lines, e.g. 'training.local_batch_size = 2'",
+        Rule(
+            lambda line: re.fullmatch(r"\s*[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+\s*=.+", line) is not None,
+            "TOML lines 'section.key = value', e.g. 'training.local_batch_size = 2'",
+            each=True,
+        ),
     )
     export_hf: bool = described(
         True, "after the report, convert the last rung's final checkpoint to a Hugging Face folder"
     )
-    checkpoint_retention: str = described(
+    checkpoint_retention: Retention = described(
         "last",
         "what a finished rung keeps of its checkpoints: all, last (its final step: the export's input and the "
         "resubmission's proof it finished), none (nothing once the report read its metrics; the exported rung "
@@ -455,65 +552,32 @@ def _build(cls: type, table: Any, section: str) -> Any:
     return cls(**values)
 
 
-def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}: invalid value {value!r} (allowed: {allowed})")
+def check_fields(cfg: RunConfig) -> None:
+    """Every key's own rules (its choices, range or form), section by section."""
+    for section in dataclasses.fields(RunConfig):
+        part = getattr(cfg, section.name)
+        for name, rules in field_rules(type(part)).items():
+            for rule in rules:
+                rule.apply(f"{section.name}.{name}", getattr(part, name))
 
 
 def validate(cfg: RunConfig) -> None:
-    """Cross-field and range checks; each failure names the key."""
-    _require(cfg.model.dtype in DTYPES, "model.dtype", cfg.model.dtype, ", ".join(DTYPES))
-    _require(
-        0.0 <= cfg.data.validation_fraction < 1.0,
-        "data.validation_fraction",
-        cfg.data.validation_fraction,
-        "0 <= x < 1",
-    )
-    _require(cfg.data.max_length >= 16, "data.max_length", cfg.data.max_length, ">= 16")
-    _require(cfg.data.max_samples >= 0, "data.max_samples", cfg.data.max_samples, ">= 0")
+    """Each key's rules, then the checks that join keys; each failure names the key."""
+    check_fields(cfg)
     _require(
         not (cfg.data.blocks and cfg.data.packing),
         "data.packing",
         cfg.data.packing,
         "false with data.blocks (blocks are already full)",
     )
-    _require(bool(cfg.data.text_field), "data.text_field", cfg.data.text_field, "a column name")
-    _require(cfg.lora.r > 0, "lora.r", cfg.lora.r, "> 0")
-    _require(cfg.lora.alpha > 0, "lora.alpha", cfg.lora.alpha, "> 0")
-    _require(0.0 <= cfg.lora.dropout < 1.0, "lora.dropout", cfg.lora.dropout, "0 <= x < 1")
-    _require(
-        len(cfg.lora.target_modules) > 0, "lora.target_modules", list(cfg.lora.target_modules), "at least one module"
-    )
-    for module in cfg.lora.target_modules:
-        _require(module in LORA_MODULES, "lora.target_modules", module, ", ".join(LORA_MODULES))
-    # The Neuron training model fuses gate/up: LoRA has to target both or neither.
-    gate_up = {"gate_proj", "up_proj"} & set(cfg.lora.target_modules)
-    _require(len(gate_up) != 1, "lora.target_modules", sorted(gate_up), "gate_proj and up_proj together or neither")
-    par = cfg.parallel
-    for name in ("tensor_parallel_size", "pipeline_parallel_size", "devices_per_node", "nodes"):
-        _require(getattr(par, name) >= 1, f"parallel.{name}", getattr(par, name), ">= 1")
+    par, tr, titan, job = cfg.parallel, cfg.train, cfg.torchtitan, cfg.job
     world = par.devices_per_node * par.nodes
-    model_parallel = par.tensor_parallel_size * par.pipeline_parallel_size
     _require(
-        world % model_parallel == 0,
+        world % (par.tensor_parallel_size * par.pipeline_parallel_size) == 0,
         "parallel.tensor_parallel_size",
         par.tensor_parallel_size,
         f"TP x PP must divide the {world} devices (devices_per_node x nodes)",
     )
-    tr = cfg.train
-    _require(tr.backend in BACKENDS, "train.backend", tr.backend, ", ".join(BACKENDS))
-    for name in (
-        "per_device_batch_size",
-        "gradient_accumulation_steps",
-        "logging_steps",
-        "save_steps",
-        "precompile_steps",
-    ):
-        _require(getattr(tr, name) >= 1, f"train.{name}", getattr(tr, name), ">= 1")
-    _require(tr.max_steps == -1 or tr.max_steps > 0, "train.max_steps", tr.max_steps, "-1 (use epochs) or > 0")
-    _require(tr.epochs > 0, "train.epochs", tr.epochs, "> 0")
-    _require(tr.stop_after_step >= 0, "train.stop_after_step", tr.stop_after_step, ">= 0")
-    _require(tr.nonfinite_loss_grace >= 0, "train.nonfinite_loss_grace", tr.nonfinite_loss_grace, ">= 0")
     _require(
         tr.stop_after_step == 0 or (tr.save_checkpoints and (tr.max_steps == -1 or tr.stop_after_step < tr.max_steps)),
         "train.stop_after_step",
@@ -521,33 +585,12 @@ def validate(cfg: RunConfig) -> None:
         "0 (off), or a step before train.max_steps with train.save_checkpoints = true (the stop saves a checkpoint "
         "to resume from)",
     )
-    _require(tr.learning_rate > 0, "train.learning_rate", tr.learning_rate, "> 0")
-    _require(tr.warmup_steps >= 0, "train.warmup_steps", tr.warmup_steps, ">= 0")
-    _require(tr.weight_decay >= 0, "train.weight_decay", tr.weight_decay, ">= 0")
-    for name in ("adam_beta1", "adam_beta2"):
-        _require(0 <= getattr(tr, name) < 1, f"train.{name}", getattr(tr, name), "0 <= x < 1")
     _require(
         0 <= tr.min_learning_rate < tr.learning_rate,
         "train.min_learning_rate",
         tr.min_learning_rate,
         f">= 0 and below train.learning_rate ({tr.learning_rate})",
     )
-    _require(tr.save_total_limit >= 1, "train.save_total_limit", tr.save_total_limit, ">= 1")
-    _require(tr.global_batch_size >= 0, "train.global_batch_size", tr.global_batch_size, "0 (not stated) or >= 1")
-    _require(tr.method in METHODS, "train.method", tr.method, ", ".join(METHODS))
-    _require(par.strategy in STRATEGIES, "parallel.strategy", par.strategy, ", ".join(STRATEGIES))
-    _require(tr.attention in ATTENTIONS, "train.attention", tr.attention, ", ".join(ATTENTIONS))
-    _require(tr.liger_kernel in (True, False, "auto"), "train.liger_kernel", tr.liger_kernel, "true, false or auto")
-    _require(tr.optimizer in OPTIMIZERS, "train.optimizer", tr.optimizer, ", ".join(OPTIMIZERS))
-    _require(
-        re.fullmatch(r"(\d+)(-\d+)?", tr.profile) is not None or tr.profile == "",
-        "train.profile",
-        tr.profile,
-        "'' (off) or a step window 'FIRST-LAST', e.g. '20-22'",
-    )
-    if tr.profile_window is not None:
-        first, last = tr.profile_window
-        _require(1 <= first <= last, "train.profile", tr.profile, "1 <= FIRST <= LAST")
     _require(
         not (tr.method == "dora" and "embed_tokens" in cfg.lora.target_modules),
         "lora.target_modules",
@@ -556,45 +599,17 @@ def validate(cfg: RunConfig) -> None:
     )
     if tr.backend != "auto":
         check_backend(cfg, tr.backend)
-    _require(cfg.generate.max_new_tokens >= 1, "generate.max_new_tokens", cfg.generate.max_new_tokens, ">= 1")
-    _require(cfg.generate.temperature >= 0, "generate.temperature", cfg.generate.temperature, ">= 0")
-    _require(cfg.eval.max_samples >= 1, "eval.max_samples", cfg.eval.max_samples, ">= 1")
-    _require(cfg.eval.answers >= 0, "eval.answers", cfg.eval.answers, ">= 0")
-    _require(cfg.eval.batch_size >= 1, "eval.batch_size", cfg.eval.batch_size, ">= 1")
-    titan = cfg.torchtitan
-    _require(len(titan.rungs) > 0, "torchtitan.rungs", list(titan.rungs), "at least one rung")
-    for rung in titan.rungs:
-        _require(rung in LADDER_RUNG_OPTIONS, "torchtitan.rungs", rung, ", ".join(LADDER_RUNG_OPTIONS))
-    _require(len(set(titan.rungs)) == len(titan.rungs), "torchtitan.rungs", list(titan.rungs), "each rung once")
-    _require(titan.steps >= 1, "torchtitan.steps", titan.steps, ">= 1")
     _require(
         0 <= titan.stop_after_step < titan.steps,
         "torchtitan.stop_after_step",
         titan.stop_after_step,
         f"0 (off) or a step before torchtitan.steps ({titan.steps})",
     )
-    retentions = ("all", "last", "none")
-    _require(
-        titan.checkpoint_retention in retentions,
-        "torchtitan.checkpoint_retention",
-        titan.checkpoint_retention,
-        ", ".join(retentions),
-    )
     if titan.dataset_source:
         _require(
             bool(titan.dataset_files), "torchtitan.dataset_files", list(titan.dataset_files), "at least one pattern"
         )
         _require(Path(titan.dataset_dir).is_absolute(), "torchtitan.dataset_dir", titan.dataset_dir, "an absolute path")
-    for line in titan.overrides:
-        _require(
-            re.fullmatch(r"\s*[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+\s*=.+", line) is not None,
-            "torchtitan.overrides",
-            line,
-            "TOML lines 'section.key = value', e.g. 'training.local_batch_size = 2'",
-        )
-    job = cfg.job
-    _require(job.volume_size_gb >= 1, "job.volume_size_gb", job.volume_size_gb, ">= 1")
-    _require(0 < job.max_runtime_hours <= JOB_MAX_HOURS, "job.max_runtime_hours", job.max_runtime_hours, "0 < x <= 672")
     _require(
         job.max_wait_hours == 0 or job.max_runtime_hours <= job.max_wait_hours <= JOB_MAX_HOURS,
         "job.max_wait_hours",

@@ -1,11 +1,18 @@
-"""The pipeline's exceptions, in one place: each says what cannot go on and what to do.
+"""The pipeline's exceptions have one root: each says what cannot go on and what to do.
 
-Every step CLI prints them as one ``error: ...`` line and exits 2 (see cli.py). Stdlib only: the
-host-side modules (jobs/) import this on the controller's Python 3.10.
+Every exception class of the package derives from ``PipelineError`` (keeping the builtin base its
+callers catch), so every entry point (each step CLI through cli.run_step, the submitters through
+jobs/chain.run_submitter, sagemaker_job.main, the jobs/ CLIs) catches it once, prints one
+``error: ...`` line and exits 2. Stdlib only: the host-side modules (jobs/) import this on the
+controller's Python 3.10.
 """
 
 
-class StepError(RuntimeError):
+class PipelineError(Exception):
+    """Bad input or state the pipeline cannot go on with; the message names the thing and the fix."""
+
+
+class StepError(PipelineError, RuntimeError):
     """Bad input or state for a pipeline step; the message names the thing and the fix."""
 
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llm_pipeline.config import LADDER_RUNG_OPTIONS, RUNG_CHECKPOINT_FORMATS, TorchtitanConfig
+from llm_pipeline.config import LADDER_RUNG_OPTIONS, RUNG_CHECKPOINT_FORMATS, ConfigError, TorchtitanConfig
 from llm_pipeline.jobs import chain
 from llm_pipeline.jobs.chain import ChainJob
 from llm_pipeline.jobs.pipeline_status import StepJob
-from llm_pipeline.jobs.run_facts import RunFacts, RunFactsError, read_key
+from llm_pipeline.jobs.run_config_text import read_key
+from llm_pipeline.jobs.run_facts import RunFacts
 
 
 def read_rungs(config: Path) -> tuple[str, ...]:
@@ -30,10 +31,10 @@ def read_rungs(config: Path) -> tuple[str, ...]:
     if rungs is None:
         return TorchtitanConfig().rungs
     if not isinstance(rungs, list):
-        raise RunFactsError(f'{config}: torchtitan.rungs: write a list of quoted names, e.g. ["baseline", "compile"]')
+        raise ConfigError(f'{config}: torchtitan.rungs: write a list of quoted names, e.g. ["baseline", "compile"]')
     unknown = [r for r in rungs if r not in LADDER_RUNG_OPTIONS]
     if unknown or not rungs or len(set(rungs)) != len(rungs):
-        raise RunFactsError(
+        raise ConfigError(
             f"{config}: torchtitan.rungs: {rungs!r} must name each of "
             f"{', '.join(LADDER_RUNG_OPTIONS)} at most once, at least one"
         )

@@ -5,7 +5,7 @@
   ``model/sequence_length`` once); without events, the progress lines of ``<run>/logs/train-*.log``
   (``step 20/40 | loss 1.2345 | ...``).
 - torchtitan ladders: torchtitan's own metric lines in ``<run>/logs/rung-<rung>-<job>.log``, one
-  curve per rung (training/torchtitan/metrics.py reads them; the loss is already the global mean).
+  curve per rung (run_files.TitanMetricLine reads them; the loss is already the global mean).
 - a single log file of either kind.
 
 A restarted run logs the steps after its checkpoint again: the newest value of a step wins. Tokens
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llm_pipeline.errors import StepError
+from llm_pipeline.run_files import ProgressLine, TitanMetricLine
 
 TENSORBOARD_DIR = "tensorboard"
 LOGS_DIR = "logs"
@@ -28,7 +29,6 @@ EVAL_FILE = Path("eval") / "eval.json"
 LOSS_TAG = "train/loss"
 SEQUENCES_TAG = "model/sequences_per_step"
 LENGTH_TAG = "model/sequence_length"
-PROGRESS_LINE = re.compile(r"^step (?P<step>\d+)/\d+ \| loss (?P<loss>[-+0-9.eEnaif]+) \|")
 RUNG_LOG = re.compile(r"^rung-(?P<rung>.+)-(?P<job>\d+)\.log$")
 TRAIN_LOG = re.compile(r"^train-(?P<job>\d+)\.log$")
 
@@ -78,9 +78,7 @@ def _job_number(path: Path, pattern: re.Pattern) -> int:
 
 
 def _progress_points(text: str) -> list[tuple[int, float]]:
-    return [
-        (int(m["step"]), float(m["loss"])) for line in text.splitlines() if (m := PROGRESS_LINE.match(line.strip()))
-    ]
+    return [(line.step, line.loss) for line in ProgressLine.parse_all(text)]
 
 
 def _evaluation(run: Path) -> dict | None:
@@ -108,9 +106,7 @@ def _from_train_logs(run: Path, label: str) -> LossCurve | None:
 
 
 def _torchtitan_curve(log: Path, label: str) -> LossCurve | None:
-    from llm_pipeline.training.torchtitan import metrics
-
-    lines = metrics.parse_lines(log.read_text(errors="replace"))
+    lines = TitanMetricLine.parse_all(log.read_text(errors="replace"))
     if not lines:
         return None
     steps, losses = _newest_per_step([(line.step, line.loss) for line in lines])

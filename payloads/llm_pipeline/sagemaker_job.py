@@ -45,11 +45,12 @@ import time
 from pathlib import Path
 
 from llm_pipeline import compile_cache, config, gather, submit, train
-from llm_pipeline.errors import StepError
+from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs import chain, launch, pipeline_status, sagemaker_env, smoke
 from llm_pipeline.jobs.chain import ChainJob
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts
+from llm_pipeline.run_files import StepVerdict
 from llm_pipeline.weights.checkpoints import checkpoint_step
 
 # The Slurm chain's order, plus gather after train: a job's hosts share no file system (gather.py).
@@ -253,7 +254,7 @@ def run(run_config: Path, *, first_step: str, env: dict[str, str], smoke_stage: 
             print(f"== {name}: {command}", flush=True)
             skipped = Path(step_log.log)  # a log all the same: the estimate reads its smoke copy's run time
             skipped.parent.mkdir(parents=True, exist_ok=True)
-            skipped.write_text(f"{command}\n== {name}: COMPLETED (exit 0) after 0 s\n")
+            skipped.write_text(f"{command}\n{StepVerdict(name, 'COMPLETED', 0, 0).format()}\n")
             continue
         if step == "train" and len(hosts.hosts) > 1:
             resume = agree_on_resume(facts.config, env, hosts)
@@ -265,7 +266,7 @@ def run(run_config: Path, *, first_step: str, env: dict[str, str], smoke_stage: 
         code = run_step(command, env, Path(step_log.log))
         seconds = round(time.monotonic() - start, 1)
         record["steps"].append({"step": name, "exit": code, "seconds": seconds})
-        verdict = f"== {name}: {'COMPLETED' if code == 0 else 'FAILED'} (exit {code}) after {seconds:.0f} s"
+        verdict = StepVerdict(name, "COMPLETED" if code == 0 else "FAILED", code, round(seconds)).format()
         with open(step_log.log, "a") as out:  # the line the estimate reads a smoke job's run time from
             out.write(verdict + "\n")
         print(verdict, flush=True)
@@ -292,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     try:
         return run(args.config.resolve(), first_step=args.first_step, env=env, smoke_stage=args.smoke)
-    except (config.ConfigError, sagemaker_env.SageMakerEnvError, launch.LaunchError, StepError) as exc:
+    except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         write_failure(env, str(exc))
         return 2

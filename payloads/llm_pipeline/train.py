@@ -30,6 +30,7 @@ from pathlib import Path
 from llm_pipeline import cli, data
 from llm_pipeline.config import BACKENDS, RunConfig, check_backend
 from llm_pipeline.errors import StepError
+from llm_pipeline.run_files import BackendLine
 from llm_pipeline.training import device, full_rules, lora_count
 from llm_pipeline.training.neuron import rules as neuron_rules
 from llm_pipeline.training.plan import TrainPlan, say, world_size
@@ -156,7 +157,7 @@ def train(
     what = "precompile run" if precompile else "training"
     start = f"resuming from {plan.resume_from}" if plan.resume_from else "from the base model"
     if os.environ.get("LOCAL_RANK", "0") == "0":  # each node: a training job's hosts resume from their own folders
-        print(f"{what} with the {backend} backend, {start}", flush=True)
+        print(BackendLine(what, backend, start).format(), flush=True)
 
     datasets, tokenizer = data.training_inputs(cfg, may_prepare=world_size() == 1)
     model_config = AutoConfig.from_pretrained(model_dir)

@@ -36,6 +36,8 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from llm_pipeline.run_files import ProgressLine
+
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 NOT_NEURON = "not a Neuron host"
 NEEDS_NODE = "needs a trn2 node"
@@ -56,7 +58,6 @@ NEFF_CACHE_VARIABLE = "TORCH_NEURONX_NEFF_CACHE_DIR"
 FALLBACK_WORDS = re.compile(r"fall(?:s|ing)?[ -]?back|fallback", re.IGNORECASE)
 FALLBACK_PATTERN_NOTE = "the match on 'fall back' and aten:: names is unconfirmed until torch-neuronx's text is seen"
 OPERATOR = re.compile(r"aten::[A-Za-z0-9_.]+")
-PROGRESS = re.compile(r"^step (?P<step>\d+)/\d+ \| loss (?P<loss>\S+) \|.*\| (?P<rate>[0-9.]+) samples/s")
 TRAINABLE = re.compile(r"method \w+: (?P<count>[\d,]+) trainable parameters \(as expected\)")
 
 
@@ -277,7 +278,7 @@ def check_lora(kind: str, lora_config: Path, report: Path, *, nodes: int) -> Che
         out = torchrun_train(path, launcher)
     except RuntimeError as error:
         return Check(name, FAIL, str(error))
-    rates = [float(m["rate"]) for line in out.splitlines() if (m := PROGRESS.match(line))]
+    rates = [line.samples_per_second for line in ProgressLine.parse_all(out)]
     trainable = TRAINABLE.search(out)
     figures = {"samples_per_second": rates[-1] if rates else None, "trn1_samples_per_second": TRN1_SAMPLES_PER_SECOND}
     if trainable:

@@ -10,7 +10,8 @@ from tools import doc_tables
 
 HOW_TO_DESCRIBE = (
     "declare it in payloads/llm_pipeline/config.py as `name: type = described(default, "
-    '"allowed values: what it does")`, then run `make doc-tables`'
+    '"allowed values: what it does", *rules)` (or `ranged(default, rule, "what it does")` for a numeric range), '
+    "then run `make doc-tables`"
 )
 
 

@@ -21,7 +21,7 @@ import pytest
 from botocore.stub import Stubber
 from botocore.validate import ParamValidator
 from iam_simulation import SNAPSHOT, JobRole, stand_in_arn
-from metric_lines import trainer_lines
+from metric_lines import estimate_json, trainer_lines, verdict
 from moto import mock_aws
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.sagemaker.models import sagemaker_backends
@@ -467,11 +467,11 @@ def test_status_shows_billable_seconds_and_cost(jobs_stack, requests_sent, hpctl
     record = [{"step": s, "job": "algo-1", "log": f"{run_dir}/{where}/{s}-algo-1.log"} for s, where in steps]
     files = {
         "logs/pipeline.json": json.dumps({"config": "run.toml", "steps": record}),
-        "logs/data-algo-1.log": "prepared\n== data: COMPLETED (exit 0) after 4 s\n",
-        "smoke/logs/smoke-train-algo-1.log": "trained\n== smoke-train: COMPLETED (exit 0) after 30 s\n",
-        "logs/estimate-algo-1.log": "== estimate: COMPLETED (exit 0) after 0 s\n",
+        "logs/data-algo-1.log": "prepared\n" + verdict("data", 4),
+        "smoke/logs/smoke-train-algo-1.log": "trained\n" + verdict("smoke-train", 30),
+        "logs/estimate-algo-1.log": verdict("estimate", 0),
         "logs/train-algo-1.log": trainer_lines(capsys, tmp_path, step=3, total=10),
-        "logs/estimate.json": json.dumps({"total_seconds": 3600.0, "node_hours": 2.0, "note": "billed per second"}),
+        "logs/estimate.json": estimate_json(seconds=3600.0, nodes=2, note="billed per second"),
     }
     for key, body in files.items():
         jobs_stack.put_object(Bucket=BUCKET, Key=f"outputs/tiny-lora/{key}", Body=body.encode())

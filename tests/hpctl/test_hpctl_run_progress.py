@@ -4,10 +4,11 @@ lines its trainer printed, and the smoke run's estimate with its cost at the Hyp
 from __future__ import annotations
 
 import json
+import math
 
 import boto3
 from botocore.stub import Stubber
-from metric_lines import trainer_lines
+from metric_lines import estimate_json, trainer_lines
 from price_list_stub import price_item as stub_price_item
 from price_list_stub import stubbed_pricing as stub_price_list
 
@@ -25,7 +26,7 @@ def put(s3, key: str, body: str) -> None:
     s3.put_object(Bucket=BUCKET, Key=f"outputs/tiny-lora/{key}", Body=body.encode())
 
 
-def write_run(s3, train_log: str, *, estimate: dict | None) -> None:
+def write_run(s3, train_log: str, *, estimate: str | None) -> None:
     steps = [
         ("data", "11", "logs"),
         ("smoke-train", "12", "smoke/logs"),
@@ -40,7 +41,7 @@ def write_run(s3, train_log: str, *, estimate: dict | None) -> None:
         put(s3, f"{where}/state/{step}.json", json.dumps({"step": step, "job": job, "state": state}))
     put(s3, "logs/train-14.log", train_log)
     if estimate:
-        put(s3, "logs/estimate.json", json.dumps(estimate))
+        put(s3, "logs/estimate.json", estimate)
 
 
 def price_item(usage_type: str, usd: str) -> str:
@@ -88,7 +89,7 @@ def test_status_shows_the_running_step_and_the_estimate_with_its_cost(
     ]
     (project / "cdk.json").write_text(json.dumps(context))
     s3 = boto3.client("s3", region_name=REGION)
-    estimate = {"partition": "trn1", "total_seconds": 5400.0, "node_hours": 1.5, "steps": [], "note": "billed..."}
+    estimate = estimate_json(seconds=5400.0, nodes=1, note="billed...", partition="trn1")
     write_run(s3, trainer_lines(capsys, tmp_path, step=3, total=10), estimate=estimate)
     items = [price_item("USW2-Cluster:ml.trn1.32xlarge", "4.0")]
     monkeypatch.setattr(commands, "pricing_client", lambda session: stubbed_pricing(items, "ml.trn1.32xlarge"))
@@ -108,6 +109,19 @@ def test_status_shows_the_running_step_and_the_estimate_with_its_cost(
     assert run[7].startswith("  cost: $6.00 = 1.500 node-hours x $4.0000/h (USW2-Cluster:ml.trn1.32xlarge;")
 
     # A partition cdk.json does not name, or no price: the cost is unknown, the rest stands.
-    put(s3, "logs/estimate.json", json.dumps({**estimate, "partition": "gone"}))
+    put(s3, "logs/estimate.json", estimate_json(seconds=5400.0, nodes=1, note="billed...", partition="gone"))
     code, out, _ = hpctl("status")
     assert code == 0 and "cost: price unknown (the run's partition is not in cdk.json compute_groups)" in out
+
+
+def test_status_shows_a_diverged_run_as_diverged(deployed, hpctl, capsys, tmp_path):
+    """A loss of nan in the running step's last metric line shows as NaN, not as its last finite step."""
+    log = trainer_lines(capsys, tmp_path, step=3, total=10, losses={3: math.nan})
+    write_run(boto3.client("s3", region_name=REGION), log, estimate=None)
+
+    code, out, err = hpctl("status")
+    assert (code, err) == (0, "")
+    assert "  running: train: step 3/10, loss NaN, 250 tokens/s" in out
+
+    code, out, err = hpctl("status", "--json")
+    assert code == 0 and '"loss": NaN' in out and '"step": 3' in out

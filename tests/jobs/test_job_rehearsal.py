@@ -21,7 +21,9 @@ from job_container import Container, lay_out
 from hpctl.job_spec import METRIC_DEFINITIONS, JobSpec, job_environment, stage_source
 from llm_pipeline import sagemaker_job
 from llm_pipeline.jobs import smoke
+from llm_pipeline.jobs.run_config_text import write_derived
 from llm_pipeline.jobs.sagemaker_env import CONTAINER_ROOT, JobHosts
+from llm_pipeline.run_files import BackendLine, ProgressLine, StepVerdict
 from llm_pipeline.weights.adapter_files import open_adapter_folder
 from tools import tiny_model as tiny
 
@@ -77,7 +79,7 @@ def test_job_runs_the_pipeline_into_the_checkpoint_folder(tmp_path):
     result = run_job(container, ["code", "models", "datasets"])
 
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    steps = re.findall(r"^== ([\w-]+): COMPLETED", result.stdout, flags=re.MULTILINE)
+    steps = [v.step for line in result.stdout.splitlines() if (v := StepVerdict.parse(line)) and v.state == "COMPLETED"]
     smoke_stage = [
         "smoke-train",
         "smoke-train-resume",
@@ -189,19 +191,15 @@ def free_port() -> int:
 
 def two_host_config(tmp_path: Path, *, max_steps: int) -> Path:
     """Full fine-tuning on two hosts, a checkpoint every 2 steps (save_total_limit 2, as tiny-cpu)."""
-    text = TINY.read_text().replace("nodes = 1", "nodes = 2").replace("[train]\n", '[train]\nmethod = "full"\n')
-    text = re.sub(r"(?m)^max_steps = .*$", f"max_steps = {max_steps}", text)
-    text = re.sub(r"(?m)^save_steps = .*$", "save_steps = 2", text)
-    config = tmp_path / f"steps-{max_steps}" / "tiny-full-2hosts.toml"
-    config.parent.mkdir(parents=True)
-    config.write_text(re.sub(r"(?m)^logging_steps = .*$", "logging_steps = 2", text))
-    return config
+    keys = {("parallel", "nodes"): 2, ("train", "method"): "full", ("train", "max_steps"): max_steps}
+    keys |= {("train", "save_steps"): 2, ("train", "logging_steps"): 2}
+    return write_derived(TINY, tmp_path / f"steps-{max_steps}" / "tiny-full-2hosts.toml", keys)
 
 
 def step_losses(log: str, step: str) -> dict[int, float]:
     """The training step -> loss lines the first host printed while the job ran ``step``."""
     section = log[log.index(f"== {step}: ") : log.index(f"== {step}: COMPLETED")]
-    return {int(n): float(loss) for n, loss in re.findall(r"(?m)^step (\d+)/\d+ \| loss (\S+) ", section)}
+    return {line.step: line.loss for line in ProgressLine.parse_all(section)}
 
 
 HOSTS = ("127.0.0.1", "localhost")  # 127.0.0.1 sorts first: algo-1's role
@@ -251,7 +249,11 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
     for log in (leader, worker):
         assert "== smoke-train: every host starts from step 0" in log
         assert "== smoke-train-resume: every host starts from step 2" in log
-        assert re.search(rf"(?m)^training with the torch backend, resuming from {smoke_checkpoint}$", log), log[-3000:]
+        starts = [found for line in log.splitlines() if (found := BackendLine.parse(line))]
+        assert any(
+            found.backend == "torch" and re.fullmatch(rf"resuming from {smoke_checkpoint}", found.start)
+            for found in starts
+        ), log[-3000:]
     assert re.search(r"gather: received the shared files of checkpoint-2 from 127.0.0.1", worker)
     assert f"/scratch/resume/{spec.run}/smoke/checkpoints/checkpoint-2" in worker  # assembled outside the synced folder
     saving, resumed = step_losses(leader, "smoke-train"), step_losses(leader, "smoke-train-resume")
@@ -267,7 +269,7 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
     assert re.search(rf"gather: checkpoint-4 is complete in {gathered}: the seals of all 2 hosts", leader)
     assert "gather: sent this host's part of checkpoint-4 to 127.0.0.1" in worker
     assert "== consolidate" not in worker  # the first host's steps only
-    assert re.search(r"(?m)^== consolidate: COMPLETED", leader)
+    assert StepVerdict.last(leader, "consolidate").state == "COMPLETED"
     run_dir = containers[0].root / "checkpoints" / "tiny-lora"
     assert (run_dir / "merged" / "model.safetensors").stat().st_size > 0
     assert "### Answer" in (run_dir / "generation.txt").read_text()
@@ -299,9 +301,9 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
     for log in (leader, worker):  # they agree first, and delete the incomplete checkpoint-4 before saving it again
         assert "== train: every host starts from step 2" in log
         assert re.search(r"discarded \S+/checkpoint-4: (not complete on every host|incomplete, newer than)", log)
-    assert re.search(r"(?m)^step 4/6 \| loss", leader) and re.search(r"(?m)^step 6/6 \| loss", leader)
+    assert {(line.step, line.total) for line in ProgressLine.parse_all(leader)} >= {(4, 6), (6, 6)}
     assert "gather: node 1 (127.0.0.1) sent its part of checkpoint-6" in leader
-    assert re.search(r"(?m)^== consolidate: COMPLETED", leader)
+    assert StepVerdict.last(leader, "consolidate").state == "COMPLETED"
     assert sync.written_twice() == {}
     keys = sync.objects()
     assert shard in keys and "checkpoints/checkpoint-6/pytorch_model_fsdp_0/__1_0.distcp" in keys

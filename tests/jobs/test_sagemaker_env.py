@@ -13,6 +13,7 @@ from job_container import lay_out
 
 from llm_pipeline import config
 from llm_pipeline.jobs import launch, sagemaker_env
+from llm_pipeline.jobs.run_config_text import write_derived
 
 TINY = Path(__file__).resolve().parents[2] / "payloads" / "configs" / "tiny-cpu.toml"
 
@@ -161,7 +162,7 @@ def test_a_smoke_stage_on_several_hosts_says_when_it_cannot_prove_the_resume(tmp
     env = sm_env(root, ["algo-1", "algo-2"], "algo-1")
     env = {**env, **sagemaker_env.pipeline_environment(env)}
     run_config = tmp_path / "run.toml"
-    run_config.write_text(TINY.read_text().replace('backend = "torch"', f'backend = "{backend}"'))
+    write_derived(TINY, run_config, {("train", "backend"): backend})
     cfg = config.load(run_config, env=env)
     hosts = sagemaker_env.read_hosts(env)
     plan = sagemaker_job.job_plan(run_config, cfg, "prepare", hosts, smoke_stage=True)

@@ -11,6 +11,7 @@ from chart_checks import line_data, read_png
 from transformers import TrainerState, TrainingArguments
 
 from llm_pipeline import charts, compare, run_metrics
+from llm_pipeline.run_files import ProgressLine
 from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
 
 LOSSES = [2.0, 1.8, 1.65, 1.55, 1.5, 1.46, 1.43, 1.41]
@@ -89,10 +90,7 @@ def test_window_and_tokens_alignment_across_batch_sizes(tmp_path):
 def test_progress_logs_and_torchtitan_ladders_are_read_too(tmp_path):
     run = tmp_path / "neuron-run" / "logs"
     run.mkdir(parents=True)
-    lines = [
-        f"step {s}/8 | loss {v:.4f} | lr 1.00e-05 | 3.0 samples/s | 100 tokens/s | eta 0:00:01"
-        for s, v in enumerate(LOSSES, 1)
-    ]
+    lines = [ProgressLine(s, 8, v, 1e-5, 3.0, 100.0, "0:00:01").format() for s, v in enumerate(LOSSES, 1)]
     (run / "train-12.log").write_text("\n".join(lines) + "\n")
     ladder = tmp_path / "ladder-run" / "logs"
     ladder.mkdir(parents=True)
@@ -131,7 +129,7 @@ def test_bad_input_names_the_run_and_the_fix(tmp_path, capsys):
     assert "has no loss to read" in capsys.readouterr().err
     a = write_run(tmp_path / "a", LOSSES)
     (tmp_path / "b" / "logs").mkdir(parents=True)
-    (tmp_path / "b" / "logs" / "train-1.log").write_text("step 3/8 | loss 1.0 | x\n")
+    (tmp_path / "b" / "logs" / "train-1.log").write_text(ProgressLine(3, 8, 1.0, 1e-5, 3.0, 100.0, "0:00:05").format())
     assert compare.main([str(a), str(tmp_path / "b"), "--output", str(tmp_path / "c"), "--by", "tokens"]) == 2
     assert "does not record tokens per step" in capsys.readouterr().err
 

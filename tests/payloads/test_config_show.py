@@ -13,6 +13,7 @@ from payload_configs import CONFIGS, TINY_TOML
 
 import llm_pipeline
 from llm_pipeline import config
+from llm_pipeline.jobs.run_config_text import write_derived
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {"HPL_MODELS_DIR": "/models", "HPL_DATASETS_DIR": "/datasets", "HPL_OUTPUTS_DIR": "/outputs"}
@@ -36,9 +37,8 @@ def test_show_prints_the_resolved_config_that_loads_back_to_the_same_config():
 
 
 def test_show_applies_derived_defaults(tmp_path):
-    path = tmp_path / "full.toml"
-    path.write_text((CONFIGS / "default.toml").read_text().replace("gradient_checkpointing = false\n", ""))
-    path.write_text(path.read_text().replace('method = "lora"', 'method = "full"'))
+    keys = {("train", "gradient_checkpointing"): None, ("train", "method"): "full"}  # None: the line removed
+    path = write_derived(CONFIGS / "default.toml", tmp_path / "full.toml", keys)
     shown = run_module("llm_pipeline.config", "--show", str(path))
     assert shown.returncode == 0, shown.stderr
     assert "gradient_checkpointing = true  # default" in shown.stdout.splitlines()

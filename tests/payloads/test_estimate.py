@@ -11,7 +11,7 @@ import pytest
 from transformers import TrainerState, TrainingArguments
 
 from llm_pipeline.jobs import estimate, pipeline_status
-from llm_pipeline.jobs.pipeline_status import StepJob
+from llm_pipeline.run_files import StepJob, StepVerdict
 from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
 from tools import torchtitan_standin
 
@@ -39,7 +39,8 @@ def write_job(run: Path, step: str, job: str, text: str, seconds: int, nodes: in
     folder = run / "smoke" / "logs" if step.startswith("smoke-") else run / "logs"
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / f"{step}-{job}.log"
-    log.write_text(f"== {step}: job {job}\n{text}== {step}: COMPLETED (exit 0) after {seconds} s at 2026-01-01\n")
+    verdict = StepVerdict(step, "COMPLETED", 0, seconds, "2026-01-01T00:00:00Z").format()
+    log.write_text(f"== {step}: job {job}\n{text}{verdict}\n")
     return StepJob(step=step, job=job, log=str(log), nodes=nodes)
 
 
@@ -62,16 +63,16 @@ def smoke_run(capsys, tmp_path: Path, train_toml: str) -> tuple[Path, Path]:
 def test_measured_step_time_gives_duration_and_node_hours(capsys, tmp_path):
     run, config = smoke_run(capsys, tmp_path, "max_steps = 1000\n")
     result = estimate.estimate(run, config)
-    step_seconds = result["seconds_per_step"]["train"]
+    step_seconds = result.seconds_per_step["train"]
     assert step_seconds == pytest.approx(0.5, rel=0.05)  # the first line of each smoke log left out
-    train, consolidate = result["steps"]
+    train, consolidate = result.steps
     # start-up: the saving smoke run's 45 s less its 2 steps; then 1000 steps at the measured time
-    assert train["seconds"] == pytest.approx(45 - 2 * step_seconds + 1000 * step_seconds)
-    assert train["node_hours"] == pytest.approx(train["seconds"] * 2 / 3600)
-    assert "1000 steps (train.max_steps)" in train["basis"]
-    assert consolidate["seconds"] == 12 and consolidate["node_hours"] == pytest.approx(12 / 3600)
-    assert result["total_seconds"] == pytest.approx(train["seconds"] + 12)
-    assert result["node_hours"] == pytest.approx(train["node_hours"] + 12 / 3600)
+    assert train.seconds == pytest.approx(45 - 2 * step_seconds + 1000 * step_seconds)
+    assert train.node_hours == pytest.approx(train.seconds * 2 / 3600)
+    assert "1000 steps (train.max_steps)" in train.basis
+    assert consolidate.seconds == 12 and consolidate.node_hours == pytest.approx(12 / 3600)
+    assert result.total_seconds == pytest.approx(train.seconds + 12)
+    assert result.node_hours == pytest.approx(train.node_hours + 12 / 3600)
     lines = estimate.describe(result)
     assert any(line.startswith("train ") and "0:09:04" in line for line in lines)  # 45 - 1 + 500 s
     assert "while the cluster exists" in lines[-1]
@@ -82,14 +83,14 @@ def test_epochs_use_the_data_steps_count(capsys, tmp_path):
     (run / "data").mkdir()
     stats = {"packed": {"optimizer_steps_per_epoch": 40}, "padded_to_max_length": {"optimizer_steps_per_epoch": 90}}
     (run / "data" / "stats.json").write_text(json.dumps(stats))
-    train = estimate.estimate(run, config)["steps"][0]
-    assert "100 steps (train.epochs 2.5 x 40 steps per epoch" in train["basis"]
+    train = estimate.estimate(run, config).steps[0]
+    assert "100 steps (train.epochs 2.5 x 40 steps per epoch" in train.basis
 
 
 def test_main_writes_the_estimate_and_an_unfinished_smoke_log_is_named(capsys, tmp_path):
     run, config = smoke_run(capsys, tmp_path, "max_steps = 10\n")
     assert estimate.main(["--run-dir", str(run), "--config", str(config)]) == 0
-    assert estimate.read_estimate(run / "logs")["steps"][0]["step"] == "train"
+    assert estimate.read_estimate(run / "logs").steps[0].step == "train"
     log = run / "smoke" / "logs" / "smoke-consolidate-4.log"
     log.write_text("== smoke-consolidate: job 4\n")
     assert estimate.main(["--run-dir", str(run), "--config", str(config)]) == 2
@@ -122,11 +123,11 @@ def test_a_ladder_rung_is_timed_from_torchtitans_logged_steps(tmp_path):
     (run / "logs").mkdir()
     pipeline_status.write_record(run / "logs", config, jobs)
     result = estimate.estimate(run, config)
-    assert result["seconds_per_step"]["rung-baseline"] == pytest.approx(1.5, abs=0.01)
-    rung = result["steps"][0]
-    assert "2000 steps (torchtitan.steps)" in rung["basis"]
-    assert rung["seconds"] == pytest.approx(70 - 4 * 1.5 + 2000 * 1.5, abs=30)
-    assert rung["node_hours"] == pytest.approx(rung["seconds"] * 4 / 3600)
+    assert result.seconds_per_step["rung-baseline"] == pytest.approx(1.5, abs=0.01)
+    rung = result.steps[0]
+    assert "2000 steps (torchtitan.steps)" in rung.basis
+    assert rung.seconds == pytest.approx(70 - 4 * 1.5 + 2000 * 1.5, abs=30)
+    assert rung.node_hours == pytest.approx(rung.seconds * 4 / 3600)
 
 
 def test_a_resumed_smoke_rung_is_timed_from_both_of_its_jobs(tmp_path):
@@ -145,8 +146,8 @@ def test_a_resumed_smoke_rung_is_timed_from_both_of_its_jobs(tmp_path):
     (run / "logs").mkdir()
     pipeline_status.write_record(run / "logs", config, jobs)
     result = estimate.estimate(run, config)
-    assert result["seconds_per_step"]["rung-fp8_allgather"] == pytest.approx(2.1, abs=0.01)  # median of 2.0, 2.2
-    assert result["steps"][0]["seconds"] == pytest.approx(60 - 2 * 2.1 + 1000 * 2.1, abs=1)
+    assert result.seconds_per_step["rung-fp8_allgather"] == pytest.approx(2.1, abs=0.01)  # median of 2.0, 2.2
+    assert result.steps[0].seconds == pytest.approx(60 - 2 * 2.1 + 1000 * 2.1, abs=1)
 
 
 def test_precompile_takes_its_smoke_run_time_though_it_prints_step_lines(capsys, tmp_path):
@@ -160,5 +161,5 @@ def test_precompile_takes_its_smoke_run_time_though_it_prints_step_lines(capsys,
     ]
     (run / "logs").mkdir()
     pipeline_status.write_record(run / "logs", config, jobs)
-    (row,) = estimate.estimate(run, config)["steps"]
-    assert (row["seconds"], row["basis"]) == (95, "its smoke run's duration")
+    (row,) = estimate.estimate(run, config).steps
+    assert (row.seconds, row.basis) == (95, "its smoke run's duration")

@@ -18,6 +18,7 @@ TOP_LEVEL_SHARED = {
     "llm_pipeline.prompt",
     "llm_pipeline.model_shapes",
     "llm_pipeline.jobs.prom_textfile",  # stdlib only: the run's figures for node exporter, written by every engine
+    "llm_pipeline.run_files",
 }
 
 
@@ -126,7 +127,7 @@ def test_weights_import_no_training_stack():
 
 
 def test_jobs_import_the_stdlib_only():
-    allowed = {"llm_pipeline.config", "llm_pipeline.errors", "llm_pipeline.jobs"}
+    allowed = {"llm_pipeline.config", "llm_pipeline.errors", "llm_pipeline.jobs", "llm_pipeline.run_files"}
     problems = []
     for path in _modules(PACKAGE / "jobs"):
         problems += _violations(path, allowed, set())
@@ -138,3 +139,7 @@ def test_the_rule_reader_sees_imports_inside_functions(tmp_path):
     module.write_text("def f():\n    from llm_pipeline.training.torch import backend\n")
     assert imported_modules(module) == {"llm_pipeline.training.torch.backend"}
     assert _engine_of("llm_pipeline.training.torch.backend") == "torch"
+
+
+def test_the_run_files_module_imports_the_stdlib_only():
+    assert _violations(PACKAGE / "run_files.py", set(), set()) == []

@@ -20,6 +20,7 @@ from pathlib import Path
 from torchtitan_site import REPO, site_env
 
 from llm_pipeline import config
+from llm_pipeline.jobs.run_config_text import write_derived
 from llm_pipeline.training.torchtitan import ladder
 
 PROBES = Path(__file__).parent
@@ -41,9 +42,8 @@ def test_fp8_allgather_checkpoint_exports_to_a_transformers_model_with_torchtita
     env = site_env({**hpl, "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     run_config = tmp_path / "ladder.toml"
     # the 8B base's final save: the model alone, in bf16 (the debug base's is float32)
-    text = TINY_LADDER.read_text().replace("steps = 20", f"steps = {STEPS}")
-    bf16 = 'overrides = ["training.local_batch_size = 2", "checkpoint.export_dtype = \\"bfloat16\\""]'
-    run_config.write_text(text.replace('overrides = ["training.local_batch_size = 2"]', bf16))
+    overrides = ["training.local_batch_size = 2", 'checkpoint.export_dtype = "bfloat16"']
+    write_derived(TINY_LADDER, run_config, {("torchtitan", "steps"): STEPS, ("torchtitan", "overrides"): overrides})
     cfg = config.load(run_config, env=hpl)
     rung = cfg.torchtitan.rungs[-1]
     assert rung == "fp8_allgather"

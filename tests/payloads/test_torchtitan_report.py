@@ -7,8 +7,8 @@ computed for them; summaries and the report are checked on logs built from such 
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import re
 import statistics
 
 import pytest
@@ -16,6 +16,7 @@ from chart_checks import read_png
 from torchtitan_site import probe
 
 from llm_pipeline import charts
+from llm_pipeline.run_files import TitanMetricLine, titan_device
 from llm_pipeline.training.torchtitan import metrics as torchtitan_metrics
 from llm_pipeline.training.torchtitan import report as ladder_report
 
@@ -27,7 +28,7 @@ def printed():
 
 def test_parser_reads_back_what_torchtitan_printed_and_computed(printed):
     lines = printed["lines"]
-    parsed = torchtitan_metrics.parse_lines(lines)
+    parsed = TitanMetricLine.parse_all(lines)
     logged = [entry for run in printed["runs"] for entry in run["logged"] if "grad_norm" in entry]
     assert len(parsed) == len(logged) == 4  # 2 steps x (plain, colored); the validation lines are skipped
     assert "validate step: 10" in lines and "\x1b[31mstep:" in lines  # both kinds were really printed
@@ -44,8 +45,8 @@ def test_parser_reads_back_what_torchtitan_printed_and_computed(printed):
 
 def test_device_line_names_the_gpu():
     text = "[titan] 2026-01-01 00:00:00,000 - root - INFO - CUDA capacity: NVIDIA H100 80GB HBM3 with 79.19GiB memory"
-    assert torchtitan_metrics.device_name(text) == "NVIDIA H100 80GB HBM3 (79.19 GiB)"
-    assert torchtitan_metrics.device_name("nothing here") == "unknown"
+    assert titan_device(text) == "NVIDIA H100 80GB HBM3 (79.19 GiB)"
+    assert titan_device("nothing here") == "unknown"
 
 
 def rank_log(printed_line: str, steps: dict[int, list[tuple[float, int, float]]]) -> str:
@@ -54,10 +55,8 @@ def rank_log(printed_line: str, steps: dict[int, list[tuple[float, int, float]]]
     out = ["[titan] 2026-01-01 00:00:00,000 - root - INFO - CUDA capacity: NVIDIA H100 80GB HBM3 with 79.19GiB memory"]
     for step, ranks in steps.items():
         for loss, tps, memory in ranks:
-            line = re.sub(r"step:\s*\d+", f"step: {step:2}", printed_line)
-            line = re.sub(r"loss:\s*\S+", f"loss: {loss:8.5f}", line)
-            line = re.sub(r"tps: [0-9,]+", f"tps: {tps:,}", line)
-            out.append(re.sub(r"memory:\s*[0-9.]+GiB", f"memory: {memory:5.2f}GiB", line))
+            line = TitanMetricLine.parse(printed_line)
+            out.append(dataclasses.replace(line, step=step, loss=loss, tps=tps, memory_gib=memory).format())
     return "\n".join(out) + "\n"
 
 

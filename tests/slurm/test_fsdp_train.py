@@ -18,9 +18,10 @@ import pytest
 from slurm_helpers import REPO, wait_for
 
 from llm_pipeline import compare, config, consolidate, data, train
+from llm_pipeline.jobs.run_config_text import write_derived
 from tools.rehearse import fsx_environment, write_inputs
 
-pytestmark = pytest.mark.xdist_group("slurm-fsdp_train")
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-fsdp_train")]
 TINY = REPO / "payloads" / "configs" / "tiny-cpu.toml"
 STEPS = 4
 LEAKED_PREFIXES = ("ACCELERATE_", "FSDP_")
@@ -39,30 +40,21 @@ def cluster(two_nodes, tmp_path_factory):
 
 def write_run(root: Path, name: str, *, method: str, processes: int) -> Path:
     """tiny-cpu.toml for `processes` ranks with the same global batch (4) and no evaluation."""
-    text = TINY.read_text()
-    replace = {
-        "output_dir": f'"${{HPL_OUTPUTS_DIR}}/{name}"',
-        "validation_fraction": "0.0",
-        "per_device_batch_size": str(4 // processes),
-        "max_steps": str(STEPS),
-        "save_steps": "2",
-        "logging_steps": "1",
-        "nodes": str(processes),
+    keys = {
+        ("data", "validation_fraction"): 0.0,
+        ("train", "per_device_batch_size"): 4 // processes,
+        ("train", "max_steps"): STEPS,
+        ("train", "save_steps"): 2,
+        ("train", "logging_steps"): 1,
+        ("parallel", "nodes"): processes,
+        ("train", "method"): method,
+        ("parallel", "strategy"): "fsdp",
+        # The weights are compared with one process's to 1e-5 after Adam's first steps, whose update of a
+        # near-zero gradient follows its sign (reduction order can flip it); the whole-text loss gives every
+        # weight a clear gradient, the answers-only loss leaves more of them near zero.
+        ("data", "completion_only_loss"): False,
     }
-    for key, value in replace.items():
-        text = text.replace(
-            next(line for line in text.splitlines() if line.startswith(f"{key} = ")), f"{key} = {value}"
-        )
-    text = text.replace("[train]\n", f'[train]\nmethod = "{method}"\n').replace(
-        "[parallel]\n", '[parallel]\nstrategy = "fsdp"\n'
-    )
-    # The weights are compared with one process's to 1e-5 after Adam's first steps, whose update of a
-    # near-zero gradient follows its sign (reduction order can flip it); the whole-text loss gives every
-    # weight a clear gradient, the answers-only loss leaves more of them near zero.
-    text = text.replace("[data]\n", "[data]\ncompletion_only_loss = false\n")
-    path = root / f"{name}.toml"
-    path.write_text(text)
-    return path
+    return write_derived(TINY, root / f"{name}.toml", keys, run_dir=f"${{HPL_OUTPUTS_DIR}}/{name}")
 
 
 def sbatch_train(env: dict[str, str], run_config: Path, cfg: config.RunConfig) -> str:

@@ -13,7 +13,7 @@ from slurm_helpers import REPO, wait_for
 
 from llm_pipeline.jobs import launch
 
-pytestmark = pytest.mark.xdist_group("slurm-launch")
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-launch")]
 
 
 def slurm_env(nodes: int, nodelist: str, job_id: int = 4242, **extra: str) -> dict[str, str]:

@@ -18,10 +18,12 @@ import pytest
 from slurm_helpers import REPO, read_png, submit, wait_for
 
 from llm_pipeline.jobs import estimate, pipeline_status, smoke
+from llm_pipeline.jobs.run_config_text import write_derived
+from llm_pipeline.run_files import Estimate, ProgressLine
 from llm_pipeline.submit import SHARED_STEPS, STEPS
 from tools.rehearse import fsx_environment, write_inputs
 
-pytestmark = pytest.mark.xdist_group("slurm-pipeline")
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-pipeline")]
 TINY = REPO / "payloads" / "configs" / "tiny-cpu.toml"
 
 
@@ -34,15 +36,10 @@ def cluster(one_node, tmp_path_factory):
     return env, root
 
 
-def variant(root: Path, name: str, **replace: str) -> Path:
-    """tiny-cpu.toml with its own run folder and some keys replaced (key = TOML value)."""
-    text = TINY.read_text()
-    for key, value in {"output_dir": f'"${{HPL_OUTPUTS_DIR}}/{name}"', **replace}.items():
-        text, count = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
-        assert count == 1, f"tiny-cpu.toml has no single {key} line"
-    path = root / f"{name}.toml"
-    path.write_text(text)
-    return path
+def variant(root: Path, name: str, **train: int) -> Path:
+    """tiny-cpu.toml with its own run folder and some [train] keys set."""
+    keys = {("train", key): value for key, value in train.items()}
+    return write_derived(TINY, root / f"{name}.toml", keys, run_dir=f"${{HPL_OUTPUTS_DIR}}/{name}")
 
 
 def run_dir(env: dict[str, str], name: str) -> Path:
@@ -78,7 +75,7 @@ CHAIN = [*SHARED_STEPS, *SMOKE_JOBS, "estimate", *LONG_STEPS]  # the order of a 
 
 def test_whole_pipeline_produces_every_step_output(cluster):
     env, root = cluster
-    config = variant(root, "e2e", max_steps="10", save_steps="5")
+    config = variant(root, "e2e", max_steps=10, save_steps=5)
     out_dir = run_dir(env, "e2e")
 
     result = submit(env, config, "--wait", "--poll", "1")
@@ -142,28 +139,27 @@ def test_whole_pipeline_produces_every_step_output(cluster):
     smoke_dir = out_dir / smoke.SMOKE_FOLDER
     assert "resuming from" not in logs["smoke-train"] and "checkpoint saved" in logs["smoke-train"]
     assert f"resuming from {smoke_dir}/checkpoints/checkpoint-{smoke.SAVE_STEP}" in logs["smoke-train-resume"]
-    assert re.search(rf"(?m)^step {smoke.SMOKE_STEPS}/{smoke.SMOKE_STEPS} \|", logs["smoke-train-resume"])
+    resumed = {line.step: line for line in ProgressLine.parse_all(logs["smoke-train-resume"])}
+    assert resumed[smoke.SMOKE_STEPS].total == smoke.SMOKE_STEPS
     # The saving job trained steps 1-2 of the 4-step schedule and stopped: the resumed step 3 still learns.
-    assert re.search(rf"(?m)^step {smoke.SAVE_STEP}/{smoke.SMOKE_STEPS} \|", logs["smoke-train"])
-    resumed_lr = re.search(
-        rf"(?m)^step {smoke.SAVE_STEP + 1}/{smoke.SMOKE_STEPS} \| loss \S+ \| lr (\S+) ", logs["smoke-train-resume"]
-    )
-    assert float(resumed_lr.group(1)) > 0
+    saved = {line.step: line.total for line in ProgressLine.parse_all(logs["smoke-train"])}
+    assert saved[smoke.SAVE_STEP] == smoke.SMOKE_STEPS
+    assert resumed[smoke.SAVE_STEP + 1].learning_rate > 0
     assert (smoke_dir / "adapter" / "adapter_model.safetensors").is_file() and (smoke_dir / "generation.txt").is_file()
     assert (smoke_dir / "data").resolve() == (out_dir / "data").resolve()  # tokenized once
 
     # The estimate, from the smoke run's measured step time, before the long training started.
-    found = json.loads((out_dir / "logs" / estimate.ESTIMATE_FILE).read_text())
-    assert [row["step"] for row in found["steps"]] == LONG_STEPS
-    train = found["steps"][LONG_STEPS.index("train")]
-    assert "10 steps (train.max_steps)" in train["basis"] and found["seconds_per_step"]["train"] > 0
-    assert found["total_seconds"] == pytest.approx(sum(row["seconds"] for row in found["steps"]))
+    found = Estimate.from_json((out_dir / "logs" / estimate.ESTIMATE_FILE).read_text())
+    assert [row.step for row in found.steps] == LONG_STEPS
+    train = found.steps[LONG_STEPS.index("train")]
+    assert "10 steps (train.max_steps)" in train.basis and found.seconds_per_step["train"] > 0
     assert "expected:" in logs["estimate"] and "estimate from the smoke run" in status.stdout
     # --wait printed it as soon as the estimate job finished, before the long training started
     followed = result.stdout
     assert followed.index("estimate from the smoke run") < re.search(r"(?m)\] train +RUNNING", followed).start()
     assert followed.count("estimate from the smoke run") == 1, "--wait shows the estimate once, not again at the end"
-    assert re.search(r"(?m)^== train: .*\(none\)$", logs["train"]), "a CPU run's step log names no accelerator"
+    headers = [line for line in logs["train"].splitlines() if line.startswith("== train: job ")]
+    assert headers and headers[0].endswith("(none)"), "a CPU run's step log names no accelerator"
     assert marker(out_dir, "estimate")["time"] < marker(out_dir, "train")["time"]
 
 
@@ -171,7 +167,7 @@ def test_late_smoke_failure_stops_the_chain_before_any_long_step(cluster):
     """Consolidate fails in the smoke stage, on a broken checkpoint: the long training never starts, and
     submit names the failed step and its log."""
     env, root = cluster
-    config = variant(root, "broken", max_steps="8", save_steps="4")
+    config = variant(root, "broken", max_steps=8, save_steps=4)
     out_dir = run_dir(env, "broken")
     smoke_dir = out_dir / smoke.SMOKE_FOLDER
 
@@ -232,7 +228,7 @@ def test_late_smoke_failure_stops_the_chain_before_any_long_step(cluster):
 
 def test_killed_training_resumes_from_its_checkpoint(cluster):
     env, root = cluster
-    config = variant(root, "resume", max_steps="12", save_steps="4")
+    config = variant(root, "resume", max_steps=12, save_steps=4)
     out_dir = run_dir(env, "resume")
     checkpoints = out_dir / "checkpoints"
 
@@ -261,7 +257,7 @@ def test_killed_training_resumes_from_its_checkpoint(cluster):
     train_log = (out_dir / "logs" / f"train-{resumed['train']}.log").read_text()
     resumed_from = int(re.search(rf"resuming from {re.escape(str(checkpoints))}/checkpoint-(\d+)", train_log).group(1))
     assert 4 <= resumed_from <= killed_at
-    first_logged = int(re.search(r"(?m)^step (\d+)/12", train_log).group(1))
+    first_logged = next(line.step for line in ProgressLine.parse_all(train_log) if line.total == 12)
     assert first_logged > resumed_from  # the step count continues; it does not start again at 1
     assert json.loads((checkpoints / "checkpoint-12" / "trainer_state.json").read_text())["global_step"] == 12
     assert (out_dir / "adapter" / "adapter_model.safetensors").is_file() and (out_dir / "generation.txt").is_file()

@@ -11,9 +11,11 @@ from slurm_helpers import REPO, submit
 
 from llm_pipeline import config
 from llm_pipeline.config import METHODS
+from llm_pipeline.jobs.run_config_text import write_derived
+from llm_pipeline.run_files import ProgressLine
 from tools.rehearse import fsx_environment, method_config, write_inputs
 
-pytestmark = pytest.mark.xdist_group("slurm-pipeline_methods")
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-pipeline_methods")]
 TINY = REPO / "payloads" / "configs" / "tiny-cpu.toml"
 
 
@@ -30,16 +32,12 @@ def test_rehearsal_config_for_each_method(tmp_path, method):
     assert config.load(twice, env=env).train.method == "lora"  # an existing method line is replaced
 
 
-def set_keys(path, **values) -> None:
-    text = path.read_text()
-    for key, value in values.items():
-        text, count = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
-        assert count == 1, key
-    path.write_text(text)
+def set_keys(path, **train: int) -> None:
+    write_derived(path, path, {("train", key): value for key, value in train.items()})
 
 
 def logged_losses(train_log: str) -> dict[int, float]:
-    return {int(m[1]): float(m[2]) for m in re.finditer(r"(?m)^step (\d+)/\d+ \| loss ([0-9.]+) \|", train_log)}
+    return {line.step: line.loss for line in ProgressLine.parse_all(train_log)}
 
 
 def test_pipeline_runs_full_fine_tuning_end_to_end(one_node, tmp_path):

@@ -17,7 +17,7 @@ from slurm_helpers import REPO
 
 from llm_pipeline.submit import main as submit_main
 
-pytestmark = pytest.mark.xdist_group("slurm-runtime_switch")
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-runtime_switch")]
 REGISTRY = "123456789012.dkr.ecr.us-west-2.amazonaws.com"
 IMAGE = f"{REGISTRY}/cdk-hnb659fds-container-assets-123456789012-us-west-2:3f9a1c"
 SQSH = "cdk-hnb659fds-container-assets-123456789012-us-west-2_3f9a1c.sqsh"

@@ -14,10 +14,11 @@ import pytest
 from slurm_helpers import REPO
 
 from llm_pipeline import config as run_config
-from llm_pipeline.jobs.run_facts import RunFactsError, read_run_facts
+from llm_pipeline.errors import PipelineError
+from llm_pipeline.jobs.run_facts import read_run_facts
 from llm_pipeline.submit import REPLACED_FOLDER, STEPS, TRAINED_OUTPUTS, check_earlier_outputs, move_aside
 
-pytestmark = pytest.mark.xdist_group("slurm-submit_cli")
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-submit_cli")]
 PAYLOADS = REPO / "payloads"
 CONTROLLER_SIDE = (
     "submit",
@@ -26,6 +27,8 @@ CONTROLLER_SIDE = (
     "config",
     "errors",
     "jobs",
+    "run_files",
+    "jobs.run_config_text",
     "jobs.run_facts",
     "jobs.pipeline_status",
     "jobs.launch",
@@ -235,7 +238,7 @@ def test_defaults_and_relative_paths_follow_config_py(tmp_path):
     ],
 )
 def test_bad_run_config_values_are_named(tmp_path, text, message):
-    with pytest.raises(RunFactsError, match=re.escape(message)):
+    with pytest.raises(PipelineError, match=re.escape(message)):
         read_run_facts(write(tmp_path, text), {})
 
 

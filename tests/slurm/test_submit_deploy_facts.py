@@ -18,7 +18,7 @@ from llm_pipeline.errors import StepError
 from llm_pipeline.jobs.deploy_facts import DEPLOY_FACTS_FILE, read_deploy_facts
 from llm_pipeline.submit import STEPS
 
-pytestmark = pytest.mark.xdist_group("slurm-submit_deploy_facts")
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-submit_deploy_facts")]
 OLD_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/cdk-assets:aaaa"  # the node profile's, from provisioning
 NEW_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/cdk-assets:bbbb"  # pushed by the latest deploy
 GPU_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/cdk-assets:cccc"  # another partition's family

@@ -17,7 +17,7 @@ from llm_pipeline.errors import StepError
 from llm_pipeline.jobs.deploy_facts import DEPLOY_FACTS_FILE
 from llm_pipeline.jobs.partitions import check_devices_per_node, choose_partition, partition_environment
 
-pytestmark = pytest.mark.xdist_group("slurm-submit_partitions")
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-submit_partitions")]
 TRN1 = {"accelerator": "neuron", "devices_per_node": 32, "efa_interfaces": 8, "efa_device_rdma": 1, "fp8": 0}
 P5 = {"accelerator": "cuda", "devices_per_node": 8, "efa_interfaces": 32, "efa_device_rdma": 1, "fp8": 1}
 G5 = {"accelerator": "cuda", "devices_per_node": 4, "efa_interfaces": 1, "efa_device_rdma": 0, "fp8": 0}

@@ -16,9 +16,10 @@ from slurm_helpers import REPO, read_png
 
 from llm_pipeline import charts
 from llm_pipeline.jobs import smoke
+from llm_pipeline.jobs.run_config_text import write_derived
 from tools.rehearse import fsx_environment, write_inputs
 
-pytestmark = pytest.mark.xdist_group("slurm-sweep")
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-sweep")]
 TINY = REPO / "payloads" / "configs" / "tiny-cpu.toml"
 
 
@@ -37,11 +38,12 @@ def setup(two_nodes, tmp_path_factory):
         probe.bind(("127.0.0.1", 0))
         env["HPL_MASTER_PORT"] = str(probe.getsockname()[1])
     write_inputs(TINY, env, records=120)
-    text = TINY.read_text()
-    text, count = re.subn(r"(?m)^gradient_accumulation_steps = .*$", "gradient_accumulation_steps = 2", text)
-    assert count == 1
-    config = root / "sweep.toml"
-    config.write_text(text.replace("/tiny-lora", "/tiny-sweep"))
+    config = write_derived(
+        TINY,
+        root / "sweep.toml",
+        {("train", "gradient_accumulation_steps"): 2},
+        run_dir="${HPL_OUTPUTS_DIR}/tiny-sweep",
+    )
     return env, config, Path(env["HPL_OUTPUTS_DIR"]) / "tiny-sweep" / "sweep"
 
 

@@ -18,16 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llm_pipeline.config import FP8_RUNGS
-from llm_pipeline.errors import StepError
+from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs import deploy_facts, partitions, pipeline_status, smoke
 from llm_pipeline.jobs.pipeline_status import StepJob
-from llm_pipeline.jobs.run_facts import RunFacts, RunFactsError
+from llm_pipeline.jobs.run_facts import RunFacts
 
 PAYLOADS_DIR = Path(__file__).resolve().parents[2]
 SLURM_FALLBACK_BIN = Path("/opt/slurm/bin")  # HyperPod's Slurm, for shells without it on PATH
 
 
-class SubmitError(RuntimeError):
+class SubmitError(PipelineError, RuntimeError):
     """Submission cannot go on; the message says what to do."""
 
 
@@ -267,6 +267,6 @@ def run_submitter(body: Callable[[], int]) -> int:
     """Run a submit command's body: a refused input is one `error:` line and exit 2."""
     try:
         return body()
-    except (RunFactsError, SubmitError, StepError) as exc:
+    except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

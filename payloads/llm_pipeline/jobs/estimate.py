@@ -28,18 +28,26 @@ import itertools
 import json
 import math
 import os
-import re
 import statistics
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
 from llm_pipeline.config import TorchtitanConfig, TrainConfig
+from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs import pipeline_status, smoke
-from llm_pipeline.jobs.run_facts import read_key
+from llm_pipeline.jobs.run_config_text import read_key
+from llm_pipeline.run_files import (
+    ESTIMATE_FILE,
+    Estimate,
+    ProgressLine,
+    ReplicasLine,
+    StepEstimate,
+    StepVerdict,
+    TitanMetricLine,
+)
 
-ESTIMATE_FILE = "estimate.json"  # in <run>/logs
 RUNG_PREFIX = "rung-"  # the ladder's training jobs (ladder_submit)
 TRAIN_STEP = "train"  # the pipeline's and the sweep's training job (submit.TRAINING_STEPS)
 BILLING_NOTE = (
@@ -50,29 +58,10 @@ JOB_BILLING_NOTE = (
     "a training job is billed per instance-second while it runs: node-hours x the instance type's on-demand "
     "training price (`hpctl job status` shows the cost so far)"
 )
-_STEP_LINE = re.compile(r"^step (?P<step>\d+)/(?P<total>\d+) \| loss [^|]+\|[^|]*\| (?P<samples>[0-9.]+) samples/s")
-_REPLICAS = re.compile(r"^training steps \d+ -> \d+, (?P<replicas>\d+) data-parallel replica")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # torchtitan's colors, when a job file leaves them on
-_TITAN_LINE = re.compile(
-    r"^\[titan\] (?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*?(?<!validate )step:\s*(?P<step>\d+)\s+loss:"
-)
-_RUN_TIME = re.compile(r"^== (?P<step>\S+): COMPLETED \(exit 0\) after (?P<seconds>\d+) s")
 
 
-class EstimateError(RuntimeError):
+class EstimateError(PipelineError, RuntimeError):
     """The smoke run's logs do not hold what the estimate needs; the message names the file."""
-
-
-@dataclass(frozen=True)
-class StepEstimate:
-    step: str
-    nodes: int
-    seconds: float
-    basis: str  # how the duration was found
-
-    @property
-    def node_hours(self) -> float:
-        return self.seconds * self.nodes / 3600
 
 
 @dataclass(frozen=True)
@@ -98,15 +87,14 @@ def read_smoke_log(path: Path, name: str) -> SmokeLog:
     text = path.read_text(errors="replace") if path.is_file() else ""
     run_seconds, replicas, events, stamps = None, None, [], {}
     for line in text.splitlines():
-        line = _ANSI.sub("", line).strip()
-        if (found := _RUN_TIME.match(line)) and found["step"] == name:
-            run_seconds = float(found["seconds"])
-        elif found := _REPLICAS.match(line):
-            replicas = int(found["replicas"])
-        elif found := _STEP_LINE.match(line):
-            events.append((int(found["step"]), float(found["samples"])))
-        elif found := _TITAN_LINE.match(line):
-            stamps.setdefault(int(found["step"]), datetime.strptime(found["time"], "%Y-%m-%d %H:%M:%S,%f"))
+        if (verdict := StepVerdict.parse(line)) and verdict.step == name and verdict.state == "COMPLETED":
+            run_seconds = float(verdict.seconds)
+        elif found := ReplicasLine.parse(line):
+            replicas = found.replicas
+        elif progress := ProgressLine.parse(line):
+            events.append((progress.step, progress.samples_per_second))
+        elif (titan := TitanMetricLine.parse(line)) and titan.time is not None:
+            stamps.setdefault(titan.step, titan.time)
     if run_seconds is None:
         raise EstimateError(f"{path} does not say `== {name}: COMPLETED (exit 0) after N s`: did the smoke job finish?")
     logged = [step for step, _ in events] or sorted(stamps)
@@ -174,7 +162,7 @@ def estimate_job(job: pipeline_status.StepJob, copies: list[pipeline_status.Step
     return StepEstimate(job.step, job.nodes, start_up + steps * step_seconds, basis), step_seconds
 
 
-def estimate(run_dir: Path, config: Path, *, note: str = BILLING_NOTE) -> dict:
+def estimate(run_dir: Path, config: Path, *, note: str = BILLING_NOTE) -> Estimate:
     record = pipeline_status.read_record(run_dir / "logs")
     names = [job.step for job in record]
     if smoke.ESTIMATE_STEP not in names:
@@ -192,39 +180,31 @@ def estimate(run_dir: Path, config: Path, *, note: str = BILLING_NOTE) -> dict:
             # A sweep trains once per node count: its keys say the nodes (train@2).
             repeated = sum(other.step == job.step for other in long) > 1
             step_times[f"{job.step}@{job.nodes}" if repeated else job.step] = step_seconds
-    total = sum(row.seconds for row in rows)
-    return {
-        "config": str(config),
-        "partition": os.environ.get("HPL_PARTITION", ""),  # hpctl prices its instance type
-        "steps": [asdict(row) | {"node_hours": row.node_hours} for row in rows],
-        "seconds_per_step": step_times,
-        "total_seconds": total,
-        "node_hours": sum(row.node_hours for row in rows),
-        "note": note,
-    }
+    # the partition: hpctl prices its instance type
+    return Estimate(str(config), os.environ.get("HPL_PARTITION", ""), tuple(rows), step_times, note)
 
 
 def duration(seconds: float) -> str:
     return str(timedelta(seconds=round(seconds)))
 
 
-def describe(result: dict) -> list[str]:
+def describe(result: Estimate) -> list[str]:
     lines = [f"{'long step':<20} {'nodes':>5} {'duration':>12} {'node-hours':>11}  from"]
-    for row in result["steps"]:
-        time = duration(row["seconds"])
-        lines.append(f"{row['step']:<20} {row['nodes']:>5} {time:>12} {row['node_hours']:>11.3f}  {row['basis']}")
+    for row in result.steps:
+        time = duration(row.seconds)
+        lines.append(f"{row.step:<20} {row.nodes:>5} {time:>12} {row.node_hours:>11.3f}  {row.basis}")
     lines.append(
-        f"expected: {duration(result['total_seconds'])} for the long steps, {result['node_hours']:.3f} node-hours "
+        f"expected: {duration(result.total_seconds)} for the long steps, {result.node_hours:.3f} node-hours "
         "(cost: node-hours x the instance's on-demand price)"
     )
-    lines.append(f"note: {result['note']}")
+    lines.append(f"note: {result.note}")
     return lines
 
 
-def read_estimate(logs_dir: Path) -> dict | None:
+def read_estimate(logs_dir: Path) -> Estimate | None:
     try:
-        return json.loads((logs_dir / ESTIMATE_FILE).read_text())
-    except (OSError, ValueError):
+        return Estimate.from_json((logs_dir / ESTIMATE_FILE).read_text())
+    except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
@@ -236,12 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result = estimate(args.run_dir, args.config, note=JOB_BILLING_NOTE if args.training_job else BILLING_NOTE)
-    except EstimateError as exc:
+    except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     target = args.run_dir / "logs" / ESTIMATE_FILE
     tmp = target.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.write_text(result.to_json())
     tmp.replace(target)
     print("\n".join(describe(result)))
     print(f"written to {target}")

@@ -35,13 +35,14 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping
 
+from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs import sagemaker_env
 
 # Below Linux's ephemeral range (32768-60999), where a job's outgoing connections could already hold the port.
 PORT_BASE, PORT_SPAN = 20000, 12000
 
 
-class LaunchError(ValueError):
+class LaunchError(PipelineError, ValueError):
     """The Slurm environment cannot describe a launch; the message names the variable."""
 
 
@@ -147,10 +148,7 @@ def torchrun_args(
 
 def sagemaker_torchrun_args(env: Mapping[str, str]) -> list[str]:
     """torchrun arguments for this host of a SageMaker training job (SM_HOSTS / resourceconfig.json)."""
-    try:
-        job = sagemaker_env.read_hosts(env)
-    except sagemaker_env.SageMakerEnvError as exc:
-        raise LaunchError(str(exc)) from None
+    job = sagemaker_env.read_hosts(env)
     nproc = sagemaker_env.devices_per_node(env)
     if len(job.hosts) == 1:
         # A free local port: jobs rehearsed side by side on one machine never collide.
@@ -192,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv[:2] != ["--exec", "--"] or len(argv) < 3:
             raise LaunchError("usage: python -m llm_pipeline.jobs.launch [--exec [--wrap CMD] -- PROGRAM ARGS...]")
         command = torchrun_command(os.environ, argv[2:], wrap)
-    except LaunchError as exc:
+    except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     node = os.environ.get("SLURMD_NODENAME", "?")

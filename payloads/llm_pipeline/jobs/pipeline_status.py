@@ -18,17 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from llm_pipeline.run_files import PIPELINE_FILE, PipelineRecord, StepJob
+
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "STAGE_OUT"}
 NEVER_RAN = "NOT_RUN"
-
-
-@dataclass(frozen=True)
-class StepJob:
-    step: str
-    job: str
-    log: str
-    nodes: int = 1
-    config: str = ""  # the run config the job ran with ("": the record's); a sweep's points each have their own
 
 
 @dataclass(frozen=True)
@@ -50,13 +43,12 @@ class StepState:
 
 # -- the record submit writes --------------------------------------------------------------------
 def record_path(logs_dir: Path) -> Path:
-    return logs_dir / "pipeline.json"
+    return logs_dir / PIPELINE_FILE
 
 
 def write_record(logs_dir: Path, config: Path, jobs: list[StepJob]) -> None:
-    body = {"config": str(config), "steps": [vars(job) for job in jobs]}
     tmp = record_path(logs_dir).with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(body, indent=2) + "\n")
+    tmp.write_text(PipelineRecord(str(config), tuple(jobs)).to_json())
     tmp.replace(record_path(logs_dir))
 
 
@@ -64,7 +56,7 @@ def read_record(logs_dir: Path) -> list[StepJob]:
     path = record_path(logs_dir)
     if not path.is_file():
         return []
-    return [StepJob(**entry) for entry in json.loads(path.read_text())["steps"]]
+    return list(PipelineRecord.from_json(path.read_text()).steps)
 
 
 # -- Slurm's view --------------------------------------------------------------------------------

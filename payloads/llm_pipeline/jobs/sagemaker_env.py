@@ -46,6 +46,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from llm_pipeline.errors import PipelineError
+
 CONTAINER_ROOT = "/opt/ml"
 CHECKPOINTS_FOLDER = "checkpoints"  # under the container root; SageMaker's default checkpoint folder
 SCRATCH_FOLDER = "scratch"  # under the container root, on the job's ML storage volume
@@ -64,7 +66,7 @@ MODEL_FOLDER_VARIABLE = "HPL_MODEL_FOLDER"  # set by hpctl when the models chann
 DEFAULT_MASTER_PORT = 7777  # the port the SDK's container driver names (SM_MASTER_PORT)
 
 
-class SageMakerEnvError(ValueError):
+class SageMakerEnvError(PipelineError, ValueError):
     """The container does not describe a training job; the message names the variable or file."""
 
 

@@ -4,7 +4,7 @@
 
 Reads ``sweep.json`` (written at submission) and each point's newest ``logs/train-<job>.log`` (in the
 smoke sweep, ``<sweep>/smoke``, its ``logs/smoke-train-<job>.log``). The
-trainers print one line per log event (training/callbacks.py):
+trainers print one line per log event (training/callbacks.py, run_files.ProgressLine):
 ``step 20/40 | loss 1.2 | lr 2.0e-05 | 3.70 samples/s | 15155 tokens/s | eta 0:01:00``. The first
 event is left out when there are more (it carries start-up and graph compilation), the median of
 the rest is the point's throughput. Time per step is global batch / sequences per second; scaling
@@ -25,7 +25,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs.sweep_plan import PLAN_NAME
+from llm_pipeline.run_files import BackendLine, ProgressLine
 
 # sequences/s on 1, 2 and 4 trn1.32xlarge nodes, Llama 2 7B full fine-tuning, seq 4096, GBS 256
 NEURON_FULL_REFERENCE = {1: 3.7, 2: 7.4, 4: 14.6}
@@ -33,14 +35,10 @@ REFERENCE_NOTE = "published Trainium result: Llama 2 7B full fine-tuning, trn1.3
 # The run shape the published numbers belong to (sweep.json's base facts; the engine comes from the log).
 REFERENCE_SHAPE = {"model_id": "meta-llama/Llama-2-7b-hf", "method": "full", "max_length": 4096, "model_parallel": 8}
 REFERENCE_GLOBAL_BATCH = 256
-_EVENT = re.compile(
-    r"^step (?P<step>\d+)/\d+ \| loss [^|]+\|[^|]*\| (?P<samples>[0-9.]+) samples/s \| (?P<tokens>[0-9.]+) tokens/s"
-)
-_BACKEND = re.compile(r"with the (\w+) backend")
 _TRAIN_LOG = re.compile(r"(?:smoke-)?train-(\d+)\.log")
 
 
-class ReportError(RuntimeError):
+class ReportError(PipelineError, RuntimeError):
     """The sweep cannot be reported yet; the message names the file."""
 
 
@@ -59,11 +57,10 @@ def read_log(path: Path) -> dict:
     """Throughput events and the backend named in one training log."""
     events, backend = [], None
     for line in path.read_text(errors="replace").splitlines():
-        match = _EVENT.match(line.strip())
-        if match:
-            events.append((int(match["step"]), float(match["samples"]), float(match["tokens"])))
-        elif backend is None and (found := _BACKEND.search(line)):
-            backend = found[1]
+        if progress := ProgressLine.parse(line):
+            events.append((progress.step, progress.samples_per_second, progress.tokens_per_second))
+        elif backend is None and (found := BackendLine.parse(line)):
+            backend = found.backend
     if not events:
         raise ReportError(f"{path} has no throughput lines (step N/M | loss | ... samples/s): did training log?")
     measured = events[1:] if len(events) > 1 else events
@@ -160,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         path = write_report(args.sweep_dir)
-    except ReportError as exc:
+    except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"scaling report written to {path}")

@@ -28,8 +28,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from llm_pipeline.jobs.run_facts import RunFacts, read_key
-from llm_pipeline.jobs.sweep_plan import derived_config
+from llm_pipeline.jobs.run_config_text import read_key, write_derived
+from llm_pipeline.jobs.run_facts import RunFacts
 
 SMOKE_FOLDER = "smoke"  # <run>/smoke: the smoke run's own run folder
 ESTIMATE_STEP = "estimate"  # payloads/slurm/estimate.sbatch, after the smoke stage
@@ -86,7 +86,7 @@ def write_smoke_run(facts: RunFacts) -> None:
     (folder / "logs" / "state").mkdir(parents=True)
     (folder / "data").symlink_to(facts.output_dir / "data", target_is_directory=True)
     for name, stop in zip(CONFIGS, (SAVE_STEP, 0), strict=True):
-        (folder / name).write_text(derived_config(facts.config, folder, smoke_overrides(facts.config, stop)))
+        write_derived(facts.config, folder / name, smoke_overrides(facts.config, stop), run_dir=folder)
 
 
 def is_smoke(step: str) -> bool:

@@ -16,15 +16,12 @@ absolute (the config moved). Stdlib only: it runs on the controller.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from llm_pipeline.config import DataConfig, ModelConfig, ParallelConfig, PathsConfig, TrainConfig
-from llm_pipeline.jobs.run_facts import RunFactsError, read_key
+from llm_pipeline.config import ConfigError, DataConfig, ModelConfig, ParallelConfig, TrainConfig
+from llm_pipeline.jobs.run_config_text import read_key, write_derived
 
-_TABLE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.-]+)\s*\]\s*(#.*)?$")
-_KEY = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*=")
 PLAN_NAME = "sweep.json"
 
 
@@ -85,59 +82,21 @@ def read_base(config: Path) -> BaseFacts:
         if name not in ("method", "model_id") and (
             not isinstance(number, int) or isinstance(number, bool) or number < 1
         ):
-            raise RunFactsError(f"{config}: {name} must be an integer >= 1 for a sweep, got {number!r}")
+            raise ConfigError(f"{config}: {name} must be an integer >= 1 for a sweep, got {number!r}")
     return facts
 
 
 def accumulation_for(base: BaseFacts, nodes: int) -> int:
-    """Gradient accumulation at ``nodes`` that keeps the base global batch, or a RunFactsError."""
+    """Gradient accumulation at ``nodes`` that keeps the base global batch, or a ConfigError."""
     total = base.gradient_accumulation_steps * base.nodes
     if total % nodes:
         usable = [n for n in range(1, total + 1) if total % n == 0]
-        raise RunFactsError(
+        raise ConfigError(
             f"{nodes} node(s) cannot keep the global batch of {base.global_batch}: train.gradient_accumulation_steps "
             f"x parallel.nodes = {total} must be divisible by the node count (usable: {usable}); raise "
             "train.gradient_accumulation_steps in the run config"
         )
     return total // nodes
-
-
-def set_key(text: str, table: str, key: str, toml_value: str) -> str:
-    """``text`` with ``table.key = toml_value``: the line replaced, added to the table, or a new table."""
-    lines = text.splitlines()
-    current, table_end = "", None
-    for index, line in enumerate(lines):
-        header = _TABLE.match(line)
-        if header:
-            if current == table:
-                break
-            current = header.group(1)
-            if current == table:
-                table_end = index + 1
-            continue
-        if current == table:
-            match = _KEY.match(line)
-            if match and match.group(1) == key:
-                lines[index] = f"{key} = {toml_value}"
-                return "\n".join(lines) + "\n"
-            if line.strip():
-                table_end = index + 1
-    if table_end is None:
-        lines += ["", f"[{table}]", f"{key} = {toml_value}"]
-    else:
-        lines.insert(table_end, f"{key} = {toml_value}")
-    return "\n".join(lines) + "\n"
-
-
-def derived_config(config: Path, point_dir: Path, overrides: dict[tuple[str, str], object]) -> str:
-    text = config.read_text()
-    for name in PathsConfig.__dataclass_fields__:
-        raw = read_key(text, "paths", name, str(config))
-        if isinstance(raw, str) and not raw.startswith(("/", "$", "~")):
-            text = set_key(text, "paths", name, json.dumps(str(config.parent / raw)))
-    for (table, key), value in {**overrides, ("paths", "output_dir"): str(point_dir)}.items():
-        text = set_key(text, table, key, json.dumps(value))
-    return text
 
 
 def plan_sweep(
@@ -155,7 +114,7 @@ def plan_sweep(
     points = []
     for nodes in sorted(set(node_counts)):
         if nodes < 1:
-            raise RunFactsError(f"--nodes: {nodes} is not a node count")
+            raise ConfigError(f"--nodes: {nodes} is not a node count")
         accumulation = accumulation_for(base, nodes)
         point_dir = sweep_dir / f"nodes-{nodes}"
         (point_dir / "logs" / "state").mkdir(parents=True, exist_ok=True)
@@ -167,8 +126,7 @@ def plan_sweep(
             ("train", "logging_steps"): logging_steps,
             ("train", "save_checkpoints"): False,
         }
-        derived = point_dir / "run.toml"
-        derived.write_text(derived_config(config, point_dir, keys))
+        derived = write_derived(config, point_dir / "run.toml", keys, run_dir=point_dir)
         global_batch = base.per_device_batch_size * (base.data_parallel * nodes // base.nodes) * accumulation
         points.append(SweepPoint(nodes, accumulation, global_batch, str(derived), str(point_dir)))
     return points

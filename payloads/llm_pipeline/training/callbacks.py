@@ -16,6 +16,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from llm_pipeline.jobs import prom_textfile
+from llm_pipeline.run_files import ProgressLine, ReplicasLine
 from llm_pipeline.weights.checkpoints import prune, write_seal
 
 
@@ -83,10 +84,7 @@ class MetricsLogger(TrainerCallback):
                 sequences = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
                 self.writer.add_scalar("model/sequences_per_step", sequences, state.global_step)
                 self.writer.add_scalar("model/sequence_length", self.sequence_length, state.global_step)
-        print(
-            f"training steps {state.global_step} -> {state.max_steps}, {args.world_size} data-parallel replica(s)",
-            flush=True,
-        )
+        print(ReplicasLine(state.global_step, state.max_steps, args.world_size).format(), flush=True)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
@@ -102,17 +100,22 @@ class MetricsLogger(TrainerCallback):
             metrics["tokens_per_second"] = (self.tokens.real - self.last_tokens) * replicas / elapsed
             eta = timedelta(seconds=round(elapsed / steps * (state.max_steps - state.global_step)))
             self.last_time, self.last_step, self.last_tokens = now, state.global_step, self.tokens.real
-            extra = "".join(
-                f" | {label} {metrics[key] * scale:.{digits}f}{unit}"
+            extra = tuple(
+                f"{label} {metrics[key] * scale:.{digits}f}{unit}"
                 for key, label, scale, digits, unit in EXTRA_FIELDS
                 if key in metrics
             )
-            print(
-                f"step {state.global_step}/{state.max_steps} | loss {metrics['loss']:.4f} | "
-                f"lr {metrics.get('learning_rate', 0.0):.2e} | {metrics['samples_per_second']:.2f} samples/s | "
-                f"{metrics['tokens_per_second']:.0f} tokens/s{extra} | eta {eta}",
-                flush=True,
+            line = ProgressLine(
+                step=state.global_step,
+                total=state.max_steps,
+                loss=metrics["loss"],
+                learning_rate=metrics.get("learning_rate", 0.0),
+                samples_per_second=metrics["samples_per_second"],
+                tokens_per_second=metrics["tokens_per_second"],
+                eta=str(eta),
+                extra=extra,
             )
+            print(line.format(), flush=True)
             prom_textfile.publish_event(  # for node exporter, where the node has observability on
                 metrics,
                 step=state.global_step,

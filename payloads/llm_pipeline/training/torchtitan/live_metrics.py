@@ -5,7 +5,7 @@
 torchtitan 0.2.2 prints its figures only as a log line through the root logger (MetricsProcessor.log);
 its metric loggers (TensorBoard, W&B) are chosen inside the trainer. So this adds a filter to the root
 logger, which torchtitan's init_logger leaves in place (it clears handlers, not filters): each record
-that metrics.parse_line reads as a metric line is published through llm_pipeline.jobs.prom_textfile,
+that run_files.TitanMetricLine reads as a metric line is published through llm_pipeline.jobs.prom_textfile,
 then passed on unchanged. Rank 0 alone publishes: loss is already the global mean, tps is per device
 (times the world size for the run's tokens/s), mfu a percent. torchtitan's line has no learning rate.
 The trainer module then runs as ``__main__`` with the remaining arguments.
@@ -24,7 +24,7 @@ from pathlib import Path
 import tomllib
 
 from llm_pipeline.jobs import prom_textfile
-from llm_pipeline.training.torchtitan.metrics import parse_line
+from llm_pipeline.run_files import TitanMetricLine
 
 
 class PublishMetricLines(logging.Filter):
@@ -36,7 +36,7 @@ class PublishMetricLines(logging.Filter):
         self.last: tuple[int, float] | None = None  # (step, when) of the previous line: the ETA's pace
 
     def filter(self, record: logging.LogRecord) -> bool:
-        line = parse_line(record.getMessage())
+        line = TitanMetricLine.parse(record.getMessage())
         if line is not None:
             now = time.monotonic()
             eta = math.nan

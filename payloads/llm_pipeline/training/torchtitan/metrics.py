@@ -8,40 +8,17 @@ metrics.log_freq steps and at step 1, through its logger ("[titan] <time> - root
 tps is tokens per second per GPU, memory the peak reserved device memory since the last line.
 Every rank prints its own line (torchrun without a rank filter), so lines are grouped by step:
 loss is already the global average, tps and mfu are averaged over ranks, memory is the maximum.
-With colors on, ANSI codes sit between the fields; they are removed first.
+With colors on, ANSI codes sit between the fields; they are removed first. The line's format is
+the run files' (llm_pipeline/run_files.py): this module sums a rung's lines up.
 """
 
 from __future__ import annotations
 
-import re
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-METRIC_LINE = re.compile(
-    r"(?<!validate )step:\s*(?P<step>\d+)\s+"
-    r"loss:\s*(?P<loss>\S+)\s+"
-    r"grad_norm:\s*(?P<grad_norm>\S+)\s+"
-    r"memory:\s*(?P<memory_gib>[0-9.]+)GiB\((?P<memory_pct>[0-9.]+)%\)\s+"
-    r"tps:\s*(?P<tps>[0-9,]+)\s+"
-    r"tflops:\s*(?P<tflops>[0-9,.]+)\s+"
-    r"mfu:\s*(?P<mfu>[0-9.]+)%"
-)
-# build_device_memory_monitor logs the device once: "CUDA capacity: NVIDIA H100 80GB HBM3 with 79.19GiB memory"
-DEVICE_LINE = re.compile(r"(?P<kind>[A-Z]+) capacity: (?P<name>.+?) with (?P<gib>[0-9.]+)GiB memory")
-
-
-@dataclass(frozen=True)
-class MetricLine:
-    step: int
-    loss: float
-    grad_norm: float
-    memory_gib: float
-    memory_pct: float
-    tps: int
-    tflops: float
-    mfu: float
+from llm_pipeline.run_files import TitanMetricLine, titan_device
 
 
 @dataclass(frozen=True)
@@ -64,32 +41,6 @@ class RungSummary:
         return asdict(self)
 
 
-def parse_line(text: str) -> MetricLine | None:
-    match = METRIC_LINE.search(ANSI.sub("", text))
-    if not match:
-        return None
-    g = match.groupdict()
-    return MetricLine(
-        step=int(g["step"]),
-        loss=float(g["loss"]),
-        grad_norm=float(g["grad_norm"]),
-        memory_gib=float(g["memory_gib"]),
-        memory_pct=float(g["memory_pct"]),
-        tps=int(g["tps"].replace(",", "")),
-        tflops=float(g["tflops"].replace(",", "")),
-        mfu=float(g["mfu"]),
-    )
-
-
-def parse_lines(text: str) -> list[MetricLine]:
-    return [line for line in map(parse_line, text.splitlines()) if line is not None]
-
-
-def device_name(text: str) -> str:
-    match = DEVICE_LINE.search(ANSI.sub("", text))
-    return f"{match['name']} ({match['gib']} GiB)" if match else "unknown"
-
-
 def steady_steps(steps: list[int]) -> list[int]:
     """Logged steps past warm-up: never step 1 (it carries start-up and compilation), nor the first
     tenth of the run; all but step 1 when that leaves nothing, all when only step 1 was logged."""
@@ -102,10 +53,10 @@ def steady_steps(steps: list[int]) -> list[int]:
 
 def summarize(text: str) -> RungSummary | None:
     """The summary of one rung's log, or None when it holds no metric line."""
-    lines = parse_lines(text)
+    lines = TitanMetricLine.parse_all(text)
     if not lines:
         return None
-    by_step: dict[int, list[MetricLine]] = {}
+    by_step: dict[int, list[TitanMetricLine]] = {}
     for line in lines:
         by_step.setdefault(line.step, []).append(line)
     steps = sorted(by_step)
@@ -126,7 +77,7 @@ def summarize(text: str) -> RungSummary | None:
         memory_gib=max(line.memory_gib for line in lines),
         memory_pct=max(line.memory_pct for line in lines),
         steady_steps=tuple(chosen),
-        device=device_name(text),
+        device=titan_device(text),
     )
 
 

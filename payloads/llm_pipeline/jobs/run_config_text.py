@@ -1,0 +1,141 @@
+"""Read, set and derive a run config as text, with the stdlib of Python 3.10: the one place a program edits one.
+
+submit, the smoke stage (jobs/smoke.py), the sweep (jobs/sweep_plan.py), the rehearsal (tools/rehearse.py)
+and the tests read a few keys of a run config (``read_key``), set some (``set_key``, ``with_keys``) or
+write a run derived from it (``derived_config``, ``write_derived``: another run folder, relative paths
+made absolute). The controller's python3 has no tomllib, so keys are read and written line by line:
+one-line strings, numbers, booleans and one-line lists of strings, which is all a run config holds.
+A whole file is validated by config.py (the steps load it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from llm_pipeline.config import ConfigError, PathsConfig
+
+_TABLE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.-]+)\s*\]\s*(#.*)?$")
+_KEY = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*=\s*(.*?)\s*$")
+
+
+def _scalar(raw: str, where: str) -> object:
+    """A TOML basic/literal string, integer, float, boolean or one-line list of basic strings, with an optional
+    trailing comment."""
+    if raw.startswith('"') and not raw.startswith('"""'):
+        end = re.match(r'"(?:[^"\\]|\\.)*"', raw)
+        if end and re.fullmatch(r"\s*(#.*)?", raw[end.end() :]):
+            return json.loads(end.group(0))
+    elif raw.startswith("'") and not raw.startswith("'''"):
+        end = raw.find("'", 1)
+        if end > 0 and re.fullmatch(r"\s*(#.*)?", raw[end + 1 :]):
+            return raw[1:end]
+    elif raw.startswith("["):
+        array = re.fullmatch(r"(\[[^\]]*\])\s*(#.*)?", raw)
+        try:
+            items = json.loads(array.group(1)) if array else None
+        except json.JSONDecodeError:
+            items = None
+        if isinstance(items, list) and all(isinstance(item, str) for item in items):
+            return items
+    else:
+        number = re.fullmatch(r"([+-]?[0-9_]+)\s*(#.*)?", raw)
+        if number:
+            return int(number.group(1).replace("_", ""))
+        real = re.fullmatch(r"([+-]?[0-9_]+(?:\.[0-9_]+)?(?:[eE][+-]?[0-9_]+)?)\s*(#.*)?", raw)
+        if real:
+            return float(real.group(1).replace("_", ""))
+        flag = re.fullmatch(r"(true|false)\s*(#.*)?", raw)
+        if flag:
+            return flag.group(1) == "true"
+    raise ConfigError(
+        f"{where}: cannot read {raw!r} (write a one-line string, a number, true/false or a one-line list of "
+        'double-quoted strings, e.g. ["a", "b"])'
+    )
+
+
+def read_key(text: str, table: str, key: str, where: str) -> object | None:
+    """The value of `key` in `[table]`, or None when the file does not set it."""
+    current = ""
+    for number, line in enumerate(text.splitlines(), 1):
+        header = _TABLE.match(line)
+        if header:
+            current = header.group(1)
+            continue
+        match = _KEY.match(line)
+        if current == table and match and match.group(1) == key:
+            return _scalar(match.group(2), f"{where}:{number} {table}.{key}")
+    return None
+
+
+def set_key(text: str, table: str, key: str, value: object) -> str:
+    """``text`` with ``table.key = value``: the line replaced, added to the table, or a new table;
+    ``value`` None: the key's line removed (the key takes its default)."""
+    if value is None:
+        return _without_key(text, table, key)
+    toml_value = json.dumps(value)  # a string, number, boolean or list of strings: JSON writes them as TOML does
+    lines = text.splitlines()
+    current, table_end = "", None
+    for index, line in enumerate(lines):
+        header = _TABLE.match(line)
+        if header:
+            if current == table:
+                break
+            current = header.group(1)
+            if current == table:
+                table_end = index + 1
+            continue
+        if current == table:
+            match = _KEY.match(line)
+            if match and match.group(1) == key:
+                lines[index] = f"{key} = {toml_value}"
+                return "\n".join(lines) + "\n"
+            if line.strip():
+                table_end = index + 1
+    if table_end is None:
+        lines += ["", f"[{table}]", f"{key} = {toml_value}"]
+    else:
+        lines.insert(table_end, f"{key} = {toml_value}")
+    return "\n".join(lines) + "\n"
+
+
+def _without_key(text: str, table: str, key: str) -> str:
+    kept, current = [], ""
+    for line in text.splitlines():
+        header = _TABLE.match(line)
+        current = header.group(1) if header else current
+        match = None if header else _KEY.match(line)
+        if not (current == table and match and match.group(1) == key):
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
+def with_keys(text: str, keys: Mapping[tuple[str, str], object]) -> str:
+    """``text`` with every ``(table, key): value`` of ``keys`` set."""
+    for (table, key), value in keys.items():
+        text = set_key(text, table, key, value)
+    return text
+
+
+def derived_config(config: Path, run_dir: Path | str, overrides: Mapping[tuple[str, str], object]) -> str:
+    """The text of ``config`` for another run in ``run_dir``: ``overrides`` set, ``paths.output_dir`` the
+    run folder and relative ``[paths]`` made absolute (the copy lives elsewhere)."""
+    text = config.read_text()
+    for name in PathsConfig.__dataclass_fields__:
+        raw = read_key(text, "paths", name, str(config))
+        if isinstance(raw, str) and not raw.startswith(("/", "$", "~")):
+            text = set_key(text, "paths", name, str(config.parent / raw))
+    return with_keys(text, {**overrides, ("paths", "output_dir"): str(run_dir)})
+
+
+def write_derived(
+    config: Path, target: Path, keys: Mapping[tuple[str, str], object], *, run_dir: Path | str | None = None
+) -> Path:
+    """Write ``config`` with ``keys`` set to ``target`` (its parents made): a derived run when ``run_dir`` is
+    given (derived_config), else the same run's text with just those keys changed."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    text = derived_config(config, run_dir, keys) if run_dir is not None else with_keys(config.read_text(), keys)
+    target.write_text(text)
+    return target

@@ -1,0 +1,338 @@
+"""The lines and files a run leaves that another program reads: each format is written and read here only.
+
+- ``ProgressLine``: the fine-tuning trainer's line per log event (training/callbacks.py), read by
+  run_metrics (charts, compare), jobs/estimate, jobs/scaling_report and ``hpctl status``. Its loss
+  may be ``nan`` or ``inf``: a diverged run reads as diverged, never as its last finite step.
+- ``ReplicasLine``: the trainer's first line (training/callbacks.py), read by jobs/estimate.
+- ``BackendLine``: train.py's line naming the backend and the start, read by jobs/scaling_report.
+- ``TitanMetricLine``: torchtitan 0.2.2's metric line (its MetricsProcessor.log, through its logger
+  with the ``[titan] <time> - root - INFO - `` prefix), read by the ladder report, run_metrics,
+  jobs/estimate and hpctl; ``titan_device`` reads its device line.
+- ``StepVerdict``: the last line of a step's log, ``== <step>: <STATE> (exit N) after S s``, written by
+  payloads/slurm/env.sh (with `` at <UTC time>``) and sagemaker_job.py, read by jobs/estimate and hpctl.
+- ``PipelineRecord``: <run>/logs/pipeline.json, the submission record (jobs/chain.py, sweep.py,
+  sagemaker_job.py), read by jobs/pipeline_status, jobs/estimate, pretrain.py and hpctl.
+- ``Estimate``: <run>/logs/estimate.json (jobs/estimate.py), read by ``submit status`` and hpctl.
+- ``SAGEMAKER_METRICS``: the regular expressions SageMaker applies to a training job's log (the
+  progress line), handed to the SDK by hpctl.
+
+Stdlib only: the node's python3, hpctl on a laptop and the trainers all import it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+
+# -- the fine-tuning trainer's progress line -------------------------------------------------------------
+_PROGRESS = re.compile(
+    r"step (?P<step>\d+)/(?P<total>\d+) \| loss (?P<loss>\S+) \| lr (?P<lr>\S+) \| (?P<samples>\S+) samples/s"
+    r" \| (?P<tokens>\S+) tokens/s(?P<extra>(?: \| [^|]+?)*) \| eta (?P<eta>.+)"
+)
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def describe_number(value: float, digits: int = 4) -> str:
+    """A loss for people: NaN and Inf spelled so, the rest with ``digits`` decimals."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Inf" if value > 0 else "-Inf"
+    return f"{value:.{digits}f}"
+
+
+@dataclass(frozen=True)
+class ProgressLine:
+    """``step 3/4 | loss 1.2000 | lr 2.00e-05 | 3.70 samples/s | 15155 tokens/s | mfu 41.2% | eta 0:00:01``.
+
+    samples/s counts sequences over all data-parallel replicas; ``extra`` holds the optional fields
+    other callbacks add (``mfu 41.2%``, ``peak mem 12.00 GB``) as printed."""
+
+    step: int
+    total: int
+    loss: float
+    learning_rate: float
+    samples_per_second: float
+    tokens_per_second: float
+    eta: str
+    extra: tuple[str, ...] = ()
+
+    def format(self) -> str:
+        extra = "".join(f" | {field_text}" for field_text in self.extra)
+        return (
+            f"step {self.step}/{self.total} | loss {self.loss:.4f} | lr {self.learning_rate:.2e} | "
+            f"{self.samples_per_second:.2f} samples/s | {self.tokens_per_second:.0f} tokens/s{extra} | eta {self.eta}"
+        )
+
+    @classmethod
+    def parse(cls, line: str) -> ProgressLine | None:
+        found = _PROGRESS.fullmatch(line.strip())
+        if not found:
+            return None
+        numbers = [_float(found[name]) for name in ("loss", "lr", "samples", "tokens")]
+        if None in numbers:
+            return None
+        extra = tuple(part for part in found["extra"].split(" | ") if part)
+        return cls(int(found["step"]), int(found["total"]), *numbers, found["eta"].strip(), extra)
+
+    @classmethod
+    def parse_all(cls, text: str) -> list[ProgressLine]:
+        return [found for line in text.splitlines() if (found := cls.parse(line))]
+
+
+# What SageMaker reads off a training job's log into CloudWatch metrics (the progress line's fields).
+SAGEMAKER_METRICS = {
+    "train:loss": r"step \d+/\d+ \| loss ([0-9.]+) \|",
+    "train:tokens_per_second": r"\| ([0-9]+) tokens/s",
+    "train:mfu_percent": r"\| mfu ([0-9.]+)%",
+}
+
+
+class _OneLine:
+    """A line of fixed words around its fields: ``_PATTERN`` captures them, in order, as ``_TYPES``."""
+
+    _PATTERN: re.Pattern
+    _TYPES: tuple[type, ...]
+
+    @classmethod
+    def parse(cls, line: str):
+        found = cls._PATTERN.fullmatch(line.strip())
+        return cls(*(kind(text) for kind, text in zip(cls._TYPES, found.groups(), strict=True))) if found else None
+
+
+@dataclass(frozen=True)
+class ReplicasLine(_OneLine):
+    """``training steps 0 -> 40, 8 data-parallel replica(s)``: the trainer's first line."""
+
+    first: int
+    last: int
+    replicas: int
+
+    _PATTERN = re.compile(r"training steps (\d+) -> (\d+), (\d+) data-parallel replica\(s\)")
+    _TYPES = (int, int, int)
+
+    def format(self) -> str:
+        return f"training steps {self.first} -> {self.last}, {self.replicas} data-parallel replica(s)"
+
+
+@dataclass(frozen=True)
+class BackendLine(_OneLine):
+    """``training with the torch backend, from the base model`` (train.py; a precompile run says so)."""
+
+    what: str  # "training" or "precompile run"
+    backend: str
+    start: str  # "from the base model" or "resuming from <checkpoint>"
+
+    _PATTERN = re.compile(r"(training|precompile run) with the (\w+) backend, (.+)")
+    _TYPES = (str, str, str)
+
+    def format(self) -> str:
+        return f"{self.what} with the {self.backend} backend, {self.start}"
+
+
+# -- torchtitan's metric line ----------------------------------------------------------------------------
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # torchtitan's colors, when a job file leaves them on
+_TITAN_TIME_FORMAT = "%Y-%m-%d %H:%M:%S,%f"
+_TITAN_PREFIX = re.compile(r"\[titan\] (?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+_TITAN_METRICS = re.compile(
+    r"(?<!validate )step:\s*(?P<step>\d+)\s+"
+    r"loss:\s*(?P<loss>\S+)\s+"
+    r"grad_norm:\s*(?P<grad_norm>\S+)\s+"
+    r"memory:\s*(?P<memory_gib>[0-9.]+)GiB\((?P<memory_pct>[0-9.]+)%\)\s+"
+    r"tps:\s*(?P<tps>[0-9,]+)\s+"
+    r"tflops:\s*(?P<tflops>[0-9,.]+)\s+"
+    r"mfu:\s*(?P<mfu>[0-9.]+)%"
+)
+# build_device_memory_monitor logs the device once: "CUDA capacity: NVIDIA H100 80GB HBM3 with 79.19GiB memory"
+_TITAN_DEVICE = re.compile(r"(?P<kind>[A-Z]+) capacity: (?P<name>.+?) with (?P<gib>[0-9.]+)GiB memory")
+
+
+def plain(text: str) -> str:
+    """``text`` without ANSI color codes."""
+    return _ANSI.sub("", text)
+
+
+@dataclass(frozen=True)
+class TitanMetricLine:
+    """``step: 10  loss:  9.12345  grad_norm:  1.2345  memory: 61.05GiB(77.17%)  tps: 6,475  tflops: 374.71
+    mfu: 37.89%``; tps is tokens per second per GPU. ``time`` is the logger's stamp where the line has it."""
+
+    step: int
+    loss: float
+    grad_norm: float
+    memory_gib: float
+    memory_pct: float
+    tps: int
+    tflops: float
+    mfu: float
+    time: datetime | None = field(default=None, compare=False)
+
+    def format(self) -> str:
+        message = (
+            f"step: {self.step:2}  loss: {self.loss:8.5f}  grad_norm: {self.grad_norm:7.4f}  "
+            f"memory: {self.memory_gib:5.2f}GiB({self.memory_pct:.2f}%)  tps: {self.tps:,}  "
+            f"tflops: {self.tflops:,.2f}  mfu: {self.mfu:.2f}%"
+        )
+        if self.time is None:
+            return message
+        return f"[titan] {self.time.strftime(_TITAN_TIME_FORMAT)[:-3]} - root - INFO - {message}"
+
+    @classmethod
+    def parse(cls, line: str) -> TitanMetricLine | None:
+        text = plain(line).strip()
+        found = _TITAN_METRICS.search(text)
+        if not found:
+            return None
+        loss, grad_norm = _float(found["loss"]), _float(found["grad_norm"])
+        if loss is None or grad_norm is None:
+            return None
+        stamp = _TITAN_PREFIX.match(text)
+        return cls(
+            step=int(found["step"]),
+            loss=loss,
+            grad_norm=grad_norm,
+            memory_gib=float(found["memory_gib"]),
+            memory_pct=float(found["memory_pct"]),
+            tps=int(found["tps"].replace(",", "")),
+            tflops=float(found["tflops"].replace(",", "")),
+            mfu=float(found["mfu"]),
+            time=datetime.strptime(stamp["time"], _TITAN_TIME_FORMAT) if stamp else None,
+        )
+
+    @classmethod
+    def parse_all(cls, text: str) -> list[TitanMetricLine]:
+        return [found for line in text.splitlines() if (found := cls.parse(line))]
+
+
+def titan_device(text: str) -> str:
+    """The accelerator torchtitan's log names (``NVIDIA H100 80GB HBM3 (79.19 GiB)``), or "unknown"."""
+    found = _TITAN_DEVICE.search(plain(text))
+    return f"{found['name']} ({found['gib']} GiB)" if found else "unknown"
+
+
+# -- the step verdict -----------------------------------------------------------------------------------
+_VERDICT = re.compile(
+    r"== (?P<step>\S+): (?P<state>[A-Z]+) \(exit (?P<exit>-?\d+)\) after (?P<seconds>\d+) s(?: at (?P<at>\S+))?"
+)
+
+
+@dataclass(frozen=True)
+class StepVerdict:
+    """``== train: COMPLETED (exit 0) after 12 s at 2026-01-01T10:00:00Z``: how a step's log ends
+    (``at``: the UTC time, where env.sh writes it)."""
+
+    step: str
+    state: str  # COMPLETED, FAILED or CANCELLED
+    exit_code: int
+    seconds: int
+    at: str | None = None
+
+    def format(self) -> str:
+        at = f" at {self.at}" if self.at else ""
+        return f"== {self.step}: {self.state} (exit {self.exit_code}) after {self.seconds} s{at}"
+
+    @classmethod
+    def parse(cls, line: str) -> StepVerdict | None:
+        found = _VERDICT.fullmatch(plain(line).strip())
+        if not found:
+            return None
+        return cls(found["step"], found["state"], int(found["exit"]), int(found["seconds"]), found["at"])
+
+    @classmethod
+    def last(cls, text: str, step: str) -> StepVerdict | None:
+        """The last verdict on ``step`` in a log's text, or None while the step runs."""
+        verdicts = [found for line in text.splitlines() if (found := cls.parse(line)) and found.step == step]
+        return verdicts[-1] if verdicts else None
+
+
+# -- <run>/logs/pipeline.json ----------------------------------------------------------------------------
+PIPELINE_FILE = "pipeline.json"
+ESTIMATE_FILE = "estimate.json"
+
+
+@dataclass(frozen=True)
+class StepJob:
+    """One submitted job of the record."""
+
+    step: str
+    job: str
+    log: str
+    nodes: int = 1
+    config: str = ""  # the run config the job ran with ("": the record's); a sweep's points each have their own
+
+
+@dataclass(frozen=True)
+class PipelineRecord:
+    """What submit wrote: the run config and each job in submission order."""
+
+    config: str
+    steps: tuple[StepJob, ...]
+
+    def to_json(self) -> str:
+        return json.dumps({"config": self.config, "steps": [asdict(job) for job in self.steps]}, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> PipelineRecord:
+        body = json.loads(text)
+        return cls(str(body.get("config", "")), tuple(StepJob(**entry) for entry in body["steps"]))
+
+
+# -- <run>/logs/estimate.json ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepEstimate:
+    step: str
+    nodes: int
+    seconds: float
+    basis: str  # how the duration was found
+
+    @property
+    def node_hours(self) -> float:
+        return self.seconds * self.nodes / 3600
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """How long the long steps take and what they occupy, from the smoke stage (jobs/estimate.py)."""
+
+    config: str
+    partition: str  # the Slurm partition ("" in a training job): hpctl prices its instance type
+    steps: tuple[StepEstimate, ...]
+    seconds_per_step: dict[str, float]  # per training job (train, rung-<name>, train@<nodes> in a sweep)
+    note: str
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(step.seconds for step in self.steps)
+
+    @property
+    def node_hours(self) -> float:
+        return sum(step.node_hours for step in self.steps)
+
+    def to_json(self) -> str:
+        body = {
+            "config": self.config,
+            "partition": self.partition,
+            "steps": [asdict(step) | {"node_hours": step.node_hours} for step in self.steps],
+            "seconds_per_step": self.seconds_per_step,
+            "total_seconds": self.total_seconds,
+            "node_hours": self.node_hours,
+            "note": self.note,
+        }
+        return json.dumps(body, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Estimate:
+        body = json.loads(text)
+        steps = tuple(
+            StepEstimate(row["step"], int(row["nodes"]), float(row["seconds"]), row["basis"]) for row in body["steps"]
+        )
+        return cls(body["config"], body["partition"], steps, dict(body["seconds_per_step"]), body["note"])

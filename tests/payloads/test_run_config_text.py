@@ -1,0 +1,81 @@
+"""One module reads, sets and derives a run config as text (jobs/run_config_text.py): the smoke stage,
+the sweep, the rehearsal and the tests use it, and what it writes is a run config config.py loads."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from llm_pipeline import config
+from llm_pipeline.config import ConfigError
+from llm_pipeline.jobs.run_config_text import derived_config, read_key, set_key, write_derived
+
+ROOT = Path(__file__).parents[2]
+TINY = ROOT / "payloads" / "configs" / "tiny-cpu.toml"
+ENV = {"HPL_MODELS_DIR": "/m", "HPL_DATASETS_DIR": "/d", "HPL_OUTPUTS_DIR": "/o"}
+
+
+@pytest.mark.parametrize("value", [12, 0.25, True, False, "full", 'with "quotes"', ["a", 'b = "c"']])
+def test_a_key_set_reads_back(value):
+    text = set_key(TINY.read_text(), "train", "method", value)
+    assert read_key(text, "train", "method", "t") == value
+
+
+def test_a_key_is_replaced_added_to_its_table_or_to_a_new_table():
+    text = "[train]\nmax_steps = 3  # short\n\n[data]\npacking = true\n"
+    assert set_key(text, "train", "max_steps", 9) == "[train]\nmax_steps = 9\n\n[data]\npacking = true\n"
+    assert set_key(text, "train", "method", "full") == (
+        '[train]\nmax_steps = 3  # short\nmethod = "full"\n\n[data]\npacking = true\n'
+    )
+    assert set_key(text, "eval", "answers", 1).endswith("\n[eval]\nanswers = 1\n")
+    assert set_key(text, "train", "max_steps", None) == "[train]\n\n[data]\npacking = true\n"  # None: removed
+    assert set_key(text, "data", "max_steps", None) == text  # another table's key stays
+
+
+def test_a_derived_run_has_its_own_folder_absolute_paths_and_loads(tmp_path):
+    source = tmp_path / "configs" / "run.toml"
+    source.parent.mkdir()
+    source.write_text(set_key(TINY.read_text(), "paths", "model_dir", "models/tiny"))
+    target = write_derived(source, tmp_path / "other" / "run.toml", {("train", "max_steps"): 4}, run_dir="/o/other")
+    loaded = config.load(target, env=ENV)
+    assert (loaded.train.max_steps, loaded.paths.output_dir) == (4, "/o/other")
+    assert loaded.paths.model_dir == str(source.parent / "models" / "tiny")
+    assert derived_config(source, "/o/other", {("train", "max_steps"): 4}) == target.read_text()
+
+
+def test_a_value_it_cannot_read_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"t:2 train\.method: cannot read"):
+        read_key("[train]\nmethod = '''x'''\n", "train", "method", "t")
+
+
+def _text_surgery(path: Path) -> list[str]:
+    """re.sub/re.subn on `key = ...` lines, and str.replace of a `key = ` line or a `[table]` header."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args):
+            continue
+        first = node.args[0]
+        text = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
+        if isinstance(first, ast.JoinedStr):
+            text = "".join(p.value for p in first.values if isinstance(p, ast.Constant))
+        if text is None:
+            continue
+        regex = node.func.attr in ("sub", "subn") and getattr(node.func.value, "id", "") == "re"
+        if (regex and " = " in text) or (
+            node.func.attr == "replace" and (" = " in text or (text.startswith("[") and text.endswith("]\n")))
+        ):
+            found.append(f"{path}:{node.lineno}")
+    return found
+
+
+def test_no_run_config_text_surgery_in_tools_or_tests():
+    paths = [p for folder in ("tools", "tests") for p in sorted((ROOT / folder).rglob("*.py")) if p != Path(__file__)]
+    assert [place for path in paths for place in _text_surgery(path)] == []
+
+
+def test_the_surgery_finder_sees_it(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('import re\nt = re.subn(r"(?m)^max_steps = .*$", "", "")\nu = "".replace("[train]\\n", "")\n')
+    assert len(_text_surgery(module)) == 2

@@ -1,0 +1,173 @@
+"""Every line and file a run leaves for another program has one format (llm_pipeline/run_files.py): what
+its writer prints reads back to the same text, a diverged loss (nan, inf) included, and no other module
+carries its own pattern for those lines."""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+import subprocess
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from llm_pipeline.run_files import (
+    BackendLine,
+    Estimate,
+    PipelineRecord,
+    ProgressLine,
+    ReplicasLine,
+    StepEstimate,
+    StepJob,
+    StepVerdict,
+    TitanMetricLine,
+    describe_number,
+)
+
+ROOT = Path(__file__).parents[2]
+LOSSES = [1.2345, 0.0, math.nan, math.inf, -math.inf]
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_the_progress_line_reads_back_what_it_wrote(loss):
+    line = ProgressLine(12, 40, loss, 2e-5, 3.7, 15155.0, "0:01:00", ("mfu 41.2%", "peak mem 12.00 GB")).format()
+    parsed = ProgressLine.parse(f"  {line}  ")
+    assert parsed.format() == line
+    assert (parsed.step, parsed.total, parsed.extra, parsed.eta) == (
+        12,
+        40,
+        ("mfu 41.2%", "peak mem 12.00 GB"),
+        "0:01:00",
+    )
+    assert parsed.loss == loss or (math.isnan(loss) and math.isnan(parsed.loss))
+
+
+def test_a_line_without_the_throughput_fields_is_no_progress_line():
+    assert ProgressLine.parse("step 3/4 | eval_loss 1.2 | epoch 1") is None
+    assert ProgressLine.parse("step 3/4 | loss x | lr 1e-5 | 1.00 samples/s | 10 tokens/s | eta 0:00:01") is None
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_torchtitan_metric_line_reads_back_with_and_without_the_logger_prefix(loss):
+    line = TitanMetricLine(10, loss, 1.2345, 61.05, 77.17, 6475, 374.71, 37.89)
+    assert TitanMetricLine.parse(line.format()).format() == line.format()
+    stamped = TitanMetricLine(
+        10, loss, 1.2345, 61.05, 77.17, 6475, 374.71, 37.89, datetime(2026, 1, 1, 10, 0, 1, 250000)
+    )
+    text = stamped.format()
+    assert text.startswith("[titan] 2026-01-01 10:00:01,250 - root - INFO - step: 10  loss: ")
+    again = TitanMetricLine.parse(f"\x1b[31m{text}\x1b[39m")  # colors on: stripped first
+    assert again.format() == text and again.time == stamped.time
+    assert TitanMetricLine.parse("validate step: 10  loss: 1.0  grad_norm: 1.0  memory: 1.00GiB(1.00%)  tps: 1  "
+                                 "tflops: 1.00  mfu: 1.00%") is None  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "verdict",
+    [
+        StepVerdict("train", "COMPLETED", 0, 12),
+        StepVerdict("smoke-train-resume", "FAILED", 3, 0, "2026-01-01T10:00:00Z"),
+    ],
+)
+def test_the_step_verdict_reads_back(verdict):
+    assert StepVerdict.parse(verdict.format()) == verdict
+    log = f"== {verdict.step}: job 7 on node1\nwork\n{verdict.format()}\n"
+    assert StepVerdict.last(log, verdict.step) == verdict and StepVerdict.last(log, "other") is None
+
+
+def test_the_shell_writer_in_env_sh_writes_the_verdict_format(tmp_path):
+    """payloads/slurm/env.sh's EXIT trap is the Slurm lane's writer: a step that exits 3 ends its log with
+    the verdict this module parses and formats back to the same line."""
+    env = {
+        **os.environ,
+        "HPL_PAYLOADS_DIR": str(ROOT / "payloads"),
+        "HPL_RUN_CONFIG": str(tmp_path / "run.toml"),
+        "HPL_RUN_DIR": str(tmp_path / "run"),
+        "HPL_FSX_MOUNT_PATH": str(tmp_path),
+        "HPL_RUNTIME": "host",
+    }
+    script = f"source {ROOT / 'payloads' / 'slurm' / 'env.sh'} train; exit 3"
+    result = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3, result.stderr
+    last = result.stdout.strip().splitlines()[-1]
+    verdict = StepVerdict.parse(last)
+    assert (verdict.step, verdict.state, verdict.exit_code) == ("train", "FAILED", 3) and verdict.at
+    assert verdict.format() == last
+
+
+def test_the_trainer_start_lines_read_back():
+    replicas = ReplicasLine(0, 40, 8)
+    assert ReplicasLine.parse(replicas.format()) == replicas
+    backend = BackendLine("training", "torch", "resuming from /run/checkpoints/checkpoint-2")
+    assert BackendLine.parse(backend.format()) == backend
+
+
+def test_the_pipeline_record_reads_back():
+    record = PipelineRecord(
+        "run.toml", (StepJob("data", "11", "/run/logs/data-11.log"), StepJob("train", "12", "t", 2, "p.toml"))
+    )
+    assert PipelineRecord.from_json(record.to_json()) == record
+
+
+@pytest.mark.parametrize("seconds_per_step", [0.5, math.nan, math.inf])
+def test_the_estimate_reads_back(seconds_per_step):
+    estimate = Estimate(
+        "run.toml",
+        "trn1",
+        (StepEstimate("train", 2, 1800.0, "measured"), StepEstimate("merge", 1, 60.0, "its smoke run's duration")),
+        {"train": seconds_per_step},
+        "billed per node",
+    )
+    again = Estimate.from_json(estimate.to_json())
+    assert again.to_json() == estimate.to_json()
+    assert (again.total_seconds, again.node_hours) == (1860.0, pytest.approx(1 + 60 / 3600))
+
+
+def test_a_diverged_loss_is_spelled_for_people():
+    assert [describe_number(v) for v in LOSSES] == ["1.2345", "0.0000", "NaN", "Inf", "-Inf"]
+
+
+# The markers of the lines this module owns: a regular expression holding one belongs here.
+RUN_LINE_MARKERS = ("loss", "samples/s", "tokens/s", "tps:", "== ", "data-parallel", "backend", "[titan]")
+REGEX_CALLS = {"compile", "match", "fullmatch", "search", "findall", "finditer", "sub", "subn", "split"}
+
+
+def _regex_texts(path: Path) -> list[str]:
+    texts = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in REGEX_CALLS
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "re"
+            and node.args
+        ):
+            pattern = node.args[0]
+            parts = pattern.values if isinstance(pattern, ast.JoinedStr) else [pattern]
+            texts.append("".join(p.value for p in parts if isinstance(p, ast.Constant) and isinstance(p.value, str)))
+    return texts
+
+
+def test_no_pattern_for_a_run_line_outside_the_run_files_module():
+    owner = ROOT / "payloads" / "llm_pipeline" / "run_files.py"
+    folders = ("payloads", "hpctl", "tools", "tests", "bench", "stacks", "lifecycle")
+    found = [
+        f"{path.relative_to(ROOT)}: {text!r}"
+        for folder in folders
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path != owner
+        for text in _regex_texts(path)
+        if any(marker in text for marker in RUN_LINE_MARKERS)
+    ]
+    assert found == []
+
+
+def test_the_pattern_finder_sees_a_run_line_pattern(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        'import re\nX = re.compile(r"^step (\\\\d+)/\\\\d+ \\\\| loss")\ny = re.search(rf"== {1}: COMPLETED", "")\n'
+    )
+    assert [any(m in text for m in RUN_LINE_MARKERS) for text in _regex_texts(module)] == [True, True]
