@@ -27,7 +27,7 @@ from pathlib import Path
 
 from cluster_contract import FSX_FOLDER_FACTS, PAYLOADS_FOLDER
 from llm_pipeline.config import METHODS
-from llm_pipeline.jobs.sweep_plan import derived_config
+from llm_pipeline.jobs.run_config_text import derived_config
 from tools.local_slurm import LocalSlurm, LocalSlurmError, hand_to_invoking_user
 
 REPO = Path(__file__).resolve().parents[1]
