@@ -13,11 +13,13 @@ HyperPod offers for cluster instance groups (botocore's ClusterInstanceType enum
 
 CUDA compute capability per GPU model: NVIDIA's "CUDA GPUs - Compute Capability" table,
 https://developer.nvidia.com/cuda-gpus (L4 and L40S are Ada, 8.9; H100/H200 Hopper, 9.0; B200
-Blackwell, 10.0). It decides what a GPU can run: FP8 matmuls (torchao's float8 training, the
-torchtitan ladder's FP8 rungs) need 8.9 or newer; CUDA 13 builds need 7.5 or newer (no V100).
+Blackwell, 10.0; B300 Blackwell Ultra, 10.3; RTX PRO 6000 Blackwell Server Edition, 12.0). It
+decides what a GPU can run: FP8 matmuls (torchao's float8 training, the torchtitan ladder's FP8
+rungs) need 8.9 or newer; CUDA 13 builds need 7.5 or newer (no V100).
 EFA device RDMA (GPUDirect RDMA) is marked for the P (p4d, p5, p6) and Trn families, where AWS
-documents it; the g5/g6/g6e rows leave it off: off only costs speed where a type might allow it,
-while on where it is not valid breaks EFA transfers (see ``efa_device_rdma``).
+documents it; the g5/g6/g6e/g7e rows leave it off: off only costs speed where a type might allow it,
+while on where it is not valid breaks EFA transfers (see ``efa_device_rdma``). Types HyperPod offers
+that the cluster cannot run are refused by name (``REFUSED_INSTANCE_TYPES``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ GPU_CUDA_CAPABILITY: dict[str, tuple[int, int]] = {
     "H100": (9, 0),
     "H200": (9, 0),
     "B200": (10, 0),
+    "B300": (10, 3),
+    "RTX PRO 6000": (12, 0),  # the Blackwell Server Edition of ml.g7e
 }
 FP8_MIN_CUDA_CAPABILITY = (8, 9)  # Ada/Hopper FP8 tensor cores; torchao float8 refuses older GPUs
 # The CUDA training image (payloads/Dockerfile.cuda) is built on CUDA 13.0, whose toolkit and
@@ -130,6 +134,15 @@ INSTANCE_TYPES: dict[str, InstanceFacts] = {
     "ml.p5e.48xlarge": _gpu("H200", 8, 32, device_rdma=True),
     "ml.p5en.48xlarge": _gpu("H200", 8, 16, device_rdma=True),
     "ml.p6-b200.48xlarge": _gpu("B200", 8, 8, device_rdma=True),
+    # Types HyperPod added later (botocore's ClusterInstanceType). EFA: the EC2 EFA guide lists p5.4xlarge,
+    # p6-b300 and g7e from 8xlarge up as EFA types (with RDMA read/write), not g7e.2xlarge/4xlarge,
+    # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa.html#efa-instance-types; one EFA per network
+    # card (EC2 guide, using-eni.html#network-cards: g7e.24xlarge 2, g7e.48xlarge 4, p6-b300 17, the
+    # rest 1). EFA counts and GPUs per type as AWS's own HyperPod CLI records them (INSTANCE_RESOURCES in
+    # aws/sagemaker-hyperpod-cli, src/sagemaker/hyperpod/training/constants.py): p5.4xlarge 1 GPU, 1 EFA;
+    # p6-b300 8 GPUs, 16 EFA (one of its 17 cards carries no EFA); g7e 1/1/1/2/4/8 GPUs, 0/0/1/1/2/4 EFA.
+    "ml.p5.4xlarge": _gpu("H100", 1, 1, device_rdma=True),
+    "ml.p6-b300.48xlarge": _gpu("B300", 8, 16, device_rdma=True),
     "ml.g5.xlarge": _gpu("A10G", 1, 0),
     "ml.g5.2xlarge": _gpu("A10G", 1, 0),
     "ml.g5.4xlarge": _gpu("A10G", 1, 0),
@@ -154,9 +167,27 @@ INSTANCE_TYPES: dict[str, InstanceFacts] = {
     "ml.g6e.16xlarge": _gpu("L40S", 1, 1),
     "ml.g6e.24xlarge": _gpu("L40S", 4, 2),
     "ml.g6e.48xlarge": _gpu("L40S", 8, 4),
+    # G7e (RTX PRO 6000 Blackwell Server Edition): device RDMA left off like the other G rows (see the docstring).
+    "ml.g7e.2xlarge": _gpu("RTX PRO 6000", 1, 0),
+    "ml.g7e.4xlarge": _gpu("RTX PRO 6000", 1, 0),
+    "ml.g7e.8xlarge": _gpu("RTX PRO 6000", 1, 1),
+    "ml.g7e.12xlarge": _gpu("RTX PRO 6000", 2, 1),
+    "ml.g7e.24xlarge": _gpu("RTX PRO 6000", 4, 2),
+    "ml.g7e.48xlarge": _gpu("RTX PRO 6000", 8, 4),
     # CPU only: allowed as compute groups (data preparation, generation on CPU), no devices
     **_cpu("large", "xlarge", "2xlarge", "4xlarge", "9xlarge", "12xlarge", "18xlarge", "24xlarge", family="c5"),
     **_cpu("large", "xlarge", "2xlarge", "4xlarge", "8xlarge", "12xlarge", "16xlarge", "24xlarge", family="m5"),
+}
+
+# Types HyperPod offers that the cluster cannot use, with the reason config validation gives. The
+# P6e-GB200 UltraServer's hosts are Grace (arm64): the EC2 ENA Express guide lists p6e-gb200.36xlarge
+# as arm64 (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ena-express.html), while the CUDA
+# training image is built for linux/amd64 only (payloads/Dockerfile.cuda), so its containers cannot start.
+REFUSED_INSTANCE_TYPES: dict[str, str] = {
+    "ml.p6e-gb200.36xlarge": (
+        "a P6e-GB200 UltraServer node has Grace arm64 CPUs and the CUDA training image is built for "
+        "linux/amd64 only (payloads/Dockerfile.cuda); pick an x86_64 GPU type such as ml.p6-b300.48xlarge"
+    ),
 }
 
 

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from stacks.accelerators import INSTANCE_TYPES, instance_facts
+from stacks.accelerators import INSTANCE_TYPES, REFUSED_INSTANCE_TYPES, instance_facts
 from stacks.validation import ConfigError, coerce
 
 CONTEXT_KEY = "compute_groups"
@@ -171,6 +171,8 @@ def check_group(group: ComputeGroup, where: str) -> None:
 
     if not NAME_PATTERN.fullmatch(group.name) or group.name in RESERVED_GROUP_NAMES:
         raise bad("name", "letters and digits, inner hyphens, 63 at most, not controller or login")
+    if group.instance_type in REFUSED_INSTANCE_TYPES:
+        raise bad("instance_type", f"not {group.instance_type}: {REFUSED_INSTANCE_TYPES[group.instance_type]}")
     if group.instance_type not in INSTANCE_TYPES:
         raise bad("instance_type", "one of " + ", ".join(INSTANCE_TYPES) + " (the table in stacks/accelerators.py)")
     if not NAME_PATTERN.fullmatch(group.partition) or group.partition == "dev":

@@ -59,6 +59,8 @@ def test_only_needed_image_families():
 BAD = [
     ([{**TRN, "instance_type": "ml.trn1.2xlarge"}], ["[0] (trn)", "'instance_type'", "ml.trn1.32xlarge"]),
     ([{**TRN, "instance_type": "ml.p3.2xlarge"}], ["'instance_type'", "stacks/accelerators.py"]),
+    # HyperPod offers it, but its Grace hosts are arm64 and the CUDA image is amd64 only.
+    ([{**GPU, "instance_type": "ml.p6e-gb200.36xlarge"}], ["[0] (gpu)", "'instance_type'", "arm64", "linux/amd64"]),
     ([TRN, {**GPU, "name": "trn"}], ["[1] (trn)", "'name'", "group [0] already has it"]),
     ([TRN, {**GPU, "partition": "trn1"}], ["[1] (gpu)", "'partition'", "group [0] already has it"]),
     ([{**GPU, "training_plan_arn": PLAN}], ["[0] (gpu)", "'capacity'", "on-demand when training_plan_arn"]),

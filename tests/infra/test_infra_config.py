@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from cluster_contract import FACT_KEYS
-from stacks.accelerators import GPU_CUDA_CAPABILITY, INSTANCE_TYPES
+from stacks.accelerators import GPU_CUDA_CAPABILITY, INSTANCE_TYPES, REFUSED_INSTANCE_TYPES
 from stacks.aws_catalog import schema_published
 from stacks.build import REPO_ROOT
 from stacks.compute_groups import parse_compute_groups
@@ -237,6 +237,24 @@ def test_newer_gpu_rows_and_their_cuda_capability():
     assert INSTANCE_TYPES["ml.p6-b200.48xlarge"].cuda_capability == (10, 0)  # compares as a tuple, not "10.0" < "8.9"
     for instance_type, facts in INSTANCE_TYPES.items():
         assert (facts.cuda_capability is not None) == (facts.accelerator == "cuda"), instance_type
+
+
+def test_rows_for_the_types_hyperpod_added_later():
+    """p5.4xlarge, p6-b300 and g7e: GPUs, EFA, device RDMA and capability as the cited sources give them."""
+    names = ["ml.p5.4xlarge", "ml.p6-b300.48xlarge", *(f"ml.g7e.{n}xlarge" for n in (2, 4, 8, 12, 24, 48))]
+    rows = [
+        (INSTANCE_TYPES[n].devices, INSTANCE_TYPES[n].efa_interfaces, INSTANCE_TYPES[n].efa_device_rdma) for n in names
+    ]
+    assert rows == [(1, 1, True), (8, 16, True)] + [
+        (d, e, False) for d, e in ((1, 0), (1, 0), (1, 1), (2, 1), (4, 2), (8, 4))
+    ]
+    capability = {
+        n: INSTANCE_TYPES[n].cuda_capability for n in ("ml.p5.4xlarge", "ml.p6-b300.48xlarge", "ml.g7e.2xlarge")
+    }
+    assert capability == {"ml.p5.4xlarge": (9, 0), "ml.p6-b300.48xlarge": (10, 3), "ml.g7e.2xlarge": (12, 0)}
+    assert all(INSTANCE_TYPES[n].supports_fp8 for n in names)
+    # Refused (arm64 hosts), so neither a row nor silently unknown.
+    assert "ml.p6e-gb200.36xlarge" in REFUSED_INSTANCE_TYPES and "ml.p6e-gb200.36xlarge" not in INSTANCE_TYPES
 
 
 def test_fp8_support_follows_the_capability():

@@ -8,7 +8,7 @@ import re
 import pytest
 from test_infra_lint_nag import template_path
 
-from stacks.accelerators import INSTANCE_TYPES
+from stacks.accelerators import INSTANCE_TYPES, REFUSED_INSTANCE_TYPES
 from stacks.aws_catalog import (
     cluster_regions,
     hyperpod_instance_types,
@@ -31,6 +31,7 @@ def test_every_instance_type_of_the_accelerator_table_is_one_hyperpod_offers():
     offered = hyperpod_instance_types()
     assert "ml.trn1.32xlarge" in offered and "ml.trn1.2xlarge" not in offered
     assert sorted(set(INSTANCE_TYPES) - offered) == []
+    assert sorted(set(REFUSED_INSTANCE_TYPES) - offered) == []  # a refusal names a real type, not a typo
 
 
 def test_zone_id_prefixes_follow_the_region_names():
