@@ -29,8 +29,10 @@ Strategy = Literal["fsdp", "ddp"]
 Attention = Literal["auto", "sdpa", "flash_attention_2", "eager"]
 Optimizer = Literal["adamw_torch", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"]  # transformers' optim names
 Retention = Literal["all", "last", "none"]
+QloraMergeBase = Literal["dequantized", "bf16"]  # merge.qlora_base: what a qlora adapter is added to
 BACKENDS, DTYPES, METHODS = get_args(Backend), get_args(Dtype), get_args(Method)
 STRATEGIES, ATTENTIONS, OPTIMIZERS = get_args(Strategy), get_args(Attention), get_args(Optimizer)
+QLORA_MERGE_BASES = get_args(QloraMergeBase)
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head")
 TORCHTITAN_RUNGS = ("baseline", "compile", "fp8", "fp8_allgather")  # the ladder, in climbing order
 # Beside the ladder: float8 with rowwise scales (torchao's "rowwise" recipe) on top of compile.
@@ -391,6 +393,16 @@ class EvalConfig:
     batch_size: int = ranged(4, at_least(1), "sequences per forward pass when scoring the held-out rows")
 
 
+@dataclass(frozen=True)
+class MergeConfig:
+    qlora_base: QloraMergeBase = described(
+        "dequantized",
+        "train.method qlora: the base the adapter is added to: dequantized (each weight training held in 4-bit, "
+        "quantized to NF4 with the run's settings and dequantized: the weights training computed with) or bf16 "
+        "(the base folder as it is); docs/merge.md has the measured difference",
+    )
+
+
 # SageMaker caps a training job's run time (and a spot job's wait) at 28 days.
 JOB_MAX_HOURS = 28 * 24
 
@@ -494,6 +506,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    merge: MergeConfig = field(default_factory=MergeConfig)
     torchtitan: TorchtitanConfig = field(default_factory=TorchtitanConfig)
     job: JobConfig = field(default_factory=JobConfig)
 

@@ -1,7 +1,9 @@
 """Merge a LoRA or DoRA adapter into its base model, streaming tensor by tensor.
 
-A QLoRA adapter merges into the bf16 base folder (paths.model_dir) that training quantized to 4-bit
-as it loaded it; train.method full has no adapter, so the step says so and does nothing.
+A QLoRA adapter merges, by merge.qlora_base, into the weights training computed with (dequantized:
+every weight the 4-bit model held goes through NF4 and back with the run's settings first, as
+training's load did) or into the bf16 base folder as it is (bf16); train.method full has no adapter,
+so the step says so and does nothing.
 
     python -m llm_pipeline.merge --config run.toml [--base DIR] [--adapter DIR] [--output DIR]
 
@@ -22,11 +24,11 @@ from collections import Counter
 from pathlib import Path
 
 from llm_pipeline import cli
-from llm_pipeline.config import LoraConfig
+from llm_pipeline.config import QLORA_MERGE_BASES, LoraConfig, RunConfig
 from llm_pipeline.errors import CheckpointError
 from llm_pipeline.weights.adapter_files import AdapterFolder, open_adapter_folder
 from llm_pipeline.weights.atomic_output import AtomicOutputDir
-from llm_pipeline.weights.merge_stream import LoraFactors, ProgressPrinter, merge_shard
+from llm_pipeline.weights.merge_stream import BaseRounding, LoraFactors, ProgressPrinter, merge_shard
 from llm_pipeline.weights.model_files import ModelFolder, open_model_folder
 from llm_pipeline.weights.safetensors_header import FLOAT_DTYPES
 
@@ -99,7 +101,9 @@ def check_paths(output: Path, *inputs: Path) -> None:
             raise CheckpointError(f"output {output} would overwrite the input {path}; choose another --output")
 
 
-def write_merged(model: ModelFolder, adapter: AdapterFolder, folder: Path) -> Counter[str]:
+def write_merged(
+    model: ModelFolder, adapter: AdapterFolder, folder: Path, rounding: BaseRounding | None = None
+) -> Counter[str]:
     """Write every merged shard, the index and the other files into ``folder``; verify every update applied once."""
     used: Counter[str] = Counter()
     with contextlib.closing(LoraFactors(adapter)) as lora:
@@ -107,7 +111,8 @@ def write_merged(model: ModelFolder, adapter: AdapterFolder, folder: Path) -> Co
             started = time.monotonic()
             updates = {name: adapter.updates[name] for name in shard.tensors if name in adapter.updates}
             label = f"[{number}/{len(model.shards)}] {shard.path.name}"
-            used.update(merge_shard(shard, folder / shard.path.name, lora, updates, ProgressPrinter(label, shard.size)))
+            progress = ProgressPrinter(label, shard.size)
+            used.update(merge_shard(shard, folder / shard.path.name, lora, updates, progress, rounding))
             seconds = max(time.monotonic() - started, 1e-6)
             rate = shard.size / 1e6 / seconds
             print(
@@ -134,15 +139,19 @@ def merge(
     overwrite: bool = False,
     allow_other_base: bool = False,
     run_lora: LoraConfig | None = None,
+    rounding: BaseRounding | None = None,
 ) -> Path:
     """Merge ``adapter_dir`` into ``base`` at ``output``; ``run_lora`` (the run config's [lora]) only
-    adds a note when the adapter was trained with other settings (the adapter's own config wins)."""
+    adds a note when the adapter was trained with other settings (the adapter's own config wins);
+    ``rounding`` replaces those base weights first (a QLoRA adapter's dequantized 4-bit base)."""
     model = open_model_folder(base)
     adapter = open_adapter_folder(adapter_dir)
     if run_lora is not None:
         note_if_settings_differ(run_lora, adapter)
     check_base_model(adapter, base, allow_other=allow_other_base)
     check_fits(model, adapter)
+    if rounding is not None:
+        check_rounded(model, rounding)
     check_paths(output, base, adapter_dir)
     atomic = AtomicOutputDir(output, overwrite=overwrite)
     atomic.check()
@@ -156,7 +165,9 @@ def merge(
     if not model.has_tokenizer:
         print(f"warning: {base} has no tokenizer files; the merged model will need one from elsewhere", flush=True)
     started = time.monotonic()
-    used = atomic.write("merge", lambda partial: write_merged(model, adapter, partial))
+    if rounding is not None:
+        print(f"merge: {len(rounding.names)} base weight(s) quantized to 4-bit and dequantized first", flush=True)
+    used = atomic.write("merge", lambda partial: write_merged(model, adapter, partial, rounding))
     print(
         f"merged model written to {output}: {len(used)} of {len(adapter.updates)} LoRA modules applied once, "
         f"{len(model.extra_files)} config/tokenizer file(s) copied, {time.monotonic() - started:.1f} s",
@@ -186,6 +197,11 @@ def build_parser():
         action="store_true",
         help="merge even when the adapter's base_model_name_or_path names another model than --base",
     )
+    parser.add_argument(
+        "--qlora-base",
+        choices=QLORA_MERGE_BASES,
+        help="train.method qlora: the base the adapter is added to (default: merge.qlora_base)",
+    )
     return parser
 
 
@@ -203,7 +219,30 @@ def run(cfg, args) -> None:
         overwrite=args.overwrite,
         allow_other_base=args.allow_other_base,
         run_lora=cfg.lora,
+        rounding=qlora_rounding(cfg, args.base or Path(cfg.paths.model_dir), args.qlora_base or cfg.merge.qlora_base),
     )
+
+
+def qlora_rounding(cfg: RunConfig, base: Path, qlora_base: str) -> BaseRounding | None:
+    """The dequantized 4-bit base of a qlora run (None otherwise): the run's BitsAndBytesConfig and load dtype."""
+    if cfg.train.method != "qlora" or qlora_base != "dequantized":
+        return None
+    from llm_pipeline.qlora_base import RoundTrip, quantized_weights
+    from llm_pipeline.training.torch.methods import load_dtype, quantization_config
+
+    quantization = quantization_config(cfg)
+    return BaseRounding(quantized_weights(base, quantization), RoundTrip(quantization, load_dtype(cfg)))
+
+
+def check_rounded(model: ModelFolder, rounding: BaseRounding) -> None:
+    """Every weight the 4-bit model holds must be a 2-D float tensor of the base folder."""
+    for name in sorted(rounding.names):
+        slot = model.tensors.get(name)
+        if slot is None or slot.dtype not in FLOAT_DTYPES or len(slot.shape) != 2:
+            raise CheckpointError(
+                f"the 4-bit model of {model.path} holds {name}, which the folder has not as a 2-D float tensor "
+                f"({'missing' if slot is None else f'{slot.dtype} {list(slot.shape)}'}); merge with --qlora-base bf16"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,10 @@ processed strictly in order, one sequential stream in and one out, which disks (
 serve best (a helper thread copying while computing gained nothing measurable). Blocks of 2 MB keep
 the few passes of the bf16 arithmetic in CPU cache (2.7x faster than 64 MB blocks), and memory is
 bounded by one block, whatever the model size.
+
+A QLoRA merge onto the dequantized 4-bit base (``BaseRounding``) rewrites every weight the 4-bit model
+held, targeted or not, whole: quantization statistics span the tensor, so memory is bounded by the
+largest such weight instead.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +34,14 @@ BLOCK_BYTES = 2 * 1024 * 1024  # fp32 bytes of W per row block: small enough to 
 COPY_CHUNK = 256 * 1024 * 1024
 
 Progress = Callable[[int], None]  # called with each number of bytes just written
+
+
+@dataclass(frozen=True)
+class BaseRounding:
+    """Base weights to replace by ``round_trip(W)`` (a whole fp32 weight in, fp32 out) before any delta."""
+
+    names: frozenset[str]
+    round_trip: Callable[[np.ndarray], np.ndarray]
 
 
 def read_rows(fd: int, slot: TensorSlot, first: int, count: int) -> np.ndarray:
@@ -99,28 +112,56 @@ def merge_slot(src: int, dst: int, slot: TensorSlot, update: LoraUpdate, lora: L
             weight = lora.base_rows(update, first, count).astype(compute_type(slot.dtype))
         else:
             weight = read_rows(src, slot, first, count)
-        weight += lora.delta_rows(update, first, count)
-        if update.magnitude_key is not None:
-            magnitude = lora.magnitudes[update.target][first : first + count]
-            weight *= (magnitude / np.linalg.norm(weight, axis=1)).astype(weight.dtype)[:, None]
+        add_update(weight, update, lora, first)
         os.pwrite(dst, encode(weight, slot.dtype).data, slot.start + first * row_bytes)
 
 
+def add_update(weight: np.ndarray, update: LoraUpdate, lora: LoraFactors, first: int) -> None:
+    """Rows [first, first + len(weight)) of W, in place: + scale * B @ A, then DoRA's row magnitudes."""
+    count = weight.shape[0]
+    weight += lora.delta_rows(update, first, count)
+    if update.magnitude_key is not None:
+        magnitude = lora.magnitudes[update.target][first : first + count]
+        weight *= (magnitude / np.linalg.norm(weight, axis=1)).astype(weight.dtype)[:, None]
+
+
+def round_slot(
+    src: int, dst: int, slot: TensorSlot, update: LoraUpdate | None, lora: LoraFactors, rounding: BaseRounding
+) -> None:
+    """Rewrite one base weight whole as round_trip(W) (+ scale * B @ A when the adapter targets it)."""
+    rows = slot.shape[0]
+    base = lora.base_rows(update, 0, rows) if update and update.base_copy_key else read_rows(src, slot, 0, rows)
+    weight = rounding.round_trip(base.astype(np.float32))
+    if update is not None:
+        add_update(weight, update, lora, 0)
+    os.pwrite(dst, encode(weight, slot.dtype).data, slot.start)
+
+
 def merge_shard(
-    shard: SafetensorsFile, out_path: Path, lora: LoraFactors, updates: dict[str, LoraUpdate], progress: Progress
+    shard: SafetensorsFile,
+    out_path: Path,
+    lora: LoraFactors,
+    updates: dict[str, LoraUpdate],
+    progress: Progress,
+    rounding: BaseRounding | None = None,
 ) -> list[str]:
-    """Write the merged copy of ``shard``; returns the names of the tensors it rewrote."""
+    """Write the merged copy of ``shard``; returns the names of the LoRA targets it rewrote."""
     merged = []
+    rounded = rounding.names if rounding is not None else frozenset()
     with shard.path.open("rb") as src_file, out_path.open("wb") as dst_file:
         src, dst = src_file.fileno(), dst_file.fileno()
         os.pwrite(dst, shard.header, 0)
         position = shard.data_start
         for slot in sorted(shard.tensors.values(), key=lambda s: s.start):
-            if slot.name in updates:
+            if slot.name in updates or slot.name in rounded:
                 copy_range(src, dst, position, slot.start, progress)
-                merge_slot(src, dst, slot, updates[slot.name], lora)
+                if slot.name in rounded:
+                    round_slot(src, dst, slot, updates.get(slot.name), lora, rounding)
+                else:
+                    merge_slot(src, dst, slot, updates[slot.name], lora)
                 progress(slot.nbytes)
-                merged.append(slot.name)
+                if slot.name in updates:
+                    merged.append(slot.name)
                 position = slot.end
         copy_range(src, dst, position, shard.size, progress)
     return merged
