@@ -49,7 +49,7 @@ def table_row(report: str, first_cell: str) -> list[str]:
 
 def test_train_bench_runs_every_variant_on_both_layouts(tmp_path):
     report = run_bench(
-        "train_bench.py", tmp_path, "--shape", SMOKE_SHAPE, "--seq-len", "32", "--batch", "1", "--steps", "1",
+        "train_bench.py", tmp_path, "--shape", SMOKE_SHAPE, "--seq-len", "64", "--batch", "1", "--steps", "1",
         "--warmup", "1",
     )  # fmt: skip
     record = json_block(report)

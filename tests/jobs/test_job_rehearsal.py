@@ -318,7 +318,9 @@ def test_metric_definitions_read_every_field_of_the_progress_line(capsys):
 
     tokens = SimpleNamespace(real=0)
     logger = MetricsLogger(tokens=tokens, trainable=1, tensorboard_dir=None)
-    args = SimpleNamespace(world_size=8, per_device_train_batch_size=1, gradient_accumulation_steps=1)
+    args = SimpleNamespace(
+        world_size=8, per_device_train_batch_size=1, gradient_accumulation_steps=1, output_dir="run/checkpoints"
+    )
     state = SimpleNamespace(global_step=0, max_steps=10, is_world_process_zero=True)
     logger.on_train_begin(args, state, None)
     tokens.real, state.global_step = 4096, 5

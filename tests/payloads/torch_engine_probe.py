@@ -96,7 +96,7 @@ def act_as_cuda_for_liger() -> None:
     for liger alone (the lever check and train.liger_kernel = "auto")."""
     liger_standin.install()
     check_lever_packages, liger_enabled = backend.check_lever_packages, methods.liger_enabled
-    backend.check_lever_packages = lambda cfg, cuda=None: check_lever_packages(cfg, cuda=True)
+    backend.check_lever_packages = lambda cfg, cuda=None, kind=None: check_lever_packages(cfg, cuda=True, kind=kind)
     methods.liger_enabled = lambda cfg, cuda=None, liger_installed=None: liger_enabled(cfg, cuda=True)
 
 
