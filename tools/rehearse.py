@@ -63,6 +63,9 @@ def fsx_environment(fsx: Path, base: dict[str, str] | None = None) -> dict[str, 
             env[f"HPL_{key.upper()}"] = str(fsx / folder)
     # This host's CPU: without partition facts env.sh would assume the Trainium default (and log "(neuron)").
     env.update(HPL_RUNTIME="host", HPL_DEVICES_PER_NODE="1", HPL_ACCELERATOR="none", PYTHON=sys.executable)
+    # No Hub here: the tiny model, tokenizer and records are written locally, and prepare's Hub checks
+    # say they were skipped instead of failing on a model id no Hub has.
+    env["HF_HUB_OFFLINE"] = "1"
     for stray in ("HPL_IMAGE_URI", "HPL_PARTITION", "SLURM_JOB_ID"):
         env.pop(stray, None)
     return env

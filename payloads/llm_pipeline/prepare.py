@@ -94,9 +94,15 @@ def check_sources(cfg: config.RunConfig) -> None:
 
 
 def hub_check(key: str, repo_id: str, *, kind: str, revision: str | None = None) -> None:
-    """The Hub knows ``repo_id`` and lets this runtime's token read it: one error line if not."""
-    from huggingface_hub import HfApi
+    """The Hub knows ``repo_id`` and lets this runtime's token read it: one error line if not. In offline
+    mode (HF_HUB_OFFLINE, a node or rehearsal without Hub access) nothing is asked: a note says so, and
+    the download step reads the local cache."""
+    from huggingface_hub import HfApi, constants
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    if constants.HF_HUB_OFFLINE:
+        print(f"note: HF_HUB_OFFLINE is set: {key} {repo_id} not checked on the Hub (download reads the cache)")
+        return
 
     from llm_pipeline.download import find_token
 

@@ -43,12 +43,13 @@ HPL_STATE_DIR="$HPL_RUN_DIR/logs/state"
 HPL_NODES="${SLURM_JOB_NUM_NODES:-1}"
 # shellcheck source=payloads/slurm/accelerator_env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/accelerator_env.sh"
-# Only the steps that fetch (download, data, the ladder's tokenizer and dataset, and the ladder's
-# rungs, which stream c4 from the Hub when torchtitan.dataset_source is empty) may reach
-# the Hugging Face Hub: later steps read local folders, and a Hub error (network, HTTP 429) must not
-# fail a step after the work is done.
+# Only prepare (it checks that model.id and a Hub data.dataset can be fetched, before any work) and
+# the steps that fetch (download, data, the ladder's tokenizer and dataset, and the ladder's rungs,
+# which stream c4 from the Hub when torchtitan.dataset_source is empty) may reach the Hugging Face
+# Hub: later steps read local folders, and a Hub error (network, HTTP 429) must not fail a step after
+# the work is done. A value the caller set (HF_HUB_OFFLINE=1 on a node without Hub access) stays.
 case "$HPL_STEP" in
-  download | data | tokenizer | dataset | rung-*) ;;
+  prepare | download | data | tokenizer | dataset | rung-*) ;;
   *) export HF_HUB_OFFLINE=1 ;;
 esac
 

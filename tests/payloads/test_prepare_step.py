@@ -70,12 +70,24 @@ def test_an_unknown_lr_scheduler_or_optimizer_stops_at_prepare(hpl_env, tmp_path
 
 
 def test_an_unreachable_model_or_dataset_id_stops_at_prepare_with_one_line(hpl_env, tmp_path, capsys, monkeypatch):
-    _offline(monkeypatch)  # never the network: the Hub is out of reach
+    import huggingface_hub
+
+    # A Hub that refuses connections (the discard port on this host): never the real network.
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     missing = {"HPL_MODELS_DIR": str(tmp_path / "no-models")}
     assert _prepare(tmp_path, {**hpl_env, **missing}, model={"id": "no-such-owner/no-such-model"}) == 2
     assert "model.id no-such-owner/no-such-model: cannot reach the Hugging Face Hub" in _one_error_line(capsys)
     assert _prepare(tmp_path, hpl_env, data={"dataset": "no-such-owner/no-such-dataset"}) == 2
     assert "data.dataset no-such-owner/no-such-dataset: cannot reach the Hugging Face Hub" in _one_error_line(capsys)
+
+
+def test_offline_mode_skips_the_hub_checks_with_a_note(hpl_env, tmp_path, capsys, monkeypatch):
+    """A node without Hub access (HF_HUB_OFFLINE=1, the rehearsal's setting) is told what was not checked."""
+    _offline(monkeypatch)
+    missing = {"HPL_MODELS_DIR": str(tmp_path / "no-models")}
+    assert _prepare(tmp_path, {**hpl_env, **missing}, model={"id": "no-such-owner/no-such-model"}) == 0
+    assert "note: HF_HUB_OFFLINE is set: model.id no-such-owner/no-such-model not checked" in capsys.readouterr().out
 
 
 def test_the_data_step_reports_an_unreachable_dataset_id_in_one_line(hpl_env, tmp_path, capsys, monkeypatch):

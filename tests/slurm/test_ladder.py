@@ -158,7 +158,14 @@ def test_rung_list_is_read_on_the_controller_without_tomllib(tmp_path):
 
 @pytest.mark.parametrize(
     ("step", "offline"),
-    [("tokenizer", ""), ("dataset", ""), ("rung-baseline", ""), ("rung-fp8_allgather", ""), ("report", "1")],
+    [
+        ("prepare", ""),
+        ("tokenizer", ""),
+        ("dataset", ""),
+        ("rung-baseline", ""),
+        ("rung-fp8_allgather", ""),
+        ("report", "1"),
+    ],
 )
 def test_rungs_may_stream_c4_from_the_hub_and_the_report_stays_offline(tmp_path, step, offline):
     env = {

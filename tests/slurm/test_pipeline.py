@@ -275,13 +275,13 @@ def test_extended_finished_run_replaces_the_earlier_outputs_whole(cluster):
     the run folder; with --replace-outputs they move aside and every output comes from checkpoint-6."""
     env, root = cluster
     out_dir = run_dir(env, "extend")
-    first = submit(env, variant(root, "extend", max_steps="4", save_steps="2"), "--from", "data", "--no-smoke")
+    first = submit(env, variant(root, "extend", max_steps=4, save_steps=2), "--from", "data", "--no-smoke")
     assert first.returncode == 0, first.stderr
     wait_for(lambda: queue_is_empty(env), 300, "the 4-step run")
     step4 = (out_dir / "adapter" / "adapter_model.safetensors").read_bytes()
     assert step4 == (out_dir / "checkpoints" / "checkpoint-4" / "adapter_model.safetensors").read_bytes()
 
-    longer = variant(root, "extend", max_steps="6", save_steps="2")
+    longer = variant(root, "extend", max_steps=6, save_steps=2)
     refused = submit(env, longer, "--from", "train", "--no-smoke")
     assert refused.returncode == 2 and "submitted" not in refused.stdout
     assert "holds outputs of an earlier training (adapter, merged, generation.txt, eval)" in refused.stderr

@@ -4,7 +4,6 @@ with full fine-tuning (consolidate writes the model folder, merge has nothing to
 from __future__ import annotations
 
 import re
-import shutil
 
 import pytest
 from slurm_helpers import REPO, submit
@@ -59,11 +58,10 @@ def test_pipeline_runs_full_fine_tuning_end_to_end(one_node, tmp_path):
     losses = logged_losses(logs["train"])
     assert sorted(losses) == [2, 4, 6] and losses[6] < losses[2]  # every parameter trains: the loss falls
 
-    # Resume: more steps on the same run folder continue from checkpoint-6 (the finished model folder
-    # is removed first: consolidate never overwrites one unasked).
+    # Resume: more steps on the same run folder continue from checkpoint-6; the earlier run's outputs
+    # (model folder, generation, evaluation) are moved aside first, as submit asks (--replace-outputs).
     set_keys(path, max_steps=8)
-    shutil.rmtree(out_dir.merged_dir)
-    again = submit(env, path, "--from", "train", "--wait", "--poll", "1")
+    again = submit(env, path, "--from", "train", "--replace-outputs", "--wait", "--poll", "1")
     assert again.returncode == 0, again.stdout + again.stderr
     job = re.search(r"(?m)^submitted train job (\d+)$", again.stdout)[1]
     resumed = (out_dir.logs_dir / f"train-{job}.log").read_text()
