@@ -61,8 +61,8 @@ test: system-packages lint  ## set up a fresh Debian/Ubuntu machine as needed, l
 test-trn1: $(STAMP)  ## the frozen trn1 lane's tests (and the payload code shared with it) on .venv/trn1-site
 	PYTHONPATH=$(CURDIR)/$(VENV)/trn1-site:$(PYTHONPATH) $(PY) -m pytest -n 2 --dist loadgroup
 
-test-fast: $(STAMP)  ## the main stack's tests but those that start a local Slurm (tests/slurm): an answer in minutes
-	$(PY) -m pytest -n 2 --dist loadgroup -m "not slurm"
+test-fast: $(STAMP)  ## the main stack's tests but the local-Slurm ones and whole-job rehearsals (make test runs all)
+	$(PY) -m pytest -n 2 --dist loadgroup -m "not slurm and not rehearsal"
 
 snapshot-update: $(STAMP)  ## rewrite the template snapshots after an intended change
 	$(PY) -m pytest tests/infra -k snapshot --snapshot-update

@@ -47,6 +47,7 @@ def table_row(report: str, first_cell: str) -> list[str]:
     return [cell.strip() for cell in rows[0].strip("|").split("|")]
 
 
+@pytest.mark.rehearsal
 def test_train_bench_runs_every_variant_on_both_layouts(tmp_path):
     report = run_bench(
         "train_bench.py", tmp_path, "--shape", SMOKE_SHAPE, "--seq-len", "64", "--batch", "1", "--steps", "1",

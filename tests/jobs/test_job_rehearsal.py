@@ -70,6 +70,7 @@ def run_job(container: Container, channels: list[str], *extra: str) -> subproces
     return subprocess.run(command, cwd=container.code_dir, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.rehearsal
 def test_job_runs_the_pipeline_into_the_checkpoint_folder(tmp_path):
     container = lay_out(tmp_path / "opt" / "ml")
     stage(container)
@@ -236,6 +237,7 @@ def two_host_job(root: Path, spec: JobSpec, prefix: Path, *, leave_out=frozenset
     return containers, sync, logs
 
 
+@pytest.mark.rehearsal
 def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_partial_restore(tmp_path):
     # Full fine-tuning, FSDP2 over two "hosts" (one process each) with separate disks: each rank
     # saves its own shard on its own host, and consolidate on the first host needs both.
