@@ -70,7 +70,6 @@ GPU_EXAMPLES = {  # example config: (the instance its header names, train.method
 
 @pytest.mark.parametrize("name", sorted(GPU_EXAMPLES))
 def test_gpu_example_is_accepted_by_prepare_on_its_instance(name, monkeypatch, capsys):
-    from llm_pipeline import prepare
     from stacks.accelerators import INSTANCE_TYPES
 
     instance_type, method = GPU_EXAMPLES[name]
@@ -80,12 +79,7 @@ def test_gpu_example_is_accepted_by_prepare_on_its_instance(name, monkeypatch, c
     cfg = config.load(path, env={})
     assert (cfg.train.backend, cfg.train.method, cfg.parallel.devices_per_node) == ("torch", method, facts.devices)
     assert facts.accelerator == "cuda" and cfg.model.id.startswith("meta-llama/Llama-3.")
-    monkeypatch.setenv("HPL_DEVICES_PER_NODE", str(facts.devices))
-    asked = []  # the Hub itself is out of reach here: record what prepare asks it
-    monkeypatch.setattr(prepare, "hub_check", lambda key, repo_id, **_: asked.append((key, repo_id)))
-    assert prepare.main(["--config", str(path)]) == 0, capsys.readouterr().err
-    assert ("model.id", cfg.model.id) in asked
-    assert f"processes per node: {facts.devices}" in capsys.readouterr().out
+    prepare_on_node(path, cfg.model.id, facts.devices, monkeypatch, capsys)
 
 
 TRN2_EXAMPLES = {"llama3-8b-lora-trn2.toml": "lora", "llama3-8b-full-trn2.toml": "full"}
@@ -93,7 +87,6 @@ TRN2_EXAMPLES = {"llama3-8b-lora-trn2.toml": "lora", "llama3-8b-full-trn2.toml":
 
 @pytest.mark.parametrize("name", sorted(TRN2_EXAMPLES))
 def test_trn2_example_is_accepted_by_prepare_on_its_node(name, monkeypatch, capsys):
-    from llm_pipeline import prepare
     from stacks.accelerators import INSTANCE_TYPES, TORCHNEURON
 
     path = CONFIGS / name
@@ -103,9 +96,17 @@ def test_trn2_example_is_accepted_by_prepare_on_its_node(name, monkeypatch, caps
     assert facts.image_family == TORCHNEURON
     assert (cfg.train.backend, cfg.train.method, cfg.parallel.strategy) == ("torch", TRN2_EXAMPLES[name], "fsdp")
     assert cfg.parallel.devices_per_node == facts.devices and not cfg.data.packing  # one shape on neuron
-    monkeypatch.setenv("HPL_DEVICES_PER_NODE", str(facts.devices))
-    asked = []  # the Hub itself is out of reach here: record what prepare asks it
+    prepare_on_node(path, cfg.model.id, facts.devices, monkeypatch, capsys)
+
+
+def prepare_on_node(path, model_id: str, devices: int, monkeypatch, capsys) -> None:
+    """prepare accepts the config on a node with ``devices`` devices and asks the Hub for its model (the
+    Hub itself is out of reach here: what prepare asks it is recorded)."""
+    from llm_pipeline import prepare
+
+    monkeypatch.setenv("HPL_DEVICES_PER_NODE", str(devices))
+    asked = []
     monkeypatch.setattr(prepare, "hub_check", lambda key, repo_id, **_: asked.append((key, repo_id)))
     assert prepare.main(["--config", str(path)]) == 0, capsys.readouterr().err
-    assert ("model.id", cfg.model.id) in asked
-    assert f"processes per node: {facts.devices}" in capsys.readouterr().out
+    assert ("model.id", model_id) in asked
+    assert f"processes per node: {devices}" in capsys.readouterr().out

@@ -252,14 +252,5 @@ def test_trainium2_partition_gets_the_torchneuron_cache_and_no_xla_settings(tmp_
 
 @pytest.mark.parametrize(("family", "wrap"), [("torchneuron", ""), ("neuron", "--wrap neuron_parallel_compile")])
 def test_precompile_wraps_in_the_xla_tool_only_on_trn1(tmp_path, family, wrap):
-    script = f'source {ENV_SH} precompile >/dev/null && echo "wrap=$(hpl_precompile_wrap)"'
-    base = {
-        "PATH": os.environ["PATH"],
-        "HPL_PAYLOADS_DIR": str(REPO / "payloads"),
-        "HPL_RUN_CONFIG": str(tmp_path / "run.toml"),
-        "HPL_RUN_DIR": str(tmp_path / "run"),
-        "HPL_FSX_MOUNT_PATH": str(tmp_path / "fsx"),
-        "HPL_IMAGE_FAMILY": family,
-    }
-    out = subprocess.run(["bash", "-c", script], env=base, capture_output=True, text=True, check=True)
-    assert [line for line in out.stdout.splitlines() if line.startswith("wrap=")] == [f"wrap={wrap}"]
+    out = after_env_sh(tmp_path, "precompile", 'echo "wrap=$(hpl_precompile_wrap)"', HPL_IMAGE_FAMILY=family)
+    assert [line for line in out.splitlines() if line.startswith("wrap=")] == [f"wrap={wrap}"]
