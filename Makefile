@@ -18,7 +18,7 @@ AS_ROOT := $(if $(filter 0,$(shell id -u)),,sudo env PYTHONPATH=$(PYTHONPATH))
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-$(STAMP): requirements.txt requirements-dev.txt requirements-torchtitan-cpu.txt requirements-trn1-cpu.txt requirements-sagemaker.txt payloads/requirements-gpu.txt payloads/requirements-cluster.txt pyproject.toml package-lock.json
+$(STAMP): requirements.txt requirements-dev.txt requirements-checkov.txt requirements-torchtitan-cpu.txt requirements-trn1-cpu.txt requirements-sagemaker.txt payloads/requirements-gpu.txt payloads/requirements-cluster.txt pyproject.toml package-lock.json
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -r requirements-dev.txt
@@ -30,6 +30,9 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-torchtitan-cpu.txt 
 	$(PIP) install -q --no-deps --upgrade --target $(VENV)/torchtitan-site -r requirements-torchtitan-cpu.txt
 	# The frozen trn1 lane (optimum-neuron 0.4.5 and its pins) in its own folder; `pytest -m trn1` runs there.
 	$(PIP) install -q --no-deps --upgrade --target $(VENV)/trn1-site -r requirements-trn1-cpu.txt
+	# checkov in a venv of its own (its pins clash with the main stack's); tests/infra runs it on every app shape.
+	test -x $(VENV)/checkov/bin/checkov || $(PY) -m venv $(VENV)/checkov
+	$(VENV)/checkov/bin/pip install -q -r requirements-checkov.txt
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $(STAMP)
 

@@ -122,10 +122,10 @@ INSTANCE_TYPES: dict[str, InstanceFacts] = {
     "ml.trn2.48xlarge": InstanceFacts(
         NEURON, 64, 16, "Trainium2", True, runtime=TORCHNEURON, peak_bf16_tflops=16 * TRAINIUM2_CHIP_BF16_TFLOPS
     ),
-    # One Trainium2 chip (4 logical NeuronCores). Its EFA count is not in our sources: 0 keeps a
-    # multi-node run off EFA (slow) rather than misconfigured.
+    # One Trainium2 chip (4 logical NeuronCores) and one EFA, as AWS's HyperPod CLI records it (INSTANCE_RESOURCES,
+    # cited below). Device RDMA is not in that source, so it stays off (EFA without it is slower, not broken).
     "ml.trn2.3xlarge": InstanceFacts(
-        NEURON, 4, 0, "Trainium2", runtime=TORCHNEURON, peak_bf16_tflops=TRAINIUM2_CHIP_BF16_TFLOPS
+        NEURON, 4, 1, "Trainium2", runtime=TORCHNEURON, peak_bf16_tflops=TRAINIUM2_CHIP_BF16_TFLOPS
     ),
     # NVIDIA (GPUs per node, EFA interfaces)
     "ml.p4d.24xlarge": _gpu("A100", 8, 4, memory="40GB", device_rdma=True),
@@ -151,6 +151,9 @@ INSTANCE_TYPES: dict[str, InstanceFacts] = {
     "ml.g5.16xlarge": _gpu("A10G", 1, 1),
     "ml.g5.24xlarge": _gpu("A10G", 4, 1),
     "ml.g5.48xlarge": _gpu("A10G", 8, 1),
+    # Gr6: L4 GPUs with more host memory per GPU; 1 GPU each, EFA 0 and 1 (the HyperPod CLI's INSTANCE_RESOURCES).
+    "ml.gr6.4xlarge": _gpu("L4", 1, 0),
+    "ml.gr6.8xlarge": _gpu("L4", 1, 1),
     "ml.g6.xlarge": _gpu("L4", 1, 0),
     "ml.g6.2xlarge": _gpu("L4", 1, 0),
     "ml.g6.4xlarge": _gpu("L4", 1, 0),

@@ -1,4 +1,5 @@
-"""Log groups for CDK's own custom-resource handlers: kept a month, deleted with the stack.
+"""Log groups for CDK's own custom-resource handlers: kept a month, deleted with the stack, encrypted
+with the stack's log key (stacks/log_encryption.py).
 
 CDK's singleton providers (the VPC default-security-group restriction, the S3 auto-delete) are
 bare Lambda functions with no log group of their own: Lambda would create /aws/lambda/<name> on
@@ -8,13 +9,14 @@ LoggingConfig at a stack-owned group also orders destroy: the function goes befo
 
 from __future__ import annotations
 
-from aws_cdk import CfnResource, RemovalPolicy, Stack
+from aws_cdk import CfnResource, Stack
 from aws_cdk import aws_logs as logs
+
+from stacks.log_encryption import encrypted_log_group
 
 PROVIDER_PREFIX = "Custom::"
 PROVIDER_SUFFIX = "CustomResourceProvider"
 HANDLER_ID = "Handler"
-HANDLER_RETENTION = logs.RetentionDays.ONE_MONTH
 
 
 def attach_provider_log_groups(stack: Stack) -> list[logs.LogGroup]:
@@ -27,12 +29,8 @@ def attach_provider_log_groups(stack: Stack) -> list[logs.LogGroup]:
         handler = child.node.try_find_child(HANDLER_ID)
         if not isinstance(handler, CfnResource) or handler.cfn_resource_type != "AWS::Lambda::Function":
             continue
-        group = logs.LogGroup(
-            stack,
-            f"{name.removeprefix(PROVIDER_PREFIX).removesuffix(PROVIDER_SUFFIX)}HandlerLogs",
-            retention=HANDLER_RETENTION,
-            removal_policy=RemovalPolicy.DESTROY,
-        )
+        short_name = name.removeprefix(PROVIDER_PREFIX).removesuffix(PROVIDER_SUFFIX)
+        group = encrypted_log_group(stack, f"{short_name}HandlerLogs")
         handler.add_property_override("LoggingConfig", {"LogGroup": group.log_group_name})
         groups.append(group)
     return groups

@@ -52,6 +52,7 @@ class JobRole(Construct):
         self.role = iam.Role(
             self,
             "Role",
+            # The SageMaker SDK's own auto-created training role trusts SageMaker with this exact condition.
             assumed_by=service_principal(stack, SAGEMAKER_SERVICE),
             description=f"Execution role of the {name_prefix} SageMaker training jobs",
         )

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import ipaddress
 
-from aws_cdk import ContextProvider, RemovalPolicy, Stack
+from aws_cdk import ContextProvider, Stack
 from aws_cdk import aws_ec2 as ec2
-from aws_cdk import aws_logs as logs
 from constructs import Construct
+
+from stacks.log_encryption import encrypted_log_group
 
 AVAILABILITY_ZONES_PROVIDER = "availability-zones"
 
@@ -35,9 +36,7 @@ class Network(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, cidr: str, availability_zone_id: str) -> None:
         super().__init__(scope, construct_id)
         prefix = ipaddress.IPv4Network(cidr).prefixlen
-        flow_log_group = logs.LogGroup(
-            self, "FlowLogGroup", retention=logs.RetentionDays.ONE_MONTH, removal_policy=RemovalPolicy.DESTROY
-        )
+        flow_log_group = encrypted_log_group(self, "FlowLogGroup")
         self.vpc = ec2.Vpc(
             self,
             "Vpc",

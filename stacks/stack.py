@@ -9,6 +9,7 @@ from constructs import Construct
 
 from cluster_contract import PROMETHEUS_MODE
 from stacks.accelerators import CUDA, NEURON, TORCHNEURON
+from stacks.checkov_skips import skip_cdk_handler_findings
 from stacks.cluster import HyperPodCluster
 from stacks.config import HyperPodConfig, cluster_facts, observability_facts
 from stacks.handler_logs import attach_provider_log_groups
@@ -86,6 +87,7 @@ class HyperPodStack(Stack):
         add_secret_outputs(self, hub_token_secret_arn=self.hub_token.arn)
         acknowledge_cdk_providers(self, destination=self.data.bucket)
         attach_provider_log_groups(self)
+        skip_cdk_handler_findings(self)
 
     def _cluster_lane(self, config: HyperPodConfig, source_root: Path) -> None:
         """Network, FSx, the node role, lifecycle and payload uploads, then the HyperPod cluster."""

@@ -11,6 +11,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from cluster_contract import DATASETS_FOLDER, OUTPUTS_FOLDER, PAYLOADS_FOLDER, s3_prefix
+from stacks.checkov_skips import skip
 
 AUTO_EVENTS = ("NEW", "CHANGED", "DELETED")
 
@@ -56,9 +57,18 @@ class DataBucket(Construct):
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             enforce_ssl=True,
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            lifecycle_rules=[s3.LifecycleRule(expiration=Duration.days(90))],
+            versioned=True,  # a log entry overwritten or deleted stays recoverable for a week
+            lifecycle_rules=[
+                s3.LifecycleRule(expiration=Duration.days(90), noncurrent_version_expiration=Duration.days(7))
+            ],
             removal_policy=removal,
             auto_delete_objects=not retain,
+        )
+        skip(
+            self.access_logs.node.default_child,
+            "CKV_AWS_18",
+            "This bucket is the access-log target of the data bucket; logging it too would need another log "
+            "bucket, which would need its own, without end. S3 writes these logs itself (no client access).",
         )
         # SSE-S3, not KMS: FSx's data repository service-linked role then needs no key policy.
         self.bucket = s3.Bucket(

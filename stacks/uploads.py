@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from aws_cdk import RemovalPolicy, Stack
+from aws_cdk import Stack
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_deployment as s3_deployment
 from constructs import Construct
+
+from stacks.log_encryption import encrypted_log_group
 
 # Never uploaded: interpreter and tool caches, build metadata, editor droppings.
 CACHE_EXCLUDES = ["__pycache__", "*.pyc", ".pytest_cache", ".mypy_cache", ".ruff_cache", "*.egg-info", ".DS_Store"]
@@ -46,9 +48,7 @@ def handler_log_group(scope: Construct) -> logs.ILogGroup:
     existing = stack.node.try_find_child(UPLOAD_LOGS_ID)
     if existing is not None:
         return existing
-    return logs.LogGroup(
-        stack, UPLOAD_LOGS_ID, retention=logs.RetentionDays.ONE_MONTH, removal_policy=RemovalPolicy.DESTROY
-    )
+    return encrypted_log_group(stack, UPLOAD_LOGS_ID)
 
 
 UPLOAD_LOGS_ID = "UploadHandlerLogs"

@@ -296,7 +296,7 @@ def test_the_job_role_has_every_action_a_job_makes(jobs_stack, iam, requests_sen
     # The download step reads the Hugging Face token: the secret, and its key through Secrets Manager only.
     resources = template["Resources"]
     (secret,) = [key for key, res in resources.items() if res["Type"] == "AWS::SecretsManager::Secret"]
-    (key,) = [key for key, res in resources.items() if res["Type"] == "AWS::KMS::Key"]
+    key = resources[secret]["Properties"]["KmsKeyId"]["Fn::GetAtt"][0]  # the secret's key (the logs have their own)
     secret_arn, key_arn = stand_in_arn("AWS::SecretsManager::Secret", secret), stand_in_arn("AWS::KMS::Key", key)
     calls += [
         ("secretsmanager:GetSecretValue", secret_arn, {}),

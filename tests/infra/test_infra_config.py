@@ -253,6 +253,13 @@ def test_rows_for_the_types_hyperpod_added_later():
     }
     assert capability == {"ml.p5.4xlarge": (9, 0), "ml.p6-b300.48xlarge": (10, 3), "ml.g7e.2xlarge": (12, 0)}
     assert all(INSTANCE_TYPES[n].supports_fp8 for n in names)
+    # trn2.3xlarge's single EFA and the Gr6 (L4) rows, from the same HyperPod CLI table.
+    assert INSTANCE_TYPES["ml.trn2.3xlarge"].efa_interfaces == 1
+    gr6 = {
+        n: (INSTANCE_TYPES[n].device_model, INSTANCE_TYPES[n].devices, INSTANCE_TYPES[n].efa_interfaces)
+        for n in ("ml.gr6.4xlarge", "ml.gr6.8xlarge")
+    }
+    assert gr6 == {"ml.gr6.4xlarge": ("L4", 1, 0), "ml.gr6.8xlarge": ("L4", 1, 1)}
     # Refused (arm64 hosts), so neither a row nor silently unknown.
     assert "ml.p6e-gb200.36xlarge" in REFUSED_INSTANCE_TYPES and "ml.p6e-gb200.36xlarge" not in INSTANCE_TYPES
 
