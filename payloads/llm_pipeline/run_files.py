@@ -13,6 +13,8 @@
 - ``PipelineRecord``: <run>/logs/pipeline.json, the submission record (jobs/chain.py, sweep.py,
   sagemaker_job.py), read by jobs/pipeline_status, jobs/estimate, pretrain.py and hpctl.
 - ``Estimate``: <run>/logs/estimate.json (jobs/estimate.py), read by ``submit status`` and hpctl.
+- ``DataSource``: <run>/data/source.json, what the data step prepared the data from (data.py), read by
+  the train step to tell the data step's copy is this config's before it trains on it.
 - ``SAGEMAKER_METRICS``: the regular expressions SageMaker applies to a training job's log (the
   progress line), handed to the SDK by hpctl.
 
@@ -336,3 +338,44 @@ class Estimate:
             StepEstimate(row["step"], int(row["nodes"]), float(row["seconds"]), row["basis"]) for row in body["steps"]
         )
         return cls(body["config"], body["partition"], steps, dict(body["seconds_per_step"]), body["note"])
+
+
+# -- <run>/data/source.json ------------------------------------------------------------------------------
+DATA_SOURCE_FILE = "source.json"
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """What a prepared copy of the data was made from: the [data] config, the seed of its split, and
+    digests of the tokenizer files and of the local dataset file(s) ("" for a Hub dataset or when not recorded)."""
+
+    data: dict
+    seed: int
+    tokenizer: str = ""
+    dataset_files: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> DataSource:
+        body = json.loads(text)
+        return cls(
+            dict(body["data"]), int(body["seed"]), str(body.get("tokenizer", "")), str(body.get("dataset_files", ""))
+        )
+
+    def changes(self, now: DataSource) -> list[str]:
+        """What differs in ``now`` from this record, named by its config key (empty when nothing does)."""
+        keys = sorted(set(self.data) | set(now.data))
+        changed = [
+            f"data.{key} (prepared with {self.data.get(key)!r}, now {now.data.get(key)!r})"
+            for key in keys
+            if self.data.get(key) != now.data.get(key)
+        ]
+        if self.seed != now.seed:
+            changed.append(f"train.seed (prepared with {self.seed}, now {now.seed})")
+        if self.tokenizer != now.tokenizer:
+            changed.append("tokenizer (the tokenizer files in paths.model_dir differ)")
+        if self.dataset_files != now.dataset_files:
+            changed.append("data.dataset file(s) (written again since)")
+        return changed
