@@ -16,7 +16,6 @@ instance type (AWS Price List API: HyperPod `<region>-Cluster:<type>`, training 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import PurePosixPath
@@ -28,9 +27,11 @@ from hpctl.step_logs import OUTPUTS_PREFIX, list_runs
 from llm_pipeline.run_files import (
     ESTIMATE_FILE,
     PIPELINE_FILE,
+    STATE_DIR,
     Estimate,
     PipelineRecord,
     ProgressLine,
+    StepMarker,
     StepVerdict,
     TitanMetricLine,
     describe_number,
@@ -112,9 +113,10 @@ def run_progress(s3, bucket: str, run: str) -> dict:
     jobs = PipelineRecord.from_json(record).steps if record else ()
     steps, current = [], None
     for job in jobs:
-        marker_path = str(PurePosixPath(job.log).parent / "state" / f"{job.step}.json")
-        marker = json.loads(_read(s3, bucket, _key(run, marker_path)) or "{}")
-        state = marker.get("state", "-") if str(marker.get("job")) == job.job else None
+        marker_path = str(PurePosixPath(job.log).parent / STATE_DIR / f"{job.step}.json")
+        marker_text = _read(s3, bucket, _key(run, marker_path))
+        marker = StepMarker.from_json(marker_text) if marker_text else None
+        state = marker.state if marker and marker.job == job.job else None
         if state is None:  # a training job writes no markers: its step logs end with the verdict line
             state = state_from_log(_read(s3, bucket, _key(run, job.log), tail=VERDICT_BYTES), job.step)
         steps.append({"step": job.step, "job": job.job, "state": state})

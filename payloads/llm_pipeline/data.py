@@ -2,7 +2,9 @@
 file or a folder -> validated, optionally split, saved in the run folder (paths.data_dir) with a padding report.
 
 Every training process then reads the same prepared copy: the Hub is hit once, the split is fixed
-once, and a change of the [data] config is noticed instead of silently training on stale data.
+once, and a change of the [data] config, the seed, the tokenizer or a local dataset file is noticed
+(run_files.DataSource, next to the copy) instead of silently training on stale data. The train step
+run alone prepares missing or stale data through the same call (``prepare``); several processes refuse.
 Formatting into prompt text happens in the trainer, per example (prompt.format_example). Block
 mode (data.blocks, for full fine-tuning on a corpus) tokenizes here instead: see text_blocks.
 """
@@ -10,6 +12,7 @@ mode (data.blocks, for full fine-tuning on a corpus) tokenizes here instead: see
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -18,7 +21,9 @@ from llm_pipeline import cli
 from llm_pipeline.config import DataConfig, RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import CHAT_ROLES, COLUMNS, GENERATION_MARKER, MESSAGES_COLUMN, REQUIRED_COLUMNS, is_chat
+from llm_pipeline.run_files import DATA_SOURCE_FILE, DataSource
 from llm_pipeline.training import data_stats, text_blocks
+from llm_pipeline.training.plan import say
 from llm_pipeline.weights import model_files
 from llm_pipeline.weights.atomic_output import AtomicOutputDir
 
@@ -28,7 +33,7 @@ COLUMN_MAPS = {"alpaca": {"instruction": "instruction", "input": "context", "out
 # Refused above these shares of the records (counted and reported below them).
 EMPTY_RESPONSES_REFUSED_ABOVE = 0.5
 NO_ROOM_REFUSED_ABOVE = data_stats.NO_ROOM_SHARE
-SOURCE_FILE = "source.json"  # the [data] config + seed the prepared copy was made from
+SOURCE_FILE = DATA_SOURCE_FILE  # what the prepared copy was made from (run_files.DataSource)
 STATS_FILE = "stats.json"
 
 
@@ -183,8 +188,42 @@ def load_tokenizer(model_dir: str):
         raise StepError(f"no usable tokenizer in {folder}: {exc}") from None
 
 
-def _source_record(cfg: RunConfig) -> dict:
-    return {"data": dataclasses.asdict(cfg.data), "seed": cfg.train.seed}
+def _digest(parts) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part if isinstance(part, bytes) else str(part).encode())
+    return digest.hexdigest()[:16]
+
+
+def tokenizer_digest(model_dir: str) -> str:
+    """The tokenizer files' contents (each training process has just read them to load the tokenizer)."""
+    folder = Path(model_dir)
+    names = [name for name in model_files.TOKENIZER_DEFINITION_FILES if (folder / name).is_file()]
+    return _digest(part for name in names for part in (name, (folder / name).read_bytes()))
+
+
+def dataset_files_digest(spec: str) -> str:
+    """A local dataset file or folder by each file's size and modification time (cheap, and any rewrite
+    changes it); "" for a Hub dataset, named by its id and split in the [data] config."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        files = {path.name: path.stat()}
+    elif path.is_dir():
+        files = {str(found.relative_to(path)): found.stat() for found in sorted(path.rglob("*")) if found.is_file()}
+    else:
+        return ""
+    return _digest(f"{name}:{stat.st_size}:{stat.st_mtime_ns};" for name, stat in files.items())
+
+
+def source_record(cfg: RunConfig) -> DataSource:
+    """What ``prepare`` makes the copy from, as read back from its file (JSON types)."""
+    made = DataSource(
+        data=dataclasses.asdict(cfg.data),
+        seed=cfg.train.seed,
+        tokenizer=tokenizer_digest(cfg.paths.model_dir),
+        dataset_files=dataset_files_digest(cfg.data.dataset),
+    )
+    return DataSource.from_json(made.to_json())
 
 
 def prepare(cfg: RunConfig, tokenizer=None) -> Path:
@@ -208,7 +247,7 @@ def prepare(cfg: RunConfig, tokenizer=None) -> Path:
     target = cfg.paths.data_dir
     with AtomicOutputDir(target, overwrite=True) as partial:
         prepared.save_to_disk(str(partial))
-        (partial / SOURCE_FILE).write_text(json.dumps(_source_record(cfg), indent=2) + "\n")
+        (partial / SOURCE_FILE).write_text(source_record(cfg).to_json())
         (partial / STATS_FILE).write_text(json.dumps(report, indent=2) + "\n")
     sizes = ", ".join(f"{name} {len(part)}" for name, part in prepared.items())
     print(f"prepared {sizes} rows in {target}", flush=True)
@@ -237,30 +276,34 @@ def prepare_blocks(cfg: RunConfig, tokenizer):
 
 
 def stale_reason(cfg: RunConfig) -> str | None:
-    """Why the run folder's prepared data cannot be used for this config; None when it can."""
+    """Why the run folder's prepared data is not this config's, naming what changed; None when it is."""
     target = cfg.paths.data_dir
-    source = target / SOURCE_FILE
-    if not source.is_file():
-        return f"no prepared data in {target}: run `python -m llm_pipeline.data --config ...` first"
-    if json.loads(source.read_text()) != _source_record(cfg):
-        return f"the data in {target} was prepared from another [data] config or seed: rerun the data step"
-    return None
+    record = target / SOURCE_FILE
+    if not record.is_file():
+        return f"no prepared data in {target}"
+    try:
+        prepared = DataSource.from_json(record.read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{record} is unreadable"
+    changed = prepared.changes(source_record(cfg))
+    return f"the data in {target} was prepared with another {'; '.join(changed)}" if changed else None
 
 
 def training_inputs(cfg: RunConfig, *, may_prepare: bool):
-    """(prepared datasets, tokenizer) for training, each read once.
-
-    Missing or stale data is prepared here when ``may_prepare`` (a single process); otherwise it is
-    an error naming the data step (many processes must not prepare the same folder at once).
-    """
+    """(prepared datasets, tokenizer) for training, each read once: the data step's copy when it is this
+    config's; missing or stale data is prepared here through ``prepare`` when ``may_prepare`` (a single
+    process), otherwise refused naming the data step (many processes must not prepare one folder at once)."""
     import datasets
 
     tokenizer = load_tokenizer(cfg.paths.model_dir)
     reason = stale_reason(cfg)
     if reason and not may_prepare:
-        raise StepError(reason)
+        raise StepError(f"{reason}: run the data step first (python -m llm_pipeline.data --config ...)")
     if reason:
+        say(f"{reason}: preparing it here, as the data step does")
         prepare(cfg, tokenizer)
+    else:
+        say(f"using prepared data from {cfg.paths.data_dir}")
     return datasets.load_from_disk(str(cfg.paths.data_dir)), tokenizer
 
 

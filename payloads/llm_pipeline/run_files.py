@@ -3,6 +3,8 @@
 - ``ProgressLine``: the fine-tuning trainer's line per log event (training/callbacks.py), read by
   run_metrics (charts, compare), jobs/estimate, jobs/scaling_report and ``hpctl status``. Its loss
   may be ``nan`` or ``inf``: a diverged run reads as diverged, never as its last finite step.
+- ``EventLine``: the trainer's line for a log event without a training loss (evaluation, the final
+  summary): ``step 30/30 | eval_loss 1.234 | epoch 3``, for people and tests.
 - ``ReplicasLine``: the trainer's first line (training/callbacks.py), read by jobs/estimate.
 - ``BackendLine``: train.py's line naming the backend and the start, read by jobs/scaling_report.
 - ``TitanMetricLine``: torchtitan 0.2.2's metric line (its MetricsProcessor.log, through its logger
@@ -13,6 +15,13 @@
 - ``PipelineRecord``: <run>/logs/pipeline.json, the submission record (jobs/chain.py, sweep.py,
   sagemaker_job.py), read by jobs/pipeline_status, jobs/estimate, pretrain.py and hpctl.
 - ``Estimate``: <run>/logs/estimate.json (jobs/estimate.py), read by ``submit status`` and hpctl.
+- ``StepMarker``: <run>/logs/state/<step>.json, a step's state as its script last marked it (written by
+  payloads/slurm/env.sh's ``hpl_mark``), read by jobs/pipeline_status (``submit status``) and hpctl.
+- ``MetricsTextfile``: the run's figures for node exporter's textfile collector (jobs/prom_textfile.py,
+  from every engine's metrics logger): per series its HELP and TYPE lines and one labelled sample, NaN
+  and the infinities by name as Prometheus writes them.
+- ``DataSource``: <run>/data/source.json, what the data step prepared the data from (data.py), read by
+  the train step to tell the data step's copy is this config's before it trains on it.
 - ``SAGEMAKER_METRICS``: the regular expressions SageMaker applies to a training job's log (the
   progress line), handed to the SDK by hpctl.
 
@@ -87,6 +96,30 @@ class ProgressLine:
     @classmethod
     def parse_all(cls, text: str) -> list[ProgressLine]:
         return [found for line in text.splitlines() if (found := cls.parse(line))]
+
+
+@dataclass(frozen=True)
+class EventLine:
+    """``step 30/30 | eval_loss 1.234 | epoch 3``: a log event's figures, 4 significant digits (nan, inf as such)."""
+
+    step: int
+    total: int
+    figures: tuple[tuple[str, float], ...]
+
+    def format(self) -> str:
+        return f"step {self.step}/{self.total} | " + " | ".join(f"{name} {value:.4g}" for name, value in self.figures)
+
+    @classmethod
+    def parse(cls, line: str) -> EventLine | None:
+        """None for anything else, a progress line included (its fields are not all ``name number``)."""
+        head, _, rest = line.strip().partition(" | ")
+        counts = head.removeprefix("step ").split("/") if head.startswith("step ") else []
+        fields = [part.split(" ") for part in rest.split(" | ")] if rest else []
+        if len(counts) != 2 or not all(count.isdigit() for count in counts) or not fields:
+            return None
+        if any(len(part) != 2 or _float(part[1]) is None for part in fields):
+            return None
+        return cls(int(counts[0]), int(counts[1]), tuple((name, float(value)) for name, value in fields))
 
 
 # What SageMaker reads off a training job's log into CloudWatch metrics (the progress line's fields).
@@ -336,3 +369,154 @@ class Estimate:
             StepEstimate(row["step"], int(row["nodes"]), float(row["seconds"]), row["basis"]) for row in body["steps"]
         )
         return cls(body["config"], body["partition"], steps, dict(body["seconds_per_step"]), body["note"])
+
+
+# -- <run>/data/source.json ------------------------------------------------------------------------------
+DATA_SOURCE_FILE = "source.json"
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """What a prepared copy of the data was made from: the [data] config, the seed of its split, and
+    digests of the tokenizer files and of the local dataset file(s) ("" for a Hub dataset or when not recorded)."""
+
+    data: dict
+    seed: int
+    tokenizer: str = ""
+    dataset_files: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> DataSource:
+        body = json.loads(text)
+        return cls(
+            dict(body["data"]), int(body["seed"]), str(body.get("tokenizer", "")), str(body.get("dataset_files", ""))
+        )
+
+    def changes(self, now: DataSource) -> list[str]:
+        """What differs in ``now`` from this record, named by its config key (empty when nothing does)."""
+        keys = sorted(set(self.data) | set(now.data))
+        changed = [
+            f"data.{key} (prepared with {self.data.get(key)!r}, now {now.data.get(key)!r})"
+            for key in keys
+            if self.data.get(key) != now.data.get(key)
+        ]
+        if self.seed != now.seed:
+            changed.append(f"train.seed (prepared with {self.seed}, now {now.seed})")
+        if self.tokenizer != now.tokenizer:
+            changed.append("tokenizer (the tokenizer files in paths.model_dir differ)")
+        if self.dataset_files != now.dataset_files:
+            changed.append("data.dataset file(s) (written again since)")
+        return changed
+
+
+# -- <run>/logs/state/<step>.json ------------------------------------------------------------------------
+STATE_DIR = "state"  # beside the step logs
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED")
+
+
+@dataclass(frozen=True)
+class StepMarker:
+    """``{"step": "train", "job": "12", "state": "RUNNING", "exit": null, "node": "ip-10-1-2-3", "time": "..."}``:
+    RUNNING when the step script starts, its final state and exit code when it ends (``time``: UTC)."""
+
+    step: str
+    job: str
+    state: str  # RUNNING or one of FINAL_STATES
+    exit_code: int | None = None
+    node: str = ""
+    time: str = ""
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_STATES
+
+    def to_json(self) -> str:
+        body = {"step": self.step, "job": self.job, "state": self.state, "exit": self.exit_code}
+        return json.dumps(body | {"node": self.node, "time": self.time}) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> StepMarker:
+        body = json.loads(text)
+        exit_code = body.get("exit")
+        return cls(
+            str(body["step"]),
+            str(body["job"]),
+            str(body["state"]),
+            None if exit_code is None else int(exit_code),
+            str(body.get("node", "")),
+            str(body.get("time", "")),
+        )
+
+
+# -- node exporter's textfile ----------------------------------------------------------------------------
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_SAMPLE = re.compile(r"(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)")
+_UNESCAPE = {"\\": "\\", '"': '"', "n": "\n"}
+
+
+def metric_value(value: float) -> str:
+    """Prometheus text format: NaN and the infinities by name, everything else as Python's shortest repr."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+def _label_text(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+@dataclass(frozen=True)
+class MetricSample:
+    """One gauge: ``hpl_train_loss{run="demo",slurm_job_id="12"} NaN`` after its HELP and TYPE lines."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
+    help: str = ""
+
+    def format(self) -> str:
+        labels = ",".join(f'{key}="{_label_text(text)}"' for key, text in self.labels)
+        sample = (
+            f"{self.name}{{{labels}}} {metric_value(self.value)}"
+            if labels
+            else f"{self.name} {metric_value(self.value)}"
+        )
+        return f"# HELP {self.name} {self.help}\n# TYPE {self.name} gauge\n{sample}"
+
+
+@dataclass(frozen=True)
+class MetricsTextfile:
+    """A whole .prom file: its samples in order."""
+
+    samples: tuple[MetricSample, ...]
+
+    def format(self) -> str:
+        return "".join(sample.format() + "\n" for sample in self.samples)
+
+    def values(self) -> dict[str, float]:
+        return {sample.name: sample.value for sample in self.samples}
+
+    @classmethod
+    def parse(cls, text: str) -> MetricsTextfile:
+        """Every sample line; a line neither comment nor sample is an error (node exporter would refuse the file)."""
+        helps, samples = {}, []
+        for line in text.splitlines():
+            if line.startswith("# HELP "):
+                name, _, description = line[len("# HELP ") :].partition(" ")
+                helps[name] = description
+            elif line.startswith("#") or not line.strip():
+                continue
+            elif found := _SAMPLE.fullmatch(line):
+                labels = tuple(
+                    (key, re.sub(r"\\(.)", lambda escaped: _UNESCAPE.get(escaped[1], escaped[1]), raw))
+                    for key, raw in _LABEL.findall(found["labels"] or "")
+                )
+                samples.append(MetricSample(found["name"], labels, float(found["value"]), helps.get(found["name"], "")))
+            else:
+                raise ValueError(f"not a Prometheus sample line: {line!r}")
+        return cls(tuple(samples))

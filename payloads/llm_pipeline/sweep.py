@@ -45,6 +45,7 @@ from llm_pipeline.jobs.chain import (
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts, read_run_facts
 from llm_pipeline.jobs.sweep_plan import SweepPoint, plan_sweep, read_base, training_summary, write_plan
+from llm_pipeline.run_files import STATE_DIR
 from llm_pipeline.submit import print_estimate, step_job
 
 REPORT_STEP = "sweep_report"  # payloads/slurm/sweep_report.sbatch
@@ -205,7 +206,7 @@ def _main(args: argparse.Namespace) -> int:
         return 0
     require_sbatch()
     for facts in {facts for _, facts in planned}:  # sbatch cannot open a log in a folder that does not exist
-        (facts.logs_dir / "state").mkdir(parents=True, exist_ok=True)
+        (facts.logs_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
     base_facts = read_base(base.config)
     if args.smoke:
         link_data(smoke_points, data_dir)

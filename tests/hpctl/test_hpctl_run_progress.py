@@ -14,6 +14,7 @@ from price_list_stub import stubbed_pricing as stub_price_list
 
 from hpctl import commands, run_progress
 from hpctl.job_status import hourly_price
+from llm_pipeline.run_files import STATE_DIR, StepMarker
 from tools import torchtitan_standin
 
 RUN_DIR = "/fsx/outputs/tiny-lora"
@@ -38,7 +39,7 @@ def write_run(s3, train_log: str, *, estimate: str | None) -> None:
     put(s3, "logs/pipeline.json", json.dumps({"config": "run.toml", "steps": record}))
     for step, job, where in steps[:4]:
         state = "RUNNING" if step == "train" else "COMPLETED"
-        put(s3, f"{where}/state/{step}.json", json.dumps({"step": step, "job": job, "state": state}))
+        put(s3, f"{where}/{STATE_DIR}/{step}.json", StepMarker(step, job, state).to_json())
     put(s3, "logs/train-14.log", train_log)
     if estimate:
         put(s3, "logs/estimate.json", estimate)

@@ -105,14 +105,46 @@ def test_prepare_splits_saves_and_reports_padding(hpl_env, capsys):
     assert f"{padded['pad_fraction']:.1%} padded to max_length" in out and f"{packed['pad_fraction']:.1%} packed" in out
 
 
-def test_prepared_data_from_another_config_is_refused_or_prepared_again(hpl_env):
+def test_prepared_data_from_another_config_is_refused_or_prepared_again(hpl_env, capsys):
     data.prepare(tiny_config(hpl_env))
-    changed = tiny_config(hpl_env, data={"max_samples": 50})
-    with pytest.raises(StepError, match="another \\[data\\] config"):
+    changed = tiny_config(hpl_env, data={"max_samples": 50, "max_length": 64})
+    named = "data.max_length \\(prepared with 128, now 64\\); data.max_samples \\(prepared with 0, now 50\\)"
+    with pytest.raises(StepError, match=f"prepared with another {named}: run the data step first"):
         data.training_inputs(changed, may_prepare=False)  # many processes: the data step must run first
+    capsys.readouterr()
     prepared, _ = data.training_inputs(changed, may_prepare=True)  # one process prepares it itself
     assert len(prepared["train"]) + len(prepared["validation"]) == 50
+    assert "preparing it here, as the data step does" in capsys.readouterr().out
     assert data.stale_reason(changed) is None
+
+
+def test_the_train_step_reads_the_data_steps_copy_without_preparing_it_again(hpl_env, capsys):
+    cfg = tiny_config(hpl_env)
+    target = data.prepare(cfg)
+    written = {path.name: path.stat().st_mtime_ns for path in target.iterdir()}
+    capsys.readouterr()
+    prepared, _ = data.training_inputs(cfg, may_prepare=True)
+    assert len(prepared["train"]) == 180
+    out = capsys.readouterr().out
+    assert f"using prepared data from {target}" in out and "prepared train" not in out
+    assert {path.name: path.stat().st_mtime_ns for path in target.iterdir()} == written
+
+
+def test_a_changed_tokenizer_or_dataset_file_makes_the_prepared_copy_stale(hpl_env, tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_config(hpl_env).paths.model_dir, model)
+    rows = tiny.write_dolly_jsonl(tmp_path / "rows.jsonl", 40)
+    cfg = tiny_config(hpl_env, paths={"model_dir": str(model)}, data={"dataset": str(rows)})
+    data.prepare(cfg)
+    assert data.stale_reason(cfg) is None
+    config_file = model / "tokenizer_config.json"
+    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"clean_up_tokenization_spaces": True}))
+    assert "prepared with another tokenizer (the tokenizer files in paths.model_dir differ)" in data.stale_reason(cfg)
+    data.prepare(cfg)
+    tiny.write_dolly_jsonl(rows, 40)  # the same rows written again: a rewrite is noticed by its time
+    assert data.stale_reason(cfg).endswith("prepared with another data.dataset file(s) (written again since)")
 
 
 def test_data_cli_reports_bad_input_and_exits_2(hpl_env, tmp_path, capsys):

@@ -4,24 +4,21 @@ with run and Slurm job labels, NaN as NaN; nothing is written where the node has
 from __future__ import annotations
 
 import math
-import re
 
 from transformers import TrainerState, TrainingArguments
 
 from llm_pipeline.jobs import prom_textfile
+from llm_pipeline.run_files import EventLine, MetricsTextfile, metric_value
 from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
-
-SAMPLE = re.compile(r'^(?P<name>hpl_train_\w+)\{run="(?P<run>[^"]*)",slurm_job_id="(?P<job>[^"]*)"\} (?P<value>\S+)$')
 
 
 def parse(text: str) -> dict[str, tuple[str, str, float]]:
+    """name -> (run, slurm job id, value), read through the format's owner (it refuses a line that is no sample)."""
     found = {}
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        match = SAMPLE.match(line)
-        assert match, f"not a Prometheus sample line: {line!r}"
-        found[match["name"]] = (match["run"], match["job"], float(match["value"]))
+    for sample in MetricsTextfile.parse(text).samples:
+        labels = dict(sample.labels)
+        assert set(labels) == {"run", "slurm_job_id"}, sample
+        found[sample.name] = (labels["run"], labels["slurm_job_id"], sample.value)
     return found
 
 
@@ -65,12 +62,25 @@ def test_nan_is_written_as_nan(tmp_path, monkeypatch):
     text = (tmp_path / "hpl_run_7.prom").read_text()
     assert 'hpl_train_loss{run="lora-demo",slurm_job_id="7"} NaN\n' in text
     assert math.isnan(parse(text)["hpl_train_loss"][2])
-    assert prom_textfile.sample(float("inf")) == "+Inf" and prom_textfile.sample(-float("inf")) == "-Inf"
+    assert metric_value(float("inf")) == "+Inf" and metric_value(-float("inf")) == "-Inf"
+
+
+def test_an_event_without_a_loss_prints_its_figures_and_publishes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(prom_textfile.FOLDER_ENV, str(tmp_path))
+    args = TrainingArguments(output_dir=str(tmp_path / "run" / "checkpoints"), report_to="none")
+    state = TrainerState(max_steps=10, global_step=10, is_world_process_zero=True)
+    logger = MetricsLogger(tokens=TokenCounter(lambda features: features), trainable=1, tensorboard_dir=None)
+    logger.on_train_begin(args, state, None)
+    logger.on_log(args, state, None, logs={"eval_loss": float("nan"), "epoch": 3.0})
+    (line,) = [found for row in capsys.readouterr().out.splitlines() if (found := EventLine.parse(row))]
+    assert (line.step, line.total, line.figures[1]) == (10, 10, ("epoch", 3.0)) and math.isnan(line.figures[0][1])
+    assert list(tmp_path.glob("*.prom")) == []
 
 
 def test_labels_are_escaped():
     text = prom_textfile.render({"step": 1}, run='a"b\\c', job_id="1")
     assert 'run="a\\"b\\\\c"' in text
+    assert parse(text)["hpl_train_step"][0] == 'a"b\\c'
 
 
 def test_no_folder_no_file(tmp_path, monkeypatch):

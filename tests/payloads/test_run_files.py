@@ -15,12 +15,17 @@ import pytest
 
 from llm_pipeline.run_files import (
     BackendLine,
+    DataSource,
     Estimate,
+    EventLine,
+    MetricSample,
+    MetricsTextfile,
     PipelineRecord,
     ProgressLine,
     ReplicasLine,
     StepEstimate,
     StepJob,
+    StepMarker,
     StepVerdict,
     TitanMetricLine,
     describe_number,
@@ -95,6 +100,51 @@ def test_the_shell_writer_in_env_sh_writes_the_verdict_format(tmp_path):
     verdict = StepVerdict.parse(last)
     assert (verdict.step, verdict.state, verdict.exit_code) == ("train", "FAILED", 3) and verdict.at
     assert verdict.format() == last
+    # hpl_mark, the same trap's other writer: the step marker reads back, and writes back the same fields.
+    marker = StepMarker.from_json((tmp_path / "run" / "logs" / "state" / "train.json").read_text())
+    assert (marker.step, marker.state, marker.exit_code, marker.final) == ("train", "FAILED", 3, True)
+    assert marker.node and marker.time.endswith("Z")
+    assert StepMarker.from_json(marker.to_json()) == marker
+
+
+@pytest.mark.parametrize("exit_code", [None, 0, 143])
+def test_the_step_marker_reads_back(exit_code):
+    marker = StepMarker("smoke-train", "12", "RUNNING" if exit_code is None else "CANCELLED", exit_code, "n1", "t")
+    assert StepMarker.from_json(marker.to_json()) == marker
+    assert marker.final is (exit_code is not None)
+
+
+@pytest.mark.parametrize("value", [2.5, 0.0, 1e-05, math.nan, math.inf, -math.inf])
+def test_the_metrics_textfile_reads_back(value):
+    labels = (("run", 'a "quoted"\\ run\nname'), ("slurm_job_id", "12"))
+    textfile = MetricsTextfile(
+        (MetricSample("hpl_train_loss", labels, value, "training loss"), MetricSample("hpl_train_step", labels, 3.0))
+    )
+    text = textfile.format()
+    again = MetricsTextfile.parse(text)
+    assert again.format() == text
+    loss = again.samples[0]
+    assert (loss.name, loss.labels, loss.help) == ("hpl_train_loss", labels, "training loss")
+    assert (math.isnan(loss.value) and math.isnan(value)) or loss.value == value
+    assert again.values()["hpl_train_step"] == 3.0
+    spelled = {"nan": "NaN", "inf": "+Inf", "-inf": "-Inf"}.get(str(value), repr(value))
+    assert text.splitlines()[2] == f'hpl_train_loss{{run="a \\"quoted\\"\\\\ run\\nname",slurm_job_id="12"}} {spelled}'
+
+
+def test_a_line_that_is_no_sample_is_refused():
+    with pytest.raises(ValueError, match="not a Prometheus sample line"):
+        MetricsTextfile.parse("# HELP x y\nx{run=} 1 2 3\n")
+
+
+@pytest.mark.parametrize("value", LOSSES)
+def test_the_event_line_reads_back(value):
+    line = EventLine(30, 30, (("eval_loss", value), ("epoch", 3.0)))
+    again = EventLine.parse(line.format())
+    assert again.format() == line.format() and again.figures[1] == ("epoch", 3.0)
+    shown = float(f"{value:.4g}")  # four significant digits, as printed
+    assert (math.isnan(again.figures[0][1]) and math.isnan(value)) or again.figures[0][1] == shown
+    progress = ProgressLine(3, 4, value, 2e-5, 3.7, 15155.0, "0:00:01").format()
+    assert EventLine.parse(progress) is None and ProgressLine.parse(line.format()) is None
 
 
 def test_the_trainer_start_lines_read_back():
@@ -125,12 +175,29 @@ def test_the_estimate_reads_back(seconds_per_step):
     assert (again.total_seconds, again.node_hours) == (1860.0, pytest.approx(1 + 60 / 3600))
 
 
+def test_the_data_source_reads_back_and_names_each_change():
+    record = DataSource({"max_length": 128, "packing": False, "dataset": "rows.jsonl"}, 42, "ab12", "cd34")
+    assert DataSource.from_json(record.to_json()) == record
+    assert record.changes(DataSource.from_json(record.to_json())) == []
+    now = DataSource({"max_length": 64, "packing": False, "dataset": "rows.jsonl"}, 7, "ab12", "")
+    assert record.changes(now) == [
+        "data.max_length (prepared with 128, now 64)",
+        "train.seed (prepared with 42, now 7)",
+        "data.dataset file(s) (written again since)",
+    ]
+    older = DataSource.from_json('{"data": {"max_length": 128}, "seed": 42}')  # before the digests were recorded
+    assert older.tokenizer == "" and "tokenizer (the tokenizer files in paths.model_dir differ)" in older.changes(now)
+
+
 def test_a_diverged_loss_is_spelled_for_people():
     assert [describe_number(v) for v in LOSSES] == ["1.2345", "0.0000", "NaN", "Inf", "-Inf"]
 
 
 # The markers of the lines this module owns: a regular expression holding one belongs here.
-RUN_LINE_MARKERS = ("loss", "samples/s", "tokens/s", "tps:", "== ", "data-parallel", "backend", "[titan]")
+RUN_LINE_MARKERS = (
+    *("loss", "samples/s", "tokens/s", "tps:", "== ", "data-parallel", "backend", "[titan]"),
+    *("hpl_train_", "slurm_job_id"),
+)
 REGEX_CALLS = {"compile", "match", "fullmatch", "search", "findall", "finditer", "sub", "subn", "split"}
 
 

@@ -13,6 +13,8 @@ import sys
 
 from torchtitan_site import site_env
 
+from llm_pipeline.run_files import MetricsTextfile
+
 TRAINER = """
 import sys, time
 from torchtitan.tools.logging import init_logger, logger
@@ -48,11 +50,10 @@ def test_metric_lines_are_published_and_passed_on(tmp_path):
     assert out.stdout.count(" - root - INFO - ") == 2 and "loss:  8.25000" in out.stdout
     assert f"arguments ['--job.config_file', '{job}']" in out.stdout
     series = {
-        line.split("{")[0]: (line.split("{")[1].split("}")[0], float(line.rsplit(" ", 1)[1]))
-        for line in (folder / "hpl_run_77.prom").read_text().splitlines()
-        if not line.startswith("#")
+        sample.name: (sample.labels, sample.value)
+        for sample in MetricsTextfile.parse((folder / "hpl_run_77.prom").read_text()).samples
     }
-    labels = 'run="titan-run",slurm_job_id="77"'
+    labels = (("run", "titan-run"), ("slurm_job_id", "77"))
     assert {name: value for name, (_, value) in series.items() if name != "hpl_train_eta_seconds"} == {
         "hpl_train_loss": 8.25,
         "hpl_train_tokens_per_second": 12000.0,

@@ -72,6 +72,11 @@ def test_progress_throughput_and_trainable_count_on_stdout(first_output):
     assert lines and "samples/s" in lines[0] and "tokens/s" in lines[0]
 
 
+def test_the_train_step_alone_prepares_its_data_through_the_data_step(run, first_output):
+    assert f"no prepared data in {run[1].paths.data_dir}: preparing it here, as the data step does" in first_output
+    assert f"rows in {run[1].paths.data_dir}" in first_output  # the data step's own report
+
+
 def test_tensorboard_events_hold_loss_and_throughput(run, first_output):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -119,7 +124,11 @@ def test_a_restart_after_a_partial_restore_resumes_from_the_previous_complete_ch
     (cfg.paths.checkpoints_dir / "checkpoint-25").mkdir()  # half-written: no seal
     # Step 20 lies inside the second epoch: the resume skips that epoch's first batches, in its own order.
     assert 1 < _trainer_state(cfg.paths.checkpoints_dir / "checkpoint-20")["epoch"] < 2
+    prepared = {path.name: path.stat().st_mtime_ns for path in cfg.paths.data_dir.iterdir()}
     out = _train(run[0], capsys)
+    # The data the first run prepared is this config's: read as it is, not prepared again.
+    assert f"using prepared data from {cfg.paths.data_dir}" in out and "preparing it here" not in out
+    assert {path.name: path.stat().st_mtime_ns for path in cfg.paths.data_dir.iterdir()} == prepared
     assert f"resuming from {cfg.paths.checkpoints_dir / 'checkpoint-20'}" in out
     assert "step 25/30 | loss" in out and "step 5/30" not in out
 

@@ -4,6 +4,7 @@ stands for TorchNeuron; the libraries' own neuron branches are pinned by test_tr
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -73,6 +74,18 @@ def test_cuda_levers_are_refused_on_neuron_naming_the_key(hpl_env, tmp_path, cap
 def test_the_same_levers_pass_on_the_cpu(hpl_env):
     cfg = tiny_config(hpl_env, data={"packing": True})
     torch_backend.check_lever_packages(cfg, kind=device.CPU)  # no refusal: packing is fine off Neuron
+
+
+def test_one_refusal_table_answers_for_every_device(hpl_env):
+    cfg = tiny_config(hpl_env, train={"liger_kernel": True})
+    cuda_only = "train.liger_kernel = True needs a CUDA GPU (liger-kernel's kernels are Triton)"
+    assert device.refused_levers(cfg, device.CUDA) == []
+    (cpu,) = device.refused_levers(cfg, device.CPU)
+    assert cpu.startswith(cuda_only)
+    neuron = device.refused_levers(cfg, device.NEURON)  # the device's own line first, then the CUDA-only one
+    assert neuron[0].startswith("train.liger_kernel = True cannot run on the neuron device") and neuron[-1] == cpu
+    with pytest.raises(StepError, match=re.escape(cuda_only)):
+        torch_backend.check_lever_packages(cfg, kind=device.CPU)
 
 
 def test_neuron_batches_keep_one_shape(hpl_env):

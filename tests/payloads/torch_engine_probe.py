@@ -21,6 +21,7 @@ import liger_standin
 import torch
 
 from llm_pipeline import config, data
+from llm_pipeline.training import device
 from llm_pipeline.training.plan import TrainPlan, world_size
 from llm_pipeline.training.torch import backend, methods
 
@@ -96,7 +97,7 @@ def act_as_cuda_for_liger() -> None:
     for liger alone (the lever check and train.liger_kernel = "auto")."""
     liger_standin.install()
     check_lever_packages, liger_enabled = backend.check_lever_packages, methods.liger_enabled
-    backend.check_lever_packages = lambda cfg, cuda=None, kind=None: check_lever_packages(cfg, cuda=True, kind=kind)
+    backend.check_lever_packages = lambda cfg, kind=None: check_lever_packages(cfg, kind=device.CUDA)
     methods.liger_enabled = lambda cfg, cuda=None, liger_installed=None: liger_enabled(cfg, cuda=True)
 
 

@@ -19,6 +19,7 @@ from slurm_helpers import REPO, wait_for
 
 from llm_pipeline import compare, config, consolidate, data, train
 from llm_pipeline.jobs.run_config_text import write_derived
+from llm_pipeline.run_files import StepMarker
 from tools.rehearse import fsx_environment, write_inputs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-fsdp_train")]
@@ -76,10 +77,10 @@ def sbatch_train(env: dict[str, str], run_config: Path, cfg: config.RunConfig) -
     job = subprocess.run(command, env=job_env, capture_output=True, text=True, check=True).stdout.strip()
 
     def ended() -> bool:
-        return marker.is_file() and json.loads(marker.read_text())["state"] != "RUNNING"
+        return marker.is_file() and StepMarker.from_json(marker.read_text()).state != "RUNNING"
 
     wait_for(ended, 600, f"train job {job}")
-    assert json.loads(marker.read_text())["state"] == "COMPLETED", log.read_text()[-3000:]
+    assert StepMarker.from_json(marker.read_text()).state == "COMPLETED", log.read_text()[-3000:]
     return log.read_text()
 
 

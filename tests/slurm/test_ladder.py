@@ -23,7 +23,7 @@ from slurm_helpers import REPO, read_png, submit
 
 from llm_pipeline import charts, config
 from llm_pipeline.ladder_submit import read_rungs, resumed_rungs
-from llm_pipeline.run_files import TitanMetricLine
+from llm_pipeline.run_files import StepMarker, TitanMetricLine
 from tools.rehearse import fsx_environment
 from tools.rehearse_ladder import ladder_environment, write_dataset_source, write_tokenizer
 
@@ -123,8 +123,8 @@ def test_ladder_chain_runs_every_rung_and_reports_torchtitans_metrics(one_node, 
             f"20 steps (torchtitan.steps) x {found['seconds_per_step'][f'rung-{rung}']:.3f} s/step"
             in (found["steps"][LONG.index(f"rung-{rung}")]["basis"])
         )
-    first_long = json.loads((run / "logs" / "state" / "rung-baseline.json").read_text())
-    assert json.loads((run / "logs" / "state" / "estimate.json").read_text())["time"] <= first_long["time"]
+    first_long = StepMarker.from_json((run / "logs" / "state" / "rung-baseline.json").read_text())
+    assert StepMarker.from_json((run / "logs" / "state" / "estimate.json").read_text()).time <= first_long.time
 
 
 def test_ladder_dry_run_chains_the_rungs_on_every_node(tmp_path):

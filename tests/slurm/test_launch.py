@@ -12,6 +12,7 @@ import pytest
 from slurm_helpers import REPO, wait_for
 
 from llm_pipeline.jobs import launch
+from llm_pipeline.run_files import StepMarker
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-launch")]
 
@@ -149,8 +150,12 @@ def run_two_node_job(cluster, tmp_path: Path, script: str, timeout_s: float) -> 
         check=True,
     ).stdout.strip()
     marker = run_dir / "logs" / "state" / "probe.json"
-    wait_for(lambda: marker.is_file() and json.loads(marker.read_text())["state"] != "RUNNING", timeout_s, f"job {job}")
-    assert json.loads(marker.read_text())["state"] == "COMPLETED", log.read_text()
+    wait_for(
+        lambda: marker.is_file() and StepMarker.from_json(marker.read_text()).state != "RUNNING",
+        timeout_s,
+        f"job {job}",
+    )
+    assert StepMarker.from_json(marker.read_text()).state == "COMPLETED", log.read_text()
     return run_dir
 
 

@@ -19,7 +19,7 @@ from slurm_helpers import REPO, read_png, submit, wait_for
 
 from llm_pipeline.jobs import estimate, pipeline_status, smoke
 from llm_pipeline.jobs.run_config_text import write_derived
-from llm_pipeline.run_files import Estimate, ProgressLine
+from llm_pipeline.run_files import Estimate, ProgressLine, StepMarker
 from llm_pipeline.submit import SHARED_STEPS, STEPS
 from tools.rehearse import fsx_environment, write_inputs
 
@@ -57,8 +57,8 @@ def queue_is_empty(env: dict[str, str]) -> bool:
     return out.stdout.strip() == ""
 
 
-def marker(out_dir: Path, step: str) -> dict:
-    return json.loads((out_dir / "logs" / "state" / f"{step}.json").read_text())
+def marker(out_dir: Path, step: str) -> StepMarker:
+    return StepMarker.from_json((out_dir / "logs" / "state" / f"{step}.json").read_text())
 
 
 def job_folder(out_dir: Path, step: str) -> Path:
@@ -86,14 +86,8 @@ def test_whole_pipeline_produces_every_step_output(cluster):
     for step, job in jobs.items():
         log = (job_folder(out_dir, step) / "logs" / f"{step}-{job}.log").read_text()
         assert f"== {step}: COMPLETED (exit 0)" in log
-        assert marker(job_folder(out_dir, step), step) | {"time": None, "node": None} == {
-            "step": step,
-            "job": job,
-            "state": "COMPLETED",
-            "exit": 0,
-            "time": None,
-            "node": None,
-        }
+        written = marker(job_folder(out_dir, step), step)
+        assert (written.step, written.job, written.state, written.exit_code) == (step, job, "COMPLETED", 0)
 
     logs = {step: (job_folder(out_dir, step) / "logs" / f"{step}-{job}.log").read_text() for step, job in jobs.items()}
     assert "run config ok" in logs["prepare"] and "transformers" in logs["prepare"]
@@ -160,7 +154,7 @@ def test_whole_pipeline_produces_every_step_output(cluster):
     assert followed.count("estimate from the smoke run") == 1, "--wait shows the estimate once, not again at the end"
     headers = [line for line in logs["train"].splitlines() if line.startswith("== train: job ")]
     assert headers and headers[0].endswith("(none)"), "a CPU run's step log names no accelerator"
-    assert marker(out_dir, "estimate")["time"] < marker(out_dir, "train")["time"]
+    assert marker(out_dir, "estimate").time < marker(out_dir, "train").time
 
 
 def test_late_smoke_failure_stops_the_chain_before_any_long_step(cluster):
@@ -180,7 +174,7 @@ def test_late_smoke_failure_stops_the_chain_before_any_long_step(cluster):
     wait_for(
         lambda: (
             (smoke_dir / "logs" / "state" / "smoke-train-resume.json").is_file()
-            and marker(smoke_dir, "smoke-train-resume")["state"] != "RUNNING"
+            and marker(smoke_dir, "smoke-train-resume").state != "RUNNING"
         ),
         300,
         "the smoke training",

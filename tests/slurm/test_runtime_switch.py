@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from slurm_helpers import REPO
 
+from llm_pipeline.run_files import StepMarker
 from llm_pipeline.submit import main as submit_main
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-runtime_switch")]
@@ -116,7 +117,7 @@ def test_host_runtime_uses_the_host_python_and_hyperpod_adds_auto_resume(node, t
             "/fsx/payloads/configs/run.toml",
         ]
     ]
-    assert '"state": "COMPLETED"' in (tmp_path / "run" / "logs" / "state" / "merge.json").read_text()
+    assert StepMarker.from_json((tmp_path / "run" / "logs" / "state" / "merge.json").read_text()).state == "COMPLETED"
 
 
 def test_a_failing_launch_marks_the_step_failed(node, tmp_path):
@@ -124,7 +125,8 @@ def test_a_failing_launch_marks_the_step_failed(node, tmp_path):
     (Path(env["PATH"].split(":")[0]) / "srun").write_text("#!/usr/bin/env bash\nexit 3\n")
     out = run_step("generate.sbatch", env)
     assert out.returncode == 3 and "== generate: FAILED (exit 3)" in out.stdout
-    assert '"state": "FAILED", "exit": 3' in (tmp_path / "run" / "logs" / "state" / "generate.json").read_text()
+    failed = StepMarker.from_json((tmp_path / "run" / "logs" / "state" / "generate.json").read_text())
+    assert (failed.state, failed.exit_code) == ("FAILED", 3)
 
 
 @pytest.mark.parametrize(

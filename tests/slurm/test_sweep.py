@@ -17,6 +17,7 @@ from slurm_helpers import REPO, read_png
 from llm_pipeline import charts
 from llm_pipeline.jobs import smoke
 from llm_pipeline.jobs.run_config_text import write_derived
+from llm_pipeline.run_files import StepMarker
 from tools.rehearse import fsx_environment, write_inputs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-sweep")]
@@ -87,8 +88,11 @@ def test_two_node_counts_keep_the_global_batch_and_are_reported(setup):
     assert [row["nodes"] for row in trains] == [1, 2] and set(found["seconds_per_step"]) == {"train@1", "train@2"}
     assert all("3 steps (train.max_steps)" in row["basis"] for row in trains)
     assert "estimate from the smoke run" in result.stdout
-    estimated = json.loads((sweep_dir / "logs" / "state" / "estimate.json").read_text())["time"]
-    assert estimated <= json.loads((sweep_dir / "nodes-1" / "logs" / "state" / "precompile.json").read_text())["time"]
+    estimated = StepMarker.from_json((sweep_dir / "logs" / "state" / "estimate.json").read_text()).time
+    assert (
+        estimated
+        <= StepMarker.from_json((sweep_dir / "nodes-1" / "logs" / "state" / "precompile.json").read_text()).time
+    )
 
 
 def test_no_smoke_submits_the_long_points_only_and_says_what_that_risks(setup):

@@ -22,6 +22,7 @@ from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs import deploy_facts, partitions, pipeline_status, smoke
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts
+from llm_pipeline.run_files import STATE_DIR
 
 PAYLOADS_DIR = Path(__file__).resolve().parents[2]
 SLURM_FALLBACK_BIN = Path("/opt/slurm/bin")  # HyperPod's Slurm, for shells without it on PATH
@@ -248,7 +249,7 @@ def submit_chain(
 ) -> list[StepJob]:
     """Submit one run's ``jobs`` as a chain, after a smoke stage unless ``smoke_stage`` is off; the record
     (logs/pipeline.json) lists ``kept`` (earlier jobs still valid) and the new ones."""
-    (facts.logs_dir / "state").mkdir(parents=True, exist_ok=True)
+    (facts.logs_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
     if smoke_stage_runs(jobs, smoke_stage):
         smoke.write_smoke_run(facts)
         print(

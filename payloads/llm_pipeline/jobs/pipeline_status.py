@@ -11,14 +11,13 @@ Stdlib only: runs on the controller's system python3 (3.10).
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from llm_pipeline.run_files import PIPELINE_FILE, PipelineRecord, StepJob
+from llm_pipeline.run_files import PIPELINE_FILE, STATE_DIR, PipelineRecord, StepJob, StepMarker
 
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "STAGE_OUT"}
 NEVER_RAN = "NOT_RUN"
@@ -84,11 +83,13 @@ def slurm_states(
     return known
 
 
-def _marker(state_dir: Path, step: str) -> dict:
+def _marker(state_dir: Path, job: StepJob) -> StepMarker | None:
+    """The step's marker when this job wrote it (a resubmission's job id differs), else None."""
     try:
-        return json.loads((state_dir / f"{step}.json").read_text())
-    except (OSError, ValueError):
-        return {}
+        marker = StepMarker.from_json((state_dir / f"{job.step}.json").read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return marker if marker.job == job.job else None
 
 
 def step_states(logs_dir: Path, run: Callable[[list[str]], subprocess.CompletedProcess]) -> list[StepState]:
@@ -96,16 +97,15 @@ def step_states(logs_dir: Path, run: Callable[[list[str]], subprocess.CompletedP
     known = slurm_states([job.job for job in jobs], run)
     states = []
     for job in jobs:
-        marker = _marker(Path(job.log).parent / "state", job.step)  # a smoke job's lies in the smoke run
-        marker = marker if str(marker.get("job")) == job.job else {}
+        marker = _marker(Path(job.log).parent / STATE_DIR, job)  # a smoke job's lies in the smoke run
         if job.job in known:
             state, detail = known[job.job]
-        elif marker.get("state") in ("COMPLETED", "FAILED", "CANCELLED"):
-            state, detail = marker["state"], f"exit {marker.get('exit')} (step marker)"
+        elif marker and marker.final:
+            state, detail = marker.state, f"exit {marker.exit_code} (step marker)"
         elif marker:
             state, detail = (
                 "LOST",
-                f"marked {marker.get('state')} on {marker.get('node')} but gone from Slurm (node failure?)",
+                f"marked {marker.state} on {marker.node} but gone from Slurm (node failure?)",
             )
         else:
             state, detail = NEVER_RAN, "gone from Slurm without starting (cancelled)"

@@ -1,4 +1,5 @@
-"""The run's own figures as Prometheus series, through node exporter's textfile collector (stdlib only).
+"""The run's own figures as Prometheus series, through node exporter's textfile collector (stdlib only; the
+file's format is run_files.MetricsTextfile).
 
 Each log event replaces ``$HPL_METRICS_TEXTFILE_PATH/hpl_run_<slurm job id>.prom`` (the folder the lifecycle
 creates where observability = prometheus; unset or missing: nothing is written). The file is written
@@ -9,12 +10,13 @@ utilisation of the devices it ran on (DCGM's hpc_job label holds the same id).
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+
+from llm_pipeline.run_files import MetricSample, MetricsTextfile
 
 FOLDER_ENV = "HPL_METRICS_TEXTFILE_PATH"
 # Series name -> what it is; the values come from the engines' log events under the key in SOURCES.
@@ -40,26 +42,12 @@ SOURCES = {
 }
 
 
-def sample(value: float) -> str:
-    """Prometheus text format: NaN and the infinities by name, everything else as Python's shortest repr."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
-
-
-def label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 def render(figures: Mapping[str, float], *, run: str, job_id: str) -> str:
-    labels = f'{{run="{label(run)}",slurm_job_id="{label(job_id)}"}}'
-    lines = []
-    for key, name in SOURCES.items():
-        if key in figures:
-            lines += [f"# HELP {name} {SERIES[name]}", f"# TYPE {name} gauge", f"{name}{labels} {sample(figures[key])}"]
-    return "\n".join(lines) + "\n"
+    labels = (("run", run), ("slurm_job_id", job_id))
+    samples = [
+        MetricSample(name, labels, figures[key], SERIES[name]) for key, name in SOURCES.items() if key in figures
+    ]
+    return MetricsTextfile(tuple(samples)).format()
 
 
 def publish(figures: Mapping[str, float], *, run: str, environ: Mapping[str, str] | None = None) -> Path | None:

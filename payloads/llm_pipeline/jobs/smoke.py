@@ -30,6 +30,7 @@ from pathlib import Path
 
 from llm_pipeline.jobs.run_config_text import read_key, write_derived
 from llm_pipeline.jobs.run_facts import RunFacts
+from llm_pipeline.run_files import STATE_DIR
 
 SMOKE_FOLDER = "smoke"  # <run>/smoke: the smoke run's own run folder
 ESTIMATE_STEP = "estimate"  # payloads/slurm/estimate.sbatch, after the smoke stage
@@ -83,7 +84,7 @@ def write_smoke_run(facts: RunFacts) -> None:
     folder = smoke_dir(facts)
     if folder.exists():
         shutil.rmtree(folder)
-    (folder / "logs" / "state").mkdir(parents=True)
+    (folder / "logs" / STATE_DIR).mkdir(parents=True)
     (folder / "data").symlink_to(facts.output_dir / "data", target_is_directory=True)
     for name, stop in zip(CONFIGS, (SAVE_STEP, 0), strict=True):
         write_derived(facts.config, folder / name, smoke_overrides(facts.config, stop), run_dir=folder)

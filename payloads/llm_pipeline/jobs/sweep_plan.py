@@ -21,6 +21,7 @@ from pathlib import Path
 
 from llm_pipeline.config import ConfigError, DataConfig, ModelConfig, ParallelConfig, TrainConfig
 from llm_pipeline.jobs.run_config_text import read_key, write_derived
+from llm_pipeline.run_files import STATE_DIR
 
 PLAN_NAME = "sweep.json"
 
@@ -117,7 +118,7 @@ def plan_sweep(
             raise ConfigError(f"--nodes: {nodes} is not a node count")
         accumulation = accumulation_for(base, nodes)
         point_dir = sweep_dir / f"nodes-{nodes}"
-        (point_dir / "logs" / "state").mkdir(parents=True, exist_ok=True)
+        (point_dir / "logs" / STATE_DIR).mkdir(parents=True, exist_ok=True)
         keys = {
             **(overrides or {}),
             ("parallel", "nodes"): nodes,

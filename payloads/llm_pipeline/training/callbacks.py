@@ -16,7 +16,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from llm_pipeline.jobs import prom_textfile
-from llm_pipeline.run_files import ProgressLine, ReplicasLine
+from llm_pipeline.run_files import EventLine, ProgressLine, ReplicasLine
 from llm_pipeline.weights.checkpoints import prune, write_seal
 
 
@@ -124,11 +124,7 @@ class MetricsLogger(TrainerCallback):
                 run=Path(args.output_dir).parent.name,
             )
         else:
-            print(
-                f"step {state.global_step}/{state.max_steps} | "
-                + " | ".join(f"{k} {v:.4g}" for k, v in metrics.items()),
-                flush=True,
-            )
+            print(EventLine(state.global_step, state.max_steps, tuple(metrics.items())).format(), flush=True)
         if self.writer is not None:
             for key, value in metrics.items():
                 self.writer.add_scalar(_scalar_name(key), value, state.global_step)

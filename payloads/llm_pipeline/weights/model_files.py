@@ -23,6 +23,17 @@ INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")  # fast tokenizer or sentencepiece model
+# Every file that can change how text is tokenized or templated (the data step records their digest).
+TOKENIZER_DEFINITION_FILES = (
+    TOKENIZER_CONFIG,
+    *TOKENIZER_FILES,
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 SAFETENSORS_CODES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 # Files never copied next to the merged weights: other weight formats and their indexes.
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx")

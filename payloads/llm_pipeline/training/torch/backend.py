@@ -184,14 +184,10 @@ LEVER_PACKAGES = (
 )
 
 
-# Levers whose kernels exist only for CUDA (Triton or CUDA C++): installed is not enough, a CPU run would
-# reach the kernel launch and fail there ("0 active drivers" from Triton), after loading model and data.
-CUDA_ONLY_LEVERS = (("liger_kernel", True, "liger-kernel's kernels are Triton"),)
-
-
-def check_lever_packages(cfg: RunConfig, *, cuda: bool | None = None, kind: str | None = None) -> None:
-    """Stop before any work when a chosen lever's package is missing from this runtime, its kernels
-    need a CUDA device this runtime lacks, or the device (``kind``: torch's accelerator) cannot run it."""
+def check_lever_packages(cfg: RunConfig, *, kind: str | None = None) -> None:
+    """Stop before any work when the device (``kind``: torch's accelerator) cannot run a chosen lever
+    (device.LEVER_REFUSALS: the native Neuron device's, CUDA-only kernels elsewhere) or the lever's package
+    is missing from this runtime."""
     refused = device.refused_levers(cfg, device.accelerator_type() if kind is None else kind)
     if refused:
         raise StepError(refused[0])
@@ -200,16 +196,6 @@ def check_lever_packages(cfg: RunConfig, *, cuda: bool | None = None, kind: str 
             raise StepError(
                 f"train.{key} = {value!r} needs {package}, which this runtime lacks (the CUDA training image "
                 f"has it, payloads/requirements-gpu.txt); change train.{key} or run in that image"
-            )
-    if cuda is None:
-        import torch
-
-        cuda = torch.cuda.is_available()
-    for key, value, why in CUDA_ONLY_LEVERS:
-        if getattr(cfg.train, key) == value and not cuda:
-            raise StepError(
-                f"train.{key} = {value!r} needs a CUDA GPU ({why}) and this runtime has none; "
-                f'set train.{key} = "auto" (on where CUDA is) or false'
             )
 
 
