@@ -13,7 +13,7 @@ export PYTHONPATH := $(CURDIR):$(CURDIR)/payloads
 AS_ROOT := $(if $(filter 0,$(shell id -u)),,sudo env PYTHONPATH=$(PYTHONPATH))
 
 .DEFAULT_GOAL := help
-.PHONY: help need-root system-packages venv synth lint doc-tables test test-fast test-trn1 snapshot-update deploy diff destroy rehearse rehearse-ladder bench bench-train diagram clean
+.PHONY: help need-root system-packages venv synth lint doc-tables test test-fast test-engine test-trn1 snapshot-update deploy diff destroy rehearse rehearse-ladder bench bench-train diagram clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -64,8 +64,11 @@ test: system-packages lint  ## set up a fresh Debian/Ubuntu machine as needed, l
 test-trn1: $(STAMP)  ## the frozen trn1 lane's tests (and the payload code shared with it) on .venv/trn1-site
 	PYTHONPATH=$(CURDIR)/$(VENV)/trn1-site:$(PYTHONPATH) $(PY) -m pytest -n 2 --dist loadgroup
 
-test-fast: $(STAMP)  ## the main stack's tests but the local-Slurm ones and whole-job rehearsals (make test runs all)
-	$(PY) -m pytest -n 2 --dist loadgroup -m "not slurm and not rehearsal"
+test-fast: $(STAMP)  ## the main stack's tests but the local-Slurm ones, whole-job rehearsals and engine runs (make test runs all)
+	$(PY) -m pytest -n 2 --dist loadgroup -m "not slurm and not rehearsal and not engine"
+
+test-engine: $(STAMP)  ## only the tests that train through a real engine (torch, torchtitan) on the main stack
+	$(PY) -m pytest -n 2 --dist loadgroup -m "engine and not slurm and not rehearsal"
 
 snapshot-update: $(STAMP)  ## rewrite the template snapshots after an intended change
 	$(PY) -m pytest tests/infra -k snapshot --snapshot-update

@@ -1,5 +1,5 @@
 """The test lanes: every module under tests/slurm (each starts a local Slurm) carries the `slurm` marker,
-so `make test-fast` (-m "not slurm") leaves out exactly those and `make test` runs them too."""
+so `make test-fast` leaves out exactly those (and the rehearsal and engine markers) and `make test` runs them too."""
 
 from __future__ import annotations
 
@@ -21,3 +21,23 @@ def test_every_slurm_module_carries_the_slurm_marker():
     modules = sorted(SLURM_TESTS.glob("test_*.py"))
     assert len(modules) >= 10
     assert [p.name for p in modules if "pytest.mark.slurm" not in module_marks(p)] == []
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_recipe(target: str) -> str:
+    lines = (REPO / "Makefile").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{target}:"))
+    return "\n".join(line for line in lines[start + 1 :] if line.startswith("\t")).split("\n\n")[0]
+
+
+def test_test_fast_leaves_out_exactly_the_markers_that_say_so_and_make_test_runs_all():
+    import tomllib
+
+    markers = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    left_out = sorted(m.split(":", 1)[0] for m in markers if "make test-fast does not" in m)
+    assert left_out == ["engine", "rehearsal"]
+    assert f'-m "not slurm and not {left_out[1]} and not {left_out[0]}"' in make_recipe("test-fast")
+    assert '-m "engine and not slurm and not rehearsal"' in make_recipe("test-engine")
+    assert make_recipe("test").splitlines()[0] == "\t$(PY) -m pytest -n 2 --dist loadgroup", "make test (CI) runs all"

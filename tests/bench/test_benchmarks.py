@@ -88,6 +88,7 @@ def test_train_bench_runs_every_variant_on_both_layouts(tmp_path):
         assert report.count("not measured on GPU") >= 2  # once per layout, once for the target itself
 
 
+@pytest.mark.rehearsal
 def test_merge_bench_runs_ours_the_reference_and_the_copy(tmp_path):
     report = run_bench("merge_bench.py", tmp_path, "--shapes", SMOKE_SHAPE, "--repeats", "1", "--quiet-disk-wait", "0")
     runs = json_block(report)[SMOKE_SHAPE]
@@ -102,6 +103,7 @@ def test_merge_bench_runs_ours_the_reference_and_the_copy(tmp_path):
         assert runs["reference_skipped"] == f"skipped: {reason}"
 
 
+@pytest.mark.rehearsal
 def test_consolidate_bench_runs_ours_and_the_copy(tmp_path):
     report = run_bench(
         "consolidate_bench.py", tmp_path, "--shapes", SMOKE_SHAPE, "--repeats", "1", "--quiet-disk-wait", "0"

@@ -17,7 +17,7 @@ from payload_configs import folder_env, write_config
 
 from llm_pipeline import config, data
 
-pytestmark = pytest.mark.xdist_group("torch_engine")
+pytestmark = [pytest.mark.xdist_group("torch_engine"), pytest.mark.engine]
 METHODS = ("lora", "full")
 STEPS = 3
 RANKS = 2

@@ -18,6 +18,8 @@ from payload_configs import write_config
 
 from llm_pipeline import compare, train
 
+pytestmark = pytest.mark.engine
+
 PARITY_TOLERANCE = 0.005
 PARITY_STEPS = 6
 LEARNING_RATE = 5e-3

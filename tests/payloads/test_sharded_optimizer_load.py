@@ -10,6 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.engine
+
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).with_name("sharded_optimizer_probe.py")
 

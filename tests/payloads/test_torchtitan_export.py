@@ -17,11 +17,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from torchtitan_site import REPO, site_env
 
 from llm_pipeline import config
 from llm_pipeline.jobs.run_config_text import write_derived
 from llm_pipeline.training.torchtitan import ladder
+
+pytestmark = pytest.mark.engine
 
 PROBES = Path(__file__).parent
 TINY_LADDER = REPO / "payloads" / "configs" / "tiny-ladder-cpu.toml"

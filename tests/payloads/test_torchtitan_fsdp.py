@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from torchtitan_site import site_env
 
+pytestmark = pytest.mark.engine
+
 PROBE = Path(__file__).with_name("torchtitan_fsdp_probe.py")
 STEPS = 4
 

@@ -19,6 +19,8 @@ TRAINER = """
 import sys, time
 from torchtitan.tools.logging import init_logger, logger
 from torchtitan.tools.utils import Color
+
+pytestmark = pytest.mark.engine
 init_logger()
 c = Color()
 for step, loss in ((10, 9.5), (20, 8.25)):

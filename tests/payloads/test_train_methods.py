@@ -22,6 +22,8 @@ from llm_pipeline.training.torch import backend as torch_backend
 from llm_pipeline.training.torch import methods as torch_methods
 from tools import tiny_model
 
+pytestmark = pytest.mark.engine
+
 STEPS = {"max_steps": 4, "save_steps": 4, "logging_steps": 2}
 SMALL_DATA = {"validation_fraction": 0.0, "max_samples": 48}  # no evaluation, a short data step
 

@@ -15,6 +15,8 @@ from llm_pipeline import cli, train
 from llm_pipeline.training.loss_guard import NonFiniteLoss, NonFiniteLossGuard, StopAtNonFiniteLoss
 from llm_pipeline.training.torch import backend
 
+pytestmark = pytest.mark.engine
+
 
 def _poisoned_model(tiny_models_dir, tmp_path):
     """The tiny model with one NaN in its final norm weight: every forward gives a NaN loss."""

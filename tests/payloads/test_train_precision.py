@@ -14,7 +14,8 @@ from payload_configs import folder_env, write_config
 
 from llm_pipeline import config, data
 
-pytestmark = pytest.mark.xdist_group("torch_engine")  # one launch per rank count serves every test here
+# One launch per rank count serves every test here.
+pytestmark = [pytest.mark.xdist_group("torch_engine"), pytest.mark.engine]
 METHODS = ("lora", "dora", "qlora", "full")
 STEPS = 4
 GLOBAL_BATCH = 4

@@ -14,6 +14,8 @@ from llm_pipeline.config import ConfigError
 from llm_pipeline.jobs import smoke
 from llm_pipeline.jobs.run_facts import read_run_facts
 
+pytestmark = pytest.mark.engine
+
 SHAPE = {"max_steps": smoke.SMOKE_STEPS, "save_steps": smoke.SAVE_STEP, "logging_steps": 1, "warmup_steps": 1}
 
 

@@ -11,6 +11,8 @@ from llm_pipeline import generate, train
 from llm_pipeline.run_files import ProgressLine
 from llm_pipeline.weights.checkpoints import newest_complete, seal_name
 
+pytestmark = pytest.mark.engine
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, tiny_models_dir, tiny_datasets_dir):

@@ -11,7 +11,7 @@ from payload_configs import write_config
 
 from llm_pipeline import trn2_acceptance
 
-pytestmark = pytest.mark.main_stack
+pytestmark = [pytest.mark.main_stack, pytest.mark.engine]
 
 
 def test_acceptance_on_cpu_skips_the_device_checks_and_runs_the_rest(hpl_env, tmp_path, monkeypatch, capsys):
