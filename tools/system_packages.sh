@@ -5,10 +5,13 @@
 # Uses sudo when not root. Does nothing when everything is there (make test runs it every time).
 set -euo pipefail
 
+# The daemons live in sbin folders, which a normal user's PATH on Debian leaves out: look there too, or
+# every `make` would reinstall them with sudo.
+sbin_dirs=${HPL_SBIN_DIRS-/usr/local/sbin:/usr/sbin:/sbin}
 missing=()
 for pair in slurmctld:slurm-wlm slurmd:slurm-wlm sbatch:slurm-wlm munged:munge dot:graphviz \
   prometheus:prometheus prometheus-node-exporter:prometheus-node-exporter; do
-  command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
+  PATH="$PATH${sbin_dirs:+:$sbin_dirs}" command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
 python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
 mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u | sed '/^$/d')

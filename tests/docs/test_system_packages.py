@@ -21,8 +21,9 @@ def fake_apt(folder: Path) -> Path:
     return log
 
 
-def run(path: str) -> subprocess.CompletedProcess:
-    return subprocess.run([shutil.which("bash"), str(SCRIPT)], env={"PATH": path}, capture_output=True, text=True)
+def run(path: str, sbin_dirs: str = "") -> subprocess.CompletedProcess:
+    env = {"PATH": path, "HPL_SBIN_DIRS": sbin_dirs}
+    return subprocess.run([shutil.which("bash"), str(SCRIPT)], env=env, capture_output=True, text=True)
 
 
 def test_a_bare_machine_gets_slurm_munge_graphviz_and_prometheus(tmp_path):
@@ -42,5 +43,25 @@ def test_a_bare_machine_gets_slurm_munge_graphviz_and_prometheus(tmp_path):
 def test_nothing_is_installed_when_everything_is_there(tmp_path):
     log = fake_apt(tmp_path)
     done = run(f"{tmp_path}:{os.environ['PATH']}")
+    assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
+    assert not log.exists()
+
+
+def test_daemons_in_sbin_count_for_a_user_whose_path_leaves_sbin_out(tmp_path):
+    """Debian puts slurmctld, slurmd and munged in /usr/sbin, outside a normal user's PATH."""
+    sbin, bin_dir = tmp_path / "sbin", tmp_path / "bin"
+    sbin.mkdir()
+    bin_dir.mkdir()
+    for tool in ("slurmctld", "slurmd", "munged"):
+        (sbin / tool).symlink_to(shutil.which("true"))
+    for tool in ("sbatch", "dot", "prometheus", "prometheus-node-exporter"):
+        (bin_dir / tool).symlink_to(shutil.which("true"))
+    (bin_dir / "python3").symlink_to(sys.executable)
+    for tool in ("sort", "sed", "env"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    log = fake_apt(bin_dir)
+    assert run(str(bin_dir)).stdout == "installing system packages: munge slurm-wlm\n"  # sbin not searched
+    log.unlink()
+    done = run(str(bin_dir), sbin_dirs=str(sbin))
     assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
     assert not log.exists()
