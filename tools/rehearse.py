@@ -11,6 +11,8 @@
    runs `python -m llm_pipeline.compare` on the run (<run>/compare/: chart and table); stops the
    daemons by PID.
 --method lora|dora|qlora|full runs the config with that train.method (a copy under <root>).
+--tiny runs --config at tiny shape on this CPU (tiny_shape_config: TINY_SHAPE replaced, everything else the
+config's own), e.g. a GPU example: make rehearse CONFIG=payloads/configs/llama3-8b-lora-g5.toml.
 --trn2 runs the Trainium2 LoRA config's pipeline shape instead (trn2_shape_config, trn2_environment).
 Exit status 0 only when every step completed.
 """
@@ -35,21 +37,50 @@ DEFAULT_CONFIG = REPO / PAYLOADS_FOLDER / "configs" / "tiny-cpu.toml"
 DOLLY_RECORDS = 240
 TINY_MODEL_NOTE = "a tiny random model: nonsense answers (often a lone '.') are expected; this tests the plumbing"
 TRN2_CONFIG = REPO / PAYLOADS_FOLDER / "configs" / "llama3-8b-lora-trn2.toml"
-# The trn2 config's FSDP2 over a node's 64 ranks, scaled to what a 2-core host runs: two ranks, one
-# sequence each (its global batch scales with them), the tiny model and short sequences.
-TRN2_RANKS = 2
-TRN2_SHAPE = {
+# What any run config gets on this host: the tiny model and records the rehearsal writes, short sequences,
+# a few tokens generated and rows scored.
+CPU_HOST_INPUTS = {
     ("model", "id"): "tiny-random-llama",
     ("paths", "model_dir"): "${HPL_MODELS_DIR}/tiny-llama",
     ("data", "dataset"): "${HPL_DATASETS_DIR}/tiny-dolly.jsonl",
     ("data", "max_length"): 128,
+    ("generate", "max_new_tokens"): 16,
+    ("eval", "max_samples"): 4,
+}
+# The trn2 config's FSDP2 over a node's 64 ranks, scaled to what a 2-core host runs: two ranks, one
+# sequence each (its global batch scales with them), the tiny model and short sequences.
+TRN2_RANKS = 2
+TRN2_SHAPE = {
+    **CPU_HOST_INPUTS,
     ("parallel", "devices_per_node"): TRN2_RANKS,
     ("train", "global_batch_size"): TRN2_RANKS,
     ("train", "max_steps"): 6,
     ("train", "save_steps"): 3,
     ("train", "logging_steps"): 2,
-    ("generate", "max_new_tokens"): 16,
-    ("eval", "max_samples"): 4,
+}
+# --tiny: any run config (the GPU examples) on one CPU process: its size replaced, and the levers whose kernels
+# need CUDA set to what `auto` picks without it (a config setting them true would stop at train). The rest
+# (method, strategy, packing, optimizer, scheduler, adapter, loss, precision) stays the config's own.
+TINY_SHAPE = {
+    **CPU_HOST_INPUTS,
+    ("parallel", "devices_per_node"): 1,
+    ("parallel", "nodes"): 1,
+    ("train", "per_device_batch_size"): 2,
+    ("train", "gradient_accumulation_steps"): 2,
+    ("train", "global_batch_size"): 4,
+    ("train", "max_steps"): 4,
+    ("train", "save_steps"): 2,
+    ("train", "logging_steps"): 2,
+    ("train", "liger_kernel"): False,
+    ("train", "attention"): "sdpa",
+}
+# The GPU example run configs (payloads/configs/): the instance each is sized for and its train.method.
+GPU_EXAMPLES = {
+    "llama3-8b-lora-g5.toml": ("ml.g5.12xlarge", "lora"),
+    "llama3-8b-qlora-g5.toml": ("ml.g5.2xlarge", "qlora"),
+    "llama3-8b-lora-g6e.toml": ("ml.g6e.xlarge", "lora"),
+    "llama3-8b-lora-p5.toml": ("ml.p5.48xlarge", "lora"),
+    "llama3-1b-lora-1gpu.toml": ("ml.g5.xlarge", "lora"),
 }
 FSX_VARIABLES = ("HPL_MODELS_DIR", "HPL_DATASETS_DIR", "HPL_OUTPUTS_DIR", "HPL_COMPILE_CACHE_DIR")
 
@@ -95,14 +126,27 @@ def method_config(config_path: Path, method: str, folder: Path) -> Path:
     return write_derived(config_path, folder / f"{config_path.stem}-{method}.toml", {("train", "method"): method})
 
 
+def shaped_config(source: Path, shape: dict[tuple[str, str], object], fsx: Path, folder: Path, name: str) -> Path:
+    """<folder>/<name>.toml: ``source`` with ``shape``'s keys replaced and its run folder <fsx>/outputs/<name>;
+    its first line names the keys replaced."""
+    path = folder / f"{name}.toml"
+    replaced = ", ".join(f"{table}.{key}" for table, key in shape)
+    derived = derived_config(source, fsx / "outputs" / name, shape)
+    path.write_text(f"# {source.name} for a CPU rehearsal (tools/rehearse.py replaced {replaced})\n{derived}")
+    return path
+
+
 def trn2_shape_config(fsx: Path, folder: Path, name: str = "trn2-shape") -> Path:
     """The trn2 LoRA config (its engine, FSDP2, adapter, optimizer, fixed-shape data settings) derived for
     this host: TRN2_SHAPE replaces the model, sequence length, ranks and step counts; the run folder is
     <fsx>/outputs/<name>."""
-    path = folder / f"{name}.toml"
-    derived = derived_config(TRN2_CONFIG, fsx / "outputs" / name, TRN2_SHAPE)
-    path.write_text(f"# {TRN2_CONFIG.name} for a CPU rehearsal (tools/rehearse.py: TRN2_SHAPE replaced)\n{derived}")
-    return path
+    return shaped_config(TRN2_CONFIG, TRN2_SHAPE, fsx, folder, name)
+
+
+def tiny_shape_config(config_path: Path, fsx: Path, folder: Path) -> Path:
+    """``config_path`` (e.g. a GPU example) at tiny shape for this host: TINY_SHAPE replaced, every other key
+    kept; <folder>/<stem>-tiny.toml, its run folder <fsx>/outputs/<stem>-tiny."""
+    return shaped_config(config_path, TINY_SHAPE, fsx, folder, f"{config_path.stem}-tiny")
 
 
 def trn2_environment(env: dict[str, str]) -> dict[str, str]:
@@ -134,13 +178,17 @@ def compare_run(output_dir: Path, env: dict[str, str]) -> int:
     return subprocess.run(command, env=env, cwd=REPO / PAYLOADS_FOLDER).returncode
 
 
-def rehearse(root: Path, config_path: Path, method: str | None = None, *, trn2: bool = False) -> int:
+def rehearse(
+    root: Path, config_path: Path, method: str | None = None, *, trn2: bool = False, tiny: bool = False
+) -> int:
     from llm_pipeline.jobs.run_facts import read_run_facts
 
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     if trn2:
         config_path = trn2_shape_config(root / "fsx", root)
+    if tiny:
+        config_path = tiny_shape_config(config_path, root / "fsx", root)
     if method is not None:
         config_path = method_config(config_path, method, root)
     start = time.monotonic()
@@ -171,7 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="run config (default: %(default)s)")
     parser.add_argument("--method", choices=METHODS, help="override train.method (default: the config's)")
-    parser.add_argument(
+    shape = parser.add_mutually_exclusive_group()
+    shape.add_argument(
+        "--tiny",
+        action="store_true",
+        help="run --config at tiny shape on this CPU (e.g. a GPU example): the tiny model and records, one process, "
+        "a few steps, CUDA-only levers off; its method, strategy, packing, optimizer and the rest kept",
+    )
+    shape.add_argument(
         "--trn2",
         action="store_true",
         help=f"run {TRN2_CONFIG.name}'s pipeline shape on this CPU: {TRN2_RANKS} FSDP2 ranks, the tiny model",
@@ -181,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: run config {args.config} does not exist", file=sys.stderr)
         return 2
     try:
-        return rehearse(args.root.resolve(), args.config.resolve(), args.method, trn2=args.trn2)
+        return rehearse(args.root.resolve(), args.config.resolve(), args.method, trn2=args.trn2, tiny=args.tiny)
     except LocalSlurmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

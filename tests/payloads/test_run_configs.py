@@ -9,6 +9,7 @@ import tomllib
 from payload_configs import CONFIGS, DEFAULT_TOML, TINY_TOML, tiny_config
 
 from llm_pipeline import config
+from tools.rehearse import GPU_EXAMPLES, TINY_SHAPE, tiny_shape_config
 
 
 def test_default_toml_equals_the_dataclass_defaults():
@@ -59,15 +60,6 @@ def test_unknown_target_module_is_a_config_error(hpl_env):
         tiny_config(hpl_env, lora={"target_modules": ["q_proj", "c_attn"]})
 
 
-GPU_EXAMPLES = {  # example config: (the instance its header names, train.method)
-    "llama3-8b-lora-g5.toml": ("ml.g5.12xlarge", "lora"),
-    "llama3-8b-qlora-g5.toml": ("ml.g5.2xlarge", "qlora"),
-    "llama3-8b-lora-g6e.toml": ("ml.g6e.xlarge", "lora"),
-    "llama3-8b-lora-p5.toml": ("ml.p5.48xlarge", "lora"),
-    "llama3-1b-lora-1gpu.toml": ("ml.g5.xlarge", "lora"),
-}
-
-
 @pytest.mark.parametrize("name", sorted(GPU_EXAMPLES))
 def test_gpu_example_is_accepted_by_prepare_on_its_instance(name, monkeypatch, capsys):
     from stacks.accelerators import INSTANCE_TYPES
@@ -80,6 +72,38 @@ def test_gpu_example_is_accepted_by_prepare_on_its_instance(name, monkeypatch, c
     assert (cfg.train.backend, cfg.train.method, cfg.parallel.devices_per_node) == ("torch", method, facts.devices)
     assert facts.accelerator == "cuda" and cfg.model.id.startswith("meta-llama/Llama-3.")
     prepare_on_node(path, cfg.model.id, facts.devices, monkeypatch, capsys)
+
+
+def flat_keys(path) -> dict[tuple[str, str], object]:
+    """{(table, key): value} of a run config file as TOML reads it."""
+    tables = tomllib.loads(path.read_text())
+    return {(table, key): value for table, keys in tables.items() for key, value in keys.items()}
+
+
+@pytest.mark.parametrize("name", sorted(GPU_EXAMPLES))
+def test_gpu_example_at_tiny_shape_keeps_its_own_keys_and_replaces_the_table(name, tmp_path):
+    example = CONFIGS / name
+    path = tiny_shape_config(example, tmp_path / "fsx", tmp_path)
+    own, derived = flat_keys(example), flat_keys(path)
+    run_folder = ("paths", "output_dir")
+    assert derived == {**own, **TINY_SHAPE, run_folder: str(tmp_path / "fsx" / "outputs" / f"{example.stem}-tiny")}
+    kept = set(own) - set(TINY_SHAPE) - {run_folder}
+    assert {("train", "method"), ("parallel", "strategy"), ("data", "packing"), ("lora", "r")} <= kept
+    replaced = ", ".join(f"{table}.{key}" for table, key in TINY_SHAPE)
+    assert path.read_text().splitlines()[0] == f"# {name} for a CPU rehearsal (tools/rehearse.py replaced {replaced})"
+
+
+@pytest.mark.parametrize("name", sorted(GPU_EXAMPLES))
+def test_gpu_example_at_tiny_shape_is_accepted_by_prepare_on_one_cpu(name, tmp_path, monkeypatch, capsys):
+    from llm_pipeline.training.torch.backend import check_lever_packages
+
+    for variable in ("HPL_MODELS_DIR", "HPL_DATASETS_DIR", "HPL_OUTPUTS_DIR"):
+        monkeypatch.setenv(variable, str(tmp_path))
+    path = tiny_shape_config(CONFIGS / name, tmp_path / "fsx", tmp_path)
+    cfg = config.load(path)
+    assert (cfg.train.method, cfg.parallel.devices_per_node) == (GPU_EXAMPLES[name][1], 1)
+    check_lever_packages(cfg, cuda=False, kind="cpu")  # the train step's lever check on this CPU host
+    prepare_on_node(path, "tiny-random-llama", 1, monkeypatch, capsys)
 
 
 TRN2_EXAMPLES = {"llama3-8b-lora-trn2.toml": "lora", "llama3-8b-full-trn2.toml": "full"}
