@@ -13,7 +13,7 @@ export PYTHONPATH := $(CURDIR):$(CURDIR)/payloads
 AS_ROOT := $(if $(filter 0,$(shell id -u)),,sudo env PYTHONPATH=$(PYTHONPATH))
 
 .DEFAULT_GOAL := help
-.PHONY: help need-root system-packages venv synth lint doc-tables test test-fast test-engine test-trn1 snapshot-update deploy diff destroy rehearse rehearse-ladder bench bench-train diagram clean
+.PHONY: help need-root system-packages venv synth lint doc-tables test test-fast test-engine test-trn1 snapshot-update deploy diff destroy rehearse rehearse-config rehearse-ladder bench bench-train diagram clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -84,8 +84,11 @@ destroy: $(STAMP)  ## delete everything the stack created, then list what outliv
 	$(CDK) destroy --force
 	$(PY) -m stacks.leftovers $(DEPLOY_ARGS)
 
-rehearse: need-root system-packages $(STAMP)  ## run the whole pipeline on a local single-node Slurm with a tiny model (root or sudo)
-	$(AS_ROOT) $(PY) -m tools.rehearse
+rehearse: $(if $(CONFIG),rehearse-config) need-root system-packages $(STAMP)  ## run the whole pipeline on a local single-node Slurm with a tiny model (root or sudo); CONFIG=payloads/configs/<run>.toml: that run config at tiny shape
+	$(AS_ROOT) $(PY) -m tools.rehearse $(if $(CONFIG),--config $(CONFIG) --tiny)
+
+rehearse-config:  # make rehearse CONFIG=...: a missing file stops it before anything is installed
+	@test -f "$(CONFIG)" || { echo "error: CONFIG=$(CONFIG): no such run config file (e.g. CONFIG=payloads/configs/llama3-8b-lora-g5.toml)" >&2; exit 2; }
 
 rehearse-ladder: need-root system-packages $(STAMP)  ## run the torchtitan ladder chain on a local Slurm (CPU stand-in trainer; root or sudo)
 	$(AS_ROOT) $(PY) -m tools.rehearse_ladder

@@ -76,11 +76,16 @@ def test_refused_sudo_stops_before_installing(checkout):
     assert "error: sudo refused; nothing was installed: make rehearse needs root" in done.stderr
 
 
-def test_the_rehearsal_runs_through_sudo_only_for_a_normal_user(checkout):
+def touch_pinned(checkout: Path, *more: str) -> None:
+    """What .venv is built from (and ``more``): present, so make -n gets to the rehearsal's own line."""
     pinned = re.search(r"^\$\(STAMP\): (.*)$", (checkout / "Makefile").read_text(), re.M).group(1).split()
-    for name in pinned:  # what .venv is built from: present, so make -n gets to the rehearsal's own line
+    for name in [*pinned, *more]:
         (checkout / name).parent.mkdir(parents=True, exist_ok=True)
         (checkout / name).touch()
+
+
+def test_the_rehearsal_runs_through_sudo_only_for_a_normal_user(checkout):
+    touch_pinned(checkout)
     as_user = run_as_normal_user(["make", "--no-print-directory", "-n", "rehearse"], checkout)
     assert as_user.returncode == 0, as_user.stderr
     assert f"sudo env PYTHONPATH={checkout}:{checkout}/payloads .venv/bin/python -m tools.rehearse" in as_user.stdout
@@ -89,6 +94,20 @@ def test_the_rehearsal_runs_through_sudo_only_for_a_normal_user(checkout):
     if os.geteuid() == 0:
         as_root = subprocess.run(["make", "-n", "rehearse"], cwd=checkout, capture_output=True, text=True)
         assert "\n.venv/bin/python -m tools.rehearse" in as_root.stdout and "sudo" not in as_root.stdout
+
+
+def test_a_missing_config_stops_make_rehearse_first_naming_the_file(checkout):
+    done = run_as_normal_user(["make", "--no-print-directory", "rehearse", "CONFIG=configs/nope.toml"], checkout)
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: CONFIG=configs/nope.toml: no such run config file"), done.stderr
+    assert "root" not in done.stderr and not (checkout / ".venv").exists()  # before need-root and installing
+
+
+def test_make_rehearse_passes_config_through_at_tiny_shape(checkout):
+    touch_pinned(checkout, "configs/gpu.toml")
+    done = run_as_normal_user(["make", "--no-print-directory", "-n", "rehearse", "CONFIG=configs/gpu.toml"], checkout)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].endswith("-m tools.rehearse --config configs/gpu.toml --tiny")
 
 
 def test_the_tools_scripts_are_shellcheck_clean():
