@@ -95,6 +95,7 @@ def test_gpu_example_at_tiny_shape_keeps_its_own_keys_and_replaces_the_table(nam
 
 @pytest.mark.parametrize("name", sorted(GPU_EXAMPLES))
 def test_gpu_example_at_tiny_shape_is_accepted_by_prepare_on_one_cpu(name, tmp_path, monkeypatch, capsys):
+    from llm_pipeline.training import device
     from llm_pipeline.training.torch.backend import check_lever_packages
 
     for variable in ("HPL_MODELS_DIR", "HPL_DATASETS_DIR", "HPL_OUTPUTS_DIR"):
@@ -102,7 +103,7 @@ def test_gpu_example_at_tiny_shape_is_accepted_by_prepare_on_one_cpu(name, tmp_p
     path = tiny_shape_config(CONFIGS / name, tmp_path / "fsx", tmp_path)
     cfg = config.load(path)
     assert (cfg.train.method, cfg.parallel.devices_per_node) == (GPU_EXAMPLES[name][1], 1)
-    check_lever_packages(cfg, cuda=False, kind="cpu")  # the train step's lever check on this CPU host
+    check_lever_packages(cfg, kind=device.CPU)  # the train step's lever check on this CPU host
     prepare_on_node(path, "tiny-random-llama", 1, monkeypatch, capsys)
 
 
