@@ -1,7 +1,8 @@
 """A throwaway Slurm cluster on this host: munged, slurmctld and one or more slurmd.
 
-Config, keys, state and logs live under one temp folder; the daemons run in the foreground as
-our children and are stopped by PID. Used by `make rehearse` and tests/slurm. Needs root and the
+Config, state and logs live under one folder (munge's key, seed and socket in the system temp
+folder); the daemons run in the foreground as our children and are stopped by PID. Used by
+`make rehearse` and tests/slurm. Needs root and the
 Debian packages slurm-wlm and munge.
 
     with LocalSlurm(Path("/tmp/x"), nodes=2) as slurm:
@@ -62,7 +63,10 @@ class LocalSlurm:
         self.nodes = nodes
         self.cpus_per_node = cpus_per_node or max(1, (os.cpu_count() or 1) // nodes)
         self.conf = self.root / "slurm.conf"
-        self.socket_dir: Path | None = None  # made at start: munged needs every parent folder world-searchable
+        # Made at start in the system temp folder: munged, running as root, refuses a key, seed or log whose
+        # folder or any parent is owned by another user (a normal user's checkout, under sudo), and needs
+        # every parent of its socket world-searchable.
+        self.munge_dir: Path | None = None
         self.node_names = [socket.gethostname()] if nodes == 1 else [f"node{i}" for i in range(1, nodes + 1)]
         self._procs: list[tuple[str, subprocess.Popen]] = []
 
@@ -78,8 +82,8 @@ class LocalSlurm:
 
     @property
     def socket(self) -> Path:
-        assert self.socket_dir is not None, "start() first"
-        return self.socket_dir / "munge.socket.2"
+        assert self.munge_dir is not None, "start() first"
+        return self.munge_dir / "munge.socket.2"
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, timeout: float = 60.0) -> LocalSlurm:
@@ -93,11 +97,11 @@ class LocalSlurm:
                 "the local Slurm runs its daemons (munged, slurmctld, slurmd) as root: run as root, or through "
                 "`make rehearse` / `make rehearse-ladder`, which use sudo"
             )
-        for sub in ("munge-key", "state", "spool", "log"):
+        for sub in ("state", "spool", "log"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
-        self.socket_dir = Path(tempfile.mkdtemp(prefix="hpl-munge-"))
-        self.socket_dir.chmod(0o755)
-        self._write_munge_key()
+        self.munge_dir = Path(tempfile.mkdtemp(prefix="hpl-munge-"))
+        self.munge_dir.chmod(0o755)
+        key = self._write_munge_key()
         self.conf.write_text(self._slurm_conf())
         self._spawn(
             "munged",
@@ -105,13 +109,13 @@ class LocalSlurm:
                 "munged",
                 "--foreground",
                 f"--socket={self.socket}",
-                f"--key-file={self.root / 'munge-key' / 'munge.key'}",
-                f"--pid-file={self.socket_dir / 'munged.pid'}",
-                f"--log-file={self.root / 'log' / 'munged.log'}",
-                f"--seed-file={self.root / 'munge-key' / 'munged.seed'}",
+                f"--key-file={key}",
+                f"--pid-file={self.munge_dir / 'munged.pid'}",
+                f"--log-file={self.munge_dir / 'munged.log'}",  # in the foreground it logs to munged.stdout
+                f"--seed-file={key.parent / 'munged.seed'}",
             ],
         )
-        self._wait(lambda: self._alive() and self.socket.exists(), timeout, "munged socket", "munged.log")
+        self._wait(lambda: self._alive() and self.socket.exists(), timeout, "munged socket", "munged.stdout")
         self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
         for name in self.node_names:
             node_arg = ["-N", name] if self.nodes > 1 else []
@@ -136,8 +140,8 @@ class LocalSlurm:
                 proc.kill()
                 proc.wait()
         self._procs.clear()
-        if self.socket_dir is not None:
-            shutil.rmtree(self.socket_dir, ignore_errors=True)
+        if self.munge_dir is not None:
+            shutil.rmtree(self.munge_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalSlurm:
         try:
@@ -150,13 +154,15 @@ class LocalSlurm:
         self.stop()
 
     # -- internals ---------------------------------------------------------------------------
-    def _write_munge_key(self) -> None:
-        munge_dir = self.root / "munge-key"
-        munge_dir.chmod(0o700)
-        key = munge_dir / "munge.key"
-        if not key.exists():
-            key.write_bytes(os.urandom(1024))
+    def _write_munge_key(self) -> Path:
+        """A fresh key for this cluster only, readable by root alone."""
+        assert self.munge_dir is not None
+        key_dir = self.munge_dir / "key"
+        key_dir.mkdir(mode=0o700)
+        key = key_dir / "munge.key"
+        key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
+        return key
 
     def _slurm_conf(self) -> str:
         host = socket.gethostname()
