@@ -11,16 +11,17 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from torchtitan_site import site_env
 
 from llm_pipeline.run_files import MetricsTextfile
+
+pytestmark = pytest.mark.engine
 
 TRAINER = """
 import sys, time
 from torchtitan.tools.logging import init_logger, logger
 from torchtitan.tools.utils import Color
-
-pytestmark = pytest.mark.engine
 init_logger()
 c = Color()
 for step, loss in ((10, 9.5), (20, 8.25)):
