@@ -15,6 +15,37 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _share_botocore_loader() -> None:
+    """One botocore data loader for every session this test process makes.
+
+    hpctl (like any boto3 program) makes a session per command, and each session parses the service
+    models (sagemaker's, ec2's: megabytes of JSON) again: a fifth of a second per test, hundreds of tests.
+    The models are read-only files, so sharing their parsed form changes nothing a test can see.
+    """
+    import botocore.loaders
+    import botocore.session
+
+    class NoRepeats(list):
+        def append(self, path):  # boto3 adds its own data folder to the loader of every new session
+            if path not in self:
+                super().append(path)
+
+    made: dict = {}
+    create = botocore.loaders.create_loader
+
+    def shared(search_path_string=None):
+        if search_path_string not in made:
+            loader = create(search_path_string)
+            loader._search_paths = NoRepeats(loader.search_paths)
+            made[search_path_string] = loader
+        return made[search_path_string]
+
+    botocore.session.create_loader = shared
+
+
+_share_botocore_loader()
 TRN1_REQUIREMENTS = REPO / "requirements-trn1-cpu.txt"
 REPORTED = ("transformers", "trl", "peft", "accelerate", "datasets", "huggingface-hub", "optimum-neuron", "torch")
 
