@@ -220,9 +220,14 @@ def test_late_smoke_failure_stops_the_chain_before_any_long_step(cluster):
     assert pipeline_status.verdict(later)[1].step == "smoke-consolidate"
 
 
+# Enough steps that Slurm's cancel lands mid-run: the tiny model trains about ten steps a second here,
+# reading the data step's copy, and 12 steps were over before scancel arrived.
+RESUME_STEPS = 60
+
+
 def test_killed_training_resumes_from_its_checkpoint(cluster):
     env, root = cluster
-    config = variant(root, "resume", max_steps=12, save_steps=4)
+    config = variant(root, "resume", max_steps=RESUME_STEPS, save_steps=4)
     out_dir = run_dir(env, "resume")
     checkpoints = out_dir / "checkpoints"
 
@@ -235,7 +240,7 @@ def test_killed_training_resumes_from_its_checkpoint(cluster):
     subprocess.run(["scancel", jobs["train"]], env=env, check=True)
     wait_for(lambda: queue_is_empty(env), 60, "the cancelled chain to clear")
     killed_at = max(int(p.name.split("-")[1]) for p in checkpoints.glob("checkpoint-*"))
-    assert 4 <= killed_at < 12  # killed mid-run
+    assert 4 <= killed_at < RESUME_STEPS  # killed mid-run
     states = {
         s.step: s.state
         for s in pipeline_status.step_states(
@@ -251,9 +256,10 @@ def test_killed_training_resumes_from_its_checkpoint(cluster):
     train_log = (out_dir / "logs" / f"train-{resumed['train']}.log").read_text()
     resumed_from = int(re.search(rf"resuming from {re.escape(str(checkpoints))}/checkpoint-(\d+)", train_log).group(1))
     assert 4 <= resumed_from <= killed_at
-    first_logged = next(line.step for line in ProgressLine.parse_all(train_log) if line.total == 12)
+    first_logged = next(line.step for line in ProgressLine.parse_all(train_log) if line.total == RESUME_STEPS)
     assert first_logged > resumed_from  # the step count continues; it does not start again at 1
-    assert json.loads((checkpoints / "checkpoint-12" / "trainer_state.json").read_text())["global_step"] == 12
+    final = checkpoints / f"checkpoint-{RESUME_STEPS}" / "trainer_state.json"
+    assert json.loads(final.read_text())["global_step"] == RESUME_STEPS
     assert (out_dir / "adapter" / "adapter_model.safetensors").is_file() and (out_dir / "generation.txt").is_file()
 
     # status keeps the data step of the first submission and the resubmitted steps after it
