@@ -12,10 +12,9 @@ import json
 import math
 import os
 import re
-import threading
 import time
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import ClassVar
 
 import pytest
@@ -27,6 +26,7 @@ from botocore.stub import Stubber
 from cluster_contract import MANAGED_EXTENSION, ObservabilityOutput, StackOutput
 from hpctl import observability
 from tests.hpctl.conftest import FIXTURE_SESSION, REGION, STACK, outputs_template
+from tests.local_http import serving
 
 RUN = "llama-lora"
 
@@ -143,12 +143,8 @@ class FakeWorkspace(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def endpoint_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeWorkspace)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serving(FakeWorkspace) as url:
+        yield url
 
 
 def redeploy(outputs: dict[str, str]) -> None:

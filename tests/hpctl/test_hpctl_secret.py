@@ -6,8 +6,6 @@ file, log, output line or environment variable on the way."""
 import io
 import json
 import os
-import threading
-from http.server import ThreadingHTTPServer
 from typing import ClassVar
 
 import pytest
@@ -15,6 +13,7 @@ import pytest
 from cluster_contract import HUB_TOKEN_FIELD, HUB_TOKEN_SECRET_VARIABLE, StackOutput
 from llm_pipeline import download, hub_token
 from tests.hpctl.conftest import BUCKET, FIXTURE_SESSION
+from tests.local_http import serving
 from tests.payloads.hub_stub import FakeHub
 from tests.payloads.payload_configs import write_config
 
@@ -57,11 +56,8 @@ class RecordingHub(FakeHub):
 @pytest.fixture
 def hub():
     RecordingHub.seen = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), RecordingHub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serving(RecordingHub) as url:
+        yield url
 
 
 def files_holding(folder, text: str) -> list[str]:

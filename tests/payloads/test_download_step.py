@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
-from http.server import ThreadingHTTPServer
 
 import pytest
 from hub_stub import FakeHub
@@ -18,6 +16,7 @@ from payload_configs import tiny_config
 from llm_pipeline import download
 from llm_pipeline.errors import StepError
 from llm_pipeline.weights import model_files
+from tests.local_http import serving
 from tools import tiny_model as tiny
 
 
@@ -101,11 +100,8 @@ def test_complete_folder_is_not_downloaded_again(hpl_env, capsys):
 
 @pytest.fixture
 def fake_hub():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serving(FakeHub) as url:
+        yield url
 
 
 def test_gated_model_without_token_stops_before_downloading(fake_hub, tmp_path):
