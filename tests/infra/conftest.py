@@ -167,6 +167,58 @@ def synthesize_from(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., S
     return run
 
 
+# Other app shapes, each synthesized once per session: their own modules test them, and
+# test_infra_checkov.py scans them all.
+# A Trainium and a GPU group: each lane needs an image of both families.
+TRN_AND_GPU_GROUPS = [
+    {"name": "trn", "instance_type": "ml.trn1.32xlarge", "count": 1, "partition": "trn1"},
+    {"name": "gpu", "instance_type": "ml.g5.12xlarge", "count": 1, "partition": "g5"},
+]
+SPOT_GPU = json.dumps(
+    [{"name": "gpu", "instance_type": "ml.g5.xlarge", "count": 1, "partition": "g5", "capacity": "spot"}]
+)
+TRN2_GROUPS = [
+    {"name": "trn2", "instance_type": "ml.trn2.48xlarge", "count": 2, "partition": "trn2"},
+    {"name": "trn1", "instance_type": "ml.trn1.32xlarge", "count": 1, "partition": "trn1"},
+]
+
+
+@pytest.fixture(scope="session")
+def jobs_synth(synthesize_from, source_root: Path) -> Synth:
+    return synthesize_from(source_root, stack_name="HyperPodJobsOnly", lanes="jobs")
+
+
+@pytest.fixture(scope="session")
+def jobs_gpu_synth(synthesize_from, source_root: Path) -> Synth:
+    return synthesize_from(source_root, stack_name="HyperPodJobsGpu", lanes="jobs", compute_groups=TRN_AND_GPU_GROUPS)
+
+
+@pytest.fixture(scope="session")
+def both_gpu_synth(synthesize_from, source_root: Path) -> Synth:
+    return synthesize_from(source_root, stack_name="HyperPodBothGpu", lanes="both", compute_groups=TRN_AND_GPU_GROUPS)
+
+
+@pytest.fixture(scope="session")
+def mode_synths(synthesize_from, source_root: Path) -> dict[str, Synth]:
+    """Observability managed and off, each on a Spot group (continuous provisioning, which managed needs)."""
+    return {
+        mode: synthesize_from(source_root, observability=mode, compute_groups=SPOT_GPU, stack_name=f"Obs{mode}")
+        for mode in ("managed", "off")
+    }
+
+
+@pytest.fixture(scope="session")
+def trn2_synth(synthesize_from, source_root: Path) -> Synth:
+    """A trn2 and a trn1 group in us-east-2 (where cfn-lint's pricing data has trn2.48xlarge)."""
+    return synthesize_from(
+        source_root,
+        stack_name="HyperPodTrn2",
+        region="us-east-2",
+        availability_zone_id="use2-az2",
+        compute_groups=TRN2_GROUPS,
+    )
+
+
 @pytest.fixture
 def sources_copy(tmp_path: Path, source_root: Path) -> Path:
     """A fresh copy of the session's sources, for a test to modify (same bytes as the baseline synth)."""

@@ -20,23 +20,6 @@ from stacks.checkov_skips import METADATA_KEY
 pytestmark = pytest.mark.xdist_group("infra")
 
 CHECKOV = REPO_ROOT / ".venv" / "checkov" / "bin" / "checkov"
-SPOT_GPU = [{"name": "gpu", "instance_type": "ml.g5.xlarge", "count": 1, "partition": "g5", "capacity": "spot"}]
-TRN_AND_GPU = [
-    {"name": "trn", "instance_type": "ml.trn1.32xlarge", "count": 1, "partition": "trn1"},
-    {"name": "gpu", "instance_type": "ml.g5.12xlarge", "count": 1, "partition": "g5"},
-]
-MORE_SHAPES = {
-    "jobs-only": {"stack_name": "CkJobsOnly", "lanes": "jobs"},
-    "both-lanes": {"stack_name": "CkBoth", "lanes": "both", "compute_groups": TRN_AND_GPU},
-    "observability-off": {"stack_name": "CkObsOff", "observability": "off", "compute_groups": SPOT_GPU},
-    "observability-managed": {"stack_name": "CkObsManaged", "observability": "managed", "compute_groups": SPOT_GPU},
-    "trn2": {
-        "stack_name": "CkTrn2",
-        "region": "us-east-2",
-        "availability_zone_id": "use2-az2",
-        "compute_groups": [{"name": "trn2", "instance_type": "ml.trn2.48xlarge", "count": 2, "partition": "trn2"}],
-    },
-}
 UNSKIPPED = "default-without-skips"
 
 
@@ -57,9 +40,15 @@ def without_skips(template: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def templates(synth, named_synths, synthesize_from, source_root) -> dict[str, dict]:
-    shapes = {"default": synth, **named_synths}
-    shapes.update({name: synthesize_from(source_root, **overrides) for name, overrides in MORE_SHAPES.items()})
+def templates(synth, named_synths, jobs_synth, both_gpu_synth, mode_synths, trn2_synth) -> dict[str, dict]:
+    shapes = {
+        "default": synth,
+        **named_synths,
+        "jobs-only": jobs_synth,
+        "both-lanes": both_gpu_synth,
+        "trn2": trn2_synth,
+    }
+    shapes.update({f"observability-{mode}": s for mode, s in mode_synths.items()})
     found = {name: s.template for name, s in shapes.items()}
     found[UNSKIPPED] = without_skips(synth.template)
     return found
@@ -86,7 +75,19 @@ def scan(templates, tmp_path_factory) -> dict[str, dict[str, set[tuple[str, str]
     return found
 
 
-@pytest.mark.parametrize("shape", ["default", "gpu-only", "mixed", *MORE_SHAPES])
+SHAPES = [
+    "default",
+    "gpu-only",
+    "mixed",
+    "jobs-only",
+    "both-lanes",
+    "trn2",
+    "observability-off",
+    "observability-managed",
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 def test_checkov_finds_nothing_that_is_not_skipped_with_a_reason(scan, templates, shape):
     assert scan[shape]["failed"] == set()
     assert scan[shape]["skipped"] == skips_in(templates[shape]), "every skip in the template is used"

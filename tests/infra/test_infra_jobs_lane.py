@@ -4,7 +4,6 @@ the images and a job execution role scoped to the bucket prefixes; synth, snapsh
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from test_infra_lint_nag import nag_report, template_path
@@ -34,11 +33,6 @@ JOBS_ONLY_TYPES = {
     "AWS::SecretsManager::Secret",  # the Hugging Face token
     "AWS::KMS::Key",  # its key
 }
-
-
-@pytest.fixture(scope="session")
-def jobs_synth(synthesize_from, source_root: Path):
-    return synthesize_from(source_root, stack_name="HyperPodJobsOnly", lanes="jobs")
 
 
 def job_policy(synth) -> list[dict]:
@@ -128,23 +122,6 @@ def test_hpctl_reads_the_accelerator_table_for_every_job_type():
     assert set(JOB_ONLY_INSTANCE_TYPES) <= set(training_instance_types())
     for instance_type, facts in JOB_INSTANCE_TYPES.items():
         assert accelerator(instance_type) == {"none": "cpu"}.get(facts.accelerator, facts.accelerator), instance_type
-
-
-# A Trainium and a GPU group: each lane needs an image of both families.
-TRN_AND_GPU_GROUPS = [
-    {"name": "trn", "instance_type": "ml.trn1.32xlarge", "count": 1, "partition": "trn1"},
-    {"name": "gpu", "instance_type": "ml.g5.12xlarge", "count": 1, "partition": "g5"},
-]
-
-
-@pytest.fixture(scope="session")
-def jobs_gpu_synth(synthesize_from, source_root: Path):
-    return synthesize_from(source_root, stack_name="HyperPodJobsGpu", lanes="jobs", compute_groups=TRN_AND_GPU_GROUPS)
-
-
-@pytest.fixture(scope="session")
-def both_gpu_synth(synthesize_from, source_root: Path):
-    return synthesize_from(source_root, stack_name="HyperPodBothGpu", lanes="both", compute_groups=TRN_AND_GPU_GROUPS)
 
 
 def image_builds(synth) -> dict[str, tuple[str, str | None]]:

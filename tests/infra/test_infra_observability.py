@@ -14,19 +14,6 @@ from stacks.observability import UPSTREAM_BUILD_ARG, UPSTREAM_IMAGES
 
 pytestmark = pytest.mark.xdist_group("infra")
 
-SPOT_GPU = json.dumps(
-    [{"name": "gpu", "instance_type": "ml.g5.xlarge", "count": 1, "partition": "g5", "capacity": "spot"}]
-)
-
-
-@pytest.fixture(scope="module")
-def mode_synths(synthesize_from, source_root):
-    """Managed and off, each on a Spot group (continuous provisioning, which managed needs)."""
-    return {
-        mode: synthesize_from(source_root, observability=mode, compute_groups=SPOT_GPU, stack_name=f"Obs{mode}")
-        for mode in ("managed", "off")
-    }
-
 
 def node_statements(synth) -> list[dict]:
     _, policy = next(

@@ -16,22 +16,6 @@ from stacks.lint import lint_template
 
 pytestmark = pytest.mark.xdist_group("infra")
 
-GROUPS = [
-    {"name": "trn2", "instance_type": "ml.trn2.48xlarge", "count": 2, "partition": "trn2"},
-    {"name": "trn1", "instance_type": "ml.trn1.32xlarge", "count": 1, "partition": "trn1"},
-]
-
-
-@pytest.fixture(scope="module")
-def trn2_synth(synthesize_from, source_root):
-    return synthesize_from(
-        source_root,
-        stack_name="HyperPodTrn2",
-        region="us-east-2",
-        availability_zone_id="use2-az2",
-        compute_groups=GROUPS,
-    )
-
 
 def test_trn2_facts_come_from_the_accelerator_table():
     facts = INSTANCE_TYPES["ml.trn2.48xlarge"]
