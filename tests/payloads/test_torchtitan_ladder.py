@@ -19,6 +19,9 @@ from llm_pipeline import config
 from llm_pipeline.errors import StepError
 from llm_pipeline.training.torchtitan import ladder
 
+# Its module fixture runs torchtitan (seconds): one worker runs the whole module, once.
+pytestmark = pytest.mark.xdist_group("torchtitan_ladder")
+
 CONFIGS = Path(__file__).resolve().parents[2] / "payloads" / "configs"
 PRETRAIN = CONFIGS / "llama3-8b-pretrain.toml"
 TINY_LADDER = CONFIGS / "tiny-ladder-cpu.toml"

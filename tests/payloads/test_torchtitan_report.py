@@ -20,6 +20,9 @@ from llm_pipeline.run_files import TitanMetricLine, titan_device
 from llm_pipeline.training.torchtitan import metrics as torchtitan_metrics
 from llm_pipeline.training.torchtitan import report as ladder_report
 
+# Its module fixture runs torchtitan (seconds): one worker runs the whole module, once.
+pytestmark = pytest.mark.xdist_group("torchtitan_report")
+
 
 @pytest.fixture(scope="module")
 def printed():
