@@ -82,19 +82,21 @@ POSITIVE = Rule(lambda value: value > 0, "> 0")
 FRACTION = Rule(lambda value: 0 <= value < 1, "0 <= x < 1")
 
 
-def described(default: Any, description: str, *rules: Rule) -> Any:
+def described(default: Any, description: str, *rules: Rule, learns: bool = True) -> Any:
     """A run-config field with its one-line description (the only place a key is described) and the
-    rules its value must meet, whose words the description carries.
+    rules its value must meet, whose words the description carries. ``learns``: whether a new value
+    changes what a run learns (LEARNING_SECTIONS only; see learning_keys).
 
     The run-config tables in README.md and docs/training.md are generated from these by
     `make doc-tables` (tools/doc_tables.py); tests/docs/test_doc_tables.py fails when they drift.
     """
-    return field(default=default, metadata={"description": description, "rules": rules})
+    return field(default=default, metadata={"description": description, "rules": rules, "learns": learns})
 
 
-def ranged(default: Any, rule: Rule, description: str) -> Any:
+def ranged(default: Any, rule: Rule, description: str, *, learns: bool = True) -> Any:
     """A numeric field whose range opens its line in the doc tables (``>= 1: what it is``)."""
-    return field(default=default, metadata={"description": description, "rules": (rule,), "range": rule.allowed})
+    metadata = {"description": description, "rules": (rule,), "range": rule.allowed, "learns": learns}
+    return field(default=default, metadata=metadata)
 
 
 def field_rules(cls: type) -> dict[str, tuple[Rule, ...]]:
@@ -286,13 +288,14 @@ class TrainConfig:
         "weights, a frozen base loads in bf16, loss and gradient reduction are fp32",
     )
     seed: int = described(42, "seeds training and the validation split")
-    logging_steps: int = ranged(10, at_least(1), "stdout and TensorBoard every N optimizer steps")
-    save_steps: int = ranged(500, at_least(1), "checkpoint every N steps, and always at the last step")
-    save_total_limit: int = ranged(2, at_least(1), "checkpoints kept; older ones are deleted")
+    logging_steps: int = ranged(10, at_least(1), "stdout and TensorBoard every N optimizer steps", learns=False)
+    save_steps: int = ranged(500, at_least(1), "checkpoint every N steps, and always at the last step", learns=False)
+    save_total_limit: int = ranged(2, at_least(1), "checkpoints kept; older ones are deleted", learns=False)
     save_checkpoints: bool = described(
         True,
         "false: no checkpoint at all, not even at the last step (throughput runs such as the sweep's points); "
         "such a run cannot resume",
+        learns=False,
     )
     stop_after_step: int = described(
         0,
@@ -300,12 +303,16 @@ class TrainConfig:
         "schedule stays that of max_steps / epochs (the smoke stage's saving run: the run resumed from it trains on "
         "the same schedule as one that never stopped)",
         at_least(0),
+        learns=False,
     )
     nonfinite_loss_grace: int = ranged(
         0,
         at_least(0),
-        "optimizer steps in a row whose loss may be NaN or Inf before training stops with an error (exit 2, "
-        "no checkpoint of those steps); 0: stop at the first one",
+        "optimizer steps in a row whose loss or gradient norm may be NaN or Inf: each such step is skipped (its "
+        "update never reaches the weights or the optimizer state; counted and logged), one more stops training "
+        "with an error (exit 2), and so does a bad last step; 0: stop at the first one; the neuron backend "
+        "takes 0 only",
+        learns=False,
     )
     precompile_steps: int = ranged(
         2,
@@ -313,6 +320,7 @@ class TrainConfig:
         "optimizer steps run by `train --precompile` (under neuron_parallel_compile), each "
         "gradient_accumulation_steps micro-batches per replica; 2: the first step (the optimizer state is created) "
         "and a steady one, whose graphs later steps repeat (not measured on Trainium)",
+        learns=False,
     )
     method: Method = described(
         "lora",
@@ -325,13 +333,14 @@ class TrainConfig:
         "paged_adamw_8bit or paged_adamw_32bit (bitsandbytes, state paged to host memory under pressure: QLoRA on "
         "small GPUs); the neuron backend uses its own ZeRO-1 AdamW",
     )
-    compile: bool = described(False, "torch.compile the model (torch backend)")
+    compile: bool = described(False, "torch.compile the model (torch backend)", learns=False)
     liger_kernel: bool | str = described(
         "auto",
         "liger-kernel's fused RMSNorm/RoPE/SwiGLU (torch backend on CUDA; trl 1.16 keeps its own fused loss): "
         "true, false or auto; auto is on on CUDA when liger-kernel is installed (the CUDA image), else off; "
         "true needs liger-kernel and a CUDA GPU",
         Rule(lambda value: value in (True, False, "auto"), "true, false or auto"),
+        learns=False,
     )
     attention: Attention = described(
         "auto",
@@ -339,6 +348,7 @@ class TrainConfig:
         "flash-attn is installed (the CUDA image), else sdpa; flash_attention_2 needs flash-attn. neuron: auto is "
         "the NKI flash kernel when data.max_length is a multiple of 2048, else eager; "
         "sdpa is refused",
+        learns=False,
     )
     profile: str = described(
         "",
@@ -349,18 +359,21 @@ class TrainConfig:
             "'' (off) or a step window 'FIRST-LAST', e.g. '20-22'",
         ),
         Rule(lambda window: _window_ok(window), "1 <= FIRST <= LAST"),
+        learns=False,
     )
     gradient_checkpointing: bool = described(
         False,
         "recompute activations in the backward pass: less memory, about a third more compute; when not set, on "
         "for method full and off for the adapter methods; both backends (torch: FSDP2's per decoder layer, else "
         "the Trainer's; neuron: optimum-neuron's)",
+        learns=False,
     )
     global_batch_size: int = described(
         0,
         "0 (not stated) or the sequences per optimizer step the run must have: per_device_batch_size x "
         "data-parallel replicas x gradient_accumulation_steps, checked against the backend's layout",
         Rule(lambda size: size >= 0, "0 (not stated) or >= 1"),
+        learns=False,
     )
 
     @property
@@ -512,6 +525,32 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def learned(self) -> dict[str, dict[str, Any]]:
+        """{section: {key: value}} of every key that changes what the run learns (learning_keys)."""
+        return {
+            section: {key: getattr(getattr(self, section), key) for key in keys}
+            for section, keys in learning_keys().items()
+        }
+
+
+# The sections whose keys may change what a run learns; each field says whether it does (``learns``).
+LEARNING_SECTIONS = ("data", "lora", "train")
+
+
+def learning_keys() -> dict[str, dict[str, Any]]:
+    """{section: {key: default}} of the keys whose value changes what a run learns: a finished run
+    resubmitted with another value is refused (training/run_state.py); the others (logging, save cadence,
+    speed levers) change nothing learned."""
+    sections = {item.name: item.default_factory for item in dataclasses.fields(RunConfig)}
+    return {
+        name: {
+            item.name: getattr(sections[name](), item.name)
+            for item in dataclasses.fields(sections[name]())
+            if item.metadata.get("learns", True)
+        }
+        for name in LEARNING_SECTIONS
+    }
 
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -676,6 +715,13 @@ def check_backend(cfg: RunConfig, backend: str) -> None:
     check_global_batch(cfg, backend)
     if backend != "neuron":
         return
+    _require(
+        cfg.train.nonfinite_loss_grace == 0,
+        "train.nonfinite_loss_grace",
+        cfg.train.nonfinite_loss_grace,
+        "0 on the neuron backend: it reads the loss at log events, after the updates, so a bad step cannot be "
+        "skipped (the torch backend skips it)",
+    )
     for (name, value), reason in NEURON_REFUSALS.items():
         if getattr(cfg.train, name) == value:
             raise ConfigError(f"train.{name}: {value!r} cannot run on the neuron backend: {reason}")

@@ -22,6 +22,8 @@
   and the infinities by name as Prometheus writes them.
 - ``DataSource``: <run>/data/source.json, what the data step prepared the data from (data.py), read by
   the train step to tell the data step's copy is this config's before it trains on it.
+- ``FinishedRecord``: <run>/checkpoints/finished.json, the step a finished run reached and what it learned
+  with (run_state.py writes it), read by train, consolidate, merge and submit.
 - ``SAGEMAKER_METRICS``: the regular expressions SageMaker applies to a training job's log (the
   progress line), handed to the SDK by hpctl.
 
@@ -410,6 +412,29 @@ class DataSource:
         if self.dataset_files != now.dataset_files:
             changed.append("data.dataset file(s) (written again since)")
         return changed
+
+
+# -- <run>/checkpoints/finished.json --------------------------------------------------------------------
+FINISHED_FILE = "finished.json"  # in paths.checkpoints_dir, next to the checkpoint it names
+
+
+@dataclass(frozen=True)
+class FinishedRecord:
+    """``{"step": 12, "train": {...}, "lora": {...}, "data": {...}}``: the step a finished run reached (its end)
+    and, by section, the values of the keys that changed what it learned (config.learning_keys). A marker
+    written before lora was recorded has no lora section: what a record lacks is not compared."""
+
+    step: int
+    learned: dict[str, dict]
+
+    def to_json(self) -> str:
+        return json.dumps({"step": self.step, **self.learned}, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> FinishedRecord:
+        body = json.loads(text)
+        learned = {name: dict(values) for name, values in body.items() if isinstance(values, dict)}
+        return cls(int(body["step"]), learned)
 
 
 # -- <run>/logs/state/<step>.json ------------------------------------------------------------------------

@@ -20,14 +20,12 @@ precompile step runs it under neuron_parallel_compile so the real run finds ever
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import importlib.util
-import json
 import os
 from pathlib import Path
 
-from llm_pipeline import cli, data
+from llm_pipeline import cli, data, run_state
 from llm_pipeline.config import BACKENDS, RunConfig, check_backend
 from llm_pipeline.errors import StepError
 from llm_pipeline.run_files import BackendLine
@@ -38,7 +36,6 @@ from llm_pipeline.weights import model_files
 from llm_pipeline.weights.checkpoints import checkpoint_step, discard_after, newest_complete
 
 FROM_BASE_MODEL = "none"  # --resume-from: no checkpoint
-FINISHED_MARKER = "finished.json"  # in paths.checkpoints_dir, next to the checkpoint it names
 
 
 def neuron_available() -> bool:
@@ -97,31 +94,38 @@ def make_plan(cfg: RunConfig, backend: str, precompile: bool, resume_from: str |
     )
 
 
-def _run_shape(cfg: RunConfig) -> dict:
-    """What decides where a run ends: a finished run with another shape trains on (or again)."""
-    return {"train": dataclasses.asdict(cfg.train), "data": dataclasses.asdict(cfg.data)}
+def check_not_past_end(cfg: RunConfig, plan: TrainPlan) -> bool:
+    """A run never trains past its end: False when the checkpoint it starts from is already train.max_steps
+    (its marker was not written, e.g. killed after that save), refused when it is beyond (a lower max_steps)."""
+    end = cfg.train.max_steps
+    if end <= 0 or plan.start_step < end:
+        return True  # epochs decide: the Trainer starts no epoch past the last one
+    if plan.start_step > end:
+        raise run_state.RunStateError(
+            f"train.max_steps = {end}, but this run's checkpoint {plan.resume_from} is step {plan.start_step}: it "
+            f"would train past its end. Set train.max_steps above {plan.start_step} to extend it, or resubmit with "
+            f"{run_state.REPLACE_FLAG} to train anew"
+        )
+    return False
 
 
-def record_finished(cfg: RunConfig, step: int) -> None:
-    """Mark the run finished at ``step`` (rank 0, after the trainer returned): a resubmission does nothing."""
-    marker = cfg.paths.checkpoints_dir / FINISHED_MARKER
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.with_suffix(".tmp").write_text(json.dumps({"step": step, **_run_shape(cfg)}, indent=2) + "\n")
-    marker.with_suffix(".tmp").replace(marker)
-
-
-def finished_step(cfg: RunConfig) -> int | None:
-    """The step this run finished at, when it finished with this config and that is still its newest checkpoint."""
-    marker = cfg.paths.checkpoints_dir / FINISHED_MARKER
-    newest = newest_complete(cfg.paths.checkpoints_dir)
-    if newest is None or not marker.is_file():
-        return None
-    try:
-        record = json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return None  # unreadable: train (resume) rather than skip
-    same = record.get("step") == newest[0] and {k: record.get(k) for k in ("train", "data")} == _run_shape(cfg)
-    return newest[0] if same else None
+def finished_already(cfg: RunConfig) -> bool:
+    """Whether a finished run has nothing to train with this config (run_state: refused when it would change
+    what the finished run learned; an extension drops the marker and trains on)."""
+    checkpoints = cfg.paths.checkpoints_dir
+    record = run_state.read_finished(checkpoints)
+    newest = newest_complete(checkpoints)
+    if record is not None and (newest is None or newest[0] != record.step):
+        record = None  # the marker names a checkpoint that is gone: resume from what is there
+    if run_state.trains_on(record, cfg.learned(), checkpoints):
+        if record is not None:
+            say(f"extending the run that finished at step {record.step}: training on to train.max_steps")
+        return False
+    say(
+        f"training already finished at step {record.step} ({run_state.marker_path(checkpoints)}), and no key "
+        "that changes what it learns differs: nothing to do; raise train.max_steps (or train.epochs) to train on"
+    )
+    return True
 
 
 def check_scheduler(name: str) -> None:
@@ -142,15 +146,15 @@ def train(
     check_backend(cfg, backend)
     model_dir = model_files.require_model_folder(Path(cfg.paths.model_dir), "the base model to train")
     plan = make_plan(cfg, backend, precompile, resume_from)
-    done = finished_step(cfg)
-    if done is not None:
-        # A resubmitted finished run would otherwise recompile and take one more (zero-LR) step.
-        say(
-            f"training already finished at step {done} with this config "
-            f"({cfg.paths.checkpoints_dir / FINISHED_MARKER}): nothing to do; change train.epochs or "
-            "train.max_steps to train on"
-        )
+    if finished_already(cfg):
+        return plan  # a resubmitted finished run would otherwise recompile and take one more (zero-LR) step
+    if not precompile and not check_not_past_end(cfg, plan):
+        if os.environ.get("RANK", "0") == "0":
+            run_state.mark_if_finished(cfg.paths.checkpoints_dir, cfg.learned())
+        say(f"the newest checkpoint, {plan.resume_from}, is the run's end (train.max_steps): nothing to train")
         return plan
+    if not precompile and os.environ.get("RANK", "0") == "0":
+        run_state.forget_finished(cfg.paths.checkpoints_dir)  # an extension: finished again only at its new end
     if not precompile and os.environ.get("LOCAL_RANK", "0") == "0":  # each node's disk (a training job's hosts)
         for folder in discard_after(cfg.paths.checkpoints_dir, plan.start_step):
             print(f"discarded {folder}: incomplete, newer than the checkpoint training starts from", flush=True)
@@ -181,8 +185,9 @@ def train(
     if not precompile:
         newest = newest_complete(cfg.paths.checkpoints_dir)
         say(f"training done; newest checkpoint: {newest[1] if newest else 'none'}")
-        if newest is not None and os.environ.get("RANK", "0") == "0":
-            record_finished(cfg, newest[0])
+        if os.environ.get("RANK", "0") == "0":
+            finished = run_state.mark_if_finished(cfg.paths.checkpoints_dir, cfg.learned())
+            say(f"finished at step {finished}" if finished else "not at the run's end: not marked finished")
     return plan
 
 

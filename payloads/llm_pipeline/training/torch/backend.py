@@ -71,19 +71,31 @@ def engine_trainer_class():
                 follow_schedule(self.lr_scheduler)
 
         def training_step(self, model, inputs, num_items_in_batch=None):
+            if self.state.global_step >= self.state.max_steps:  # never past the run's end (run_state)
+                raise StepError(f"step {self.state.global_step + 1} would train past max_steps {self.state.max_steps}")
             loss = super().training_step(model, inputs, num_items_in_batch)
-            step = self.state.global_step + 1
-            self.loss_guard.observe(first=step, last=step, value=agreed_loss(loss))
+            value = loss.detach().float()
+            self.step_losses = value if self.step_losses is None else self.step_losses + value
             return loss
 
         def _get_grad_norm(self, model, grad_norm=None):
-            # a finite loss can still give an Inf gradient: stop before the optimizer writes it into the weights
+            # Right before the optimizer: the step's loss and gradient norm decide whether its update happens.
             grad_norm = super()._get_grad_norm(model, grad_norm)
+            step = self.state.global_step + 1
+            losses, self.step_losses = self.step_losses, None
+            if losses is not None:
+                self.loss_guard.observe(first=step, last=step, value=agreed_sum(losses))
             if grad_norm is not None:
-                step = self.state.global_step + 1
                 value = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
                 self.loss_guard.observe(first=step, last=step, value=float(value), what="gradient norm")
+            skip_update(self, model, skip=self.loss_guard.is_bad(step))
             return grad_norm
+
+        def _maybe_log_save_evaluate(self, tr_loss, *args, **kwargs):
+            logs = self.control.should_log and self.state.global_step > self._globalstep_last_logged
+            super()._maybe_log_save_evaluate(tr_loss, *args, **kwargs)
+            if logs:  # the Trainer resets the running loss by subtracting it from itself, which keeps a NaN
+                tr_loss.zero_()
 
         def train(self, *args, **kwargs):
             with resume_keeping_epoch():
@@ -99,6 +111,7 @@ def engine_trainer_class():
 
         peft_config_for_export = None
         loss_guard: NonFiniteLossGuard
+        step_losses = None  # this optimizer step's micro-batch losses, summed on the device
 
     return EngineTrainer
 
@@ -121,16 +134,25 @@ def follow_schedule(scheduler) -> None:
     scheduler._last_lr = rates  # what the Trainer logs before the first resumed step's scheduler.step()
 
 
-def agreed_loss(loss) -> float:
-    """This micro-batch's loss summed over the ranks: non-finite on every rank when it is on any, so all
-    ranks stop at the same step. The price is one scalar all-reduce and one host sync per micro-batch
-    (the Trainer's own NaN filter, now off, synced on the loss every step as well)."""
+def agreed_sum(losses) -> float:
+    """This step's loss summed over the ranks: non-finite on every rank when it is on any, so all ranks skip
+    or stop at the same step. One scalar all-reduce and one host sync per optimizer step."""
     import torch.distributed as dist
 
-    total = loss.detach().float().clone()
+    total = losses.clone()
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(total)
     return total.item()
+
+
+def skip_update(trainer, model, *, skip: bool) -> None:
+    """Leave this step's update out when ``skip``: without gradients torch's optimizers change neither a weight
+    nor its state (Adam's moments and step count), and accelerate's skipped-step flag, which the Trainer reads
+    to leave the learning-rate schedule where it is (its path for a mixed-precision overflow), is set for
+    exactly this step."""
+    if skip:
+        model.zero_grad(set_to_none=True)
+    trainer.optimizer._is_overflow = skip
 
 
 def skip_first_batches_keeping_epoch(dataloader, num_batches: int = 0):
@@ -262,7 +284,9 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     )
     trainer.peft_config_for_export = peft_config
     trainer.loss_guard = NonFiniteLossGuard(
-        grace=cfg.train.nonfinite_loss_grace, checkpoints_dir=cfg.paths.checkpoints_dir
+        grace=cfg.train.nonfinite_loss_grace,
+        checkpoints_dir=cfg.paths.checkpoints_dir,
+        last_step=plan.stop_after_step or None,  # else the run's max_steps, once training begins
     )
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     expected = methods.expected_trainable(model.config, cfg, total)
