@@ -2,7 +2,8 @@
 
     python -m llm_pipeline.consolidate --config run.toml [--checkpoint DIR] [--output DIR]
 
-Defaults: the newest complete checkpoint in paths.checkpoints_dir -> paths.adapter_dir. A sharded
+Defaults: the finished checkpoint in paths.checkpoints_dir (run_state: refused when the run has not finished
+or its newest complete checkpoint is another step) -> paths.adapter_dir. A sharded
 neuronx-distributed adapter (neuron backend) is rebuilt into full tensors (tp_layout); a plain peft
 adapter (torch backend) is checked and copied. The output holds ``adapter_model.safetensors`` and
 ``adapter_config.json`` with Hugging Face module names, so ``PeftModel.from_pretrained`` loads it.
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from llm_pipeline import cli
+from llm_pipeline import cli, run_state
 from llm_pipeline.errors import CheckpointError
 from llm_pipeline.weights.adapter_files import (
     CONFIG_NAME,
@@ -189,7 +190,7 @@ def build_parser():
     parser.add_argument(
         "--checkpoint",
         type=Path,
-        help="checkpoint, adapter, checkpoints or run folder (default: newest in paths.checkpoints_dir)",
+        help="checkpoint, adapter, checkpoints or run folder (default: the finished one in paths.checkpoints_dir)",
     )
     parser.add_argument(
         "--output",
@@ -201,19 +202,21 @@ def build_parser():
 
 
 def run(cfg, args) -> None:
-    full = find_full_checkpoint(args.checkpoint or cfg.paths.checkpoints_dir)
+    # the run's result is its finished checkpoint, never a newer or older one (run_state)
+    source = args.checkpoint or run_state.finished_checkpoint(cfg.paths.checkpoints_dir)
+    full = find_full_checkpoint(source)
     if full is not None:
         output = args.output or cfg.paths.merged_dir
         consolidate_full_checkpoint(full, output, overwrite=args.overwrite, base=Path(cfg.paths.model_dir))
         return
-    torch_full = find_torch_full_checkpoint(args.checkpoint or cfg.paths.checkpoints_dir)
+    torch_full = find_torch_full_checkpoint(source)
     if cfg.train.method == "full" and torch_full is not None:
         output = args.output or cfg.paths.merged_dir
         base = Path(cfg.paths.model_dir)
         consolidate_torch_full(torch_full, base, output, cfg.model.dtype, overwrite=args.overwrite)
         return
     consolidate_checkpoint(
-        args.checkpoint or cfg.paths.checkpoints_dir,
+        source,
         args.output or cfg.paths.adapter_dir,
         overwrite=args.overwrite,
         model_dir=Path(cfg.paths.model_dir),

@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from llm_pipeline import cli
+from llm_pipeline import cli, run_state
 from llm_pipeline.config import QLORA_MERGE_BASES, LoraConfig, RunConfig
 from llm_pipeline.errors import CheckpointError
 from llm_pipeline.weights.adapter_files import AdapterFolder, open_adapter_folder
@@ -212,6 +212,8 @@ def run(cfg, args) -> None:
             flush=True,
         )
         return
+    if args.adapter is None:  # the run's own adapter: consolidate made it from the finished checkpoint, if any
+        run_state.finished_checkpoint(cfg.paths.checkpoints_dir)
     merge(
         args.base or Path(cfg.paths.model_dir),
         args.adapter or cfg.paths.adapter_dir,

@@ -146,14 +146,44 @@ def train(
     check_backend(cfg, backend)
     model_dir = model_files.require_model_folder(Path(cfg.paths.model_dir), "the base model to train")
     plan = make_plan(cfg, backend, precompile, resume_from)
+
+    def engine(plan: TrainPlan) -> None:
+        datasets, tokenizer = data.training_inputs(cfg, may_prepare=world_size() == 1)
+        model_config = AutoConfig.from_pretrained(model_dir)
+        fused_qkv = neuron_rules.kv_size_multiplier(model_config.num_key_value_heads, cfg.parallel.tensor_parallel_size)
+        expected = lora_count.expected_lora_parameters(
+            model_config,
+            cfg.lora,
+            fused_gate_up=backend == "neuron",
+            kv_size_multiplier=fused_qkv if backend == "neuron" else None,
+        )
+        if cfg.train.method == "full":
+            if backend == "neuron":  # counted as optimum-neuron counts it (replicated KV heads included)
+                expected = full_rules.parameter_count(model_config.to_dict(), fused_qkv)
+            if not precompile and cfg.train.save_checkpoints and os.environ.get("RANK", "0") == "0":
+                say(f"storage: {full_rules.check_storage(cfg, model_config.to_dict(), backend=backend)}")
+        if backend == "neuron":
+            from llm_pipeline.training.neuron import backend as chosen
+        else:
+            from llm_pipeline.training.torch import backend as chosen
+        chosen.run(cfg, plan, datasets, tokenizer, expected)
+
+    return run_in_state(cfg, plan, engine, precompile=precompile)
+
+
+def run_in_state(cfg: RunConfig, plan: TrainPlan, engine, *, precompile: bool = False) -> TrainPlan:
+    """``engine(plan)`` as the run's state allows (run_state): not at all for a finished run or one at its end,
+    refused past its end or when it would change what a finished run learned; then marked finished when
+    its newest checkpoint is its end."""
+    rank_zero = os.environ.get("RANK", "0") == "0"
     if finished_already(cfg):
         return plan  # a resubmitted finished run would otherwise recompile and take one more (zero-LR) step
     if not precompile and not check_not_past_end(cfg, plan):
-        if os.environ.get("RANK", "0") == "0":
+        if rank_zero:
             run_state.mark_if_finished(cfg.paths.checkpoints_dir, cfg.learned())
         say(f"the newest checkpoint, {plan.resume_from}, is the run's end (train.max_steps): nothing to train")
         return plan
-    if not precompile and os.environ.get("RANK", "0") == "0":
+    if not precompile and rank_zero:
         run_state.forget_finished(cfg.paths.checkpoints_dir)  # an extension: finished again only at its new end
     if not precompile and os.environ.get("LOCAL_RANK", "0") == "0":  # each node's disk (a training job's hosts)
         for folder in discard_after(cfg.paths.checkpoints_dir, plan.start_step):
@@ -161,31 +191,12 @@ def train(
     what = "precompile run" if precompile else "training"
     start = f"resuming from {plan.resume_from}" if plan.resume_from else "from the base model"
     if os.environ.get("LOCAL_RANK", "0") == "0":  # each node: a training job's hosts resume from their own folders
-        print(BackendLine(what, backend, start).format(), flush=True)
-
-    datasets, tokenizer = data.training_inputs(cfg, may_prepare=world_size() == 1)
-    model_config = AutoConfig.from_pretrained(model_dir)
-    fused_qkv = neuron_rules.kv_size_multiplier(model_config.num_key_value_heads, cfg.parallel.tensor_parallel_size)
-    expected = lora_count.expected_lora_parameters(
-        model_config,
-        cfg.lora,
-        fused_gate_up=backend == "neuron",
-        kv_size_multiplier=fused_qkv if backend == "neuron" else None,
-    )
-    if cfg.train.method == "full":
-        if backend == "neuron":  # counted as optimum-neuron counts it (replicated KV heads included)
-            expected = full_rules.parameter_count(model_config.to_dict(), fused_qkv)
-        if not precompile and cfg.train.save_checkpoints and os.environ.get("RANK", "0") == "0":
-            say(f"storage: {full_rules.check_storage(cfg, model_config.to_dict(), backend=backend)}")
-    if backend == "neuron":
-        from llm_pipeline.training.neuron import backend as chosen
-    else:
-        from llm_pipeline.training.torch import backend as chosen
-    chosen.run(cfg, plan, datasets, tokenizer, expected)
+        print(BackendLine(what, plan.backend, start).format(), flush=True)
+    engine(plan)
     if not precompile:
         newest = newest_complete(cfg.paths.checkpoints_dir)
         say(f"training done; newest checkpoint: {newest[1] if newest else 'none'}")
-        if os.environ.get("RANK", "0") == "0":
+        if rank_zero:
             finished = run_state.mark_if_finished(cfg.paths.checkpoints_dir, cfg.learned())
             say(f"finished at step {finished}" if finished else "not at the run's end: not marked finished")
     return plan
