@@ -94,13 +94,16 @@ def test_strided_split_interleaves_blocks_like_the_fused_gate_up():
     assert torch.equal(join_shards("x", pieces, {**info, "partition_stride": 1}), torch.cat(pieces))
 
 
-def test_cli_picks_the_newest_complete_checkpoint(tmp_path, capsys):
+def test_cli_given_a_checkpoints_folder_picks_its_newest_complete_checkpoint(tmp_path, capsys):
     full, _ = sharded(tmp_path, "tp2-default-qv", step=10)
     _, newer = sharded(tmp_path, "tp4-all-modules", step=20)
     (newer / "adapter_default" / "adapter_shards" / "done").unlink()  # a save that never finished
     config = run_config(tmp_path, tmp_path / "run")
-    assert consolidate.main(["--config", str(config)]) == 0
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert consolidate.main(["--config", str(config), "--checkpoint", str(checkpoints)]) == 0
     assert "checkpoint-20 is incomplete; using checkpoint-10" in capsys.readouterr().out
+    assert consolidate.main(["--config", str(config), "--overwrite"]) == 2  # by default: the finished one only
+    assert f"{checkpoints}: training has not finished" in capsys.readouterr().err
     assert sorted(load_file(tmp_path / "run" / "adapter" / "adapter_model.safetensors")) == sorted(full)
 
 

@@ -115,13 +115,14 @@ def test_a_tensor_never_written_is_an_error(tmp_path):
         writer.close()
 
 
-def test_step_cli_writes_the_merged_folder_from_the_newest_complete_checkpoint(tmp_path, models, capsys):
+def test_step_cli_given_a_checkpoints_folder_merges_its_newest_complete_checkpoint(tmp_path, models, capsys):
     base = models[2]
     sharded_checkpoint(tmp_path, base, 4, False, xser=True, step=10)
     newer, _, _ = sharded_checkpoint(tmp_path, base, 4, False, xser=True, step=20)
     (newer / "shards" / "done").unlink()  # an interrupted save: consolidation falls back to checkpoint-10
     config = run_config(tmp_path, tmp_path / "run", base)
-    assert consolidate.main(["--config", str(config)]) == 0
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert consolidate.main(["--config", str(config), "--checkpoint", str(checkpoints)]) == 0
     assert "checkpoint-20 is incomplete; using checkpoint-10" in capsys.readouterr().out
     merged = tmp_path / "run" / "merged"
     assert sorted(load_file(merged / "model.safetensors")) == sorted(hf_state(base))

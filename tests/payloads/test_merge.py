@@ -14,7 +14,7 @@ from nxd_files import run_config, write_sharded_checkpoint
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from llm_pipeline import consolidate, merge
+from llm_pipeline import consolidate, merge, run_state
 from tools import tiny_model as tiny
 
 pytestmark = pytest.mark.both_stacks
@@ -119,6 +119,7 @@ def test_neuron_checkpoint_consolidates_merges_and_matches_peft_logits(tmp_path,
     ranks, metadata = shard_adapter(shape, full, tp)
     config = json.loads((trained / "adapter_config.json").read_text())
     write_sharded_checkpoint(tmp_path / "run" / "checkpoints" / "checkpoint-4", ranks, metadata, config, xser=True)
+    run_state.record_finished(tmp_path / "run" / "checkpoints", 4, {})  # the run finished at step 4
     run_toml = run_config(tmp_path, tmp_path / "run", model_dir=base)
     assert consolidate.main(["--config", str(run_toml)]) == 0
     assert merge.main(["--config", str(run_toml)]) == 0
