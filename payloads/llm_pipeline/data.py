@@ -30,6 +30,8 @@ from llm_pipeline.weights.atomic_output import AtomicOutputDir
 FILE_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 # Other record layouts people bring, mapped onto the dolly columns: alpaca's instruction/input/output.
 COLUMN_MAPS = {"alpaca": {"instruction": "instruction", "input": "context", "output": "response"}}
+OPTIONAL_SOURCE_COLUMNS = {"input"}  # alpaca records without input have no context
+TEXT_FILES = (".json", ".jsonl", ".csv")  # read as UTF-8 text: checked line by line first
 # Refused above these shares of the records (counted and reported below them).
 EMPTY_RESPONSES_REFUSED_ABOVE = 0.5
 NO_ROOM_REFUSED_ABOVE = data_stats.NO_ROOM_SHARE
@@ -49,14 +51,19 @@ def load_source(data: DataConfig):
                 raise StepError(f"data.dataset {spec} is empty: there is nothing to train on")
             if path.suffix.lower() not in FILE_FORMATS:
                 raise StepError(f"data.dataset {spec}: unsupported file type (use {', '.join(FILE_FORMATS)})")
+            if path.suffix.lower() in TEXT_FILES:
+                check_utf8(path, spec)
             return datasets.load_dataset(FILE_FORMATS[path.suffix.lower()], data_files=str(path), split="train")
         if path.is_dir():
             if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
                 saved = datasets.load_from_disk(str(path))
                 return saved[data.split] if isinstance(saved, datasets.DatasetDict) else saved
             return datasets.load_dataset(str(path), split=data.split)
-        if spec.startswith(("/", ".", "~")):
-            raise StepError(f"data.dataset {spec}: no such file or folder")
+        if spec.startswith(("/", ".", "~")) or path.suffix.lower() in FILE_FORMATS:  # a path, not a Hub id
+            raise StepError(
+                f"data.dataset {spec}: no such file or folder (looked in {path.absolute().parent}); a Hub dataset "
+                "id has no file suffix"
+            )
         return datasets.load_dataset(spec, split=data.split)
     except datasets.exceptions.DatasetGenerationError as exc:
         raise StepError(f"data.dataset {spec} cannot be read: {exc.__cause__ or exc}") from None
@@ -69,30 +76,53 @@ def load_source(data: DataConfig):
         ) from None
 
 
+def check_utf8(path: Path, spec: str) -> None:
+    """A text file must be UTF-8: the first line that is not is named (the loaders' own error names neither)."""
+    with path.open("rb") as lines:
+        for number, line in enumerate(lines, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise StepError(
+                    f"data.dataset {spec}: line {number} is not UTF-8 text (byte {line[exc.start]:#04x} at column "
+                    f"{exc.start + 1}): save the file as UTF-8"
+                ) from None
+
+
 def map_columns(dataset, source: str):
-    """Records in a known other layout (alpaca) renamed to the dolly columns; others as they are."""
+    """Records in a known other layout (alpaca, with or without input) renamed to the dolly columns; others as
+    they are."""
     names = set(dataset.column_names)
     for layout, mapping in COLUMN_MAPS.items():
-        if "response" not in names and set(mapping) <= names:
-            print(f"data.dataset {source}: {layout} columns ({', '.join(mapping)}) read as dolly's", flush=True)
-            return dataset.rename_columns({old: new for old, new in mapping.items() if old != new})
+        if "response" not in names and set(mapping) - OPTIONAL_SOURCE_COLUMNS <= names:
+            present = {old: new for old, new in mapping.items() if old in names}
+            print(f"data.dataset {source}: {layout} columns ({', '.join(present)}) read as dolly's", flush=True)
+            return dataset.rename_columns({old: new for old, new in present.items() if old != new})
     return dataset
+
+
+def check_empty_share(empty: int, total: int, what: str, source: str, fix: str) -> None:
+    """Records with nothing to learn from: refused when most are so, else counted in a note."""
+    if not empty:
+        return
+    share = empty / total
+    if share > EMPTY_RESPONSES_REFUSED_ABOVE:
+        raise StepError(
+            f"data.dataset {source}: {empty} of {total} records have {what} ({share:.0%}; refused above "
+            f"{EMPTY_RESPONSES_REFUSED_ABOVE:.0%}): {fix}"
+        )
+    print(f"note: data.dataset {source}: {empty} of {total} records have {what}", flush=True)
 
 
 def check_responses(dataset, source: str) -> None:
     """Empty or missing responses teach nothing: refused when most records have none, else counted."""
     empty = sum(not (text or "").strip() for text in dataset["response"])
-    if not empty:
-        return
-    share = empty / len(dataset)
-    if share > EMPTY_RESPONSES_REFUSED_ABOVE:
-        raise StepError(
-            f"data.dataset {source}: {empty} of {len(dataset)} records have an empty or missing response "
-            f"({share:.0%}; refused above {EMPTY_RESPONSES_REFUSED_ABOVE:.0%}): fill the response column, or map the "
-            "answer column to it"
-        )
-    print(
-        f"note: data.dataset {source}: {empty} of {len(dataset)} records have an empty or missing response", flush=True
+    check_empty_share(
+        empty,
+        len(dataset),
+        "an empty or missing response",
+        source,
+        "fill the response column, or map the answer column to it",
     )
 
 
@@ -109,6 +139,9 @@ def validate(dataset, source: str):
         )
     if "context" not in dataset.column_names:
         dataset = dataset.add_column("context", [""] * len(dataset))
+    for name in COLUMNS:
+        if all(value is None for value in dataset[name]):  # a CSV column empty in every row reads as float NaN
+            dataset = dataset.remove_columns(name).add_column(name, [""] * len(dataset))
     for name in COLUMNS:
         dtype = getattr(dataset.features[name], "dtype", None)
         if dtype not in ("string", "large_string", "null"):
@@ -136,6 +169,11 @@ def validate_chat(dataset, data: DataConfig, tokenizer):
             )
         if not any(turn["role"] == "assistant" for turn in messages):
             raise StepError(f"data.dataset {source}, record {row}: no assistant turn, so nothing to learn from it")
+    empty = sum(
+        any(turn["role"] == "assistant" and not turn["content"].strip() for turn in messages)
+        for messages in dataset[MESSAGES_COLUMN]
+    )
+    check_empty_share(empty, len(dataset), "an empty assistant turn", source, "fill the assistant turns' content")
     template = tokenizer.chat_template
     template = template.get("default", "") if isinstance(template, dict) else template or ""
     if not template:
