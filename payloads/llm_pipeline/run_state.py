@@ -11,7 +11,8 @@
   nothing to train. A larger train.max_steps (or train.epochs) extends it: the marker goes, and it trains
   on from the finished checkpoint to the new end, whatever else changed applying to the new steps. Any
   other change of a learning key is refused, naming the keys and the two ways forward.
-- replaced: submit --replace-outputs moves the earlier training aside (submit.py) and the run starts anew.
+- replaced: its checkpoints folder moved aside (and, with submit --replace-outputs, the outputs made after
+  train), the run starts anew from the base model.
 
 Stdlib only, like config.py.
 """
@@ -96,9 +97,9 @@ def trains_on(record: FinishedRecord | None, learned: dict[str, dict], checkpoin
         return False
     raise RunStateError(
         f"this run finished at step {record.step} ({marker_path(checkpoints_dir)}) with other values of keys that "
-        f"change what it learns: {'; '.join(changed)}. Resubmit with {REPLACE_FLAG} to train anew from the base "
-        f"model (the earlier checkpoints and outputs move aside), or extend it: set train.max_steps above "
-        f"{record.step} to train on from checkpoint-{record.step} with these values"
+        f"change what it learns: {'; '.join(changed)}. To train anew from the base model, move {checkpoints_dir} "
+        f"aside and resubmit with {REPLACE_FLAG} (which moves the outputs made after train aside); or extend it: "
+        f"set train.max_steps above {record.step} to train on from checkpoint-{record.step} with these values"
     )
 
 
