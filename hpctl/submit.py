@@ -84,12 +84,8 @@ def resolve_run_config(value: str, *, project_root: Path) -> Path:
 
 
 def validate_run_config(path: Path) -> None:
-    """Read the run config as every step will (the cluster's folders), so a bad key stops here."""
-    try:
-        import tomllib  # noqa: F401  (Python 3.11+; llm_pipeline.config.load needs it)
-    except ModuleNotFoundError:
-        print("note: Python 3.10 cannot read TOML: the run config is validated on the cluster", file=sys.stderr)
-        return
+    """Read the run config as every step will (the cluster's folders), so a bad key stops here (any Python
+    from 3.10: config.load reads the project's one-line-values form without tomllib)."""
     try:
         load(path, env={**os.environ, **CLUSTER_FOLDERS_ENV})
     except ConfigError as error:

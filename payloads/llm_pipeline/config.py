@@ -5,8 +5,8 @@ Path values may use ``${VAR}`` or ``${VAR:-default}``; the cluster's facts reach
 ``HPL_*`` environment variables (see lifecycle/), so paths are never retyped here.
 Relative paths are resolved against the config file's folder.
 
-Importable with Python 3.10's stdlib (the controller's python3, which runs submit): tomllib is
-imported only where a whole file is parsed.
+Stdlib only, Python 3.10 included (the controller's python3, which runs submit): ``load`` reads a file
+with tomllib where there is one, else with the stdlib reader of the one-line-values form (read_toml).
 """
 
 from __future__ import annotations
@@ -762,18 +762,27 @@ def from_dict(raw: dict[str, Any], base_dir: Path | None = None, env: dict[str, 
     return cfg
 
 
-def load(path: str | os.PathLike[str], env: dict[str, str] | None = None) -> RunConfig:
-    """Read and validate a run config file."""
-    import tomllib  # Python 3.11+: the steps run in the training image, never on the controller
+def read_toml(path: Path) -> dict[str, Any]:
+    """The file's tables: tomllib where there is one (Python 3.11+), else the stdlib reader of the
+    one-line-values form the project writes (jobs/run_config_text.parse: the controller's python3 is 3.10)."""
+    try:
+        import tomllib
+    except ImportError:
+        from llm_pipeline.jobs.run_config_text import parse  # imports this module: loaded on use
 
+        return parse(path.read_text(), f"run config {path}")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"run config {path} is not valid TOML: {exc}") from None
+
+
+def load(path: str | os.PathLike[str], env: dict[str, str] | None = None) -> RunConfig:
+    """Read and validate a run config file (on any side: the nodes, the controller, a laptop)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"run config {path} does not exist")
-    try:
-        raw = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"run config {path} is not valid TOML: {exc}") from None
-    return from_dict(raw, base_dir=path.resolve().parent, env=env)
+    return from_dict(read_toml(path), base_dir=path.resolve().parent, env=env)
 
 
 def _show(argv: list[str] | None = None) -> int:

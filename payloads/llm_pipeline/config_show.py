@@ -12,9 +12,10 @@ import dataclasses
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from llm_pipeline.cli import BAD_INPUT, add_version
-from llm_pipeline.config import ConfigError, RunConfig, load
+from llm_pipeline.config import ConfigError, RunConfig, load, read_toml
 
 
 def toml_value(value: object) -> str:
@@ -49,9 +50,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return BAD_INPUT
-    import tomllib  # load() read it already: the file is valid TOML
-
-    with open(args.show, "rb") as handle:
-        explicit = tomllib.load(handle)
+    explicit = read_toml(Path(args.show))  # load() read it already: the keys the file sets
     print(render(cfg, explicit, args.show))
     return 0

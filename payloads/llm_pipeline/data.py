@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import sys
 from pathlib import Path
 
@@ -21,8 +20,9 @@ from llm_pipeline import cli
 from llm_pipeline.config import DataConfig, RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import CHAT_ROLES, COLUMNS, GENERATION_MARKER, MESSAGES_COLUMN, REQUIRED_COLUMNS, is_chat
-from llm_pipeline.run_files import DATA_SOURCE_FILE, DataSource
+from llm_pipeline.run_files import DATA_SOURCE_FILE, DATA_STATS_FILE, DataSource, DataStats
 from llm_pipeline.training import data_stats, text_blocks
+from llm_pipeline.training.backends import resolve_backend
 from llm_pipeline.training.plan import say
 from llm_pipeline.weights import model_files
 from llm_pipeline.weights.atomic_output import AtomicOutputDir
@@ -36,7 +36,6 @@ TEXT_FILES = (".json", ".jsonl", ".csv")  # read as UTF-8 text: checked line by 
 EMPTY_RESPONSES_REFUSED_ABOVE = 0.5
 NO_ROOM_REFUSED_ABOVE = data_stats.NO_ROOM_SHARE
 SOURCE_FILE = DATA_SOURCE_FILE  # what the prepared copy was made from (run_files.DataSource)
-STATS_FILE = "stats.json"
 
 
 def load_source(data: DataConfig):
@@ -271,45 +270,46 @@ def prepare(cfg: RunConfig, tokenizer=None) -> Path:
     """
     tokenizer = tokenizer or load_tokenizer(cfg.paths.model_dir)
     print(f"loading {cfg.data.dataset} (split {cfg.data.split})", flush=True)
+    backend = resolve_backend(cfg.train.backend)  # the replicas an epoch's step count is for
     if cfg.data.blocks:
-        prepared, report = prepare_blocks(cfg, tokenizer)
+        prepared, report = prepare_blocks(cfg, tokenizer, backend)
         describe = text_blocks.describe_blocks
     else:
         records = validated_records(cfg.data, tokenizer)
         if not is_chat(records.column_names):
             data_stats.check_template_fits(tokenizer, cfg.data.max_length)
         prepared = split(records, cfg.data, cfg.train.seed)
-        report = data_stats.padding_report(prepared["train"], tokenizer, cfg)
+        report = data_stats.padding_report(prepared["train"], tokenizer, cfg, backend)
         check_room_for_answers(report, cfg.data)
         describe = data_stats.describe
     target = cfg.paths.data_dir
     with AtomicOutputDir(target, overwrite=True) as partial:
         prepared.save_to_disk(str(partial))
         (partial / SOURCE_FILE).write_text(source_record(cfg).to_json())
-        (partial / STATS_FILE).write_text(json.dumps(report, indent=2) + "\n")
+        (partial / DATA_STATS_FILE).write_text(report.to_json())
     sizes = ", ".join(f"{name} {len(part)}" for name, part in prepared.items())
     print(f"prepared {sizes} rows in {target}", flush=True)
     print(describe(report), flush=True)
     return target
 
 
-def check_room_for_answers(report: dict, data: DataConfig) -> None:
+def check_room_for_answers(report: DataStats, data: DataConfig) -> None:
     """Prompts that fill data.max_length leave the answer out: nothing to learn from them."""
-    full, examples = report["prompts_filling_max_length"], report["examples"]
+    full, examples = report.counts["prompts_filling_max_length"], report.counts["examples"]
     if full / examples > NO_ROOM_REFUSED_ABOVE:
         raise StepError(
             f"data.max_length {data.max_length}: {full} of {examples} prompts fill it and leave no room for the "
             f"answer ({full / examples:.0%}; refused above {NO_ROOM_REFUSED_ABOVE:.0%}): data.max_length "
-            f"{report['max_length_leaving_room']} leaves room in all but {NO_ROOM_REFUSED_ABOVE:.0%} of them"
+            f"{report.counts['max_length_leaving_room']} leaves room in all but {NO_ROOM_REFUSED_ABOVE:.0%} of them"
         )
 
 
-def prepare_blocks(cfg: RunConfig, tokenizer):
+def prepare_blocks(cfg: RunConfig, tokenizer, backend: str):
     """Block mode: (the split blocks, the report); data.max_samples counts blocks."""
     texts = text_blocks.record_texts(load_source(cfg.data), cfg.data)
     blocks, corpus_tokens, dropped = text_blocks.build_blocks(texts, tokenizer, cfg.data.max_length)
     prepared = split(blocks, cfg.data, cfg.train.seed)
-    report = text_blocks.block_report(len(texts), len(prepared["train"]), corpus_tokens, dropped, cfg)
+    report = text_blocks.block_report(len(texts), len(prepared["train"]), corpus_tokens, dropped, cfg, backend)
     return prepared, report
 
 
@@ -359,7 +359,8 @@ def preview(cfg: RunConfig) -> None:
     example = torch_preview.prepared_example(cfg, train.select([0]), tokenizer)
     print(f"first training record of {cfg.data.dataset}, as the trainer tokenizes it", flush=True)
     print(torch_preview.describe(example, tokenizer, cfg.data.max_length), flush=True)
-    print(data_stats.describe(data_stats.padding_report(train, tokenizer, cfg)), flush=True)
+    report = data_stats.padding_report(train, tokenizer, cfg, resolve_backend(cfg.train.backend))
+    print(data_stats.describe(report), flush=True)
 
 
 def main(argv=None) -> int:

@@ -9,36 +9,16 @@ Each job after the previous one succeeded (afterok; a failed job cancels the res
 on `[parallel] nodes` nodes (payloads/slurm/ladder-rung.sbatch <rung>), the other jobs on one.
 The record and the step markers are the pipeline's (<run>/logs/pipeline.json, logs/state/), so
 `submit status` and `--wait` follow a ladder as they follow the pipeline.
-Controller side: Python 3.10 stdlib only. The rung list is read with a one-line reader (no tomllib
-there); the steps validate the whole run config.
+Controller side: Python 3.10 stdlib only; the rungs are the loaded run config's (jobs/run_facts).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from llm_pipeline.config import LADDER_RUNG_OPTIONS, RUNG_CHECKPOINT_FORMATS, ConfigError, TorchtitanConfig
+from llm_pipeline.config import RUNG_CHECKPOINT_FORMATS
 from llm_pipeline.jobs import chain
 from llm_pipeline.jobs.chain import ChainJob
 from llm_pipeline.jobs.pipeline_status import StepJob
-from llm_pipeline.jobs.run_config_text import read_key
 from llm_pipeline.jobs.run_facts import RunFacts
-
-
-def read_rungs(config: Path) -> tuple[str, ...]:
-    """`[torchtitan] rungs`, written on one line as a list of double-quoted names (or the default)."""
-    rungs = read_key(config.read_text(), "torchtitan", "rungs", str(config))
-    if rungs is None:
-        return TorchtitanConfig().rungs
-    if not isinstance(rungs, list):
-        raise ConfigError(f'{config}: torchtitan.rungs: write a list of quoted names, e.g. ["baseline", "compile"]')
-    unknown = [r for r in rungs if r not in LADDER_RUNG_OPTIONS]
-    if unknown or not rungs or len(set(rungs)) != len(rungs):
-        raise ConfigError(
-            f"{config}: torchtitan.rungs: {rungs!r} must name each of "
-            f"{', '.join(LADDER_RUNG_OPTIONS)} at most once, at least one"
-        )
-    return tuple(rungs)
 
 
 def resumed_rungs(rungs: tuple[str, ...]) -> tuple[str, ...]:
@@ -76,7 +56,7 @@ def ladder_jobs(rungs: tuple[str, ...]) -> list[ChainJob]:
 
 def dry_run(facts: RunFacts, env: dict[str, str], *, smoke_stage: bool = True) -> None:
     """The ladder submission as a shell script: each job id captured and fed to the next dependency."""
-    jobs = ladder_jobs(read_rungs(facts.config))
+    jobs = ladder_jobs(facts.run.torchtitan.rungs)
     chain.dry_run(facts, jobs, env, what="ladder submission", smoke_stage=smoke_stage)
 
 
@@ -84,4 +64,4 @@ def submit(facts: RunFacts, env: dict[str, str], *, smoke_stage: bool = True) ->
     """Submit the whole ladder (after its smoke stage unless ``smoke_stage`` is off); on a refused
     submission, cancel what this call submitted."""
     chain.refuse_while_active(facts)
-    return chain.submit_chain(facts, ladder_jobs(read_rungs(facts.config)), env, smoke_stage=smoke_stage)
+    return chain.submit_chain(facts, ladder_jobs(facts.run.torchtitan.rungs), env, smoke_stage=smoke_stage)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from llm_pipeline import cli, config
 from llm_pipeline.errors import StepError
-from llm_pipeline.train import resolve_backend
+from llm_pipeline.training.backends import resolve_backend
 
 STACK = ("torch", "transformers", "peft", "trl", "datasets", "safetensors")
 NODE_DEVICES = "HPL_DEVICES_PER_NODE"  # the node's accelerator count, from the cluster facts

@@ -20,6 +20,8 @@
 - ``MetricsTextfile``: the run's figures for node exporter's textfile collector (jobs/prom_textfile.py,
   from every engine's metrics logger): per series its HELP and TYPE lines and one labelled sample, NaN
   and the infinities by name as Prometheus writes them.
+- ``DataStats``: <run>/data/stats.json, the data step's report on its sequences in every layout it measured
+  (padded, packed, blocks) and the steps an epoch takes, read by jobs/estimate.
 - ``DataSource``: <run>/data/source.json, what the data step prepared the data from (data.py), read by
   the train step to tell the data step's copy is this config's before it trains on it.
 - ``FinishedRecord``: <run>/checkpoints/finished.json, the step a finished run reached and what it learned
@@ -412,6 +414,55 @@ class DataSource:
         if self.dataset_files != now.dataset_files:
             changed.append("data.dataset file(s) (written again since)")
         return changed
+
+
+# -- <run>/data/stats.json -------------------------------------------------------------------------------
+DATA_STATS_FILE = "stats.json"  # in paths.data_dir, beside the prepared data
+# How the train step lays out its sequences, and the report's section for each layout.
+DATA_LAYOUTS = {"padded": "padded_to_max_length", "packed": "packed", "blocks": "blocks"}
+
+
+def data_layout(blocks: bool, packing: bool) -> str:
+    """The layout the train step reads (data.blocks, data.packing): a DATA_LAYOUTS key."""
+    return "blocks" if blocks else "packed" if packing else "padded"
+
+
+@dataclass(frozen=True)
+class LayoutStats:
+    """One layout's sequences, their padding, and the optimizer steps an epoch takes on ``replicas``."""
+
+    sequences: int
+    pad_fraction: float
+    optimizer_steps_per_epoch: int
+    replicas: int
+
+
+@dataclass(frozen=True)
+class DataStats:
+    """The data step's report (data.py, training/data_stats and text_blocks), read by jobs/estimate for an
+    epochs-based run's step count. ``mode``: the layout training reads; ``layouts``: every layout measured
+    (padded and packed, or blocks); ``counts``: the rest, for people (examples, tokens, truncation)."""
+
+    mode: str
+    layouts: dict[str, LayoutStats]
+    counts: dict = field(default_factory=dict)
+
+    @property
+    def trained(self) -> LayoutStats:
+        return self.layouts[self.mode]
+
+    def to_json(self) -> str:
+        sections = {DATA_LAYOUTS[name]: asdict(stats) for name, stats in self.layouts.items()}
+        return json.dumps({"mode": self.mode, **self.counts, **sections}, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> DataStats:
+        body = json.loads(text)
+        layouts = {name: LayoutStats(**body.pop(key)) for name, key in DATA_LAYOUTS.items() if key in body}
+        mode = body.pop("mode")
+        if mode not in layouts:
+            raise KeyError(f"the report has no {mode!r} section")
+        return cls(mode, layouts, body)
 
 
 # -- <run>/checkpoints/finished.json --------------------------------------------------------------------

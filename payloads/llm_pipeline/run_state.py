@@ -11,8 +11,8 @@
   nothing to train. A larger train.max_steps (or train.epochs) extends it: the marker goes, and it trains
   on from the finished checkpoint to the new end, whatever else changed applying to the new steps. Any
   other change of a learning key is refused, naming the keys and the two ways forward.
-- replaced: its checkpoints folder moved aside (and, with submit --replace-outputs, the outputs made after
-  train), the run starts anew from the base model.
+- replaced: submit --replace-outputs moves its checkpoints folder (when the config changes what the finished
+  run learned: replaced_by) and the outputs made after train aside; the run starts anew from the base model.
 
 Stdlib only, like config.py.
 """
@@ -87,20 +87,33 @@ def extends(record: FinishedRecord, learned: dict[str, dict]) -> bool:
     return then.get("max_steps") == -1 and train["epochs"] > then.get("epochs", float("inf"))
 
 
+def replaced_by(record: FinishedRecord | None, learned: dict[str, dict]) -> list[str]:
+    """The learning keys that make this config another run than the finished one (empty: the same run, or
+    an extension, or no finished run): such a config trains anew only once the checkpoints are moved aside."""
+    if record is None or extends(record, learned):
+        return []
+    return changed_keys(record, learned)
+
+
+def refusal(record: FinishedRecord, changed: list[str], checkpoints_dir: Path) -> str:
+    return (
+        f"this run finished at step {record.step} ({marker_path(checkpoints_dir)}) with other values of keys that "
+        f"change what it learns: {'; '.join(changed)}. To train anew from the base model, resubmit with "
+        f"{REPLACE_FLAG} (which moves {checkpoints_dir} and the outputs made after train aside into the run "
+        f"folder's replaced/<time>/); or extend it: set train.max_steps above {record.step} to train on from "
+        f"checkpoint-{record.step} with these values"
+    )
+
+
 def trains_on(record: FinishedRecord | None, learned: dict[str, dict], checkpoints_dir: Path) -> bool:
     """Whether a run with these learning values trains: True without a finished run or when the config
     extends it; False when it finished with these values (nothing to train). Refused otherwise."""
     if record is None or extends(record, learned):
         return True
-    changed = changed_keys(record, learned)
+    changed = replaced_by(record, learned)
     if not changed:
         return False
-    raise RunStateError(
-        f"this run finished at step {record.step} ({marker_path(checkpoints_dir)}) with other values of keys that "
-        f"change what it learns: {'; '.join(changed)}. To train anew from the base model, move {checkpoints_dir} "
-        f"aside and resubmit with {REPLACE_FLAG} (which moves the outputs made after train aside); or extend it: "
-        f"set train.max_steps above {record.step} to train on from checkpoint-{record.step} with these values"
-    )
+    raise RunStateError(refusal(record, changed, checkpoints_dir))
 
 
 def trainer_steps(checkpoint: Path) -> tuple[int, int] | None:

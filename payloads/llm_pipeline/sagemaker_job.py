@@ -51,6 +51,7 @@ from llm_pipeline.jobs.chain import ChainJob
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts
 from llm_pipeline.run_files import StepVerdict
+from llm_pipeline.training import backends
 from llm_pipeline.weights.checkpoints import checkpoint_step
 
 # The Slurm chain's order, plus gather after train: a job's hosts share no file system (gather.py).
@@ -169,7 +170,7 @@ def agree_on_resume(run_config: Path, env: dict[str, str], hosts: sagemaker_env.
         hosts,
         resume_dir=sagemaker_env.resume_dir(env, Path(cfg.paths.output_dir)) / cfg.paths.checkpoints_dir.name,
         # torch ranks read their own shards and the shared files; a Neuron resume reads every tensor file
-        by_part=train.resolve_backend(cfg.train.backend) == "torch",
+        by_part=backends.resolve_backend(cfg.train.backend) == "torch",
     )
 
 
@@ -178,7 +179,7 @@ def job_plan(
 ) -> list[tuple[ChainJob, RunFacts]]:
     """The steps in order, as the Slurm chain stages them (jobs/chain.py): with the smoke stage unless it
     is off or passed before (a checkpoint in the run folder: a restarted spot job)."""
-    facts = RunFacts(config=run_config, output_dir=Path(cfg.paths.output_dir), nodes=len(hosts.hosts))
+    facts = RunFacts(config=run_config, output_dir=Path(cfg.paths.output_dir), nodes=len(hosts.hosts), run=cfg)
     jobs = [submit.step_job(step) for step in STEPS[STEPS.index(first_step) :]]  # the job's steps: gather too
     if smoke_stage and chain.smoke_stage_runs(jobs, True) and any(cfg.paths.checkpoints_dir.glob("checkpoint-*")):
         print(f"== smoke stage: passed before ({cfg.paths.checkpoints_dir} holds checkpoints); not run again")
@@ -187,7 +188,7 @@ def job_plan(
         print(f"== note: {smoke.NO_SMOKE_RISK}", flush=True)
     if chain.smoke_stage_runs(jobs, smoke_stage):
         smoke.write_smoke_run(facts)  # every host: each has its own run folder
-        if len(hosts.hosts) > 1 and train.resolve_backend(cfg.train.backend) != "torch":
+        if len(hosts.hosts) > 1 and backends.resolve_backend(cfg.train.backend) != "torch":
             print(f"== note: {NEURON_SMOKE_RESUME.format(hosts=len(hosts.hosts))}", flush=True)
     return chain.staged_chain(facts, jobs, smoke_stage=smoke_stage)
 

@@ -6,8 +6,8 @@
 One sbatch job per step (payloads/slurm/<step>.sbatch), each after the previous one succeeded
 (--dependency=afterok, --kill-on-invalid-dep=yes: a failed step cancels the rest). Prints one line
 `submitted <step> job <id>` per step and where the logs are (<run folder>/logs/<step>-<job>.log).
-Runs on the controller's system python3 (3.10, stdlib only): it reads from the run config just
-the run folder and the node count (llm_pipeline.jobs.run_facts); the steps validate the rest.
+Runs on the controller's system python3 (3.10, stdlib only): it loads and validates the whole run config
+(config.load, llm_pipeline.jobs.run_facts) as the steps do.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from llm_pipeline import __version__, ladder_submit
+from llm_pipeline import __version__, ladder_submit, run_state
 from llm_pipeline.jobs import deploy_facts, estimate, pipeline_status, smoke
 from llm_pipeline.jobs.chain import (
     PAYLOADS_DIR,
@@ -45,7 +45,7 @@ TRAINING_STEPS = ("train",)  # resumes from its newest checkpoint: smoke-tested 
 # checkpoint, they are stale once a chain trains on.
 TRAINED_OUTPUTS = ("adapter", "merged", "generation.txt", "eval")
 REPLACED_FOLDER = "replaced"  # <run>/replaced/<UTC time>/: earlier outputs moved aside by --replace-outputs
-REPLACE_FLAG = "--replace-outputs"
+REPLACE_FLAG = run_state.REPLACE_FLAG
 
 
 def steps_from(first: str) -> tuple[str, ...]:
@@ -78,8 +78,15 @@ def earlier_outputs(facts: RunFacts, first: str) -> list[Path]:
 
 def check_earlier_outputs(facts: RunFacts, first: str, *, replace: bool) -> list[Path]:
     """Refuse a chain that trains into a run folder holding outputs of an earlier training (consolidate
-    would refuse its adapter/ hours later, and the folder would mix two checkpoints), unless ``replace``;
-    the outputs to move aside."""
+    would refuse its adapter/ hours later, and the folder would mix two checkpoints), or a finished run's
+    checkpoints when the config changes what it learned (run_state: train would refuse them after the smoke
+    stage), unless ``replace``; the outputs to move aside."""
+    changed, checkpoints = [], facts.run.paths.checkpoints_dir if facts.run else None
+    if checkpoints is not None and set(TRAINING_STEPS) & set(steps_from(first)):
+        record = run_state.read_finished(checkpoints)
+        changed = run_state.replaced_by(record, facts.run.learned())
+        if changed and not replace:
+            raise SubmitError(run_state.refusal(record, changed, checkpoints))
     found = earlier_outputs(facts, first)
     if found and not replace:
         raise SubmitError(
@@ -87,7 +94,7 @@ def check_earlier_outputs(facts: RunFacts, first: str, *, replace: bool) -> list
             f"the steps after train would not replace: add {REPLACE_FLAG} to move them aside into "
             f"{facts.output_dir / REPLACED_FOLDER}/<time>/ before the chain starts"
         )
-    return found
+    return [checkpoints, *found] if changed else found
 
 
 def move_aside(facts: RunFacts, outputs: list[Path]) -> Path | None:
@@ -143,8 +150,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         dest="replace_outputs",
         action="store_true",
         help="a chain that trains (e.g. --from train with more steps) into a run folder holding an earlier "
-        f"training's {', '.join(TRAINED_OUTPUTS)}: move them aside into <run>/{REPLACED_FOLDER}/<time>/ first "
-        "(without it, submit refuses)",
+        f"training's {', '.join(TRAINED_OUTPUTS)}, or a finished run's checkpoints with other values of the keys "
+        f"that change what it learns: move them aside into <run>/{REPLACED_FOLDER}/<time>/ first (without it, "
+        "submit refuses)",
     )
     parser.add_argument(
         "--no-smoke",
@@ -206,7 +214,7 @@ def _main(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     facts = read_run_facts(args.config, env)
     ladder = args.action == "ladder"
-    rungs = ladder_submit.read_rungs(facts.config) if ladder else ()
+    rungs = facts.run.torchtitan.rungs if ladder else ()
     env.update(partition_environment(facts, env, ladder=ladder, rungs=rungs))
     # The latest deploy's image and runtime (FSx payloads) win over the node profile's.
     env.update(deploy_facts.read_deploy_facts(PAYLOADS_DIR, partition=env.get("HPL_PARTITION")))

@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 
 from llm_pipeline import __version__
-from llm_pipeline.jobs import deploy_facts, pipeline_status, smoke
+from llm_pipeline import config as run_config
+from llm_pipeline.jobs import deploy_facts, partitions, pipeline_status, smoke
 from llm_pipeline.jobs.chain import (
     PAYLOADS_DIR,
     ChainJob,
@@ -93,14 +94,15 @@ def chain(
     return jobs
 
 
-def plan_smoke(base: RunFacts, points: list[SweepPoint], sweep_dir: Path) -> list[SweepPoint]:
+def plan_smoke(base: RunFacts, backend: str, points: list[SweepPoint], sweep_dir: Path) -> list[SweepPoint]:
     """The smoke sweep: every point again in <sweep>/smoke/nodes-<n>/, SMOKE_STEPS steps, a line per step
     (a fresh folder: written anew at each submission)."""
     folder = sweep_dir / smoke.SMOKE_FOLDER
     if folder.exists():
         shutil.rmtree(folder)
     return plan_sweep(
-        base.config,
+        base,
+        backend,
         folder,
         [point.nodes for point in points],
         steps=smoke.SMOKE_STEPS,
@@ -181,21 +183,22 @@ def _main(args: argparse.Namespace) -> int:
     env.update(deploy_facts.read_deploy_facts(PAYLOADS_DIR, partition=env.get("HPL_PARTITION")))
     check_runtime_sees(base, env)
     sweep_dir = base.output_dir / args.name
-    points = plan_sweep(base.config, sweep_dir, counts, steps=args.steps, logging_steps=args.logging_steps)
+    backend = partitions.backend_on(base.backend, env)
+    points = plan_sweep(base, backend, sweep_dir, counts, steps=args.steps, logging_steps=args.logging_steps)
     for point in points:
         print(
             f"{point.nodes} node(s): gradient accumulation {point.gradient_accumulation_steps}, global batch "
             f"{point.global_batch}, config {point.config}",
             flush=True,
         )
-        print(f"  train: {training_summary(Path(point.config))}", flush=True)
+        print(f"  train: {training_summary(run_config.load(point.config, env))}", flush=True)
     data_dir = base.output_dir / "data"
     with_data = not (data_dir.is_dir() and any(data_dir.iterdir()))
     if not with_data:
         print(f"using the prepared data in {data_dir} (delete it to prepare it again)", flush=True)
     planned = chain(base, points, sweep_dir, with_data)
     if args.smoke:
-        smoke_points = plan_smoke(base, points, sweep_dir)
+        smoke_points = plan_smoke(base, backend, points, sweep_dir)
         planned = staged(base, points, smoke_points, sweep_dir, planned)
     else:
         print(f"note: {smoke.NO_SMOKE_RISK}", flush=True)
@@ -207,7 +210,7 @@ def _main(args: argparse.Namespace) -> int:
     require_sbatch()
     for facts in {facts for _, facts in planned}:  # sbatch cannot open a log in a folder that does not exist
         (facts.logs_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
-    base_facts = read_base(base.config)
+    base_facts = read_base(base.run, backend)
     if args.smoke:
         link_data(smoke_points, data_dir)
         write_plan(sweep_dir / smoke.SMOKE_FOLDER, base.config, base_facts, smoke_points, {"chain": []})

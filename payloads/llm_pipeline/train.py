@@ -20,8 +20,6 @@ precompile step runs it under neuron_parallel_compile so the real run finds ever
 
 from __future__ import annotations
 
-import glob
-import importlib.util
 import os
 from pathlib import Path
 
@@ -29,35 +27,14 @@ from llm_pipeline import cli, data, run_state
 from llm_pipeline.config import BACKENDS, RunConfig, check_backend
 from llm_pipeline.errors import StepError
 from llm_pipeline.run_files import BackendLine
-from llm_pipeline.training import device, full_rules, lora_count
+from llm_pipeline.training import full_rules, lora_count
+from llm_pipeline.training.backends import resolve_backend
 from llm_pipeline.training.neuron import rules as neuron_rules
 from llm_pipeline.training.plan import TrainPlan, say, world_size
 from llm_pipeline.weights import model_files
 from llm_pipeline.weights.checkpoints import checkpoint_step, discard_after, newest_complete
 
 FROM_BASE_MODEL = "none"  # --resume-from: no checkpoint
-
-
-def neuron_available() -> bool:
-    """The trn1 lane's runtime: Neuron devices, or torch-neuronx, with torch-xla (optimum-neuron's engine).
-    TorchNeuron (trn2) installs torch-neuronx without torch-xla: the torch engine trains there."""
-    if importlib.util.find_spec("torch_xla") is None:
-        return False
-    return bool(glob.glob("/dev/neuron[0-9]*")) or importlib.util.find_spec("torch_neuronx") is not None
-
-
-def resolve_backend(name: str, *, kind: str | None = None) -> str:
-    """train.backend with auto resolved; the neuron engine refused on TorchNeuron's native device
-    (``kind``: torch's accelerator, for tests)."""
-    if name == "auto":
-        return "neuron" if neuron_available() else "torch"
-    if name == "neuron" and (device.accelerator_type() if kind is None else kind) == device.NEURON:
-        raise StepError(
-            "train.backend = 'neuron' is optimum-neuron on trn1's torch-xla runtime; this host runs Trainium2's "
-            "native neuron device (TorchNeuron): set train.backend = 'torch' or 'auto' (the trn2 lane, "
-            "configs/llama3-8b-lora-trn2.toml)"
-        )
-    return name
 
 
 def make_plan(cfg: RunConfig, backend: str, precompile: bool, resume_from: str | None = None) -> TrainPlan:

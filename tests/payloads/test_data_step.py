@@ -11,6 +11,7 @@ from llm_pipeline import data
 from llm_pipeline.config import DataConfig, RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import format_example, format_prompt
+from llm_pipeline.run_files import DATA_STATS_FILE
 from llm_pipeline.training import data_stats
 from tools import tiny_model as tiny
 
@@ -84,8 +85,9 @@ def test_max_length_shorter_than_the_template_is_an_error():
 
 
 def test_blog_run_has_1251_optimizer_steps_per_epoch():
-    # 15,011 dolly rows, 32 cores / TP 8 = DP 4, batch 1, GA 3 (the blog's numbers).
-    assert data_stats.optimizer_steps_per_epoch(15011, RunConfig()) == 1251
+    # 15,011 dolly rows, 32 cores / TP 8 = DP 4 on the neuron backend, batch 1, GA 3 (the blog's numbers).
+    stats = data_stats.layout_stats(15011, 15011 * 100, RunConfig(), "neuron")
+    assert (stats.replicas, stats.optimizer_steps_per_epoch) == (4, 1251)
 
 
 def test_prepare_splits_saves_and_reports_padding(hpl_env, capsys):
@@ -248,7 +250,7 @@ def test_prompts_leaving_no_room_for_the_answer_are_refused_with_a_length_that_f
     with pytest.raises(StepError, match=r"data\.max_length 24: \d+ of \d+ prompts fill it") as refused:
         data.prepare(cfg)
     suggested = int(str(refused.value).split("data.max_length ")[2].split(" ")[0])
-    report = data.prepare(tiny_config(hpl_env, data={"max_length": suggested})) / data.STATS_FILE
+    report = data.prepare(tiny_config(hpl_env, data={"max_length": suggested})) / DATA_STATS_FILE
     stats = json.loads(report.read_text())
     assert stats["prompts_filling_max_length"] <= 0.1 * stats["examples"]
 

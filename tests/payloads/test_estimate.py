@@ -3,15 +3,15 @@ measured steady-state step time into each long step's duration and node-hours.""
 
 from __future__ import annotations
 
-import json
 import logging
+import math
 from pathlib import Path
 
 import pytest
 from transformers import TrainerState, TrainingArguments
 
 from llm_pipeline.jobs import estimate, pipeline_status
-from llm_pipeline.run_files import StepJob, StepVerdict
+from llm_pipeline.run_files import DATA_STATS_FILE, DataStats, LayoutStats, StepJob, StepVerdict
 from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
 from tools import torchtitan_standin
 
@@ -78,13 +78,26 @@ def test_measured_step_time_gives_duration_and_node_hours(capsys, tmp_path):
     assert "while the cluster exists" in lines[-1]
 
 
-def test_epochs_use_the_data_steps_count(capsys, tmp_path):
-    run, config = smoke_run(capsys, tmp_path, "epochs = 2.5\n[data]\npacking = true\n")
+@pytest.mark.parametrize(
+    ("data_toml", "layout"), [("packing = true\n", "packed"), ("", "padded"), ("blocks = true\n", "blocks")]
+)
+def test_epochs_use_the_data_steps_count_of_the_runs_layout(capsys, tmp_path, data_toml, layout):
+    run, config = smoke_run(capsys, tmp_path, f"epochs = 2.5\n[data]\n{data_toml}")
+    measured = {"padded": 90, "packed": 40} if layout != "blocks" else {"blocks": 30}
+    layouts = {name: LayoutStats(steps * 4, 0.1, steps, 2) for name, steps in measured.items()}
     (run / "data").mkdir()
-    stats = {"packed": {"optimizer_steps_per_epoch": 40}, "padded_to_max_length": {"optimizer_steps_per_epoch": 90}}
-    (run / "data" / "stats.json").write_text(json.dumps(stats))
+    (run / "data" / DATA_STATS_FILE).write_text(DataStats(layout, layouts, {"examples": 9}).to_json())
     train = estimate.estimate(run, config).steps[0]
-    assert "100 steps (train.epochs 2.5 x 40 steps per epoch" in train.basis
+    steps = measured[layout]
+    assert (
+        f"{math.ceil(2.5 * steps)} steps (train.epochs 2.5 x {steps} steps per epoch on 2 data-parallel" in train.basis
+    )
+    other = "padded" if layout == "packed" else "packed"
+    (run / "data" / DATA_STATS_FILE).write_text(
+        DataStats(other, layouts | {other: layouts[next(iter(layouts))]}).to_json()
+    )
+    with pytest.raises(estimate.EstimateError, match=f"describes {other} sequences and the run trains {layout}"):
+        estimate.estimate(run, config)
 
 
 def test_main_writes_the_estimate_and_an_unfinished_smoke_log_is_named(capsys, tmp_path):

@@ -17,8 +17,8 @@ from api_usage import check_module
 from datasets import Dataset
 from payload_configs import neuron_plan, tiny_config
 
-from llm_pipeline import train
 from llm_pipeline.errors import StepError
+from llm_pipeline.training import backends
 from llm_pipeline.training.neuron import backend as train_neuron
 from llm_pipeline.training.plan import sft_arguments
 from tools.tiny_model import dolly_records
@@ -257,9 +257,9 @@ def test_neuron_backend_without_neuron_software_is_a_clear_error(hpl_env, monkey
 
 
 def test_auto_backend_is_torch_without_neuron_devices():
-    assert not train.neuron_available()
-    assert train.resolve_backend("auto") == "torch"
-    assert train.resolve_backend("neuron") == "neuron"
+    assert not backends.neuron_available()
+    assert backends.resolve_backend("auto") == "torch"
+    assert backends.resolve_backend("neuron") == "neuron"
 
 
 def test_neuron_checkpoints_are_sealed_where_optimum_neuron_has_written_them(hpl_env):

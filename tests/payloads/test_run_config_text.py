@@ -7,10 +7,11 @@ import ast
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from llm_pipeline import config
 from llm_pipeline.config import ConfigError
-from llm_pipeline.jobs.run_config_text import derived_config, read_key, set_key, write_derived
+from llm_pipeline.jobs.run_config_text import derived_config, parse, read_key, set_key, write_derived
 
 ROOT = Path(__file__).parents[2]
 TINY = ROOT / "payloads" / "configs" / "tiny-cpu.toml"
@@ -79,3 +80,32 @@ def test_the_surgery_finder_sees_it(tmp_path):
     module = tmp_path / "m.py"
     module.write_text('import re\nt = re.subn(r"(?m)^max_steps = .*$", "", "")\nu = "".replace("[train]\\n", "")\n')
     assert len(_text_surgery(module)) == 2
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "payloads" / "configs").glob("*.toml")), ids=lambda path: path.name)
+def test_the_stdlib_reader_reads_every_shipped_config_as_tomllib_does(path):
+    """config.load's reader where tomllib is missing (the controller's Python 3.10)."""
+    assert parse(path.read_text(), str(path)) == tomllib.loads(path.read_text())
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[train]\nmethod = '''x'''\n", r"t:2 train\.method: cannot read"),
+        ("max_steps = 3\n", r"t:1: cannot read 'max_steps = 3' without tomllib"),
+        ("[train]\nmax_steps = 3\nmax_steps = 4\n", r"t:3: train\.max_steps is set twice"),
+        ("[train]\n[data]\n[train]\n", r"t:3: table \[train\] appears twice"),
+        ("[lora]\ntarget_modules = [\n", r"t:2 lora\.target_modules: cannot read"),
+    ],
+)
+def test_the_stdlib_reader_refuses_what_it_cannot_read_naming_the_line(text, message):
+    with pytest.raises(ConfigError, match=message):
+        parse(text, "t")
+
+
+def test_no_program_reads_a_run_config_key_by_hand():
+    """Every program loads the whole RunConfig (config.load); only the editor and the reader read lines."""
+    editor = ROOT / "payloads" / "llm_pipeline" / "jobs" / "run_config_text.py"
+    sources = [p for folder in ("payloads", "hpctl", "tools", "bench") for p in (ROOT / folder).rglob("*.py")]
+    readers = [str(p.relative_to(ROOT)) for p in sources if p != editor and "read_key" in p.read_text()]
+    assert sources and readers == []

@@ -3,18 +3,19 @@ hyperparameters carried over, the global batch held at 256, and no checkpoint at
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from payload_configs import CONFIGS
 
 from llm_pipeline import config
+from llm_pipeline.jobs.run_facts import read_run_facts
 from llm_pipeline.jobs.sweep_plan import plan_sweep, read_base, training_summary
 
 
 @pytest.mark.parametrize("name", ["llama2-7b-full.toml", "llama3-8b-full.toml"])
 def test_full_config_points_keep_the_reference_setup(tmp_path, name):
-    points = plan_sweep(CONFIGS / name, tmp_path / "sweep", [1, 2, 4], steps=40, logging_steps=5)
+    points = plan_sweep(
+        read_run_facts(CONFIGS / name, {}), "neuron", tmp_path / "sweep", [1, 2, 4], steps=40, logging_steps=5
+    )
     assert [(p.nodes, p.gradient_accumulation_steps, p.global_batch) for p in points] == [
         (1, 64, 256), (2, 32, 256), (4, 16, 256),
     ]  # fmt: skip
@@ -27,19 +28,21 @@ def test_full_config_points_keep_the_reference_setup(tmp_path, name):
         assert not train.save_checkpoints and train.max_steps == 40  # a throughput run saves nothing
         assert derived.parallel.nodes == point.nodes and derived.data.max_length == 4096 and derived.data.blocks
         config.check_backend(derived, "neuron")  # global_batch_size 256 stated and met at every node count
-        summary = training_summary(Path(point.config))
+        summary = training_summary(derived)
         assert "AdamW lr 0.0003 cosine_with_min_lr to 3e-05" in summary and "betas 0.9/0.95" in summary
         assert "weight decay 0.1" in summary and "no fp32 master weights" in summary
         assert summary.endswith("checkpoints: none")
 
 
 def test_the_base_facts_name_the_model_for_the_report(tmp_path):
-    assert read_base(CONFIGS / "llama2-7b-full.toml").model_id == "meta-llama/Llama-2-7b-hf"
-    assert read_base(CONFIGS / "default.toml").model_id == "meta-llama/Meta-Llama-3-8B"
+    assert read_base(config.load(CONFIGS / "llama2-7b-full.toml", env={}), "neuron").model_id == (
+        "meta-llama/Llama-2-7b-hf"
+    )
+    assert read_base(config.load(CONFIGS / "default.toml", env={}), "neuron").model_id == "meta-llama/Meta-Llama-3-8B"
 
 
 def test_the_base_config_keeps_its_checkpoints():
-    assert "every 100 steps and at the end" in training_summary(CONFIGS / "llama2-7b-full.toml")
+    assert "every 100 steps and at the end" in training_summary(config.load(CONFIGS / "llama2-7b-full.toml", env={}))
 
 
 def test_dry_run_of_the_llama2_full_config_at_1_2_4_nodes(tmp_path, monkeypatch, capsys):

@@ -13,7 +13,7 @@ from payload_configs import tiny_config, write_config
 from llm_pipeline import sagemaker_job, train
 from llm_pipeline.errors import StepError
 from llm_pipeline.jobs import partitions
-from llm_pipeline.training import device
+from llm_pipeline.training import backends, device
 from llm_pipeline.training.torch import backend as torch_backend
 from llm_pipeline.training.torch import methods as torch_methods
 
@@ -39,11 +39,11 @@ def test_without_an_accelerator_the_engine_says_cpu():
 
 
 def test_auto_picks_the_torch_engine_and_the_neuron_engine_names_the_lane(neuron_accelerator):
-    assert train.resolve_backend("auto") == "torch"
-    assert train.resolve_backend("torch") == "torch"
+    assert backends.resolve_backend("auto") == "torch"
+    assert backends.resolve_backend("torch") == "torch"
     with pytest.raises(StepError, match=r"train.backend = 'neuron'.*set train.backend = 'torch' or 'auto'"):
-        train.resolve_backend("neuron")
-    assert train.resolve_backend("neuron", kind=device.CPU) == "neuron"  # trn1's lane is unchanged
+        backends.resolve_backend("neuron")
+    assert backends.resolve_backend("neuron", kind=device.CPU) == "neuron"  # trn1's lane is unchanged
 
 
 def test_auto_attention_is_sdpa_on_neuron(hpl_env, neuron_accelerator):

@@ -22,7 +22,8 @@ import tomllib
 from slurm_helpers import REPO, read_png, submit
 
 from llm_pipeline import charts, config
-from llm_pipeline.ladder_submit import read_rungs, resumed_rungs
+from llm_pipeline.jobs.run_facts import read_run_facts
+from llm_pipeline.ladder_submit import resumed_rungs
 from llm_pipeline.run_files import StepMarker, TitanMetricLine
 from tools.rehearse import fsx_environment
 from tools.rehearse_ladder import ladder_environment, write_dataset_source, write_tokenizer
@@ -143,17 +144,17 @@ def test_ladder_dry_run_chains_the_rungs_on_every_node(tmp_path):
     assert resumed.endswith("ladder-rung.sbatch fp8_allgather)")
 
 
-def test_rung_list_is_read_on_the_controller_without_tomllib(tmp_path):
+def test_rung_list_is_the_loaded_run_configs(tmp_path):
+    """The controller loads the run config (config.load, with or without tomllib): its rungs and their rules."""
     path = tmp_path / "run.toml"
-    path.write_text('[torchtitan]\nrungs = ["baseline", "fp8"]  # two\n[other]\nrungs = ["x"]\n')
-    assert read_rungs(path) == ("baseline", "fp8")
+    path.write_text('[torchtitan]\nrungs = ["baseline", "fp8"]  # two\n')
+    assert read_run_facts(path, {}).run.torchtitan.rungs == ("baseline", "fp8")
     path.write_text("[paths]\noutput_dir = '/x'\n")
-    assert read_rungs(path) == config.TORCHTITAN_RUNGS
-    bad_lists = ('rungs = ["baseline", "fp16"]', "rungs = ['baseline']", 'rungs = ["compile", "compile"]')
-    for bad in (*bad_lists, 'rungs = [\n  "baseline",\n]'):  # a list over several lines is refused, not skipped
+    assert read_run_facts(path, {}).run.torchtitan.rungs == config.TORCHTITAN_RUNGS
+    for bad in ('rungs = ["baseline", "fp16"]', 'rungs = ["compile", "compile"]', "rungs = []"):
         path.write_text(f"[torchtitan]\n{bad}\n")
         with pytest.raises(config.ConfigError, match=r"torchtitan\.rungs"):
-            read_rungs(path)
+            read_run_facts(path, {})
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import pytest
 from slurm_helpers import REPO
 
 from llm_pipeline import config as run_config
+from llm_pipeline import run_state
 from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs.run_facts import read_run_facts
 from llm_pipeline.submit import REPLACED_FOLDER, STEPS, TRAINED_OUTPUTS, check_earlier_outputs, move_aside
@@ -28,6 +29,9 @@ CONTROLLER_SIDE = (
     "errors",
     "jobs",
     "run_files",
+    "run_state",
+    "weights",
+    "weights.checkpoints",
     "jobs.run_config_text",
     "jobs.run_facts",
     "jobs.pipeline_status",
@@ -64,8 +68,8 @@ def test_controller_side_modules_are_python_3_10_stdlib(module):
     path = PAYLOADS / "llm_pipeline" / module.replace(".", "/")
     source = (path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text()
     tree = ast.parse(source, feature_version=(3, 10))  # a 3.11-only construct fails here
-    # Import-time dependencies only: config.load imports tomllib lazily, and submit never calls it
-    # (test_dry_run_prints_the_chain_without_tomllib_or_site_packages runs it with tomllib blocked).
+    # Import-time dependencies only: config.load imports tomllib lazily and reads without it where it is
+    # missing (constrained_submit runs submit with tomllib blocked).
     module_level = [
         n for stmt in tree.body if not isinstance(stmt, (ast.FunctionDef, ast.ClassDef)) for n in ast.walk(stmt)
     ]
@@ -186,6 +190,33 @@ def test_replace_outputs_moves_each_output_aside_whole(tmp_path):
     }
 
 
+def test_a_finished_run_with_other_learning_keys_is_refused_at_submit_or_its_checkpoints_moved_aside(tmp_path):
+    """The controller holds the RunConfig: a chain that would train a finished run with other values of its
+    learning keys stops at submit (not in train, after the smoke stage); --replace-outputs moves checkpoints/
+    aside with the outputs after train, so the run trains anew."""
+    run = tmp_path / "run"
+    finished = write(tmp_path, f'[paths]\noutput_dir = "{run}"\n[train]\nmax_steps = 30\n', "finished.toml")
+    checkpoints = read_run_facts(finished, {}).run.paths.checkpoints_dir
+    (checkpoints / "checkpoint-30").mkdir(parents=True)
+    run_state.record_finished(checkpoints, 30, read_run_facts(finished, {}).run.learned())
+    (run / "adapter").mkdir()
+    same = write(tmp_path, f'[paths]\noutput_dir = "{run}"\n[train]\nmax_steps = 30\nlogging_steps = 1\n', "same.toml")
+    longer = write(tmp_path, f'[paths]\noutput_dir = "{run}"\n[train]\nmax_steps = 60\n', "longer.toml")
+    for unchanged in (same, longer):  # nothing learned changes, or an extension: the checkpoints stay
+        assert check_earlier_outputs(read_run_facts(unchanged, {}), "train", replace=True) == [run / "adapter"]
+    other = write(tmp_path, f'[paths]\noutput_dir = "{run}"\n[train]\nmax_steps = 30\nlearning_rate = 1e-4\n')
+    facts = read_run_facts(other, {})
+    with pytest.raises(
+        PipelineError, match=r"train\.learning_rate \(finished with 2e-05, now 0\.0001\).*--replace-outputs"
+    ):
+        check_earlier_outputs(facts, "prepare", replace=False)
+    assert check_earlier_outputs(facts, "merge", replace=False) == []  # after train: nothing is trained
+    target = move_aside(facts, check_earlier_outputs(facts, "train", replace=True))
+    assert sorted(p.name for p in target.iterdir()) == ["adapter", "checkpoints"]
+    assert (target / "checkpoints" / "checkpoint-30").is_dir() and not checkpoints.exists()
+    assert check_earlier_outputs(facts, "train", replace=False) == []  # a fresh run now
+
+
 def test_dry_run_stages_the_smoke_run_before_the_long_steps(tmp_path):
     config = write(tmp_path, '[paths]\noutput_dir = "run-a"\n[parallel]\nnodes = 4\n')
     out = constrained_submit("--config", str(config), "--dry-run")
@@ -231,9 +262,9 @@ def test_defaults_and_relative_paths_follow_config_py(tmp_path):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('[paths]\noutput_dir = """/a"""\n', "cannot read"),
-        ("[paths]\noutput_dir = 3\n", "paths.output_dir must be a string"),
-        ("[parallel]\nnodes = 0\n", "parallel.nodes must be an integer >= 1"),
+        ("[paths]\noutput_dir = 3\n", "paths.output_dir: expected a string, got 3"),
+        ("[parallel]\nnodes = 0\n", "parallel.nodes: invalid value 0 (allowed: >= 1)"),
+        ('[train]\nbackend = "neuron"\nmethod = "qlora"\n', "train.method: 'qlora' cannot run on the neuron backend"),
         ("[paths]\noutput_dir = '${NOT_SET_ANYWHERE}/x'\n", "environment variable NOT_SET_ANYWHERE is not set"),
     ],
 )
@@ -253,6 +284,12 @@ def test_cli_errors_are_one_line(tmp_path):
     no_slurm = constrained_submit("--config", str(config), env={"PATH": str(tmp_path)})
     assert no_slurm.returncode == 2
     assert no_slurm.stderr == "error: sbatch not found: run this on the cluster's controller or login node\n"
+
+    # Without tomllib the controller reads the one-line-values form, and names a line it cannot read.
+    several = write(tmp_path, '[torchtitan]\nrungs = [\n  "baseline",\n]\n', "several.toml")
+    out = constrained_submit("--config", str(several), "--dry-run")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert out.stderr.startswith(f"error: run config {several}:2 torchtitan.rungs: cannot read '['")
 
     comma = write(tmp_path, f"[paths]\noutput_dir = '{tmp_path}/a,b'\n", "comma.toml")
     out = constrained_submit("--config", str(comma), "--dry-run")

@@ -12,8 +12,8 @@ submission record (<run>/logs/pipeline.json):
   over samples/s. torchtitan prints ``[titan] 2026-01-01 10:00:01,250 - root - INFO - step:  3  loss:
   ...`` through its logger: the time between two logged steps over the steps between them. The long
   job takes its start-up (the first smoke copy's run time less its steps) plus its steps
-  (train.max_steps, or train.epochs x the optimizer steps per epoch in <run>/data/stats.json; a
-  ladder rung: torchtitan.steps) times that step time;
+  (train.max_steps, or train.epochs x the optimizer steps per epoch of the run's layout, padded, packed or
+  blocks, in <run>/data/stats.json: run_files.DataStats; a ladder rung: torchtitan.steps) times that step time;
 - any other job: its smoke copy's run time (precompile's few steps, consolidation, merge and
   generation do not scale with the step count).
 Node-hours are each job's duration times its nodes. Prints the table and writes
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import os
 import statistics
@@ -34,18 +33,21 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from llm_pipeline.config import TorchtitanConfig, TrainConfig
+from llm_pipeline import config as run_config
+from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs import pipeline_status, smoke
-from llm_pipeline.jobs.run_config_text import read_key
 from llm_pipeline.run_files import (
+    DATA_STATS_FILE,
     ESTIMATE_FILE,
+    DataStats,
     Estimate,
     ProgressLine,
     ReplicasLine,
     StepEstimate,
     StepVerdict,
     TitanMetricLine,
+    data_layout,
 )
 
 RUNG_PREFIX = "rung-"  # the ladder's training jobs (ladder_submit)
@@ -102,35 +104,31 @@ def read_smoke_log(path: Path, name: str) -> SmokeLog:
     return SmokeLog(run_seconds, trained, [samples for _, samples in events[1:]], replicas, _titan_step_seconds(stamps))
 
 
-def _value(text: str, config: Path, table: str, key: str, default: object) -> object:
-    found = read_key(text, table, key, str(config))
-    return default if found is None else found
-
-
-def long_steps(config: Path, run_dir: Path, step: str) -> tuple[int, str]:
+def long_steps(cfg: RunConfig, run_dir: Path, step: str) -> tuple[int, str]:
     """(optimizer steps of the long training job ``step``, where the number comes from)."""
-    text, train = config.read_text(), TrainConfig()
     if step.startswith(RUNG_PREFIX):
-        return int(_value(text, config, "torchtitan", "steps", TorchtitanConfig().steps)), "torchtitan.steps"
-    max_steps = _value(text, config, "train", "max_steps", train.max_steps)
-    if isinstance(max_steps, int) and max_steps > 0:
-        return max_steps, "train.max_steps"
-    stats_file = run_dir / "data" / "stats.json"
+        return cfg.torchtitan.steps, "torchtitan.steps"
+    if cfg.train.max_steps > 0:
+        return cfg.train.max_steps, "train.max_steps"
+    stats_file = run_dir / "data" / DATA_STATS_FILE
     try:
-        stats = json.loads(stats_file.read_text())
-    except (OSError, ValueError):
+        stats = DataStats.from_json(stats_file.read_text())
+    except (OSError, ValueError, KeyError, TypeError):
         raise EstimateError(f"{stats_file} is missing or unreadable: the data step writes it") from None
-    packing = _value(text, config, "data", "packing", False)
-    per_epoch = stats["packed" if packing is True else "padded_to_max_length"]["optimizer_steps_per_epoch"]
-    epochs = float(_value(text, config, "train", "epochs", train.epochs))
-    return math.ceil(epochs * per_epoch), f"train.epochs {epochs:g} x {per_epoch} steps per epoch ({stats_file})"
+    wanted = data_layout(cfg.data.blocks, cfg.data.packing)
+    if stats.mode != wanted:
+        raise EstimateError(
+            f"{stats_file} describes {stats.mode} sequences and the run trains {wanted} ones: run the data step again"
+        )
+    layout, epochs = stats.trained, cfg.train.epochs
+    return math.ceil(epochs * layout.optimizer_steps_per_epoch), (
+        f"train.epochs {epochs:g} x {layout.optimizer_steps_per_epoch} steps per epoch on {layout.replicas} "
+        f"data-parallel replica(s) ({stats_file})"
+    )
 
 
-def sequences_per_step(config: Path, replicas: int) -> int:
-    text, train = config.read_text(), TrainConfig()
-    batch = _value(text, config, "train", "per_device_batch_size", train.per_device_batch_size)
-    accumulation = _value(text, config, "train", "gradient_accumulation_steps", train.gradient_accumulation_steps)
-    return int(batch) * int(accumulation) * replicas
+def sequences_per_step(cfg: RunConfig, replicas: int) -> int:
+    return cfg.train.per_device_batch_size * cfg.train.gradient_accumulation_steps * replicas
 
 
 def is_training(step: str) -> bool:
@@ -138,7 +136,7 @@ def is_training(step: str) -> bool:
     return step == TRAIN_STEP or step.startswith(RUNG_PREFIX)
 
 
-def estimate_job(job: pipeline_status.StepJob, copies: list[pipeline_status.StepJob], config: Path, run_dir: Path):
+def estimate_job(job: pipeline_status.StepJob, copies: list[pipeline_status.StepJob], cfg: RunConfig, run_dir: Path):
     """(StepEstimate, seconds per step or None) of one long job from its smoke copies' logs."""
     if not copies:
         raise EstimateError(f"no smoke copy of {job.step} in {pipeline_status.record_path(run_dir / 'logs')}")
@@ -153,10 +151,10 @@ def estimate_job(job: pipeline_status.StepJob, copies: list[pipeline_status.Step
         replicas = next((log.replicas for log in logs if log.replicas), None)
         if replicas is None:
             raise EstimateError(f"{copies[0].log} does not name its data-parallel replicas (`training steps ...` line)")
-        step_seconds = sequences_per_step(config, replicas) / statistics.median(rates)
+        step_seconds = sequences_per_step(cfg, replicas) / statistics.median(rates)
     else:
         return StepEstimate(job.step, job.nodes, logs[-1].run_seconds, "its smoke run's duration"), None
-    steps, source = long_steps(config, run_dir, job.step)
+    steps, source = long_steps(cfg, run_dir, job.step)
     start_up = max(0.0, logs[0].run_seconds - logs[0].trained_steps * step_seconds)
     basis = f"{start_up:.0f} s start-up + {steps} steps ({source}) x {step_seconds:.3f} s/step measured in smoke"
     return StepEstimate(job.step, job.nodes, start_up + steps * step_seconds, basis), step_seconds
@@ -174,7 +172,7 @@ def estimate(run_dir: Path, config: Path, *, note: str = BILLING_NOTE) -> Estima
         copies = [
             c for c in record if smoke.is_smoke(c.step) and smoke.long_step(c.step) == job.step and c.nodes == job.nodes
         ]
-        row, step_seconds = estimate_job(job, copies, Path(job.config) if job.config else config, run_dir)
+        row, step_seconds = estimate_job(job, copies, run_config.load(job.config or config), run_dir)
         rows.append(row)
         if step_seconds is not None:
             # A sweep trains once per node count: its keys say the nodes (train@2).

@@ -20,6 +20,18 @@ from llm_pipeline.errors import StepError
 
 NEURON, CUDA, NO_ACCELERATOR = "neuron", "cuda", "none"
 ACCELERATOR_OF_BACKEND = {"neuron": NEURON, "torch": CUDA}
+
+
+def backend_on(backend: str, env: Mapping[str, str]) -> str:
+    """train.backend as the chosen partition's nodes resolve it (training/backends.resolve_backend there),
+    from its HPL_* facts: auto is neuron on a Trainium partition with trn1's image (optimum-neuron on
+    torch-xla), else torch (Trainium2's TorchNeuron image, a GPU, a CPU)."""
+    if backend != "auto":
+        return backend
+    trn1 = env.get("HPL_ACCELERATOR") == NEURON and env.get("HPL_IMAGE_FAMILY", NEURON) == NEURON
+    return "neuron" if trn1 else "torch"
+
+
 # The neuron backend and torchtitan cannot run anywhere else; the torch backend also runs on CPU,
 # so without a GPU partition it goes to the default one (the rehearsal config on a Trainium cluster).
 REQUIRED = (NEURON,)

@@ -1,11 +1,12 @@
 """Read, set and derive a run config as text, with the stdlib of Python 3.10: the one place a program edits one.
 
-submit, the smoke stage (jobs/smoke.py), the sweep (jobs/sweep_plan.py), the rehearsal (tools/rehearse.py)
-and the tests read a few keys of a run config (``read_key``), set some (``set_key``, ``with_keys``) or
-write a run derived from it (``derived_config``, ``write_derived``: another run folder, relative paths
-made absolute). The controller's python3 has no tomllib, so keys are read and written line by line:
-one-line strings, numbers, booleans and one-line lists of strings, which is all a run config holds.
-A whole file is validated by config.py (the steps load it).
+``parse`` reads a whole run config where tomllib is missing (config.load on the controller's python3, 3.10):
+the one-line-values TOML the project writes (tables, one-line strings, numbers, booleans and one-line lists
+of strings, which is all a run config holds); anything else is refused naming the line. The smoke stage
+(jobs/smoke.py), the sweep (jobs/sweep_plan.py), the rehearsal (tools/rehearse.py) and the tests set keys
+(``set_key``, ``with_keys``) or write a run derived from a config (``derived_config``, ``write_derived``:
+another run folder, relative paths made absolute), line by line, so comments and order survive.
+Programs read a config's values from the loaded RunConfig (config.load), never key by key.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _scalar(raw: str, where: str) -> object:
         if end > 0 and re.fullmatch(r"\s*(#.*)?", raw[end + 1 :]):
             return raw[1:end]
     elif raw.startswith("["):
-        array = re.fullmatch(r"(\[[^\]]*\])\s*(#.*)?", raw)
+        array = re.fullmatch(r"""(\[(?:[^\]"']|"(?:[^"\\]|\\.)*")*\])\s*(#.*)?""", raw)  # a ] in a string too
         try:
             items = json.loads(array.group(1)) if array else None
         except json.JSONDecodeError:
@@ -54,6 +55,32 @@ def _scalar(raw: str, where: str) -> object:
         f"{where}: cannot read {raw!r} (write a one-line string, a number, true/false or a one-line list of "
         'double-quoted strings, e.g. ["a", "b"])'
     )
+
+
+def parse(text: str, where: str) -> dict[str, dict[str, object]]:
+    """{table: {key: value}} of a run config in the one-line-values form; a ConfigError names the line."""
+    tables: dict[str, dict[str, object]] = {}
+    current = None
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        header, match = _TABLE.match(line), _KEY.match(line)
+        if header:
+            current = header.group(1)
+            if current in tables:
+                raise ConfigError(f"{where}:{number}: table [{current}] appears twice")
+            tables[current] = {}
+        elif match and current is not None:
+            key = match.group(1)
+            if key in tables[current]:
+                raise ConfigError(f"{where}:{number}: {current}.{key} is set twice")
+            tables[current][key] = _scalar(match.group(2), f"{where}:{number} {current}.{key}")
+        else:
+            raise ConfigError(
+                f"{where}:{number}: cannot read {line.strip()!r} without tomllib (Python 3.11+): write "
+                "`[table]` headers and one `key = value` per line under them"
+            )
+    return tables
 
 
 def read_key(text: str, table: str, key: str, where: str) -> object | None:

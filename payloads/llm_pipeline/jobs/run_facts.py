@@ -1,12 +1,8 @@
-"""The few facts submit needs from a run config, read with the stdlib of Python 3.10.
+"""What submit knows of a run: its loaded run config, and where its chain's jobs go.
 
-submit runs on the HyperPod controller's system python3 (3.10: no tomllib, no third-party
-packages), so it cannot parse a whole run config. It needs only where the run folder is
-(`[paths] output_dir`, for the log folder), how many nodes train uses (`[parallel] nodes`) and
-where the run goes (`[parallel] partition`, `[train] backend`, `[parallel] devices_per_node`).
-This module reads just those keys (jobs/run_config_text.read_key); defaults and `${VAR:-default}` expansion come from
-llm_pipeline.config itself (stdlib-only at import), so there is one source of truth. The whole
-file is validated by the steps themselves (prepare first).
+submit runs on the HyperPod controller's system python3 (3.10: no tomllib, no third-party packages); it
+loads the whole run config with config.load all the same (the stdlib reader of the one-line-values form
+where tomllib is missing), so the controller, the nodes and a laptop hold the same RunConfig and its rules.
 """
 
 from __future__ import annotations
@@ -15,9 +11,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from llm_pipeline.config import ParallelConfig, PathsConfig, expand
+from llm_pipeline import config as run_config
+from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import PipelineError
-from llm_pipeline.jobs.run_config_text import read_key
 
 
 class RunFactsError(PipelineError, ValueError):
@@ -26,16 +22,31 @@ class RunFactsError(PipelineError, ValueError):
 
 @dataclass(frozen=True)
 class RunFacts:
+    """Where a chain's jobs go: a run config, its run folder and the node count of its multi-node jobs
+    (a sweep point or the smoke run: a derived config in another folder)."""
+
     config: Path  # absolute
     output_dir: Path
     nodes: int
-    partition: str = ""  # [parallel] partition: empty lets submit pick one (llm_pipeline.jobs.partitions)
-    backend: str = "auto"  # [train] backend: which accelerator the run needs
-    devices_per_node: int | None = None  # [parallel] devices_per_node when the file sets it
+    run: RunConfig | None = None  # the loaded run config (read_run_facts); a derived target has none
+    devices_stated: bool = False  # whether the file sets parallel.devices_per_node (else: the partition's)
 
     @property
     def logs_dir(self) -> Path:
         return self.output_dir / "logs"
+
+    @property
+    def partition(self) -> str:
+        return self.run.parallel.partition if self.run else ""
+
+    @property
+    def backend(self) -> str:
+        return self.run.train.backend if self.run else "auto"
+
+    @property
+    def devices_per_node(self) -> int | None:
+        """parallel.devices_per_node when the file sets it (the partition's otherwise)."""
+        return self.run.parallel.devices_per_node if self.run and self.devices_stated else None
 
 
 def read_run_facts(path: str | os.PathLike[str], env: dict[str, str] | None = None) -> RunFacts:
@@ -43,33 +54,8 @@ def read_run_facts(path: str | os.PathLike[str], env: dict[str, str] | None = No
     config = Path(path).expanduser().resolve()
     if not config.is_file():
         raise RunFactsError(f"run config {path} does not exist")
-    text = config.read_text()
-    output_dir = read_key(text, "paths", "output_dir", str(config))
-    if output_dir is None:
-        output_dir = PathsConfig().output_dir
-    nodes = read_key(text, "parallel", "nodes", str(config))
-    if nodes is None:
-        nodes = ParallelConfig().nodes
-    if not isinstance(output_dir, str):
-        raise RunFactsError(f"{config}: paths.output_dir must be a string, got {output_dir!r}")
-    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
-        raise RunFactsError(f"{config}: parallel.nodes must be an integer >= 1, got {nodes!r}")
-    out = Path(expand(output_dir, "paths.output_dir", env)).expanduser()  # a ConfigError names the variable
-    if not out.is_absolute():
-        out = config.parent / out
-    partition = read_key(text, "parallel", "partition", str(config))
-    backend = read_key(text, "train", "backend", str(config))
-    devices = read_key(text, "parallel", "devices_per_node", str(config))
-    for key, value in (("parallel.partition", partition), ("train.backend", backend)):
-        if value is not None and not isinstance(value, str):
-            raise RunFactsError(f"{config}: {key} must be a string, got {value!r}")
-    if devices is not None and (not isinstance(devices, int) or isinstance(devices, bool)):
-        raise RunFactsError(f"{config}: parallel.devices_per_node must be an integer, got {devices!r}")
-    return RunFacts(
-        config=config,
-        output_dir=out,
-        nodes=nodes,
-        partition=partition or ParallelConfig().partition,
-        backend=backend or "auto",
-        devices_per_node=devices,
-    )
+    raw = run_config.read_toml(config)
+    cfg = run_config.from_dict(raw, base_dir=config.parent, env=env)
+    parallel = raw.get("parallel", {})
+    stated = isinstance(parallel, dict) and "devices_per_node" in parallel
+    return RunFacts(config, Path(cfg.paths.output_dir), cfg.parallel.nodes, cfg, stated)

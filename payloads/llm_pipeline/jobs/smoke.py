@@ -28,7 +28,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from llm_pipeline.jobs.run_config_text import read_key, write_derived
+from llm_pipeline.config import RunConfig
+from llm_pipeline.jobs.run_config_text import write_derived
 from llm_pipeline.jobs.run_facts import RunFacts
 from llm_pipeline.run_files import STATE_DIR
 
@@ -54,24 +55,21 @@ def smoke_dir(facts: RunFacts) -> Path:
     return facts.output_dir / SMOKE_FOLDER
 
 
-def smoke_overrides(config: Path, stop_after_step: int = 0) -> dict[tuple[str, str], object]:
+def smoke_overrides(cfg: RunConfig, stop_after_step: int = 0) -> dict[tuple[str, str], object]:
     """The run config's keys a smoke run changes: step counts only (and the profiler window, which
     the cut run never reaches). Every smoke run has the schedule of SMOKE_STEPS steps; the saving one
     ends after ``stop_after_step`` (train.stop_after_step, torchtitan.stop_after_step), so the run resumed
     from its checkpoint trains steps 3 and 4 at the learning rates an uninterrupted run would."""
-    text = config.read_text()
-    tokens = read_key(text, "generate", "max_new_tokens", str(config))
-    overrides = read_key(text, "torchtitan", "overrides", str(config)) or []
     return {
         ("train", "max_steps"): SMOKE_STEPS,
         ("train", "stop_after_step"): stop_after_step,
         ("train", "save_steps"): SAVE_STEP,
         ("train", "logging_steps"): 1,  # a step time per step
         ("train", "profile"): "",
-        ("generate", "max_new_tokens"): min(tokens, SMOKE_NEW_TOKENS) if isinstance(tokens, int) else SMOKE_NEW_TOKENS,
+        ("generate", "max_new_tokens"): min(cfg.generate.max_new_tokens, SMOKE_NEW_TOKENS),
         ("torchtitan", "steps"): SMOKE_STEPS,
         ("torchtitan", "stop_after_step"): stop_after_step,
-        ("torchtitan", "overrides"): [*overrides, *TORCHTITAN_SMOKE],
+        ("torchtitan", "overrides"): [*cfg.torchtitan.overrides, *TORCHTITAN_SMOKE],
         ("eval", "max_samples"): SMOKE_EVAL_ROWS,
         ("eval", "answers"): 1,
     }
@@ -87,7 +85,7 @@ def write_smoke_run(facts: RunFacts) -> None:
     (folder / "logs" / STATE_DIR).mkdir(parents=True)
     (folder / "data").symlink_to(facts.output_dir / "data", target_is_directory=True)
     for name, stop in zip(CONFIGS, (SAVE_STEP, 0), strict=True):
-        write_derived(facts.config, folder / name, smoke_overrides(facts.config, stop), run_dir=folder)
+        write_derived(facts.config, folder / name, smoke_overrides(facts.run, stop), run_dir=folder)
 
 
 def is_smoke(step: str) -> bool:

@@ -1,6 +1,6 @@
 """A scaling sweep's points: the same run config at several node counts, at the same global batch.
 
-Data-parallel replicas grow with the node count (whatever the engine: TP x PP stay per node), so
+Data-parallel replicas grow with the node count (config.data_parallel_size: TP x PP stay per node), so
 the global batch (per-device batch x DP x gradient accumulation) stays put when gradient
 accumulation shrinks as nodes grow: GA(n) = GA(base) x base_nodes / n. A node count that does not
 divide GA(base) x base_nodes cannot keep the batch and is refused, naming what to change.
@@ -19,8 +19,9 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from llm_pipeline.config import ConfigError, DataConfig, ModelConfig, ParallelConfig, TrainConfig
-from llm_pipeline.jobs.run_config_text import read_key, write_derived
+from llm_pipeline.config import ConfigError, RunConfig, data_parallel_size
+from llm_pipeline.jobs.run_config_text import write_derived
+from llm_pipeline.jobs.run_facts import RunFacts
 from llm_pipeline.run_files import STATE_DIR
 
 PLAN_NAME = "sweep.json"
@@ -37,11 +38,12 @@ class SweepPoint:
 
 @dataclass(frozen=True)
 class BaseFacts:
-    """What the sweep needs from the run config (read line by line, defaults from config.py)."""
+    """What the sweep's plan and report record of the base run (from its RunConfig)."""
 
     nodes: int
-    devices_per_node: int
-    model_parallel: int  # tensor x pipeline parallel size (the engines that shard use it)
+    model_parallel: int  # tensor x pipeline parallel size (the report's reference shape names it)
+    data_parallel: int  # the base run's replicas (config.data_parallel_size on the backend the nodes run)
+    backend: str
     per_device_batch_size: int
     gradient_accumulation_steps: int
     method: str
@@ -49,42 +51,23 @@ class BaseFacts:
     model_id: str
 
     @property
-    def data_parallel(self) -> int:
-        return max(1, self.devices_per_node * self.nodes // self.model_parallel)
-
-    @property
     def global_batch(self) -> int:
         return self.per_device_batch_size * self.data_parallel * self.gradient_accumulation_steps
 
 
-def read_base(config: Path) -> BaseFacts:
-    text = config.read_text()
-
-    def value(table: str, key: str, default: object) -> object:
-        found = read_key(text, table, key, str(config))
-        return default if found is None else found
-
-    par, train, data = ParallelConfig(), TrainConfig(), DataConfig()
-    tp, pp = (
-        value("parallel", "tensor_parallel_size", par.tensor_parallel_size),
-        value("parallel", "pipeline_parallel_size", par.pipeline_parallel_size),
+def read_base(cfg: RunConfig, backend: str) -> BaseFacts:
+    """``backend``: train.backend as the partition's nodes resolve it (partitions.backend_on)."""
+    return BaseFacts(
+        nodes=cfg.parallel.nodes,
+        model_parallel=cfg.parallel.tensor_parallel_size * cfg.parallel.pipeline_parallel_size,
+        data_parallel=data_parallel_size(cfg, backend),
+        backend=backend,
+        per_device_batch_size=cfg.train.per_device_batch_size,
+        gradient_accumulation_steps=cfg.train.gradient_accumulation_steps,
+        method=cfg.train.method,
+        max_length=cfg.data.max_length,
+        model_id=cfg.model.id,
     )
-    facts = BaseFacts(
-        nodes=value("parallel", "nodes", par.nodes),
-        devices_per_node=value("parallel", "devices_per_node", par.devices_per_node),
-        model_parallel=tp * pp,
-        per_device_batch_size=value("train", "per_device_batch_size", train.per_device_batch_size),
-        gradient_accumulation_steps=value("train", "gradient_accumulation_steps", train.gradient_accumulation_steps),
-        method=value("train", "method", train.method),
-        max_length=value("data", "max_length", data.max_length),
-        model_id=value("model", "id", ModelConfig().id),
-    )
-    for name, number in asdict(facts).items():
-        if name not in ("method", "model_id") and (
-            not isinstance(number, int) or isinstance(number, bool) or number < 1
-        ):
-            raise ConfigError(f"{config}: {name} must be an integer >= 1 for a sweep, got {number!r}")
-    return facts
 
 
 def accumulation_for(base: BaseFacts, nodes: int) -> int:
@@ -101,7 +84,8 @@ def accumulation_for(base: BaseFacts, nodes: int) -> int:
 
 
 def plan_sweep(
-    config: Path,
+    facts: RunFacts,
+    backend: str,
     sweep_dir: Path,
     node_counts: list[int],
     *,
@@ -109,9 +93,9 @@ def plan_sweep(
     logging_steps: int,
     overrides: dict[tuple[str, str], object] | None = None,
 ) -> list[SweepPoint]:
-    """Write every point's run config under ``sweep_dir`` (with ``overrides`` too) and return the points
-    (smallest first)."""
-    base = read_base(config)
+    """Write every point's run config (``facts.config`` derived, with ``overrides`` too) under ``sweep_dir``
+    and return the points (smallest first)."""
+    base = read_base(facts.run, backend)
     points = []
     for nodes in sorted(set(node_counts)):
         if nodes < 1:
@@ -127,30 +111,25 @@ def plan_sweep(
             ("train", "logging_steps"): logging_steps,
             ("train", "save_checkpoints"): False,
         }
-        derived = write_derived(config, point_dir / "run.toml", keys, run_dir=point_dir)
+        derived = write_derived(facts.config, point_dir / "run.toml", keys, run_dir=point_dir)
         global_batch = base.per_device_batch_size * (base.data_parallel * nodes // base.nodes) * accumulation
         points.append(SweepPoint(nodes, accumulation, global_batch, str(derived), str(point_dir)))
     return points
 
 
-def training_summary(config: Path) -> str:
+def training_summary(cfg: RunConfig) -> str:
     """The optimizer, schedule, precision and checkpointing a point's run config trains with, as one line."""
-    text, defaults = config.read_text(), TrainConfig()
-
-    def value(key: str) -> object:
-        found = read_key(text, "train", key, str(config))
-        return getattr(defaults, key) if found is None else found
-
-    floor = f" to {value('min_learning_rate')}" if value("lr_scheduler") == "cosine_with_min_lr" else ""
+    train = cfg.train
+    floor = f" to {train.min_learning_rate}" if train.lr_scheduler == "cosine_with_min_lr" else ""
     precision = "fp32"
-    if value("bf16"):
-        masters = "fp32 master weights" if value("fp32_master_weights") else "no fp32 master weights"
+    if train.bf16:
+        masters = "fp32 master weights" if train.fp32_master_weights else "no fp32 master weights"
         precision = f"bf16 (neuron: stochastic rounding, {masters})"
-    saves = f"every {value('save_steps')} steps and at the end" if value("save_checkpoints") else "none"
+    saves = f"every {train.save_steps} steps and at the end" if train.save_checkpoints else "none"
     return (
-        f"AdamW lr {value('learning_rate')} {value('lr_scheduler')}{floor}, warm-up {value('warmup_steps')} steps, "
-        f"betas {value('adam_beta1')}/{value('adam_beta2')}, weight decay {value('weight_decay')}, "
-        f"{value('max_steps')} steps, {precision}, checkpoints: {saves}"
+        f"AdamW lr {train.learning_rate} {train.lr_scheduler}{floor}, warm-up {train.warmup_steps} steps, "
+        f"betas {train.adam_beta1}/{train.adam_beta2}, weight decay {train.weight_decay}, "
+        f"{train.max_steps} steps, {precision}, checkpoints: {saves}"
     )
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 
-from llm_pipeline.config import RunConfig
+from llm_pipeline.config import RunConfig, data_parallel_size
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import MESSAGES_COLUMN, format_example, format_prompt, is_chat, template_skeleton
+from llm_pipeline.run_files import DataStats, LayoutStats, data_layout
 
 
 def check_template_fits(tokenizer, max_length: int) -> None:
@@ -24,12 +25,14 @@ def check_template_fits(tokenizer, max_length: int) -> None:
         )
 
 
-def optimizer_steps_per_epoch(sequences: int, cfg: RunConfig) -> int:
-    """Optimizer steps for one pass, with the data-parallel layout of the config (per rank, then GA)."""
-    par = cfg.parallel
-    data_parallel = par.devices_per_node * par.nodes // (par.tensor_parallel_size * par.pipeline_parallel_size)
-    batches_per_rank = math.ceil(sequences / (data_parallel * cfg.train.per_device_batch_size))
-    return math.ceil(batches_per_rank / cfg.train.gradient_accumulation_steps)
+def layout_stats(sequences: int, tokens: int, cfg: RunConfig, backend: str) -> LayoutStats:
+    """One layout's report: its padding, and the optimizer steps one pass takes on the backend's
+    data-parallel replicas (config.data_parallel_size: per rank, then gradient accumulation)."""
+    replicas = data_parallel_size(cfg, backend)
+    batches_per_rank = math.ceil(sequences / (replicas * cfg.train.per_device_batch_size))
+    steps = math.ceil(batches_per_rank / cfg.train.gradient_accumulation_steps)
+    pad_fraction = round(1 - tokens / (sequences * cfg.data.max_length), 4) if sequences else 0.0
+    return LayoutStats(sequences, pad_fraction, steps, replicas)
 
 
 def chat_ids(messages: list[dict], tokenizer) -> list[int]:
@@ -74,7 +77,7 @@ def length_leaving_room(prompt_lengths: list[int], share: float) -> int:
     return ordered[len(ordered) - allowed - 1] + 1
 
 
-def padding_report(dataset, tokenizer, cfg: RunConfig) -> dict:
+def padding_report(dataset, tokenizer, cfg: RunConfig, backend: str) -> DataStats:
     import datasets
     from trl import pack_dataset
 
@@ -82,7 +85,7 @@ def padding_report(dataset, tokenizer, cfg: RunConfig) -> dict:
     ids, prompt_lengths = token_ids(dataset, tokenizer)
     kept = sum(min(len(x), length) for x in ids)
     packed_rows = len(pack_dataset(datasets.Dataset.from_dict({"input_ids": ids}), length, "bfd"))
-    return {
+    counts = {
         "examples": len(ids),
         "max_length": length,
         "tokens": kept,
@@ -90,32 +93,27 @@ def padding_report(dataset, tokenizer, cfg: RunConfig) -> dict:
         "truncated_examples": sum(len(x) > length for x in ids),
         "prompts_filling_max_length": sum(n >= length for n in prompt_lengths),
         "max_length_leaving_room": length_leaving_room(prompt_lengths, NO_ROOM_SHARE),
-        "packing_enabled": cfg.data.packing,
-        "padded_to_max_length": {
-            "sequences": len(ids),
-            "pad_fraction": round(1 - kept / (len(ids) * length), 4),
-            "optimizer_steps_per_epoch": optimizer_steps_per_epoch(len(ids), cfg),
-        },
-        "packed": {
-            "sequences": packed_rows,
-            "pad_fraction": round(1 - kept / (packed_rows * length), 4),
-            "optimizer_steps_per_epoch": optimizer_steps_per_epoch(packed_rows, cfg),
-        },
     }
+    layouts = {
+        "padded": layout_stats(len(ids), kept, cfg, backend),
+        "packed": layout_stats(packed_rows, kept, cfg, backend),
+    }
+    return DataStats(data_layout(False, cfg.data.packing), layouts, counts)
 
 
-def describe(report: dict) -> str:
-    padded, packed = report["padded_to_max_length"], report["packed"]
+def describe(stats: DataStats) -> str:
+    counts, padded, packed = stats.counts, stats.layouts["padded"], stats.layouts["packed"]
     lines = [
-        f"{report['examples']} examples, {report['mean_tokens_per_example']} tokens on average, "
-        f"{report['truncated_examples']} longer than max_length {report['max_length']}",
-        f"pad tokens: {padded['pad_fraction']:.1%} padded to max_length ({padded['sequences']} sequences, "
-        f"{padded['optimizer_steps_per_epoch']} optimizer steps/epoch), {packed['pad_fraction']:.1%} packed "
-        f"({packed['sequences']} sequences, {packed['optimizer_steps_per_epoch']} steps/epoch)",
-        f"packing is {'on' if report['packing_enabled'] else 'off'} (data.packing)",
+        f"{counts['examples']} examples, {counts['mean_tokens_per_example']} tokens on average, "
+        f"{counts['truncated_examples']} longer than max_length {counts['max_length']}",
+        f"pad tokens: {padded.pad_fraction:.1%} padded to max_length ({padded.sequences} sequences, "
+        f"{padded.optimizer_steps_per_epoch} optimizer steps/epoch), {packed.pad_fraction:.1%} packed "
+        f"({packed.sequences} sequences, {packed.optimizer_steps_per_epoch} steps/epoch) on {padded.replicas} "
+        "data-parallel replica(s)",
+        f"packing is {'on' if stats.mode == 'packed' else 'off'} (data.packing)",
     ]
-    if report["prompts_filling_max_length"]:
+    if counts["prompts_filling_max_length"]:
         lines.append(
-            f"warning: {report['prompts_filling_max_length']} prompts fill max_length and leave no room for the answer"
+            f"warning: {counts['prompts_filling_max_length']} prompts fill max_length and leave no room for the answer"
         )
     return "\n".join(lines)

@@ -20,7 +20,8 @@ from typing import Any
 from llm_pipeline.config import DataConfig, RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import COLUMNS, REQUIRED_COLUMNS, format_example
-from llm_pipeline.training.data_stats import optimizer_steps_per_epoch
+from llm_pipeline.run_files import DataStats
+from llm_pipeline.training.data_stats import layout_stats
 
 MAP_BATCH = 1000  # records tokenized per datasets.map call; the unfinished block carries over
 
@@ -101,29 +102,26 @@ def build_blocks(texts, tokenizer, max_length: int):
     return blocks, blocker.tokens, len(blocker.carry)
 
 
-def block_report(records: int, blocks: int, corpus_tokens: int, dropped: int, cfg: RunConfig) -> dict:
+def block_report(
+    records: int, blocks: int, corpus_tokens: int, dropped: int, cfg: RunConfig, backend: str
+) -> DataStats:
     """The data step's report in block mode: what the blocks hold, and their (zero) padding."""
     length = cfg.data.max_length
-    return {
-        "mode": "blocks",
+    counts = {
         "examples": records,
         "max_length": length,
         "corpus_tokens": corpus_tokens,
         "tokens": blocks * length,
         "dropped_tail_tokens": dropped,
-        "blocks": {
-            "sequences": blocks,
-            "pad_fraction": 0.0,
-            "optimizer_steps_per_epoch": optimizer_steps_per_epoch(blocks, cfg),
-        },
     }
+    return DataStats("blocks", {"blocks": layout_stats(blocks, blocks * length, cfg, backend)}, counts)
 
 
-def describe_blocks(report: dict) -> str:
-    blocks = report["blocks"]
+def describe_blocks(stats: DataStats) -> str:
+    counts, blocks = stats.counts, stats.trained
     return (
-        f"block mode: {report['examples']} records, {report['corpus_tokens']} tokens with EOS, cut into "
-        f"{blocks['sequences']} blocks of {report['max_length']} tokens ({report['dropped_tail_tokens']} tail tokens "
-        f"dropped)\npad tokens: {blocks['pad_fraction']:.1%} ({blocks['optimizer_steps_per_epoch']} optimizer "
-        "steps/epoch)"
+        f"block mode: {counts['examples']} records, {counts['corpus_tokens']} tokens with EOS, cut into "
+        f"{blocks.sequences} blocks of {counts['max_length']} tokens ({counts['dropped_tail_tokens']} tail tokens "
+        f"dropped)\npad tokens: {blocks.pad_fraction:.1%} ({blocks.optimizer_steps_per_epoch} optimizer "
+        f"steps/epoch on {blocks.replicas} data-parallel replica(s))"
     )
