@@ -26,7 +26,7 @@ CONNECTIVITY_CHECK = "InstanceConnectivity"
 CONNECTIVITY_MIN_NODES = 2
 # HyperPod's Slurm partition names (and instance group names) follow this pattern; "dev" is taken.
 NAME_PATTERN = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
-TRAINING_PLAN_ARN = re.compile(r"arn:aws[a-z-]*:sagemaker:([a-z0-9-]+):(\d{12}):training-plan/[A-Za-z0-9-]+")
+TRAINING_PLAN_ARN = re.compile(r"arn:aws[a-z-]*:sagemaker:([a-z0-9-]+):([0-9]{12}):training-plan/[A-Za-z0-9-]+")
 RESERVED_GROUP_NAMES = ("controller", "login")  # the controller and login groups use these
 MAX_COUNT = 256
 EXAMPLE = '[{"name": "gpu", "instance_type": "ml.g5.12xlarge", "partition": "g5"}]'
