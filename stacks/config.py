@@ -327,6 +327,7 @@ CLUSTER_ONLY_GROUP_KEYS = (
     "ebs_volume_gb",
     "threads_per_core",
     "deep_health_checks",
+    "scale_with_runs",
 )
 
 
@@ -422,6 +423,14 @@ def _check_provisioning(config: HyperPodConfig) -> None:
                 f"{ON_DEMAND} with provisioning = {STANDARD} (HyperPod runs Spot "
                 f"groups with continuous provisioning only: set provisioning = {CONTINUOUS} for a new cluster)",
             )
+        if group.scale_with_runs:
+            raise GroupError.at(
+                where,
+                "scale_with_runs",
+                group.scale_with_runs,
+                f"false with provisioning = {STANDARD} (HyperPod's BatchAddClusterNodes, which the chains scale "
+                f"with, works only on clusters with continuous provisioning: set provisioning = {CONTINUOUS})",
+            )
         if group.min_instance_count:
             raise GroupError.at(
                 where,
@@ -479,6 +488,9 @@ def partition_facts(config: HyperPodConfig, group: ComputeGroup, image_uris: Map
         "peak_tflops": group.peak_tflops_per_device,  # MFU peak per rank where the payload lacks one (0: none)
         "capacity": group.capacity,
         "training_plan_arn": group.training_plan_arn,
+        # capacity follows the pipeline (llm_pipeline.jobs.capacity): 0/1, the floor and the ceiling
+        "scale_with_runs": int(group.scale_with_runs),
+        "min_instance_count": group.min_instance_count,
     }
 
 

@@ -262,7 +262,9 @@ class SlurmNodeScaler:
 
     @staticmethod
     def _running(node: str) -> list[str]:
-        out = subprocess.run(["squeue", "-h", "-w", node, "-t", "RUNNING", "-o", "%A %j"], capture_output=True, text=True)
+        out = subprocess.run(
+            ["squeue", "-h", "-w", node, "-t", "RUNNING", "-o", "%A %j"], capture_output=True, text=True
+        )
         return out.stdout.split("\n")[:-1] if out.stdout else []
 
     def in_service(self, group: str) -> list[str]:

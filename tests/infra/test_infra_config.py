@@ -44,6 +44,8 @@ PARTITION_KEYS = {
     "peak_tflops",
     "capacity",
     "training_plan_arn",
+    "scale_with_runs",
+    "min_instance_count",
 }
 IMAGES = {"neuron": "123456789012.dkr.ecr.us-west-2.amazonaws.com/repo:neuron", "cuda": "repo:cuda"}
 
@@ -442,3 +444,30 @@ def test_a_minimum_on_a_spot_group_is_warned():
     assert "group [0] (gpu), key 'min_instance_count' is 1 on a Spot group" in warning
     assert capacity_warnings(parse(compute_groups=[spot])) == []
     assert capacity_warnings(parse(compute_groups=[{**spot, "capacity": "on-demand", "min_instance_count": 1}])) == []
+
+
+SCALED_GROUP = {
+    "name": "gpu",
+    "instance_type": "ml.g5.12xlarge",
+    "partition": "g5",
+    "count": 4,
+    "scale_with_runs": True,
+}
+
+
+def test_scale_with_runs_deploys_the_floor_and_tells_the_partition():
+    config = parse(compute_groups=[{**SCALED_GROUP, "min_instance_count": 1}])
+    (group,) = config.compute_groups
+    assert (group.scale_with_runs, group.deployed_count, group.count) == (True, 1, 4)
+    facts = cluster_facts(config, image_uris=IMAGES)["partitions"]["g5"]
+    assert (facts["scale_with_runs"], facts["min_instance_count"], facts["count"]) == (1, 1, 4)
+    assert parse(compute_groups=[{**SCALED_GROUP, "scale_with_runs": "false"}]).compute_groups[0].deployed_count == 4
+
+
+def test_scale_with_runs_needs_continuous_provisioning_and_a_count():
+    with pytest.raises(ConfigError, match=r"key 'scale_with_runs' has value True; allowed: false with provisioning"):
+        parse(provisioning="standard", slurm_config_strategy="Managed", compute_groups=[SCALED_GROUP])
+    with pytest.raises(ConfigError, match=r"key 'count' has value 0; allowed: 1 or more with scale_with_runs"):
+        parse(compute_groups=[{**SCALED_GROUP, "count": 0}])
+    (warning,) = lane_warnings(parse(lanes="jobs", compute_groups=[{**SCALED_GROUP, "count": 1}]))
+    assert "key 'scale_with_runs' is True, but lanes = jobs creates no cluster" in warning

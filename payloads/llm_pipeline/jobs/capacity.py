@@ -122,7 +122,9 @@ def locked(path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
                     lock.rmdir()
                     continue
             if time.monotonic() > deadline:
-                raise StepError(f"{lock} is held for more than {wait_s:.0f} s: remove it if no submit or release runs")
+                raise StepError(
+                    f"{lock} is held for more than {wait_s:.0f} s: remove it if no submit or release runs"
+                ) from None
             time.sleep(0.1)
     try:
         yield
