@@ -13,6 +13,7 @@ Several nodes on one host (`nodes=2`) run one slurmd each under its own NodeName
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -230,3 +231,54 @@ class LocalSlurm:
             if time.monotonic() > deadline:
                 raise LocalSlurmError(f"timed out waiting for {what}: see {self.root / 'log' / log}")
             time.sleep(0.2)
+
+
+class SlurmNodeScaler:
+    """A stand-in for HyperPod's node APIs on the local Slurm (llm_pipeline.jobs.capacity's scaler): a node is
+    added by resuming it and removed by draining it (a drained node is out of service until resumed, and
+    ReturnToService never brings it back, as it would a DOWN one). Every call is appended to HPL_SCALER_LOG
+    (JSON lines), for tests to check what the chain asked for and when.
+
+    Select it with HPL_SCALER=tools.local_slurm:SlurmNodeScaler (the repository root on PYTHONPATH). The group's
+    nodes are those of partition HPL_SCALER_PARTITION (default: the local cluster's one partition)."""
+
+    OUT_OF_SERVICE = ("down", "drain", "drng", "drained", "fail", "maint")
+
+    def __init__(self) -> None:
+        self.partition = os.environ.get("HPL_SCALER_PARTITION", PARTITION)
+        self.log = os.environ.get("HPL_SCALER_LOG", "")
+
+    def _states(self) -> dict[str, str]:
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-p", self.partition, "-o", "%N %t"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        return dict(zip(out[0::2], out[1::2], strict=True))
+
+    def _record(self, action: str, nodes: list[str]) -> None:
+        if self.log:
+            with open(self.log, "a") as log:
+                busy = {node: self._running(node) for node in nodes}
+                log.write(json.dumps({"action": action, "nodes": nodes, "running": busy, "t": time.time()}) + "\n")
+
+    @staticmethod
+    def _running(node: str) -> list[str]:
+        out = subprocess.run(
+            ["squeue", "-h", "-w", node, "-t", "RUNNING", "-o", "%A %j"], capture_output=True, text=True
+        )
+        return out.stdout.split("\n")[:-1] if out.stdout else []
+
+    def in_service(self, group: str) -> list[str]:
+        return sorted(n for n, s in self._states().items() if not s.rstrip("*~#!%$@^-").startswith(self.OUT_OF_SERVICE))
+
+    def add(self, group: str, count: int) -> None:
+        out = sorted(n for n, s in self._states().items() if s.rstrip("*~#!%$@^-").startswith(self.OUT_OF_SERVICE))
+        chosen = out[:count]
+        self._record("add", chosen)
+        if chosen:
+            subprocess.run(["scontrol", "update", f"nodename={','.join(chosen)}", "state=resume"], check=True)
+
+    def remove(self, group: str, nodes) -> None:
+        self._record("remove", list(nodes))
+        subprocess.run(
+            ["scontrol", "update", f"nodename={','.join(nodes)}", "state=drain", "reason=hpl-scaled-in"], check=True
+        )

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from llm_pipeline import __version__, ladder_submit
-from llm_pipeline.jobs import deploy_facts, estimate, pipeline_status, smoke
+from llm_pipeline.jobs import capacity_chain, deploy_facts, estimate, pipeline_status, smoke
 from llm_pipeline.jobs.chain import (
     PAYLOADS_DIR,
     ChainJob,
@@ -115,7 +115,14 @@ def submit(
         for job in pipeline_status.read_record(facts.logs_dir)
         if job.step in STEPS and STEPS.index(job.step) < STEPS.index(first)  # (a ladder's steps are not)
     ]
-    return submit_chain(facts, pipeline_jobs(first), env, kept=kept, smoke_stage=smoke_stage)
+    claim_id = capacity_chain.claim_for_chain(facts, env)  # a group that scales with runs: its nodes first
+    try:
+        submitted = submit_chain(facts, pipeline_jobs(first), env, kept=kept, smoke_stage=smoke_stage)
+    except BaseException:
+        capacity_chain.give_back_now(claim_id, env)
+        raise
+    capacity_chain.submit_release(facts, claim_id, submitted, env)
+    return submitted
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
