@@ -264,10 +264,17 @@ def submit_chain(
     return submitted
 
 
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
+
+
 def run_submitter(body: Callable[[], int]) -> int:
-    """Run a submit command's body: a refused input is one `error:` line and exit 2."""
+    """Run a submit command's body: a refused input is one `error:` line and exit 2; Ctrl-C one line, no traceback
+    (what was submitted keeps running: Ctrl-C stops only the following)."""
     try:
         return body()
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: jobs already submitted keep running (see them with status)", file=sys.stderr)
+        return INTERRUPTED_EXIT
