@@ -414,7 +414,8 @@ class JobConfig:
 
     instance_type: str = described(
         "ml.trn1.32xlarge",
-        "training job instance type (`hpctl job submit --instance-type` overrides); instances: parallel.nodes",
+        "training job instance type (`.venv/bin/hpctl job submit --instance-type` overrides); instances: "
+        "parallel.nodes",
     )
     volume_size_gb: int = ranged(
         500, at_least(1), "ML storage volume per instance: the model, the data, the run folder"
