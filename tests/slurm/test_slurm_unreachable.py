@@ -131,3 +131,31 @@ def test_wait_ends_on_what_slurm_said_never_on_a_failed_poll(tmp_path_factory, p
         if poll is None and before is not None
     )
     assert sum("cannot reach Slurm" in line for line in said) == outages
+
+
+def test_a_record_without_jobs_is_no_success(tmp_path):
+    assert pipeline_status.verdict([]) == (pipeline_status.NO_RECORD, None)
+    assert pipeline_status.describe([])[-1].startswith("pipeline: no job recorded")
+    (tmp_path / "logs").mkdir()
+    assert pipeline_status.wait(tmp_path / "logs", slurm, poll_s=0, echo=print) == []  # a record gone mid-wait
+
+
+def test_the_first_look_at_a_fresh_chain_is_one_line(tmp_path):
+    _, logs = write_run(tmp_path)
+    polls = iter([("PENDING",) * 3, ("RUNNING", "PENDING", "PENDING"), ("COMPLETED",) * 3])
+
+    def run(argv: list[str]) -> subprocess.CompletedProcess:
+        if argv[0] == "sacct":
+            return subprocess.CompletedProcess(argv, 1, "", "")
+        listing = "".join(f"{100 + i}|{state}|None\n" for i, state in enumerate(next(polls)))
+        return subprocess.CompletedProcess(argv, 0, listing, "")
+
+    said: list[str] = []
+    pipeline_status.wait(logs, run, poll_s=0, echo=said.append)
+    assert [line.split("] ", 1)[1].split()[:2] for line in said] == [
+        ["3", "of"],  # "3 of 3 jobs PENDING", not a line per job
+        ["prepare", "RUNNING"],
+        ["prepare", "COMPLETED"],
+        ["data", "COMPLETED"],
+        ["train", "COMPLETED"],
+    ]
