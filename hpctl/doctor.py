@@ -51,9 +51,10 @@ class Finding:
     ok: bool
     check: str
     detail: str  # what was found, or for a FAIL what is wrong and the fix
+    checked: bool = True  # False: skipped because an earlier check failed (a SKIP line, no failure of its own)
 
     def line(self) -> str:
-        return f"{'OK' if self.ok else 'FAIL':<4}  {self.check}: {self.detail}"
+        return f"{'OK' if self.ok else 'FAIL' if self.checked else 'SKIP':<4}  {self.check}: {self.detail}"
 
 
 def passed(check: str, detail: str) -> Finding:
@@ -62,6 +63,10 @@ def passed(check: str, detail: str) -> Finding:
 
 def failed(check: str, detail: str) -> Finding:
     return Finding(ok=False, check=check, detail=detail)
+
+
+def not_checked(check: str, detail: str) -> Finding:
+    return Finding(ok=False, check=check, detail=detail, checked=False)
 
 
 def aws_check(check: str, doing: str, probe: Callable[[], list[Finding]]) -> list[Finding]:
@@ -274,7 +279,7 @@ def findings(*, context: Mapping[str, Any], session: boto3.Session, environ: Map
         config = None
         found.append(failed("config", str(error)))
     if not aws_works:
-        found.append(failed("quotas, zone, CDK bootstrap", "not checked: fix the credentials first"))
+        found.append(not_checked("quotas, zone, CDK bootstrap", "not checked: fix the credentials first"))
     else:
         if config is not None and config.cluster_lane:  # a jobs-only config creates no cluster
             found += quotas(config, session) + zone_offerings(config, session)
@@ -286,8 +291,10 @@ def findings(*, context: Mapping[str, Any], session: boto3.Session, environ: Map
 def report(found: list[Finding]) -> int:
     for finding in found:
         print(finding.line(), flush=True)
-    failures = sum(not finding.ok for finding in found)
-    print(f"{failures} check(s) failed" if failures else "all checks passed: `make deploy` can start")
+    failures = sum(finding.checked and not finding.ok for finding in found)
+    skipped = sum(not finding.checked for finding in found)
+    not_run = f"; {skipped} not checked (they need the failed ones)" if skipped else ""
+    print(f"{failures} check(s) failed{not_run}" if failures else "all checks passed: `make deploy` can start")
     return 1 if failures else 0
 
 

@@ -9,10 +9,13 @@ Debian packages slurm-wlm and munge.
         subprocess.run(["sbatch", "job.sh"], env=slurm.env())
 
 Several nodes on one host (`nodes=2`) run one slurmd each under its own NodeName and port.
+Stopping cancels the jobs, stops the daemons, then kills whatever still carries this cluster's
+SLURM_CONF (a job step slurmd left behind, re-parented to PID 1): nothing of its jobs outlives it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -26,6 +29,7 @@ from pathlib import Path
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 PARTITION = "local"
+STRAY_WAIT_S = 10.0
 
 
 class LocalSlurmError(RuntimeError):
@@ -45,6 +49,43 @@ def hand_to_invoking_user(folder: Path) -> None:
     for parent, folders, files in os.walk(folder):
         for name in (parent, *(Path(parent) / entry for entry in (*folders, *files))):
             os.lchown(name, int(uid), int(gid))
+
+
+def processes_of(conf: Path) -> list[int]:
+    """The pids whose environment names ``conf`` as SLURM_CONF (the daemons, and every job they ran: sbatch
+    exports the submitting environment), this process and its parents left out."""
+    marker = f"SLURM_CONF={conf}".encode()
+    spared = {os.getpid()}
+    pid = os.getpid()
+    while pid > 1:  # our parents (a test runner) may carry it in their environment
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        spared.add(pid)
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in spared:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if marker in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_processes_of(conf: Path, timeout: float = STRAY_WAIT_S) -> list[int]:
+    """SIGKILL every process of this cluster (processes_of) and wait until they are gone; the pids killed."""
+    killed = processes_of(conf)
+    for pid in killed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in processes_of(conf)):
+        time.sleep(0.1)
+    return killed
 
 
 def _free_port() -> int:
@@ -125,7 +166,8 @@ class LocalSlurm:
         return self
 
     def stop(self) -> None:
-        """Cancel what is left, then stop the daemons we started (by PID, newest first)."""
+        """Cancel what is left, stop the daemons we started (by PID, newest first), then kill any process of
+        this cluster's jobs still alive (a job step whose slurmd is gone outlives a SIGTERM)."""
         if any(name == "slurmctld" and proc.poll() is None for name, proc in self._procs):
             self.run("scancel", "--partition", PARTITION, check=False)
             deadline = time.monotonic() + 20
@@ -141,6 +183,7 @@ class LocalSlurm:
                 proc.kill()
                 proc.wait()
         self._procs.clear()
+        kill_processes_of(self.conf)
         if self.munge_dir is not None:
             shutil.rmtree(self.munge_dir, ignore_errors=True)
 

@@ -182,6 +182,16 @@ def test_failing_credentials_fail_and_skip_the_account_checks(aws, environ, code
     assert set(found) == {"credentials", "quotas, zone, CDK bootstrap"}
 
 
+def test_a_check_not_run_is_no_failure_of_its_own(aws, environ, capsys):
+    aws[1]["sts"].add_client_error("get_caller_identity", "ExpiredToken", "no", 403)
+    found = doctor.findings(context=CONTEXT, session=aws[0], environ=environ)
+    assert doctor.report(found) == 1
+    out = capsys.readouterr().out
+    assert "SKIP  quotas, zone, CDK bootstrap: not checked: fix the credentials first" in out
+    failed = sum(line.startswith("FAIL") for line in out.splitlines())
+    assert out.splitlines()[-1] == f"{failed} check(s) failed; 1 not checked (they need the failed ones)"
+
+
 def test_denied_quota_reading_names_the_call(aws, environ):
     answer(aws[1], quota_error=("AccessDeniedException", "not yours", 400))
     assert failures(lines(aws, environ)) == {
