@@ -156,8 +156,8 @@ def write_report(path: Path, results: dict, note: str) -> None:
         "Produced by `bench/consolidate_bench.py`; do not edit by hand.", "",
         f"Machine: {machine}. Synthetic bf16 Llama full-model checkpoints laid out as optimum-neuron 0.4.5 saves "
         "them under tensor parallelism (`checkpoint-N/shards/model/dp_rank_00_tp_rank_TT_pp_rank_00.pt`, "
-        "metadata, fused gate_up); `ours` is `python -m llm_pipeline.consolidate` writing the Hugging Face model "
-        "folder (checked against the HF names and shapes), `copy` copies the rank files (the disk floor). "
+        "metadata, fused gate_up); `ours` is `.venv/bin/python -m llm_pipeline.consolidate` writing the Hugging Face "
+        "model folder (checked against the HF names and shapes), `copy` copies the rank files (the disk floor). "
         "Each run is its own process; before each, earlier outputs are deleted, dirty pages flushed, the disk "
         "left to go quiet and the inputs evicted from the page cache; copy and ours alternate; the table gives "
         "the median wall time (all samples in the JSON) and the highest `ru_maxrss`. The disk is shared with "

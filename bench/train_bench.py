@@ -213,7 +213,8 @@ def trl_trainer(spec: dict, folder: Path):
 
     dtype = getattr(torch, spec["dtype"])
     records = datasets.load_dataset("json", data_files=spec["records"], split="train")
-    flags, model_kwargs, formatting = {}, {"dtype": dtype}, format_example
+    # trl's own default (its config's gradient_checkpointing = True), by the name transformers 5 reads
+    flags, model_kwargs, formatting = {"activation_checkpointing": True}, {"dtype": dtype}, format_example
     if spec["kind"] == "trl-engine-flags":
         cfg = engine_config(spec, folder)
         flags, model_kwargs = engine_flags(cfg), methods.model_kwargs(cfg)

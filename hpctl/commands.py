@@ -18,6 +18,7 @@ from hpctl.facts import read_cluster_facts
 from hpctl.job_status import pricing_client
 from hpctl.lifecycle_logs import find_log_group, show_lifecycle_logs
 from hpctl.project import ProjectSettings, read_cdk_context, resolve_settings
+from hpctl.run_data import require_in_bucket, upload_dataset
 from hpctl.run_files import compare_runs, local_copies, open_tensorboard
 from hpctl.stack import StackInfo, describe_stack, require_outputs
 from hpctl.status import collect_status, render_json, render_text
@@ -134,19 +135,24 @@ def submit(args: argparse.Namespace) -> None:
     if args.dry_run:  # offline: no credentials, no session tools
         root = resolve_settings(stack=args.stack, region=args.region, cwd=Path.cwd()).root
         local_config = resolve_run_config(args.config, project_root=root)
-        validate_run_config(local_config)
-        offline_dry_run(dataclasses.replace(options, config=str(local_config), dry_run=True), project_root=root)
+        to_send = validate_run_config(local_config)
+        offline = dataclasses.replace(options, config=str(local_config), dry_run=True)
+        offline_dry_run(offline, project_root=root, to_send=to_send)
         return
     ssm.find_session_tools()
     deployment = connect(args)
     local_config = resolve_run_config(args.config, project_root=deployment.settings.root)
-    validate_run_config(local_config)
+    to_send = validate_run_config(local_config)
     stack = deployment.stack()
     bucket = stack.output(StackOutput.BUCKET_NAME)
+    if to_send.dataset_key:
+        require_in_bucket(deployment.session, bucket=bucket, key=to_send.dataset_key, what="data.dataset")
     note_payload_code_age(deployment.session, bucket=bucket, project_root=deployment.settings.root)
     facts = read_cluster_facts(deployment.session, bucket)
     request = session_request(deployment, group=None, node=None, ready=True, command=None)
-    sent = send_run_config(deployment.session, bucket=bucket, local=local_config)
+    if to_send.dataset:
+        upload_dataset(deployment.session, bucket=bucket, dataset=to_send.dataset)
+    sent = send_run_config(deployment.session, bucket=bucket, local=local_config, body=to_send.body)
     command = remote_command(dataclasses.replace(options, config=sent.path), facts=facts, sent=sent)
     output = SubmitOutput()
     session_rc = ssm.run_session(dataclasses.replace(request, command=command), output)

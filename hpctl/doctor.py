@@ -5,7 +5,10 @@ and cdk.json config (the stack's own validation), the cluster-usage quotas of th
 types (Service Quotas, as predeploy reads them), the zone's offerings of those types (EC2's offerings
 of the type without its ``ml.`` prefix, the closest public signal of capacity) and the CDK bootstrap
 stack. The local checks run the tools the deploy runs, found on PATH: Docker and Node.js. Last, the
-Hugging Face token the download step reads (its presence only; it is never printed).
+Hugging Face token the download step reads (its presence only; it is never printed): a local one, or the
+deployed stack's secret once `hpctl secret set hf-token` filled it (DescribeSecret: the stack's own filler
+version has been moved to AWSPREVIOUS by a later PutSecretValue; the value itself is never read, and the
+secret's policy lets only the run roles read it).
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from typing import Any
 
 import boto3
 
+from cluster_contract import StackOutput
 from hpctl.errors import HpctlError, aws_errors
+from hpctl.stack import describe_stack
 from llm_pipeline.download import TOKEN_VARIABLES, find_token
 from stacks.aws_catalog import sagemaker_regions
 from stacks.config import ConfigError, HyperPodConfig
@@ -46,9 +51,10 @@ class Finding:
     ok: bool
     check: str
     detail: str  # what was found, or for a FAIL what is wrong and the fix
+    checked: bool = True  # False: skipped because an earlier check failed (a SKIP line, no failure of its own)
 
     def line(self) -> str:
-        return f"{'OK' if self.ok else 'FAIL':<4}  {self.check}: {self.detail}"
+        return f"{'OK' if self.ok else 'FAIL' if self.checked else 'SKIP':<4}  {self.check}: {self.detail}"
 
 
 def passed(check: str, detail: str) -> Finding:
@@ -57,6 +63,10 @@ def passed(check: str, detail: str) -> Finding:
 
 def failed(check: str, detail: str) -> Finding:
     return Finding(ok=False, check=check, detail=detail)
+
+
+def not_checked(check: str, detail: str) -> Finding:
+    return Finding(ok=False, check=check, detail=detail, checked=False)
 
 
 def aws_check(check: str, doing: str, probe: Callable[[], list[Finding]]) -> list[Finding]:
@@ -216,17 +226,42 @@ def node(environ: Mapping[str, str]) -> list[Finding]:
     return [passed("Node.js", done.stdout.strip())]
 
 
-def hugging_face_token(environ: Mapping[str, str]) -> list[Finding]:
+# The stage Secrets Manager gives a secret's earlier version once a new one is put (the stack's filler, here).
+REPLACED_STAGE = "AWSPREVIOUS"
+
+
+def stack_token_secret(session: boto3.Session, stack_name: str) -> str:
+    """The deployed stack's token secret when `hpctl secret set hf-token` has filled it, else ""."""
+    arn = describe_stack(session, stack_name).output(StackOutput.HF_TOKEN_SECRET_ARN)
+    if not arn:
+        return ""
+    with aws_errors(f"describe the secret {arn}"):
+        stages = session.client("secretsmanager").describe_secret(SecretId=arn).get("VersionIdsToStages", {})
+    return arn if any(REPLACED_STAGE in names for names in stages.values()) else ""
+
+
+def hugging_face_token(
+    environ: Mapping[str, str], session: boto3.Session | None = None, stack_name: str = ""
+) -> list[Finding]:
+    """A local token, else the stack's filled secret (with a session and a stack name to look it up)."""
     check = "Hugging Face token"
     if any(environ.get(name, "").strip() for name in TOKEN_VARIABLES):
         return [passed(check, f"{' or '.join(TOKEN_VARIABLES)} is set (not shown)")]
     if find_token(environ):
         return [passed(check, "the file `huggingface-cli login` wrote is there (not shown)")]
+    if session is not None and stack_name:
+        try:
+            arn = stack_token_secret(session, stack_name)
+        except HpctlError:  # no stack yet, or not readable: the local token is what counts then
+            arn = ""
+        if arn:
+            return [passed(check, f"the stack's secret {arn} is set (`hpctl secret set hf-token`; not read here)")]
     return [
         failed(
             check,
-            "none found: gated models (the default Llama 3 8B) need one; set HF_TOKEN (accept the model's licence "
-            "first), and give it to the cluster once deployed (docs/deploy.md)",
+            "none found: gated models (the default Llama 3 8B) need one; accept the model's licence first, then "
+            "store it in the stack once deployed (`hpctl secret set hf-token`, docs/deploy.md), or set HF_TOKEN "
+            "for local runs",
         )
     ]
 
@@ -244,19 +279,22 @@ def findings(*, context: Mapping[str, Any], session: boto3.Session, environ: Map
         config = None
         found.append(failed("config", str(error)))
     if not aws_works:
-        found.append(failed("quotas, zone, CDK bootstrap", "not checked: fix the credentials first"))
+        found.append(not_checked("quotas, zone, CDK bootstrap", "not checked: fix the credentials first"))
     else:
         if config is not None and config.cluster_lane:  # a jobs-only config creates no cluster
             found += quotas(config, session) + zone_offerings(config, session)
         found += cdk_bootstrap(session)
-    return found + docker(environ) + node(environ) + hugging_face_token(environ)
+    stack_name = config.stack_name if config is not None and aws_works else ""
+    return found + docker(environ) + node(environ) + hugging_face_token(environ, session, stack_name)
 
 
 def report(found: list[Finding]) -> int:
     for finding in found:
         print(finding.line(), flush=True)
-    failures = sum(not finding.ok for finding in found)
-    print(f"{failures} check(s) failed" if failures else "all checks passed: `make deploy` can start")
+    failures = sum(finding.checked and not finding.ok for finding in found)
+    skipped = sum(not finding.checked for finding in found)
+    not_run = f"; {skipped} not checked (they need the failed ones)" if skipped else ""
+    print(f"{failures} check(s) failed{not_run}" if failures else "all checks passed: `make deploy` can start")
     return 1 if failures else 0
 
 

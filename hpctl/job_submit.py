@@ -37,6 +37,7 @@ from hpctl.job_spec import (
     run_paths,
     stage_source,
 )
+from hpctl.run_data import require_in_bucket
 from llm_pipeline import config as run_config
 from llm_pipeline.jobs import sagemaker_env
 
@@ -142,11 +143,8 @@ def build_spec(
         environment[sagemaker_env.MODEL_FOLDER_VARIABLE] = paths.model
     if paths.dataset is not None:
         dataset_prefix = f"{DATASETS_PREFIX}/{paths.run}/"
-        if not s3_has(session, bucket, f"{dataset_prefix}{paths.dataset}"):
-            raise HpctlError(
-                f"data.dataset {paths.dataset} is not in s3://{bucket}/{dataset_prefix}: upload it first "
-                f"(aws s3 cp <file> s3://{bucket}/{dataset_prefix}{paths.dataset})"
-            )
+        dataset_key = f"{dataset_prefix}{paths.dataset}"
+        require_in_bucket(session, bucket=bucket, key=dataset_key, what=f"data.dataset {paths.dataset}")
         channels[sagemaker_env.DATASETS_CHANNEL] = f"s3://{bucket}/{dataset_prefix}"
     runtime_s = int(cfg.job.max_runtime_hours * HOURS)
     max_wait_s = None

@@ -2,8 +2,11 @@
 
 The config is validated here, uploaded to s3://<bucket>/payloads/run-configs/ (FSx imports it into
 the payloads folder within seconds) and submitted from there: no deploy, no CloudFormation change.
-The payload code still ships only with a deploy; submit says when the deployed code differs from this
-checkout's. `--dry-run` needs no AWS at all: it validates the config and prints the chain.
+A data.dataset that is a file on this machine goes with it (hpctl/run_data.py). The payload code still
+ships only with a deploy; submit says when the deployed code differs from this checkout's. `--dry-run`
+needs no AWS at all: it validates the config and prints the chain as the cluster would run it: a table
+of its jobs on the partition cdk.json's compute groups give the run (hpctl/submit_plan.py), then the
+sbatch lines with the cluster's paths.
 """
 
 from __future__ import annotations
@@ -31,7 +34,12 @@ from cluster_contract import (
     payload_code_digest,
 )
 from hpctl.errors import HpctlError, aws_errors
+from hpctl.project import read_cdk_context
+from hpctl.run_data import LocalDataset, cluster_dataset_key, local_dataset
+from hpctl.submit_plan import partition_plan
 from llm_pipeline.config import ConfigError, load
+from llm_pipeline.jobs.run_config_text import with_keys
+from llm_pipeline.jobs.run_facts import read_run_facts
 
 CONFIGS_DIR = Path(PAYLOADS_FOLDER) / "configs"
 JOB_LINE = re.compile(r"^submitted (?P<step>\S+) job (?P<job_id>\d+)\b")
@@ -53,6 +61,17 @@ class SubmitOptions:
     replace_outputs: bool = False  # submit --replace-outputs: an earlier training's outputs move aside
     ladder: bool = False  # the torchtitan ladder (llm_pipeline.submit ladder)
     sweep_nodes: str | None = None  # the scaling sweep at these node counts (llm_pipeline.sweep --nodes)
+
+
+@dataclass(frozen=True)
+class RunConfigToSend:
+    """The run config as the cluster gets it: its bytes (data.dataset pointed at the upload), and the data file
+    that goes with it or the bucket key it reads."""
+
+    local: Path
+    body: bytes
+    dataset: LocalDataset | None = None
+    dataset_key: str | None = None  # a data.dataset already under the cluster's datasets folder
 
 
 @dataclass(frozen=True)
@@ -83,13 +102,25 @@ def resolve_run_config(value: str, *, project_root: Path) -> Path:
     raise HpctlError(f"run config {value} not found (a path, or a name in {CONFIGS_DIR}/: {available})")
 
 
-def validate_run_config(path: Path) -> None:
+def validate_run_config(path: Path) -> RunConfigToSend:
     """Read the run config as every step will (the cluster's folders), so a bad key stops here (any Python
-    from 3.10: config.load reads the project's one-line-values form without tomllib)."""
+    from 3.10: config.load reads the project's one-line-values form without tomllib); what to send."""
     try:
-        load(path, env={**os.environ, **CLUSTER_FOLDERS_ENV})
+        cfg = load(path, env={**os.environ, **CLUSTER_FOLDERS_ENV})
     except ConfigError as error:
         raise HpctlError(f"run config {path}: {error}") from error
+    dataset = local_dataset(cfg.data.dataset, config=path, run=Path(cfg.paths.output_dir).name)
+    if dataset is None:
+        return RunConfigToSend(local=path, body=path.read_bytes(), dataset_key=cluster_dataset_key(cfg.data.dataset))
+    body = with_keys(path.read_text(), {("data", "dataset"): dataset.config_value}).encode()
+    return RunConfigToSend(local=path, body=body, dataset=dataset)
+
+
+def sent_config(local: Path, body: bytes) -> SentConfig:
+    """Where ``body`` goes: a name that carries its digest, so an edit never overwrites what a chain reads."""
+    digest = hashlib.sha256(body).hexdigest()
+    path = f"{RUN_CONFIGS_FOLDER}/{local.stem}-{digest[:12]}.toml"
+    return SentConfig(key=f"{PAYLOADS_FOLDER}/{path}", path=path, digest=digest)
 
 
 def chain_argv(options: SubmitOptions) -> list[str]:
@@ -109,38 +140,62 @@ def chain_argv(options: SubmitOptions) -> list[str]:
     return argv
 
 
-def offline_dry_run(options: SubmitOptions, *, project_root: Path) -> None:
-    """Print the chain with this checkout's submit step, in the payloads folder, with the cluster's folders."""
+def offline_dry_run(options: SubmitOptions, *, project_root: Path, to_send: RunConfigToSend | None = None) -> None:
+    """Print the chain with this checkout's submit step, in the payloads folder, with the cluster's folders and
+    the partition cdk.json gives the run; this machine's paths in it are shown as the cluster's."""
     payloads = project_root / PAYLOADS_FOLDER
+    local = Path(options.config)
+    to_send = to_send or RunConfigToSend(local=local, body=local.read_bytes())
     print(
-        "# offline: this checkout's submit step; the deployed partitions and images are not read, "
-        "so a deploy with several partitions may pick another one",
+        "# offline: this checkout's submit step, with the partitions of cdk.json's compute_groups (a deploy "
+        "of other groups may pick another one)",
         flush=True,
     )
+    context = read_cdk_context(project_root) if (project_root / "cdk.json").is_file() else {}
+    plan = partition_plan(context, read_run_facts(local, {**os.environ, **CLUSTER_FOLDERS_ENV}))
+    for line in plan.lines:
+        print(line)
+    if plan.warning:
+        print(plan.warning, file=sys.stderr, flush=True)
+    cluster_config = f"{fsx_dir(PAYLOADS_FOLDER)}/{sent_config(local, to_send.body).path}"
+    print(f"# run config {local} -> {cluster_config} (sent at submit)")
+    if to_send.dataset:
+        print(
+            f"# data.dataset {to_send.dataset.local} -> s3://<bucket>/{to_send.dataset.key} (uploaded at submit), "
+            f"read on the cluster as {to_send.dataset.cluster_path}"
+        )
+    sys.stdout.flush()
     # This checkout's package first; the one hpctl runs with when the folder holds none.
     installed = str(Path(llm_pipeline.__file__).resolve().parents[1])
     python_path = os.pathsep.join((str(payloads), str(project_root), installed))
-    env = {**os.environ, **CLUSTER_FOLDERS_ENV, "PYTHONPATH": python_path}
+    env = {**os.environ, **CLUSTER_FOLDERS_ENV, **plan.env, "PYTHONPATH": python_path}
     with tempfile.TemporaryDirectory(prefix="hpctl-dry-run-") as scratch:
         if options.sweep_nodes:  # the sweep's dry run writes its point configs into the run folder
             env["HPL_OUTPUTS_DIR"] = scratch
             print(f"# the sweep's run folders are under a scratch folder standing in for {fsx_dir('outputs')}")
             sys.stdout.flush()
-        result = subprocess.run([sys.executable, *chain_argv(options)], cwd=payloads, env=env, check=False)
+        command = [sys.executable, *chain_argv(options)]
+        result = subprocess.run(command, cwd=payloads, env=env, check=False, stdout=subprocess.PIPE, text=True)
+    # This machine's paths as the cluster names them: the config as sent, the payloads (the package the chain
+    # ran from: this checkout's, else the installed one) on FSx.
+    ran_from = payloads if (payloads / "llm_pipeline").is_dir() else Path(installed)
+    laptop = ((str(local.resolve()), cluster_config), (str(ran_from.resolve()), fsx_dir(PAYLOADS_FOLDER)))
+    text = result.stdout
+    for here, there in laptop:
+        text = text.replace(here, there)
+    print(text, end="", flush=True)
     if result.returncode != 0:
         raise HpctlError(f"the chain's dry run failed (exit {result.returncode}): see its output above")
 
 
-def send_run_config(session: boto3.Session, *, bucket: str, local: Path) -> SentConfig:
-    """Upload the config under a name that carries its digest: an edit never overwrites what a chain reads."""
-    body = local.read_bytes()
-    digest = hashlib.sha256(body).hexdigest()
-    path = f"{RUN_CONFIGS_FOLDER}/{local.stem}-{digest[:12]}.toml"
-    key = f"{PAYLOADS_FOLDER}/{path}"
-    with aws_errors(f"upload the run config to s3://{bucket}/{key}"):
-        session.client("s3").put_object(Bucket=bucket, Key=key, Body=body)
-    print(f"run config {local} -> s3://{bucket}/{key}", file=sys.stderr, flush=True)
-    return SentConfig(key=key, path=path, digest=digest)
+def send_run_config(session: boto3.Session, *, bucket: str, local: Path, body: bytes | None = None) -> SentConfig:
+    """Upload the config (``body``, default the file's bytes) under a name that carries its digest."""
+    body = local.read_bytes() if body is None else body
+    sent = sent_config(local, body)
+    with aws_errors(f"upload the run config to s3://{bucket}/{sent.key}"):
+        session.client("s3").put_object(Bucket=bucket, Key=sent.key, Body=body)
+    print(f"run config {local} -> s3://{bucket}/{sent.key}", file=sys.stderr, flush=True)
+    return sent
 
 
 def note_payload_code_age(session: boto3.Session, *, bucket: str, project_root: Path) -> None:

@@ -55,6 +55,7 @@ GPU_CUDA_CAPABILITY: dict[str, tuple[int, int]] = {
     "B200": (10, 0),
     "B300": (10, 3),
     "RTX PRO 6000": (12, 0),  # the Blackwell Server Edition of ml.g7e
+    "RTX PRO 4500": (12, 0),  # the Blackwell Server Edition of ml.g7 (GB203; NVIDIA MIG guide, supported GPUs)
 }
 FP8_MIN_CUDA_CAPABILITY = (8, 9)  # Ada/Hopper FP8 tensor cores; torchao float8 refuses older GPUs
 # The CUDA training image (payloads/Dockerfile.cuda) is built on CUDA 13.0, whose toolkit and
@@ -177,6 +178,20 @@ INSTANCE_TYPES: dict[str, InstanceFacts] = {
     "ml.g7e.12xlarge": _gpu("RTX PRO 6000", 2, 1),
     "ml.g7e.24xlarge": _gpu("RTX PRO 6000", 4, 2),
     "ml.g7e.48xlarge": _gpu("RTX PRO 6000", 8, 4),
+    # G7 (NVIDIA RTX PRO 4500 Blackwell Server Edition, 32 GB GPU memory each, compute capability 12.0: NVIDIA's
+    # MIG user guide, "Supported GPUs", https://docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-gpus.html).
+    # The sizes are botocore's ClusterInstanceType (sagemaker 2017-07-24 service-2.json). GPUs per size: 1, 1, 1, 2,
+    # 4, 8 with 8/16/32/48/96/192 vCPUs and 32/64/128/192/384/768 GiB host memory, as published at launch (June
+    # 2026) for AppStream's stream.graphics.g7.8xlarge (1 GPU, 32 vCPUs, 128 GiB) and .12xlarge (2 GPUs) and AWS's
+    # SageMaker G7 inference benchmark (ml.g7.12xlarge: 2 x 32 GB). No AWS page found gives EFA per G7 size (only
+    # the 48xlarge's 700 Gbps network), so EFA is 0 here: multi-node jobs then use TCP, slower but correct, while
+    # a wrong EFA count would make the launch ask for interfaces the node does not have.
+    "ml.g7.2xlarge": _gpu("RTX PRO 4500", 1, 0, memory="32GB"),
+    "ml.g7.4xlarge": _gpu("RTX PRO 4500", 1, 0, memory="32GB"),
+    "ml.g7.8xlarge": _gpu("RTX PRO 4500", 1, 0, memory="32GB"),
+    "ml.g7.12xlarge": _gpu("RTX PRO 4500", 2, 0, memory="32GB"),
+    "ml.g7.24xlarge": _gpu("RTX PRO 4500", 4, 0, memory="32GB"),
+    "ml.g7.48xlarge": _gpu("RTX PRO 4500", 8, 0, memory="32GB"),
     # CPU only: allowed as compute groups (data preparation, generation on CPU), no devices
     **_cpu("large", "xlarge", "2xlarge", "4xlarge", "9xlarge", "12xlarge", "18xlarge", "24xlarge", family="c5"),
     **_cpu("large", "xlarge", "2xlarge", "4xlarge", "8xlarge", "12xlarge", "16xlarge", "24xlarge", family="m5"),

@@ -9,7 +9,7 @@ from typing import Any
 
 from aws_cdk import App
 
-from stacks.config import HyperPodConfig, lane_warnings, storage_warnings
+from stacks.config import HyperPodConfig, capacity_warnings, lane_warnings, storage_warnings
 from stacks.nag import enable_checks
 from stacks.stack import HyperPodStack
 
@@ -29,7 +29,7 @@ def build_app(
     """
     app = App(context=dict(context), outdir=outdir) if context is not None else App(outdir=outdir)
     config = HyperPodConfig.from_context(_user_context(app, context), environ=environ)
-    for warning in [*lane_warnings(config), *storage_warnings(config)]:
+    for warning in [*lane_warnings(config), *storage_warnings(config), *capacity_warnings(config)]:
         print(f"warning: {warning}", file=sys.stderr)
     stack = HyperPodStack(app, config.stack_name, config=config, source_root=source_root)
     enable_checks(app)

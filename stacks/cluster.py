@@ -114,7 +114,7 @@ class HyperPodCluster(Construct):
                     compute.name,
                     "Compute",
                     compute.instance_type,
-                    compute.count,
+                    compute.deployed_count,
                     threads_per_core=compute.threads_per_core,
                     storage=(
                         Cfn.ClusterInstanceStorageConfigProperty(

@@ -26,7 +26,7 @@ CONNECTIVITY_CHECK = "InstanceConnectivity"
 CONNECTIVITY_MIN_NODES = 2
 # HyperPod's Slurm partition names (and instance group names) follow this pattern; "dev" is taken.
 NAME_PATTERN = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
-TRAINING_PLAN_ARN = re.compile(r"arn:aws[a-z-]*:sagemaker:([a-z0-9-]+):(\d{12}):training-plan/[A-Za-z0-9-]+")
+TRAINING_PLAN_ARN = re.compile(r"arn:aws[a-z-]*:sagemaker:([a-z0-9-]+):([0-9]{12}):training-plan/[A-Za-z0-9-]+")
 RESERVED_GROUP_NAMES = ("controller", "login")  # the controller and login groups use these
 MAX_COUNT = 256
 EXAMPLE = '[{"name": "gpu", "instance_type": "ml.g5.12xlarge", "partition": "g5"}]'
@@ -57,6 +57,20 @@ class ComputeGroup:
     deep_health_checks: tuple[str, ...] = field(
         default=(), metadata=_describe("OnStartDeepHealthChecks: InstanceStress, InstanceConnectivity")
     )
+    scale_with_runs: bool = field(
+        default=False,
+        metadata=_describe(
+            "capacity follows the pipeline: the group holds min_instance_count nodes (0 allowed) while no chain "
+            "runs, and each chain claims its nodes (up to count) and gives them back when it ends; the way to stop "
+            "paying for idle accelerators (continuous provisioning only)"
+        ),
+    )
+
+    @property
+    def deployed_count(self) -> int:
+        """InstanceCount in the template: the floor for a group that scales with runs (the chains add the rest
+        through BatchAddClusterNodes, which a later deploy leaves alone: see stacks/update_safety.py), else count."""
+        return self.min_instance_count if self.scale_with_runs else self.count
 
     @property
     def accelerator(self) -> str:
@@ -207,6 +221,8 @@ def check_group(group: ComputeGroup, where: str) -> None:
             "deep_health_checks",
             f"none on {group.instance_type}: HyperPod runs deep health checks on GPU and Trainium instances only",
         )
+    if group.scale_with_runs and not group.count:
+        raise bad("count", "1 or more with scale_with_runs = true (count is the most nodes the chains may claim)")
     if CONNECTIVITY_CHECK in group.deep_health_checks:
         if not group.efa_interfaces:
             raise bad(

@@ -316,6 +316,18 @@ CLUSTER_ONLY_KEYS = (
     "node_recovery",
     "provisioning",
     "runtime",
+    "observability",  # exporters and workspaces watch the cluster's nodes; jobs report to CloudWatch
+)
+# Compute-group keys only the cluster reads: on the jobs lane a group only chooses an image (its instance type).
+CLUSTER_ONLY_GROUP_KEYS = (
+    "count",
+    "min_instance_count",
+    "capacity",
+    "training_plan_arn",
+    "ebs_volume_gb",
+    "threads_per_core",
+    "deep_health_checks",
+    "scale_with_runs",
 )
 
 
@@ -338,15 +350,41 @@ def storage_warnings(config: HyperPodConfig) -> list[str]:
 
 
 def lane_warnings(config: HyperPodConfig) -> list[str]:
-    """Cluster keys set away from their defaults on a config that creates no cluster."""
+    """Cluster keys (of the config, or of a compute group) set away from their defaults on a config that
+    creates no cluster."""
     if config.cluster_lane:
         return []
     defaults = HyperPodConfig.__dataclass_fields__
-    return [
-        f"config key '{key}' is {getattr(config, key)!r}, but lanes = {config.lanes} creates no cluster, so it is "
-        f"ignored; remove it or set lanes = both"
+    ignored = "so it is ignored; remove it or set lanes = both"
+    warnings = [
+        f"config key '{key}' is {getattr(config, key)!r}, but lanes = {config.lanes} creates no cluster, {ignored}"
         for key in CLUSTER_ONLY_KEYS
         if getattr(config, key) != defaults[key].default
+    ]
+    group_defaults = ComputeGroup.__dataclass_fields__
+    for index, group in enumerate(config.compute_groups):
+        for key in CLUSTER_ONLY_GROUP_KEYS:
+            value = getattr(group, key)
+            if value != group_defaults[key].default:
+                warnings.append(
+                    f"config key '{COMPUTE_GROUPS_KEY}' group [{index}] ({group.name}), key '{key}' is {value!r}, but "
+                    f"lanes = {config.lanes} creates no cluster (the group only chooses the image), {ignored}"
+                )
+    return warnings
+
+
+def capacity_warnings(config: HyperPodConfig) -> list[str]:
+    """A Spot group with a minimum: Spot capacity may not come (or be reclaimed), and HyperPod rolls a group back
+    when fewer than MinInstanceCount nodes arrive within 3 hours, so the minimum makes a Spot shortage a failure."""
+    if not config.cluster_lane:
+        return []
+    return [
+        f"config key '{COMPUTE_GROUPS_KEY}' group [{index}] ({group.name}), key 'min_instance_count' is "
+        f"{group.min_instance_count} on a Spot group: Spot capacity is not guaranteed, and HyperPod rolls the group "
+        "back when fewer than that many nodes arrive within 3 hours; set it to 0 (the group fills as Spot allows) "
+        "or use capacity = on-demand"
+        for index, group in enumerate(config.compute_groups)
+        if group.capacity == SPOT and group.min_instance_count
     ]
 
 
@@ -384,6 +422,14 @@ def _check_provisioning(config: HyperPodConfig) -> None:
                 group.capacity,
                 f"{ON_DEMAND} with provisioning = {STANDARD} (HyperPod runs Spot "
                 f"groups with continuous provisioning only: set provisioning = {CONTINUOUS} for a new cluster)",
+            )
+        if group.scale_with_runs:
+            raise GroupError.at(
+                where,
+                "scale_with_runs",
+                group.scale_with_runs,
+                f"false with provisioning = {STANDARD} (HyperPod's BatchAddClusterNodes, which the chains scale "
+                f"with, works only on clusters with continuous provisioning: set provisioning = {CONTINUOUS})",
             )
         if group.min_instance_count:
             raise GroupError.at(
@@ -442,6 +488,9 @@ def partition_facts(config: HyperPodConfig, group: ComputeGroup, image_uris: Map
         "peak_tflops": group.peak_tflops_per_device,  # MFU peak per rank where the payload lacks one (0: none)
         "capacity": group.capacity,
         "training_plan_arn": group.training_plan_arn,
+        # capacity follows the pipeline (llm_pipeline.jobs.capacity): 0/1, the floor and the ceiling
+        "scale_with_runs": int(group.scale_with_runs),
+        "min_instance_count": group.min_instance_count,
     }
 
 

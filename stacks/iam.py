@@ -47,6 +47,14 @@ ENI_WRITE_ACTIONS = [
     "ec2:CreateNetworkInterfacePermission",
     "ec2:DeleteNetworkInterfacePermission",
 ]
+# The IAM service authorization reference for EC2 (as cfn-lint ships it, cfnlint/data/AdditionalSpecs/Policies.json)
+# gives these ENI writes, and CreateTags, the network-interface resource alone, whose condition keys include
+# ec2:Subnet and ec2:Vpc (each the ARN of the interface's subnet or VPC). So the ENI ids are unknown when the
+# role is made, but every one of these writes is held to the cluster's own subnet and VPC.
+# CreateNetworkInterface also authorizes the subnet and security-group resources, which carry no ec2:Subnet
+# key: its condition sits on a statement of the interface alone. DetachNetworkInterface also authorizes the
+# instance, a HyperPod node in SageMaker's account, so it stays on "*" without a condition (see ENI_DETACH_ACTION).
+ENI_SCOPE_KEYS = ("ec2:Subnet", "ec2:Vpc")
 
 
 class ClusterRole(Construct):
@@ -66,6 +74,7 @@ class ClusterRole(Construct):
         image_repository: ecr.IRepository,
         subnet: ec2.ISubnet,
         security_group: ec2.ISecurityGroup,
+        vpc_id: str,
         extra_statements: Sequence[iam.PolicyStatement] = (),
     ) -> None:
         super().__init__(scope, construct_id)
@@ -82,6 +91,8 @@ class ClusterRole(Construct):
         group_arn = stack.format_arn(
             service="ec2", resource="security-group", resource_name=security_group.security_group_id
         )
+        vpc_arn = stack.format_arn(service="ec2", resource="vpc", resource_name=vpc_id)
+        in_cluster_network = {"StringEquals": dict(zip(ENI_SCOPE_KEYS, (subnet_arn, vpc_arn), strict=True))}
         log_group_arn = stack.format_arn(
             service="logs",
             resource="log-group",
@@ -92,12 +103,25 @@ class ClusterRole(Construct):
             iam.PolicyStatement(sid="VpcNetworkInterfaceReads", actions=ENI_READ_ACTIONS, resources=["*"]),
             iam.PolicyStatement(sid="DetachNodeInterfaces", actions=[ENI_DETACH_ACTION], resources=["*"]),
             iam.PolicyStatement(
+                sid="CreateInterfacesInClusterSubnet",
+                actions=["ec2:CreateNetworkInterface"],
+                resources=[subnet_arn, group_arn],
+            ),
+            iam.PolicyStatement(
                 sid="CreateNodeInterfaces",
                 actions=["ec2:CreateNetworkInterface"],
-                resources=[eni_arn, subnet_arn, group_arn],
+                resources=[eni_arn],
+                conditions=in_cluster_network,
             ),
-            iam.PolicyStatement(sid="ManageNodeInterfaces", actions=ENI_WRITE_ACTIONS, resources=[eni_arn]),
-            iam.PolicyStatement(sid="TagNodeInterfaces", actions=["ec2:CreateTags"], resources=[eni_arn]),
+            iam.PolicyStatement(
+                sid="ManageNodeInterfaces",
+                actions=ENI_WRITE_ACTIONS,
+                resources=[eni_arn],
+                conditions=in_cluster_network,
+            ),
+            iam.PolicyStatement(
+                sid="TagNodeInterfaces", actions=["ec2:CreateTags"], resources=[eni_arn], conditions=in_cluster_network
+            ),
             iam.PolicyStatement(sid="ListDataBucket", actions=["s3:ListBucket"], resources=[bucket.bucket_arn]),
             iam.PolicyStatement(
                 sid="ReadWriteDataBucket",
@@ -140,7 +164,8 @@ class ClusterRole(Construct):
             "and instance), but the instance is a HyperPod node that SageMaker runs outside this account, so its "
             "ARN cannot be named in this policy.",
             f"Resource::{eni_arn}": "HyperPod creates one network interface per node in our subnet at "
-            "provisioning time; their ids are unknown when the role is created.",
+            "provisioning time; their ids are unknown when the role is created, so every write on them is held to "
+            "the cluster's subnet and VPC by the ec2:Subnet and ec2:Vpc condition keys instead.",
             f"Resource::<{bucket_logical_id}.Arn>/*": "Nodes read payloads and datasets and "
             "write run outputs anywhere under this one bucket (the cluster's own, named in the statement).",
             f"Resource::{log_group_arn}": "HyperPod creates one log group per CreateCluster call "

@@ -119,6 +119,36 @@ def zone_upgrade_refusals(recorded: Mapping[str, Any], config: HyperPodConfig, s
     ]
 
 
+def scaling_refusals(config: HyperPodConfig, session: boto3.Session) -> list[str]:
+    """A group that scales with runs, while chains hold nodes above its floor: refuse the deploy.
+
+    The template's InstanceCount of such a group is its floor and never moves with the scaling
+    (stacks/compute_groups.ComputeGroup.deployed_count), so a deploy finds no drift once the chains have given
+    their nodes back. While they hold some, the live TargetCount (DescribeCluster) is above the floor, and an
+    update of the cluster would send the floor back to HyperPod and take claimed nodes from running chains."""
+    scaled = {group.name: group for group in config.compute_groups if group.scale_with_runs}
+    if not scaled or not config.cluster_lane:
+        return []
+    try:
+        described = session.client("sagemaker").describe_cluster(ClusterName=config.cluster_name)
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("ResourceNotFound", "ValidationException"):
+            return []  # no cluster yet: nothing is claimed
+        raise
+    problems = []
+    for live in described.get("InstanceGroups", []):
+        group = scaled.get(live.get("InstanceGroupName", ""))
+        target = live.get("TargetCount", 0)
+        if group is not None and target > group.deployed_count:
+            problems.append(
+                f"config key 'compute_groups' group {group.name!r} scales with runs and holds {target} nodes, above "
+                f"its floor {group.deployed_count} (min_instance_count): chains have claimed them, and a deploy now "
+                "would hand HyperPod the floor and take their nodes; deploy when the chains have ended (`hpctl "
+                "status` shows the claims), or cancel them (scancel) and let their release jobs give the nodes back"
+            )
+    return problems
+
+
 def bucket_exists(session: boto3.Session, bucket: str) -> bool:
     try:
         session.client("s3").head_bucket(Bucket=bucket)
@@ -162,6 +192,7 @@ def check(
             *refused_changes(recorded, wanted_record),
             *value_refusals(recorded, wanted_record, allow),
             *zone_upgrade_refusals(recorded, config, session),
+            *scaling_refusals(config, session),
         ]
         if problems:  # each names its key; the resource comparison would only repeat them
             return problems

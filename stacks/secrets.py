@@ -5,6 +5,11 @@ value is ever written in the template); `hpctl secret set hf-token` puts the tok
 prompt or stdin. The download step reads it at run time with the node role or the job role
 (llm_pipeline/hub_token.py), which may read this one secret and decrypt with this one key, only
 through Secrets Manager.
+
+Only those roles can read it (:meth:`HubTokenSecret.restrict_reads`): the secret's resource policy denies
+GetSecretValue to every other principal of the account, however broad its own IAM policy, and the key's policy
+denies Decrypt to any call that does not come through Secrets Manager (kms:ViaService). Writing the token
+(`hpctl secret set`: PutSecretValue) and DescribeSecret (whether it was set, for `hpctl doctor`) stay with IAM.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from constructs import Construct
 
 from cluster_contract import HUB_TOKEN_FIELD
 from stacks.nag import acknowledge
+
+READ_ACTION = "secretsmanager:GetSecretValue"
 
 
 class HubTokenSecret(Construct):
@@ -49,21 +56,45 @@ class HubTokenSecret(Construct):
             "one; the user replaces it with `hpctl secret set hf-token`.",
         )
 
+    def restrict_reads(self, readers: list[iam.IRole]) -> None:
+        """Deny reading the token to every principal but ``readers`` (the node role, the job role), and
+        decrypting with its key to any call not made through Secrets Manager."""
+        self.secret.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="OnlyTheRunRolesReadTheToken",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=[READ_ACTION],
+                resources=["*"],  # in a secret's policy, "*" is the secret itself
+                conditions={"ArnNotEquals": {"aws:PrincipalArn": [role.role_arn for role in readers]}},
+            )
+        )
+        self.key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="DecryptOnlyThroughSecretsManager",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["kms:Decrypt"],
+                resources=["*"],  # in a key policy, "*" is the key itself
+                conditions={"StringNotEquals": {"kms:ViaService": self._via_secrets_manager()}},
+            )
+        )
+
+    def _via_secrets_manager(self) -> str:
+        return f"secretsmanager.{Stack.of(self).region}.amazonaws.com"
+
     @property
     def arn(self) -> str:
         return self.secret.secret_arn
 
     def read_statements(self) -> list[iam.PolicyStatement]:
         """Read this secret and decrypt with its key, the latter only on Secrets Manager's behalf."""
-        region = Stack.of(self).region
         return [
-            iam.PolicyStatement(
-                sid="ReadHubToken", actions=["secretsmanager:GetSecretValue"], resources=[self.secret.secret_arn]
-            ),
+            iam.PolicyStatement(sid="ReadHubToken", actions=[READ_ACTION], resources=[self.secret.secret_arn]),
             iam.PolicyStatement(
                 sid="DecryptHubToken",
                 actions=["kms:Decrypt"],
                 resources=[self.key.key_arn],
-                conditions={"StringEquals": {"kms:ViaService": f"secretsmanager.{region}.amazonaws.com"}},
+                conditions={"StringEquals": {"kms:ViaService": self._via_secrets_manager()}},
             ),
         ]

@@ -84,10 +84,16 @@ class HyperPodStack(Stack):
                 data=self.data,
                 with_shared=not config.cluster_lane,
             )
+        self.hub_token.restrict_reads(self._token_readers())
         add_secret_outputs(self, hub_token_secret_arn=self.hub_token.arn)
         acknowledge_cdk_providers(self, destination=self.data.bucket)
         attach_provider_log_groups(self)
         skip_cdk_handler_findings(self)
+
+    def _token_readers(self) -> list:
+        """The roles whose runs download from the Hub: the node role and the job role, where the lanes make them."""
+        roles = [getattr(self, "role", None), getattr(self, "job_role", None)]
+        return [holder.role for holder in roles if holder is not None]
 
     def _cluster_lane(self, config: HyperPodConfig, source_root: Path) -> None:
         """Network, FSx, the node role, lifecycle and payload uploads, then the HyperPod cluster."""
@@ -127,6 +133,7 @@ class HyperPodStack(Stack):
             image_repository=default_image.asset.repository,  # one CDK assets repository holds every image
             subnet=self.network.private_subnet,
             security_group=security_group.group,
+            vpc_id=self.network.vpc.vpc_id,
             extra_statements=[
                 *self.hub_token.read_statements(),
                 *([self.metrics.remote_write_statement()] if self.metrics else []),

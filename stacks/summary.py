@@ -11,6 +11,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from stacks.cluster import CONTINUOUS_PROVISIONING
+from stacks.config import CONTINUOUS_SLURM_STRATEGY
 from stacks.lint import is_error, lint_template
 
 BASE_LINT_REGION = "us-west-2"
@@ -28,6 +30,17 @@ def stack_artifacts(cdk_out: Path) -> list[tuple[Path, str]]:
     return found
 
 
+def slurm_strategy(cluster: dict) -> str:
+    """The cluster's SlurmConfigStrategy as HyperPod applies it; the template leaves it out under continuous
+    provisioning, which merges (stacks/config.py PROVISIONING_MODES)."""
+    strategy = cluster.get("Orchestrator", {}).get("Slurm", {}).get("SlurmConfigStrategy")
+    if strategy:
+        return strategy
+    if cluster.get("NodeProvisioningMode") == CONTINUOUS_PROVISIONING:
+        return f"{CONTINUOUS_SLURM_STRATEGY}, continuous provisioning's only strategy"
+    return "HyperPod's default strategy"
+
+
 def describe(template: dict) -> list[str]:
     resources = template.get("Resources", {})
     lines = [f"  {len(resources)} resources:"]
@@ -36,7 +49,7 @@ def describe(template: dict) -> list[str]:
     for resource in resources.values():
         props = resource.get("Properties", {})
         if resource["Type"] == "AWS::SageMaker::Cluster":
-            strategy = props.get("Orchestrator", {}).get("Slurm", {}).get("SlurmConfigStrategy", "?")
+            strategy = slurm_strategy(props)
             lines.append(
                 f"  cluster {props.get('ClusterName')} (Slurm, {strategy}, recovery {props.get('NodeRecovery', '?')}):"
             )

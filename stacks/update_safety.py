@@ -213,7 +213,8 @@ KEY_BEHAVIOUR: dict[str, KeyBehaviour] = {
     "compute_groups": KeyBehaviour(
         IN_PLACE,
         "every group key and adding a group, except: a group's capacity (on-demand or spot) is fixed once created, "
-        "and removing or renaming a group needs `--allow-remove-group NAME`",
+        "and removing or renaming a group needs `--allow-remove-group NAME`; a group with scale_with_runs deploys its "
+        "floor (min_instance_count), and predeploy refuses a deploy while chains hold nodes above it",
     ),
     "fsx_storage_capacity_gib": KeyBehaviour(IN_PLACE, "FSx can only grow (a decrease is refused)"),
     "fsx_throughput_mibps_per_tib": KeyBehaviour(IN_PLACE, ""),

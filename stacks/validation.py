@@ -51,8 +51,15 @@ def int_range(low: int, high: int, extra: str = "") -> Rule:
 
 
 def matches(pattern: str, description: str) -> Rule:
-    compiled = re.compile(pattern)
+    # ASCII: Python's \d also matches other scripts' digits (Arabic-Indic, Devanagari, ...), which no AWS id has.
+    compiled = re.compile(pattern, re.ASCII)
     return Rule(lambda value: bool(compiled.fullmatch(value)), description)
+
+
+# RFC 1918's private address blocks: what a VPC may use for its own addresses. Python's is_private is wider
+# (it also calls link-local 169.254/16, loopback 127/8 and "this network" 0/8 private), and a VPC there breaks:
+# 169.254 holds the instance metadata service and the Amazon DNS resolver, 127/8 is each host's loopback.
+RFC1918 = tuple(ipaddress.IPv4Network(block) for block in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
 
 
 def ipv4_cidr(min_prefix: int, max_prefix: int) -> Rule:
@@ -61,11 +68,13 @@ def ipv4_cidr(min_prefix: int, max_prefix: int) -> Rule:
             network = ipaddress.IPv4Network(value, strict=True)
         except ValueError:
             return False
-        return network.is_private and min_prefix <= network.prefixlen <= max_prefix
+        inside = any(network.subnet_of(block) for block in RFC1918)
+        return value.isascii() and inside and min_prefix <= network.prefixlen <= max_prefix
 
     return Rule(
         check,
-        f"a private IPv4 network in CIDR form with a prefix from /{min_prefix} to /{max_prefix}, e.g. 10.0.0.0/16",
+        f"a private IPv4 network in CIDR form inside 10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16 (RFC 1918) with "
+        f"a prefix from /{min_prefix} to /{max_prefix}, e.g. 10.0.0.0/16",
     )
 
 
@@ -80,7 +89,7 @@ def coerce(key: str, raw: Any, default: Any) -> Any:
     if isinstance(default, int):
         if isinstance(raw, int) and not isinstance(raw, bool):
             return raw
-        if isinstance(raw, str) and re.fullmatch(r"\s*-?\d+\s*", raw):
+        if isinstance(raw, str) and re.fullmatch(r"\s*-?[0-9]+\s*", raw):
             return int(raw)
         raise ConfigError.bad_value(key, raw, "an integer")
     if isinstance(raw, str):

@@ -9,10 +9,14 @@ Debian packages slurm-wlm and munge.
         subprocess.run(["sbatch", "job.sh"], env=slurm.env())
 
 Several nodes on one host (`nodes=2`) run one slurmd each under its own NodeName and port.
+Stopping cancels the jobs, stops the daemons, then kills whatever still carries this cluster's
+SLURM_CONF (a job step slurmd left behind, re-parented to PID 1): nothing of its jobs outlives it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import random
 import shutil
@@ -25,6 +29,7 @@ from pathlib import Path
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 PARTITION = "local"
+STRAY_WAIT_S = 10.0
 
 
 class LocalSlurmError(RuntimeError):
@@ -44,6 +49,43 @@ def hand_to_invoking_user(folder: Path) -> None:
     for parent, folders, files in os.walk(folder):
         for name in (parent, *(Path(parent) / entry for entry in (*folders, *files))):
             os.lchown(name, int(uid), int(gid))
+
+
+def processes_of(conf: Path) -> list[int]:
+    """The pids whose environment names ``conf`` as SLURM_CONF (the daemons, and every job they ran: sbatch
+    exports the submitting environment), this process and its parents left out."""
+    marker = f"SLURM_CONF={conf}".encode()
+    spared = {os.getpid()}
+    pid = os.getpid()
+    while pid > 1:  # our parents (a test runner) may carry it in their environment
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        spared.add(pid)
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in spared:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if marker in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_processes_of(conf: Path, timeout: float = STRAY_WAIT_S) -> list[int]:
+    """SIGKILL every process of this cluster (processes_of) and wait until they are gone; the pids killed."""
+    killed = processes_of(conf)
+    for pid in killed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in processes_of(conf)):
+        time.sleep(0.1)
+    return killed
 
 
 def _free_port() -> int:
@@ -124,7 +166,8 @@ class LocalSlurm:
         return self
 
     def stop(self) -> None:
-        """Cancel what is left, then stop the daemons we started (by PID, newest first)."""
+        """Cancel what is left, stop the daemons we started (by PID, newest first), then kill any process of
+        this cluster's jobs still alive (a job step whose slurmd is gone outlives a SIGTERM)."""
         if any(name == "slurmctld" and proc.poll() is None for name, proc in self._procs):
             self.run("scancel", "--partition", PARTITION, check=False)
             deadline = time.monotonic() + 20
@@ -140,6 +183,7 @@ class LocalSlurm:
                 proc.kill()
                 proc.wait()
         self._procs.clear()
+        kill_processes_of(self.conf)
         if self.munge_dir is not None:
             shutil.rmtree(self.munge_dir, ignore_errors=True)
 
@@ -230,3 +274,54 @@ class LocalSlurm:
             if time.monotonic() > deadline:
                 raise LocalSlurmError(f"timed out waiting for {what}: see {self.root / 'log' / log}")
             time.sleep(0.2)
+
+
+class SlurmNodeScaler:
+    """A stand-in for HyperPod's node APIs on the local Slurm (llm_pipeline.jobs.capacity's scaler): a node is
+    added by resuming it and removed by draining it (a drained node is out of service until resumed, and
+    ReturnToService never brings it back, as it would a DOWN one). Every call is appended to HPL_SCALER_LOG
+    (JSON lines), for tests to check what the chain asked for and when.
+
+    Select it with HPL_SCALER=tools.local_slurm:SlurmNodeScaler (the repository root on PYTHONPATH). The group's
+    nodes are those of partition HPL_SCALER_PARTITION (default: the local cluster's one partition)."""
+
+    OUT_OF_SERVICE = ("down", "drain", "drng", "drained", "fail", "maint")
+
+    def __init__(self) -> None:
+        self.partition = os.environ.get("HPL_SCALER_PARTITION", PARTITION)
+        self.log = os.environ.get("HPL_SCALER_LOG", "")
+
+    def _states(self) -> dict[str, str]:
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-p", self.partition, "-o", "%N %t"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        return dict(zip(out[0::2], out[1::2], strict=True))
+
+    def _record(self, action: str, nodes: list[str]) -> None:
+        if self.log:
+            with open(self.log, "a") as log:
+                busy = {node: self._running(node) for node in nodes}
+                log.write(json.dumps({"action": action, "nodes": nodes, "running": busy, "t": time.time()}) + "\n")
+
+    @staticmethod
+    def _running(node: str) -> list[str]:
+        out = subprocess.run(
+            ["squeue", "-h", "-w", node, "-t", "RUNNING", "-o", "%A %j"], capture_output=True, text=True
+        )
+        return out.stdout.split("\n")[:-1] if out.stdout else []
+
+    def in_service(self, group: str) -> list[str]:
+        return sorted(n for n, s in self._states().items() if not s.rstrip("*~#!%$@^-").startswith(self.OUT_OF_SERVICE))
+
+    def add(self, group: str, count: int) -> None:
+        out = sorted(n for n, s in self._states().items() if s.rstrip("*~#!%$@^-").startswith(self.OUT_OF_SERVICE))
+        chosen = out[:count]
+        self._record("add", chosen)
+        if chosen:
+            subprocess.run(["scontrol", "update", f"nodename={','.join(chosen)}", "state=resume"], check=True)
+
+    def remove(self, group: str, nodes) -> None:
+        self._record("remove", list(nodes))
+        subprocess.run(
+            ["scontrol", "update", f"nodename={','.join(nodes)}", "state=drain", "reason=hpl-scaled-in"], check=True
+        )

@@ -7,9 +7,11 @@
    download step finds it complete and skips the Hub) and dolly-format records as the dataset;
 3. submits the same pipeline a cluster runs (python -m llm_pipeline.submit --wait) with the
    tiny-cpu run config; HPL_* variables point the FSx folders at <root>/fsx;
-4. shows the adapter, the merged model, the generated answer and the evaluation (base vs tuned);
-   runs `python -m llm_pipeline.compare` on the run (<run>/compare/: chart and table); stops the
-   daemons by PID.
+4. shows the adapter, the merged model, the generated answer and the evaluation (base vs tuned, and
+   the run's one chart: <run>/eval/result.png); stops the daemons by PID and kills what their jobs left.
+Safe to run twice and to interrupt: the config is checked before anything starts or is deleted, a
+second rehearsal on the same --root is refused while one runs (tools/rehearsal_lock.py), and Ctrl-C
+stops the cluster and its jobs and says so in one line (exit 130).
 --method lora|dora|qlora|full runs the config with that train.method (a copy under <root>).
 --tiny runs --config at tiny shape on this CPU (tiny_shape_config: TINY_SHAPE replaced, everything else the
 config's own), e.g. a GPU example: make rehearse CONFIG=payloads/configs/llama3-8b-lora-g5.toml.
@@ -21,16 +23,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from cluster_contract import FSX_FOLDER_FACTS, PAYLOADS_FOLDER
 from llm_pipeline.config import METHODS
+from llm_pipeline.jobs.chain import INTERRUPTED_EXIT
 from llm_pipeline.jobs.run_config_text import derived_config
 from tools.local_slurm import LocalSlurm, LocalSlurmError, hand_to_invoking_user
+from tools.rehearsal_lock import RehearsalBusy, RehearsalLock
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / PAYLOADS_FOLDER / "configs" / "tiny-cpu.toml"
@@ -104,9 +109,12 @@ def fsx_environment(fsx: Path, base: dict[str, str] | None = None) -> dict[str, 
 
 def write_inputs(config_path: Path, env: dict[str, str], records: int = DOLLY_RECORDS) -> None:
     """The tiny model where the download step looks, and the dolly records the data step reads."""
+    from transformers.utils import logging as transformers_logging
+
     from llm_pipeline import config
     from tools import tiny_model as tiny
 
+    transformers_logging.disable_progress_bar()  # a one-shard "Writing model shards" bar says nothing here
     cfg = config.load(config_path, env=env)
     tiny.write_tiny_model(Path(cfg.paths.model_dir), dtype=cfg.model.dtype)
     tiny.write_dolly_jsonl(Path(cfg.data.dataset), records)
@@ -116,7 +124,9 @@ def submit(config_path: Path, env: dict[str, str], *extra: str, poll: float = 2.
     command = [sys.executable, "-m", "llm_pipeline.submit", "--config", str(config_path), *extra]
     if "--wait" in extra:
         command += ["--poll", str(poll)]
-    return subprocess.run(command, env=env, cwd=REPO / PAYLOADS_FOLDER).returncode
+    # Its own session: a Ctrl-C reaches the rehearsal alone, which ends it (subprocess.run kills it on the
+    # interrupt) and says so once.
+    return subprocess.run(command, env=env, cwd=REPO / PAYLOADS_FOLDER, start_new_session=True).returncode
 
 
 def method_config(config_path: Path, method: str, folder: Path) -> Path:
@@ -172,42 +182,74 @@ def show_outputs(output_dir: Path) -> None:
             print(f"({TINY_MODEL_NOTE})")
 
 
-def compare_run(output_dir: Path, env: dict[str, str]) -> int:
-    """The compare command on the finished run: <run>/compare/compare.png, .md and .json."""
-    command = [sys.executable, "-m", "llm_pipeline.compare", str(output_dir), "--output", str(output_dir / "compare")]
-    return subprocess.run(command, env=env, cwd=REPO / PAYLOADS_FOLDER).returncode
+# The engine the rehearsal runs on this CPU: configs for it can be rehearsed; the trn1 lane (optimum-neuron)
+# has its own site and tests.
+REHEARSED_BACKEND = "torch"
+REHEARSABLE = (
+    f"the rehearsal runs train.backend = '{REHEARSED_BACKEND}' configs: {DEFAULT_CONFIG.name} (the default), the GPU "
+    f"examples (CONFIG=payloads/configs/llama3-8b-lora-g5.toml) and --trn2; the trn1 lane (optimum-neuron) is "
+    "covered by `make test-trn1`"
+)
 
 
-def rehearse(
-    root: Path, config_path: Path, method: str | None = None, *, trn2: bool = False, tiny: bool = False
-) -> int:
-    from llm_pipeline.jobs.run_facts import read_run_facts
+class RehearsalError(RuntimeError):
+    """The rehearsal cannot start; the message names the config or folder and what to do."""
 
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
+
+def run_config(config_path: Path, root: Path, method: str | None, *, trn2: bool, tiny: bool) -> Path:
+    """The run config the rehearsal submits: ``config_path`` shaped for this host (--trn2, --tiny, --method),
+    written under ``root``."""
     if trn2:
         config_path = trn2_shape_config(root / "fsx", root)
     if tiny:
         config_path = tiny_shape_config(config_path, root / "fsx", root)
     if method is not None:
         config_path = method_config(config_path, method, root)
+    return config_path
+
+
+def check_config(config_path: Path, root: Path, method: str | None, *, trn2: bool, tiny: bool) -> None:
+    """Load the config as the rehearsal will run it (shaped in a scratch folder), before anything starts or is
+    deleted: a RehearsalError of one line for a config the rehearsal cannot run."""
+    from llm_pipeline import config
+
+    env = fsx_environment(root / "fsx")
+    with tempfile.TemporaryDirectory(prefix="hpl-rehearsal-check-") as scratch:
+        try:
+            backend = config.load(config_path, env=env).train.backend
+            if backend != REHEARSED_BACKEND and not trn2:  # --trn2 rehearses its own config, whatever is given
+                raise RehearsalError(f"CONFIG={config_path}: train.backend = '{backend}': {REHEARSABLE}")
+            config.load(run_config(config_path, Path(scratch), method, trn2=trn2, tiny=tiny), env=env)
+        except config.ConfigError as exc:
+            raise RehearsalError(f"CONFIG={config_path}: {exc}") from None
+
+
+def rehearse(
+    root: Path, config_path: Path, method: str | None = None, *, trn2: bool = False, tiny: bool = False
+) -> int:
+    """The rehearsal in ``root`` (emptied first); the caller holds its RehearsalLock."""
+    from llm_pipeline.jobs.run_facts import read_run_facts
+
+    config_path = run_config(config_path, root, method, trn2=trn2, tiny=tiny)
     start = time.monotonic()
     print(f"[1/4] starting a local Slurm under {root / 'slurm'}", flush=True)
     with LocalSlurm(root / "slurm") as slurm:
-        env = slurm.env(fsx_environment(root / "fsx"))
-        if trn2:
-            env = trn2_environment(env)
-        print(f"[2/4] writing the tiny model and {DOLLY_RECORDS} dolly records under {root / 'fsx'}", flush=True)
-        write_inputs(config_path, env)
-        print(f"[3/4] submitting the pipeline with {config_path.name} and following it", flush=True)
-        status = submit(config_path, env, "--wait")
-        output_dir = read_run_facts(config_path, env).output_dir
-        print("[4/4] results", flush=True)
-        show_outputs(output_dir)
-        if status == 0:
-            status = compare_run(output_dir, env)
-        if status != 0:
-            print(f"\nrehearsal FAILED: step logs are in {output_dir / 'logs'}", file=sys.stderr)
+        try:
+            env = slurm.env(fsx_environment(root / "fsx"))
+            if trn2:
+                env = trn2_environment(env)
+            print(f"[2/4] writing the tiny model and {DOLLY_RECORDS} dolly records under {root / 'fsx'}", flush=True)
+            write_inputs(config_path, env)
+            print(f"[3/4] submitting the pipeline with {config_path.name} and following it", flush=True)
+            status = submit(config_path, env, "--wait")
+            output_dir = read_run_facts(config_path, env).output_dir
+            print("[4/4] results", flush=True)
+            show_outputs(output_dir)
+            if status != 0:
+                print(f"\nrehearsal FAILED: step logs are in {output_dir / 'logs'}", file=sys.stderr)
+        except KeyboardInterrupt:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
+            raise
     print(f"rehearsal {'passed' if status == 0 else 'failed'} in {time.monotonic() - start:.0f} s; daemons stopped")
     return status
 
@@ -232,16 +274,24 @@ def main(argv: list[str] | None = None) -> int:
         help=f"run {TRN2_CONFIG.name}'s pipeline shape on this CPU: {TRN2_RANKS} FSDP2 ranks, the tiny model",
     )
     args = parser.parse_args(argv)
+    root = args.root.resolve()
     if not args.config.is_file():
         print(f"error: run config {args.config} does not exist", file=sys.stderr)
         return 2
+    lock = RehearsalLock(root)
     try:
-        return rehearse(args.root.resolve(), args.config.resolve(), args.method, trn2=args.trn2, tiny=args.tiny)
-    except LocalSlurmError as exc:
+        check_config(args.config.resolve(), root, args.method, trn2=args.trn2, tiny=args.tiny)
+        with lock:
+            lock.wipe()
+            return rehearse(root, args.config.resolve(), args.method, trn2=args.trn2, tiny=args.tiny)
+    except (LocalSlurmError, RehearsalError, RehearsalBusy) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: the local Slurm and its jobs are stopped; the run's files are in {root}", file=sys.stderr)
+        return INTERRUPTED_EXIT
     finally:
-        hand_to_invoking_user(args.root.resolve())
+        hand_to_invoking_user(root)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""Charts beside the reports: loss curves (one run or a comparison), the scaling sweep, the ladder,
-the training benchmark. matplotlib, headless: figures are built on the Agg canvas (no pyplot, no
-display) and written as PNG atomically. Each ``*_figure`` function returns the Figure, so a caller
-(or a test) can read back exactly what was drawn; ``save`` writes it.
+"""Charts beside the reports: a run's result (its loss, base and tuned validation loss, learning rate),
+loss curves compared, the scaling sweep, the ladder, the training benchmark. matplotlib, headless:
+figures are built on the Agg canvas (no pyplot, no display) and written as PNG atomically. Each
+``*_figure`` function returns the Figure, so a caller (or a test) can read back exactly what was
+drawn; ``save`` writes it.
 
     python -m llm_pipeline.charts scaling <sweep folder>     scaling.png from scaling.json
     python -m llm_pipeline.charts ladder <ladder folder>     report.png from report.json
@@ -68,6 +69,33 @@ def loss_figure(
         diff_axis.set(xlabel=x_label, ylabel="|loss - reference| / reference (%)", title="relative difference")
         diff_axis.grid(alpha=0.3)
         diff_axis.legend()
+    return figure
+
+
+def result_figure(
+    steps: Sequence[int],
+    losses: Sequence[float],
+    *,
+    validation: Sequence[tuple[str, float]] = (),
+    learning_rates: Sequence[tuple[int, float]] = (),
+    title: str,
+) -> Figure:
+    """One run's result: its training loss by step, each (model, validation loss) of ``validation`` (base and
+    tuned) as a level line on the same axis, and below, the learning rate by step where it was logged."""
+    figure, axes = _figure(2 if learning_rates else 1)
+    loss_axis = axes[0]
+    loss_axis.plot(list(steps), list(losses), marker="." if len(steps) < 60 else None, label="training loss")
+    for index, (model, value) in enumerate(validation, 1):
+        loss_axis.axhline(value, color=f"C{index}", linestyle="--", label=f"{model} validation loss {value:.4f}")
+    loss_axis.set(xlabel="optimizer step", ylabel="loss", title=title)
+    loss_axis.grid(alpha=0.3)
+    loss_axis.legend()
+    if learning_rates:
+        rate_axis = axes[1]
+        rate_axis.plot([s for s, _ in learning_rates], [r for _, r in learning_rates], color="gray", label="lr")
+        rate_axis.set(xlabel="optimizer step", ylabel="learning rate", title="learning rate")
+        rate_axis.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+        rate_axis.grid(alpha=0.3)
     return figure
 
 

@@ -22,6 +22,10 @@ from llm_pipeline.errors import PipelineError
 
 BAD_INPUT = 2
 GLOO_WORKER_THREAD = "pt_gloo_runloop"  # the name torch gives ProcessGroupGloo's worker threads
+# bitsandbytes (peft imports it on every adapter step) fetches a 4-bit CPU matmul kernel from the Hub when the CPU
+# has AVX512-BF16, and warns when it cannot (offline, no `kernels` package): the kernel only speeds up 4-bit
+# matmuls on a CPU, and its fallback computes the same, so the warning is noise in every step log.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
 def parser(step: str, description: str) -> argparse.ArgumentParser:

@@ -10,7 +10,8 @@ first N steps of the reference. For each other curve: the max and the mean of
 |loss - reference| / |reference| over that window; it matches when the max is within the tolerance.
 Runs with an evaluation (the evaluate step's eval/eval.json) get their base and tuned validation
 loss and perplexity in the table. Writes DIR/compare.png, compare.md and compare.json.
-Exit status: 0 when every curve matches (or only one was given), 1 when one does not, 2 on bad input.
+Exit status: 0 when every curve matches, 1 when one does not, 2 on bad input (fewer than two curves: a
+run's own chart is its evaluation's, <run>/eval/result.png).
 hpctl's `run compare` takes S3 run prefixes too (it downloads what this reads).
 """
 
@@ -135,8 +136,6 @@ def report(curves: list[LossCurve], found: list[Difference], *, by: str, steps: 
             }
         )
     verdict = "match" if all(row["matches"] is not False for row in rows) else "no match"
-    if len(curves) == 1:
-        verdict = "one run: nothing to compare"
     return {"aligned_by": by, "steps": steps, "tolerance": tolerance, "verdict": verdict, "runs": rows}
 
 
@@ -172,7 +171,7 @@ def figure(curves: list[LossCurve], found: list[Difference], *, by: str, toleran
 
     x_label = "optimizer step" if by == "step" else "tokens seen (positions)"
     drawn = [(c.label, c.steps if by == "step" else c.tokens, c.losses) for c in curves]
-    title = "training loss" if len(curves) == 1 else f"training loss, reference {curves[0].label}"
+    title = f"training loss, reference {curves[0].label}"
     return charts.loss_figure(
         drawn,
         x_label=x_label,
@@ -197,6 +196,10 @@ def compare(
     if labels and len(labels) != len(runs):
         raise StepError(f"--labels names {len(labels)} runs but {len(runs)} were given")
     curves = [curve for i, run in enumerate(runs) for curve in read_run(run, labels[i] if labels else None)]
+    if len(curves) < 2:
+        raise StepError(
+            f"{runs[0]} holds one loss curve: compare needs two or more (its own chart is <run>/eval/result.png)"
+        )
     if len({c.label for c in curves}) < len(curves):
         raise StepError("two runs have the same name: give --labels")
     found = differences(curves, by=by, steps=steps)

@@ -12,9 +12,10 @@ with tomllib where there is one, else with the stdlib reader of the one-line-val
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
@@ -426,7 +427,8 @@ class JobConfig:
 
     instance_type: str = described(
         "ml.trn1.32xlarge",
-        "training job instance type (`hpctl job submit --instance-type` overrides); instances: parallel.nodes",
+        "training job instance type (`.venv/bin/hpctl job submit --instance-type` overrides); instances: "
+        "parallel.nodes",
     )
     volume_size_gb: int = ranged(
         500, at_least(1), "ML storage volume per instance: the model, the data, the run folder"
@@ -571,13 +573,21 @@ def expand(value: str, key: str, env: dict[str, str] | None = None) -> str:
     return _VAR.sub(sub, value)
 
 
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`: did you mean 'x'?` for the known name closest to a mistyped one, else nothing."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f": did you mean '{close[0]}'?" if close else ""
+
+
 def _build(cls: type, table: Any, section: str) -> Any:
     if not isinstance(table, dict):
         raise ConfigError(f"[{section}] must be a table, got {type(table).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(table) - set(fields))
     if unknown:
-        raise ConfigError(f"{section}.{unknown[0]}: unknown key (known: {', '.join(fields)})")
+        raise ConfigError(
+            f"{section}.{unknown[0]}: unknown key{did_you_mean(unknown[0], fields)} (known: {', '.join(fields)})"
+        )
     values = {}
     for name, value in table.items():
         default = getattr(cls(), name)
@@ -731,7 +741,9 @@ def from_dict(raw: dict[str, Any], base_dir: Path | None = None, env: dict[str, 
     sections = {f.name: f.type for f in dataclasses.fields(RunConfig)}
     unknown = sorted(set(raw) - set(sections))
     if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown section (known: {', '.join(sections)})")
+        raise ConfigError(
+            f"{unknown[0]}: unknown section{did_you_mean(unknown[0], sections)} (known: {', '.join(sections)})"
+        )
     parts = {}
     for f in dataclasses.fields(RunConfig):
         cls = type(f.default_factory())

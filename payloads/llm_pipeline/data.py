@@ -11,9 +11,9 @@ mode (data.blocks, for full fine-tuning on a corpus) tokenizes here instead: see
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
-import sys
 from pathlib import Path
 
 from llm_pipeline import cli
@@ -347,8 +347,11 @@ def training_inputs(cfg: RunConfig, *, may_prepare: bool):
 
 def preview(cfg: RunConfig) -> None:
     """Print the first training record as trl tokenizes it, trained span marked, then the padding report."""
+    import datasets
+
     from llm_pipeline.training.torch import preview as torch_preview
 
+    datasets.disable_progress_bars()  # a preview prints one record: no bar per map and filter over the records
     tokenizer = load_tokenizer(cfg.paths.model_dir)
     if cfg.data.blocks:
         raise StepError("data.blocks trains on every token of fixed-length blocks: there is no span to preview")
@@ -363,15 +366,30 @@ def preview(cfg: RunConfig) -> None:
     print(data_stats.describe(report), flush=True)
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["--preview"] and len(argv) == 2:  # python -m llm_pipeline.data --preview CONFIG
-        return cli.run_config_only_step("data", "Preview a tokenized example.", preview, ["--config", argv[1]])
-    description = (
-        "Validate, split and save the dolly dataset; report padding with and without packing. "
-        "`--preview CONFIG` prints the first training record as the trainer tokenizes it, trained span in [[ ]]."
+DESCRIPTION = (
+    "Validate, split and save the run's dataset (data.dataset: dolly or chat records, a file, a folder or a Hub id); "
+    "report padding with and without packing."
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    command = argparse.ArgumentParser(prog="python -m llm_pipeline.data", description=DESCRIPTION)
+    which = command.add_mutually_exclusive_group(required=True)
+    which.add_argument("--config", metavar="RUN.toml", help="the run config: prepare its data (the data step)")
+    which.add_argument(
+        "--preview",
+        metavar="RUN.toml",
+        help="print the first training record as the trainer tokenizes it (trained span in [[ ]]) and the padding "
+        "report; writes nothing",
     )
-    return cli.run_config_only_step("data", description, prepare, argv)
+    cli.add_version(command)
+    return command
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    step = preview if args.preview else prepare
+    return cli.run_config_only_step("data", DESCRIPTION, step, ["--config", args.preview or args.config])
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ The first eval.answers
 held-out prompts (chat records: the conversation up to its last assistant turn, by the chat template;
 the generate question when there is none, or in block mode) are answered by both
 models, greedily. Writes into <run>/eval/: eval.json,
-report.md (the numbers, the answers side by side, the loss chart) and loss.png (the run's training
-loss from its own metrics). compare shows these numbers next to the run's curve.
+report.md (the numbers, the answers side by side, the chart) and result.png, the run's one chart: its
+training loss and learning rate from its own metrics, with the base and tuned validation loss.
+compare shows these numbers next to the run's curve when it compares runs.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from llm_pipeline.prompt import MESSAGES_COLUMN, format_example, format_prompt, 
 from llm_pipeline.training.plan import completion_only
 from llm_pipeline.training.trained_tokens import IGNORED, prepared_records
 
-EVAL_JSON, REPORT, LOSS_CHART = "eval.json", "report.md", "loss.png"
+EVAL_JSON, REPORT, RESULT_CHART = "eval.json", "report.md", "result.png"
 OBJECTIVE_ANSWERS = "answer tokens only, as training computed its loss"
 OBJECTIVE_ALL = "every token, as training computed its loss"
 
@@ -156,18 +157,24 @@ def evaluate_model(
     return result
 
 
-def loss_chart(cfg: RunConfig, path: Path) -> Path | None:
-    """The run's training loss by step, from its own metrics; None when it logged none."""
+def result_figure(cfg: RunConfig, scores: dict[str, dict]):
+    """The run's one chart: its training loss and learning rate by step, from its own metrics, and the
+    validation loss of each model in ``scores`` (base, tuned) that has one; None when the run logged no loss."""
     from llm_pipeline import charts, run_metrics
 
     try:
-        curves = run_metrics.read_run(Path(cfg.paths.output_dir))
+        curve = run_metrics.read_run(Path(cfg.paths.output_dir))[0]
     except StepError as exc:
-        print(f"no loss chart: {exc}", flush=True)
+        print(f"no chart: {exc}", flush=True)
         return None
-    drawn = [(curve.label, curve.steps, curve.losses) for curve in curves]
-    title = f"training loss: {Path(cfg.paths.output_dir).name}"
-    return charts.save(charts.loss_figure(drawn, x_label="optimizer step", title=title), path)
+    validation = [(name, found["validation_loss"]) for name, found in scores.items() if "validation_loss" in found]
+    return charts.result_figure(
+        curve.steps,
+        curve.losses,
+        validation=validation,
+        learning_rates=curve.learning_rates,
+        title=f"{Path(cfg.paths.output_dir).name}: training loss, base and tuned validation loss",
+    )
 
 
 def _cell(text: str) -> str:
@@ -205,8 +212,8 @@ def as_markdown(result: dict) -> str:
             f"| {_cell(answer['instruction'])} | {_cell(answer['reference'] or '-')} "
             f"| {_cell(answer['base'])} | {_cell(answer['tuned'])} |"
         )
-    if result.get("loss_chart"):
-        lines += ["", "## Training loss", "", f"![training loss]({LOSS_CHART})"]
+    if result.get("chart"):
+        lines += ["", "## Training loss, validation loss, learning rate", "", f"![result]({RESULT_CHART})"]
     return "\n".join(lines) + "\n"
 
 
@@ -250,10 +257,13 @@ def evaluate(cfg: RunConfig) -> dict:
             {"instruction": instruction, "context": context, "reference": reference, "base": b, "tuned": t}
             for (instruction, context, reference), b, t in zip(asked, base["answers"], tuned["answers"], strict=True)
         ],
-        "loss_chart": None,
+        "chart": None,
     }
-    chart = loss_chart(cfg, folder / LOSS_CHART)
-    result["loss_chart"] = chart.name if chart else None
+    figure = result_figure(cfg, {"base": result["base"], "tuned": result["tuned"]})
+    if figure is not None:
+        from llm_pipeline import charts
+
+        result["chart"] = charts.save(figure, folder / RESULT_CHART).name
     (folder / EVAL_JSON).write_text(json.dumps(result, indent=2) + "\n")
     (folder / REPORT).write_text(as_markdown(result))
     print(f"evaluation written to {folder / REPORT} and {folder / EVAL_JSON}", flush=True)

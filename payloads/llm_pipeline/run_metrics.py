@@ -27,6 +27,7 @@ TENSORBOARD_DIR = "tensorboard"
 LOGS_DIR = "logs"
 EVAL_FILE = Path("eval") / "eval.json"
 LOSS_TAG = "train/loss"
+LEARNING_RATE_TAG = "train/learning_rate"
 SEQUENCES_TAG = "model/sequences_per_step"
 LENGTH_TAG = "model/sequence_length"
 RUNG_LOG = re.compile(r"^rung-(?P<rung>.+)-(?P<job>\d+)\.log$")
@@ -44,6 +45,8 @@ class LossCurve:
     losses: tuple[float, ...]
     tokens_per_step: int | None = None
     evaluation: dict | None = field(default=None, compare=False)
+    # (step, learning rate) where the run logged it (torch and neuron runs): the result chart draws it
+    learning_rates: tuple[tuple[int, float], ...] = field(default=(), compare=False)
 
     @property
     def tokens(self) -> tuple[int, ...] | None:
@@ -93,16 +96,18 @@ def _from_events(run: Path, label: str) -> LossCurve | None:
     steps, losses = _newest_per_step(scalars[LOSS_TAG])
     sequences, length = scalars.get(SEQUENCES_TAG), scalars.get(LENGTH_TAG)
     tokens_per_step = int(sequences[-1][1] * length[-1][1]) if sequences and length else None
-    return LossCurve(label, str(run), "events", steps, losses, tokens_per_step, _evaluation(run))
+    rates = tuple(zip(*_newest_per_step(scalars.get(LEARNING_RATE_TAG, [])), strict=True))
+    return LossCurve(label, str(run), "events", steps, losses, tokens_per_step, _evaluation(run), rates)
 
 
 def _from_train_logs(run: Path, label: str) -> LossCurve | None:
     logs = sorted((run / LOGS_DIR).glob("train-*.log"), key=lambda p: _job_number(p, TRAIN_LOG))
-    points = [point for log in logs for point in _progress_points(log.read_text(errors="replace"))]
-    if not points:
+    lines = [line for log in logs for line in ProgressLine.parse_all(log.read_text(errors="replace"))]
+    if not lines:
         return None
-    steps, losses = _newest_per_step(points)
-    return LossCurve(label, str(run), "progress log", steps, losses, None, _evaluation(run))
+    steps, losses = _newest_per_step([(line.step, line.loss) for line in lines])
+    rates = tuple(zip(*_newest_per_step([(line.step, line.learning_rate) for line in lines]), strict=True))
+    return LossCurve(label, str(run), "progress log", steps, losses, None, _evaluation(run), rates)
 
 
 def _torchtitan_curve(log: Path, label: str) -> LossCurve | None:

@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
 
 from llm_pipeline import __version__, ladder_submit, run_state
-from llm_pipeline.jobs import deploy_facts, estimate, pipeline_status, smoke
+from llm_pipeline.jobs import capacity_chain, deploy_facts, estimate, pipeline_status, smoke
 from llm_pipeline.jobs.chain import (
     PAYLOADS_DIR,
     ChainJob,
@@ -122,7 +123,14 @@ def submit(
         for job in pipeline_status.read_record(facts.logs_dir)
         if job.step in STEPS and STEPS.index(job.step) < STEPS.index(first)  # (a ladder's steps are not)
     ]
-    return submit_chain(facts, pipeline_jobs(first), env, kept=kept, smoke_stage=smoke_stage)
+    claim_id = capacity_chain.claim_for_chain(facts, env)  # a group that scales with runs: its nodes first
+    try:
+        submitted = submit_chain(facts, pipeline_jobs(first), env, kept=kept, smoke_stage=smoke_stage)
+    except BaseException:
+        capacity_chain.give_back_now(claim_id, env)
+        raise
+    capacity_chain.submit_release(facts, claim_id, submitted, env)
+    return submitted
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -171,6 +179,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+# What the status command needs from this shell beyond the config: where Slurm is (a local cluster's
+# slurm.conf) and the folders the config's ${HPL_...} paths expand to.
+HINT_VARIABLES = re.compile(r"\$\{(HPL_[A-Z_]+)")
+
+
+def status_hint(facts: RunFacts, env: dict[str, str]) -> str:
+    """The status command as one line that works when pasted into a fresh shell: this interpreter, the
+    payloads on PYTHONPATH, SLURM_CONF and the HPL_* folders the config names, where they are set."""
+    names = ["SLURM_CONF", *dict.fromkeys(HINT_VARIABLES.findall(facts.config.read_text()))]
+    values = [(name, env[name]) for name in names if env.get(name)] + [("PYTHONPATH", str(PAYLOADS_DIR))]
+    command = [sys.executable, "-m", "llm_pipeline.submit", "status", "--config", str(facts.config)]
+    return " ".join([*(f"{name}={shlex.quote(value)}" for name, value in values), shlex.join(command)])
+
+
 def print_estimate(facts: RunFacts) -> bool:
     """The smoke run's estimate, when its job wrote one; False when there is none (yet)."""
     found = estimate.read_estimate(facts.logs_dir)
@@ -187,7 +209,7 @@ def report(facts: RunFacts, states: list[pipeline_status.StepState], *, estimate
         print(line)
     if not estimate_shown and any(s.step == smoke.ESTIMATE_STEP for s in states):
         print_estimate(facts)
-    return 1 if pipeline_status.verdict(states)[0] == "FAILED" else 0
+    return 0 if pipeline_status.verdict(states)[0] in ("COMPLETED", "RUNNING") else 1
 
 
 def follow(facts: RunFacts, poll_s: float) -> tuple[list[pipeline_status.StepState], bool]:
@@ -222,7 +244,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.action == "status":
         if not pipeline_status.read_record(facts.logs_dir):
             raise SubmitError(f"no pipeline submitted for {facts.output_dir} (no {facts.logs_dir}/pipeline.json)")
-        return report(facts, pipeline_status.step_states(facts.logs_dir, slurm))
+        return report(facts, pipeline_status.states_retrying(facts.logs_dir, slurm))
     if args.dry_run:
         if args.action == "ladder":
             ladder_submit.dry_run(facts, env, smoke_stage=args.smoke)
@@ -237,7 +259,7 @@ def _main(args: argparse.Namespace) -> int:
     else:
         submit(facts, args.first, env, smoke_stage=args.smoke, replace_outputs=args.replace_outputs)
     print(f"logs: {facts.logs_dir}/<step>-<job>.log")
-    print(f"status: python3 -m llm_pipeline.submit status --config {facts.config}")
+    print(f"status: {status_hint(facts, env)}", flush=True)
     if args.wait:
         states, estimate_shown = follow(facts, args.poll)
         return report(facts, states, estimate_shown=estimate_shown)

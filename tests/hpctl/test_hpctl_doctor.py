@@ -19,7 +19,7 @@ ZONE = "usw2-az4"
 TRN = {"name": "trn", "instance_type": "ml.trn1.32xlarge", "partition": "trn1", "count": 2}
 CONTEXT = {"region": REGION, "availability_zone_id": ZONE, "compute_groups": json.dumps([TRN])}
 TOKEN = "hf_secret_value_never_printed"
-SERVICES = ("sts", "service-quotas", "ec2", "cloudformation")
+SERVICES = ("sts", "service-quotas", "ec2", "cloudformation", "secretsmanager")
 ROLE_ARN = "arn:aws:iam::123456789012:user/dev"
 
 
@@ -182,6 +182,16 @@ def test_failing_credentials_fail_and_skip_the_account_checks(aws, environ, code
     assert set(found) == {"credentials", "quotas, zone, CDK bootstrap"}
 
 
+def test_a_check_not_run_is_no_failure_of_its_own(aws, environ, capsys):
+    aws[1]["sts"].add_client_error("get_caller_identity", "ExpiredToken", "no", 403)
+    found = doctor.findings(context=CONTEXT, session=aws[0], environ=environ)
+    assert doctor.report(found) == 1
+    out = capsys.readouterr().out
+    assert "SKIP  quotas, zone, CDK bootstrap: not checked: fix the credentials first" in out
+    failed = sum(line.startswith("FAIL") for line in out.splitlines())
+    assert out.splitlines()[-1] == f"{failed} check(s) failed; 1 not checked (they need the failed ones)"
+
+
 def test_denied_quota_reading_names_the_call(aws, environ):
     answer(aws[1], quota_error=("AccessDeniedException", "not yours", 400))
     assert failures(lines(aws, environ)) == {
@@ -205,6 +215,8 @@ def test_local_tools_missing_or_broken_fail_with_the_fix(aws, environ, tmp_path)
     bin_dir = Path(environ["PATH"])
     (bin_dir / "docker").unlink()
     tool(bin_dir, "node", "echo v20.20.2")
+    no_stack = ("ValidationError", "Stack with id HyperPodLlamaLora does not exist", 400)
+    aws[1]["cloudformation"].add_client_error("describe_stacks", *no_stack)
     found = failures(lines(aws, {**environ, "HF_TOKEN": ""}))
     assert found["Docker"].startswith("no `docker` on PATH: install Docker")
     assert found["Node.js"] == "v20.20.2 found, the CDK needs Node.js 22 or 24: install one of them"
@@ -242,3 +254,37 @@ def test_the_cli_exits_1_on_a_failure(monkeypatch, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "FAIL  credentials: no AWS credentials found" in out
     assert "FAIL  region: 'moon-east-1'" in out
+
+
+FILLER, TOKEN_VERSION = "0" * 31 + "1", "0" * 31 + "2"  # version ids: 32 characters at least (the model)
+SECRET_ARN = "arn:aws:secretsmanager:us-west-2:123456789012:secret:HubTokenSecret-AbCdEf"
+
+
+def answer_stack_secret(stubbers, stages: dict[str, list[str]]) -> None:
+    """The deployed stack names its token secret; DescribeSecret lists the versions' stages (never the value)."""
+    stack = {
+        "StackName": "HyperPodLlamaLora",
+        "CreationTime": "2024-01-01",
+        "StackStatus": "UPDATE_COMPLETE",
+        "Outputs": [{"OutputKey": "HfTokenSecretArn", "OutputValue": SECRET_ARN}],
+    }
+    stubbers["cloudformation"].add_response("describe_stacks", {"Stacks": [stack]}, {"StackName": "HyperPodLlamaLora"})
+    stubbers["secretsmanager"].add_response(
+        "describe_secret", {"ARN": SECRET_ARN, "VersionIdsToStages": stages}, {"SecretId": SECRET_ARN}
+    )
+
+
+def test_the_stacks_filled_secret_stands_in_for_a_local_token(aws, environ):
+    """`hpctl secret set hf-token` put a version over the stack's filler: no local HF_TOKEN is needed."""
+    answer(aws[1])
+    answer_stack_secret(aws[1], {FILLER: ["AWSPREVIOUS"], TOKEN_VERSION: ["AWSCURRENT"]})
+    found = lines(aws, {**environ, "HF_TOKEN": ""})["Hugging Face token"]
+    assert found.ok and SECRET_ARN in found.detail and "not read" in found.detail
+
+
+def test_the_stacks_unfilled_secret_does_not_count(aws, environ):
+    answer(aws[1])
+    answer_stack_secret(aws[1], {FILLER: ["AWSCURRENT"]})
+    found = failures(lines(aws, {**environ, "HF_TOKEN": ""}))
+    assert found["Hugging Face token"].startswith("none found: gated models")
+    assert "hpctl secret set hf-token" in found["Hugging Face token"]

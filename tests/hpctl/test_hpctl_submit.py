@@ -15,6 +15,8 @@ import llm_pipeline
 from cluster_contract import CLUSTER_FACTS_KEY, PAYLOAD_CODE_DIGEST_FILE, payload_code_digest
 from hpctl.errors import HpctlError
 from hpctl.submit import CLUSTER_FOLDERS_ENV, SubmitOptions, remote_command, resolve_run_config, send_run_config
+from llm_pipeline.config import load
+from tests.hpctl.conftest import CONFIG_TEXT
 
 FACTS = {"payloads_dir": "/fsx/payloads", "default_user": "ubuntu"}
 REMOTE = (
@@ -233,7 +235,9 @@ def test_dry_run_is_offline_and_prints_the_chain(offline, capfd):
     out = capfd.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith(("train_job=", "evaluate_job="))]
     assert len(lines) == 2, out
-    assert "--output=/fsx/outputs/" in lines[0] and f"HPL_RUN_CONFIG={offline}/payloads/configs/tiny.toml" in lines[0]
+    sent = sent_key(CONFIG_TEXT).removeprefix("payloads/")
+    assert "--output=/fsx/outputs/" in lines[0] and f"HPL_RUN_CONFIG=/fsx/payloads/{sent}" in lines[0]
+    assert str(offline) not in "\n".join(lines)  # the cluster's paths, not this machine's
     assert "prepare_job=" not in out and "smoke" not in out  # --from and --no-smoke reach the chain
 
 
@@ -313,3 +317,103 @@ def test_facts_choose_user_and_folder(deployed, session_tools, hpctl):
     assert hpctl("submit", "--config", "tiny")[0] == 0
     words = shlex.split(json.loads(session_tools.calls()[9])["command"][0])
     assert words[3] == "trainer" and words[-1].startswith('cd "${HPL_PAYLOADS_DIR:-/lustre/payloads}" && ')
+
+
+GPU_RUN = '[paths]\noutput_dir = "${HPL_OUTPUTS_DIR}/gpu-run"\n[train]\nbackend = "torch"\n'
+TRN1_GROUP = {"name": "compute", "instance_type": "ml.trn1.32xlarge", "count": 1, "partition": "trn1"}
+GPU_GROUP = {"name": "gpus", "instance_type": "ml.g5.12xlarge", "count": 2, "partition": "g5"}
+
+
+def with_groups(project: Path, *groups: dict) -> None:
+    cdk_json = json.loads((project / "cdk.json").read_text())
+    cdk_json["context"]["compute_groups"] = list(groups)
+    (project / "cdk.json").write_text(json.dumps(cdk_json))
+    (project / "payloads/configs/gpu-run.toml").write_text(GPU_RUN)
+
+
+def test_dry_run_opens_with_where_each_job_runs_on_the_run_s_partition(offline, capfd):
+    from hpctl.cli import main
+
+    with_groups(offline, TRN1_GROUP, GPU_GROUP)
+    assert main(["submit", "--config", "gpu-run", "--dry-run", "--no-smoke"]) == 0
+    captured = capfd.readouterr()
+    out = captured.out
+    assert "# partition g5: compute group gpus, 2 x ml.g5.12xlarge (4 cuda devices per node), from cdk.json" in out
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# step"))
+    table = [line.split() for line in lines[start : start + 10]]
+    assert table[0] == ["#", "step", "partition", "nodes", "x", "devices", "depends", "on"]
+    assert ["#", "train", "g5", "1", "x", "4", "cuda", "precompile"] in table
+    assert ["#", "prepare", "g5", "1", "x", "4", "cuda", "-"] in table
+    script = [line for line in out.splitlines() if "sbatch" in line]
+    assert len(script) == 9 and all("--partition=g5" in line for line in script)
+    assert all("HPL_PAYLOADS_DIR=/fsx/payloads," in line and str(offline) not in line for line in script)
+    assert out.index("# step") < out.index("sbatch") and "warning" not in captured.err
+
+
+def test_dry_run_warns_when_cdk_json_has_no_group_for_the_run_s_accelerator(offline, capfd):
+    from hpctl.cli import main
+
+    with_groups(offline, TRN1_GROUP)
+    assert main(["submit", "--config", "gpu-run", "--dry-run", "--no-smoke"]) == 0
+    assert (
+        "warning: cdk.json has no compute group with cuda instances, which train.backend = 'torch' needs "
+        "(its groups: trn1 (ml.trn1.32xlarge, neuron)): add one to compute_groups and deploy"
+    ) in capfd.readouterr().err
+
+
+def local_data_run(folder: Path) -> tuple[Path, Path]:
+    """A run config beside the data file it names (a path on this machine, relative to the config)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    records = folder / "my-records.jsonl"
+    records.write_text('{"instruction": "Name a fruit.", "context": "", "response": "An apple."}\n')
+    config = folder / "my-run.toml"
+    config.write_text('[data]\ndataset = "my-records.jsonl"\n[paths]\noutput_dir = "${HPL_OUTPUTS_DIR}/my-run"\n')
+    return config, records
+
+
+def test_a_local_data_file_goes_up_with_the_config_and_the_cluster_reads_it_there(
+    deployed, session_tools, hpctl, tmp_path
+):
+    config, records = local_data_run(tmp_path / "laptop")
+    session_tools.replay_session("submitted prepare job 1", "hpctl-remote-exit=0")
+    code, out, err = hpctl("submit", "--config", str(config))
+    assert code == 0, err
+    s3 = boto3.client("s3", region_name=deployed.region)
+    uploaded = s3.get_object(Bucket=deployed.bucket, Key="datasets/my-run/my-records.jsonl")["Body"].read()
+    assert uploaded == records.read_bytes()
+    assert f"data.dataset {records} -> s3://{deployed.bucket}/datasets/my-run/my-records.jsonl" in out
+    (sent,) = s3.list_objects_v2(Bucket=deployed.bucket, Prefix="payloads/run-configs/my-run-")["Contents"]
+    fsx_copy = tmp_path / "fsx" / "my-run.toml"
+    fsx_copy.parent.mkdir()
+    fsx_copy.write_bytes(s3.get_object(Bucket=deployed.bucket, Key=sent["Key"])["Body"].read())
+    assert load(fsx_copy, env=CLUSTER_FOLDERS_ENV).data.dataset == "/fsx/datasets/my-run/my-records.jsonl"
+    assert config.read_text().count("my-records.jsonl") == 1  # the local config is left as it was
+
+
+def test_the_dry_run_says_where_a_local_data_file_goes(offline, capfd, tmp_path):
+    from hpctl.cli import main
+
+    config, records = local_data_run(tmp_path / "laptop")
+    assert main(["submit", "--config", str(config), "--dry-run", "--no-smoke"]) == 0
+    assert (
+        f"# data.dataset {records} -> s3://<bucket>/datasets/my-run/my-records.jsonl (uploaded at submit), read on "
+        "the cluster as /fsx/datasets/my-run/my-records.jsonl"
+    ) in capfd.readouterr().out
+
+
+def test_a_cluster_data_file_missing_from_the_bucket_is_refused_with_the_upload(
+    deployed, session_tools, hpctl, tmp_path
+):
+    config = tmp_path / "theirs.toml"
+    config.write_text('[data]\ndataset = "${HPL_DATASETS_DIR}/theirs.jsonl"\n')
+    code, _, err = hpctl("submit", "--config", str(config))
+    assert code == 2
+    assert (
+        f"data.dataset is not in s3://{deployed.bucket}/datasets/: upload it first "
+        f"(aws s3 cp <file> s3://{deployed.bucket}/datasets/theirs.jsonl)"
+    ) in err
+    listed = boto3.client("s3", region_name=deployed.region).list_objects_v2(
+        Bucket=deployed.bucket, Prefix="payloads/run-configs/"
+    )
+    assert listed["KeyCount"] == 0 and not session_tools.record.exists()

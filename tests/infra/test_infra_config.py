@@ -13,13 +13,14 @@ import pytest
 
 from cluster_contract import FACT_KEYS
 from stacks.accelerators import GPU_CUDA_CAPABILITY, INSTANCE_TYPES, REFUSED_INSTANCE_TYPES
-from stacks.aws_catalog import schema_published
+from stacks.aws_catalog import hyperpod_instance_types, schema_published
 from stacks.build import REPO_ROOT
 from stacks.compute_groups import parse_compute_groups
 from stacks.config import (
     OFFLINE_ACCOUNT,
     ConfigError,
     HyperPodConfig,
+    capacity_warnings,
     cluster_facts,
     lane_warnings,
     storage_warnings,
@@ -43,6 +44,8 @@ PARTITION_KEYS = {
     "peak_tflops",
     "capacity",
     "training_plan_arn",
+    "scale_with_runs",
+    "min_instance_count",
 }
 IMAGES = {"neuron": "123456789012.dkr.ecr.us-west-2.amazonaws.com/repo:neuron", "cuda": "repo:cuda"}
 
@@ -264,6 +267,21 @@ def test_rows_for_the_types_hyperpod_added_later():
     assert "ml.p6e-gb200.36xlarge" in REFUSED_INSTANCE_TYPES and "ml.p6e-gb200.36xlarge" not in INSTANCE_TYPES
 
 
+def test_g7_rows_carry_the_rtx_pro_4500_per_size():
+    """ml.g7.*: in botocore's ClusterInstanceType, RTX PRO 4500 Blackwell (12.0) GPUs 1/1/1/2/4/8, no EFA claimed."""
+    names = [f"ml.g7.{n}xlarge" for n in (2, 4, 8, 12, 24, 48)]
+    assert set(names) <= hyperpod_instance_types()
+    rows = [
+        (INSTANCE_TYPES[n].devices, INSTANCE_TYPES[n].efa_interfaces, INSTANCE_TYPES[n].device_model) for n in names
+    ]
+    assert rows == [(d, 0, "RTX PRO 4500 32GB") for d in (1, 1, 1, 2, 4, 8)]
+    assert all(INSTANCE_TYPES[n].cuda_capability == (12, 0) and INSTANCE_TYPES[n].supports_fp8 for n in names)
+    assert parse(compute_groups=[{"name": "g7", "instance_type": "ml.g7.12xlarge", "partition": "g7"}]).image_families
+    # every HyperPod GPU family the config knows by family name is in the table now (g7 was the gap)
+    families = {t.split(".")[1] for t in INSTANCE_TYPES}
+    assert {"g7", "g7e"} <= families
+
+
 def test_fp8_support_follows_the_capability():
     """FP8 needs 8.9: Ada (L4, L40S), Hopper and Blackwell yes; Ampere (A100, A10G), Trainium, CPU no."""
     fp8 = {t for t, f in INSTANCE_TYPES.items() if f.supports_fp8}
@@ -361,3 +379,95 @@ def test_an_fsx_size_past_the_largest_hyperpod_accepts_is_warned_by_key():
     assert storage_warnings(HyperPodConfig.from_context({"fsx_storage_capacity_gib": 100_800})) == []
     # The jobs lane creates no file system: the lane warning covers the key there.
     assert storage_warnings(HyperPodConfig.from_context({"fsx_storage_capacity_gib": 240_000, "lanes": "jobs"})) == []
+
+
+@pytest.mark.parametrize(
+    "cidr", ["169.254.0.0/16", "127.0.0.0/16", "0.0.0.0/16", "100.64.0.0/16", "192.0.0.0/16", "198.18.0.0/16"]
+)
+def test_a_vpc_outside_rfc_1918_is_refused(cidr):
+    """Python calls link-local, loopback and 'this network' private; a VPC may only use RFC 1918's blocks."""
+    with pytest.raises(ConfigError, match=rf"'vpc_cidr' has value '{re.escape(cidr)}'; allowed: .*RFC 1918"):
+        parse(vpc_cidr=cidr)
+
+
+def test_a_vpc_inside_each_rfc_1918_block_is_taken():
+    for cidr in ("10.0.0.0/16", "172.31.0.0/16", "192.168.0.0/16", "10.200.16.0/20"):
+        assert parse(vpc_cidr=cidr).vpc_cidr == cidr
+    with pytest.raises(ConfigError, match="'vpc_cidr'"):
+        parse(vpc_cidr="172.32.0.0/16")  # just past 172.16.0.0/12
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("account", "\u0661\u0662\u0663\u0664\u0665\u0666\u0667\u0668\u0669\u0660\u0661\u0662"),  # Arabic-Indic
+        ("account", "12345678901\u0969"),  # one Devanagari digit
+        ("availability_zone_id", "usw\u0662-az4"),
+        ("availability_zone_id", "usw2-az\u0664"),
+    ],
+)
+def test_ids_in_non_ascii_digits_are_refused_by_key(key, value):
+    with pytest.raises(ConfigError, match=rf"config key '{key}' has value"):
+        parse(**{key: value})
+
+
+def test_non_ascii_digits_are_not_integers_or_plan_accounts():
+    with pytest.raises(ConfigError, match="'login_instance_count'"):
+        parse(login_instance_count="\u0661")
+    plan = "arn:aws:sagemaker:us-west-2:12345678901\u0662:training-plan/p"
+    group = {"name": "gpu", "instance_type": "ml.g5.12xlarge", "partition": "g5", "training_plan_arn": plan}
+    with pytest.raises(ConfigError, match="training_plan_arn"):
+        parse(compute_groups=[group])
+
+
+def test_a_jobs_only_config_warns_of_observability_and_of_cluster_only_group_keys():
+    group = {
+        "name": "gpu",
+        "instance_type": "ml.g5.12xlarge",
+        "partition": "g5",
+        "count": 2,
+        "min_instance_count": 1,
+        "capacity": "spot",
+    }
+    config = parse(lanes="jobs", observability="managed", compute_groups=[group])
+    warnings = lane_warnings(config)
+    assert warnings[0].startswith("config key 'observability' is 'managed', but lanes = jobs creates no cluster")
+    named = [re.search(r"key '(\w+)' is", w).group(1) for w in warnings[1:]]
+    assert named == ["count", "min_instance_count", "capacity"]
+    assert all("group [0] (gpu)" in w for w in warnings[1:])
+    assert lane_warnings(parse(lanes="both", observability="managed", compute_groups=[group])) == []
+
+
+def test_a_minimum_on_a_spot_group_is_warned():
+    spot = {"name": "gpu", "instance_type": "ml.g5.12xlarge", "partition": "g5", "count": 2, "capacity": "spot"}
+    (warning,) = capacity_warnings(parse(compute_groups=[{**spot, "min_instance_count": 1}]))
+    assert "group [0] (gpu), key 'min_instance_count' is 1 on a Spot group" in warning
+    assert capacity_warnings(parse(compute_groups=[spot])) == []
+    assert capacity_warnings(parse(compute_groups=[{**spot, "capacity": "on-demand", "min_instance_count": 1}])) == []
+
+
+SCALED_GROUP = {
+    "name": "gpu",
+    "instance_type": "ml.g5.12xlarge",
+    "partition": "g5",
+    "count": 4,
+    "scale_with_runs": True,
+}
+
+
+def test_scale_with_runs_deploys_the_floor_and_tells_the_partition():
+    config = parse(compute_groups=[{**SCALED_GROUP, "min_instance_count": 1}])
+    (group,) = config.compute_groups
+    assert (group.scale_with_runs, group.deployed_count, group.count) == (True, 1, 4)
+    facts = cluster_facts(config, image_uris=IMAGES)["partitions"]["g5"]
+    assert (facts["scale_with_runs"], facts["min_instance_count"], facts["count"]) == (1, 1, 4)
+    assert parse(compute_groups=[{**SCALED_GROUP, "scale_with_runs": "false"}]).compute_groups[0].deployed_count == 4
+
+
+def test_scale_with_runs_needs_continuous_provisioning_and_a_count():
+    with pytest.raises(ConfigError, match=r"key 'scale_with_runs' has value True; allowed: false with provisioning"):
+        parse(provisioning="standard", slurm_config_strategy="Managed", compute_groups=[SCALED_GROUP])
+    with pytest.raises(ConfigError, match=r"key 'count' has value 0; allowed: 1 or more with scale_with_runs"):
+        parse(compute_groups=[{**SCALED_GROUP, "count": 0}])
+    (warning,) = lane_warnings(parse(lanes="jobs", compute_groups=[{**SCALED_GROUP, "count": 1}]))
+    assert "key 'scale_with_runs' is True, but lanes = jobs creates no cluster" in warning

@@ -31,6 +31,7 @@ JOBS_ONLY_TYPES = {
     "AWS::IAM::Role",
     "AWS::IAM::ManagedPolicy",  # the job role's permissions and boundary
     "AWS::SecretsManager::Secret",  # the Hugging Face token
+    "AWS::SecretsManager::ResourcePolicy",  # only the job role reads it
     "AWS::KMS::Key",  # its key
 }
 

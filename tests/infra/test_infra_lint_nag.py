@@ -72,6 +72,21 @@ def test_summary_lints_and_describes_the_assembly(synth, capsys):
     assert "outputs: ClusterName, ClusterArn" in out
 
 
+@pytest.mark.parametrize(
+    ("orchestrator", "mode", "shown"),
+    [
+        ({"Slurm": {}}, "Continuous", "(Slurm, Merge, continuous provisioning's only strategy, recovery Automatic)"),
+        ({"Slurm": {"SlurmConfigStrategy": "Managed"}}, None, "(Slurm, Managed, recovery Automatic)"),
+    ],
+)
+def test_summary_names_the_slurm_strategy_even_when_the_template_leaves_it_out(orchestrator, mode, shown):
+    cluster = {"ClusterName": "c", "Orchestrator": orchestrator, "NodeRecovery": "Automatic", "InstanceGroups": []}
+    if mode:
+        cluster["NodeProvisioningMode"] = mode
+    lines = summary.describe({"Resources": {"Cluster": {"Type": "AWS::SageMaker::Cluster", "Properties": cluster}}})
+    assert f"  cluster c {shown}:" in lines and "?" not in "\n".join(lines)
+
+
 def test_summary_without_an_assembly_says_what_to_do(tmp_path, capsys):
     assert summary.main([str(tmp_path)]) == 2
     assert "run `make synth`" in capsys.readouterr().err

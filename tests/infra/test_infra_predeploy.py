@@ -263,3 +263,58 @@ def test_a_controller_type_change_is_refused_unless_allowed():
     assert value_refusals(before, after, Allowances(replace_controller=True)) == []
     _, allow, _ = parse_arguments(["--allow-controller-replace"])
     assert allow.replace_controller
+
+
+SCALED = json.dumps(
+    [
+        {
+            "name": "compute",
+            "instance_type": "ml.trn1.32xlarge",
+            "partition": "trn1",
+            "count": 4,
+            "min_instance_count": 1,
+            "scale_with_runs": True,
+        }
+    ]
+)
+
+
+def moto_cluster(session: boto3.Session, config: HyperPodConfig) -> None:
+    """The deployed cluster as the template made it: the scaled group at its floor (InstanceCount)."""
+    group = config.compute_groups[0]
+    session.client("sagemaker").create_cluster(
+        ClusterName=config.cluster_name,
+        InstanceGroups=[
+            {
+                "InstanceGroupName": group.name,
+                "InstanceType": group.instance_type,
+                "InstanceCount": group.deployed_count,
+                "LifeCycleConfig": {"SourceS3Uri": config.lifecycle_s3_uri, "OnCreate": "on_init_complete.sh"},
+                "ExecutionRole": "arn:aws:iam::123456789012:role/node",
+                "ThreadsPerCore": group.threads_per_core,
+            }
+        ],
+    )
+
+
+def set_target_count(config: HyperPodConfig, count: int) -> None:
+    """What BatchAddClusterNodes and BatchDeleteClusterNodes do to the group's target (moto has neither call)."""
+    from moto.sagemaker.models import sagemaker_backends
+
+    (cluster,) = sagemaker_backends["123456789012"][REGION].clusters.values()
+    cluster.instance_groups[0]["TargetCount"] = count
+
+
+def test_a_group_scaled_with_runs_shows_no_drift_after_scaling_up_and_down(aws):
+    """The template keeps the floor; a deploy is refused only while chains hold nodes above it."""
+    context = context_from(["-c", f"compute_groups={SCALED}"])
+    config = deploy(aws, context)
+    assert config.compute_groups[0].deployed_count == 1  # the template's InstanceCount: the floor, not count 4
+    moto_cluster(aws, config)
+    unchanged = {"wanted_template": {"Resources": PLACEHOLDER_RESOURCES}}
+    assert predeploy_check(context, aws, **unchanged) == []
+    set_target_count(config, 3)  # two chains claimed two nodes
+    (problem,) = predeploy_check(context, aws, **unchanged)
+    assert "group 'compute' scales with runs and holds 3 nodes, above its floor 1" in problem
+    set_target_count(config, 1)  # their release jobs gave them back
+    assert predeploy_check(context, aws, **unchanged) == []

@@ -65,6 +65,7 @@ GROUP_CHANGES = {
     "ebs_volume_gb": 600,
     "threads_per_core": 2,
     "deep_health_checks": ["InstanceStress"],
+    "scale_with_runs": True,  # InstanceCount becomes the floor: an in-place update
 }
 
 

@@ -17,8 +17,9 @@ from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
 LOSSES = [2.0, 1.8, 1.65, 1.55, 1.5, 1.46, 1.43, 1.41]
 
 
-def write_run(folder, losses, *, batch=4, length=128, first_step=1, log_line=False):
-    """A run folder whose tensorboard/ holds what MetricsLogger writes for these losses (one per step)."""
+def write_run(folder, losses, *, batch=4, length=128, first_step=1, log_line=False, rates=None):
+    """A run folder whose tensorboard/ holds what MetricsLogger writes for these losses (one per step) and
+    learning rates (default: 1e-4 at every step)."""
     args = TrainingArguments(output_dir=str(folder / "unused"), per_device_train_batch_size=batch, report_to="none")
     state = TrainerState(max_steps=first_step + len(losses) - 1, is_world_process_zero=True)
     state.global_step = first_step - 1
@@ -26,9 +27,9 @@ def write_run(folder, losses, *, batch=4, length=128, first_step=1, log_line=Fal
         tokens=TokenCounter(lambda f: f), trainable=1, sequence_length=length, tensorboard_dir=folder / "tensorboard"
     )
     logger.on_train_begin(args, state, None)
-    for step, loss in enumerate(losses, first_step):
+    for index, (step, loss) in enumerate(enumerate(losses, first_step)):
         state.global_step = step
-        logger.on_log(args, state, None, logs={"loss": loss, "learning_rate": 1e-4})
+        logger.on_log(args, state, None, logs={"loss": loss, "learning_rate": rates[index] if rates else 1e-4})
     logger.on_train_end(args, state, None)
     return folder
 
@@ -116,9 +117,38 @@ def test_evaluation_numbers_appear_beside_the_curve(tmp_path):
     (run / "eval" / "eval.json").write_text(json.dumps({
         "base": {"validation_loss": 2.5, "perplexity": 12.18}, "tuned": {"validation_loss": 1.5, "perplexity": 4.48},
     }))  # fmt: skip
-    compare.compare([run], tmp_path / "c")
+    compare.compare([run, write_run(tmp_path / "again", LOSSES)], tmp_path / "c")
     table = (tmp_path / "c" / "compare.md").read_text()
-    assert "one run: nothing to compare" in table and "| 2.5000 / 12.18 | 1.5000 / 4.48 |" in table
+    assert "**match**" in table and "| 2.5000 / 12.18 | 1.5000 / 4.48 |" in table
+
+
+def test_one_run_is_no_comparison(tmp_path, capsys):
+    run = write_run(tmp_path / "alone", LOSSES)
+    assert compare.main([str(run), "--output", str(tmp_path / "c")]) == 2
+    assert "holds one loss curve: compare needs two or more (its own chart is <run>/eval/result.png)" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_run_has_one_chart_with_its_loss_base_and_tuned_validation_loss_and_learning_rate(tmp_path):
+    from types import SimpleNamespace
+
+    from llm_pipeline import evaluate
+
+    rates = [1e-4 * (len(LOSSES) - i) / len(LOSSES) for i in range(len(LOSSES))]  # a linear decay
+    run = write_run(tmp_path / "tuned", LOSSES, rates=rates)
+    cfg = SimpleNamespace(paths=SimpleNamespace(output_dir=str(run)))
+    scores = {"base": {"validation_loss": 2.5}, "tuned": {"validation_loss": 1.5}}
+    figure = evaluate.result_figure(cfg, scores)
+    loss_axis, rate_axis = figure.axes
+    drawn = line_data(loss_axis)
+    assert drawn["training loss"] == [(float(s), pytest.approx(v)) for s, v in enumerate(LOSSES, 1)]
+    assert {y for _, y in drawn["base validation loss 2.5000"]} == {2.5}
+    assert {y for _, y in drawn["tuned validation loss 1.5000"]} == {1.5}
+    assert [y for _, y in line_data(rate_axis)["lr"]] == pytest.approx(rates)
+    charts.save(figure, tmp_path / "result.png")
+    read_png(tmp_path / "result.png", rows=2)
 
 
 def test_bad_input_names_the_run_and_the_fix(tmp_path, capsys):

@@ -76,3 +76,17 @@ def test_validate_keeps_only_the_checks_that_join_keys():
         "parallel.tensor_parallel_size",
     }
     assert checked & own_rules <= joined
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"train": {"learnig_rate": 1e-4}}, "train.learnig_rate: unknown key: did you mean 'learning_rate'? (known: "),
+        ({"trian": {}}, "trian: unknown section: did you mean 'train'? (known: "),
+        ({"train": {"zzz": 1}}, "train.zzz: unknown key (known: "),
+    ],
+)
+def test_a_mistyped_key_gets_the_closest_known_one(raw, message):
+    with pytest.raises(config.ConfigError) as refused:
+        config.from_dict(raw)
+    assert str(refused.value).startswith(message)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from payload_configs import tiny_config, write_config
 
 from llm_pipeline import data
@@ -25,12 +26,22 @@ def test_a_dolly_record_trains_on_its_response_only(hpl_env, tmp_path, capsys):
         tmp_path / "run.toml", hpl_env, data={"dataset": str(path), "validation_fraction": 0.0, "max_length": 512}
     )
     assert data.main(["--preview", str(config)]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "%|" not in captured.err  # no `datasets` progress bar per map and filter: the record is the news
     tokenizer = data.load_tokenizer(tiny_config(hpl_env).paths.model_dir)
     response = tokenizer(records[0]["response"].strip() + tokenizer.eos_token, add_special_tokens=False)
     assert spans(out) == [tokenizer.decode(response["input_ids"])]
     assert out.split(preview.OPEN)[0].rstrip().endswith("Answer")  # the prompt is shown, untrained
     assert "padded to max_length" in out and "packing is" in out
+
+
+def test_help_names_preview_and_any_dataset(capsys):
+    with pytest.raises(SystemExit):
+        data.main(["--help"])
+    usage = capsys.readouterr().out
+    assert "--preview RUN.toml" in usage and "writes nothing" in usage
+    assert "dolly dataset" not in usage
 
 
 def test_a_chat_record_trains_on_the_assistant_turns(hpl_env, tmp_path, capsys):

@@ -91,6 +91,12 @@ def test_controller_side_modules_are_python_3_10_stdlib(module):
             ), f"{module} imports {name}"
 
 
+def script_lines(dry_run: str) -> list[str]:
+    """The dry run's script, from its `# the same ... as a script:` line (the table of jobs comes before it)."""
+    lines = dry_run.splitlines()
+    return lines[next(i for i, line in enumerate(lines) if line.startswith("# the same ")) :]
+
+
 def test_dry_run_prints_the_chain_without_tomllib_or_site_packages(tmp_path):
     config = write(
         tmp_path, '[paths]\noutput_dir = "${HPL_OUTPUTS_DIR:-/unused}/run-a"  # the run\n[parallel]\nnodes = 4\n'
@@ -99,7 +105,7 @@ def test_dry_run_prints_the_chain_without_tomllib_or_site_packages(tmp_path):
         "--config", str(config), "--dry-run", "--no-smoke", env={"HPL_OUTPUTS_DIR": str(tmp_path / "outputs")}
     )
     assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+    lines = script_lines(out.stdout)
     assert lines[1] == f"mkdir -p {tmp_path}/outputs/run-a/logs/state"
     jobs = lines[2:]
     assert [line.split("=", 1)[0] for line in jobs] == [f"{step}_job" for step in STEPS]
@@ -122,7 +128,7 @@ def test_dry_run_from_a_step_starts_the_chain_there(tmp_path):
     out = constrained_submit(
         "--config", str(write(tmp_path, "")), "--dry-run", "--from", "train", env={"HPL_OUTPUTS_DIR": str(tmp_path)}
     )
-    jobs = out.stdout.splitlines()[3:]
+    jobs = script_lines(out.stdout)[3:]
     long = ["train", "consolidate", "merge", "generate", "evaluate"]
     smoke = [
         "smoke_train",
@@ -139,7 +145,7 @@ def test_dry_run_from_a_step_starts_the_chain_there(tmp_path):
     out = constrained_submit(
         "--config", str(write(tmp_path, "")), "--dry-run", "--from", "merge", env={"HPL_OUTPUTS_DIR": str(tmp_path)}
     )
-    assert [line.split("=", 1)[0] for line in out.stdout.splitlines()[2:]] == [
+    assert [line.split("=", 1)[0] for line in script_lines(out.stdout)[2:]] == [
         "merge_job",
         "generate_job",
         "evaluate_job",
@@ -222,8 +228,8 @@ def test_dry_run_stages_the_smoke_run_before_the_long_steps(tmp_path):
     out = constrained_submit("--config", str(config), "--dry-run")
     assert out.returncode == 0, out.stderr
     run, smoke = tmp_path / "run-a", tmp_path / "run-a" / "smoke"
-    assert out.stdout.splitlines()[2] == f"# first: {smoke}/ with save.toml and run.toml (the smoke run's configs)"
-    jobs = {line.split("=", 1)[0][: -len("_job")]: line for line in out.stdout.splitlines()[3:]}
+    assert script_lines(out.stdout)[2] == f"# first: {smoke}/ with save.toml and run.toml (the smoke run's configs)"
+    jobs = {line.split("=", 1)[0][: -len("_job")]: line for line in script_lines(out.stdout)[3:]}
     assert list(jobs)[:3] == ["prepare", "download", "data"]  # once: their output serves both runs
     assert list(jobs)[3:10] == ["smoke_precompile", "smoke_train", "smoke_train_resume", *(
         f"smoke_{step}" for step in ("consolidate", "merge", "generate", "evaluate"))]  # fmt: skip

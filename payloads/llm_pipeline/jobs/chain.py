@@ -181,11 +181,30 @@ def sbatch_command(job: ChainJob, facts: RunFacts, after: str | None, env: dict[
     return [*command, str(PAYLOADS_DIR / "slurm" / job.script), *job.args]
 
 
+def plan_table(planned: list[tuple[ChainJob, RunFacts]], env: dict[str, str]) -> list[str]:
+    """Where each job of a chain runs, as a table: step, partition, nodes x devices, the job it waits for."""
+    partition = env.get("HPL_PARTITION") or "(cluster default)"
+    accelerator = env.get("HPL_ACCELERATOR", "")
+    rows = [("step", "partition", "nodes x devices", "depends on")]
+    previous = "-"
+    for job, facts in planned:
+        devices = env.get("HPL_DEVICES_PER_NODE") or (str(facts.devices_per_node) if facts.devices_per_node else "?")
+        kind = f" {accelerator}" if accelerator and accelerator != partitions.NO_ACCELERATOR else ""
+        rows.append((job.step, partition, f"{job_nodes(job, facts)} x {devices}{kind}", previous))
+        previous = job.step
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["# " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
 def dry_run(
     facts: RunFacts, jobs: list[ChainJob], env: dict[str, str], *, what: str = "submission", smoke_stage: bool = True
 ) -> None:
-    """The submission as a shell script: each job id captured and fed to the next dependency."""
-    print(f"# dry run: nothing submitted. The same {what} as a script:")
+    """The chain as a table (plan_table), then the submission as a shell script: each job id captured and fed
+    to the next dependency."""
+    print(f"# dry run: nothing submitted. The {what}, job by job (each starts after the one it depends on):")
+    for line in plan_table(staged_chain(facts, jobs, smoke_stage=smoke_stage), env):
+        print(line)
+    print(f"# the same {what} as a script:")
     print(f"mkdir -p {shlex.quote(str(facts.logs_dir))}/state")
     if smoke_stage_runs(jobs, smoke_stage):
         print(f"# first: {smoke.smoke_dir(facts)}/ with {' and '.join(smoke.CONFIGS)} (the smoke run's configs)")
@@ -264,10 +283,17 @@ def submit_chain(
     return submitted
 
 
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
+
+
 def run_submitter(body: Callable[[], int]) -> int:
-    """Run a submit command's body: a refused input is one `error:` line and exit 2."""
+    """Run a submit command's body: a refused input is one `error:` line and exit 2; Ctrl-C one line, no traceback
+    (what was submitted keeps running: Ctrl-C stops only the following)."""
     try:
         return body()
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: jobs already submitted keep running (see them with status)", file=sys.stderr)
+        return INTERRUPTED_EXIT

@@ -4,7 +4,9 @@ Sources, best first: Slurm (squeue knows jobs until MinJobAge after they end; sa
 cluster keeps accounting), then the marker each step script writes to <run>/logs/state/<step>.json
 when it starts and ends (a smoke job's: <run>/smoke/logs/state/smoke-<step>.json, beside its log).
 A job Slurm has forgotten that never wrote a marker never ran (it was cancelled because an earlier
-step failed, or by hand).
+step failed, or by hand). A failed squeue (or sacct, other than "no accounting") says nothing about
+the jobs: it raises SlurmUnreachable, which `wait` reports and retries, instead of reading every job
+as gone.
 
 Stdlib only: runs on the controller's system python3 (3.10).
 """
@@ -17,10 +19,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from llm_pipeline.errors import PipelineError
 from llm_pipeline.run_files import PIPELINE_FILE, STATE_DIR, PipelineRecord, StepJob, StepMarker
 
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "STAGE_OUT"}
 NEVER_RAN = "NOT_RUN"
+NO_RECORD = "NO_RECORD"  # the verdict of a run folder whose record lists no job
+# What sacct says on a cluster that keeps no accounting (the local rehearsal): the markers answer instead.
+NO_ACCOUNTING = ("accounting storage is disabled", "accounting_storage/none")
+UNREACHABLE_RETRIES = 3  # a one-shot status asks this often before it gives up
+
+
+class SlurmUnreachable(PipelineError, RuntimeError):
+    """squeue or sacct failed: Slurm's view of the jobs is unknown, which is not a verdict on them."""
+
+    def __init__(self, command: str, result: subprocess.CompletedProcess) -> None:
+        said = " ".join((result.stderr or result.stdout or "").split()) or f"{command} exited {result.returncode}"
+        super().__init__(f"cannot reach Slurm: {said}")
 
 
 @dataclass(frozen=True)
@@ -67,20 +82,29 @@ def slurm_states(
     if not job_ids:
         return known
     out = run(["squeue", "-h", "-t", "all", "-o", "%i|%T|%r"])
-    if out.returncode == 0:
-        for line in out.stdout.splitlines():
-            job, state, reason = [*line.split("|"), "", ""][:3]
-            if job in job_ids:
-                known[job] = (state, "" if reason == "None" else reason)
+    if out.returncode != 0:
+        raise SlurmUnreachable("squeue", out)
+    for line in out.stdout.splitlines():
+        job, state, reason = [*line.split("|"), "", ""][:3]
+        if job in job_ids:
+            known[job] = (state, "" if reason == "None" else reason)
     missing = [job for job in job_ids if job not in known]
     if missing:  # accounting, where the cluster keeps it (HyperPod can; the local rehearsal does not)
         out = run(["sacct", "-n", "-P", "-X", "-j", ",".join(missing), "-o", "JobID,State"])
+        if out.returncode != 0 and not no_accounting(out):
+            raise SlurmUnreachable("sacct", out)
         if out.returncode == 0:
             for line in out.stdout.splitlines():
                 job, _, state = line.partition("|")
                 if job in missing and state:
                     known[job] = (state.split()[0], "from sacct")
     return known
+
+
+def no_accounting(result: subprocess.CompletedProcess) -> bool:
+    """sacct failed because the cluster keeps no accounting (or said nothing), not because Slurm is away."""
+    said = (result.stderr or "").strip()
+    return not said or any(text in said for text in NO_ACCOUNTING)
 
 
 def _marker(state_dir: Path, job: StepJob) -> StepMarker | None:
@@ -114,7 +138,9 @@ def step_states(logs_dir: Path, run: Callable[[list[str]], subprocess.CompletedP
 
 
 def verdict(states: list[StepState]) -> tuple[str, StepState | None]:
-    """("COMPLETED" | "RUNNING" | "FAILED", the failed or current step)."""
+    """("COMPLETED" | "RUNNING" | "FAILED" | NO_RECORD, the failed or current step): no job is no success."""
+    if not states:
+        return NO_RECORD, None
     for state in states:
         if not state.ok and not state.active:
             return "FAILED", state
@@ -138,9 +164,30 @@ def describe(states: list[StepState]) -> list[str]:
         lines.append(f"pipeline: FAILED at step {step.step} (job {step.job}, {step.state}): see {step.log}")
     elif overall == "RUNNING":
         lines.append(f"pipeline: RUNNING, at step {step.step} (job {step.job}, {step.state})")
+    elif overall == NO_RECORD:
+        lines.append(f"pipeline: no job recorded (no {PIPELINE_FILE} or an empty one): nothing ran")
     else:
         lines.append("pipeline: COMPLETED")
     return lines
+
+
+def states_retrying(
+    logs_dir: Path,
+    run: Callable[[list[str]], subprocess.CompletedProcess],
+    *,
+    retries: int = UNREACHABLE_RETRIES,
+    pause_s: float = 2.0,
+    echo: Callable[[str], None] = print,
+) -> list[StepState]:
+    """step_states, asking Slurm up to ``retries`` times while it cannot be reached (each miss echoed);
+    SlurmUnreachable when it never answered."""
+    for attempt in range(1, retries):
+        try:
+            return step_states(logs_dir, run)
+        except SlurmUnreachable as exc:
+            echo(f"{exc} (try {attempt}/{retries}; asking again in {pause_s:g} s)")
+            time.sleep(pause_s)
+    return step_states(logs_dir, run)
 
 
 def wait(
@@ -150,12 +197,32 @@ def wait(
     poll_s: float = 5.0,
     echo: Callable[[str], None] = print,
 ) -> list[StepState]:
-    """Poll until no step is pending or running; print each state change as it happens."""
+    """Poll until no step is pending or running; print each state change as it happens (a step starts out
+    PENDING, so the queue's first look prints one line, not one per step). A poll that cannot reach Slurm is
+    reported (once per message) and retried: it changes no state."""
     seen: dict[str, str] = {}
+    unreachable = ""
     start = time.monotonic()
+    first = True
     while True:
-        states = step_states(logs_dir, run)
+        try:
+            states = step_states(logs_dir, run)
+        except SlurmUnreachable as exc:
+            if str(exc) != unreachable:
+                unreachable = str(exc)
+                echo(f"[{time.monotonic() - start:6.0f}s] {exc} (asking again every {poll_s:g} s)")
+            time.sleep(poll_s)
+            continue
+        if unreachable:
+            unreachable = ""
+            echo(f"[{time.monotonic() - start:6.0f}s] Slurm answers again")
         width = step_width(states)
+        if first:
+            first = False
+            pending = [s.step for s in states if s.state == "PENDING"]
+            seen.update(dict.fromkeys(pending, "PENDING"))
+            if pending:
+                echo(f"[{time.monotonic() - start:6.0f}s] {len(pending)} of {len(states)} jobs PENDING")
         for s in states:
             if seen.get(s.step) != s.state:
                 seen[s.step] = s.state

@@ -63,6 +63,7 @@ def prepared_records(cfg: RunConfig, dataset, tokenizer, name: str = "preview") 
             report_to="none",
             bf16=False,
             dataset_num_proc=None,
+            activation_checkpointing=False,  # no model here; unset, trl's default sets the deprecated alias
         )
     # The trainer's state its dataset preparation reads, set as SFTTrainer.__init__ sets it (without a model).
     trainer_state = SimpleNamespace(

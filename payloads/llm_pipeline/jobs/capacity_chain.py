@@ -1,0 +1,81 @@
+"""A chain's claim at its head and its release job at its tail (llm_pipeline.jobs.capacity), kept apart from
+the chain's own submission so they move with it (stdlib only)."""
+
+from __future__ import annotations
+
+from llm_pipeline.jobs import capacity, deploy_facts
+from llm_pipeline.jobs.chain import PAYLOADS_DIR, SubmitError, slurm
+from llm_pipeline.jobs.pipeline_status import StepJob
+from llm_pipeline.jobs.run_facts import RunFacts
+
+
+def claim_for_chain(facts: RunFacts, env: dict[str, str]) -> str:
+    """Claim the run's nodes on a group that scales with runs, before the first job; "" for any other group.
+    The partition's scaling facts (deploy-facts.json) join ``env`` for the release job."""
+    known, _ = deploy_facts.read_partitions(PAYLOADS_DIR)
+    env.update({k: v for k, v in capacity.scaling_environment(known.get(env.get("HPL_PARTITION", ""), {})).items()})
+    group = capacity.group_from_env(env)
+    if group is None:
+        return ""
+    claim_id = capacity.claim(group, facts.nodes, capacity.make_scaler(env), capacity.claims_path(env, group))
+    print(f"capacity: claimed {facts.nodes} node(s) of group {group.name} (claim {claim_id})", flush=True)
+    return claim_id
+
+
+def release_command(facts: RunFacts, claim_id: str, after: str, env: dict[str, str]) -> list[str]:
+    command = [
+        "sbatch",
+        "--parsable",
+        f"--job-name=hpl-{capacity.RELEASE_STEP}",
+        f"--output={facts.logs_dir / capacity.RELEASE_STEP}-%j.log",
+        "--nodes=1",
+        f"--export={','.join(['ALL', *(f'{k}={v}' for k, v in release_environment(claim_id, env).items())])}",
+        f"--dependency=afterany:{after}",
+    ]
+    if env.get("HPL_PARTITION"):
+        command.append(f"--partition={env['HPL_PARTITION']}")
+    return [*command, str(PAYLOADS_DIR / "slurm" / f"{capacity.RELEASE_STEP}.sbatch")]
+
+
+def release_environment(claim_id: str, env: dict[str, str]) -> dict[str, str]:
+    """What the release job needs: the claim, the group's scaling facts, where the claims live, the scaler."""
+    names = (
+        "HPL_PARTITION",
+        *capacity.SCALE_ENV.values(),
+        capacity.CLAIMS_DIR_VARIABLE,
+        capacity.SCALER_VARIABLE,
+        capacity.CLUSTER_VARIABLE,
+        "HPL_FSX_MOUNT_PATH",
+    )
+    values = {name: env[name] for name in names if env.get(name)}
+    return {capacity.CLAIM_VARIABLE: claim_id, "HPL_PAYLOADS_DIR": str(PAYLOADS_DIR), **values}
+
+
+def submit_release(facts: RunFacts, claim_id: str, submitted: list[StepJob], env: dict[str, str]) -> str:
+    """The release job after the chain's last job (any end); the job id. Without a chain, release at once."""
+    if not claim_id:
+        return ""
+    if not submitted:
+        give_back_now(claim_id, env)
+        return ""
+    out = slurm(release_command(facts, claim_id, submitted[-1].job, env))
+    if out.returncode != 0:
+        raise SubmitError(f"sbatch refused the capacity release job: {out.stderr.strip() or out.stdout.strip()}")
+    job_id = out.stdout.strip().split(";")[0]
+    print(f"capacity: {capacity.RELEASE_STEP} job {job_id} gives the nodes back after job {submitted[-1].job}")
+    return job_id
+
+
+def give_back_now(claim_id: str, env: dict[str, str]) -> None:
+    """A refused submission: drop the claim here, so no node waits for a chain that never came."""
+    group = capacity.group_from_env(env)
+    if group is None or not claim_id:
+        return
+    capacity.release(
+        group,
+        claim_id,
+        capacity.make_scaler(env),
+        capacity.claims_path(env, group),
+        busy=capacity.slurm_busy,
+        drain=capacity.slurm_drain,
+    )

@@ -1,0 +1,202 @@
+"""Capacity that follows the pipeline (llm_pipeline.jobs.capacity): claims, releases, and HyperPod's node APIs.
+
+The claims and the idle rule run for real on a temp folder; the scaler here is an in-memory group of nodes with
+jobs on some of them, and HyperPodScaler's requests go to a botocore Stubber, which checks each one against the
+installed SageMaker model (BatchAddClusterNodes, BatchDeleteClusterNodes, ListClusterNodes).
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llm_pipeline.errors import StepError
+from llm_pipeline.jobs import capacity
+
+GROUP = capacity.Group(name="gpu", partition="g5", floor=1, ceiling=4)
+
+
+class Nodes:
+    """A group of nodes: which are in service, and the jobs each runs."""
+
+    def __init__(self, up: int, total: int = 8) -> None:
+        self.all = [f"n{i}" for i in range(total)]
+        self.up = self.all[:up]
+        self.jobs: dict[str, set[str]] = {}
+        self.removed_busy: list[str] = []
+        self.drained: set[str] = set()
+
+    def in_service(self, group: str) -> list[str]:
+        return list(self.up)
+
+    def add(self, group: str, count: int) -> None:
+        spare = [n for n in self.all if n not in self.up]
+        for node in spare[:count]:
+            self.up.append(node)
+            self.drained.discard(node)
+
+    def remove(self, group: str, nodes) -> None:
+        for node in nodes:
+            if self.jobs.get(node):
+                self.removed_busy.append(node)
+            self.up.remove(node)
+
+    def busy(self, node: str, ignore_own: bool = False) -> bool:
+        return bool(self.jobs.get(node))
+
+    def drain(self, nodes) -> None:
+        self.drained.update(nodes)
+
+
+def release(nodes: Nodes, claim_id: str, path) -> list[str]:
+    return capacity.release(GROUP, claim_id, nodes, path, busy=nodes.busy, drain=nodes.drain)
+
+
+def test_a_claim_adds_what_the_live_claims_need_and_a_release_gives_it_back(tmp_path):
+    path, nodes = tmp_path / "gpu.json", Nodes(up=1)
+    first = capacity.claim(GROUP, 2, nodes, path)
+    assert len(nodes.up) == 2  # the floor's node and one more
+    second = capacity.claim(GROUP, 2, nodes, path)
+    assert len(nodes.up) == 4  # two chains: their sum
+    assert release(nodes, first, path) == ["n0", "n1"]  # idle ones, in order
+    assert len(nodes.up) == 2
+    release(nodes, second, path)
+    assert len(nodes.up) == 1  # down to the floor
+    assert capacity.read_claims(path) == {}
+
+
+def test_claims_beyond_the_ceiling_are_capped_and_a_chain_larger_than_it_refused(tmp_path):
+    path, nodes = tmp_path / "gpu.json", Nodes(up=0)
+    capacity.claim(GROUP, 3, nodes, path)
+    capacity.claim(GROUP, 3, nodes, path)
+    assert len(nodes.up) == 4
+    with pytest.raises(StepError, match="needs 5 nodes and group gpu scales to at most 4"):
+        capacity.claim(GROUP, 5, nodes, path)
+
+
+def test_a_busy_node_is_never_given_back(tmp_path):
+    path, nodes = tmp_path / "gpu.json", Nodes(up=1)
+    mine = capacity.claim(GROUP, 3, nodes, path)
+    nodes.jobs = {"n1": {"other"}, "n2": {"other"}}  # another user's jobs landed on two of them
+    gone = release(nodes, mine, path)
+    assert gone == ["n0"] and nodes.removed_busy == []
+    assert set(nodes.up) == {"n1", "n2"}  # above the floor until their jobs end: never killed
+
+
+def test_the_release_jobs_own_node_goes_last_and_counts_as_idle(tmp_path):
+    path, nodes = tmp_path / "gpu.json", Nodes(up=0)
+    mine = capacity.claim(GROUP, 2, nodes, path)
+
+    def busy(node: str, ignore_own: bool = False) -> bool:
+        return node == "n0" and not ignore_own  # n0 runs only the release job
+
+    gone = capacity.release(
+        capacity.Group("gpu", "g5", 0, 4), mine, nodes, path, busy=busy, drain=nodes.drain, own_node="n0"
+    )
+    assert gone == ["n1", "n0"] and nodes.up == []
+
+
+def test_the_lock_serializes_claims(tmp_path):
+    path, nodes = tmp_path / "gpu.json", Nodes(up=0, total=64)
+    group = capacity.Group("gpu", "g5", 0, 64)
+    threads = [threading.Thread(target=capacity.claim, args=(group, 1, nodes, path)) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(capacity.read_claims(path)) == 16 and len(nodes.up) == 16
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["claim", "release", "job", "done"]), st.integers(1, 3)), max_size=30))
+def test_any_interleaving_keeps_floor_and_claims_and_never_removes_a_busy_node(tmp_path_factory, steps):
+    """Claims and releases of several chains, with jobs starting and ending on nodes in between."""
+    path, nodes = tmp_path_factory.mktemp("claims") / "gpu.json", Nodes(up=GROUP.floor)
+    live: list[str] = []
+    for action, size in steps:
+        if action == "claim":
+            live.append(capacity.claim(GROUP, size, nodes, path))
+        elif action == "release" and live:
+            release(nodes, live.pop(0), path)
+        elif action == "job" and nodes.up:
+            nodes.jobs.setdefault(nodes.up[size % len(nodes.up)], set()).add(f"job{len(nodes.jobs)}")
+        elif action == "done":
+            nodes.jobs.pop(next(iter(nodes.jobs), ""), None)
+        claims = capacity.read_claims(path)
+        assert len(nodes.up) >= GROUP.wanted(claims) or not claims  # claims are served (added at claim time)
+        assert len(nodes.up) >= GROUP.floor
+        assert nodes.removed_busy == []
+    for claim_id in live:
+        release(nodes, claim_id, path)
+    busy = {node for node, jobs in nodes.jobs.items() if jobs and node in nodes.up}
+    assert len(nodes.up) == max(GROUP.floor, len(busy))  # no claim left: the floor, plus nodes still running jobs
+    assert capacity.read_claims(path) == {}
+
+
+# -- HyperPod's node APIs, each request checked against botocore's model by the Stubber ---------------------------
+CLUSTER = "hyperpod-lora-cluster"
+
+
+def node_summary(index: int, group: str = "gpu", status: str = "Running") -> dict:
+    return {
+        "InstanceGroupName": group,
+        "InstanceId": f"i-0{index:016d}",
+        "InstanceType": "ml.g5.12xlarge",
+        "LaunchTime": datetime.datetime(2026, 1, 1),
+        "InstanceStatus": {"Status": status},
+        "PrivateDnsHostname": f"ip-10-1-0-{index}.us-west-2.compute.internal",
+    }
+
+
+@pytest.fixture
+def sagemaker():
+    client = boto3.client("sagemaker", region_name="us-west-2", aws_access_key_id="x", aws_secret_access_key="x")
+    with Stubber(client) as stubber:
+        yield client, stubber
+        stubber.assert_no_pending_responses()
+
+
+def test_hyperpod_scaler_adds_by_target_count_in_steps_the_model_allows(sagemaker):
+    client, stubber = sagemaker
+    for step in (50, 20):
+        stubber.add_response(
+            "batch_add_cluster_nodes",
+            {"Successful": [], "Failed": []},
+            {"ClusterName": CLUSTER, "NodesToAdd": [{"InstanceGroupName": "gpu", "IncrementTargetCountBy": step}]},
+        )
+    capacity.HyperPodScaler(CLUSTER, client).add("gpu", 70)
+
+
+def test_hyperpod_scaler_lists_and_deletes_by_instance_id(sagemaker):
+    client, stubber = sagemaker
+    listing = {"ClusterNodeSummaries": [node_summary(1), node_summary(2), node_summary(3, status="ShuttingDown")]}
+    request = {"ClusterName": CLUSTER, "InstanceGroupNameContains": "gpu"}
+    stubber.add_response("list_cluster_nodes", listing, request)
+    scaler = capacity.HyperPodScaler(CLUSTER, client)
+    assert scaler.in_service("gpu") == ["ip-10-1-0-1", "ip-10-1-0-2"]
+    stubber.add_response("list_cluster_nodes", listing, request)
+    stubber.add_response(
+        "batch_delete_cluster_nodes",
+        {"Successful": [node_summary(2)["InstanceId"]]},
+        {"ClusterName": CLUSTER, "NodeIds": [node_summary(2)["InstanceId"]]},
+    )
+    scaler.remove("gpu", ["ip-10-1-0-2"])
+
+
+def test_the_add_step_is_the_models_largest_increment():
+    """botocore validates an integer's minimum only, so the model's maximum is read here, not trusted to the Stubber."""
+    model = botocore_model()
+    spec = model["shapes"]["AddClusterNodeSpecificationIncrementTargetCountByInteger"]
+    assert (spec["min"], spec["max"]) == (1, capacity.HyperPodScaler.MAX_ADD)
+
+
+def botocore_model() -> dict:
+    import botocore.loaders
+
+    return botocore.loaders.create_loader().load_service_model("sagemaker", "service-2")

@@ -1,0 +1,126 @@
+"""A chain on a group that scales with runs, under a real local Slurm with the node scaler of tools/local_slurm.py
+(nodes added by resuming them, removed by draining them): nodes are claimed before the first step and given
+back after the last, whether the chain succeeds, fails at a step, or is cancelled; a busy node is never removed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from slurm_helpers import REPO, submit, wait_for
+
+from llm_pipeline.jobs.run_config_text import write_derived
+from tools.local_slurm import SlurmNodeScaler
+from tools.rehearse import fsx_environment, write_inputs
+
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-capacity")]
+TINY = REPO / "payloads" / "configs" / "tiny-cpu.toml"
+
+
+@pytest.fixture(scope="module")
+def cluster(two_nodes, tmp_path_factory):
+    root = tmp_path_factory.mktemp("capacity")
+    env = two_nodes.env(fsx_environment(root / "fsx"))
+    write_inputs(TINY, env, records=60)
+    env.update(
+        HPL_SCALE_WITH_RUNS="1",
+        HPL_SCALE_GROUP="compute",
+        HPL_SCALE_FLOOR="0",
+        HPL_SCALE_CEILING="2",
+        HPL_SCALER="tools.local_slurm:SlurmNodeScaler",
+        HPL_CAPACITY_DIR=str(root / "capacity"),
+        PYTHONPATH=f"{REPO}:{REPO / 'payloads'}",
+    )
+    return env, root
+
+
+@pytest.fixture
+def scaled(cluster, tmp_path):
+    """Every node out of service (the group at its floor, 0) and a fresh log of the scaler's calls."""
+    env, root = cluster
+    env = {**env, "HPL_SCALER_LOG": str(tmp_path / "scaler.jsonl")}
+    wait_for(lambda: queue_is_empty(env), 120, "an empty queue")
+    nodes = ",".join(states(env))
+    subprocess.run(["scontrol", "update", f"nodename={nodes}", "state=drain", "reason=floor"], env=env, check=True)
+    return env, root, tmp_path / "scaler.jsonl"
+
+
+def states(env: dict[str, str]) -> dict[str, str]:
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True, text=True, check=True)
+    words = out.stdout.split()
+    return dict(zip(words[0::2], words[1::2], strict=True))
+
+
+def in_service(env: dict[str, str]) -> list[str]:
+    return sorted(n for n, s in states(env).items() if not s.startswith(SlurmNodeScaler.OUT_OF_SERVICE))
+
+
+def queue_is_empty(env: dict[str, str]) -> bool:
+    out = subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True, check=True)
+    return out.stdout.strip() == ""
+
+
+def calls(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def variant(root: Path, name: str, **keys: object) -> Path:
+    values = {tuple(key.split("__")): value for key, value in keys.items()}
+    return write_derived(TINY, root / f"{name}.toml", values, run_dir=f"${{HPL_OUTPUTS_DIR}}/{name}")
+
+
+def released(env: dict[str, str], log: Path) -> list[dict]:
+    """Wait for the release job to end; the scaler's removals."""
+    wait_for(lambda: queue_is_empty(env), 600, "the chain and its release job")
+    return [call for call in calls(log) if call["action"] == "remove"]
+
+
+def assert_removed_only_idle(removals: list[dict]) -> None:
+    """Each removed node ran nothing but the release job itself when it was removed."""
+    for call in removals:
+        for node, jobs in call["running"].items():
+            assert all(job.endswith("hpl-release-capacity") for job in jobs), (node, jobs)
+
+
+def test_a_chain_claims_its_node_before_train_and_gives_it_back_after_evaluate(scaled):
+    env, root, log = scaled
+    config = variant(root, "ok", train__max_steps=2, train__save_steps=2)
+    result = submit(env, config, "--no-smoke")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "capacity: claimed 1 node(s) of group compute" in result.stdout
+    (added,) = [call for call in calls(log) if call["action"] == "add"]
+    assert len(added["nodes"]) == 1
+    removals = released(env, log)
+    out_dir = Path(env["HPL_OUTPUTS_DIR"]) / "ok"
+    evaluate_done = (out_dir / "logs" / "state" / "evaluate.json").stat().st_mtime
+    train_log = next((out_dir / "logs").glob("train-*.log")).stat().st_ctime
+    assert added["t"] < train_log  # claimed before the chain's jobs ran
+    assert [call["nodes"] for call in removals] == [added["nodes"]] and removals[0]["t"] >= evaluate_done
+    assert json.loads((out_dir / "logs" / "state" / "evaluate.json").read_text())["state"] == "COMPLETED"
+    assert_removed_only_idle(removals)
+    assert in_service(env) == []  # back to the floor
+
+
+def test_a_failed_step_still_gives_the_node_back(scaled):
+    env, root, log = scaled
+    config = variant(root, "broken", data__dataset="${HPL_DATASETS_DIR}/missing.jsonl")
+    result = submit(env, config, "--no-smoke")
+    assert result.returncode == 0, result.stdout + result.stderr
+    removals = released(env, log)
+    assert len(removals) == 1 and in_service(env) == []
+    assert_removed_only_idle(removals)
+
+
+def test_a_cancelled_chain_gives_the_node_back(scaled):
+    env, root, log = scaled
+    config = variant(root, "cancelled", train__max_steps=2, train__save_steps=2)
+    result = submit(env, config, "--no-smoke")
+    assert result.returncode == 0, result.stdout + result.stderr
+    first = result.stdout.split("submitted prepare job ")[1].split()[0]
+    subprocess.run(["scancel", first], env=env, check=True)  # the rest go with it (afterok, kill_invalid_depend)
+    removals = released(env, log)
+    assert len(removals) == 1 and in_service(env) == []
+    assert_removed_only_idle(removals)
