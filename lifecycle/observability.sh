@@ -7,6 +7,9 @@
 #   GPU nodes       DCGM exporter (:9400) with the Slurm job id of each GPU (slurm_metrics.py gpu-jobs, a timer)
 #   Trainium nodes  neuron-monitor piped into its Prometheus bridge (:8000), both from aws-neuronx-tools
 #   controller      Slurm nodes and jobs by state per partition (slurm_metrics.py cluster, a timer)
+#   compute nodes   a run's metrics end with its job: Slurm's epilog removes them (where slurm.conf's Epilog is a
+#                   folder glob) and a 15 s timer sweeps those of jobs no longer on the node, writing a heartbeat
+#                   for the others (slurm_metrics.py run-ended, sweep)
 #   every node      Prometheus in agent mode: scrapes the above every 30 s, remote-writes to the stack's
 #                   AMP workspace with SigV4 (the node role may write there and nowhere else)
 # Idempotent: a container is recreated only when its image or arguments change (label hpl.spec), a
@@ -17,6 +20,8 @@ OBS_BIN="$ROOT/opt/hyperpod-lora"
 UNIT_DIR="$ROOT/etc/systemd/system"
 GPU_JOBS_DIR="$ROOT/var/lib/hyperpod-lora/gpu-jobs"
 SCRAPE_INTERVAL=30s
+RUN_SWEEP_INTERVAL=15s  # a run that ended without its epilog leaves the dashboard within a minute
+RUN_METRICS_EPILOG=hpl-run-metrics.sh
 LOGGED_IN=""
 
 # Pull from the stack's ECR repository once per run, and only when a container must be (re)created.
@@ -67,9 +72,9 @@ ensure_unit() {
   fi
 }
 
-# A oneshot service run every 30 s by its timer.
+# A oneshot service run by its timer, every $3 (default the scrape interval).
 ensure_timer() {
-  local name="$1" command="$2"
+  local name="$1" command="$2" interval="${3:-$SCRAPE_INTERVAL}"
   ensure_unit "$name.service" <<EOF
 [Unit]
 Description=hyperpod-lora: $name
@@ -80,16 +85,30 @@ ExecStart=$command
 EOF
   ensure_unit "$name.timer" <<EOF
 [Unit]
-Description=hyperpod-lora: $name every $SCRAPE_INTERVAL
+Description=hyperpod-lora: $name every $interval
 
 [Timer]
 OnBootSec=10s
-OnUnitActiveSec=$SCRAPE_INTERVAL
+OnUnitActiveSec=$interval
 AccuracySec=1s
 
 [Install]
 WantedBy=timers.target
 EOF
+}
+
+# Slurm's epilog on a compute node. slurm.conf is HyperPod's (lifecycle/README.md), so it is not edited: where its
+# Epilog is a folder glob (Epilog=/dir/*) ours joins that folder; otherwise the sweep timer alone ends the series.
+install_run_metrics_epilog() {
+  local textfile="$1" epilog
+  epilog="$(sed -nE 's/^[[:space:]]*Epilog[[:space:]]*=[[:space:]]*([^[:space:]#]*).*/\1/p' "$SLURM_CONF" 2>/dev/null | tail -n1)"
+  if [[ "$epilog" == /*/\* ]]; then
+    python3 "$HERE/slurm_metrics.py" epilog-script "$textfile" /usr/bin/python3 "${OBS_BIN#"$ROOT"}/slurm_metrics.py" \
+      | install_if_changed "$ROOT${epilog%/\*}/$RUN_METRICS_EPILOG" 0755
+  else
+    log "slurm.conf's Epilog is ${epilog:-not set}, not a folder glob: the hpl-run-sweep timer alone removes an" \
+      "ended job's run metrics (within $RUN_SWEEP_INTERVAL)"
+  fi
 }
 
 write_collector_config() {
@@ -137,6 +156,10 @@ setup_observability() {
   ensure_container hpl-node-exporter "$HPL_NODE_EXPORTER_IMAGE" --pid host --volume /:/host:ro,rslave -- \
     --path.rootfs=/host --web.listen-address=:9100 "--collector.textfile.directory=/host$textfile" "$efa_collector"
 
+  if [[ "$NODE_ROLE" == Compute ]]; then
+    install_run_metrics_epilog "$textfile"
+    ensure_timer hpl-run-sweep "/usr/bin/python3 ${OBS_BIN#"$ROOT"}/slurm_metrics.py sweep $textfile" "$RUN_SWEEP_INTERVAL"
+  fi
   if [[ "$NODE_ROLE" == Compute && "$HPL_ACCELERATOR" == cuda ]]; then
     ensure_timer hpl-gpu-jobs "/usr/bin/python3 ${OBS_BIN#"$ROOT"}/slurm_metrics.py gpu-jobs ${GPU_JOBS_DIR#"$ROOT"} $HPL_DEVICES_PER_NODE"
     ensure_container hpl-dcgm-exporter "$HPL_DCGM_EXPORTER_IMAGE" --gpus all --cap-add SYS_ADMIN \

@@ -1,11 +1,18 @@
 """Slurm as Prometheus series, through node exporter's textfile collector (stdlib only, the AMI's Python 3.10).
 
-Two commands, each run every 30 s by a systemd timer that lifecycle/observability.sh installs:
-  cluster DIR             on the controller: DIR/slurm.prom with nodes and jobs by state per partition
-                          (sinfo, squeue), and hpl_slurm_up 0 when Slurm does not answer
-  gpu-jobs DIR GPUS [NODE]  on a GPU node: DCGM exporter's HPC job mapping, one file per GPU index in DIR
-                          holding the ids of the Slurm jobs running on this node (our jobs take whole
+Commands, run by systemd timers or Slurm's epilog that lifecycle/observability.sh installs:
+  cluster DIR             on the controller, every 30 s: DIR/slurm.prom with nodes and jobs by state per
+                          partition (sinfo, squeue), and hpl_slurm_up 0 when Slurm does not answer
+  gpu-jobs DIR GPUS [NODE]  on a GPU node, every 30 s: DCGM exporter's HPC job mapping, one file per GPU index
+                          in DIR holding the ids of the Slurm jobs running on this node (our jobs take whole
                           nodes), so every DCGM series carries the job id (label hpc_job)
+  run-ended DIR           Slurm's epilog on a compute node: the ended job's run metrics (DIR/hpl_run_<job>.prom,
+                          written by llm_pipeline.jobs.prom_textfile) leave node exporter, so its series end
+  sweep DIR [NODE]        on a compute node, every 15 s: the run metrics of jobs no longer on this node (the
+                          epilog did not run: a killed slurmd, a node without our epilog) are removed, and
+                          DIR/hpl_jobs.prom says, per job still here, when the sweep last saw it (the dashboard
+                          hides a run whose heartbeat is older than a minute)
+  epilog-script DIR PYTHON SCRIPT  prints the epilog the lifecycle installs (PYTHON SCRIPT run-ended DIR)
 A file is replaced atomically (rename) and only when its content changes.
 """
 
@@ -17,14 +24,19 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 TEXTFILE = "slurm.prom"
+RUN_TEXTFILE_PREFIX = "hpl_run_"  # + <Slurm job id>.prom: llm_pipeline.jobs.prom_textfile.run_textfile_name
+HEARTBEAT_TEXTFILE = "hpl_jobs.prom"
+HEARTBEAT = "hpl_job_heartbeat_timestamp_seconds"
 ALWAYS_REPORTED = ("pending", "running")  # job states written per partition even when no job is in them
 HELP = {
     "hpl_slurm_up": "1 if sinfo and squeue answered at the last collection",
     "hpl_slurm_nodes": "Slurm nodes by partition and state (sinfo %T)",
     "hpl_slurm_jobs": "Slurm jobs by partition and state (squeue %T)",
+    HEARTBEAT: "when this node's sweep last saw the Slurm job on the node, for each job with run metrics here",
 }
 
 
@@ -84,6 +96,54 @@ def gpu_jobs(folder: Path, gpus: int, node: str) -> None:
             path.unlink()
 
 
+def run_textfiles(folder: Path) -> dict[str, Path]:
+    """The run metrics files in ``folder`` by Slurm job id."""
+    return {
+        path.name[len(RUN_TEXTFILE_PREFIX) : -len(".prom")]: path
+        for path in folder.glob(f"{RUN_TEXTFILE_PREFIX}*.prom")
+    }
+
+
+def run_ended(folder: Path, job_id: str) -> None:
+    path = run_textfiles(folder).get(job_id)
+    if path is not None:
+        path.unlink(missing_ok=True)
+
+
+def heartbeat_text(job_ids: list[str], now: float) -> str:
+    lines = [f"# HELP {HEARTBEAT} {HELP[HEARTBEAT]}", f"# TYPE {HEARTBEAT} gauge"]
+    lines += [f'{HEARTBEAT}{{slurm_job_id="{label(job)}"}} {now:.3f}' for job in sorted(job_ids)]
+    return "\n".join(lines) + "\n"
+
+
+def sweep(folder: Path, node: str, now: float) -> None:
+    """Remove the run metrics of jobs Slurm no longer has on ``node``; a heartbeat for the others. When Slurm does
+    not answer nothing is removed and no heartbeat written, so the dashboard marks the runs stale after a minute."""
+    try:
+        here = {row[0] for row in slurm("squeue", "-h", "-w", node, "-o", "%A")}
+    except (OSError, subprocess.SubprocessError):
+        return
+    alive = []
+    for job_id, path in run_textfiles(folder).items():
+        if job_id in here:
+            alive.append(job_id)
+        else:
+            path.unlink(missing_ok=True)
+    replace_if_changed(folder / HEARTBEAT_TEXTFILE, heartbeat_text(alive, now))
+
+
+def epilog_script(folder: str, *, python: str, script: str) -> str:
+    """Slurm's epilog for a node: never fails (a failing epilog drains the node), quiet, no Slurm calls."""
+    return (
+        "#!/bin/sh\n# hyperpod-lora: the ended job's run metrics leave node exporter (lifecycle/slurm_metrics.py)\n"
+        f"{python} {script} run-ended {folder} >/dev/null 2>&1\nexit 0\n"
+    )
+
+
+def this_node(argv: list[str], index: int) -> str:
+    return argv[index] if len(argv) > index else socket.gethostname().split(".")[0]
+
+
 def main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "cluster":
         folder = Path(argv[1])
@@ -93,9 +153,24 @@ def main(argv: list[str]) -> int:
     if len(argv) in (3, 4) and argv[0] == "gpu-jobs" and argv[2].isdigit():
         folder = Path(argv[1])
         folder.mkdir(parents=True, exist_ok=True)
-        gpu_jobs(folder, int(argv[2]), argv[3] if len(argv) == 4 else socket.gethostname().split(".")[0])
+        gpu_jobs(folder, int(argv[2]), this_node(argv, 3))
         return 0
-    print("error: usage: slurm_metrics.py cluster DIR | gpu-jobs DIR GPUS [NODE]", file=sys.stderr)
+    if len(argv) == 2 and argv[0] == "run-ended":
+        job_id = os.environ.get("SLURM_JOB_ID", "")
+        if job_id:
+            run_ended(Path(argv[1]), job_id)
+        return 0
+    if len(argv) in (2, 3) and argv[0] == "sweep":
+        sweep(Path(argv[1]), this_node(argv, 2), time.time())
+        return 0
+    if len(argv) == 4 and argv[0] == "epilog-script":
+        print(epilog_script(argv[1], python=argv[2], script=argv[3]), end="")
+        return 0
+    print(
+        "error: usage: slurm_metrics.py cluster DIR | gpu-jobs DIR GPUS [NODE] | run-ended DIR | sweep DIR [NODE]"
+        " | epilog-script DIR PYTHON SCRIPT",
+        file=sys.stderr,
+    )
     return 2
 
 

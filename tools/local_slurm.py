@@ -58,8 +58,11 @@ def _real_memory_mb() -> int:
 
 
 class LocalSlurm:
-    def __init__(self, root: Path, *, nodes: int = 1, cpus_per_node: int | None = None) -> None:
+    def __init__(
+        self, root: Path, *, nodes: int = 1, cpus_per_node: int | None = None, extra_conf: tuple[str, ...] = ()
+    ) -> None:
         self.root = Path(root)
+        self.extra_conf = extra_conf  # more slurm.conf lines (e.g. an Epilog), before the node lines
         self.nodes = nodes
         self.cpus_per_node = cpus_per_node or max(1, (os.cpu_count() or 1) // nodes)
         self.conf = self.root / "slurm.conf"
@@ -197,6 +200,7 @@ class LocalSlurm:
             # Jobs derive their torchrun port from the job id (jobs/launch.py); clusters started side
             # by side on one host would otherwise all count from 1 and meet on the same port.
             f"FirstJobId={random.randint(1, 19_000)}",
+            *self.extra_conf,
         ]
         for name in self.node_names:
             lines.append(

@@ -60,16 +60,17 @@ def units(run) -> list[str]:
     return sorted(call.split()[-1] for call in run.called("systemctl") if call.split()[1] == "restart")
 
 
+SWEEP = ["hpl-run-sweep.service", "hpl-run-sweep.timer"]  # every compute node: run metrics end with their job
 # (address, what runs there): containers with their image, systemd units, scrape jobs of the collector
 ROLES = {
     "controller": (CONTROLLER_IP, {"hpl-node-exporter": "node", "hpl-collector": "collector"},
                    ["hpl-slurm-metrics.service", "hpl-slurm-metrics.timer"], ["node"]),
     "trn1": ("10.1.1.1", {"hpl-node-exporter": "node", "hpl-collector": "collector"},
-             ["hpl-neuron-monitor.service"], ["node", "neuron"]),
+             ["hpl-neuron-monitor.service", *SWEEP], ["node", "neuron"]),
     "g5.xlarge": (G5_IP, {"hpl-node-exporter": "node", "hpl-dcgm-exporter": "dcgm", "hpl-collector": "collector"},
-                  ["hpl-gpu-jobs.service", "hpl-gpu-jobs.timer"], ["node", "dcgm"]),
+                  ["hpl-gpu-jobs.service", "hpl-gpu-jobs.timer", *SWEEP], ["node", "dcgm"]),
     "p5": (GPU_IPS[0], {"hpl-node-exporter": "node", "hpl-dcgm-exporter": "dcgm", "hpl-collector": "collector"},
-           ["hpl-gpu-jobs.service", "hpl-gpu-jobs.timer"], ["node", "dcgm"]),
+           ["hpl-gpu-jobs.service", "hpl-gpu-jobs.timer", *SWEEP], ["node", "dcgm"]),
 }  # fmt: skip
 EFA = {"controller": False, "trn1": True, "g5.xlarge": False, "p5": True}
 
@@ -139,3 +140,26 @@ def test_other_modes_install_nothing(node: FakeNode, mode):
     assert run.returncode == 0, run.stderr
     assert not run.called("docker") and not run.called("systemctl")
     assert f"observability is {mode}" in run.stdout
+
+
+@pytest.mark.parametrize("epilog", ["/opt/slurm/etc/epilog.d/*", "/opt/slurm/etc/epilog.sh", ""])
+def test_a_compute_node_joins_slurms_epilog_folder_and_sweeps_every_15_s(metrics_node, epilog):
+    conf = metrics_node.slurm_etc / "slurm.conf"
+    conf.write_text(conf.read_text() + (f"Epilog={epilog}  # HyperPod's\n" if epilog else ""))
+    metrics_node.add_neuron_devices()
+    metrics_node.add_efa_devices(8)
+    run = metrics_node.run("10.1.1.1")
+
+    assert run.returncode == 0, run.stderr + run.stdout
+    installed = metrics_node.root / "opt/slurm/etc/epilog.d/hpl-run-metrics.sh"
+    if epilog.endswith("/*"):
+        script = installed.read_text()
+        assert f"/usr/bin/python3 /opt/hyperpod-lora/slurm_metrics.py run-ended {TEXTFILE} " in script
+        assert script.endswith("exit 0\n") and installed.stat().st_mode & 0o777 == 0o755  # never drains the node
+    else:
+        assert not installed.exists()
+        assert f"slurm.conf's Epilog is {epilog or 'not set'}, not a folder glob" in run.stdout
+    timer = (metrics_node.root / "etc/systemd/system/hpl-run-sweep.timer").read_text()
+    assert "OnUnitActiveSec=15s" in timer
+    service = (metrics_node.root / "etc/systemd/system/hpl-run-sweep.service").read_text()
+    assert f"ExecStart=/usr/bin/python3 /opt/hyperpod-lora/slurm_metrics.py sweep {TEXTFILE}\n" in service
