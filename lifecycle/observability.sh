@@ -2,8 +2,9 @@
 # Sourced by on_init_complete.sh (uses its log, step, warn and install_if_changed). With
 # observability = prometheus, each node runs, from the stack's own ECR images (HPL_*_IMAGE):
 #   every node      node exporter (:9100; its textfile collector reads HPL_METRICS_TEXTFILE_PATH, where the
-#                   training steps write their own metrics); the infiniband collector, which reads the EFA
-#                   devices' counters, only where the instance type has EFA
+#                   training steps write their own metrics)
+#   EFA nodes       the EFA devices' port counters (hw_counters) into that folder (slurm_metrics.py efa, a
+#                   timer): node exporter's infiniband collector does not read EFA's counters
 #   GPU nodes       DCGM exporter (:9400) with the Slurm job id of each GPU (slurm_metrics.py gpu-jobs, a timer)
 #   Trainium nodes  neuron-monitor piped into its Prometheus bridge (:8000), both from aws-neuronx-tools
 #   controller      Slurm nodes and jobs by state per partition (slurm_metrics.py cluster, a timer)
@@ -143,7 +144,7 @@ setup_observability() {
       return
       ;;
   esac
-  local textfile="$HPL_METRICS_TEXTFILE_PATH" owner efa_collector=--no-collector.infiniband
+  local textfile="$HPL_METRICS_TEXTFILE_PATH" owner
   owner="$(id -u "$HPL_DEFAULT_USER"):$(id -g "$HPL_DEFAULT_USER")"
   if [[ ! -d "$ROOT$textfile" ]]; then
     install -d -m 0755 "$ROOT$textfile"
@@ -152,9 +153,12 @@ setup_observability() {
   [[ "$(stat -c %u:%g "$ROOT$textfile")" == "$owner" ]] || chown "$owner" "$ROOT$textfile"
   install_if_changed "$OBS_BIN/slurm_metrics.py" 0755 <"$HERE/slurm_metrics.py"
 
-  if [[ "$NODE_ROLE" == Compute ]] && ((HPL_EFA_INTERFACES > 0)); then efa_collector=--collector.infiniband; fi
   ensure_container hpl-node-exporter "$HPL_NODE_EXPORTER_IMAGE" --pid host --volume /:/host:ro,rslave -- \
-    --path.rootfs=/host --web.listen-address=:9100 "--collector.textfile.directory=/host$textfile" "$efa_collector"
+    --path.rootfs=/host --web.listen-address=:9100 "--collector.textfile.directory=/host$textfile" \
+    --no-collector.infiniband
+  if [[ "$NODE_ROLE" == Compute ]] && ((HPL_EFA_INTERFACES > 0)); then
+    ensure_timer hpl-efa-counters "/usr/bin/python3 ${OBS_BIN#"$ROOT"}/slurm_metrics.py efa $textfile"
+  fi
 
   if [[ "$NODE_ROLE" == Compute ]]; then
     install_run_metrics_epilog "$textfile"

@@ -12,6 +12,9 @@ Commands, run by systemd timers or Slurm's epilog that lifecycle/observability.s
                           epilog did not run: a killed slurmd, a node without our epilog) are removed, and
                           DIR/hpl_jobs.prom says, per job still here, when the sweep last saw it (the dashboard
                           hides a run whose heartbeat is older than a minute)
+  efa DIR [SYSFS]         on a compute node with EFA, every 30 s: DIR/efa.prom with every EFA port counter the
+                          driver keeps (SYSFS, default /sys/class/infiniband: <device>/ports/<port>/hw_counters/<name>)
+                          as hpl_efa_<name>_total{device,port}; node exporter's infiniband collector does not read them
   epilog-script DIR PYTHON SCRIPT  prints the epilog the lifecycle installs (PYTHON SCRIPT run-ended DIR)
 A file is replaced atomically (rename) and only when its content changes.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -31,6 +35,11 @@ TEXTFILE = "slurm.prom"
 RUN_TEXTFILE_PREFIX = "hpl_run_"  # + <Slurm job id>.prom: llm_pipeline.jobs.prom_textfile.run_textfile_name
 HEARTBEAT_TEXTFILE = "hpl_jobs.prom"
 HEARTBEAT = "hpl_job_heartbeat_timestamp_seconds"
+EFA_TEXTFILE = "efa.prom"
+EFA_SYSFS = "/sys/class/infiniband"
+EFA_SERIES = "hpl_efa_{counter}_total"  # one series per counter file, named after the driver's own counter name
+EFA_COUNTER_NAME = re.compile(r"[a-z][a-z0-9_]*")
+EFA_NOT_COUNTERS = {"lifespan"}  # hw_counters/lifespan: how long the kernel caches the values (ms), not a counter
 ALWAYS_REPORTED = ("pending", "running")  # job states written per partition even when no job is in them
 HELP = {
     "hpl_slurm_up": "1 if sinfo and squeue answered at the last collection",
@@ -140,6 +149,27 @@ def epilog_script(folder: str, *, python: str, script: str) -> str:
     )
 
 
+def efa_text(sysfs: Path) -> str:
+    """Every port counter of every EFA device under ``sysfs``, as Prometheus counters by device and port."""
+    series: dict[str, list[str]] = collections.defaultdict(list)
+    for counters in sorted(sysfs.glob("*/ports/*/hw_counters")):
+        device, port = counters.parent.parent.parent.name, counters.parent.name
+        for path in sorted(counters.iterdir()):
+            try:
+                value = int(path.read_text().strip())
+            except (OSError, ValueError):  # a counter the driver cannot read now, or not a number
+                continue
+            if EFA_COUNTER_NAME.fullmatch(path.name) and path.name not in EFA_NOT_COUNTERS:
+                name = EFA_SERIES.format(counter=path.name)
+                series[name].append(f'{name}{{device="{label(device)}",port="{label(port)}"}} {value}')
+    lines = []
+    for name, samples in sorted(series.items()):
+        counter = name.removeprefix("hpl_efa_").removesuffix("_total")
+        lines += [f"# HELP {name} EFA port counter {counter} (hw_counters/{counter})", f"# TYPE {name} counter"]
+        lines += samples
+    return "\n".join(lines) + "\n" if lines else ""
+
+
 def this_node(argv: list[str], index: int) -> str:
     return argv[index] if len(argv) > index else socket.gethostname().split(".")[0]
 
@@ -163,12 +193,15 @@ def main(argv: list[str]) -> int:
     if len(argv) in (2, 3) and argv[0] == "sweep":
         sweep(Path(argv[1]), this_node(argv, 2), time.time())
         return 0
+    if len(argv) in (2, 3) and argv[0] == "efa":
+        replace_if_changed(Path(argv[1]) / EFA_TEXTFILE, efa_text(Path(argv[2] if len(argv) == 3 else EFA_SYSFS)))
+        return 0
     if len(argv) == 4 and argv[0] == "epilog-script":
         print(epilog_script(argv[1], python=argv[2], script=argv[3]), end="")
         return 0
     print(
         "error: usage: slurm_metrics.py cluster DIR | gpu-jobs DIR GPUS [NODE] | run-ended DIR | sweep DIR [NODE]"
-        " | epilog-script DIR PYTHON SCRIPT",
+        " | efa DIR [SYSFS] | epilog-script DIR PYTHON SCRIPT",
         file=sys.stderr,
     )
     return 2

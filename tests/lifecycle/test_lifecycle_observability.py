@@ -66,13 +66,14 @@ ROLES = {
     "controller": (CONTROLLER_IP, {"hpl-node-exporter": "node", "hpl-collector": "collector"},
                    ["hpl-slurm-metrics.service", "hpl-slurm-metrics.timer"], ["node"]),
     "trn1": ("10.1.1.1", {"hpl-node-exporter": "node", "hpl-collector": "collector"},
-             ["hpl-neuron-monitor.service", *SWEEP], ["node", "neuron"]),
+             ["hpl-efa-counters.service", "hpl-efa-counters.timer", "hpl-neuron-monitor.service", *SWEEP],
+             ["node", "neuron"]),
     "g5.xlarge": (G5_IP, {"hpl-node-exporter": "node", "hpl-dcgm-exporter": "dcgm", "hpl-collector": "collector"},
                   ["hpl-gpu-jobs.service", "hpl-gpu-jobs.timer", *SWEEP], ["node", "dcgm"]),
     "p5": (GPU_IPS[0], {"hpl-node-exporter": "node", "hpl-dcgm-exporter": "dcgm", "hpl-collector": "collector"},
-           ["hpl-gpu-jobs.service", "hpl-gpu-jobs.timer", *SWEEP], ["node", "dcgm"]),
+           ["hpl-efa-counters.service", "hpl-efa-counters.timer", "hpl-gpu-jobs.service", "hpl-gpu-jobs.timer",
+            *SWEEP], ["node", "dcgm"]),
 }  # fmt: skip
-EFA = {"controller": False, "trn1": True, "g5.xlarge": False, "p5": True}
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -90,7 +91,7 @@ def test_each_role_gets_exactly_its_exporters_and_a_second_run_changes_nothing(m
     assert units(first) == expected_units
     node_args = started["hpl-node-exporter"]
     assert f"--collector.textfile.directory=/host{TEXTFILE}" in node_args
-    assert ("--collector.infiniband" if EFA[role] else "--no-collector.infiniband") in node_args  # EFA counters
+    assert "--no-collector.infiniband" in node_args  # it cannot read EFA's counters: hpl-efa-counters does
     if "hpl-dcgm-exporter" in started:
         assert "--hpc-job-mapping-dir=/hpc-jobs" in started["hpl-dcgm-exporter"]  # the Slurm job id label
     assert started["hpl-collector"][1:3] == ["--agent", "--config.file=/etc/hpl/prometheus-agent.yml"]
