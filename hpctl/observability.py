@@ -41,6 +41,8 @@ SIGNING_SERVICE = "aps"
 QUERY_TIMEOUT_S = 20
 RUN_LOOKBACK = "7d"  # `hpctl metrics` finds a run's last figures this far back
 DASHBOARD = Path("observability") / "dashboards" / "cluster-and-run.json"
+EXPORTER_FAILED = "hpl_exporter_failed"  # an exporter a node could not start (lifecycle/slurm_metrics.py writes it)
+FAILED_EXPORTERS = f"count by (exporter, reason) ({EXPORTER_FAILED} == 1)"
 WORKSPACE_IN_ENDPOINT = re.compile(r"/workspaces/(?P<id>ws-[^/]+)/?$")
 # What `hpctl metrics` prints, in order: label, series (llm_pipeline.jobs.prom_textfile's names).
 RUN_SERIES = (
@@ -132,12 +134,17 @@ def prometheus_health(session: boto3.Session, endpoint: str, *, now: float) -> d
     try:
         newest = PromQL(endpoint, session).query("max(timestamp(up))")  # within Prometheus' 5-minute lookback
         targets = PromQL(endpoint, session).query("count(up == 1)")
+        failed = PromQL(endpoint, session).query(FAILED_EXPORTERS)
     except HpctlError as error:  # status reports; it does not stop on a query that failed
         health["samples"] = f"query failed: {error}"
         return health
     if newest:
         health["last_sample_age_s"] = round(max(0.0, now - float(newest[0]["value"][1])))
         health["targets_up"] = int(float(targets[0]["value"][1])) if targets else 0
+    health["exporters_failed"] = [
+        {**found["metric"], "nodes": int(float(found["value"][1]))}
+        for found in sorted(failed, key=lambda found: found["metric"].get("exporter", ""))
+    ]
     return health
 
 
@@ -163,6 +170,9 @@ def render_health(found: dict) -> str:
             samples = f"last sample {found['last_sample_age_s']} s ago, {found['targets_up']} targets up"
         else:
             samples = "no samples in the last 5 minutes (nodes not up yet, or their collector cannot write)"
+        for failed in found.get("exporters_failed", []):
+            exporter, reason = failed.get("exporter"), failed.get("reason")
+            samples += f"; {exporter} exporter not running on {failed['nodes']} nodes: {reason}"
         return f"{mode}  workspace {found['workspace']} {found['workspace_status']}; {samples}"
     if mode == MANAGED_MODE:
         hint = "  (`hpctl observability enable` installs it)" if found["extension"] == "not installed" else ""

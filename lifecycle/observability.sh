@@ -112,6 +112,43 @@ install_run_metrics_epilog() {
   fi
 }
 
+# neuron-monitor piped into its Prometheus bridge, both from aws-neuronx-tools. The bridge imports prometheus_client,
+# which the AMI's Python may lack: checked here, so a missing module is one WARNING in this log and a series
+# hpctl status reports (hpl_exporter_failed), not a unit restarting forever.
+setup_neuron_bridge() {
+  local textfile="$1" python reason=""
+  python="$(command -v python3)"
+  if ! command -v neuron-monitor >/dev/null || ! command -v neuron-monitor-prometheus.py >/dev/null; then
+    reason="neuron-monitor or neuron-monitor-prometheus.py (aws-neuronx-tools) not found"
+  elif ! "$python" -c 'import prometheus_client' 2>/dev/null; then
+    reason="python module prometheus_client missing for neuron-monitor-prometheus.py ($python -m pip install prometheus-client)"
+  fi
+  python3 "$HERE/slurm_metrics.py" exporter-state "$ROOT$textfile" neuron "$reason"
+  if [[ -n "$reason" ]]; then
+    warn "$reason: no NeuronCore metrics"
+    if [[ -f "$UNIT_DIR/hpl-neuron-monitor.service" ]]; then
+      systemctl disable --now hpl-neuron-monitor.service >/dev/null 2>&1 || true
+      rm -f "$UNIT_DIR/hpl-neuron-monitor.service"
+      log "removed hpl-neuron-monitor.service"
+    fi
+    return
+  fi
+  ensure_unit hpl-neuron-monitor.service <<EOF
+[Unit]
+Description=hyperpod-lora: neuron-monitor as Prometheus metrics on :8000
+StartLimitIntervalSec=600
+StartLimitBurst=5
+
+[Service]
+ExecStart=/bin/sh -c '$(command -v neuron-monitor) | $python $(command -v neuron-monitor-prometheus.py) --port 8000'
+Restart=always
+RestartSec=10
+
+[Install]
+WantedBy=multi-user.target
+EOF
+}
+
 write_collector_config() {
   local targets=("node:localhost:9100")
   [[ "$NODE_ROLE" == Compute && "$HPL_ACCELERATOR" == cuda ]] && targets+=("dcgm:localhost:9400")
@@ -171,22 +208,7 @@ setup_observability() {
       dcgm-exporter --address=:9400 --hpc-job-mapping-dir=/hpc-jobs
   fi
   if [[ "$NODE_ROLE" == Compute && "$HPL_ACCELERATOR" == neuron ]]; then
-    if command -v neuron-monitor >/dev/null && command -v neuron-monitor-prometheus.py >/dev/null; then
-      ensure_unit hpl-neuron-monitor.service <<EOF
-[Unit]
-Description=hyperpod-lora: neuron-monitor as Prometheus metrics on :8000
-
-[Service]
-ExecStart=/bin/sh -c '$(command -v neuron-monitor) | python3 $(command -v neuron-monitor-prometheus.py) --port 8000'
-Restart=always
-RestartSec=10
-
-[Install]
-WantedBy=multi-user.target
-EOF
-    else
-      warn "neuron-monitor or neuron-monitor-prometheus.py (aws-neuronx-tools) not found: no Neuron device metrics"
-    fi
+    setup_neuron_bridge "$textfile"
   fi
   if [[ "$NODE_ROLE" == Controller ]]; then
     ensure_timer hpl-slurm-metrics "/usr/bin/python3 ${OBS_BIN#"$ROOT"}/slurm_metrics.py cluster $textfile"

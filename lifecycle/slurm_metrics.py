@@ -10,8 +10,10 @@ Commands, run by systemd timers or Slurm's epilog that lifecycle/observability.s
                           written by llm_pipeline.jobs.prom_textfile) leave node exporter, so its series end
   sweep DIR [NODE]        on a compute node, every 15 s: the run metrics of jobs no longer on this node (the
                           epilog did not run: a killed slurmd, a node without our epilog) are removed, and
-                          DIR/hpl_jobs.prom says, per job still here, when the sweep last saw it (the dashboard
-                          hides a run whose heartbeat is older than a minute)
+                          DIR/hpl_jobs.prom says, per Slurm job on this node, when the sweep last saw it there (the
+                          dashboard hides a run no node has vouched for in a minute, and finds a job's nodes)
+  exporter-state DIR NAME [REASON]  DIR/hpl_exporter_NAME.prom: hpl_exporter_failed{exporter,reason} 1 when the
+                          lifecycle could not start exporter NAME (hpctl status reports it); no REASON: removed
   efa DIR [SYSFS]         on a compute node with EFA, every 30 s: DIR/efa.prom with every EFA port counter the
                           driver keeps (SYSFS, default /sys/class/infiniband: <device>/ports/<port>/hw_counters/<name>)
                           as hpl_efa_<name>_total{device,port}; node exporter's infiniband collector does not read them
@@ -35,6 +37,7 @@ TEXTFILE = "slurm.prom"
 RUN_TEXTFILE_PREFIX = "hpl_run_"  # + <Slurm job id>.prom: llm_pipeline.jobs.prom_textfile.run_textfile_name
 HEARTBEAT_TEXTFILE = "hpl_jobs.prom"
 HEARTBEAT = "hpl_job_heartbeat_timestamp_seconds"
+EXPORTER_FAILED = "hpl_exporter_failed"  # hpctl/observability.py reads it
 EFA_TEXTFILE = "efa.prom"
 EFA_SYSFS = "/sys/class/infiniband"
 EFA_SERIES = "hpl_efa_{counter}_total"  # one series per counter file, named after the driver's own counter name
@@ -45,7 +48,8 @@ HELP = {
     "hpl_slurm_up": "1 if sinfo and squeue answered at the last collection",
     "hpl_slurm_nodes": "Slurm nodes by partition and state (sinfo %T)",
     "hpl_slurm_jobs": "Slurm jobs by partition and state (squeue %T)",
-    HEARTBEAT: "when this node's sweep last saw the Slurm job on the node, for each job with run metrics here",
+    HEARTBEAT: "when this node's sweep last saw the Slurm job on this node",
+    EXPORTER_FAILED: "1 when the node's lifecycle could not start this exporter, with the reason",
 }
 
 
@@ -121,24 +125,33 @@ def run_ended(folder: Path, job_id: str) -> None:
 
 def heartbeat_text(job_ids: list[str], now: float) -> str:
     lines = [f"# HELP {HEARTBEAT} {HELP[HEARTBEAT]}", f"# TYPE {HEARTBEAT} gauge"]
-    lines += [f'{HEARTBEAT}{{slurm_job_id="{label(job)}"}} {now:.3f}' for job in sorted(job_ids)]
+    lines += [f'{HEARTBEAT}{{slurm_job_id="{label(job)}"}} {now:.3f}' for job in job_ids]
     return "\n".join(lines) + "\n"
 
 
 def sweep(folder: Path, node: str, now: float) -> None:
-    """Remove the run metrics of jobs Slurm no longer has on ``node``; a heartbeat for the others. When Slurm does
-    not answer nothing is removed and no heartbeat written, so the dashboard marks the runs stale after a minute."""
+    """Remove the run metrics of jobs Slurm no longer has on ``node``; a heartbeat for every job there. When Slurm
+    does not answer, nothing is removed and no heartbeat written: the dashboard marks the runs stale in a minute."""
     try:
-        here = {row[0] for row in slurm("squeue", "-h", "-w", node, "-o", "%A")}
+        here = sorted({row[0] for row in slurm("squeue", "-h", "-w", node, "-o", "%A")})
     except (OSError, subprocess.SubprocessError):
         return
-    alive = []
     for job_id, path in run_textfiles(folder).items():
-        if job_id in here:
-            alive.append(job_id)
-        else:
+        if job_id not in here:
             path.unlink(missing_ok=True)
-    replace_if_changed(folder / HEARTBEAT_TEXTFILE, heartbeat_text(alive, now))
+    replace_if_changed(folder / HEARTBEAT_TEXTFILE, heartbeat_text(here, now))
+
+
+def exporter_state(folder: Path, exporter: str, reason: str) -> None:
+    path = folder / f"hpl_exporter_{exporter}.prom"
+    if not reason:
+        path.unlink(missing_ok=True)
+        return
+    text = (
+        f"# HELP {EXPORTER_FAILED} {HELP[EXPORTER_FAILED]}\n# TYPE {EXPORTER_FAILED} gauge\n"
+        f'{EXPORTER_FAILED}{{exporter="{label(exporter)}",reason="{label(reason)}"}} 1\n'
+    )
+    replace_if_changed(path, text)
 
 
 def epilog_script(folder: str, *, python: str, script: str) -> str:
@@ -193,6 +206,9 @@ def main(argv: list[str]) -> int:
     if len(argv) in (2, 3) and argv[0] == "sweep":
         sweep(Path(argv[1]), this_node(argv, 2), time.time())
         return 0
+    if len(argv) in (3, 4) and argv[0] == "exporter-state":
+        exporter_state(Path(argv[1]), argv[2], argv[3] if len(argv) == 4 else "")
+        return 0
     if len(argv) in (2, 3) and argv[0] == "efa":
         replace_if_changed(Path(argv[1]) / EFA_TEXTFILE, efa_text(Path(argv[2] if len(argv) == 3 else EFA_SYSFS)))
         return 0
@@ -201,7 +217,7 @@ def main(argv: list[str]) -> int:
         return 0
     print(
         "error: usage: slurm_metrics.py cluster DIR | gpu-jobs DIR GPUS [NODE] | run-ended DIR | sweep DIR [NODE]"
-        " | efa DIR [SYSFS] | epilog-script DIR PYTHON SCRIPT",
+        " | efa DIR [SYSFS] | exporter-state DIR NAME [REASON] | epilog-script DIR PYTHON SCRIPT",
         file=sys.stderr,
     )
     return 2

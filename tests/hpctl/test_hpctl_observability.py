@@ -12,9 +12,12 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -68,6 +71,8 @@ def evaluate(expr: str) -> list[dict]:
         return [{"metric": {}, "value": [now, str(now - 7)]}]
     if expr == "count(up == 1)":
         return [{"metric": {}, "value": [now, str(sum(1 for value in ups if value == 1))]}]
+    if expr == observability.FAILED_EXPORTERS:
+        return [{"metric": labels, "value": [now, str(count)]} for labels, count in FakeWorkspace.failed_exporters]
     match = SELECTOR.match(expr)
     if not match:
         raise ValueError(expr)
@@ -112,6 +117,7 @@ def verified(handler: BaseHTTPRequestHandler) -> str:
 
 class FakeWorkspace(BaseHTTPRequestHandler):
     requests: ClassVar[list[str]] = []
+    failed_exporters: ClassVar[list[tuple[dict, int]]] = []  # (exporter and reason labels, nodes)
     credentials: tuple[str, str] = ("", "")  # the caller's access key and secret, as AMP knows them
 
     def do_GET(self) -> None:
@@ -162,6 +168,7 @@ def prometheus_stack(deployed, endpoint_server):
     endpoint = f"{endpoint_server}/workspaces/{workspace}/"
     redeploy({ObservabilityOutput.MODE: "prometheus", ObservabilityOutput.METRICS_ENDPOINT: endpoint})
     FakeWorkspace.requests.clear()
+    FakeWorkspace.failed_exporters.clear()
     FakeWorkspace.credentials = (os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"])
     return workspace, endpoint
 
@@ -192,6 +199,21 @@ def test_status_names_the_mode_the_workspace_and_fresh_samples(prometheus_stack,
     code, out, _ = hpctl("status", "--json")
     found = json.loads(out)["observability"]
     assert (found["workspace_status"], found["targets_up"], found["last_sample_age_s"]) == ("ACTIVE", 1, 7)
+
+
+def test_status_names_an_exporter_the_nodes_could_not_start(prometheus_stack, hpctl):
+    reason = "python module prometheus_client missing for neuron-monitor-prometheus.py"
+    FakeWorkspace.failed_exporters.append(({"exporter": "neuron", "reason": reason}, 3))
+    _, out, _ = hpctl("status")
+    (line,) = [line for line in out.splitlines() if line.startswith("Metrics")]
+    assert line.endswith(f"1 targets up; neuron exporter not running on 3 nodes: {reason}")
+
+
+def test_the_failed_exporter_series_is_the_one_the_lifecycle_writes(tmp_path):
+    script = Path(__file__).resolve().parents[2] / "lifecycle" / "slurm_metrics.py"
+    subprocess.run([sys.executable, str(script), "exporter-state", str(tmp_path), "neuron", "why"], check=True)
+    (sample,) = [line for line in (tmp_path / "hpl_exporter_neuron.prom").read_text().splitlines() if line[0] != "#"]
+    assert sample.startswith(f"{observability.EXPORTER_FAILED}{{")
 
 
 def test_status_says_when_the_query_fails_and_goes_on(prometheus_stack, hpctl, monkeypatch):

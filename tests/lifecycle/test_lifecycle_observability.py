@@ -40,6 +40,14 @@ def prometheus_facts() -> dict:
 
 
 @pytest.fixture
+def bridge_module(tmp_path: Path) -> dict[str, str]:
+    """An importable prometheus_client for the node's python3: the Neuron bridge's one dependency."""
+    (tmp_path / "site" / "prometheus_client").mkdir(parents=True)
+    (tmp_path / "site" / "prometheus_client" / "__init__.py").write_text("")
+    return {"PYTHONPATH": str(tmp_path / "site")}
+
+
+@pytest.fixture
 def metrics_node(tmp_path: Path, node: FakeNode) -> FakeNode:
     del node  # the root check
     return FakeNode(tmp_path / "metrics-node", facts=prometheus_facts(), cluster={**CLUSTER, "g5": [("g5-1", G5_IP)]})
@@ -77,11 +85,11 @@ ROLES = {
 
 
 @pytest.mark.parametrize("role", ROLES)
-def test_each_role_gets_exactly_its_exporters_and_a_second_run_changes_nothing(metrics_node, role):
+def test_each_role_gets_exactly_its_exporters_and_a_second_run_changes_nothing(metrics_node, bridge_module, role):
     ip, expected_containers, expected_units, scrape_jobs = ROLES[role]
     metrics_node.add_neuron_devices()
     metrics_node.add_efa_devices({"trn1": 8, "p5": 32}.get(role, 0))
-    gpus = {"FAKE_GPUS": "1"} if role == "g5.xlarge" else {}
+    gpus = {"FAKE_GPUS": "1", **bridge_module} if role == "g5.xlarge" else bridge_module
     first = metrics_node.run(ip, **gpus)
 
     assert first.returncode == 0, first.stderr + first.stdout
@@ -164,3 +172,21 @@ def test_a_compute_node_joins_slurms_epilog_folder_and_sweeps_every_15_s(metrics
     assert "OnUnitActiveSec=15s" in timer
     service = (metrics_node.root / "etc/systemd/system/hpl-run-sweep.service").read_text()
     assert f"ExecStart=/usr/bin/python3 /opt/hyperpod-lora/slurm_metrics.py sweep {TEXTFILE}\n" in service
+
+
+def test_the_neuron_bridge_without_prometheus_client_is_a_warning_and_a_series_not_a_restart_loop(
+    metrics_node, bridge_module
+):
+    metrics_node.add_neuron_devices()
+    metrics_node.add_efa_devices(8)
+    unit = metrics_node.root / "etc/systemd/system/hpl-neuron-monitor.service"
+    failed = metrics_node.root / TEXTFILE.lstrip("/") / "hpl_exporter_neuron.prom"
+    with_module = metrics_node.run("10.1.1.1", **bridge_module)
+    assert with_module.returncode == 0 and unit.is_file() and not failed.exists()
+    assert "StartLimitBurst=5" in unit.read_text()  # even a bridge that fails later stops retrying
+
+    without = metrics_node.run("10.1.1.1")  # the AMI's python3 has no prometheus_client
+    assert without.returncode == 0, without.stderr
+    assert "WARNING: python module prometheus_client missing for neuron-monitor-prometheus.py" in without.stdout
+    assert not unit.exists() and "systemctl disable --now hpl-neuron-monitor.service" in without.calls
+    assert 'hpl_exporter_failed{exporter="neuron",reason="python module prometheus_client missing' in failed.read_text()
