@@ -263,3 +263,26 @@ def test_a_controller_type_change_is_refused_unless_allowed():
     assert value_refusals(before, after, Allowances(replace_controller=True)) == []
     _, allow, _ = parse_arguments(["--allow-controller-replace"])
     assert allow.replace_controller
+
+
+def test_leaving_prometheus_is_refused_naming_the_metrics_lost_unless_allowed(aws):
+    deploy(aws, context_from([]))  # observability = prometheus, the default
+    placeholder = {"Resources": PLACEHOLDER_RESOURCES}
+    (problem,) = predeploy_check(context_from(["-c", "observability=off"]), aws, wanted_template=placeholder)
+    assert problem.startswith("config key 'observability' is 'prometheus' on the deployed stack and 'off' now")
+    assert "Amazon Managed Prometheus workspace and every sample in it" in problem and "loss" in problem
+    assert "--allow-drop-metrics" in problem
+    allowed = Allowances(drop_metrics=True)
+    context = context_from(["-c", "observability=off"])
+    assert predeploy_check(context, aws, allow=allowed, wanted_template=placeholder) == []
+    assert parse_arguments(["--allow-drop-metrics"])[1] == allowed
+
+
+def test_a_removed_metrics_workspace_is_refused_by_the_template_comparison_too():
+    """A release that renames the workspace's logical id deletes it as surely as the config switch."""
+    workspace = {"Type": "AWS::APS::Workspace", "Properties": {"Alias": "hpl-metrics"}}
+    deployed, wanted = {"Resources": {"MetricsWorkspace": workspace}}, {"Resources": {"Metrics2Workspace": workspace}}
+    (problem,) = template_refusals(deployed, wanted)
+    assert problem.startswith("resource MetricsWorkspace (AWS::APS::Workspace) would be removed")
+    assert "every sample in it" in problem
+    assert template_refusals(deployed, wanted, Allowances(drop_metrics=True)) == []
