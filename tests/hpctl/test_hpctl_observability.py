@@ -289,25 +289,79 @@ def test_dashboard_names_the_file_the_data_source_and_identity_center(prometheus
     assert "IAM Identity Center" in out
 
 
-def test_enable_installs_the_extension_once(deployed, extensions, hpctl):
+OFFERED = {"ExtensionVersions": [{"ExtensionVersion": "1.0"}, {"ExtensionVersion": "1.1"}]}
+LIST_VERSIONS = {"ExtensionName": MANAGED_EXTENSION}
+
+
+def installed(extensions, cluster_arn: str, version: str, status: str = "Active") -> str:
+    arn = f"{cluster_arn}/extension/obs"
+    extensions.add_response(
+        "list_cluster_extensions",
+        {"Extensions": [{"ExtensionArn": arn, "ExtensionName": MANAGED_EXTENSION, "ExtensionVersion": version,
+                         "Status": status}]},
+        {"ClusterArn": cluster_arn},
+    )  # fmt: skip
+    return arn
+
+
+def test_enable_installs_the_pinned_version_once(deployed, extensions, hpctl):
     redeploy({ObservabilityOutput.MODE: "managed"})
     arn = f"{deployed.cluster_arn}/extension/obs"
     cluster = {"ClusterArn": deployed.cluster_arn}
     extensions.add_response("list_cluster_extensions", {"Extensions": []}, cluster)
+    extensions.add_response("list_cluster_extension_versions", OFFERED, LIST_VERSIONS)
     extensions.add_response(
-        "create_cluster_extension", {"ExtensionArn": arn}, {**cluster, "ExtensionName": MANAGED_EXTENSION}
-    )
-    extensions.add_response(
-        "list_cluster_extensions",
-        {"Extensions": [{"ExtensionArn": arn, "ExtensionName": MANAGED_EXTENSION, **VERSION, "Status": "Creating"}]},
-        cluster,
+        "create_cluster_extension",
+        {"ExtensionArn": arn},
+        {**cluster, "ExtensionName": MANAGED_EXTENSION, "ExtensionVersion": observability.EXTENSION_VERSION},
     )
     assert hpctl("observability", "enable")[1] == (
-        f"{MANAGED_EXTENSION} is being installed ({arn}): `hpctl status` shows when it is Active\n"
+        f"{MANAGED_EXTENSION} {observability.EXTENSION_VERSION} is being installed ({arn}): "
+        "`hpctl status` shows when it is Active\n"
     )
+    installed(extensions, deployed.cluster_arn, "1.0", status="Creating")
     assert hpctl("observability", "enable")[1] == (
-        f"{MANAGED_EXTENSION} is already on the cluster (Creating): nothing to do\n"
+        f"{MANAGED_EXTENSION} 1.0 is already on the cluster (Creating): nothing to do "
+        "(`hpctl observability update` moves its version)\n"
     )
+
+
+def test_enable_refuses_a_version_sagemaker_does_not_offer(deployed, extensions, hpctl):
+    redeploy({ObservabilityOutput.MODE: "managed"})
+    extensions.add_response("list_cluster_extensions", {"Extensions": []}, {"ClusterArn": deployed.cluster_arn})
+    extensions.add_response("list_cluster_extension_versions", OFFERED, LIST_VERSIONS)
+    code, _, err = hpctl("observability", "enable", "--version", "0.9")
+    assert (code, err) == (
+        2,
+        f"error: {MANAGED_EXTENSION} version 0.9 is not offered (offered: 1.0, 1.1): "
+        "pass --version with one of those\n",
+    )
+
+
+def test_update_lists_the_versions_first_then_moves_to_the_one_asked(deployed, extensions, hpctl):
+    redeploy({ObservabilityOutput.MODE: "managed"})
+    installed(extensions, deployed.cluster_arn, "1.0")
+    extensions.add_response("list_cluster_extension_versions", OFFERED, LIST_VERSIONS)
+    code, out, _ = hpctl("observability", "update")
+    assert code == 0
+    assert out.splitlines()[1:] == ["  * 1.0", "    1.1", "pass --version VERSION to move the cluster to one of them"]
+
+    arn = installed(extensions, deployed.cluster_arn, "1.0")
+    extensions.add_response("list_cluster_extension_versions", OFFERED, LIST_VERSIONS)
+    extensions.add_response(
+        "update_cluster_extension",
+        {"ExtensionArn": arn},
+        {"ClusterArn": deployed.cluster_arn, "ExtensionArn": arn, "ExtensionVersion": "1.1"},
+    )
+    code, out, _ = hpctl("observability", "update", "--version", "1.1")
+    assert code == 0 and out.splitlines()[-1].startswith(f"{MANAGED_EXTENSION} moves from 1.0 to 1.1")
+
+
+def test_update_without_the_extension_says_how_to_install_it(deployed, extensions, hpctl):
+    redeploy({ObservabilityOutput.MODE: "managed"})
+    extensions.add_response("list_cluster_extensions", {"Extensions": []}, {"ClusterArn": deployed.cluster_arn})
+    code, _, err = hpctl("observability", "update", "--version", "1.1")
+    assert code == 2 and "`hpctl observability enable` installs it" in err
 
 
 def test_enable_refuses_a_stack_in_prometheus_mode(prometheus_stack, hpctl):
