@@ -6,7 +6,7 @@ HPL_METRICS_TEXTFILE_PATH), Prometheus scrapes it every second. Used by `make re
         ... write *.prom files into prometheus.textfile ...
         prometheus.wait_for('hpl_train_loss{run="tiny"}')
 
-`node_sweep` stands in for the node's sweep timer (lifecycle/slurm_metrics.py sweep) beside a local Slurm.
+`epilog_conf` gives a local Slurm the lifecycle's epilog; `sweep_once` is one run of the node's sweep timer.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from collections.abc import Mapping
+from contextlib import ExitStack
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -168,22 +167,3 @@ def sweep_once(textfile: Path, env: Mapping[str, str], node: str) -> None:
     subprocess.run(
         [sys.executable, str(SLURM_METRICS), "sweep", str(textfile), node], env=dict(env), check=True, timeout=30
     )
-
-
-@contextmanager
-def node_sweep(textfile: Path, env: Mapping[str, str], node: str, every: float = 5.0) -> Iterator[None]:
-    """The node's sweep timer (every 15 s on a node) as a thread, while the block runs."""
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.is_set():
-            sweep_once(textfile, env, node)
-            stop.wait(every)
-
-    thread = threading.Thread(target=loop, name="hpl-run-sweep", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=30)

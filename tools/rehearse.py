@@ -10,6 +10,9 @@
 4. shows the adapter, the merged model, the generated answer and the evaluation (base vs tuned);
    runs `python -m llm_pipeline.compare` on the run (<run>/compare/: chart and table); stops the
    daemons by PID.
+Beside the Slurm, Debian's Prometheus and node exporter take the run's own metrics as on a node
+(tools/rehearsal_metrics.py): it prints where Prometheus answers, every dashboard query on the run,
+one PromQL line with the run's loss, and draws the dashboard's panels into <root>/observability.png.
 --method lora|dora|qlora|full runs the config with that train.method (a copy under <root>).
 --tiny runs --config at tiny shape on this CPU (tiny_shape_config: TINY_SHAPE replaced, everything else the
 config's own), e.g. a GPU example: make rehearse CONFIG=payloads/configs/llama3-8b-lora-g5.toml.
@@ -30,7 +33,9 @@ from pathlib import Path
 from cluster_contract import FSX_FOLDER_FACTS, PAYLOADS_FOLDER
 from llm_pipeline.config import METHODS
 from llm_pipeline.jobs.run_config_text import derived_config
+from tools.local_prometheus import LocalPrometheusError
 from tools.local_slurm import LocalSlurm, LocalSlurmError, hand_to_invoking_user
+from tools.rehearsal_metrics import RehearsalMetrics
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / PAYLOADS_FOLDER / "configs" / "tiny-cpu.toml"
@@ -192,20 +197,26 @@ def rehearse(
     if method is not None:
         config_path = method_config(config_path, method, root)
     start = time.monotonic()
-    print(f"[1/4] starting a local Slurm under {root / 'slurm'}", flush=True)
-    with LocalSlurm(root / "slurm") as slurm:
-        env = slurm.env(fsx_environment(root / "fsx"))
+    print(f"[1/4] starting a local Slurm under {root / 'slurm'}, Prometheus beside it", flush=True)
+    metrics = RehearsalMetrics(root / "prometheus")
+    with metrics, LocalSlurm(root / "slurm", extra_conf=metrics.slurm_conf()) as slurm:
+        env = metrics.environment(slurm.env(fsx_environment(root / "fsx")))
         if trn2:
             env = trn2_environment(env)
         print(f"[2/4] writing the tiny model and {DOLLY_RECORDS} dolly records under {root / 'fsx'}", flush=True)
         write_inputs(config_path, env)
         print(f"[3/4] submitting the pipeline with {config_path.name} and following it", flush=True)
-        status = submit(config_path, env, "--wait")
+        submitted = time.time()
+        with metrics.node_timers(env, slurm.node_names[0]):
+            status = submit(config_path, env, "--wait")
         output_dir = read_run_facts(config_path, env).output_dir
         print("[4/4] results", flush=True)
         show_outputs(output_dir)
         if status == 0:
             status = compare_run(output_dir, env)
+        if not metrics.report(output_dir.name, submitted, time.time()) and status == 0:
+            print(f"\nno loss of run {output_dir.name} reached Prometheus", file=sys.stderr)
+            status = 1
         if status != 0:
             print(f"\nrehearsal FAILED: step logs are in {output_dir / 'logs'}", file=sys.stderr)
     print(f"rehearsal {'passed' if status == 0 else 'failed'} in {time.monotonic() - start:.0f} s; daemons stopped")
@@ -237,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return rehearse(args.root.resolve(), args.config.resolve(), args.method, trn2=args.trn2, tiny=args.tiny)
-    except LocalSlurmError as exc:
+    except (LocalSlurmError, LocalPrometheusError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     finally:
