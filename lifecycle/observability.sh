@@ -5,7 +5,8 @@
 #                   training steps write their own metrics)
 #   EFA nodes       the EFA devices' port counters (hw_counters) into that folder (slurm_metrics.py efa, a
 #                   timer): node exporter's infiniband collector does not read EFA's counters
-#   GPU nodes       DCGM exporter (:9400) with the Slurm job id of each GPU (slurm_metrics.py gpu-jobs, a timer)
+#   GPU nodes       DCGM exporter (:9400) with the Slurm job id of each GPU (slurm_metrics.py gpu-jobs, a timer:
+#                   the AMI's own /run/slurm/dcgm-job-mapping where it exists, else Slurm's GPU allocation)
 #   Trainium nodes  neuron-monitor piped into its Prometheus bridge (:8000), both from aws-neuronx-tools
 #   controller      Slurm nodes and jobs by state per partition (slurm_metrics.py cluster, a timer)
 #   compute nodes   a run's metrics end with its job: Slurm's epilog removes them (where slurm.conf's Epilog is a

@@ -3,9 +3,11 @@
 Commands, run by systemd timers or Slurm's epilog that lifecycle/observability.sh installs:
   cluster DIR             on the controller, every 30 s: DIR/slurm.prom with nodes and jobs by state per
                           partition (sinfo, squeue), and hpl_slurm_up 0 when Slurm does not answer
-  gpu-jobs DIR GPUS [NODE]  on a GPU node, every 30 s: DCGM exporter's HPC job mapping, one file per GPU index
-                          in DIR holding the ids of the Slurm jobs running on this node (our jobs take whole
-                          nodes), so every DCGM series carries the job id (label hpc_job)
+  gpu-jobs DIR GPUS [NODE [AMI_MAPPING]]  on a GPU node, every 30 s: DCGM exporter's HPC job mapping, one file per
+                          GPU index in DIR holding the ids of the Slurm jobs on that GPU, so every DCGM series carries
+                          its job id (label hpc_job): a copy of the AMI's own mapping (/run/slurm/dcgm-job-mapping,
+                          its prolog and epilog keep it) where that exists, else from Slurm's allocation (each job's
+                          GPU indexes on this node; a job holding none by index gets the GPUs no job holds)
   run-ended DIR           Slurm's epilog on a compute node: the ended job's run metrics (DIR/hpl_run_<job>.prom,
                           written by llm_pipeline.jobs.prom_textfile) leave node exporter, so its series end
   sweep DIR [NODE]        on a compute node, every 15 s: the run metrics of jobs no longer on this node (the
@@ -38,6 +40,8 @@ RUN_TEXTFILE_PREFIX = "hpl_run_"  # + <Slurm job id>.prom: llm_pipeline.jobs.pro
 HEARTBEAT_TEXTFILE = "hpl_jobs.prom"
 HEARTBEAT = "hpl_job_heartbeat_timestamp_seconds"
 EXPORTER_FAILED = "hpl_exporter_failed"  # hpctl/observability.py reads it
+AMI_GPU_JOB_MAPPING = Path("/run/slurm/dcgm-job-mapping")  # kept by the HyperPod AMI's prolog and epilog
+GPU_INDEXES = re.compile(r"GRES=[^ ]*?gpu[^ (]*\(IDX:(?P<indexes>[0-9,-]+)\)")
 EFA_TEXTFILE = "efa.prom"
 EFA_SYSFS = "/sys/class/infiniband"
 EFA_SERIES = "hpl_efa_{counter}_total"  # one series per counter file, named after the driver's own counter name
@@ -96,17 +100,66 @@ def replace_if_changed(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
-def gpu_jobs(folder: Path, gpus: int, node: str) -> None:
-    try:
-        ids = [row[0] for row in slurm("squeue", "-h", "-t", "RUNNING", "-w", node, "-o", "%A")]
-    except (OSError, subprocess.SubprocessError):
-        ids = []
-    for index in range(gpus):
-        path = folder / str(index)
-        if ids:
-            replace_if_changed(path, "\n".join(ids) + "\n")
-        elif path.exists():
+def index_list(text: str) -> list[int]:
+    """Slurm's GPU index list ("0-1,3") as indexes."""
+    indexes = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        indexes += range(int(first), int(last or first) + 1)
+    return indexes
+
+
+def allocated_gpus(job_id: str, node: str) -> list[int] | None:
+    """The GPU indexes Slurm gave ``job_id`` on ``node`` (scontrol -d: "Nodes=... GRES=gpu:2(IDX:0-1)"); None when
+    the job holds no GPU by index there (it asked for none: our jobs take whole nodes)."""
+    for words in slurm("scontrol", "-d", "-o", "show", "job", job_id):
+        for detail in " ".join(words).split(" Nodes=")[1:]:
+            nodes = detail.split()[0]
+            gres = GPU_INDEXES.search(detail)
+            if gres and node in {row[0] for row in slurm("scontrol", "show", "hostnames", nodes)}:
+                return index_list(gres["indexes"])
+    return None
+
+
+def slurm_gpu_jobs(gpus: int, node: str) -> dict[int, list[str]]:
+    """GPU index -> the running jobs Slurm gave it on ``node``; a job without GPU indexes gets the GPUs no job holds."""
+    holders: dict[int, list[str]] = {index: [] for index in range(gpus)}
+    whole_node = []
+    for job_id in [row[0] for row in slurm("squeue", "-h", "-t", "RUNNING", "-w", node, "-o", "%A")]:
+        indexes = allocated_gpus(job_id, node)
+        if indexes is None:
+            whole_node.append(job_id)
+        for index in indexes or []:
+            holders.setdefault(index, []).append(job_id)
+    for jobs in holders.values():
+        if not jobs:
+            jobs += whole_node
+    return holders
+
+
+def ami_gpu_jobs(mapping: Path) -> dict[int, list[str]]:
+    """The AMI's own mapping: one file per GPU index holding the ids of the jobs on it."""
+    return {
+        int(path.name): path.read_text().split() for path in mapping.iterdir() if path.name.isdigit() and path.is_file()
+    }
+
+
+def gpu_jobs(folder: Path, gpus: int, node: str, ami_mapping: Path = AMI_GPU_JOB_MAPPING) -> str:
+    """DCGM exporter's job mapping in ``folder``: the AMI's where it keeps one, else Slurm's allocation; says which."""
+    if ami_mapping.is_dir():
+        holders, source = ami_gpu_jobs(ami_mapping), str(ami_mapping)
+    else:
+        try:
+            holders, source = slurm_gpu_jobs(gpus, node), "slurm"
+        except (OSError, subprocess.SubprocessError, ValueError):
+            holders, source = {}, "none (Slurm did not answer)"
+    for path in folder.iterdir():
+        if path.name.isdigit() and not holders.get(int(path.name)):
             path.unlink()
+    for index, jobs in holders.items():
+        if jobs:
+            replace_if_changed(folder / str(index), "\n".join(jobs) + "\n")
+    return source
 
 
 def run_textfiles(folder: Path) -> dict[str, Path]:
@@ -193,10 +246,11 @@ def main(argv: list[str]) -> int:
         folder.mkdir(parents=True, exist_ok=True)
         replace_if_changed(folder / TEXTFILE, cluster_text())
         return 0
-    if len(argv) in (3, 4) and argv[0] == "gpu-jobs" and argv[2].isdigit():
+    if len(argv) in (3, 4, 5) and argv[0] == "gpu-jobs" and argv[2].isdigit():
         folder = Path(argv[1])
         folder.mkdir(parents=True, exist_ok=True)
-        gpu_jobs(folder, int(argv[2]), this_node(argv, 3))
+        mapping = Path(argv[4]) if len(argv) == 5 else AMI_GPU_JOB_MAPPING
+        print(f"GPU job mapping from {gpu_jobs(folder, int(argv[2]), this_node(argv, 3), mapping)}")
         return 0
     if len(argv) == 2 and argv[0] == "run-ended":
         job_id = os.environ.get("SLURM_JOB_ID", "")
@@ -216,8 +270,8 @@ def main(argv: list[str]) -> int:
         print(epilog_script(argv[1], python=argv[2], script=argv[3]), end="")
         return 0
     print(
-        "error: usage: slurm_metrics.py cluster DIR | gpu-jobs DIR GPUS [NODE] | run-ended DIR | sweep DIR [NODE]"
-        " | efa DIR [SYSFS] | exporter-state DIR NAME [REASON] | epilog-script DIR PYTHON SCRIPT",
+        "error: usage: slurm_metrics.py cluster DIR | gpu-jobs DIR GPUS [NODE [AMI_MAPPING]] | run-ended DIR"
+        " | sweep DIR [NODE] | efa DIR [SYSFS] | exporter-state DIR NAME [REASON] | epilog-script DIR PYTHON SCRIPT",
         file=sys.stderr,
     )
     return 2
