@@ -8,7 +8,8 @@
 #   GPU nodes       DCGM exporter (:9400) with the Slurm job id of each GPU (slurm_metrics.py gpu-jobs, a timer:
 #                   the AMI's own /run/slurm/dcgm-job-mapping where it exists, else Slurm's GPU allocation)
 #   Trainium nodes  neuron-monitor piped into its Prometheus bridge (:8000), both from aws-neuronx-tools
-#   controller      Slurm nodes and jobs by state per partition (slurm_metrics.py cluster, a timer)
+#   controller      Slurm nodes and jobs by state per partition: slurmctld's own OpenMetrics endpoints where
+#                   Slurm is 25.11+ and slurm.conf enables them, else slurm_metrics.py cluster (a timer)
 #   compute nodes   a run's metrics end with its job: Slurm's epilog removes them (where slurm.conf's Epilog is a
 #                   folder glob) and a 15 s timer sweeps those of jobs no longer on the node, writing a heartbeat
 #                   for the others (slurm_metrics.py run-ended, sweep)
@@ -24,6 +25,7 @@ GPU_JOBS_DIR="$ROOT/var/lib/hyperpod-lora/gpu-jobs"
 SCRAPE_INTERVAL=30s
 RUN_SWEEP_INTERVAL=15s  # a run that ended without its epilog leaves the dashboard within a minute
 RUN_METRICS_EPILOG=hpl-run-metrics.sh
+SLURMCTLD_METRICS_ENDPOINTS="jobs nodes partitions scheduler"  # slurmctld's /metrics/<endpoint> (Slurm 25.11)
 LOGGED_IN=""
 
 # Pull from the stack's ECR repository once per run, and only when a container must be (re)created.
@@ -150,6 +152,32 @@ WantedBy=multi-user.target
 EOF
 }
 
+# The controller's Slurm series: slurmctld's own OpenMetrics endpoints where Slurm is 25.11 or newer and slurm.conf
+# turns them on (the agent scrapes them), else the sinfo/squeue poll every 30 s (slurm_metrics.py slurm-source decides).
+SLURM_SOURCE=poll
+SLURMCTLD_METRICS_PORT=""
+setup_slurm_metrics() {
+  local textfile="$1" why
+  read -r SLURM_SOURCE why < <(python3 "$HERE/slurm_metrics.py" slurm-source "$SLURM_CONF" "$SLURM_VERSION")
+  if [[ "$SLURM_SOURCE" == openmetrics ]]; then
+    SLURMCTLD_METRICS_PORT="$why"
+    log "Slurm $SLURM_VERSION serves its own metrics: the agent scrapes slurmctld's /metrics/* on port $why; no sinfo/squeue poll"
+    remove_timer hpl-slurm-metrics
+    return
+  fi
+  log "Slurm's series from the sinfo/squeue poll: $why"
+  ensure_timer hpl-slurm-metrics "/usr/bin/python3 ${OBS_BIN#"$ROOT"}/slurm_metrics.py cluster $textfile"
+}
+
+remove_timer() {
+  local name="$1"
+  [[ -f "$UNIT_DIR/$name.timer" ]] || return 0
+  systemctl disable --now "$name.timer" >/dev/null 2>&1 || true
+  rm -f "$UNIT_DIR/$name.timer" "$UNIT_DIR/$name.service"
+  systemctl daemon-reload
+  log "removed $name.timer"
+}
+
 write_collector_config() {
   local targets=("node:localhost:9100")
   [[ "$NODE_ROLE" == Compute && "$HPL_ACCELERATOR" == cuda ]] && targets+=("dcgm:localhost:9400")
@@ -165,6 +193,13 @@ write_collector_config() {
     for target in "${targets[@]}"; do
       printf '  - job_name: %s\n    static_configs:\n      - targets: ["%s"]\n' "${target%%:*}" "${target#*:}"
     done
+    if [[ "$SLURM_SOURCE" == openmetrics ]]; then
+      local endpoint
+      for endpoint in $SLURMCTLD_METRICS_ENDPOINTS; do
+        printf '  - job_name: slurm-%s\n    metrics_path: /metrics/%s\n    static_configs:\n      - targets: ["localhost:%s"]\n' \
+          "$endpoint" "$endpoint" "$SLURMCTLD_METRICS_PORT"
+      done
+    fi
     printf 'remote_write:\n  - url: %s\n    sigv4:\n      region: %s\n' "$HPL_METRICS_REMOTE_WRITE_URL" "$HPL_REGION"
   } | install_if_changed "$OBS_ETC/prometheus-agent.yml" 0644
 }
@@ -212,7 +247,7 @@ setup_observability() {
     setup_neuron_bridge "$textfile"
   fi
   if [[ "$NODE_ROLE" == Controller ]]; then
-    ensure_timer hpl-slurm-metrics "/usr/bin/python3 ${OBS_BIN#"$ROOT"}/slurm_metrics.py cluster $textfile"
+    setup_slurm_metrics "$textfile"
   fi
 
   write_collector_config

@@ -19,6 +19,9 @@ Commands, run by systemd timers or Slurm's epilog that lifecycle/observability.s
   efa DIR [SYSFS]         on a compute node with EFA, every 30 s: DIR/efa.prom with every EFA port counter the
                           driver keeps (SYSFS, default /sys/class/infiniband: <device>/ports/<port>/hw_counters/<name>)
                           as hpl_efa_<name>_total{device,port}; node exporter's infiniband collector does not read them
+  slurm-source SLURM_CONF VERSION  prints where the controller's Slurm series come from: "openmetrics PORT" where
+                          Slurm is 25.11 or newer and slurm.conf turns its OpenMetrics endpoints on
+                          (MetricsType=metrics/openmetrics, no PrivateData), else "poll <why>" (the cluster command)
   epilog-script DIR PYTHON SCRIPT  prints the epilog the lifecycle installs (PYTHON SCRIPT run-ended DIR)
 A file is replaced atomically (rename) and only when its content changes.
 """
@@ -42,6 +45,9 @@ HEARTBEAT = "hpl_job_heartbeat_timestamp_seconds"
 EXPORTER_FAILED = "hpl_exporter_failed"  # hpctl/observability.py reads it
 AMI_GPU_JOB_MAPPING = Path("/run/slurm/dcgm-job-mapping")  # kept by the HyperPod AMI's prolog and epilog
 GPU_INDEXES = re.compile(r"GRES=[^ ]*?gpu[^ (]*\(IDX:(?P<indexes>[0-9,-]+)\)")
+OPENMETRICS_SINCE = (25, 11)  # slurmctld serves /metrics/* from this release (SchedMD's metrics guide)
+OPENMETRICS_TYPE = "metrics/openmetrics"
+SLURMCTLD_PORT = "6817"  # Slurm's default SlurmctldPort
 EFA_TEXTFILE = "efa.prom"
 EFA_SYSFS = "/sys/class/infiniband"
 EFA_SERIES = "hpl_efa_{counter}_total"  # one series per counter file, named after the driver's own counter name
@@ -236,6 +242,32 @@ def efa_text(sysfs: Path) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
+def slurm_conf_values(text: str) -> dict[str, str]:
+    """slurm.conf's Key=Value settings (keys lower-cased; the last one wins, as in Slurm)."""
+    values = {}
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].split()
+        if words and "=" in words[0]:
+            key, _, value = words[0].partition("=")
+            values[key.lower()] = value
+    return values
+
+
+def slurm_source(conf_text: str, version: str) -> tuple[str, str]:
+    """("openmetrics", slurmctld's port) where slurmctld serves its own metrics, else ("poll", why not)."""
+    numbers = re.match(r"(\d+)\.(\d+)", version)
+    if not numbers:
+        return "poll", f"Slurm's version is unknown ({version!r})"
+    if (int(numbers[1]), int(numbers[2])) < OPENMETRICS_SINCE:
+        return "poll", f"Slurm {version} has no OpenMetrics endpoints (25.11 added them)"
+    values = slurm_conf_values(conf_text)
+    if values.get("metricstype", "").lower() != OPENMETRICS_TYPE:
+        return "poll", f"slurm.conf does not set MetricsType={OPENMETRICS_TYPE} (HyperPod owns slurm.conf)"
+    if values.get("privatedata"):
+        return "poll", f"slurm.conf sets PrivateData={values['privatedata']}, which turns Slurm's metrics off"
+    return "openmetrics", values.get("slurmctldport", SLURMCTLD_PORT).split("-")[0]
+
+
 def this_node(argv: list[str], index: int) -> str:
     return argv[index] if len(argv) > index else socket.gethostname().split(".")[0]
 
@@ -266,12 +298,17 @@ def main(argv: list[str]) -> int:
     if len(argv) in (2, 3) and argv[0] == "efa":
         replace_if_changed(Path(argv[1]) / EFA_TEXTFILE, efa_text(Path(argv[2] if len(argv) == 3 else EFA_SYSFS)))
         return 0
+    if len(argv) == 3 and argv[0] == "slurm-source":
+        conf = Path(argv[1])
+        print(*slurm_source(conf.read_text() if conf.is_file() else "", argv[2]))
+        return 0
     if len(argv) == 4 and argv[0] == "epilog-script":
         print(epilog_script(argv[1], python=argv[2], script=argv[3]), end="")
         return 0
     print(
         "error: usage: slurm_metrics.py cluster DIR | gpu-jobs DIR GPUS [NODE [AMI_MAPPING]] | run-ended DIR"
-        " | sweep DIR [NODE] | efa DIR [SYSFS] | exporter-state DIR NAME [REASON] | epilog-script DIR PYTHON SCRIPT",
+        " | sweep DIR [NODE] | efa DIR [SYSFS] | exporter-state DIR NAME [REASON] | slurm-source SLURM_CONF VERSION"
+        " | epilog-script DIR PYTHON SCRIPT",
         file=sys.stderr,
     )
     return 2

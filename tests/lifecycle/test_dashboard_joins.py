@@ -37,3 +37,22 @@ def test_neuroncore_utilisation_is_shown_for_the_jobs_nodes_only(tmp_path):
         assert sorted((s["metric"]["node"], float(s["value"][1])) for s in shown) == [("trn1-1", 0.8), ("trn1-2", 0.6)]
         (other,) = prometheus.query(expr.replace("$job", "9"))
         assert other["metric"]["node"] == "trn1-3"
+
+
+def test_the_slurm_panels_read_slurm_25_11s_own_series_as_they_read_the_poll(tmp_path):
+    """Where the agent scrapes slurmctld's /metrics/partitions instead of the poll's hpl_slurm_* series."""
+    native = {  # Slurm 25.11's per-partition gauges (label partition)
+        "slurm_partition_jobs_running": 3, "slurm_partition_jobs_pending": 2, "slurm_partition_jobs_cpus_alloc": 96,
+        "slurm_partition_nodes_idle": 1, "slurm_partition_nodes_alloc": 3, "slurm_partition_nodes_mem_tot": 2048,
+    }  # fmt: skip
+    with LocalPrometheus(tmp_path / "prometheus") as prometheus:
+        (prometheus.textfile / "slurmctld.prom").write_text(
+            "".join(f'{name}{{partition="p5"}} {value}\n' for name, value in native.items())
+        )
+        for title, expected in (
+            ("Slurm jobs by state", {"running": 3.0, "pending": 2.0}),
+            ("Slurm nodes by state", {"idle": 1.0, "alloc": 3.0}),
+        ):
+            shown = prometheus.wait_for(panel_expr(title))
+            assert {s["metric"]["state"]: float(s["value"][1]) for s in shown} == expected, title
+            assert {s["metric"]["partition"] for s in shown} == {"p5"}

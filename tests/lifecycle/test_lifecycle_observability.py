@@ -190,3 +190,47 @@ def test_the_neuron_bridge_without_prometheus_client_is_a_warning_and_a_series_n
     assert "WARNING: python module prometheus_client missing for neuron-monitor-prometheus.py" in without.stdout
     assert not unit.exists() and "systemctl disable --now hpl-neuron-monitor.service" in without.calls
     assert 'hpl_exporter_failed{exporter="neuron",reason="python module prometheus_client missing' in failed.read_text()
+
+
+OPENMETRICS = "MetricsType=metrics/openmetrics\nSlurmctldPort=6820\n"
+
+
+@pytest.mark.parametrize(
+    ("version", "conf", "why"),
+    [
+        ("25.11.2", OPENMETRICS, ""),
+        ("26.05.0", OPENMETRICS, ""),
+        ("24.11.5", OPENMETRICS, "Slurm 24.11.5 has no OpenMetrics endpoints (25.11 added them)"),
+        ("25.11.2", "", "slurm.conf does not set MetricsType=metrics/openmetrics (HyperPod owns slurm.conf)"),
+        ("25.11.2", OPENMETRICS + "PrivateData=jobs\n", "slurm.conf sets PrivateData=jobs, which turns Slurm's"),
+    ],
+)
+def test_slurm_25_11_openmetrics_replace_the_poll_where_slurm_conf_enables_them(metrics_node, version, conf, why):
+    slurm_conf = metrics_node.slurm_etc / "slurm.conf"
+    slurm_conf.write_text(slurm_conf.read_text() + conf)
+    run = metrics_node.run(CONTROLLER_IP, FAKE_SLURM_VERSION=version)
+
+    assert run.returncode == 0, run.stderr + run.stdout
+    config = (metrics_node.root / "etc/hyperpod-lora/prometheus-agent.yml").read_text()
+    timer = metrics_node.root / "etc/systemd/system/hpl-slurm-metrics.timer"
+    if why:
+        assert f"Slurm's series from the sinfo/squeue poll: {why}" in run.stdout
+        assert timer.is_file() and "slurm-partitions" not in config
+        return
+    assert not timer.exists() and "hpl-slurm-metrics" not in " ".join(run.calls)
+    for endpoint in ("jobs", "nodes", "partitions", "scheduler"):
+        assert (
+            f"  - job_name: slurm-{endpoint}\n    metrics_path: /metrics/{endpoint}\n    static_configs:\n"
+            '      - targets: ["localhost:6820"]\n'
+        ) in config
+
+
+def test_a_controller_moved_to_openmetrics_drops_its_poll_timer(metrics_node):
+    assert metrics_node.run(CONTROLLER_IP, FAKE_SLURM_VERSION="24.11.5").returncode == 0
+    timer = metrics_node.root / "etc/systemd/system/hpl-slurm-metrics.timer"
+    assert timer.is_file()
+    slurm_conf = metrics_node.slurm_etc / "slurm.conf"
+    slurm_conf.write_text(slurm_conf.read_text() + OPENMETRICS)
+    run = metrics_node.run(CONTROLLER_IP, FAKE_SLURM_VERSION="25.11.2")
+    assert run.returncode == 0 and not timer.exists()
+    assert "systemctl disable --now hpl-slurm-metrics.timer" in run.calls
