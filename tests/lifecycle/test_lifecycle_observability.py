@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -218,6 +219,11 @@ def test_slurm_25_11_openmetrics_replace_the_poll_where_slurm_conf_enables_them(
         assert timer.is_file() and "slurm-partitions" not in config
         return
     assert not timer.exists() and "hpl-slurm-metrics" not in " ".join(run.calls)
+    agent_config = metrics_node.root / "etc/hyperpod-lora/prometheus-agent.yml"
+    checked = subprocess.run(
+        ["promtool", "check", "config", "--agent", str(agent_config)], capture_output=True, text=True, check=False
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr  # Debian's promtool (tools/system_packages.sh)
     for endpoint in ("jobs", "nodes", "partitions", "scheduler"):
         assert (
             f"  - job_name: slurm-{endpoint}\n    metrics_path: /metrics/{endpoint}\n    static_configs:\n"
