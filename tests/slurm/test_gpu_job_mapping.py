@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import require_slurm
 
+from tests.slurm.conftest import require_slurm
 from tools.local_prometheus import SLURM_METRICS
 from tools.local_slurm import LocalSlurm
 

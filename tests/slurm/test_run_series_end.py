@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import require_slurm
 
+from tests.slurm.conftest import require_slurm
 from tools.local_prometheus import LocalPrometheus, epilog_conf, sweep_once
 from tools.local_slurm import LocalSlurm
 
