@@ -43,11 +43,9 @@ def mapping(slurm, folder: Path, *ami: Path) -> tuple[str, dict[str, list[str]]]
 
 
 def test_two_jobs_on_one_node_each_get_their_own_gpus(gpu_node, tmp_path):
-    slurm, _ = gpu_node
-    jobs = [
-        slurm.run("sbatch", "--parsable", "--gres=gpu:2", "--mem=100", "-n1", "--wrap", "sleep 60").stdout.strip()
-        for _ in range(2)
-    ]
+    slurm, base = gpu_node
+    job = ("sbatch", "--parsable", "--gres=gpu:2", "--mem=100", "-n1", f"--output={base}/job-%j.out")
+    jobs = [slurm.run(*job, "--wrap", "sleep 60").stdout.strip() for _ in range(2)]
     deadline = time.monotonic() + 60
     while slurm.run("squeue", "-h", "-t", "RUNNING", "-o", "%A").stdout.split() != sorted(jobs, key=int):
         assert time.monotonic() < deadline, slurm.run("squeue").stdout
