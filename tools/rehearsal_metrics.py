@@ -93,7 +93,7 @@ class RehearsalMetrics:
         the run's loss reached Prometheus."""
         print(f"\n[metrics] the dashboard's queries on run {run} ({dashboard_chart.DASHBOARD.name}):")
         for title, count in self.evaluate_dashboard(run, start, end).items():
-            print(f"  {title:<36} {f'{count} points' if count else 'no data on this host'}")
+            print(f"  {title:<42} {f'{count} points' if count else 'no data on this host'}")
         losses = dashboard_chart.query_range(self.prometheus.url, f'hpl_train_loss{{run="{run}"}}', start, end)
         steps = dashboard_chart.query_range(self.prometheus.url, f'hpl_train_step{{run="{run}"}}', start, end)
         if losses and steps:
