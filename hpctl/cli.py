@@ -157,7 +157,13 @@ def add_observability_parsers(sub: argparse._SubParsersAction, common: argparse.
     extension = sub.add_parser("observability", help="observability = managed: AWS's cluster extension")
     actions = extension.add_subparsers(dest="observability_command", required=True, metavar="ACTION")
     enable = actions.add_parser("enable", parents=[common], help="install sagemaker-observability on the cluster")
+    enable.add_argument("--version", help="the extension version (default: the one hpctl was tested with)")
     enable.set_defaults(handler=commands.observability_enable)
+    update = actions.add_parser(
+        "update", parents=[common], help="list sagemaker-observability's versions; --version moves the cluster to one"
+    )
+    update.add_argument("--version", help="the version to move to (default: only list them)")
+    update.set_defaults(handler=commands.observability_update)
 
 
 def main(argv: list[str] | None = None) -> int:

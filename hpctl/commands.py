@@ -222,7 +222,8 @@ def dashboard(args: argparse.Namespace) -> None:
     )
 
 
-def observability_enable(args: argparse.Namespace) -> None:
+def managed_cluster(args: argparse.Namespace):
+    """The session and the cluster's ARN of a stack in managed mode, with its cluster InService."""
     deployment = connect(args)
     stack = deployment.stack()
     mode = observability.mode_of(stack)
@@ -233,7 +234,17 @@ def observability_enable(args: argparse.Namespace) -> None:
         )
     cluster = describe_cluster(deployment.session, stack.output(StackOutput.CLUSTER_NAME))
     require_usable(cluster, ready=True)
-    print(observability.enable_extension(observability.sagemaker_client(deployment.session), cluster.arn))
+    return observability.sagemaker_client(deployment.session), cluster.arn
+
+
+def observability_enable(args: argparse.Namespace) -> None:
+    client, cluster_arn = managed_cluster(args)
+    print(observability.enable_extension(client, cluster_arn, args.version or observability.EXTENSION_VERSION))
+
+
+def observability_update(args: argparse.Namespace) -> None:
+    client, cluster_arn = managed_cluster(args)
+    print(observability.update_extension(client, cluster_arn, args.version))
 
 
 def doctor(args: argparse.Namespace) -> int:

@@ -41,6 +41,8 @@ SIGNING_SERVICE = "aps"
 QUERY_TIMEOUT_S = 20
 RUN_LOOKBACK = "7d"  # `hpctl metrics` finds a run's last figures this far back
 DASHBOARD = Path("observability") / "dashboards" / "cluster-and-run.json"
+EXPORTER_FAILED = "hpl_exporter_failed"  # an exporter a node could not start (lifecycle/slurm_metrics.py writes it)
+FAILED_EXPORTERS = f"count by (exporter, reason) ({EXPORTER_FAILED} == 1)"
 WORKSPACE_IN_ENDPOINT = re.compile(r"/workspaces/(?P<id>ws-[^/]+)/?$")
 # What `hpctl metrics` prints, in order: label, series (llm_pipeline.jobs.prom_textfile's names).
 RUN_SERIES = (
@@ -113,14 +115,66 @@ def extension(client, cluster_arn: str) -> dict | None:
     return None
 
 
-def enable_extension(client, cluster_arn: str) -> str:
-    """Install sagemaker-observability on the cluster unless it is there already; says which."""
+# The extension version hpctl installs: the one its ClusterExtension calls were written and tested against
+# (tests/hpctl/test_hpctl_observability.py); `hpctl observability update --version V` moves a cluster on.
+EXTENSION_VERSION = "1.0"  # VERIFY against ListClusterExtensionVersions on a real cluster
+
+
+def offered_versions(client) -> list[str]:
+    """The versions of sagemaker-observability SageMaker offers (ListClusterExtensionVersions), as it lists them."""
+    with aws_errors(f"list the versions of {MANAGED_EXTENSION}"):
+        return [
+            found["ExtensionVersion"]
+            for page in client.get_paginator("list_cluster_extension_versions").paginate(
+                ExtensionName=MANAGED_EXTENSION
+            )
+            for found in page.get("ExtensionVersions", [])
+        ]
+
+
+def require_offered(version: str, offered: list[str]) -> None:
+    if version not in offered:
+        raise HpctlError(
+            f"{MANAGED_EXTENSION} version {version} is not offered (offered: {', '.join(offered) or 'none'}): "
+            "pass --version with one of those"
+        )
+
+
+def enable_extension(client, cluster_arn: str, version: str = EXTENSION_VERSION) -> str:
+    """Install sagemaker-observability at ``version`` on the cluster unless it is there already; says which."""
     found = extension(client, cluster_arn)
     if found:
-        return f"{MANAGED_EXTENSION} is already on the cluster ({found.get('Status', 'unknown')}): nothing to do"
+        return (
+            f"{MANAGED_EXTENSION} {found.get('ExtensionVersion', '?')} is already on the cluster "
+            f"({found.get('Status', 'unknown')}): nothing to do (`hpctl observability update` moves its version)"
+        )
+    require_offered(version, offered_versions(client))
     with aws_errors(f"install {MANAGED_EXTENSION} on {cluster_arn}"):
-        arn = client.create_cluster_extension(ClusterArn=cluster_arn, ExtensionName=MANAGED_EXTENSION)["ExtensionArn"]
-    return f"{MANAGED_EXTENSION} is being installed ({arn}): `hpctl status` shows when it is Active"
+        arn = client.create_cluster_extension(
+            ClusterArn=cluster_arn, ExtensionName=MANAGED_EXTENSION, ExtensionVersion=version
+        )["ExtensionArn"]
+    return f"{MANAGED_EXTENSION} {version} is being installed ({arn}): `hpctl status` shows when it is Active"
+
+
+def update_extension(client, cluster_arn: str, version: str | None) -> str:
+    """The offered versions, the installed one marked; with ``version``, move the extension to it."""
+    found = extension(client, cluster_arn)
+    if not found:
+        raise HpctlError(f"{MANAGED_EXTENSION} is not on the cluster: `hpctl observability enable` installs it")
+    installed = found.get("ExtensionVersion", "")
+    offered = offered_versions(client)
+    lines = [f"{MANAGED_EXTENSION} versions offered (* installed, tested with hpctl: {EXTENSION_VERSION}):"]
+    lines += [f"  {'*' if name == installed else ' '} {name}" for name in offered]
+    if version is None:
+        return "\n".join([*lines, "pass --version VERSION to move the cluster to one of them"])
+    require_offered(version, offered)
+    if version == installed:
+        return "\n".join([*lines, f"{MANAGED_EXTENSION} is at {version} already: nothing to do"])
+    with aws_errors(f"update {MANAGED_EXTENSION} on {cluster_arn}"):
+        client.update_cluster_extension(
+            ClusterArn=cluster_arn, ExtensionArn=found["ExtensionArn"], ExtensionVersion=version
+        )
+    return "\n".join([*lines, f"{MANAGED_EXTENSION} moves from {installed} to {version}: `hpctl status` shows when"])
 
 
 def prometheus_health(session: boto3.Session, endpoint: str, *, now: float) -> dict:
@@ -132,12 +186,17 @@ def prometheus_health(session: boto3.Session, endpoint: str, *, now: float) -> d
     try:
         newest = PromQL(endpoint, session).query("max(timestamp(up))")  # within Prometheus' 5-minute lookback
         targets = PromQL(endpoint, session).query("count(up == 1)")
+        failed = PromQL(endpoint, session).query(FAILED_EXPORTERS)
     except HpctlError as error:  # status reports; it does not stop on a query that failed
         health["samples"] = f"query failed: {error}"
         return health
     if newest:
         health["last_sample_age_s"] = round(max(0.0, now - float(newest[0]["value"][1])))
         health["targets_up"] = int(float(targets[0]["value"][1])) if targets else 0
+    health["exporters_failed"] = [
+        {**found["metric"], "nodes": int(float(found["value"][1]))}
+        for found in sorted(failed, key=lambda found: found["metric"].get("exporter", ""))
+    ]
     return health
 
 
@@ -163,6 +222,9 @@ def render_health(found: dict) -> str:
             samples = f"last sample {found['last_sample_age_s']} s ago, {found['targets_up']} targets up"
         else:
             samples = "no samples in the last 5 minutes (nodes not up yet, or their collector cannot write)"
+        for failed in found.get("exporters_failed", []):
+            exporter, reason = failed.get("exporter"), failed.get("reason")
+            samples += f"; {exporter} exporter not running on {failed['nodes']} nodes: {reason}"
         return f"{mode}  workspace {found['workspace']} {found['workspace_status']}; {samples}"
     if mode == MANAGED_MODE:
         hint = "  (`hpctl observability enable` installs it)" if found["extension"] == "not installed" else ""

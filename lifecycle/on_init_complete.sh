@@ -30,6 +30,7 @@ EFA_DEVICES_DIR="$ROOT/sys/class/infiniband"  # one entry per EFA device (rdmap*
 SLURM_CONF="${LIFECYCLE_SLURM_CONF:-$ROOT/opt/slurm/etc/slurm.conf}"  # /opt/slurm is the AMI's active-version link
 PATH="$PATH:$ROOT/opt/aws/neuron/bin"  # neuron-ls lives here on the HyperPod AMI
 STEP="start"
+SLURM_VERSION=unknown
 
 log() { printf '[hyperpod-lora] %s [%s] %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$STEP" "$*"; }
 die() {
@@ -210,6 +211,8 @@ report_slurm_version() {
     command -v "${probe%% *}" >/dev/null || continue
     if version="$($probe 2>&1)"; then  # word-split on purpose: "tool flag"
       log "${version##*$'\n'} (from $probe)"
+      # shellcheck disable=SC2034  # read by observability.sh: it picks Slurm's metrics source by the version
+      SLURM_VERSION="${version##* }"  # "slurm 25.11.2" -> 25.11.2
       return
     fi
     failures+=("$probe: ${version##*$'\n'}")

@@ -2,13 +2,14 @@
 CloudFormation starts.
 
     python -m stacks.predeploy [-c key=value ...] [--allow-replace ID] [--allow-remove-group NAME]
-                               [--allow-drop-cluster-lane] [--allow-controller-replace] [--skip-online-checks]
+                               [--allow-drop-cluster-lane] [--allow-controller-replace] [--allow-drop-metrics]
+                               [--skip-online-checks]
 
 With credentials it reads the deployed stack's template. Its Metadata records the config it was made
 from: each changed key that stacks.update_safety marks forbidden is refused, and so are the changes
 AWS refuses by value (FSx shrinking, a group's capacity type, the cluster's provisioning mode) and
-those that delete data (a removed group, a dropped cluster lane) unless a flag allows them. Then the
-app is synthesized and the deployed template compared resource by resource, as `cdk diff` marks
+those that delete data (a removed group, a dropped cluster lane, the metrics workspace) unless a flag
+allows them. Then the app is synthesized and the deployed template compared resource by resource, as `cdk diff` marks
 replacements (CloudFormation's create-only properties): a replaced or removed FSx file system,
 bucket, cluster or VPC is refused unless ``--allow-replace`` names its logical id. That catches what
 a code change between releases does too. Without a stack it checks the bucket name is free (a
@@ -212,6 +213,7 @@ def parse_arguments(argv: Sequence[str]) -> tuple[dict[str, Any], Allowances, bo
     parser.add_argument("--allow-remove-group", action="append", default=[], metavar="NAME")
     parser.add_argument("--allow-drop-cluster-lane", action="store_true")
     parser.add_argument("--allow-controller-replace", action="store_true")
+    parser.add_argument("--allow-drop-metrics", action="store_true")
     parser.add_argument("--skip-online-checks", action="store_true")
     flags, rest = parser.parse_known_args(list(argv))
     allow = Allowances(
@@ -219,6 +221,7 @@ def parse_arguments(argv: Sequence[str]) -> tuple[dict[str, Any], Allowances, bo
         remove_groups=tuple(flags.allow_remove_group),
         drop_cluster_lane=flags.allow_drop_cluster_lane,
         replace_controller=flags.allow_controller_replace,
+        drop_metrics=flags.allow_drop_metrics,
     )
     return context_from(rest), allow, not flags.skip_online_checks
 

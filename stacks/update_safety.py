@@ -18,7 +18,7 @@ from typing import Any
 
 from cfnlint.schema import PROVIDER_SCHEMA_MANAGER
 
-from cluster_contract import FSX_FOLDER_FACTS, fsx_dir
+from cluster_contract import FSX_FOLDER_FACTS, PROMETHEUS_MODE, fsx_dir
 from stacks.compute_groups import SPOT
 from stacks.storage import DATA_LINKS
 
@@ -233,8 +233,8 @@ KEY_BEHAVIOUR: dict[str, KeyBehaviour] = {
     ),
     "observability": KeyBehaviour(
         IN_PLACE,
-        "leaving prometheus deletes the metrics workspace (and its data); nodes change their exporters only "
-        "when provisioned again (the lifecycle runs then)",
+        "leaving prometheus deletes the metrics workspace (and its data), so predeploy refuses it without "
+        "`--allow-drop-metrics`; nodes change their exporters only when provisioned again (the lifecycle runs then)",
     ),
 }
 
@@ -283,6 +283,7 @@ class Allowances:
     remove_groups: tuple[str, ...] = ()  # compute groups that may go (with their nodes)
     drop_cluster_lane: bool = False  # lanes cluster|both -> jobs: the cluster, FSx and the network go
     replace_controller: bool = False  # controller_instance_type changes: HyperPod replaces the controller node
+    drop_metrics: bool = False  # observability leaves prometheus: the metrics workspace and its samples go
 
 
 NOTHING_ALLOWED = Allowances()
@@ -296,11 +297,17 @@ FSX_LOSS = (
     f"everything only on FSx: {', '.join(FSX_ONLY_FOLDERS)} (base models, the compile cache, container images, "
     "scratch) and files under the linked folders not yet exported to the bucket"
 )
+METRICS_LOSS = (
+    "the Amazon Managed Prometheus workspace and every sample in it: the nodes' CPU, memory, device, EFA and Slurm "
+    "history and every run's loss, learning rate, tokens/s, MFU and step series (`hpctl metrics RUN` reads them)"
+)
+METRICS_WORKSPACE_TYPE = "AWS::APS::Workspace"
 STATEFUL_TYPES = {
     "AWS::FSx::FileSystem": FSX_LOSS,
     "AWS::S3::Bucket": "the objects in the bucket (payloads, datasets, run outputs, or the access logs)",
     "AWS::SageMaker::Cluster": "the running cluster: every node, its local disks and the Slurm queue",
     "AWS::EC2::VPC": "the network, and with it FSx and the cluster",
+    METRICS_WORKSPACE_TYPE: METRICS_LOSS,
 }
 STATEFUL_ACTIONS = (REPLACED, "removed")
 
@@ -313,6 +320,8 @@ def stateful_refusals(changes: list[ResourceChange], allow: Allowances) -> list[
             messages.append(f"the deployed stack cannot take this change: {change.line()}")
         elif change.resource_type in STATEFUL_TYPES and change.action in STATEFUL_ACTIONS:
             if change.logical_id in allow.replace or (change.action == "removed" and allow.drop_cluster_lane):
+                continue
+            if change.resource_type == METRICS_WORKSPACE_TYPE and change.action == "removed" and allow.drop_metrics:
                 continue
             messages.append(
                 f"resource {change.logical_id} ({change.resource_type}) would be {change.action} "
@@ -340,6 +349,19 @@ def provisioning_of(record: Mapping[str, Any]) -> str:
     return "continuous" if spot else "standard"
 
 
+def metrics_refusals(deployed: Mapping[str, Any], wanted: Mapping[str, Any], allow: Allowances) -> list[str]:
+    """Leaving observability = prometheus deletes the stack's metrics workspace (a stack from before the key: none)."""
+    old_mode, new_mode = deployed.get("observability"), wanted.get("observability")
+    if old_mode != PROMETHEUS_MODE or new_mode in (None, PROMETHEUS_MODE) or allow.drop_metrics:
+        return []
+    return [
+        f"config key 'observability' is {old_mode!r} on the deployed stack and {new_mode!r} now: the deploy deletes "
+        f"{METRICS_LOSS}; AWS's extension (managed) starts a new workspace with none of it. Read what you need first "
+        "(the dashboard, or the workspace's query API), then pass --allow-drop-metrics (make deploy "
+        f"PREDEPLOY_ARGS=--allow-drop-metrics), or set it back to {old_mode!r}"
+    ]
+
+
 def value_refusals(deployed: Mapping[str, Any], wanted: Mapping[str, Any], allow: Allowances) -> list[str]:
     """Changes the template allows but AWS refuses, or that lose data, from the recorded and the new config."""
     if not _has_cluster_lane(deployed):
@@ -353,7 +375,7 @@ def value_refusals(deployed: Mapping[str, Any], wanted: Mapping[str, Any], allow
             "and its outputs/ stay. Copy what you need to S3 first (e.g. `aws s3 sync` from a node), then pass "
             "--allow-drop-cluster-lane (make deploy PREDEPLOY_ARGS=--allow-drop-cluster-lane), or set lanes back"
         ]
-    messages: list[str] = []
+    messages: list[str] = metrics_refusals(deployed, wanted, allow)
     old_capacity, new_capacity = deployed.get("fsx_storage_capacity_gib"), wanted.get("fsx_storage_capacity_gib")
     if isinstance(old_capacity, int) and isinstance(new_capacity, int) and new_capacity < old_capacity:
         messages.append(

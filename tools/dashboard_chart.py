@@ -33,8 +33,12 @@ MAX_POINTS = 300
 TITLE = "drawn from the local rehearsal's Prometheus data with matplotlib, not a Grafana screenshot"
 
 
+def range_step(start: float, end: float) -> float:
+    return max(1.0, (end - start) / MAX_POINTS)
+
+
 def query_range(prometheus: str, expr: str, start: float, end: float) -> list[dict]:
-    step = max(1.0, (end - start) / MAX_POINTS)
+    step = range_step(start, end)
     first = end - math.ceil((end - start) / step) * step  # counted back from end, so the newest sample is drawn
     params = urllib.parse.urlencode({"query": expr, "start": first, "end": end, "step": step})
     with urllib.request.urlopen(f"{prometheus.rstrip('/')}/api/v1/query_range?{params}", timeout=30) as answer:
@@ -59,6 +63,19 @@ def panel_queries(run: str, job: str) -> dict[str, tuple[list[str], str]]:
     }
 
 
+def with_gaps(values: list[list], step: float) -> tuple[list[float], list[float]]:
+    """Timestamps and values with NaN where samples are missing, so a series that ended (or paused) is drawn as
+    ending there rather than joined to its next sample."""
+    times, numbers = [], []
+    for index, (timestamp, value) in enumerate(values):
+        if index and float(timestamp) - float(values[index - 1][0]) > 1.5 * step:
+            times.append(float(values[index - 1][0]) + step)
+            numbers.append(math.nan)
+        times.append(float(timestamp))
+        numbers.append(float(value))
+    return times, numbers
+
+
 def legend(metric: dict) -> str:
     return ", ".join(f"{key}={value}" for key, value in sorted(metric.items()) if key not in UNLABELLED)
 
@@ -75,11 +92,10 @@ def draw(prometheus: str, start: float, end: float, out: Path, *, run: str = ".*
         drawn[title] = 0
         for expr in exprs:
             for series in query_range(prometheus, expr, start, end):
-                seconds = [float(t) - start for t, _ in series["values"]]
-                axis.plot(
-                    seconds, [float(v) * scale for _, v in series["values"]], label=legend(series["metric"]) or expr
-                )
-                drawn[title] += len(seconds)
+                times, values = with_gaps(series["values"], range_step(start, end))
+                seconds = [timestamp - start for timestamp in times]
+                axis.plot(seconds, [value * scale for value in values], label=legend(series["metric"]) or expr)
+                drawn[title] += len(series["values"])
         axis.set(title=title, xlabel="seconds since the run started", ylabel=label, xlim=(0, end - start), ylim=y_range)
         axis.grid(alpha=0.3)
         if axis.lines:

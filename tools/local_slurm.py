@@ -100,8 +100,18 @@ def _real_memory_mb() -> int:
 
 
 class LocalSlurm:
-    def __init__(self, root: Path, *, nodes: int = 1, cpus_per_node: int | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        nodes: int = 1,
+        cpus_per_node: int | None = None,
+        extra_conf: tuple[str, ...] = (),
+        node_conf: str = "",
+    ) -> None:
         self.root = Path(root)
+        self.extra_conf = extra_conf  # more slurm.conf lines (e.g. an Epilog), before the node lines
+        self.node_conf = node_conf  # more words on each NodeName line (e.g. Gres=gpu:4)
         self.nodes = nodes
         self.cpus_per_node = cpus_per_node or max(1, (os.cpu_count() or 1) // nodes)
         self.conf = self.root / "slurm.conf"
@@ -241,11 +251,12 @@ class LocalSlurm:
             # Jobs derive their torchrun port from the job id (jobs/launch.py); clusters started side
             # by side on one host would otherwise all count from 1 and meet on the same port.
             f"FirstJobId={random.randint(1, 19_000)}",
+            *self.extra_conf,
         ]
         for name in self.node_names:
             lines.append(
                 f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} "
-                f"CPUs={self.cpus_per_node} RealMemory={memory} State=UNKNOWN"
+                f"CPUs={self.cpus_per_node} RealMemory={memory} State=UNKNOWN {self.node_conf}".rstrip()
             )
         lines.append(f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"

@@ -9,6 +9,9 @@
    tiny-cpu run config; HPL_* variables point the FSx folders at <root>/fsx;
 4. shows the adapter, the merged model, the generated answer and the evaluation (base vs tuned, and
    the run's one chart: <run>/eval/result.png); stops the daemons by PID and kills what their jobs left.
+Beside the Slurm, Debian's Prometheus and node exporter take the run's own metrics as on a node
+(tools/rehearsal_metrics.py): it prints where Prometheus answers, every dashboard query on the run,
+one PromQL line with the run's loss, and draws the dashboard's panels into <root>/observability.png.
 Safe to run twice and to interrupt: the config is checked before anything starts or is deleted, a
 second rehearsal on the same --root is refused while one runs (tools/rehearsal_lock.py), and Ctrl-C
 stops the cluster and its jobs and says so in one line (exit 130).
@@ -34,8 +37,10 @@ from cluster_contract import FSX_FOLDER_FACTS, PAYLOADS_FOLDER
 from llm_pipeline.config import METHODS
 from llm_pipeline.jobs.chain import INTERRUPTED_EXIT
 from llm_pipeline.jobs.run_config_text import derived_config
+from tools.local_prometheus import LocalPrometheusError
 from tools.local_slurm import LocalSlurm, LocalSlurmError, hand_to_invoking_user
 from tools.rehearsal_lock import RehearsalBusy, RehearsalLock
+from tools.rehearsal_metrics import RehearsalMetrics
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / PAYLOADS_FOLDER / "configs" / "tiny-cpu.toml"
@@ -232,19 +237,25 @@ def rehearse(
 
     config_path = run_config(config_path, root, method, trn2=trn2, tiny=tiny)
     start = time.monotonic()
-    print(f"[1/4] starting a local Slurm under {root / 'slurm'}", flush=True)
-    with LocalSlurm(root / "slurm") as slurm:
+    print(f"[1/4] starting a local Slurm under {root / 'slurm'}, Prometheus beside it", flush=True)
+    metrics = RehearsalMetrics(root / "prometheus")
+    with metrics, LocalSlurm(root / "slurm", extra_conf=metrics.slurm_conf()) as slurm:
         try:
-            env = slurm.env(fsx_environment(root / "fsx"))
+            env = metrics.environment(slurm.env(fsx_environment(root / "fsx")))
             if trn2:
                 env = trn2_environment(env)
             print(f"[2/4] writing the tiny model and {DOLLY_RECORDS} dolly records under {root / 'fsx'}", flush=True)
             write_inputs(config_path, env)
             print(f"[3/4] submitting the pipeline with {config_path.name} and following it", flush=True)
-            status = submit(config_path, env, "--wait")
+            submitted = time.time()
+            with metrics.node_timers(env, slurm.node_names[0]):
+                status = submit(config_path, env, "--wait")
             output_dir = read_run_facts(config_path, env).output_dir
             print("[4/4] results", flush=True)
             show_outputs(output_dir)
+            if not metrics.report(output_dir.name, submitted, time.time()) and status == 0:
+                print(f"\nno loss of run {output_dir.name} reached Prometheus", file=sys.stderr)
+                status = 1
             if status != 0:
                 print(f"\nrehearsal FAILED: step logs are in {output_dir / 'logs'}", file=sys.stderr)
         except KeyboardInterrupt:
@@ -284,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         with lock:
             lock.wipe()
             return rehearse(root, args.config.resolve(), args.method, trn2=args.trn2, tiny=args.tiny)
-    except (LocalSlurmError, RehearsalError, RehearsalBusy) as exc:
+    except (LocalSlurmError, LocalPrometheusError, RehearsalError, RehearsalBusy) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -12,7 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # A command in an inline code span, or on a line of a code block (after `$ `, `&&`, `;` or `|`).
-BARE_IN_SPAN = re.compile(r"`(python -m |hpctl\b)")
+BARE_IN_SPAN = re.compile(r"`(python -m |hpctl(?=[ `]))")  # `hpctl/x.py` is a file, not the command
 BARE_ON_LINE = re.compile(r"(?:^\s*(?:\$ )?|&& |; |\| )(python -m |hpctl\b)")
 
 

@@ -12,9 +12,12 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -68,6 +71,8 @@ def evaluate(expr: str) -> list[dict]:
         return [{"metric": {}, "value": [now, str(now - 7)]}]
     if expr == "count(up == 1)":
         return [{"metric": {}, "value": [now, str(sum(1 for value in ups if value == 1))]}]
+    if expr == observability.FAILED_EXPORTERS:
+        return [{"metric": labels, "value": [now, str(count)]} for labels, count in FakeWorkspace.failed_exporters]
     match = SELECTOR.match(expr)
     if not match:
         raise ValueError(expr)
@@ -112,6 +117,7 @@ def verified(handler: BaseHTTPRequestHandler) -> str:
 
 class FakeWorkspace(BaseHTTPRequestHandler):
     requests: ClassVar[list[str]] = []
+    failed_exporters: ClassVar[list[tuple[dict, int]]] = []  # (exporter and reason labels, nodes)
     credentials: tuple[str, str] = ("", "")  # the caller's access key and secret, as AMP knows them
 
     def do_GET(self) -> None:
@@ -162,6 +168,7 @@ def prometheus_stack(deployed, endpoint_server):
     endpoint = f"{endpoint_server}/workspaces/{workspace}/"
     redeploy({ObservabilityOutput.MODE: "prometheus", ObservabilityOutput.METRICS_ENDPOINT: endpoint})
     FakeWorkspace.requests.clear()
+    FakeWorkspace.failed_exporters.clear()
     FakeWorkspace.credentials = (os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"])
     return workspace, endpoint
 
@@ -192,6 +199,21 @@ def test_status_names_the_mode_the_workspace_and_fresh_samples(prometheus_stack,
     code, out, _ = hpctl("status", "--json")
     found = json.loads(out)["observability"]
     assert (found["workspace_status"], found["targets_up"], found["last_sample_age_s"]) == ("ACTIVE", 1, 7)
+
+
+def test_status_names_an_exporter_the_nodes_could_not_start(prometheus_stack, hpctl):
+    reason = "python module prometheus_client missing for neuron-monitor-prometheus.py"
+    FakeWorkspace.failed_exporters.append(({"exporter": "neuron", "reason": reason}, 3))
+    _, out, _ = hpctl("status")
+    (line,) = [line for line in out.splitlines() if line.startswith("Metrics")]
+    assert line.endswith(f"1 targets up; neuron exporter not running on 3 nodes: {reason}")
+
+
+def test_the_failed_exporter_series_is_the_one_the_lifecycle_writes(tmp_path):
+    script = Path(__file__).resolve().parents[2] / "lifecycle" / "slurm_metrics.py"
+    subprocess.run([sys.executable, str(script), "exporter-state", str(tmp_path), "neuron", "why"], check=True)
+    (sample,) = [line for line in (tmp_path / "hpl_exporter_neuron.prom").read_text().splitlines() if line[0] != "#"]
+    assert sample.startswith(f"{observability.EXPORTER_FAILED}{{")
 
 
 def test_status_says_when_the_query_fails_and_goes_on(prometheus_stack, hpctl, monkeypatch):
@@ -267,25 +289,79 @@ def test_dashboard_names_the_file_the_data_source_and_identity_center(prometheus
     assert "IAM Identity Center" in out
 
 
-def test_enable_installs_the_extension_once(deployed, extensions, hpctl):
+OFFERED = {"ExtensionVersions": [{"ExtensionVersion": "1.0"}, {"ExtensionVersion": "1.1"}]}
+LIST_VERSIONS = {"ExtensionName": MANAGED_EXTENSION}
+
+
+def installed(extensions, cluster_arn: str, version: str, status: str = "Active") -> str:
+    arn = f"{cluster_arn}/extension/obs"
+    extensions.add_response(
+        "list_cluster_extensions",
+        {"Extensions": [{"ExtensionArn": arn, "ExtensionName": MANAGED_EXTENSION, "ExtensionVersion": version,
+                         "Status": status}]},
+        {"ClusterArn": cluster_arn},
+    )  # fmt: skip
+    return arn
+
+
+def test_enable_installs_the_pinned_version_once(deployed, extensions, hpctl):
     redeploy({ObservabilityOutput.MODE: "managed"})
     arn = f"{deployed.cluster_arn}/extension/obs"
     cluster = {"ClusterArn": deployed.cluster_arn}
     extensions.add_response("list_cluster_extensions", {"Extensions": []}, cluster)
+    extensions.add_response("list_cluster_extension_versions", OFFERED, LIST_VERSIONS)
     extensions.add_response(
-        "create_cluster_extension", {"ExtensionArn": arn}, {**cluster, "ExtensionName": MANAGED_EXTENSION}
-    )
-    extensions.add_response(
-        "list_cluster_extensions",
-        {"Extensions": [{"ExtensionArn": arn, "ExtensionName": MANAGED_EXTENSION, **VERSION, "Status": "Creating"}]},
-        cluster,
+        "create_cluster_extension",
+        {"ExtensionArn": arn},
+        {**cluster, "ExtensionName": MANAGED_EXTENSION, "ExtensionVersion": observability.EXTENSION_VERSION},
     )
     assert hpctl("observability", "enable")[1] == (
-        f"{MANAGED_EXTENSION} is being installed ({arn}): `hpctl status` shows when it is Active\n"
+        f"{MANAGED_EXTENSION} {observability.EXTENSION_VERSION} is being installed ({arn}): "
+        "`hpctl status` shows when it is Active\n"
     )
+    installed(extensions, deployed.cluster_arn, "1.0", status="Creating")
     assert hpctl("observability", "enable")[1] == (
-        f"{MANAGED_EXTENSION} is already on the cluster (Creating): nothing to do\n"
+        f"{MANAGED_EXTENSION} 1.0 is already on the cluster (Creating): nothing to do "
+        "(`hpctl observability update` moves its version)\n"
     )
+
+
+def test_enable_refuses_a_version_sagemaker_does_not_offer(deployed, extensions, hpctl):
+    redeploy({ObservabilityOutput.MODE: "managed"})
+    extensions.add_response("list_cluster_extensions", {"Extensions": []}, {"ClusterArn": deployed.cluster_arn})
+    extensions.add_response("list_cluster_extension_versions", OFFERED, LIST_VERSIONS)
+    code, _, err = hpctl("observability", "enable", "--version", "0.9")
+    assert (code, err) == (
+        2,
+        f"error: {MANAGED_EXTENSION} version 0.9 is not offered (offered: 1.0, 1.1): "
+        "pass --version with one of those\n",
+    )
+
+
+def test_update_lists_the_versions_first_then_moves_to_the_one_asked(deployed, extensions, hpctl):
+    redeploy({ObservabilityOutput.MODE: "managed"})
+    installed(extensions, deployed.cluster_arn, "1.0")
+    extensions.add_response("list_cluster_extension_versions", OFFERED, LIST_VERSIONS)
+    code, out, _ = hpctl("observability", "update")
+    assert code == 0
+    assert out.splitlines()[1:] == ["  * 1.0", "    1.1", "pass --version VERSION to move the cluster to one of them"]
+
+    arn = installed(extensions, deployed.cluster_arn, "1.0")
+    extensions.add_response("list_cluster_extension_versions", OFFERED, LIST_VERSIONS)
+    extensions.add_response(
+        "update_cluster_extension",
+        {"ExtensionArn": arn},
+        {"ClusterArn": deployed.cluster_arn, "ExtensionArn": arn, "ExtensionVersion": "1.1"},
+    )
+    code, out, _ = hpctl("observability", "update", "--version", "1.1")
+    assert code == 0 and out.splitlines()[-1].startswith(f"{MANAGED_EXTENSION} moves from 1.0 to 1.1")
+
+
+def test_update_without_the_extension_says_how_to_install_it(deployed, extensions, hpctl):
+    redeploy({ObservabilityOutput.MODE: "managed"})
+    extensions.add_response("list_cluster_extensions", {"Extensions": []}, {"ClusterArn": deployed.cluster_arn})
+    code, _, err = hpctl("observability", "update", "--version", "1.1")
+    assert code == 2 and "`hpctl observability enable` installs it" in err
 
 
 def test_enable_refuses_a_stack_in_prometheus_mode(prometheus_stack, hpctl):

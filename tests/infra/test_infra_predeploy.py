@@ -318,3 +318,26 @@ def test_a_group_scaled_with_runs_shows_no_drift_after_scaling_up_and_down(aws):
     assert "group 'compute' scales with runs and holds 3 nodes, above its floor 1" in problem
     set_target_count(config, 1)  # their release jobs gave them back
     assert predeploy_check(context, aws, **unchanged) == []
+
+
+def test_leaving_prometheus_is_refused_naming_the_metrics_lost_unless_allowed(aws):
+    deploy(aws, context_from([]))  # observability = prometheus, the default
+    placeholder = {"Resources": PLACEHOLDER_RESOURCES}
+    (problem,) = predeploy_check(context_from(["-c", "observability=off"]), aws, wanted_template=placeholder)
+    assert problem.startswith("config key 'observability' is 'prometheus' on the deployed stack and 'off' now")
+    assert "Amazon Managed Prometheus workspace and every sample in it" in problem and "loss" in problem
+    assert "--allow-drop-metrics" in problem
+    allowed = Allowances(drop_metrics=True)
+    context = context_from(["-c", "observability=off"])
+    assert predeploy_check(context, aws, allow=allowed, wanted_template=placeholder) == []
+    assert parse_arguments(["--allow-drop-metrics"])[1] == allowed
+
+
+def test_a_removed_metrics_workspace_is_refused_by_the_template_comparison_too():
+    """A release that renames the workspace's logical id deletes it as surely as the config switch."""
+    workspace = {"Type": "AWS::APS::Workspace", "Properties": {"Alias": "hpl-metrics"}}
+    deployed, wanted = {"Resources": {"MetricsWorkspace": workspace}}, {"Resources": {"Metrics2Workspace": workspace}}
+    (problem,) = template_refusals(deployed, wanted)
+    assert problem.startswith("resource MetricsWorkspace (AWS::APS::Workspace) would be removed")
+    assert "every sample in it" in problem
+    assert template_refusals(deployed, wanted, Allowances(drop_metrics=True)) == []

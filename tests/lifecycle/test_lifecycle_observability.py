@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,14 @@ def prometheus_facts() -> dict:
 
 
 @pytest.fixture
+def bridge_module(tmp_path: Path) -> dict[str, str]:
+    """An importable prometheus_client for the node's python3: the Neuron bridge's one dependency."""
+    (tmp_path / "site" / "prometheus_client").mkdir(parents=True)
+    (tmp_path / "site" / "prometheus_client" / "__init__.py").write_text("")
+    return {"PYTHONPATH": str(tmp_path / "site")}
+
+
+@pytest.fixture
 def metrics_node(tmp_path: Path, node: FakeNode) -> FakeNode:
     del node  # the root check
     return FakeNode(tmp_path / "metrics-node", facts=prometheus_facts(), cluster={**CLUSTER, "g5": [("g5-1", G5_IP)]})
@@ -60,26 +69,28 @@ def units(run) -> list[str]:
     return sorted(call.split()[-1] for call in run.called("systemctl") if call.split()[1] == "restart")
 
 
+SWEEP = ["hpl-run-sweep.service", "hpl-run-sweep.timer"]  # every compute node: run metrics end with their job
 # (address, what runs there): containers with their image, systemd units, scrape jobs of the collector
 ROLES = {
     "controller": (CONTROLLER_IP, {"hpl-node-exporter": "node", "hpl-collector": "collector"},
                    ["hpl-slurm-metrics.service", "hpl-slurm-metrics.timer"], ["node"]),
     "trn1": ("10.1.1.1", {"hpl-node-exporter": "node", "hpl-collector": "collector"},
-             ["hpl-neuron-monitor.service"], ["node", "neuron"]),
+             ["hpl-efa-counters.service", "hpl-efa-counters.timer", "hpl-neuron-monitor.service", *SWEEP],
+             ["node", "neuron"]),
     "g5.xlarge": (G5_IP, {"hpl-node-exporter": "node", "hpl-dcgm-exporter": "dcgm", "hpl-collector": "collector"},
-                  ["hpl-gpu-jobs.service", "hpl-gpu-jobs.timer"], ["node", "dcgm"]),
+                  ["hpl-gpu-jobs.service", "hpl-gpu-jobs.timer", *SWEEP], ["node", "dcgm"]),
     "p5": (GPU_IPS[0], {"hpl-node-exporter": "node", "hpl-dcgm-exporter": "dcgm", "hpl-collector": "collector"},
-           ["hpl-gpu-jobs.service", "hpl-gpu-jobs.timer"], ["node", "dcgm"]),
+           ["hpl-efa-counters.service", "hpl-efa-counters.timer", "hpl-gpu-jobs.service", "hpl-gpu-jobs.timer",
+            *SWEEP], ["node", "dcgm"]),
 }  # fmt: skip
-EFA = {"controller": False, "trn1": True, "g5.xlarge": False, "p5": True}
 
 
 @pytest.mark.parametrize("role", ROLES)
-def test_each_role_gets_exactly_its_exporters_and_a_second_run_changes_nothing(metrics_node, role):
+def test_each_role_gets_exactly_its_exporters_and_a_second_run_changes_nothing(metrics_node, bridge_module, role):
     ip, expected_containers, expected_units, scrape_jobs = ROLES[role]
     metrics_node.add_neuron_devices()
     metrics_node.add_efa_devices({"trn1": 8, "p5": 32}.get(role, 0))
-    gpus = {"FAKE_GPUS": "1"} if role == "g5.xlarge" else {}
+    gpus = {"FAKE_GPUS": "1", **bridge_module} if role == "g5.xlarge" else bridge_module
     first = metrics_node.run(ip, **gpus)
 
     assert first.returncode == 0, first.stderr + first.stdout
@@ -89,7 +100,7 @@ def test_each_role_gets_exactly_its_exporters_and_a_second_run_changes_nothing(m
     assert units(first) == expected_units
     node_args = started["hpl-node-exporter"]
     assert f"--collector.textfile.directory=/host{TEXTFILE}" in node_args
-    assert ("--collector.infiniband" if EFA[role] else "--no-collector.infiniband") in node_args  # EFA counters
+    assert "--no-collector.infiniband" in node_args  # it cannot read EFA's counters: hpl-efa-counters does
     if "hpl-dcgm-exporter" in started:
         assert "--hpc-job-mapping-dir=/hpc-jobs" in started["hpl-dcgm-exporter"]  # the Slurm job id label
     assert started["hpl-collector"][1:3] == ["--agent", "--config.file=/etc/hpl/prometheus-agent.yml"]
@@ -139,3 +150,93 @@ def test_other_modes_install_nothing(node: FakeNode, mode):
     assert run.returncode == 0, run.stderr
     assert not run.called("docker") and not run.called("systemctl")
     assert f"observability is {mode}" in run.stdout
+
+
+@pytest.mark.parametrize("epilog", ["/opt/slurm/etc/epilog.d/*", "/opt/slurm/etc/epilog.sh", ""])
+def test_a_compute_node_joins_slurms_epilog_folder_and_sweeps_every_15_s(metrics_node, epilog):
+    conf = metrics_node.slurm_etc / "slurm.conf"
+    conf.write_text(conf.read_text() + (f"Epilog={epilog}  # HyperPod's\n" if epilog else ""))
+    metrics_node.add_neuron_devices()
+    metrics_node.add_efa_devices(8)
+    run = metrics_node.run("10.1.1.1")
+
+    assert run.returncode == 0, run.stderr + run.stdout
+    installed = metrics_node.root / "opt/slurm/etc/epilog.d/hpl-run-metrics.sh"
+    if epilog.endswith("/*"):
+        script = installed.read_text()
+        assert f"/usr/bin/python3 /opt/hyperpod-lora/slurm_metrics.py run-ended {TEXTFILE} " in script
+        assert script.endswith("exit 0\n") and installed.stat().st_mode & 0o777 == 0o755  # never drains the node
+    else:
+        assert not installed.exists()
+        assert f"slurm.conf's Epilog is {epilog or 'not set'}, not a folder glob" in run.stdout
+    timer = (metrics_node.root / "etc/systemd/system/hpl-run-sweep.timer").read_text()
+    assert "OnUnitActiveSec=15s" in timer
+    service = (metrics_node.root / "etc/systemd/system/hpl-run-sweep.service").read_text()
+    assert f"ExecStart=/usr/bin/python3 /opt/hyperpod-lora/slurm_metrics.py sweep {TEXTFILE}\n" in service
+
+
+def test_the_neuron_bridge_without_prometheus_client_is_a_warning_and_a_series_not_a_restart_loop(
+    metrics_node, bridge_module
+):
+    metrics_node.add_neuron_devices()
+    metrics_node.add_efa_devices(8)
+    unit = metrics_node.root / "etc/systemd/system/hpl-neuron-monitor.service"
+    failed = metrics_node.root / TEXTFILE.lstrip("/") / "hpl_exporter_neuron.prom"
+    with_module = metrics_node.run("10.1.1.1", **bridge_module)
+    assert with_module.returncode == 0 and unit.is_file() and not failed.exists()
+    assert "StartLimitBurst=5" in unit.read_text()  # even a bridge that fails later stops retrying
+
+    without = metrics_node.run("10.1.1.1")  # the AMI's python3 has no prometheus_client
+    assert without.returncode == 0, without.stderr
+    assert "WARNING: python module prometheus_client missing for neuron-monitor-prometheus.py" in without.stdout
+    assert not unit.exists() and "systemctl disable --now hpl-neuron-monitor.service" in without.calls
+    assert 'hpl_exporter_failed{exporter="neuron",reason="python module prometheus_client missing' in failed.read_text()
+
+
+OPENMETRICS = "MetricsType=metrics/openmetrics\nSlurmctldPort=6820\n"
+
+
+@pytest.mark.parametrize(
+    ("version", "conf", "why"),
+    [
+        ("25.11.2", OPENMETRICS, ""),
+        ("26.05.0", OPENMETRICS, ""),
+        ("24.11.5", OPENMETRICS, "Slurm 24.11.5 has no OpenMetrics endpoints (25.11 added them)"),
+        ("25.11.2", "", "slurm.conf does not set MetricsType=metrics/openmetrics (HyperPod owns slurm.conf)"),
+        ("25.11.2", OPENMETRICS + "PrivateData=jobs\n", "slurm.conf sets PrivateData=jobs, which turns Slurm's"),
+    ],
+)
+def test_slurm_25_11_openmetrics_replace_the_poll_where_slurm_conf_enables_them(metrics_node, version, conf, why):
+    slurm_conf = metrics_node.slurm_etc / "slurm.conf"
+    slurm_conf.write_text(slurm_conf.read_text() + conf)
+    run = metrics_node.run(CONTROLLER_IP, FAKE_SLURM_VERSION=version)
+
+    assert run.returncode == 0, run.stderr + run.stdout
+    config = (metrics_node.root / "etc/hyperpod-lora/prometheus-agent.yml").read_text()
+    timer = metrics_node.root / "etc/systemd/system/hpl-slurm-metrics.timer"
+    if why:
+        assert f"Slurm's series from the sinfo/squeue poll: {why}" in run.stdout
+        assert timer.is_file() and "slurm-partitions" not in config
+        return
+    assert not timer.exists() and "hpl-slurm-metrics" not in " ".join(run.calls)
+    agent_config = metrics_node.root / "etc/hyperpod-lora/prometheus-agent.yml"
+    checked = subprocess.run(
+        ["promtool", "check", "config", "--agent", str(agent_config)], capture_output=True, text=True, check=False
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr  # Debian's promtool (tools/system_packages.sh)
+    for endpoint in ("jobs", "nodes", "partitions", "scheduler"):
+        assert (
+            f"  - job_name: slurm-{endpoint}\n    metrics_path: /metrics/{endpoint}\n    static_configs:\n"
+            '      - targets: ["localhost:6820"]\n'
+        ) in config
+
+
+def test_a_controller_moved_to_openmetrics_drops_its_poll_timer(metrics_node):
+    assert metrics_node.run(CONTROLLER_IP, FAKE_SLURM_VERSION="24.11.5").returncode == 0
+    timer = metrics_node.root / "etc/systemd/system/hpl-slurm-metrics.timer"
+    assert timer.is_file()
+    slurm_conf = metrics_node.slurm_etc / "slurm.conf"
+    slurm_conf.write_text(slurm_conf.read_text() + OPENMETRICS)
+    run = metrics_node.run(CONTROLLER_IP, FAKE_SLURM_VERSION="25.11.2")
+    assert run.returncode == 0 and not timer.exists()
+    assert "systemctl disable --now hpl-slurm-metrics.timer" in run.calls

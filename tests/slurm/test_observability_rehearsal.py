@@ -8,19 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from hpctl.cli import main
 from tools import dashboard_chart
+from tools.local_prometheus import LocalPrometheus, LocalPrometheusError, sweep_once
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "observability" / "dashboards" / "cluster-and-run.json"
@@ -50,76 +47,14 @@ PY
 """
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.3)
-
-
-class Prometheus:
-    def __init__(self, url: str):
-        self.url = url
-
-    def query(self, expr: str) -> list[dict]:
-        address = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
-        with urllib.request.urlopen(address, timeout=10) as answer:
-            body = json.load(answer)
-        assert body["status"] == "success", body
-        return body["data"]["result"]
-
-    def wait_for(self, expr: str, timeout: float = 30) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        while not (found := self.query(expr)):
-            assert time.monotonic() < deadline, f"no series for {expr}"
-            time.sleep(0.5)
-        return found
-
-
 @pytest.fixture(scope="module")
 def stack(one_node, tmp_path_factory):
-    for tool in ("prometheus", "prometheus-node-exporter"):
-        if not shutil.which(tool):
-            pytest.fail(f"{tool} is missing: tools/system_packages.sh installs it (apt-get)", pytrace=False)
     base = tmp_path_factory.mktemp("observability")
-    textfile = base / "textfile"
-    textfile.mkdir()
-    exporter_port, prometheus_port = free_port(), free_port()
-    (base / "prometheus.yml").write_text(
-        "global:\n  scrape_interval: 1s\n  external_labels:\n    cluster: rehearsal\n"
-        f"scrape_configs:\n  - job_name: node\n    static_configs:\n      - targets: ['127.0.0.1:{exporter_port}']\n"
-    )
-    processes = [
-        subprocess.Popen(
-            ["prometheus-node-exporter", f"--web.listen-address=127.0.0.1:{exporter_port}",
-             f"--collector.textfile.directory={textfile}", "--no-collector.infiniband"],
-            stdout=subprocess.DEVNULL, stderr=(base / "node-exporter.log").open("w"),
-        ),
-        subprocess.Popen(
-            ["prometheus", f"--config.file={base / 'prometheus.yml'}", f"--storage.tsdb.path={base / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{prometheus_port}"],
-            stdout=subprocess.DEVNULL, stderr=(base / "prometheus.log").open("w"),
-        ),
-    ]  # fmt: skip
     try:
-        wait_http(f"http://127.0.0.1:{exporter_port}/metrics")
-        wait_http(f"http://127.0.0.1:{prometheus_port}/-/ready")
-        yield one_node, Prometheus(f"http://127.0.0.1:{prometheus_port}"), textfile, base
-    finally:
-        for process in processes:
-            process.terminate()
-            process.wait(timeout=20)
+        with LocalPrometheus(base / "prometheus") as prometheus:
+            yield one_node, prometheus, prometheus.textfile, base
+    except LocalPrometheusError as error:
+        pytest.fail(str(error), pytrace=False)
 
 
 def slurm_metrics(slurm, textfile: Path) -> None:
@@ -145,6 +80,7 @@ def test_the_run_the_nodes_and_slurm_in_prometheus(stack):
     # During the run: the job is running in Slurm and its steps arrive with both labels.
     during = prometheus.wait_for(f'hpl_train_step{{run="{RUN}",slurm_job_id="{job_id}"}} >= 2', timeout=90)
     assert during[0]["metric"]["job"] == "node"  # scraped from node exporter's textfile collector
+    sweep_once(textfile, slurm.env(), slurm.node_names[0])  # the node's sweep vouches for the running job
     slurm_metrics(slurm, textfile)
     prometheus.wait_for('sum(hpl_slurm_jobs{state="running"}) >= 1')
 
@@ -179,7 +115,11 @@ def test_every_dashboard_query_evaluates_and_the_local_ones_return_data(stack):
     dashboard = json.loads(DASHBOARD.read_text())
     exprs = {panel["title"]: target["expr"] for panel in dashboard["panels"] for target in panel["targets"]}
     # Series no local machine has: GPUs, NeuronCores, EFA devices.
-    remote_only = {"GPU utilisation of the run's jobs", "NeuronCore utilisation", "EFA receive bytes/s"}
+    remote_only = {
+        "GPU utilisation of the run's jobs",
+        "NeuronCore utilisation of the job's nodes",
+        "EFA receive bytes/s",
+    }
     assert remote_only < set(exprs)
     prometheus.wait_for("hpl_train_step")
     for title, expr in exprs.items():

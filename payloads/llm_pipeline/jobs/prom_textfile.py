@@ -5,7 +5,8 @@ Each log event replaces ``$HPL_METRICS_TEXTFILE_PATH/hpl_run_<slurm job id>.prom
 creates where observability = prometheus; unset or missing: nothing is written). The file is written
 beside its final name and renamed, so node exporter never reads half a file; it reads only ``*.prom``.
 Every series carries the run and the Slurm job id, so a dashboard puts a job's loss next to the
-utilisation of the devices it ran on (DCGM's hpc_job label holds the same id).
+utilisation of the devices it ran on (DCGM's hpc_job label holds the same id). The file goes when the job
+leaves the node (Slurm's epilog and the node's sweep, lifecycle/slurm_metrics.py), so the run's series end with it.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ SOURCES = {
 }
 
 
+def run_textfile_name(job_id: str) -> str:
+    """The run's file in the textfile folder; lifecycle/slurm_metrics.py removes it by this name."""
+    return f"hpl_run_{job_id}.prom"
+
+
 def render(figures: Mapping[str, float], *, run: str, job_id: str) -> str:
     labels = (("run", run), ("slurm_job_id", job_id))
     samples = [
@@ -57,7 +63,7 @@ def publish(figures: Mapping[str, float], *, run: str, environ: Mapping[str, str
     if not folder or not os.path.isdir(folder):
         return None
     job_id = env.get("SLURM_JOB_ID", "none")
-    target = Path(folder) / f"hpl_run_{job_id}.prom"
+    target = Path(folder) / run_textfile_name(job_id)
     handle, temporary = tempfile.mkstemp(dir=folder, prefix=".hpl_run_", suffix=".tmp")
     try:
         with os.fdopen(handle, "w") as out:
