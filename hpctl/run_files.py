@@ -16,12 +16,19 @@ from pathlib import Path
 
 from cluster_contract import OUTPUTS_FOLDER, s3_prefix
 from hpctl.errors import HpctlError, aws_errors
+from llm_pipeline.run_files import StepLog
 
 OUTPUTS_PREFIX = s3_prefix(OUTPUTS_FOLDER)
-WANTED = re.compile(
-    r"^(tensorboard/.+|eval/.+|compare/.+|ladder/report\.(md|json|png)|sweep/scaling\.(md|json|png)"
-    r"|logs/(train|rung-.+)-\d+\.log)$"
-)
+WANTED = re.compile(r"^(tensorboard/.+|eval/.+|compare/.+|ladder/report\.(md|json|png)|sweep/scaling\.(md|json|png))$")
+
+
+def wanted(relative: str) -> bool:
+    """A run's file that charts and comparisons read: the figures above, and the training jobs' logs."""
+    folder, _, name = relative.rpartition("/")
+    log = StepLog.parse(name) if folder == "logs" else None
+    return bool(WANTED.match(relative)) or (log is not None and (log.step == "train" or log.step.startswith("rung-")))
+
+
 S3_URL = re.compile(r"^s3://(?P<bucket>[^/]+)/(?P<prefix>.*?)/?$")
 TENSORBOARD_PIN = "tensorboard==2.20.0"  # payloads/requirements-cluster.txt
 
@@ -43,7 +50,7 @@ def download_run(s3, bucket: str, prefix: str, destination: Path) -> list[Path]:
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             for item in page.get("Contents", []):
                 relative = item["Key"][len(prefix) :]
-                if not WANTED.match(relative):
+                if not wanted(relative):
                     continue
                 target = destination / relative
                 target.parent.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,7 @@ from llm_pipeline import cli
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.jobs import sagemaker_env
+from llm_pipeline.run_files import CHECKPOINT
 from llm_pipeline.weights.checkpoints import (
     checkpoint_folders,
     complete_checkpoints,
@@ -188,10 +189,10 @@ def agree_on_resume(
             _send_json(sock, held)
             agreed = _receive_json(sock)
             if agreed and by_part:
-                link_own_part(checkpoints_dir / f"checkpoint-{agreed}", resume_dir)
+                link_own_part(checkpoints_dir / CHECKPOINT.name(agreed), resume_dir)
                 _, name, size = _receive_one(sock, resume_dir)
                 say(f"received the shared files of {name} from {hosts.leader}: {size / 1e6:.1f} MB")
-        resume = (resume_dir if by_part else checkpoints_dir) / f"checkpoint-{agreed}"
+        resume = (resume_dir if by_part else checkpoints_dir) / CHECKPOINT.name(agreed)
     else:
         shared, connections = set(held), []
         with socket.create_server(("", port)) as server:
@@ -209,7 +210,7 @@ def agree_on_resume(
                     connections.append(connection)
                     shared &= set(_receive_json(connection))
                 agreed = max(shared, default=0)
-                resume = checkpoints_dir / f"checkpoint-{agreed}"
+                resume = checkpoints_dir / CHECKPOINT.name(agreed)
                 for connection in connections:
                     _send_json(connection, agreed)
                     if agreed and by_part:

@@ -21,6 +21,7 @@ from llm_pipeline import cli, download
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.jobs import pipeline_status, smoke
+from llm_pipeline.run_files import StepLog
 from llm_pipeline.training.torchtitan import ladder as torchtitan_ladder
 from llm_pipeline.training.torchtitan import metrics as torchtitan_metrics
 from llm_pipeline.training.torchtitan import report as ladder_report
@@ -132,8 +133,8 @@ def rung_log(cfg: RunConfig, rung: str) -> Path | None:
     if recorded and torchtitan_metrics.summarize_file(recorded[-1]):
         return recorded[-1]
     # In the smoke run (<run>/smoke/logs, no record there) the rung's job is smoke-rung-<rung>.
-    names = (f"rung-{rung}-*.log", f"{smoke.PREFIX}rung-{rung}-*.log")
-    found = sorted((p for name in names for p in logs.glob(name)), key=lambda p: p.stat().st_mtime, reverse=True)
+    steps = (f"rung-{rung}", f"{smoke.PREFIX}rung-{rung}")
+    found = sorted((p for _, p in StepLog.of(logs, steps.__contains__)), key=lambda p: p.stat().st_mtime, reverse=True)
     with_metrics = [path for path in found if torchtitan_metrics.summarize_file(path)]
     if with_metrics:
         return with_metrics[0]

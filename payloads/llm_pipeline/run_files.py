@@ -12,6 +12,10 @@
   jobs/estimate and hpctl; ``titan_device`` reads its device line.
 - ``StepVerdict``: the last line of a step's log, ``== <step>: <STATE> (exit N) after S s``, written by
   payloads/slurm/env.sh (with `` at <UTC time>``) and sagemaker_job.py, read by jobs/estimate and hpctl.
+- ``CHECKPOINT``, ``TITAN_STEP``: a checkpoint folder's name, ``checkpoint-<step>`` (the fine-tuning trainers)
+  and ``step-<step>`` (torchtitan), read by weights/, gather, run_state and training/torchtitan.
+- ``StepLog``: a job's log name, <run>/logs/<step>-<job>.log (sbatch's --output, sagemaker_job.py), read
+  by run_metrics, jobs/scaling_report, pretrain.py and hpctl.
 - ``PipelineRecord``: <run>/logs/pipeline.json, the submission record (jobs/chain.py, sweep.py,
   sagemaker_job.py), read by jobs/pipeline_status, jobs/estimate, pretrain.py and hpctl.
 - ``Estimate``: <run>/logs/estimate.json (jobs/estimate.py), read by ``submit status`` and hpctl.
@@ -37,8 +41,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from pathlib import Path
 
 # -- the fine-tuning trainer's progress line -------------------------------------------------------------
 _PROGRESS = re.compile(
@@ -321,6 +327,61 @@ class PipelineRecord:
     def from_json(cls, text: str) -> PipelineRecord:
         body = json.loads(text)
         return cls(str(body.get("config", "")), tuple(StepJob(**entry) for entry in body["steps"]))
+
+
+# -- checkpoint folders: checkpoint-<step> (the fine-tuning trainers), step-<step> (torchtitan) ----------------
+@dataclass(frozen=True)
+class StepFolders:
+    """Folders named ``<prefix><step>``: one step's checkpoint each."""
+
+    prefix: str
+
+    def name(self, step: int | str) -> str:
+        return f"{self.prefix}{step}"
+
+    def step_of(self, name: str) -> int | None:
+        found = re.fullmatch(rf"{re.escape(self.prefix)}(\d+)", name)
+        return int(found[1]) if found else None
+
+    def folders(self, container: Path) -> list[tuple[int, Path]]:
+        """(step, folder) of every such folder in ``container``, complete or not, oldest first."""
+        if not container.is_dir():
+            return []
+        found = [(step, path) for path in container.iterdir() if (step := self.step_of(path.name)) is not None]
+        return sorted((step, path) for step, path in found if path.is_dir())
+
+
+CHECKPOINT = StepFolders("checkpoint-")  # paths.checkpoints_dir/checkpoint-<step>: the Trainer's and optimum-neuron's
+TITAN_STEP = StepFolders("step-")  # <rung dump folder>/checkpoint/step-<step>: torchtitan 0.2.2's
+
+
+# -- <run>/logs/<step>-<job>.log: each job's log -----------------------------------------------------------
+_STEP_LOG = re.compile(r"(?P<step>.+)-(?P<job>\d+)\.log")
+SLURM_JOB_ID = "%j"  # sbatch --output fills it with the job id
+
+
+@dataclass(frozen=True)
+class StepLog:
+    """A job's log file name, ``<step>-<job>.log``: written by sbatch (``--output``, chain.py), the training
+    job's hosts (sagemaker_job.py), read by run_metrics, the sweep's report, pretrain and hpctl."""
+
+    step: str
+    job: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.step}-{self.job}.log"
+
+    @classmethod
+    def parse(cls, name: str) -> StepLog | None:
+        found = _STEP_LOG.fullmatch(name)
+        return cls(found["step"], found["job"]) if found else None
+
+    @classmethod
+    def of(cls, folder: Path, steps: Callable[[str], bool]) -> list[tuple[StepLog, Path]]:
+        """The logs in ``folder`` of the steps ``steps`` accepts, oldest job first."""
+        found = [(log, path) for path in folder.glob("*.log") if (log := cls.parse(path.name)) and steps(log.step)]
+        return sorted(found, key=lambda item: (int(item[0].job), item[0].step))
 
 
 # -- <run>/logs/estimate.json ----------------------------------------------------------------------------

@@ -16,12 +16,11 @@ included), where the run recorded both; else the curve has steps only.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from llm_pipeline.errors import StepError
-from llm_pipeline.run_files import ProgressLine, TitanMetricLine
+from llm_pipeline.run_files import ProgressLine, StepLog, TitanMetricLine
 
 TENSORBOARD_DIR = "tensorboard"
 LOGS_DIR = "logs"
@@ -30,8 +29,7 @@ LOSS_TAG = "train/loss"
 LEARNING_RATE_TAG = "train/learning_rate"
 SEQUENCES_TAG = "model/sequences_per_step"
 LENGTH_TAG = "model/sequence_length"
-RUNG_LOG = re.compile(r"^rung-(?P<rung>.+)-(?P<job>\d+)\.log$")
-TRAIN_LOG = re.compile(r"^train-(?P<job>\d+)\.log$")
+RUNG_PREFIX = "rung-"  # a ladder rung's job: rung-<rung> (ladder_submit)
 
 
 @dataclass(frozen=True)
@@ -75,11 +73,6 @@ def read_events(folder: Path) -> dict[str, list[tuple[int, float]]]:
     return scalars
 
 
-def _job_number(path: Path, pattern: re.Pattern) -> int:
-    match = pattern.match(path.name)
-    return int(match["job"]) if match else -1
-
-
 def _progress_points(text: str) -> list[tuple[int, float]]:
     return [(line.step, line.loss) for line in ProgressLine.parse_all(text)]
 
@@ -101,7 +94,7 @@ def _from_events(run: Path, label: str) -> LossCurve | None:
 
 
 def _from_train_logs(run: Path, label: str) -> LossCurve | None:
-    logs = sorted((run / LOGS_DIR).glob("train-*.log"), key=lambda p: _job_number(p, TRAIN_LOG))
+    logs = [path for _, path in StepLog.of(run / LOGS_DIR, lambda step: step == "train")]
     lines = [line for log in logs for line in ProgressLine.parse_all(log.read_text(errors="replace"))]
     if not lines:
         return None
@@ -121,8 +114,8 @@ def _torchtitan_curve(log: Path, label: str) -> LossCurve | None:
 def _from_rung_logs(run: Path) -> list[LossCurve]:
     newest: dict[str, Path] = {}
     # in submission order (job ids): the ladder's own rung order
-    for log in sorted((run / LOGS_DIR).glob("rung-*.log"), key=lambda p: (_job_number(p, RUNG_LOG), p.name)):
-        newest[RUNG_LOG.match(log.name)["rung"]] = log
+    for log, path in StepLog.of(run / LOGS_DIR, lambda step: step.startswith(RUNG_PREFIX)):
+        newest[log.step.removeprefix(RUNG_PREFIX)] = path
     curves = [_torchtitan_curve(log, f"{run.name}:{rung}") for rung, log in newest.items()]
     return [curve for curve in curves if curve is not None]
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_pipeline.errors import StepError
-from llm_pipeline.run_files import FINISHED_FILE, FinishedRecord
+from llm_pipeline.run_files import CHECKPOINT, FINISHED_FILE, FinishedRecord
 from llm_pipeline.weights.checkpoints import COMPLETE_MARKER, newest_complete
 
 REPLACE_FLAG = "--replace-outputs"  # submit's flag (submit.py) that moves an earlier training aside
@@ -101,7 +101,7 @@ def refusal(record: FinishedRecord, changed: list[str], checkpoints_dir: Path) -
         f"change what it learns: {'; '.join(changed)}. To train anew from the base model, resubmit with "
         f"{REPLACE_FLAG} (which moves {checkpoints_dir} and the outputs made after train aside into the run "
         f"folder's replaced/<time>/); or extend it: set train.max_steps above {record.step} to train on from "
-        f"checkpoint-{record.step} with these values"
+        f"{CHECKPOINT.name(record.step)} with these values"
     )
 
 
@@ -141,7 +141,7 @@ def finished_checkpoint(checkpoints_dir: Path) -> Path:
     run has not finished or its newest complete checkpoint is another step than the finished one."""
     checkpoints_dir = Path(checkpoints_dir)
     record, newest = read_finished(checkpoints_dir), newest_complete(checkpoints_dir)
-    newest_text = f"checkpoint-{newest[0]}" if newest else "no complete checkpoint"
+    newest_text = CHECKPOINT.name(newest[0]) if newest else "no complete checkpoint"
     if record is None:
         raise RunStateError(
             f"{checkpoints_dir}: training has not finished (no {FINISHED_FILE}; newest: {newest_text}), so there is "
@@ -149,7 +149,8 @@ def finished_checkpoint(checkpoints_dir: Path) -> Path:
         )
     if newest is None or newest[0] != record.step:
         raise RunStateError(
-            f"{checkpoints_dir}: the newest complete checkpoint is {newest_text}, not checkpoint-{record.step}, the "
-            f"step {marker_path(checkpoints_dir)} says the run finished at: resubmit from train to finish the run"
+            f"{checkpoints_dir}: the newest complete checkpoint is {newest_text}, not "
+            f"{CHECKPOINT.name(record.step)}, the step {marker_path(checkpoints_dir)} says the run finished at: "
+            "resubmit from train to finish the run"
         )
     return newest[1]

@@ -50,7 +50,7 @@ from llm_pipeline.jobs import chain, launch, pipeline_status, sagemaker_env, smo
 from llm_pipeline.jobs.chain import ChainJob
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts
-from llm_pipeline.run_files import StepVerdict
+from llm_pipeline.run_files import CHECKPOINT, StepLog, StepVerdict
 from llm_pipeline.training import backends
 from llm_pipeline.weights.checkpoints import checkpoint_step
 
@@ -181,7 +181,7 @@ def job_plan(
     is off or passed before (a checkpoint in the run folder: a restarted spot job)."""
     facts = RunFacts(config=run_config, output_dir=Path(cfg.paths.output_dir), nodes=len(hosts.hosts), run=cfg)
     jobs = [submit.step_job(step) for step in STEPS[STEPS.index(first_step) :]]  # the job's steps: gather too
-    if smoke_stage and chain.smoke_stage_runs(jobs, True) and any(cfg.paths.checkpoints_dir.glob("checkpoint-*")):
+    if smoke_stage and chain.smoke_stage_runs(jobs, True) and CHECKPOINT.folders(cfg.paths.checkpoints_dir):
         print(f"== smoke stage: passed before ({cfg.paths.checkpoints_dir} holds checkpoints); not run again")
         smoke_stage = False
     elif not smoke_stage:
@@ -232,7 +232,7 @@ def run(run_config: Path, *, first_step: str, env: dict[str, str], smoke_stage: 
         StepJob(
             step=job.step,
             job=hosts.current,
-            log=str(sagemaker_env.synced_path(env, facts.logs_dir) / f"{job.step}-{hosts.current}.log"),
+            log=str(sagemaker_env.synced_path(env, facts.logs_dir) / StepLog(job.step, hosts.current).name),
             nodes=chain.job_nodes(job, facts),
         )
         for job, facts in plan

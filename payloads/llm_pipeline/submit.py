@@ -37,6 +37,7 @@ from llm_pipeline.jobs.chain import (
 )
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts, read_run_facts
+from llm_pipeline.run_files import StepLog
 
 STEPS = ("prepare", "download", "data", "precompile", "train", "consolidate", "merge", "generate", "evaluate")
 MULTI_NODE_STEPS = ("precompile", "train")  # the others run one process on one node
@@ -258,7 +259,7 @@ def _main(args: argparse.Namespace) -> int:
         ladder_submit.submit(facts, env, smoke_stage=args.smoke)
     else:
         submit(facts, args.first, env, smoke_stage=args.smoke, replace_outputs=args.replace_outputs)
-    print(f"logs: {facts.logs_dir}/<step>-<job>.log")
+    print(f"logs: {facts.logs_dir / StepLog('<step>', '<job>').name}")
     print(f"status: {status_hint(facts, env)}", flush=True)
     if args.wait:
         states, estimate_shown = follow(facts, args.poll)

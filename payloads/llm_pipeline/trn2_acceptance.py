@@ -36,7 +36,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from llm_pipeline.run_files import ProgressLine
+from llm_pipeline.run_files import CHECKPOINT, ProgressLine
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 NOT_NEURON = "not a Neuron host"
@@ -223,8 +223,8 @@ def check_resume(tiny_config: Path | None, report: Path) -> Check:
     )
     train.train(stopped)
     train.train(run_config(tiny_config, report / "resume-stopped", train=shape, data=data))
-    expected = logged_losses(whole.paths.checkpoints_dir / f"checkpoint-{RESUME_END}")
-    resumed = logged_losses(stopped.paths.checkpoints_dir / f"checkpoint-{RESUME_END}")
+    expected = logged_losses(whole.paths.checkpoints_dir / CHECKPOINT.name(RESUME_END))
+    resumed = logged_losses(stopped.paths.checkpoints_dir / CHECKPOINT.name(RESUME_END))
     after = range(RESUME_SAVE + 1, RESUME_END + 1)
     worst = max(abs(resumed[step] - expected[step]) for step in after)
     return Check(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import math
 import os
+import re
 import subprocess
 from datetime import datetime
 from pathlib import Path
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from llm_pipeline.run_files import (
+    CHECKPOINT,
+    TITAN_STEP,
     BackendLine,
     DataSource,
     Estimate,
@@ -25,6 +28,7 @@ from llm_pipeline.run_files import (
     ReplicasLine,
     StepEstimate,
     StepJob,
+    StepLog,
     StepMarker,
     StepVerdict,
     TitanMetricLine,
@@ -238,3 +242,53 @@ def test_the_pattern_finder_sees_a_run_line_pattern(tmp_path):
         'import re\nX = re.compile(r"^step (\\\\d+)/\\\\d+ \\\\| loss")\ny = re.search(rf"== {1}: COMPLETED", "")\n'
     )
     assert [any(m in text for m in RUN_LINE_MARKERS) for text in _regex_texts(module)] == [True, True]
+
+
+# How a run-folder name is typed in code when a module spells it itself: checkpoint-<step>, torchtitan's
+# step-<step>, a job's <step>-<job>.log and the data step's report; run_files is their one owner.
+TYPED_RUN_FOLDER_NAMES = re.compile(
+    r"checkpoint-\{|\"checkpoint-\*\"|checkpoint-\(\\d|\"step-\*\"|step-\(\\d|-%j\.log|\}\.log\"|\\d\+\)\\\.log"
+    r"|\"stats\.json\""
+)
+
+
+def test_run_folder_names_are_typed_in_run_files_only():
+    root = Path(__file__).parents[2]
+    owner = root / "payloads" / "llm_pipeline" / "run_files.py"
+    sources = [path for folder in ("payloads", "hpctl") for path in (root / folder).rglob("*.py") if path != owner]
+    typed = [
+        f"{path.relative_to(root)}:{number}"
+        for path in sources
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if TYPED_RUN_FOLDER_NAMES.search(line)
+    ]
+    assert len(sources) > 100 and typed == []
+    old_forms = (  # what the modules typed before run_files owned the names: each is caught
+        'f"--output={facts.logs_dir / job.step}-%j.log",',
+        'log = str(facts.logs_dir / f"{job.step}-{job_id}.log")',
+        'TRAIN_LOG = re.compile(r"^train-(?P<job>\\d+)\\.log$")',
+        'steps = sorted(int(m[1]) for p in c.glob("checkpoint-*") if (m := re.match(r"checkpoint-(\\d+)$", p.name)))',
+        'write_seal(Path(args.output_dir) / f"checkpoint-{state.global_step}", node=node, nodes=nodes)',
+        'match = re.fullmatch(r"step-(\\d+)", path.name)',
+        'for path in folder.glob("step-*") if folder.is_dir() else []:',
+        'STATS_FILE = "stats.json"',
+    )
+    assert all(TYPED_RUN_FOLDER_NAMES.search(line) for line in old_forms)
+
+
+def test_step_logs_and_step_folders_name_and_parse_one_way(tmp_path):
+    assert StepLog("smoke-train-resume", "42").name == "smoke-train-resume-42.log"
+    assert StepLog.parse("smoke-train-resume-42.log") == StepLog("smoke-train-resume", "42")
+    assert StepLog.parse("train.log") is None and StepLog.parse("train-4a.log") is None
+    for name in ("train-12.log", "train-3.log", "smoke-train-5.log", "rung-fp8-7.log", "notes.txt"):
+        (tmp_path / name).write_text("")
+    assert [log.name for log, _ in StepLog.of(tmp_path, lambda step: step.endswith("train"))] == [
+        "train-3.log",
+        "smoke-train-5.log",
+        "train-12.log",
+    ]
+    for name in ("checkpoint-10", "checkpoint-9", "checkpoint-x", "step-3"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "checkpoint-11").write_text("a file, not a checkpoint")
+    assert CHECKPOINT.folders(tmp_path) == [(9, tmp_path / "checkpoint-9"), (10, tmp_path / "checkpoint-10")]
+    assert TITAN_STEP.folders(tmp_path) == [(3, tmp_path / "step-3")] and CHECKPOINT.name(4) == "checkpoint-4"

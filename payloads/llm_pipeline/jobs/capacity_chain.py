@@ -7,6 +7,7 @@ from llm_pipeline.jobs import capacity, deploy_facts
 from llm_pipeline.jobs.chain import PAYLOADS_DIR, SubmitError, slurm
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts
+from llm_pipeline.run_files import SLURM_JOB_ID, StepLog
 
 
 def claim_for_chain(facts: RunFacts, env: dict[str, str]) -> str:
@@ -27,7 +28,7 @@ def release_command(facts: RunFacts, claim_id: str, after: str, env: dict[str, s
         "sbatch",
         "--parsable",
         f"--job-name=hpl-{capacity.RELEASE_STEP}",
-        f"--output={facts.logs_dir / capacity.RELEASE_STEP}-%j.log",
+        f"--output={facts.logs_dir / StepLog(capacity.RELEASE_STEP, SLURM_JOB_ID).name}",
         "--nodes=1",
         f"--export={','.join(['ALL', *(f'{k}={v}' for k, v in release_environment(claim_id, env).items())])}",
         f"--dependency=afterany:{after}",

@@ -22,7 +22,7 @@ from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs import deploy_facts, partitions, pipeline_status, smoke
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts
-from llm_pipeline.run_files import STATE_DIR
+from llm_pipeline.run_files import SLURM_JOB_ID, STATE_DIR, StepLog
 
 PAYLOADS_DIR = Path(__file__).resolve().parents[2]
 SLURM_FALLBACK_BIN = Path("/opt/slurm/bin")  # HyperPod's Slurm, for shells without it on PATH
@@ -170,7 +170,7 @@ def sbatch_command(job: ChainJob, facts: RunFacts, after: str | None, env: dict[
         "sbatch",
         "--parsable",
         f"--job-name=hpl-{job.step}",
-        f"--output={facts.logs_dir / job.step}-%j.log",
+        f"--output={facts.logs_dir / StepLog(job.step, SLURM_JOB_ID).name}",
         f"--nodes={job_nodes(job, facts)}",
         f"--export={exports},HPL_CHAIN_STEP={job.step}",
     ]
@@ -250,7 +250,7 @@ def submit_jobs(
                 + (" (cancelled the jobs submitted before it)" if submitted else "")
             )
         job_id = out.stdout.strip().split(";")[0]
-        log = str(facts.logs_dir / f"{job.step}-{job_id}.log")
+        log = str(facts.logs_dir / StepLog(job.step, job_id).name)
         submitted.append(
             StepJob(step=job.step, job=job_id, log=log, nodes=job_nodes(job, facts), config=str(facts.config))
         )

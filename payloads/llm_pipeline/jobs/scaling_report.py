@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 from pathlib import Path
 
 from llm_pipeline.errors import PipelineError
+from llm_pipeline.jobs import smoke
 from llm_pipeline.jobs.sweep_plan import PLAN_NAME
-from llm_pipeline.run_files import BackendLine, ProgressLine
+from llm_pipeline.run_files import BackendLine, ProgressLine, StepLog
 
 # sequences/s on 1, 2 and 4 trn1.32xlarge nodes, Llama 2 7B full fine-tuning, seq 4096, GBS 256
 NEURON_FULL_REFERENCE = {1: 3.7, 2: 7.4, 4: 14.6}
@@ -35,7 +35,6 @@ REFERENCE_NOTE = "published Trainium result: Llama 2 7B full fine-tuning, trn1.3
 # The run shape the published numbers belong to (sweep.json's base facts; the engine comes from the log).
 REFERENCE_SHAPE = {"model_id": "meta-llama/Llama-2-7b-hf", "method": "full", "max_length": 4096, "model_parallel": 8}
 REFERENCE_GLOBAL_BATCH = 256
-_TRAIN_LOG = re.compile(r"(?:smoke-)?train-(\d+)\.log")
 
 
 class ReportError(PipelineError, RuntimeError):
@@ -44,10 +43,7 @@ class ReportError(PipelineError, RuntimeError):
 
 def newest_train_log(point_dir: Path) -> Path:
     """The point's newest training log: train-<job>.log, or smoke-train-<job>.log in a smoke sweep's point."""
-    logs = sorted(
-        (p for p in (point_dir / "logs").glob("*train-*.log") if _TRAIN_LOG.fullmatch(p.name)),
-        key=lambda p: int(_TRAIN_LOG.fullmatch(p.name)[1]),
-    )
+    logs = [path for _, path in StepLog.of(point_dir / "logs", lambda step: step in ("train", f"{smoke.PREFIX}train"))]
     if not logs:
         raise ReportError(f"{point_dir / 'logs'} has no train-<job>.log: the point's training did not run")
     return logs[-1]

@@ -16,7 +16,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from llm_pipeline.jobs import prom_textfile
-from llm_pipeline.run_files import EventLine, ProgressLine, ReplicasLine
+from llm_pipeline.run_files import CHECKPOINT, EventLine, ProgressLine, ReplicasLine
 from llm_pipeline.weights.checkpoints import prune, write_seal
 
 
@@ -132,7 +132,7 @@ class MetricsLogger(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            print(f"checkpoint saved: {Path(args.output_dir) / f'checkpoint-{state.global_step}'}", flush=True)
+            print(f"checkpoint saved: {Path(args.output_dir) / CHECKPOINT.name(state.global_step)}", flush=True)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.writer is not None:
@@ -161,7 +161,7 @@ class SealCheckpoints(TrainerCallback):
         if first_on_node:
             world = int(os.environ.get("WORLD_SIZE", "1"))
             nodes = max(1, world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
-            write_seal(Path(args.output_dir) / f"checkpoint-{state.global_step}", node=node, nodes=nodes)
+            write_seal(Path(args.output_dir) / CHECKPOINT.name(state.global_step), node=node, nodes=nodes)
         self.wait_for_everyone()
         if first_on_node:
             prune(Path(args.output_dir), keep=self.keep, node=node)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llm_pipeline.errors import CheckpointError
+from llm_pipeline.run_files import CHECKPOINT
 from llm_pipeline.weights.adapter_files import CONFIG_NAME, WEIGHTS_NAME
 from llm_pipeline.weights.checkpoints import complete_checkpoints
 
@@ -87,16 +88,16 @@ def find_adapter(path: Path) -> PlainAdapter | ShardedAdapter:
             f"{path} uses the optimum-neuron 0.1 adapter layout (no adapter_<name>/ folder), which is not supported"
         )
     container = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    steps = sorted(int(m[1]) for p in container.glob("checkpoint-*") if (m := re.match(r"checkpoint-(\d+)$", p.name)))
+    steps = [step for step, _ in CHECKPOINT.folders(container)]
     for step, checkpoint in reversed(complete_checkpoints(container)):
         folders = adapter_folders(checkpoint)
         if is_plain(checkpoint) or (folders and all(is_complete_sharded(f) for f in folders)):
             if step != steps[-1]:
-                print(f"note: checkpoint-{steps[-1]} is incomplete; using checkpoint-{step}", flush=True)
+                print(f"note: {CHECKPOINT.name(steps[-1])} is incomplete; using {CHECKPOINT.name(step)}", flush=True)
             return adapter_in_checkpoint(checkpoint)
     if steps:
         raise CheckpointError(
-            f"no complete checkpoint in {container} (found checkpoint-{steps[-1]} but it is incomplete)"
+            f"no complete checkpoint in {container} (found {CHECKPOINT.name(steps[-1])} but it is incomplete)"
         )
     raise CheckpointError(f"{path} holds no adapter and no checkpoint-<step> folders")
 

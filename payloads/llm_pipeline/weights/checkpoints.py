@@ -25,10 +25,11 @@ import re
 import shutil
 from pathlib import Path
 
+from llm_pipeline.run_files import CHECKPOINT
+
 COMPLETE_MARKER = "trainer_state.json"  # what the trainers write last (checkpoints without seals)
 SEAL_PREFIX = "hpl-complete-node"
 _SEAL = re.compile(rf"^{SEAL_PREFIX}(\d+)\.json$")
-_NAME = re.compile(r"^checkpoint-(\d+)$")
 # What one process writes for itself: torch's sharded checkpoint files and the Trainer's RNG state.
 PER_RANK_FILE = re.compile(r"(^|/)(__\d+_\d+\.distcp|rng_state_\d+\.pth)$")
 
@@ -43,14 +44,7 @@ def _is_seal(path: Path) -> bool:
 
 def checkpoint_folders(checkpoints_dir: Path) -> list[tuple[int, Path]]:
     """(step, folder) of every checkpoint-<step> folder, complete or not, oldest first."""
-    if not checkpoints_dir.is_dir():
-        return []
-    found = []
-    for folder in checkpoints_dir.iterdir():
-        match = _NAME.match(folder.name)
-        if match and folder.is_dir():
-            found.append((int(match.group(1)), folder))
-    return sorted(found)
+    return CHECKPOINT.folders(checkpoints_dir)
 
 
 def write_seal(folder: Path, *, node: int, nodes: int) -> Path:
@@ -68,10 +62,10 @@ def write_seal(folder: Path, *, node: int, nodes: int) -> Path:
 
 
 def checkpoint_step(folder: Path) -> int:
-    match = _NAME.match(Path(folder).name)
-    if match is None:
-        raise ValueError(f"{folder} is not a checkpoint-<step> folder")
-    return int(match.group(1))
+    step = CHECKPOINT.step_of(Path(folder).name)
+    if step is None:
+        raise ValueError(f"{folder} is not a {CHECKPOINT.name('<step>')} folder")
+    return step
 
 
 def _read_seals(folder: Path) -> list[dict] | None:

@@ -11,11 +11,11 @@ Accepted inputs: such a checkpoint folder, or a checkpoints/run folder (its newe
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from llm_pipeline.errors import CheckpointError
+from llm_pipeline.run_files import CHECKPOINT
 from llm_pipeline.weights.adapter_layout import stage_files
 from llm_pipeline.weights.checkpoints import complete_checkpoints
 
@@ -48,11 +48,11 @@ def find_full_checkpoint(path: Path) -> FullCheckpoint | None:
     found = complete_checkpoints(container)
     if not found or not any(holds_full_model(folder) for _, folder in found):
         return None
-    steps = sorted(int(m[1]) for p in container.glob("checkpoint-*") if (m := re.match(r"checkpoint-(\d+)$", p.name)))
+    steps = [step for step, _ in CHECKPOINT.folders(container)]
     for step, checkpoint in reversed(found):
         if holds_full_model(checkpoint) and is_complete(checkpoint):
             if step != steps[-1]:
-                print(f"note: checkpoint-{steps[-1]} is incomplete; using checkpoint-{step}", flush=True)
+                print(f"note: {CHECKPOINT.name(steps[-1])} is incomplete; using {CHECKPOINT.name(step)}", flush=True)
             return full_checkpoint(checkpoint)
     raise CheckpointError(f"no complete full-model checkpoint in {container} (every shards/ save was interrupted)")
 

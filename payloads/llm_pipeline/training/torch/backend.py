@@ -20,6 +20,7 @@ from pathlib import Path
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import is_chat
+from llm_pipeline.run_files import CHECKPOINT
 from llm_pipeline.training import device
 from llm_pipeline.training.callbacks import SealCheckpoints, TokenCounter, add_run_callbacks
 from llm_pipeline.training.loss_guard import NonFiniteLossGuard, StopAtNonFiniteLoss
@@ -105,7 +106,7 @@ def engine_trainer_class():
             # Under FSDP the Trainer writes only the sharded state; write the gathered adapter first,
             # so a checkpoint counts as complete (trainer_state.json, written last) only with it.
             if self.is_fsdp_enabled and self.peft_config_for_export is not None:
-                folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+                folder = Path(self._get_output_dir(trial=trial)) / CHECKPOINT.name(self.state.global_step)
                 export_adapter(self, folder)
             super()._save_checkpoint(model, trial)
 

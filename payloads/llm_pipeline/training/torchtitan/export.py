@@ -20,12 +20,12 @@ whenever the rung's job used the float8 converter.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
+from llm_pipeline.run_files import TITAN_STEP
 from llm_pipeline.training.torchtitan import ladder
 
 COPIED_ASSETS = (
@@ -39,11 +39,7 @@ COPIED_ASSETS = (
 
 def newest_checkpoint(folder: Path) -> Path:
     """The step-N folder with the highest N that holds a complete DCP checkpoint (.metadata)."""
-    steps = []
-    for path in folder.glob("step-*") if folder.is_dir() else []:
-        match = re.fullmatch(r"step-(\d+)", path.name)
-        if match and (path / ".metadata").is_file():
-            steps.append((int(match.group(1)), path))
+    steps = [(step, path) for step, path in TITAN_STEP.folders(folder) if (path / ".metadata").is_file()]
     if not steps:
         raise StepError(f"no complete torchtitan checkpoint (step-N/.metadata) in {folder}: did the rung finish?")
     return max(steps)[1]

@@ -23,6 +23,7 @@ import tomllib
 
 from llm_pipeline.config import LADDER_RUNG_OPTIONS, TORCHTITAN_RUNGS, RunConfig
 from llm_pipeline.errors import StepError
+from llm_pipeline.run_files import TITAN_STEP
 
 PAYLOADS_DIR = Path(__file__).resolve().parents[3]
 FLOAT8_CONVERTER = "quantize.linear.float8"  # 0.2.2's registry name for the float8 nn.Linear swap
@@ -224,11 +225,7 @@ def write_job_file(cfg: RunConfig, rung: str) -> Path:
 def saved_steps(tables: dict[str, Any]) -> list[int]:
     """The steps with a complete checkpoint (step-N/.metadata) in the job's checkpoint folder."""
     folder = Path(tables["job"]["dump_folder"]) / tables.get("checkpoint", {}).get("folder", "checkpoint")
-    steps = []
-    for path in folder.glob("step-*") if folder.is_dir() else []:
-        if path.name[5:].isdigit() and (path / ".metadata").is_file():
-            steps.append(int(path.name[5:]))
-    return sorted(steps)
+    return [step for step, path in TITAN_STEP.folders(folder) if (path / ".metadata").is_file()]
 
 
 def stopping_at(cfg: RunConfig, step: int) -> RunConfig:

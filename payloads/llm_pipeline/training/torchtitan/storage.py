@@ -16,13 +16,13 @@ finished rungs keep plus the biggest rung in flight) against the run folder's fi
 from __future__ import annotations
 
 import dataclasses
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
+from llm_pipeline.run_files import TITAN_STEP
 from llm_pipeline.training.full_rules import FSX_SIZES, OPTIMIZER_BYTES_PER_PARAMETER
 from llm_pipeline.training.torchtitan import ladder
 
@@ -120,12 +120,7 @@ def _with_retention(cfg: RunConfig, retention: str) -> RunConfig:
 
 def step_folders(folder: Path) -> list[tuple[int, Path]]:
     """(N, path) of every step-N folder, complete or not, by N."""
-    found = []
-    for path in folder.glob("step-*") if folder.is_dir() else []:
-        match = re.fullmatch(r"step-(\d+)", path.name)
-        if match and path.is_dir():
-            found.append((int(match.group(1)), path))
-    return sorted(found)
+    return TITAN_STEP.folders(folder)
 
 
 def retain(cfg: RunConfig, rung: str, *, metrics_read: bool) -> int:
