@@ -255,7 +255,7 @@ def check_ranks(kind: str, *, env=os.environ, payloads_dir: Path = PAYLOADS_DIR)
         launcher = acceptance_launch.torchrun(env, payloads_dir, nodes=1)
         wanted = acceptance_launch.ranks_per_node(env, payloads_dir)
         out = run_launched([*launcher, "-m", "llm_pipeline.trn2_acceptance", "--rank-probe"])
-    except (PipelineError, RuntimeError) as error:
+    except (PipelineError, RuntimeError, OSError) as error:  # OSError: no srun or torchrun here
         return Check("ranks", FAIL, str(error))
     return ranks_verdict(acceptance_launch.read_probes(out), wanted)
 
@@ -292,7 +292,7 @@ def check_lora(kind: str, lora_config: Path, report: Path, *, nodes: int, env=os
     try:
         launcher = acceptance_launch.torchrun(env, PAYLOADS_DIR, nodes=nodes)
         out = run_launched([*launcher, "-m", "llm_pipeline.train", "--config", str(path)])
-    except (PipelineError, RuntimeError) as error:
+    except (PipelineError, RuntimeError, OSError) as error:  # OSError: no srun or torchrun here
         return Check(name, FAIL, str(error))
     rates = [line.samples_per_second for line in ProgressLine.parse_all(out)]
     trainable = TRAINABLE.search(out)

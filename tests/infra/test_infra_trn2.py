@@ -62,6 +62,8 @@ def test_the_trn2_partition_names_its_runtime_and_mfu_peak(trn2_synth):
     assert partitions["trn2"]["peak_tflops"] == INSTANCE_TYPES["ml.trn2.48xlarge"].peak_tflops_per_device
     assert (partitions["trn1"]["image_uri"], partitions["trn1"]["image_family"]) == ("repo:trn1", "neuron")
     assert partitions["trn1"]["peak_tflops"] == 0.0  # the payload's own table, or no MFU
+    # prepare's check of a full fine-tuning load reads the node's memory from the same table
+    assert partitions["trn2"]["host_memory_gib"] == INSTANCE_TYPES["ml.trn2.48xlarge"].host_memory_gib == 2048
 
 
 def test_the_acceptance_launches_its_own_shape_inside_salloc_n_2(trn2_synth, tmp_path):
