@@ -242,7 +242,9 @@ def rank_probe() -> int:
 
     state = PartialState()
     device = torch.empty(1, device=state.device).device
-    print(acceptance_launch.probe_line(os.environ, socket.gethostname(), str(device)), flush=True)
+    line = acceptance_launch.probe_line(os.environ, socket.gethostname(), str(device)) + "\n"
+    os.write(sys.stdout.fileno(), line.encode())  # one write: 64 ranks share the pipe, lines must not interleave
+    state.wait_for_everyone()  # no rank leaves while another still sets up its connections
     state.destroy_process_group()
     return 0
 
