@@ -81,6 +81,9 @@ class InstanceFacts:
     # Dense bf16 peak of the whole node, TFLOP/s, where the payload's own table lacks the device
     # (llm_pipeline.training.metrics): it reaches training as HPL_PEAK_TFLOPS per rank for MFU.
     peak_bf16_tflops: float = 0.0
+    # Host memory, GiB (EC2 instance types guide, "Memory (GiB)"); prepare checks a full fine-tuning load
+    # against it (llm_pipeline.training.full_rules.check_host_memory, HPL_HOST_MEMORY_GIB). 0: not recorded.
+    host_memory_gib: int = 0
 
     @property
     def image_family(self) -> str:
@@ -118,15 +121,23 @@ def _cpu(*sizes: str, family: str) -> dict[str, InstanceFacts]:
 
 INSTANCE_TYPES: dict[str, InstanceFacts] = {
     # Trainium (NeuronCores per node)
-    "ml.trn1.32xlarge": InstanceFacts(NEURON, 32, 8, "Trainium", efa_device_rdma=True),
-    "ml.trn1n.32xlarge": InstanceFacts(NEURON, 32, 16, "Trainium", efa_device_rdma=True),
+    "ml.trn1.32xlarge": InstanceFacts(NEURON, 32, 8, "Trainium", efa_device_rdma=True, host_memory_gib=512),
+    "ml.trn1n.32xlarge": InstanceFacts(NEURON, 32, 16, "Trainium", efa_device_rdma=True, host_memory_gib=512),
+    # 2 TiB host memory (Neuron's Trn2 architecture page; the EC2 guide's 2,048 GiB)
     "ml.trn2.48xlarge": InstanceFacts(
-        NEURON, 64, 16, "Trainium2", True, runtime=TORCHNEURON, peak_bf16_tflops=16 * TRAINIUM2_CHIP_BF16_TFLOPS
+        NEURON,
+        64,
+        16,
+        "Trainium2",
+        True,
+        runtime=TORCHNEURON,
+        peak_bf16_tflops=16 * TRAINIUM2_CHIP_BF16_TFLOPS,
+        host_memory_gib=2048,
     ),
     # One Trainium2 chip (4 logical NeuronCores) and one EFA, as AWS's HyperPod CLI records it (INSTANCE_RESOURCES,
     # cited below). Device RDMA is not in that source, so it stays off (EFA without it is slower, not broken).
     "ml.trn2.3xlarge": InstanceFacts(
-        NEURON, 4, 1, "Trainium2", runtime=TORCHNEURON, peak_bf16_tflops=TRAINIUM2_CHIP_BF16_TFLOPS
+        NEURON, 4, 1, "Trainium2", runtime=TORCHNEURON, peak_bf16_tflops=TRAINIUM2_CHIP_BF16_TFLOPS, host_memory_gib=128
     ),
     # NVIDIA (GPUs per node, EFA interfaces)
     "ml.p4d.24xlarge": _gpu("A100", 8, 4, memory="40GB", device_rdma=True),

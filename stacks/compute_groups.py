@@ -89,6 +89,10 @@ class ComputeGroup:
         return instance_facts(self.instance_type).devices
 
     @property
+    def host_memory_gib(self) -> int:
+        return instance_facts(self.instance_type).host_memory_gib
+
+    @property
     def efa_interfaces(self) -> int:
         return instance_facts(self.instance_type).efa_interfaces
 

@@ -486,6 +486,7 @@ def partition_facts(config: HyperPodConfig, group: ComputeGroup, image_uris: Map
         "image_uri": image_uris[config.image_family_of(group)],
         "image_family": config.image_family_of(group),  # torchneuron: Trainium2's native runtime
         "peak_tflops": group.peak_tflops_per_device,  # MFU peak per rank where the payload lacks one (0: none)
+        "host_memory_gib": group.host_memory_gib,  # prepare's check of a full fine-tuning load (0: not recorded)
         "capacity": group.capacity,
         "training_plan_arn": group.training_plan_arn,
         # capacity follows the pipeline (llm_pipeline.jobs.capacity): 0/1, the floor and the ceiling

@@ -22,7 +22,7 @@ from cluster_contract import (
     RUN_CONFIGS_FOLDER,
     payload_code_digest,
 )
-from llm_pipeline.jobs.deploy_facts import DEPLOY_FACTS_FILE, KEYS, PARTITION_KEYS
+from llm_pipeline.jobs.deploy_facts import DEPLOY_FACTS_FILE, KEYS, OPTIONAL_PARTITION_KEYS, PARTITION_KEYS
 from stacks.image import RECIPES
 from stacks.uploads import CACHE_EXCLUDES, deploy_to_prefix
 
@@ -52,7 +52,8 @@ def deploy_facts(cluster_facts: Mapping[str, Any]) -> dict[str, Any]:
         "partition_images": {name: facts["image_uri"] for name, facts in cluster_facts["partitions"].items()},
         # What submit picks a partition by and hands its jobs (llm_pipeline.jobs.partitions).
         "partitions": {
-            name: {key: facts[key] for key in PARTITION_KEYS} for name, facts in cluster_facts["partitions"].items()
+            name: {key: facts[key] for key in (*PARTITION_KEYS, *OPTIONAL_PARTITION_KEYS) if key in facts}
+            for name, facts in cluster_facts["partitions"].items()
         },
     }
 

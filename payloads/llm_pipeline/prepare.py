@@ -20,6 +20,7 @@ from llm_pipeline.training.backends import resolve_backend
 
 STACK = ("torch", "transformers", "peft", "trl", "datasets", "safetensors")
 NODE_DEVICES = "HPL_DEVICES_PER_NODE"  # the node's accelerator count, from the cluster facts
+NODE_MEMORY = "HPL_HOST_MEMORY_GIB"  # the node's host memory (stacks/accelerators.py, through the partition)
 
 
 def check_processes_per_node(cfg: config.RunConfig, env: Mapping[str, str]) -> None:
@@ -58,6 +59,7 @@ def check(cfg: config.RunConfig, env: Mapping[str, str]) -> None:
     if backend == "neuron":
         check_neuron(cfg)
     check_full_storage(cfg, backend)
+    check_load_memory(cfg, env, backend)
     check_trainer_names(cfg)
     check_target_modules(cfg)
     check_sources(cfg)
@@ -203,6 +205,32 @@ def check_full_storage(cfg: config.RunConfig, backend: str) -> None:
         print("note: the model is not downloaded yet; the train step checks the storage for checkpoints")
         return
     print(f"storage: {check_storage(cfg, model_config, backend=backend)}")
+
+
+def check_load_memory(cfg: config.RunConfig, env: Mapping[str, str], backend: str) -> None:
+    """Full fine-tuning on the torch engine: does a node's load of the model fit its host memory?"""
+    from llm_pipeline.training.full_rules import check_host_memory
+    from llm_pipeline.training.torch import methods, parallel
+    from llm_pipeline.weights.model_files import read_model_config
+
+    if cfg.train.method != "full" or backend != "torch":
+        return
+    memory = env.get(NODE_MEMORY, "")
+    if not memory:
+        print(f"host memory at load: not checked ({NODE_MEMORY} is not set here)")
+        return
+    model_config = read_model_config(cfg.paths.model_dir)
+    if model_config is None:
+        print("note: the model is not downloaded yet; its load is not sized against host memory")
+        return
+    ranks = cfg.parallel.devices_per_node
+    once = parallel.loads_once(cfg, ranks * cfg.parallel.nodes)
+    load_bytes = methods.load_dtype(cfg).itemsize
+    print(
+        check_host_memory(
+            model_config, ranks=ranks, load_bytes=load_bytes, loads_once=once, host_memory_gib=float(memory)
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -2,25 +2,31 @@
 PASS, FAIL or SKIP per check, and a report (acceptance.json and acceptance.md in --report-dir).
 
     python -m llm_pipeline.trn2_acceptance --report-dir DIR --tiny-config TINY.toml \\
-        [--lora-config configs/llama3-8b-lora-trn2.toml]
+        [--lora-config configs/llama3-8b-lora-trn2.toml] [--offline]
 
 Checks, in order:
 - device: torch's accelerator is `neuron`, with its device count, and a matmul on it matches the CPU's;
-- tiny-parity: a tiny random Llama trains 20 steps on one rank on the device and on the CPU from the same
-  seed; every step's loss agrees within PARITY_RTOL (both fp32; only the reduction order differs);
+- tiny-parity: a tiny Llama learns a fixed token cycle for 20 steps on one rank on the device and on the
+  CPU from the same seed (llm_pipeline.training.tiny_task): the device run must hold its parameters and
+  loss on the device, halve its loss, and match the CPU's losses step by step within PARITY_RTOL;
 - graph-count: the NEFF files in TorchNeuron's cache (TORCH_NEURONX_NEFF_CACHE_DIR) stop growing after
   WARMUP_STEPS of that run: each new shape would be a new compile;
 - cpu-fallbacks: the operators TorchNeuron ran on the CPU during that run, counted and named from the
   warnings and log records that report a fallback (informational: it passes with what it found);
 - resume: the engine (llm_pipeline.train) on --tiny-config saves at step 20, stops, resumes to 30, and
   its losses equal the uninterrupted run's (RESUME_ATOL, as tests/payloads/test_train_stop.py);
+- ranks: every rank of one node (the partition's devices per node, deploy-facts.json) prints its host,
+  device and NeuronCores; two ranks on one device FAIL;
 - lora-8b: --lora-config (Llama 3 8B LoRA) trains 50 steps on all the node's ranks; its trainable count
   is the expected one and its samples/s is reported beside trn1's TRN1_SAMPLES_PER_SECOND (seed 000);
 - two-node: the same config trains 10 steps over EFA on two nodes (inside a two-node Slurm allocation).
+The multi-rank checks launch themselves (llm_pipeline.jobs.acceptance_launch): one node per torchrun for
+the one-node checks even inside ``salloc -N 2``, the ranks a node from the deploy's facts.
 
 Off a Neuron host the device checks SKIP with "not a Neuron host" and the 8B and two-node checks with
-"needs a trn2 node"; the tiny CPU reference and the resume check still run, so the command cannot rot
-(tests/payloads/test_trn2_acceptance.py runs it on CPU). Exit 0 when nothing FAILed, 1 otherwise.
+"needs a trn2 node"; the tiny CPU reference (which must learn) and the resume check still run, so the
+command cannot rot (tests/payloads/test_trn2_acceptance.py runs it on CPU). Exit 0 when nothing FAILed
+and nothing was skipped; a skipped check exits 1 unless --offline says skipping the hardware is intended.
 """
 
 from __future__ import annotations
@@ -36,14 +42,16 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from llm_pipeline.errors import PipelineError
+from llm_pipeline.jobs import acceptance_launch
 from llm_pipeline.run_files import CHECKPOINT, ProgressLine
+from llm_pipeline.training import tiny_task
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 NOT_NEURON = "not a Neuron host"
 NEEDS_NODE = "needs a trn2 node"
-TINY_STEPS = 20
+PAYLOADS_DIR = Path(__file__).resolve().parents[1]  # deploy-facts.json lies here on the cluster
 WARMUP_STEPS = 3  # the first steps compile (forward, backward, optimizer); later ones must not
-PARITY_RTOL = 0.02
 RESUME_SAVE, RESUME_END = 20, 30
 RESUME_ATOL = 1e-3
 LORA_STEPS, TWO_NODE_STEPS = 50, 10
@@ -88,13 +96,6 @@ def check_device(kind: str) -> Check:
     return Check("device", PASS if agrees and count > 0 else FAIL, detail, {"devices": count})
 
 
-@dataclass
-class TinyRun:
-    losses: list[float]
-    graphs: list[int]  # NEFF files in the cache after each step (empty off Neuron)
-    fallbacks: list[str]  # the fallback messages seen
-
-
 def neff_count() -> int:
     folder = os.environ.get(NEFF_CACHE_VARIABLE)
     return sum(1 for _ in Path(folder).rglob("*.neff")) if folder and Path(folder).is_dir() else 0
@@ -109,31 +110,15 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def train_tiny(device_name: str, *, steps: int = TINY_STEPS, seed: int = 0) -> TinyRun:
-    """A tiny random Llama, fp32, AdamW, fixed-shape synthetic batches: the same numbers on any device."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
-    model_config = LlamaConfig(vocab_size=256, num_key_value_heads=2, max_position_embeddings=128, **shape)
-    model = LlamaForCausalLM(model_config).to(device_name)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    batches = torch.randint(0, 256, (steps, 4, 64), generator=torch.Generator().manual_seed(seed))
-    run, records = TinyRun([], [], []), _Records()
+def train_tiny(device_name: str, *, steps: int = tiny_task.STEPS, seed: int = 0, mutate=None) -> tiny_task.TinyRun:
+    """The tiny task on ``device_name``, with the NEFF count after each step and the fallback reports seen."""
+    count = (lambda run: run.graphs.append(neff_count())) if device_name != "cpu" else None
+    records = _Records()
     logging.getLogger().addHandler(records)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            for batch in batches:
-                tokens = batch.to(device_name)
-                loss = model(input_ids=tokens, labels=tokens).loss
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad()
-                run.losses.append(float(loss.detach().cpu()))
-                if device_name != "cpu":
-                    run.graphs.append(neff_count())
+            run = tiny_task.train(device_name, steps=steps, seed=seed, mutate=mutate, after_step=count)
     finally:
         logging.getLogger().removeHandler(records)
     seen = [str(w.message) for w in caught] + records.messages
@@ -141,25 +126,27 @@ def train_tiny(device_name: str, *, steps: int = TINY_STEPS, seed: int = 0) -> T
     return run
 
 
-def check_tiny(kind: str, report: Path) -> list[Check]:
+def parity_check(kind: str, reference: tiny_task.TinyRun, run: tiny_task.TinyRun) -> Check:
+    passed, line, figures = tiny_task.verdict(kind, reference, run)
+    return Check("tiny-parity", PASS if passed else FAIL, line, figures)
+
+
+def check_tiny(kind: str, report: Path, *, device_run=None) -> list[Check]:
+    """The CPU reference (it must learn, or the task itself is broken), then the device run against it.
+    ``device_run`` stands in for the device's run (the tests' broken devices)."""
     cpu = train_tiny("cpu")
     reference = {"cpu_losses": cpu.losses}
-    if kind != "neuron":
-        trained = f"loss {cpu.losses[0]:.4f} -> {cpu.losses[-1]:.4f}"
-        detail = f"{NOT_NEURON} (the CPU reference trained {TINY_STEPS} steps, {trained})"
+    trained = f"loss {cpu.losses[0]:.4f} -> {cpu.losses[-1]:.4f}"
+    if not tiny_task.learned(cpu.losses):
+        return [Check("tiny-parity", FAIL, f"the CPU reference did not learn the task ({trained})", reference)]
+    if kind != "neuron" and device_run is None:
+        detail = f"{NOT_NEURON} (the CPU reference learned in {tiny_task.STEPS} steps, {trained})"
         return [
             Check("tiny-parity", SKIP, detail, reference),
             Check("graph-count", SKIP, NOT_NEURON),
             Check("cpu-fallbacks", SKIP, NOT_NEURON),
         ]
-    run = train_tiny("neuron")
-    worst = max(abs(d - c) / abs(c) for d, c in zip(run.losses, cpu.losses, strict=True))
-    parity = Check(
-        "tiny-parity",
-        PASS if worst <= PARITY_RTOL else FAIL,
-        f"{TINY_STEPS} steps; largest relative loss difference {worst:.4f} (tolerance {PARITY_RTOL})",
-        {**reference, "neuron_losses": run.losses, "max_relative_difference": worst},
-    )
+    run = device_run if device_run is not None else train_tiny(kind)
     settled = run.graphs[WARMUP_STEPS - 1 :]
     graphs = Check(
         "graph-count",
@@ -167,7 +154,7 @@ def check_tiny(kind: str, report: Path) -> list[Check]:
         f"NEFF files after each step: {run.graphs} (steady from step {WARMUP_STEPS} on: {len(set(settled)) == 1})",
         {"neff_files_per_step": run.graphs, "cache": os.environ.get(NEFF_CACHE_VARIABLE, "")},
     )
-    return [parity, graphs, fallback_check(run.fallbacks)]
+    return [parity_check(kind, cpu, run), graphs, fallback_check(run.fallbacks)]
 
 
 def fallback_check(messages: list[str]) -> Check:
@@ -236,15 +223,6 @@ def check_resume(tiny_config: Path | None, report: Path) -> Check:
     )
 
 
-def torchrun_train(config_path: Path, launcher: list[str]) -> str:
-    """llm_pipeline.train under ``launcher`` (torchrun, or srun + torchrun); its output."""
-    command = [*launcher, "-m", "llm_pipeline.train", "--config", str(config_path)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} exited {done.returncode}: {done.stderr[-2000:]}")
-    return done.stdout
-
-
 def write_toml(path: Path, raw: dict) -> Path:
     lines = []
     for section, table in raw.items():
@@ -254,15 +232,56 @@ def write_toml(path: Path, raw: dict) -> Path:
     return path
 
 
-def check_lora(kind: str, lora_config: Path, report: Path, *, nodes: int) -> Check:
+def rank_probe() -> int:
+    """One rank of the rank check (under torchrun): the device accelerate gives the Trainer, as torch
+    resolves it, and the NeuronCores the runtime shows this process."""
+    import socket
+
+    import torch
+    from accelerate import PartialState
+
+    state = PartialState()
+    device = torch.empty(1, device=state.device).device
+    line = acceptance_launch.probe_line(os.environ, socket.gethostname(), str(device)) + "\n"
+    os.write(sys.stdout.fileno(), line.encode())  # one write: 64 ranks share the pipe, lines must not interleave
+    state.wait_for_everyone()  # no rank leaves while another still sets up its connections
+    state.destroy_process_group()
+    return 0
+
+
+def check_ranks(kind: str, *, env=os.environ, payloads_dir: Path = PAYLOADS_DIR) -> Check:
+    """Every rank of one node on its own device: the probe under the acceptance's own launch."""
+    if kind != "neuron":
+        return Check("ranks", SKIP, NEEDS_NODE)
+    try:
+        launcher = acceptance_launch.torchrun(env, payloads_dir, nodes=1)
+        wanted = acceptance_launch.ranks_per_node(env, payloads_dir)
+        out = run_launched([*launcher, "-m", "llm_pipeline.trn2_acceptance", "--rank-probe"])
+    except (PipelineError, RuntimeError, OSError) as error:  # OSError: no srun or torchrun here
+        return Check("ranks", FAIL, str(error))
+    return ranks_verdict(acceptance_launch.read_probes(out), wanted)
+
+
+def ranks_verdict(probes: list[dict], wanted: int) -> Check:
+    shared = acceptance_launch.duplicates(probes)
+    places = sorted(f"{p['rank']}:{p['device']}[{p['cores'] or '-'}]" for p in probes)
+    problems = shared + ([f"{len(probes)} of {wanted} ranks reported"] if len(probes) != wanted else [])
+    detail = f"{len(probes)} rank(s): {', '.join(places)}" + (": " + "; ".join(problems) if problems else "")
+    return Check("ranks", FAIL if problems else PASS, detail, {"probes": probes})
+
+
+def run_launched(command: list[str]) -> str:
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {done.returncode}: {done.stderr[-2000:]}")
+    return done.stdout
+
+
+def check_lora(kind: str, lora_config: Path, report: Path, *, nodes: int, env=os.environ) -> Check:
     name = "lora-8b" if nodes == 1 else "two-node"
     steps = LORA_STEPS if nodes == 1 else TWO_NODE_STEPS
     if kind != "neuron":
         return Check(name, SKIP, NEEDS_NODE if nodes == 1 else f"{NEEDS_NODE} (two, in a Slurm allocation)")
-    if nodes > 1 and int(os.environ.get("SLURM_JOB_NUM_NODES", "1")) < nodes:
-        return Check(name, SKIP, "needs a two-node Slurm allocation (salloc -N 2, then run this inside it)")
-    from llm_pipeline.jobs import launch
-
     raw = _merge(
         read_toml(lora_config),
         {
@@ -272,11 +291,10 @@ def check_lora(kind: str, lora_config: Path, report: Path, *, nodes: int) -> Che
         },
     )
     path = write_toml(report / f"{name}.toml", raw)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", *launch.launch_args(os.environ)]
-    launcher = ["srun", f"--nodes={nodes}", "--ntasks-per-node=1", *torchrun] if nodes > 1 else torchrun
     try:
-        out = torchrun_train(path, launcher)
-    except RuntimeError as error:
+        launcher = acceptance_launch.torchrun(env, PAYLOADS_DIR, nodes=nodes)
+        out = run_launched([*launcher, "-m", "llm_pipeline.train", "--config", str(path)])
+    except (PipelineError, RuntimeError, OSError) as error:  # OSError: no srun or torchrun here
         return Check(name, FAIL, str(error))
     rates = [line.samples_per_second for line in ProgressLine.parse_all(out)]
     trainable = TRAINABLE.search(out)
@@ -311,7 +329,7 @@ def write_report(checks: list[Check], report: Path, kind: str) -> None:
 def run(report: Path, *, tiny_config: Path | None, lora_config: Path, kind: str | None = None) -> list[Check]:
     kind = accelerator() if kind is None else kind
     report.mkdir(parents=True, exist_ok=True)
-    checks = [check_device(kind), *check_tiny(kind, report), check_resume(tiny_config, report)]
+    checks = [check_device(kind), *check_tiny(kind, report), check_resume(tiny_config, report), check_ranks(kind)]
     checks += [check_lora(kind, lora_config, report, nodes=1), check_lora(kind, lora_config, report, nodes=2)]
     write_report(checks, report, kind)
     for check in checks:
@@ -319,17 +337,37 @@ def run(report: Path, *, tiny_config: Path | None, lora_config: Path, kind: str 
     return checks
 
 
+def outcome(checks: list[Check], *, offline: bool) -> tuple[int, str]:
+    """The exit code and its line: a FAIL fails; a SKIP fails too unless --offline says it is intended."""
+    failed = [check.name for check in checks if check.status == FAIL]
+    skipped = [check.name for check in checks if check.status == SKIP]
+    if failed:
+        return 1, f"FAIL: {', '.join(failed)}"
+    if skipped and not offline:
+        return (
+            1,
+            f"SKIPPED: {', '.join(skipped)}; a first-node acceptance must run them (--offline: skipping is intended)",
+        )
+    return 0, "no check failed" + (f" ({len(skipped)} skipped, --offline)" if skipped else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--report-dir", type=Path, required=True, help="where acceptance.json and .md go")
+    parser.add_argument("--report-dir", type=Path, help="where acceptance.json and .md go")
     parser.add_argument("--tiny-config", type=Path, help="a tiny model's run config for the resume check")
-    default_lora = Path(__file__).resolve().parents[1] / "configs" / "llama3-8b-lora-trn2.toml"
+    default_lora = PAYLOADS_DIR / "configs" / "llama3-8b-lora-trn2.toml"
     parser.add_argument("--lora-config", type=Path, default=default_lora, help="the 8B LoRA run config")
+    parser.add_argument("--offline", action="store_true", help="skipped hardware checks are intended (no trn2 here)")
+    parser.add_argument("--rank-probe", action="store_true", help=argparse.SUPPRESS)  # one rank of the ranks check
     args = parser.parse_args(argv)
+    if args.rank_probe:
+        return rank_probe()
+    if args.report_dir is None:
+        parser.error("--report-dir is required")
     checks = run(args.report_dir, tiny_config=args.tiny_config, lora_config=args.lora_config)
-    failed = [check.name for check in checks if check.status == FAIL]
-    print(f"{'FAIL: ' + ', '.join(failed) if failed else 'no check failed'}; report in {args.report_dir}", flush=True)
-    return 1 if failed else 0
+    code, line = outcome(checks, offline=args.offline)
+    print(f"{line}; report in {args.report_dir}", flush=True)
+    return code
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """The Trainium2 (TorchNeuron) image: lint-clean, versions only in requirements-trn2.txt and equal to the
 main stack's where the two share a package, pip into one venv, the build ending in the family's check;
-the stack builds it per Trainium2 partition and leaves the trn1 image's recipe as it was."""
+the stack builds it per Trainium2 partition and leaves the trn1 image's recipe as it was. Its base and
+every Neuron version match the Neuron release it names, each from the source in SOURCES."""
 
 from __future__ import annotations
 
+import re
 import shlex
 
 import pytest
@@ -13,6 +15,33 @@ from stacks.accelerators import NEURON, TORCHNEURON
 from stacks.image import RECIPES
 
 VENV_PYTHON = "/opt/venv/bin/python"
+
+# What the image pins, the version, and the public source that states it (read 2026-11-27).
+RELEASE_CONTENT = "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.0/release-notes/releasecontent.html"
+TORCH_NEURONX_RELEASE = "https://github.com/aws-neuron/torch-neuronx/releases/tag/v2.33.0"
+COMPONENTS = "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.0/release-notes/components/index.html"
+QUICKSTART = "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.1/torch/get-started/quickstart-torch-neuron.html"
+DLC_UPDATE = "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.0/setup/pytorch/update-dlc.html"
+DLC_DATA = "aws/deep-learning-containers docs/src/data/pytorch/2.13-cuda-ec2.yml (EFA of AWS's torch 2.13 images)"
+SOURCES = {
+    # item: (version, source)
+    "base": (
+        "public.ecr.aws/ubuntu/ubuntu:26.04",
+        f"{TORCH_NEURONX_RELEASE} (wheels for Ubuntu 26.04 only); {QUICKSTART}",
+    ),
+    "python": (
+        "3.14",
+        f"{DLC_UPDATE} (2.33 DLC images: Ubuntu 26.04, Python 3.14); {TORCH_NEURONX_RELEASE} (3.12-3.14)",
+    ),
+    "torch-neuronx": ("2.13.3.0", f"{COMPONENTS} (TorchNeuron 2.14.3.0 and 2.13.3.0); {TORCH_NEURONX_RELEASE}"),
+    "torch": ("2.13.0", f"{TORCH_NEURONX_RELEASE} (family 2.13.3.0.*: PyTorch 2.13.0)"),
+    "neuronx-cc": ("2.28.7631.0", f"{RELEASE_CONTENT} (neuronx-cc-2.28.7631.0); {COMPONENTS}"),
+    "nki": ("0.7.0", f"{RELEASE_CONTENT} (nki-0.7.0); {COMPONENTS}"),
+    "aws-neuronx-runtime-lib": ("2.35.30.0", f"{RELEASE_CONTENT} (aws-neuronx-runtime-lib-2.35.30.0)"),
+    "aws-neuronx-collectives": ("2.35.43.0", f"{RELEASE_CONTENT} (aws-neuronx-collectives-2.35.43.0)"),
+    "aws-neuronx-dkms (host)": ("2.31.7.0", f"{RELEASE_CONTENT}; docs/trainium2.md (the node's driver)"),
+    "aws-efa-installer": ("1.49.0", DLC_DATA),
+}
 
 
 INSTRUCTIONS = parse_dockerfile(TRN2_DOCKERFILE.read_text())
@@ -73,3 +102,25 @@ def test_the_stack_builds_it_for_trainium2_and_keeps_the_trn1_recipe():
     assert RECIPES[TORCHNEURON].dockerfile == TRN2_DOCKERFILE.name
     assert RECIPES[TORCHNEURON].requirements == TRN2_REQUIREMENTS.name
     assert (RECIPES[NEURON].dockerfile, RECIPES[NEURON].requirements) == ("Dockerfile", "requirements-cluster.txt")
+
+
+def _arg(name: str) -> str:
+    return next(a.split("=", 1)[1] for n, a in INSTRUCTIONS if n == "ARG" and a.startswith(f"{name}="))
+
+
+def test_the_base_is_the_os_neuron_publishes_its_wheels_for():
+    base = next(arguments for name, arguments in INSTRUCTIONS if name == "FROM").split()[-1]
+    assert base == SOURCES["base"][0]
+    assert f'org.opencontainers.image.base.name="{base}"' in TRN2_DOCKERFILE.read_text()
+
+
+def test_every_neuron_version_is_the_cited_releases(trn2_pins):
+    for name in ("torch-neuronx", "torch", "neuronx-cc", "nki"):
+        assert trn2_pins[name] == SOURCES[name][0], (name, SOURCES[name][1])
+    assert _arg("NEURON_RUNTIME_VERSION") == SOURCES["aws-neuronx-runtime-lib"][0]
+    assert _arg("NEURON_COLLECTIVES_VERSION") == SOURCES["aws-neuronx-collectives"][0]
+    assert _arg("EFA_INSTALLER").endswith(f"/aws-efa-installer-{SOURCES['aws-efa-installer'][0]}.tar.gz")
+    text = TRN2_DOCKERFILE.read_text()
+    assert '"aws-neuronx-runtime-lib=${NEURON_RUNTIME_VERSION}*"' in text
+    assert '"aws-neuronx-collectives=${NEURON_COLLECTIVES_VERSION}*"' in text
+    assert "latest" not in text and not re.search(r"==\d+\.\*", text)  # no moving versions

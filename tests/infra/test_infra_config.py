@@ -42,6 +42,7 @@ PARTITION_KEYS = {
     "image_uri",
     "image_family",
     "peak_tflops",
+    "host_memory_gib",
     "capacity",
     "training_plan_arn",
     "scale_with_runs",

@@ -64,6 +64,7 @@ def test_liger_trains_under_fsdp2_in_bf16_like_the_run_without_it(runs, method):
     kernels = {"rms_norm", "rope", "swiglu", "rms_norm_backward", "rope_backward", "swiglu_backward"}
     assert set(liger["liger_calls"]) == kernels
     assert eager["liger_calls"] == {}
+    assert liger["trl_liger_switch"] is eager["trl_liger_switch"] is False  # not trl's deprecated switch
     assert len(liger["losses"]) == STEPS
     assert liger["losses"] == pytest.approx(eager["losses"], rel=LOSS_RTOL)
     assert liger["loss_dtypes"] == eager["loss_dtypes"] == ["float32"]

@@ -111,3 +111,32 @@ def test_lora_target_modules_missing_from_the_model_stop_at_prepare(hpl_env, tmp
     assert "lora.target_modules: q_proj, k_proj, v_proj" in _one_error_line(capsys)
     assert _prepare(tmp_path, hpl_env) == 0
     assert "lora.target_modules: all in the model" in capsys.readouterr().out
+
+
+def test_a_full_fine_tuning_load_the_node_cannot_hold_stops_at_prepare(hpl_env, tmp_path, monkeypatch, capsys):
+    """Llama 3 8B's shape (config.json alone), 64 ranks on a 2,048 GiB trn2.48xlarge: DDP loads 64 fp32
+    copies and is refused in one line; FSDP loads once and passes."""
+    import json
+
+    from test_neuron_full import LLAMA3_8B
+
+    model = tmp_path / "llama3-8b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**LLAMA3_8B, "model_type": "llama"}))
+    monkeypatch.setenv("HPL_HOST_MEMORY_GIB", "2048")
+    _offline(monkeypatch)  # the Hub checks come after; they are not what this test is about
+    runs = {
+        strategy: write_config(
+            tmp_path / f"{strategy}.toml",
+            hpl_env,
+            train={"method": "full", "save_checkpoints": False},
+            parallel={"devices_per_node": 64, "strategy": strategy},
+            paths={"model_dir": str(model)},
+        )
+        for strategy in ("ddp", "fsdp")
+    }
+    assert prepare.main(["--config", str(runs["ddp"])]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "64 copies (every rank) of 29.9 GiB: ~2,043 GiB" in err and "does not fit" in err
+    assert prepare.main(["--config", str(runs["fsdp"])]) == 0
+    assert "one copy (rank 0 loads, the others receive shards) of 29.9 GiB: ~158 GiB" in capsys.readouterr().out

@@ -19,17 +19,6 @@ def _calls(function) -> list[str]:
     return [ast.unparse(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)]
 
 
-def test_the_training_loop_skips_batches_through_the_module_name_the_engine_patches():
-    """resume_keeping_epoch swaps transformers.trainer.skip_first_batches: the loop must look it up there."""
-    # transformers 5.x: the loop's epoch body, with the name imported from accelerate into the module
-    assert "skip_first_batches" in _calls(Trainer._run_epoch)
-    assert "self._run_epoch" in _calls(Trainer._inner_training_loop)
-    original = transformers.trainer.skip_first_batches
-    with torch_backend.resume_keeping_epoch():
-        assert transformers.trainer.skip_first_batches is torch_backend.skip_first_batches_keeping_epoch
-    assert transformers.trainer.skip_first_batches is original
-
-
 def test_the_overridden_methods_keep_the_signatures_and_callers_the_engine_assumes():
     engine = torch_backend.engine_trainer_class()
     for name in ("_load_optimizer_and_scheduler", "_save_checkpoint", "create_accelerator_and_postprocess"):

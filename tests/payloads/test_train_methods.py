@@ -222,7 +222,8 @@ def test_completion_only_loss_labels_only_the_answers(hpl_env, packing):
     assert cfg.data.completion_only_loss  # the default
     datasets, tokenizer = training_inputs(cfg)
     trainer = unsaved_trainer(cfg, datasets, tokenizer)
-    # what transformers is handed with the defaults on this CPU: train.liger_kernel auto resolves off
+    # what transformers is handed with the defaults on this CPU: train.liger_kernel auto resolves off, and
+    # trl's deprecated switch is never used (the engine applies liger itself: methods.apply_liger)
     assert cfg.train.liger_kernel == "auto" and trainer.args.use_liger_kernel is False
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
     labels = batch["labels"]

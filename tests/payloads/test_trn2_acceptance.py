@@ -1,15 +1,22 @@
 """The Trainium2 first-node acceptance command on CPU: its device checks report "not a Neuron host",
 the 8B and two-node checks "needs a trn2 node", and the rest (the tiny CPU reference, the engine's
-save-stop-resume) runs, so the command cannot rot before a trn2 node runs it."""
+save-stop-resume) runs, so the command cannot rot before a trn2 node runs it. It cannot lie either: a
+device whose optimizer does nothing, whose parameters are frozen, or that silently ran on the CPU FAILs
+the tiny check (each broken device run here on the CPU), two ranks on one device FAIL the ranks check
+(a real two-rank torchrun), and a skipped hardware check exits 1 unless --offline says it is intended."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
+from engine_launch import engine_env
 from payload_configs import write_config
 
 from llm_pipeline import trn2_acceptance
+from llm_pipeline.training import tiny_task
 
 pytestmark = [pytest.mark.main_stack, pytest.mark.engine]
 
@@ -19,30 +26,106 @@ def test_acceptance_on_cpu_skips_the_device_checks_and_runs_the_rest(hpl_env, tm
         monkeypatch.setenv(name, value)
     tiny = write_config(tmp_path / "tiny.toml", hpl_env)
     report = tmp_path / "report"
-    assert trn2_acceptance.main(["--report-dir", str(report), "--tiny-config", str(tiny)]) == 0
+    assert trn2_acceptance.main(["--report-dir", str(report), "--tiny-config", str(tiny), "--offline"]) == 0
     out = capsys.readouterr().out
     checks = {c["name"]: c for c in json.loads((report / "acceptance.json").read_text())["checks"]}
-    assert list(checks) == ["device", "tiny-parity", "graph-count", "cpu-fallbacks", "resume", "lora-8b", "two-node"]
+    names = ["device", "tiny-parity", "graph-count", "cpu-fallbacks", "resume", "ranks", "lora-8b", "two-node"]
+    assert list(checks) == names
     for name in ("device", "graph-count", "cpu-fallbacks"):
         assert (checks[name]["status"], checks[name]["detail"]) == ("SKIP", "not a Neuron host")
     parity = checks["tiny-parity"]
-    assert parity["status"] == "SKIP" and parity["detail"].startswith("not a Neuron host (the CPU reference trained")
+    assert parity["status"] == "SKIP" and parity["detail"].startswith("not a Neuron host (the CPU reference learned")
     losses = parity["figures"]["cpu_losses"]
-    assert len(losses) == trn2_acceptance.TINY_STEPS and losses[-1] < losses[0]  # the reference really trained
+    assert len(losses) == tiny_task.STEPS and tiny_task.learned(losses)  # the reference really learned
     assert checks["resume"]["status"] == "PASS", checks["resume"]["detail"]
     assert checks["resume"]["figures"]["resumed"] == pytest.approx(
         checks["resume"]["figures"]["uninterrupted"], abs=1e-3
     )
-    assert checks["lora-8b"]["detail"] == "needs a trn2 node"
+    assert checks["lora-8b"]["detail"] == checks["ranks"]["detail"] == "needs a trn2 node"
     assert checks["two-node"]["detail"].startswith("needs a trn2 node")
     assert "| resume | PASS |" in (report / "acceptance.md").read_text()
-    assert "SKIP  device         not a Neuron host" in out and "no check failed" in out
+    assert "SKIP  device         not a Neuron host" in out and "no check failed (7 skipped, --offline)" in out
+    print(out)  # the docs' table quotes these lines (docs/trainium2.md, "CPU --offline run")
+
+
+def test_a_skipped_hardware_check_fails_without_offline(capsys):
+    checks = [trn2_acceptance.Check("resume", "PASS", ""), trn2_acceptance.Check("device", "SKIP", "not a Neuron host")]
+    assert trn2_acceptance.outcome(checks, offline=False)[0] == 1
+    assert trn2_acceptance.outcome(checks, offline=True) == (0, "no check failed (1 skipped, --offline)")
+    with pytest.raises(SystemExit) as stopped:
+        trn2_acceptance.main([])  # no --report-dir
+    assert stopped.value.code == 2 and "--report-dir is required" in capsys.readouterr().err
+
+
+class NoOpOptimizer:
+    """A device whose optimizer step changes nothing."""
+
+    def step(self) -> None:
+        pass
+
+    def zero_grad(self) -> None:
+        pass
+
+
+def no_op_optimizer(model, optimizer):
+    return NoOpOptimizer()
+
+
+def frozen_parameters(model, optimizer):
+    """Every parameter frozen but the final norm's weight (all frozen would stop backward with an error)."""
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name == "model.norm.weight")
+    return optimizer
+
+
+@pytest.fixture(scope="module")
+def cpu_reference() -> tiny_task.TinyRun:
+    return trn2_acceptance.train_tiny("cpu")
+
+
+def test_an_honest_run_passes_the_tiny_check(cpu_reference):
+    check = trn2_acceptance.parity_check("cpu", cpu_reference, trn2_acceptance.train_tiny("cpu"))
+    assert check.status == "PASS", check.detail
+    assert check.figures["device_losses"][-1] < 0.3 * check.figures["device_losses"][0]
+
+
+@pytest.mark.parametrize("mutation", [no_op_optimizer, frozen_parameters], ids=["no-op-optimizer", "frozen"])
+def test_a_device_that_does_not_train_fails_the_tiny_check(cpu_reference, mutation):
+    broken = trn2_acceptance.train_tiny("cpu", mutate=mutation)
+    check = trn2_acceptance.parity_check("cpu", cpu_reference, broken)
+    assert check.status == "FAIL"
+    assert "did not learn" in check.detail and "differs from the CPU" in check.detail
+
+
+def test_a_cpu_fallback_fails_the_tiny_check(tmp_path):
+    """The device's run that really ran on the CPU: the same losses as the reference, so only where the
+    parameters and the loss lived can tell, and the check asks."""
+    parity, *_ = trn2_acceptance.check_tiny("neuron", tmp_path, device_run=trn2_acceptance.train_tiny("cpu"))
+    assert parity.status == "FAIL" and "ran on cpu, not neuron only" in parity.detail
+    assert parity.figures["max_relative_difference"] == 0.0
+
+
+def test_two_ranks_on_one_device_fail_the_ranks_check():
+    """A real two-rank torchrun of the rank probe on the CPU: both ranks share the one device, so FAIL;
+    the same probes on two cores pass."""
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc_per_node=2"]
+    command = [*launch, "-m", "llm_pipeline.trn2_acceptance", "--rank-probe"]
+    done = subprocess.run(command, env=engine_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    probes = trn2_acceptance.acceptance_launch.read_probes(done.stdout)
+    assert sorted((p["rank"], p["local_rank"], p["device"]) for p in probes) == [(0, 0, "cpu"), (1, 1, "cpu")]
+    check = trn2_acceptance.ranks_verdict(probes, 2)
+    assert check.status == "FAIL" and "ranks 0, 1 share cpu (cores not set)" in check.detail
+    on_two_cores = [{**probe, "cores": str(probe["rank"])} for probe in probes]
+    assert trn2_acceptance.ranks_verdict(on_two_cores, 2).status == "PASS"
+    assert trn2_acceptance.ranks_verdict(on_two_cores[:1], 2).status == "FAIL"  # a rank missing
 
 
 def test_the_cpu_reference_is_reproducible_from_its_seed():
     """The parity check compares two devices from one seed: on one device the seed must decide everything."""
     first, second = trn2_acceptance.train_tiny("cpu", steps=3), trn2_acceptance.train_tiny("cpu", steps=3)
     assert first.losses == second.losses and first.graphs == [] and first.fallbacks == []
+    assert first.ran_on == ["cpu"]
 
 
 def test_the_fallback_count_says_its_pattern_is_unconfirmed():

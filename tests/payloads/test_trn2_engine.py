@@ -121,3 +121,6 @@ def test_partition_facts_carry_the_image_family_and_the_mfu_peak():
     assert env["HPL_IMAGE_FAMILY"] == "torchneuron" and env["HPL_PEAK_TFLOPS"] == "166.75"
     older = partitions.partition_environment("trn1", {**trn2, "devices_per_node": 32})  # a deploy before trn2
     assert older["HPL_IMAGE_FAMILY"] == "neuron" and "HPL_PEAK_TFLOPS" not in older
+    assert "HPL_HOST_MEMORY_GIB" not in older  # prepare then says the load was not sized
+    sized = partitions.partition_environment("trn2", {**trn2, "host_memory_gib": 2048})
+    assert sized["HPL_HOST_MEMORY_GIB"] == "2048"

@@ -89,6 +89,7 @@ def train_and_measure(run_config: Path) -> dict:
         "packed_words_changed": sum(int((bits(after[n]) != bits(before[n])).sum()) for n in packed),
         "parameter_dtypes": trainer.parameter_dtypes,
         "liger_calls": dict(liger_standin.CALLS),
+        "trl_liger_switch": trainer.args.use_liger_kernel,  # deprecated in trl 1.16: the engine applies liger
     }
 
 

@@ -45,7 +45,12 @@ FACT_ENV = {
 # Facts a deploy before Trainium2 did not write: the variable, and the value when the fact is absent.
 # image_family: torchneuron on Trainium2 (the native runtime; slurm/accelerator_env.sh, precompile.sbatch),
 # else the accelerator. peak_tflops: one rank's dense bf16 peak for MFU where the payload's table lacks it.
-OPTIONAL_FACT_ENV = {"image_family": "HPL_IMAGE_FAMILY", "peak_tflops": "HPL_PEAK_TFLOPS"}
+# host_memory_gib: the node's memory, for prepare's check of a full fine-tuning load (training.full_rules).
+OPTIONAL_FACT_ENV = {
+    "image_family": "HPL_IMAGE_FAMILY",
+    "peak_tflops": "HPL_PEAK_TFLOPS",
+    "host_memory_gib": "HPL_HOST_MEMORY_GIB",
+}
 ENV_NAMES = ("HPL_PARTITION", *FACT_ENV.values(), *OPTIONAL_FACT_ENV.values())
 
 
@@ -90,6 +95,8 @@ def partition_environment(name: str, facts: Mapping[str, object]) -> dict[str, s
     env["HPL_IMAGE_FAMILY"] = str(facts.get("image_family") or facts["accelerator"])
     if float(facts.get("peak_tflops") or 0) > 0:
         env["HPL_PEAK_TFLOPS"] = str(facts["peak_tflops"])
+    if int(facts.get("host_memory_gib") or 0) > 0:
+        env["HPL_HOST_MEMORY_GIB"] = str(facts["host_memory_gib"])
     return env
 
 

@@ -10,6 +10,11 @@
   but all of it is saved): about 14 bytes per parameter, ~112 GB for an 8B model.
 - Whether the run folder's file system holds ``train.save_total_limit`` of them and the
   consolidated model; if not, what to change.
+- The host memory a node needs while the model loads, and whether the node has it: the torch engine's
+  full fine-tuning loads fp32 master weights; without efficient loading every rank of a node holds a whole
+  copy (64 ranks x ~30 GiB for an 8B model on a trn2.48xlarge, about all of its 2,048 GiB), with it
+  (accelerate's ``cpu_ram_efficient_loading``: rank 0 loads, the others allocate without reading and
+  receive their shards) one copy.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from typing import Any
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 
+PROCESS_BYTES = 2 * 2**30  # one rank's Python, torch, transformers and runtime before the model (the issue's estimate)
+HOST_MEMORY_SHARE = 0.9  # of the node's memory a load may take: the rest is the OS, Slurm, page cache, data loaders
 OPTIMIZER_BYTES_PER_PARAMETER = 12  # fp32 master copy + AdamW exp_avg + exp_avg_sq (ZeRO-1 shards them over DP)
 FSX_SIZES = "1200 GiB or a multiple of 2400 GiB"  # FSx for Lustre PERSISTENT_2 SSD (stacks/config.py)
 
@@ -88,4 +95,29 @@ def check_storage(cfg: RunConfig, model_config: Mapping[str, Any], *, backend: s
     raise StepError(
         f"train.save_total_limit: {plan}. {advice[0].upper() + advice[1:]}, or grow the file system (FSx: the "
         f"fsx_storage_capacity_gib context of the stack, {FSX_SIZES}) before training"
+    )
+
+
+def load_peak_bytes(model_config: Mapping[str, Any], *, ranks: int, load_bytes: int, loads_once: bool) -> int:
+    """A node's host memory at load: every rank's process, and one model copy a loading rank."""
+    copies = 1 if loads_once else ranks
+    return ranks * PROCESS_BYTES + copies * parameter_count(model_config) * load_bytes
+
+
+def check_host_memory(
+    model_config: Mapping[str, Any], *, ranks: int, load_bytes: int, loads_once: bool, host_memory_gib: float
+) -> str:
+    """Refuse in one line a load the node's memory cannot hold; returns the plan as one line."""
+    peak = load_peak_bytes(model_config, ranks=ranks, load_bytes=load_bytes, loads_once=loads_once)
+    allowed = HOST_MEMORY_SHARE * host_memory_gib * 2**30
+    how = "one copy (rank 0 loads, the others receive shards)" if loads_once else f"{ranks} copies (every rank)"
+    plan = (
+        f"host memory at load: {ranks} rank(s), {how} of {parameter_count(model_config) * load_bytes / 2**30:.1f} GiB: "
+        f"~{peak / 2**30:,.0f} GiB of the node's {host_memory_gib:,.0f} GiB (at most {HOST_MEMORY_SHARE:.0%})"
+    )
+    if peak <= allowed:
+        return plan
+    raise StepError(
+        f"parallel.devices_per_node: {plan}: it does not fit; load once (parallel.strategy fsdp, which loads on "
+        "local rank 0 only) or run fewer ranks a node"
     )

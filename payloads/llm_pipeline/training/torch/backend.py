@@ -5,16 +5,17 @@ One process per device under torchrun; `parallel.strategy` picks FSDP2 or DDP (p
 `train.method` the model and adapter (methods.py); `train.compile`, `train.liger_kernel` and
 `train.attention` are the speed levers; `train.profile` traces a window of steps (profiling).
 The transformers Trainer resumes exactly (weights, optimizer, scheduler, RNG, data position) from
-the checkpoint the plan names, once the engine carries the epoch across accelerate's batch skip
-(resume_keeping_epoch); under FSDP2 those are sharded distributed checkpoints, and adapter
+the checkpoint the plan names (accelerate 1.15's skip_first_batches keeps the epoch of a resume inside
+a later epoch itself; tests/payloads/test_train_torch.py resumes inside epoch 2); under FSDP2 those are
+sharded distributed checkpoints, and adapter
 methods also get a plain peft adapter in each checkpoint so consolidate and generate read it as
 they read a one-process checkpoint.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
+import os
 from pathlib import Path
 
 from llm_pipeline.config import RunConfig
@@ -98,10 +99,6 @@ def engine_trainer_class():
             if logs:  # the Trainer resets the running loss by subtracting it from itself, which keeps a NaN
                 tr_loss.zero_()
 
-        def train(self, *args, **kwargs):
-            with resume_keeping_epoch():
-                return super().train(*args, **kwargs)
-
         def _save_checkpoint(self, model, trial):
             # Under FSDP the Trainer writes only the sharded state; write the gathered adapter first,
             # so a checkpoint counts as complete (trainer_state.json, written last) only with it.
@@ -156,36 +153,6 @@ def skip_update(trainer, model, *, skip: bool) -> None:
     trainer.optimizer._is_overflow = skip
 
 
-def skip_first_batches_keeping_epoch(dataloader, num_batches: int = 0):
-    """accelerate's skip_first_batches, with the skipping loader on the epoch the Trainer set.
-
-    On a resume inside epoch e >= 1 the Trainer sets epoch e on the prepared loader, then skips the
-    trained batches with accelerate's skip_first_batches. That builds a new DataLoaderShard whose epoch
-    counter starts at 0, and its first iteration sets epoch 0 on the shared seeded sampler: the rest of
-    the epoch came from epoch 0's shuffle, not epoch e's (accelerate 1.8.1 and 1.14.0, data_loader.py).
-    """
-    from accelerate import skip_first_batches
-
-    skipping = skip_first_batches(dataloader, num_batches)
-    if hasattr(dataloader, "iteration") and hasattr(skipping, "iteration"):
-        skipping.iteration = dataloader.iteration
-    return skipping
-
-
-@contextlib.contextmanager
-def resume_keeping_epoch():
-    """The Trainer's training loop calls transformers.trainer.skip_first_batches: the epoch-keeping one
-    while this engine trains."""
-    import transformers.trainer
-
-    original = transformers.trainer.skip_first_batches
-    transformers.trainer.skip_first_batches = skip_first_batches_keeping_epoch
-    try:
-        yield
-    finally:
-        transformers.trainer.skip_first_batches = original
-
-
 def export_adapter(trainer, folder: Path) -> None:
     """Gather the adapter weights from every rank; rank 0 saves them as a plain peft adapter."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -222,17 +189,45 @@ def check_lever_packages(cfg: RunConfig, *, kind: str | None = None) -> None:
             )
 
 
-def load_model(cfg: RunConfig):
+def load_model(cfg: RunConfig, *, empty: bool = False):
+    """The base model from cfg.paths.model_dir; ``empty``: no weights read, for a rank that receives them
+    from rank 0 (parallel.loads_once)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     kwargs = methods.model_kwargs(cfg)
+    if empty:
+        return empty_model(cfg, kwargs)
     if cfg.train.method == "qlora" and torch.cuda.is_available():
         kwargs["device_map"] = {"": torch.cuda.current_device()}  # quantize on this rank's GPU
     try:
         return AutoModelForCausalLM.from_pretrained(cfg.paths.model_dir, **kwargs)
     except ImportError as exc:  # flash-attn or bitsandbytes missing from this runtime
         raise StepError(f"train.attention / train.method: {exc}") from None
+
+
+def empty_model(cfg: RunConfig, kwargs):
+    """The model with its buffers computed and its parameters allocated but never written (torch.empty:
+    pages that are never touched are never resident). Real CPU storage, not the meta device, because
+    accelerate's FSDP2 preparation maps the optimizer's parameters to the sharded ones by storage address,
+    and every meta tensor has the same one; accelerate then broadcasts rank 0's weights into the shards."""
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg.paths.model_dir), **kwargs)
+    for module in model.modules():
+        for name, parameter in list(module.named_parameters(recurse=False)):
+            storage = torch.empty_like(parameter, device="cpu")
+            module._parameters[name] = torch.nn.Parameter(storage, requires_grad=parameter.requires_grad)
+    model.tie_weights()
+    return model
+
+
+def load_for_rank(cfg: RunConfig, processes: int):
+    """This rank's model: the weights, or (full fine-tuning under FSDP, not rank 0) an empty one."""
+    return load_model(cfg, empty=parallel.builds_empty(cfg, processes, int(os.environ.get("RANK", "0"))))
 
 
 def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
@@ -247,7 +242,7 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     fsdp = parallel.uses_fsdp(cfg, processes)
     validation = datasets.get("validation")
     evaluation = {"eval_strategy": "steps", "eval_steps": cfg.train.save_steps} if validation is not None else {}
-    levers = {"torch_compile": cfg.train.compile, "use_liger_kernel": methods.liger_enabled(cfg)}
+    levers = {"torch_compile": cfg.train.compile}
     chat = is_chat(datasets["train"].column_names)
     loss = {
         "completion_only_loss": completion_only(cfg),
@@ -267,7 +262,9 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     # trl creates the adapter before the Trainer seeds anything: seed first, so every rank (FSDP2 shards
     # each rank's own copy, it does not broadcast) and every run starts from the same LoRA A.
     set_seed(cfg.train.seed)
-    model = load_model(cfg)
+    model = load_for_rank(cfg, processes)
+    if methods.liger_enabled(cfg):
+        methods.apply_liger(model)
     peft_config = methods.adapter_config(cfg)
     if peft_config is not None:
         check_target_modules(model, cfg.lora)

@@ -86,6 +86,18 @@ def liger_enabled(cfg: RunConfig, *, cuda: bool | None = None, liger_installed: 
     return cuda_with("liger_kernel", cuda=cuda, installed=liger_installed)
 
 
+def apply_liger(model) -> None:
+    """liger-kernel's layer kernels (RMSNorm, RoPE, SwiGLU) on the loaded model, through transformers' own
+    function; its fused linear cross entropy stays off, because trl's SFTTrainer patches the LM head with
+    its own fused loss. The engine applies them itself instead of passing trl's ``use_liger_kernel``, which
+    trl 1.16 deprecates (removed in trl 2.0, SFTTrainer.__init__). trl's replacement, transformers' Hub
+    kernels (``use_kernels``), fetches kernels from the Hub at load time with the ``kernels`` package,
+    which the images do not carry: the same liger-kernel pin does the same work here."""
+    from transformers.integrations.liger import apply_liger_kernel
+
+    apply_liger_kernel(model, {"fused_linear_cross_entropy": False})
+
+
 def model_kwargs(cfg: RunConfig) -> dict[str, Any]:
     """Keyword arguments for AutoModelForCausalLM.from_pretrained."""
     kwargs: dict[str, Any] = {

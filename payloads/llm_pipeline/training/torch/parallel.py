@@ -38,6 +38,21 @@ def uses_fsdp(cfg: RunConfig, world_size: int) -> bool:
     return cfg.parallel.strategy == "fsdp" and world_size > 1
 
 
+def loads_once(cfg: RunConfig, world_size: int) -> bool:
+    """Full fine-tuning under FSDP reads the fp32 weights on rank 0 only: the other ranks allocate the
+    model without reading it (backend.empty_model) and accelerate's FSDP2 preparation
+    (cpu_ram_efficient_loading) broadcasts each rank its shards. 64 whole copies would fill a
+    trn2.48xlarge's host memory (training.full_rules.check_host_memory). transformers 5.24's
+    from_pretrained does not skip the weights on the other ranks by itself (its FSDP branch only fixes
+    buffers), so the engine builds those ranks' models itself."""
+    return uses_fsdp(cfg, world_size) and cfg.train.method == "full"
+
+
+def builds_empty(cfg: RunConfig, world_size: int, rank: int) -> bool:
+    """This rank builds the model without weights: it receives them from rank 0 (``loads_once``)."""
+    return loads_once(cfg, world_size) and rank != 0
+
+
 def trainer_arguments(cfg: RunConfig, world_size: int, layer_class: str = DECODER_LAYER) -> dict[str, Any]:
     """SFTConfig keyword arguments for the strategy and train.gradient_checkpointing (transformers 5 names it
     activation_checkpointing; its gradient_checkpointing is a deprecated alias that mirrors it)."""
@@ -55,7 +70,7 @@ def trainer_arguments(cfg: RunConfig, world_size: int, layer_class: str = DECODE
             "state_dict_type": "SHARDED_STATE_DICT",  # each rank writes its own shard
             "transformer_layer_cls_to_wrap": [layer_class],
             "activation_checkpointing": recompute,  # FSDP's own, per wrapped layer (not the Trainer's)
-            "cpu_ram_efficient_loading": False,
+            "cpu_ram_efficient_loading": loads_once(cfg, world_size),
         },
         "activation_checkpointing": False,  # the Trainer's own would recompute a second time
     }
