@@ -36,6 +36,7 @@ from cluster_contract import (
 )
 from hpctl.errors import HpctlError, aws_errors, no_credentials_message
 from hpctl.stack import StackInfo
+from llm_pipeline.run_files import RUN_SERIES, RUN_SERIES_BY_KEY
 
 SIGNING_SERVICE = "aps"
 QUERY_TIMEOUT_S = 20
@@ -44,17 +45,6 @@ DASHBOARD = Path("observability") / "dashboards" / "cluster-and-run.json"
 EXPORTER_FAILED = "hpl_exporter_failed"  # an exporter a node could not start (lifecycle/slurm_metrics.py writes it)
 FAILED_EXPORTERS = f"count by (exporter, reason) ({EXPORTER_FAILED} == 1)"
 WORKSPACE_IN_ENDPOINT = re.compile(r"/workspaces/(?P<id>ws-[^/]+)/?$")
-# What `hpctl metrics` prints, in order: label, series (llm_pipeline.jobs.prom_textfile's names).
-RUN_SERIES = (
-    ("step", "hpl_train_step"),
-    ("max_steps", "hpl_train_max_steps"),
-    ("loss", "hpl_train_loss"),
-    ("learning_rate", "hpl_train_learning_rate"),
-    ("tokens_per_second", "hpl_train_tokens_per_second"),
-    ("mfu", "hpl_train_mfu_ratio"),
-    ("eta_seconds", "hpl_train_eta_seconds"),
-    ("updated", "hpl_train_last_update_timestamp_seconds"),
-)
 
 
 def workspace_id(endpoint: str) -> str:
@@ -254,7 +244,8 @@ def endpoint_for(stack: StackInfo) -> str:
 def run_figures(promql: PromQL, run: str) -> dict:
     """The run's newest figures: the Slurm job that wrote last, its value of every series."""
     selector = f'{{run="{run}"}}'
-    newest = promql.query(f"last_over_time(hpl_train_last_update_timestamp_seconds{selector}[{RUN_LOOKBACK}])")
+    written = RUN_SERIES_BY_KEY["timestamp"].name
+    newest = promql.query(f"last_over_time({written}{selector}[{RUN_LOOKBACK}])")
     if not newest:
         raise HpctlError(
             f"no figures for run {run!r} in the last {RUN_LOOKBACK} at {promql.endpoint}: has it logged a step "
@@ -264,10 +255,10 @@ def run_figures(promql: PromQL, run: str) -> dict:
     job = latest["metric"].get("slurm_job_id", "")
     labels = f'{{run="{run}",slurm_job_id="{job}"}}'
     figures: dict = {"run": run, "slurm_job_id": job, "queried_at": float(latest["value"][0])}
-    for key, series in RUN_SERIES:
-        found = promql.query(f"last_over_time({series}{labels}[{RUN_LOOKBACK}])")
+    for series in RUN_SERIES:  # what `hpctl metrics` prints, in order
+        found = promql.query(f"last_over_time({series.name}{labels}[{RUN_LOOKBACK}])")
         if found:
-            figures[key] = float(found[0]["value"][1])
+            figures[series.key] = float(found[0]["value"][1])
     return figures
 
 
@@ -281,7 +272,7 @@ def render_figures(figures: dict) -> str:
     steps = f"{int(step)}" if step is not None else "-"
     if get("max_steps") is not None:
         steps += f" / {int(figures['max_steps'])}"
-    age = figures["queried_at"] - get("updated", figures["queried_at"])
+    age = figures["queried_at"] - get("timestamp", figures["queried_at"])
     eta = get("eta_seconds")
     rows = [
         ("step", steps),

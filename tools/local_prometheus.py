@@ -4,7 +4,7 @@ HPL_METRICS_TEXTFILE_PATH), Prometheus scrapes it every second. Used by `make re
 
     with LocalPrometheus(Path("/tmp/x")) as prometheus:
         ... write *.prom files into prometheus.textfile ...
-        prometheus.wait_for('hpl_train_loss{run="tiny"}')
+        prometheus.wait_for('<a run series>{run="tiny"}')
 
 `epilog_conf` gives a local Slurm the lifecycle's epilog; `sweep_once` is one run of the node's sweep timer.
 """

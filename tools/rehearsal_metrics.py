@@ -20,16 +20,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from llm_pipeline.run_files import RUN_SERIES_BY_KEY
 from tools import dashboard_chart
 from tools.local_prometheus import SLURM_METRICS, LocalPrometheus, epilog_conf
 
 TEXTFILE_ENV = "HPL_METRICS_TEXTFILE_PATH"  # llm_pipeline.jobs.prom_textfile.FOLDER_ENV
+LOSS, STEP = RUN_SERIES_BY_KEY["loss"].name, RUN_SERIES_BY_KEY["step"].name
 TIMER_SECONDS = 5.0  # the node's sweep runs every 15 s, the controller's Slurm collector every 30 s
 
 
 def loss_promql(run: str) -> str:
     """One PromQL line that shows the run's loss, also after the run (its series end with the job)."""
-    return f'last_over_time(hpl_train_loss{{run="{run}"}}[1h])'
+    return f'last_over_time({LOSS}{{run="{run}"}}[1h])'
 
 
 class RehearsalMetrics:
@@ -94,8 +96,8 @@ class RehearsalMetrics:
         print(f"\n[metrics] the dashboard's queries on run {run} ({dashboard_chart.DASHBOARD.name}):")
         for title, count in self.evaluate_dashboard(run, start, end).items():
             print(f"  {title:<42} {f'{count} points' if count else 'no data on this host'}")
-        losses = dashboard_chart.query_range(self.prometheus.url, f'hpl_train_loss{{run="{run}"}}', start, end)
-        steps = dashboard_chart.query_range(self.prometheus.url, f'hpl_train_step{{run="{run}"}}', start, end)
+        losses = dashboard_chart.query_range(self.prometheus.url, f'{LOSS}{{run="{run}"}}', start, end)
+        steps = dashboard_chart.query_range(self.prometheus.url, f'{STEP}{{run="{run}"}}', start, end)
         if losses and steps:
             by_time = dict(steps[0]["values"])
             pairs = sorted({(int(float(by_time[t])), float(v)) for t, v in losses[0]["values"] if t in by_time})

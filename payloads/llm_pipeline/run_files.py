@@ -21,6 +21,8 @@
 - ``Estimate``: <run>/logs/estimate.json (jobs/estimate.py), read by ``submit status`` and hpctl.
 - ``StepMarker``: <run>/logs/state/<step>.json, a step's state as its script last marked it (written by
   payloads/slurm/env.sh's ``hpl_mark``), read by jobs/pipeline_status (``submit status``) and hpctl.
+- ``RUN_SERIES``: the run's Prometheus series (key, name, help), written by jobs/prom_textfile, charted by
+  the dashboard, read by hpctl.
 - ``MetricsTextfile``: the run's figures for node exporter's textfile collector (jobs/prom_textfile.py,
   from every engine's metrics logger): per series its HELP and TYPE lines and one labelled sample, NaN
   and the infinities by name as Prometheus writes them.
@@ -589,6 +591,33 @@ class StepMarker:
 
 
 # -- node exporter's textfile ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunSeries:
+    """One of the run's Prometheus series: the figure's key (the engines' log events, jobs/prom_textfile,
+    `hpctl metrics`), its name, and what it is (its HELP line)."""
+
+    key: str
+    name: str
+    help: str
+
+
+# The run's series, in the order `hpctl metrics` prints them; the dashboard (observability/dashboards) charts
+# them by these names (tests/payloads/test_run_files.py holds it to them).
+RUN_SERIES = (
+    RunSeries("step", "hpl_train_step", "optimizer steps done"),
+    RunSeries("max_steps", "hpl_train_max_steps", "optimizer steps the run will take"),
+    RunSeries("loss", "hpl_train_loss", "training loss at the last log event"),
+    RunSeries("learning_rate", "hpl_train_learning_rate", "learning rate at the last log event"),
+    RunSeries(
+        "tokens_per_second",
+        "hpl_train_tokens_per_second",
+        "real (non-padding) tokens per second over all data-parallel replicas",
+    ),
+    RunSeries("mfu", "hpl_train_mfu_ratio", "model FLOPs utilisation, 0 to 1"),
+    RunSeries("eta_seconds", "hpl_train_eta_seconds", "estimated seconds until the last step"),
+    RunSeries("timestamp", "hpl_train_last_update_timestamp_seconds", "when these figures were written (Unix time)"),
+)
+RUN_SERIES_BY_KEY = {series.key: series for series in RUN_SERIES}
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 _SAMPLE = re.compile(r"(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)")
 _UNESCAPE = {"\\": "\\", '"': '"', "n": "\n"}

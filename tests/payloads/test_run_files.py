@@ -16,6 +16,7 @@ import pytest
 
 from llm_pipeline.run_files import (
     CHECKPOINT,
+    RUN_SERIES,
     TITAN_STEP,
     BackendLine,
     DataSource,
@@ -292,3 +293,18 @@ def test_step_logs_and_step_folders_name_and_parse_one_way(tmp_path):
     (tmp_path / "checkpoint-11").write_text("a file, not a checkpoint")
     assert CHECKPOINT.folders(tmp_path) == [(9, tmp_path / "checkpoint-9"), (10, tmp_path / "checkpoint-10")]
     assert TITAN_STEP.folders(tmp_path) == [(3, tmp_path / "step-3")] and CHECKPOINT.name(4) == "checkpoint-4"
+
+
+def test_the_run_series_are_named_in_run_files_only():
+    """One table of the run's series (run_files.RUN_SERIES): the textfile writer, hpctl and the tools read it,
+    and the dashboard charts only series it holds, each of them."""
+    owner = ROOT / "payloads" / "llm_pipeline" / "run_files.py"
+    prefix = "hpl_train_"
+    sources = [path for folder in ("payloads", "hpctl", "tools") for path in (ROOT / folder).rglob("*.py")]
+    typed = [str(path.relative_to(ROOT)) for path in sources if path != owner and prefix in path.read_text()]
+    assert len(sources) > 100 and typed == []
+    dashboard = (ROOT / "observability" / "dashboards" / "cluster-and-run.json").read_text()
+    charted = {word for word in re.split(r"[^\w]", dashboard) if word.startswith(prefix)}
+    names = {series.name for series in RUN_SERIES}
+    assert charted <= names, f"the dashboard charts series run_files does not name: {sorted(charted - names)}"
+    assert names - charted == {"hpl_train_max_steps", "hpl_train_last_update_timestamp_seconds"}

@@ -17,30 +17,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from llm_pipeline.run_files import MetricSample, MetricsTextfile
+from llm_pipeline.run_files import RUN_SERIES, MetricSample, MetricsTextfile
 
 FOLDER_ENV = "HPL_METRICS_TEXTFILE_PATH"
-# Series name -> what it is; the values come from the engines' log events under the key in SOURCES.
-SERIES = {
-    "hpl_train_loss": "training loss at the last log event",
-    "hpl_train_learning_rate": "learning rate at the last log event",
-    "hpl_train_tokens_per_second": "real (non-padding) tokens per second over all data-parallel replicas",
-    "hpl_train_mfu_ratio": "model FLOPs utilisation, 0 to 1",
-    "hpl_train_step": "optimizer steps done",
-    "hpl_train_max_steps": "optimizer steps the run will take",
-    "hpl_train_eta_seconds": "estimated seconds until the last step",
-    "hpl_train_last_update_timestamp_seconds": "when these figures were written (Unix time)",
-}
-SOURCES = {
-    "loss": "hpl_train_loss",
-    "learning_rate": "hpl_train_learning_rate",
-    "tokens_per_second": "hpl_train_tokens_per_second",
-    "mfu": "hpl_train_mfu_ratio",
-    "step": "hpl_train_step",
-    "max_steps": "hpl_train_max_steps",
-    "eta_seconds": "hpl_train_eta_seconds",
-    "timestamp": "hpl_train_last_update_timestamp_seconds",
-}
 
 
 def run_textfile_name(job_id: str) -> str:
@@ -50,14 +29,12 @@ def run_textfile_name(job_id: str) -> str:
 
 def render(figures: Mapping[str, float], *, run: str, job_id: str) -> str:
     labels = (("run", run), ("slurm_job_id", job_id))
-    samples = [
-        MetricSample(name, labels, figures[key], SERIES[name]) for key, name in SOURCES.items() if key in figures
-    ]
+    samples = [MetricSample(s.name, labels, figures[s.key], s.help) for s in RUN_SERIES if s.key in figures]
     return MetricsTextfile(tuple(samples)).format()
 
 
 def publish(figures: Mapping[str, float], *, run: str, environ: Mapping[str, str] | None = None) -> Path | None:
-    """Write ``figures`` (keys of SOURCES) for node exporter; returns the file, or None where there is no folder."""
+    """Write ``figures`` (keys of run_files.RUN_SERIES) for node exporter; the file, or None without a folder."""
     env = os.environ if environ is None else environ
     folder = env.get(FOLDER_ENV, "")
     if not folder or not os.path.isdir(folder):
