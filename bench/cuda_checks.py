@@ -79,7 +79,7 @@ def train(config: Path, log: Path) -> dict:
         "PYTHONPATH": os.pathsep.join([str(REPO / "payloads"), str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
     done = subprocess.run(
-        [sys.executable, "-m", "llm_pipeline.train", "--config", str(config)],
+        [sys.executable, "-m", "llm_pipeline.train", "--prepare-data", "--config", str(config)],
         env=env,
         capture_output=True,
         text=True,

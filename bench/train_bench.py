@@ -186,7 +186,8 @@ def engine_trainer(spec: dict, folder: Path):
     from llm_pipeline.training.torch import backend as torch_backend
 
     cfg = engine_config(spec, folder)
-    datasets, tokenizer = data.training_inputs(cfg, may_prepare=True)  # as the train step reads them
+    data.prepare_if_stale(cfg)
+    datasets, tokenizer = data.training_inputs(cfg)  # as the train step reads them
     plan = TrainPlan(
         backend="torch",
         max_steps=cfg.train.max_steps,

@@ -40,9 +40,9 @@ from hpctl.submit_plan import partition_plan
 from llm_pipeline.config import ConfigError, load
 from llm_pipeline.jobs.run_config_text import with_keys
 from llm_pipeline.jobs.run_facts import read_run_facts
+from llm_pipeline.run_files import SubmittedLine
 
 CONFIGS_DIR = Path(PAYLOADS_FOLDER) / "configs"
-JOB_LINE = re.compile(r"^submitted (?P<step>\S+) job (?P<job_id>\d+)\b")
 PLAIN_PATH = re.compile(r"/[A-Za-z0-9_./-]*")
 EXIT_MARKER = "hpctl-remote-exit="
 EXIT_LINE = re.compile(re.escape(EXIT_MARKER) + r"(?P<status>\d+)$")
@@ -261,9 +261,9 @@ class SubmitOutput:
             if not line:
                 return
         print(line, flush=True)
-        match = JOB_LINE.match(line.strip())
-        if match:
-            self.jobs.append((match["step"], match["job_id"]))
+        submitted = SubmittedLine.parse(line)
+        if submitted:
+            self.jobs.append((submitted.step, submitted.job))
 
     def verdict(self, *, session_rc: int, dry_run: bool) -> list[tuple[str, str]]:
         """The submitted jobs, or an HpctlError saying how the submission went wrong."""

@@ -327,22 +327,27 @@ def stale_reason(cfg: RunConfig) -> str | None:
     return f"the data in {target} was prepared with another {'; '.join(changed)}" if changed else None
 
 
-def training_inputs(cfg: RunConfig, *, may_prepare: bool):
-    """(prepared datasets, tokenizer) for training, each read once: the data step's copy when it is this
-    config's; missing or stale data is prepared here through ``prepare`` when ``may_prepare`` (a single
-    process), otherwise refused naming the data step (many processes must not prepare one folder at once)."""
+DATA_STEP_COMMAND = "python -m llm_pipeline.data --config RUN.toml"  # what a stale copy's refusal names
+
+
+def training_inputs(cfg: RunConfig):
+    """(prepared datasets, tokenizer) for training, each read once: the data step's copy, refused naming the
+    data step when it is missing or not this config's (the train step only trains, whatever its world size)."""
     import datasets
 
-    tokenizer = load_tokenizer(cfg.paths.model_dir)
     reason = stale_reason(cfg)
-    if reason and not may_prepare:
-        raise StepError(f"{reason}: run the data step first (python -m llm_pipeline.data --config ...)")
     if reason:
-        say(f"{reason}: preparing it here, as the data step does")
-        prepare(cfg, tokenizer)
-    else:
-        say(f"using prepared data from {cfg.paths.data_dir}")
-    return datasets.load_from_disk(str(cfg.paths.data_dir)), tokenizer
+        raise StepError(f"{reason}: run the data step first ({DATA_STEP_COMMAND}; one process: train --prepare-data)")
+    say(f"using prepared data from {cfg.paths.data_dir}")
+    return datasets.load_from_disk(str(cfg.paths.data_dir)), load_tokenizer(cfg.paths.model_dir)
+
+
+def prepare_if_stale(cfg: RunConfig) -> None:
+    """The data step's own call when the copy is missing or stale (``train --prepare-data``: one process)."""
+    reason = stale_reason(cfg)
+    if reason:
+        say(f"{reason}: preparing it first, as the data step does")
+        prepare(cfg)
 
 
 def preview(cfg: RunConfig) -> None:

@@ -6,6 +6,8 @@
 - ``EventLine``: the trainer's line for a log event without a training loss (evaluation, the final
   summary): ``step 30/30 | eval_loss 1.234 | epoch 3``, for people and tests.
 - ``ReplicasLine``: the trainer's first line (training/callbacks.py), read by jobs/estimate.
+- ``SubmittedLine``: submit's line per job (jobs/chain.py), read by hpctl submit.
+- ``TrainableLine``: the torch engine's trainable-parameter check, read by trn2_acceptance.
 - ``BackendLine``: train.py's line naming the backend and the start, read by jobs/scaling_report.
 - ``TitanMetricLine``: torchtitan 0.2.2's metric line (its MetricsProcessor.log, through its logger
   with the ``[titan] <time> - root - INFO - `` prefix), read by the ladder report, run_metrics,
@@ -182,6 +184,60 @@ class BackendLine(_OneLine):
 
     def format(self) -> str:
         return f"{self.what} with the {self.backend} backend, {self.start}"
+
+
+@dataclass(frozen=True)
+class SubmittedLine(_OneLine):
+    """``submitted train job 42`` (jobs/chain.py, one per job; a sweep's label adds its nodes:
+    ``submitted train (2 node(s)) job 43``), read by hpctl submit and the tests."""
+
+    label: str
+    job: str
+
+    _PATTERN = re.compile(r"submitted (.+?) job (\d+)")
+    _TYPES = (str, str)
+
+    @property
+    def step(self) -> str:
+        return self.label.split(" ", 1)[0]
+
+    @classmethod
+    def all(cls, text: str) -> list[SubmittedLine]:
+        return [line for line in map(cls.parse, text.splitlines()) if line]
+
+    @classmethod
+    def jobs(cls, text: str) -> dict[str, str]:
+        """{label: job id} of every such line in ``text``, in order."""
+        return {line.label: line.job for line in cls.all(text)}
+
+    def format(self) -> str:
+        return f"submitted {self.label} job {self.job}"
+
+
+@dataclass(frozen=True)
+class TrainableLine(_OneLine):
+    """``method lora: 1,234 trainable parameters (as expected); ...``: the torch engine's check of the adapter
+    it built (training/torch/backend.py), read by trn2_acceptance."""
+
+    method: str
+    count: str  # with its thousands commas
+    rest: str
+
+    _PATTERN = re.compile(r"method (\w+): ([\d,]+) trainable parameters \(as expected\)(.*)")
+    _TYPES = (str, str, str)
+
+    @property
+    def trainable(self) -> int:
+        return int(self.count.replace(",", ""))
+
+    @classmethod
+    def find(cls, text: str) -> TrainableLine | None:
+        """The first such line anywhere in ``text`` (a launcher may prefix its lines)."""
+        found = cls._PATTERN.search(text)
+        return cls(*found.groups()) if found else None
+
+    def format(self) -> str:
+        return f"method {self.method}: {self.count} trainable parameters (as expected){self.rest}"
 
 
 # -- torchtitan's metric line ----------------------------------------------------------------------------

@@ -125,7 +125,7 @@ def train(
     plan = make_plan(cfg, backend, precompile, resume_from)
 
     def engine(plan: TrainPlan) -> None:
-        datasets, tokenizer = data.training_inputs(cfg, may_prepare=world_size() == 1)
+        datasets, tokenizer = data.training_inputs(cfg)
         model_config = AutoConfig.from_pretrained(model_dir)
         fused_qkv = neuron_rules.kv_size_multiplier(model_config.num_key_value_heads, cfg.parallel.tensor_parallel_size)
         expected = lora_count.expected_lora_parameters(
@@ -197,13 +197,24 @@ def build_parser():
         help=f"resume from this checkpoint-<step> folder ({FROM_BASE_MODEL!r}: from the base model) instead of the "
         "newest complete one in paths.checkpoints_dir (a training job's hosts agree on it first)",
     )
+    parser.add_argument(
+        "--prepare-data",
+        action="store_true",
+        help="one process: run the data step's preparation first when the run folder's copy is missing or stale",
+    )
     return parser
 
 
+def run(cfg: RunConfig, args) -> TrainPlan:
+    if args.prepare_data:
+        if world_size() > 1:  # every process would write the one data folder
+            raise StepError(f"--prepare-data runs in one process: run the data step first ({data.DATA_STEP_COMMAND})")
+        data.prepare_if_stale(cfg)
+    return train(cfg, args.backend, args.precompile, args.resume_from)
+
+
 def main(argv=None) -> int:
-    return cli.run_step(
-        build_parser, lambda cfg, args: train(cfg, args.backend, args.precompile, args.resume_from), argv
-    )
+    return cli.run_step(build_parser, run, argv)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs import acceptance_launch
-from llm_pipeline.run_files import CHECKPOINT, ProgressLine
+from llm_pipeline.run_files import CHECKPOINT, ProgressLine, TrainableLine
 from llm_pipeline.training import tiny_task
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
@@ -66,7 +66,6 @@ NEFF_CACHE_VARIABLE = "TORCH_NEURONX_NEFF_CACHE_DIR"
 FALLBACK_WORDS = re.compile(r"fall(?:s|ing)?[ -]?back|fallback", re.IGNORECASE)
 FALLBACK_PATTERN_NOTE = "the match on 'fall back' and aten:: names is unconfirmed until torch-neuronx's text is seen"
 OPERATOR = re.compile(r"aten::[A-Za-z0-9_.]+")
-TRAINABLE = re.compile(r"method \w+: (?P<count>[\d,]+) trainable parameters \(as expected\)")
 
 
 @dataclass
@@ -297,10 +296,10 @@ def check_lora(kind: str, lora_config: Path, report: Path, *, nodes: int, env=os
     except (PipelineError, RuntimeError, OSError) as error:  # OSError: no srun or torchrun here
         return Check(name, FAIL, str(error))
     rates = [line.samples_per_second for line in ProgressLine.parse_all(out)]
-    trainable = TRAINABLE.search(out)
+    trainable = TrainableLine.find(out)
     figures = {"samples_per_second": rates[-1] if rates else None, "trn1_samples_per_second": TRN1_SAMPLES_PER_SECOND}
     if trainable:
-        figures["trainable"] = int(trainable["count"].replace(",", ""))
+        figures["trainable"] = trainable.trainable
     ok = bool(rates) and trainable is not None
     detail = (
         f"{steps} steps on {nodes} node(s); trainable {figures.get('trainable', 'not reported')}; "

@@ -15,7 +15,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer_callback import CallbackHandler
 
 from llm_pipeline import train
-from llm_pipeline.data import training_inputs
+from llm_pipeline.data import prepare_if_stale, training_inputs
 from llm_pipeline.errors import StepError
 from llm_pipeline.training.callbacks import SealCheckpoints
 from llm_pipeline.training.neuron.backend import SEAL_RENDEZVOUS, seal_checkpoints
@@ -179,7 +179,8 @@ def test_a_save_total_limit_of_one_keeps_the_sealed_checkpoint_until_the_next_is
         train={"max_steps": 4, "save_steps": 2, "logging_steps": 2, "save_total_limit": 1},
         data={"validation_fraction": 0.0, "max_samples": 48},
     )
-    datasets, tokenizer = training_inputs(cfg, may_prepare=True)
+    prepare_if_stale(cfg)
+    datasets, tokenizer = training_inputs(cfg)
     trainer, _ = torch_backend.build_trainer(cfg, train.make_plan(cfg, "torch", precompile=False), datasets, tokenizer)
     assert trainer.args.save_total_limit is None
     checkpoints, at_seal = cfg.paths.checkpoints_dir, []

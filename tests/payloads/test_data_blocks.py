@@ -71,7 +71,7 @@ def corpus_config(hpl_env, tmp_path, monkeypatch):
 def test_blocks_are_the_corpus_token_stream_cut_into_max_length_pieces(corpus_config, capsys):
     cfg, texts = corpus_config
     target = data.prepare(cfg)
-    prepared, tokenizer = data.training_inputs(cfg, may_prepare=False)
+    prepared, tokenizer = data.training_inputs(cfg)
     blocks = [row["input_ids"] for row in prepared["train"]]
     stream = expected_stream(texts, tokenizer)
     assert len(blocks) == len(stream) // BLOCK > 7
@@ -90,7 +90,7 @@ def test_a_block_batch_trains_on_every_token(corpus_config, hpl_env):
     """What the trainer sees: no formatting function, and a collated batch with no padding and no -100."""
     cfg, _ = corpus_config
     data.prepare(cfg)
-    prepared, tokenizer = data.training_inputs(cfg, may_prepare=False)
+    prepared, tokenizer = data.training_inputs(cfg)
     assert text_blocks.formatting_func(cfg) is None
     assert text_blocks.formatting_func(tiny_config(hpl_env)) is format_example  # records are formatted per example
     collator = FixedLengthCollator(pad_token_id=tokenizer.eos_token_id, max_length=BLOCK)
@@ -108,7 +108,7 @@ def test_dolly_records_are_formatted_then_joined(hpl_env, tmp_path):
                        "validation_fraction": 0.0, "max_samples": 0}
     )  # fmt: skip
     data.prepare(cfg)
-    prepared, tokenizer = data.training_inputs(cfg, may_prepare=False)
+    prepared, tokenizer = data.training_inputs(cfg)
     stream = expected_stream([format_example(record) for record in records], tokenizer)
     joined = [token for row in prepared["train"] for token in row["input_ids"]]
     assert joined == stream[: len(joined)] and len(joined) == len(stream) - len(stream) % BLOCK
@@ -157,7 +157,7 @@ def test_full_fine_tuning_on_blocks_with_the_reference_optimizer_trains_and_save
                "lr_scheduler": "cosine_with_min_lr", "min_learning_rate": 3e-5, "warmup_steps": 1,
                "adam_beta2": 0.95, "weight_decay": 0.1, "save_checkpoints": False},
     )  # fmt: skip
-    assert train.main(["--config", str(path)]) == 0
+    assert train.main(["--prepare-data", "--config", str(path)]) == 0
     out = capsys.readouterr().out
     assert "step 4/4 | loss" in out
     assert "newest checkpoint: none" in out

@@ -7,7 +7,7 @@ import json
 import pytest
 from payload_configs import tiny_config, write_config
 
-from llm_pipeline import data
+from llm_pipeline import data, train
 from llm_pipeline.config import DataConfig, RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import format_example, format_prompt
@@ -93,7 +93,7 @@ def test_blog_run_has_1251_optimizer_steps_per_epoch():
 def test_prepare_splits_saves_and_reports_padding(hpl_env, capsys):
     cfg = tiny_config(hpl_env)
     target = data.prepare(cfg)
-    prepared, tokenizer = data.training_inputs(cfg, may_prepare=False)
+    prepared, tokenizer = data.training_inputs(cfg)
     assert tokenizer.name_or_path == cfg.paths.model_dir
     assert not any(path.name.startswith(".") for path in target.parent.iterdir()), "no partial folder is left"
     assert (len(prepared["train"]), len(prepared["validation"])) == (180, 20)
@@ -107,17 +107,27 @@ def test_prepare_splits_saves_and_reports_padding(hpl_env, capsys):
     assert f"{padded['pad_fraction']:.1%} padded to max_length" in out and f"{packed['pad_fraction']:.1%} packed" in out
 
 
-def test_prepared_data_from_another_config_is_refused_or_prepared_again(hpl_env, capsys):
-    data.prepare(tiny_config(hpl_env))
+def test_the_train_step_refuses_missing_or_stale_data_naming_the_data_step(hpl_env, tmp_path, capsys):
+    """The train step only trains: whatever its world size, a missing or stale copy is refused naming the data
+    step's command; `train --prepare-data` (one process) runs the data step's preparation first."""
+    missing = tiny_config(hpl_env)
+    with pytest.raises(StepError, match=r"no prepared data in .*: run the data step first \(python -m llm_pipeline"):
+        data.training_inputs(missing)
+    data.prepare(missing)
     changed = tiny_config(hpl_env, data={"max_samples": 50, "max_length": 64})
     named = "data.max_length \\(prepared with 128, now 64\\); data.max_samples \\(prepared with 0, now 50\\)"
     with pytest.raises(StepError, match=f"prepared with another {named}: run the data step first"):
-        data.training_inputs(changed, may_prepare=False)  # many processes: the data step must run first
+        data.training_inputs(changed)
     capsys.readouterr()
-    prepared, _ = data.training_inputs(changed, may_prepare=True)  # one process prepares it itself
+    data.prepare_if_stale(changed)
+    prepared, _ = data.training_inputs(changed)
     assert len(prepared["train"]) + len(prepared["validation"]) == 50
-    assert "preparing it here, as the data step does" in capsys.readouterr().out
+    assert "preparing it first, as the data step does" in capsys.readouterr().out
     assert data.stale_reason(changed) is None
+    # the step's CLI: one error line, exit 2, before any model is loaded
+    stale = write_config(tmp_path / "stale.toml", hpl_env, data={"max_length": 96})
+    assert train.main(["--config", str(stale)]) == 2
+    assert "run the data step first" in capsys.readouterr().err
 
 
 def test_the_train_step_reads_the_data_steps_copy_without_preparing_it_again(hpl_env, capsys):
@@ -125,7 +135,7 @@ def test_the_train_step_reads_the_data_steps_copy_without_preparing_it_again(hpl
     target = data.prepare(cfg)
     written = {path.name: path.stat().st_mtime_ns for path in target.iterdir()}
     capsys.readouterr()
-    prepared, _ = data.training_inputs(cfg, may_prepare=True)
+    prepared, _ = data.training_inputs(cfg)
     assert len(prepared["train"]) == 180
     out = capsys.readouterr().out
     assert f"using prepared data from {target}" in out and "prepared train" not in out
@@ -187,7 +197,7 @@ def chat_config(env, folder, records=None, **data_keys):
 def test_chat_records_are_prepared_and_their_padding_counted_through_the_chat_template(hpl_env, tmp_path):
     cfg = chat_config(hpl_env, tmp_path)
     target = data.prepare(cfg)
-    prepared, tokenizer = data.training_inputs(cfg, may_prepare=False)
+    prepared, tokenizer = data.training_inputs(cfg)
     assert prepared["train"].column_names == ["messages"]
     assert prepared["train"][0]["messages"] == tiny.chat_records(24)[0]["messages"]
     report = json.loads((target / "stats.json").read_text())

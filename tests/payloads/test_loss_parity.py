@@ -30,7 +30,7 @@ def _train(folder, hpl_base, name: str, **changes):
     train_keys = {"max_steps": PARITY_STEPS, "save_steps": 100, "logging_steps": 1, "learning_rate": LEARNING_RATE}
     path = write_config(folder / f"{name}.toml", env, data={"validation_fraction": 0.0}, train=train_keys | changes)
     with contextlib.redirect_stdout(io.StringIO()):
-        assert train.main(["--config", str(path)]) == 0
+        assert train.main(["--prepare-data", "--config", str(path)]) == 0
     return folder / name / "tiny-lora"
 
 

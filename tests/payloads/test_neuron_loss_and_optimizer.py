@@ -34,7 +34,8 @@ def neuron_batch(cfg, rows: int = 6):
     from transformers import AutoModelForCausalLM
     from trl import SFTConfig, SFTTrainer
 
-    datasets, tokenizer = data.training_inputs(cfg, may_prepare=True)
+    data.prepare_if_stale(cfg)
+    datasets, tokenizer = data.training_inputs(cfg)
     records, formatter = train_neuron.sft_inputs(cfg, datasets["train"])
     loss = {"completion_only_loss": train_neuron.neuron_arguments(cfg)["completion_only_loss"]}
     args = SFTConfig(**{**sft_arguments(cfg, neuron_plan()), "bf16": False, "use_cpu": True, **loss})

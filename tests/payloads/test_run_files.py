@@ -32,7 +32,9 @@ from llm_pipeline.run_files import (
     StepLog,
     StepMarker,
     StepVerdict,
+    SubmittedLine,
     TitanMetricLine,
+    TrainableLine,
     describe_number,
 )
 
@@ -201,7 +203,7 @@ def test_a_diverged_loss_is_spelled_for_people():
 # The markers of the lines this module owns: a regular expression holding one belongs here.
 RUN_LINE_MARKERS = (
     *("loss", "samples/s", "tokens/s", "tps:", "== ", "data-parallel", "backend", "[titan]"),
-    *("hpl_train_", "slurm_job_id"),
+    *("hpl_train_", "slurm_job_id", "submitted ", "trainable parameters"),
 )
 REGEX_CALLS = {"compile", "match", "fullmatch", "search", "findall", "finditer", "sub", "subn", "split"}
 
@@ -308,3 +310,13 @@ def test_the_run_series_are_named_in_run_files_only():
     names = {series.name for series in RUN_SERIES}
     assert charted <= names, f"the dashboard charts series run_files does not name: {sorted(charted - names)}"
     assert names - charted == {"hpl_train_max_steps", "hpl_train_last_update_timestamp_seconds"}
+
+
+def test_the_submitted_and_trainable_lines_read_back():
+    line = SubmittedLine("train (2 node(s))", "43")
+    assert SubmittedLine.parse(line.format()) == line and line.step == "train"
+    text = "noise\nsubmitted prepare job 1\nsubmitted smoke-train job 2\nsubmitted train (2 node(s)) job 43\n"
+    assert SubmittedLine.jobs(text) == {"prepare": "1", "smoke-train": "2", "train (2 node(s))": "43"}
+    trainable = TrainableLine("qlora", "1,234,567", "; 8 process(es)")
+    assert TrainableLine.parse(trainable.format()) == trainable and trainable.trainable == 1234567
+    assert TrainableLine.find(f"[rank0]: {trainable.format()}\nmore") == trainable

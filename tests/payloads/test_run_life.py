@@ -70,7 +70,7 @@ def _skip_update_by_hand(monkeypatch, step: int) -> None:
 def _run(tmp_path, env, name: str, **train_keys) -> int:
     env = {**env, "HPL_OUTPUTS_DIR": str(tmp_path / name)}
     path = write_config(tmp_path / f"{name}.toml", env, data={"validation_fraction": 0.0}, train=train_keys)
-    return train.main(["--config", str(path)])
+    return train.main(["--prepare-data", "--config", str(path)])
 
 
 def _checkpoints(tmp_path, name):

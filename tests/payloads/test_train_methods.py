@@ -38,13 +38,14 @@ def short_run(tmp_path, env, **train_keys):
 def run_train(path) -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert train.main(["--config", str(path)]) == 0
+        assert train.main(["--prepare-data", "--config", str(path)]) == 0
     return out.getvalue()
 
 
 def training_inputs(cfg):
     """(prepared datasets, tokenizer), preparing the data on first use."""
-    return data.training_inputs(cfg, may_prepare=True)
+    data.prepare_if_stale(cfg)
+    return data.training_inputs(cfg)
 
 
 def unsaved_trainer(cfg, datasets, tokenizer):
@@ -173,7 +174,7 @@ def test_each_method_counts_its_trainable_parameters(hpl_env, method):
 def test_a_lever_whose_package_is_missing_stops_before_training(hpl_env, tmp_path, capsys, train_keys, message):
     """liger-kernel's Triton kernels need CUDA (the package is installed here), flash-attn is not installed."""
     path, cfg = short_run(tmp_path, hpl_env, **train_keys)
-    assert train.main(["--config", str(path)]) == 2
+    assert train.main(["--prepare-data", "--config", str(path)]) == 2
     assert message in capsys.readouterr().err
     assert not cfg.paths.checkpoints_dir.exists()
 

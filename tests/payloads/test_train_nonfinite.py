@@ -31,7 +31,7 @@ def _poisoned_model(tiny_models_dir, tmp_path):
 
 def _train(tmp_path, env, **train_keys) -> int:
     path = write_config(tmp_path / "run.toml", env, data={"validation_fraction": 0.0}, train=train_keys)
-    return train.main(["--config", str(path)])
+    return train.main(["--prepare-data", "--config", str(path)])
 
 
 def _checkpoints(env):
@@ -91,7 +91,7 @@ def test_a_loss_that_turns_nan_mid_run_stops_there_keeping_the_last_good_checkpo
         train={"max_steps": 8, "save_steps": 1, "save_total_limit": 8, "logging_steps": 1},
     )
     with pytest.raises(SystemExit) as stop:  # the CLI's exit path, as the Slurm step runs it
-        cli.exit_step(train.main(["--config", str(path)]))
+        cli.exit_step(train.main(["--prepare-data", "--config", str(path)]))
     assert stop.value.code == 2
     assert _checkpoints(hpl_env) == [1, 2, 3]
     assert "training stopped: the loss is nan at step 4 (1 step(s) in a row" in capsys.readouterr().err

@@ -27,7 +27,7 @@ def _logged(checkpoint) -> dict[int, dict]:
 def _run(tmp_path, hpl_env, name: str, **train_keys) -> None:
     env = {**hpl_env, "HPL_OUTPUTS_DIR": str(tmp_path / name)}
     path = write_config(tmp_path / f"{name}.toml", env, data={"validation_fraction": 0.0}, train=train_keys)
-    assert train.main(["--config", str(path)]) == 0
+    assert train.main(["--prepare-data", "--config", str(path)]) == 0
 
 
 def test_a_run_resumed_after_stop_after_step_trains_on_the_uninterrupted_schedule(hpl_env, tmp_path, capsys):

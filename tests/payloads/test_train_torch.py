@@ -29,7 +29,7 @@ def run(tmp_path_factory, tiny_models_dir, tiny_datasets_dir):
 
 
 def _train(path, capsys, *extra) -> str:
-    assert train.main(["--config", str(path), *extra]) == 0
+    assert train.main(["--prepare-data", "--config", str(path), *extra]) == 0
     return capsys.readouterr().out
 
 
@@ -41,7 +41,7 @@ def first_output(run):
 
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
-        assert train.main(["--config", str(run[0])]) == 0
+        assert train.main(["--prepare-data", "--config", str(run[0])]) == 0
     return buffer.getvalue()
 
 
@@ -74,8 +74,8 @@ def test_progress_throughput_and_trainable_count_on_stdout(first_output):
     assert lines and "samples/s" in lines[0] and "tokens/s" in lines[0]
 
 
-def test_the_train_step_alone_prepares_its_data_through_the_data_step(run, first_output):
-    assert f"no prepared data in {run[1].paths.data_dir}: preparing it here, as the data step does" in first_output
+def test_train_prepare_data_runs_the_data_steps_preparation_first(run, first_output):
+    assert f"no prepared data in {run[1].paths.data_dir}: preparing it first, as the data step does" in first_output
     assert f"rows in {run[1].paths.data_dir}" in first_output  # the data step's own report
 
 

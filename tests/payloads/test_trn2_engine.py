@@ -65,7 +65,7 @@ def test_cuda_levers_are_refused_on_neuron_naming_the_key(hpl_env, tmp_path, cap
     run = {"max_steps": 2, "save_steps": 2, "logging_steps": 1}
     sections = {**sections, "train": {**run, **sections.get("train", {})}}
     path = write_config(tmp_path / "run.toml", hpl_env, **sections)
-    assert train.main(["--config", str(path)]) == 2
+    assert train.main(["--prepare-data", "--config", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"{key} cannot run on the neuron device (TorchNeuron)" in err
     assert not tiny_config(hpl_env, **sections).paths.checkpoints_dir.exists()

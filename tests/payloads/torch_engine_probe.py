@@ -22,7 +22,7 @@ import torch
 
 from llm_pipeline import config, data
 from llm_pipeline.training import device
-from llm_pipeline.training.plan import TrainPlan, world_size
+from llm_pipeline.training.plan import TrainPlan
 from llm_pipeline.training.torch import backend, methods
 
 
@@ -58,7 +58,8 @@ def train_and_measure(run_config: Path) -> dict:
         tensorboard_dir=None,
     )
     liger_standin.CALLS.clear()
-    datasets, tokenizer = data.training_inputs(cfg, may_prepare=world_size() == 1)
+    data.prepare_if_stale(cfg)
+    datasets, tokenizer = data.training_inputs(cfg)
     trainer, _ = backend.build_trainer(cfg, plan, datasets, tokenizer)
     parameters = named_parameters(trainer.model)
     packed = {name for name, p in parameters.items() if p.__class__.__name__ == "Params4bit"}

@@ -86,7 +86,7 @@ def sbatch_train(env: dict[str, str], run_config: Path, cfg: config.RunConfig) -
 
 def one_process(env: dict[str, str], run_config: Path) -> config.RunConfig:
     with contextlib.redirect_stdout(io.StringIO()):
-        assert train.main(["--config", str(run_config)]) == 0
+        assert train.main(["--prepare-data", "--config", str(run_config)]) == 0
     return config.load(run_config, env=env)
 
 

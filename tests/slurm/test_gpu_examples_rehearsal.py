@@ -15,7 +15,7 @@ import pytest
 from slurm_helpers import REPO
 
 from llm_pipeline import config
-from llm_pipeline.run_files import ProgressLine
+from llm_pipeline.run_files import ProgressLine, SubmittedLine
 from llm_pipeline.submit import STEPS
 from tools.rehearse import GPU_EXAMPLES, TINY_SHAPE, fsx_environment, tiny_shape_config, write_inputs
 
@@ -44,7 +44,7 @@ def test_every_gpu_example_runs_its_chain_at_tiny_shape(one_node, tmp_path):
     for name, out in outputs.items():
         assert chains[name].returncode == 0 and "pipeline: COMPLETED" in out, f"{name}:\n{out}"
         own, run = config.load(CONFIGS / name, env={}), configs[name].paths
-        jobs = dict(re.findall(r"(?m)^submitted (\S+) job (\d+)$", out))
+        jobs = SubmittedLine.jobs(out)
         assert set(jobs) == set(STEPS), name
         logs = {step: (run.logs_dir / f"{step}-{job}.log").read_text() for step, job in jobs.items()}
         assert [step for step in STEPS if f"== {step}: COMPLETED (exit 0)" in logs[step]] == list(STEPS), name

@@ -24,7 +24,7 @@ from slurm_helpers import REPO, read_png, submit
 from llm_pipeline import charts, config
 from llm_pipeline.jobs.run_facts import read_run_facts
 from llm_pipeline.ladder_submit import resumed_rungs
-from llm_pipeline.run_files import StepMarker, TitanMetricLine
+from llm_pipeline.run_files import StepMarker, SubmittedLine, TitanMetricLine
 from tools.rehearse import fsx_environment
 from tools.rehearse_ladder import ladder_environment, write_dataset_source, write_tokenizer
 
@@ -39,7 +39,7 @@ LADDER_STEPS = [*SHARED, *SMOKE, "estimate", *LONG]
 
 
 def submitted_jobs(stdout: str) -> dict[str, str]:
-    return dict(re.findall(r"(?m)^submitted (\S+) job (\d+)$", stdout))
+    return SubmittedLine.jobs(stdout)
 
 
 def test_ladder_chain_runs_every_rung_and_reports_torchtitans_metrics(one_node, tmp_path_factory):

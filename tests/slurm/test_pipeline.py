@@ -18,7 +18,7 @@ from slurm_helpers import REPO, read_png, submit, wait_for
 
 from llm_pipeline.jobs import estimate, pipeline_status, smoke
 from llm_pipeline.jobs.run_config_text import write_derived
-from llm_pipeline.run_files import Estimate, ProgressLine, StepMarker
+from llm_pipeline.run_files import Estimate, ProgressLine, StepMarker, SubmittedLine
 from llm_pipeline.submit import SHARED_STEPS, STEPS
 from tools.rehearse import fsx_environment, write_inputs
 
@@ -46,7 +46,7 @@ def run_dir(env: dict[str, str], name: str) -> Path:
 
 
 def submitted_jobs(stdout: str) -> dict[str, str]:
-    return dict(re.findall(r"(?m)^submitted (\S+) job (\d+)$", stdout))
+    return SubmittedLine.jobs(stdout)
 
 
 def queue_is_empty(env: dict[str, str]) -> bool:

@@ -3,15 +3,13 @@ with full fine-tuning (consolidate writes the model folder, merge has nothing to
 
 from __future__ import annotations
 
-import re
-
 import pytest
 from slurm_helpers import REPO, submit
 
 from llm_pipeline import config
 from llm_pipeline.config import METHODS
 from llm_pipeline.jobs.run_config_text import write_derived
-from llm_pipeline.run_files import ProgressLine
+from llm_pipeline.run_files import ProgressLine, SubmittedLine
 from tools.rehearse import fsx_environment, method_config, write_inputs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-pipeline_methods")]
@@ -63,7 +61,7 @@ def test_pipeline_runs_full_fine_tuning_end_to_end(one_node, tmp_path):
     set_keys(path, max_steps=8)
     again = submit(env, path, "--from", "train", "--replace-outputs", "--wait", "--poll", "1")
     assert again.returncode == 0, again.stdout + again.stderr
-    job = re.search(r"(?m)^submitted train job (\d+)$", again.stdout)[1]
+    job = SubmittedLine.jobs(again.stdout)["train"]
     resumed = (out_dir.logs_dir / f"train-{job}.log").read_text()
     assert f"resuming from {out_dir.checkpoints_dir}/checkpoint-6" in resumed
     assert sorted(logged_losses(resumed)) == [8]  # the step count continues at 7

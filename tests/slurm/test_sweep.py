@@ -17,7 +17,7 @@ from slurm_helpers import REPO, read_png
 from llm_pipeline import charts
 from llm_pipeline.jobs import smoke
 from llm_pipeline.jobs.run_config_text import write_derived
-from llm_pipeline.run_files import StepMarker
+from llm_pipeline.run_files import StepMarker, SubmittedLine
 from tools.rehearse import fsx_environment, write_inputs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-sweep")]
@@ -52,7 +52,7 @@ def test_two_node_counts_keep_the_global_batch_and_are_reported(setup):
     env, config, sweep_dir = setup
     result = sweep(env, config, "--nodes", "1,2", "--steps", "3", "--logging-steps", "1", "--wait", "--poll", "1")
     assert result.returncode == 0, result.stdout + result.stderr
-    steps = re.findall(r"(?m)^submitted (\S+) \((\d) node\(s\)\) job \d+$", result.stdout)
+    steps = [(line.step, line.label.split("(")[1][0]) for line in SubmittedLine.all(result.stdout)]
     points = [("precompile", "1"), ("train", "1"), ("precompile", "2"), ("train", "2"), ("sweep_report", "1")]
     # The smoke stage first: every node count's path (launch on its nodes, train, the report), then the estimate.
     assert steps == [("data", "1"), *((f"smoke-{step}", n) for step, n in points), ("estimate", "1"), *points]

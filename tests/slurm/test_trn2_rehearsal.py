@@ -5,7 +5,6 @@ the chain, and every step of the smoke stage and the long run completes."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from slurm_helpers import submit
 
 from llm_pipeline import config
 from llm_pipeline.jobs import smoke
-from llm_pipeline.run_files import ProgressLine
+from llm_pipeline.run_files import ProgressLine, SubmittedLine
 from llm_pipeline.submit import SHARED_STEPS, STEPS
 from llm_pipeline.training import device
 from tools.rehearse import FSX_VARIABLES, TRN2_RANKS, fsx_environment, trn2_environment, trn2_shape_config, write_inputs
@@ -43,7 +42,7 @@ def test_trn2_pipeline_shape_runs_on_cpu_without_the_xla_tool(one_node, tmp_path
     result = submit(env, path, "--wait", "--poll", "1")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "pipeline: COMPLETED" in result.stdout
-    jobs = dict(re.findall(r"(?m)^submitted (\S+) job (\d+)$", result.stdout))
+    jobs = SubmittedLine.jobs(result.stdout)
     long_steps = [step for step in STEPS if step not in SHARED_STEPS]
     assert set(jobs) >= {*SHARED_STEPS, *long_steps, "smoke-train", "smoke-train-resume", "estimate"}
 

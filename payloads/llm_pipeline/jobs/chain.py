@@ -22,7 +22,7 @@ from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs import deploy_facts, partitions, pipeline_status, smoke
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts
-from llm_pipeline.run_files import SLURM_JOB_ID, STATE_DIR, StepLog
+from llm_pipeline.run_files import SLURM_JOB_ID, STATE_DIR, StepLog, SubmittedLine
 
 PAYLOADS_DIR = Path(__file__).resolve().parents[2]
 SLURM_FALLBACK_BIN = Path("/opt/slurm/bin")  # HyperPod's Slurm, for shells without it on PATH
@@ -254,7 +254,7 @@ def submit_jobs(
         submitted.append(
             StepJob(step=job.step, job=job_id, log=log, nodes=job_nodes(job, facts), config=str(facts.config))
         )
-        print(f"submitted {label(job, facts)} job {job_id}", flush=True)
+        print(SubmittedLine(label(job, facts), job_id).format(), flush=True)
     return submitted
 
 

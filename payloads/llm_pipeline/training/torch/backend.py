@@ -21,7 +21,7 @@ from pathlib import Path
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import is_chat
-from llm_pipeline.run_files import CHECKPOINT
+from llm_pipeline.run_files import CHECKPOINT, TrainableLine
 from llm_pipeline.training import device
 from llm_pipeline.training.callbacks import SealCheckpoints, TokenCounter, add_run_callbacks
 from llm_pipeline.training.loss_guard import NonFiniteLossGuard, StopAtNonFiniteLoss
@@ -295,7 +295,7 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
             "payloads/requirements-cluster.txt"
         )
     say(
-        f"method {cfg.train.method}: {trainable:,} trainable parameters (as expected); "
+        TrainableLine(cfg.train.method, f"{trainable:,}", "").format() + "; "
         f"{processes} process(es), {'FSDP2' if fsdp else 'DDP' if processes > 1 else 'one process'}; "
         f"attention {methods.attention_kernel(cfg)}, compile {cfg.train.compile}, liger {methods.liger_enabled(cfg)}, "
         f"gradient checkpointing {cfg.train.gradient_checkpointing}; "
