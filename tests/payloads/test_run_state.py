@@ -114,7 +114,7 @@ def test_a_finished_run_resubmitted_with_a_learning_key_changed_is_refused_namin
     assert submit(cfg)[0] == "trained"
     before = _files(cfg.paths.checkpoints_dir)
     path = write_config(tmp_path / "run.toml", hpl_env, train={"max_steps": 4, "save_steps": 2, "learning_rate": 1e-3})
-    assert train.main(["--prepare-data", "--config", str(path)]) == 2  # the step's CLI: one error line, exit 2
+    assert train.main(["--config", str(path)]) == 2  # the step's CLI: one error line, exit 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: this run finished at step 4")
     assert "train.learning_rate (finished with 0.005, now 0.001)" in err
