@@ -11,6 +11,7 @@ import botocore.session
 
 from hpctl.errors import HpctlError
 from llm_pipeline import config as run_config
+from llm_pipeline import refusals
 from stacks.accelerators import (
     CLUSTER_ONLY_FAMILIES,
     CUDA,
@@ -22,12 +23,6 @@ from stacks.accelerators import (
 
 BACKEND_FOR = {"neuron": "neuron", "cuda": "torch", "cpu": "torch"}
 DEVICE_NAMES = {NEURON: "NeuronCores", CUDA: "GPUs"}
-# What the torch backend can only do with CUDA (the neuron backend's own refusals live in config.py).
-CUDA_ONLY = {
-    ("method", "qlora"): "4-bit NF4 bases need bitsandbytes' CUDA kernels",
-    ("liger_kernel", True): "liger-kernel is Triton (GPU) code",
-    ("attention", "flash_attention_2"): "flash-attn runs on CUDA GPUs only",
-}
 
 
 @cache
@@ -123,11 +118,11 @@ def check_run_fits(cfg: run_config.RunConfig, instance_type: str) -> str:
     except run_config.ConfigError as error:
         raise HpctlError(f"{error} (instance type {instance_type})") from None
     check_devices(cfg, instance_type)
-    if kind != "cuda":
-        for (name, value), reason in CUDA_ONLY.items():
-            if getattr(cfg.train, name) == value:
+    if kind != "cuda":  # off CUDA: no CUDA kernels, and the image lacks the CUDA image's packages
+        for entry in refusals.REFUSALS:
+            if (refusals.CUDA in entry.needs or entry.package) and entry.applies(cfg):
                 raise HpctlError(
-                    f"train.{name} = {value!r} cannot run on {instance_type} ({kind} instance): {reason}; "
+                    f"{entry.key} = {entry.value!r} cannot run on {instance_type} ({kind} instance): {entry.why}; "
                     "pick a GPU instance type (ml.g5, ml.p4d, ml.p5) or change the setting"
                 )
     return backend

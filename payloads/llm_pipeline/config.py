@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
+from llm_pipeline import refusals
 from llm_pipeline.errors import PipelineError
 
 # The choice keys: a key typed with one of these takes exactly its values (validate checks them).
@@ -680,18 +681,6 @@ def validate(cfg: RunConfig) -> None:
     )
 
 
-# What the neuron backend cannot run today, and what to do instead.
-NEURON_REFUSALS = {
-    ("method", "dora"): "DoRA needs peft's weight-decomposed layers, which optimum-neuron does not shard; "
-    "use method lora, or the torch backend",
-    ("method", "qlora"): "4-bit NF4 bases need bitsandbytes CUDA kernels; use method lora, or the torch backend",
-    ("compile", True): "neuronx-cc already compiles every graph; set it to false",
-    ("liger_kernel", True): "liger-kernel is Triton (GPU) code; set it to false",
-    ("attention", "sdpa"): "optimum-neuron 0.4.5 refuses SDPA; use auto (the NKI flash kernel when "
-    "data.max_length is a multiple of 2048, else eager), flash_attention_2 or eager",
-}
-
-
 def data_parallel_size(cfg: RunConfig, backend: str) -> int:
     """Model replicas: neuron shards each one over TP x PP NeuronCores; torch runs one per process (FSDP/DDP)."""
     par = cfg.parallel
@@ -732,9 +721,8 @@ def check_backend(cfg: RunConfig, backend: str) -> None:
         "0 on the neuron backend: it reads the loss at log events, after the updates, so a bad step cannot be "
         "skipped (the torch backend skips it)",
     )
-    for (name, value), reason in NEURON_REFUSALS.items():
-        if getattr(cfg.train, name) == value:
-            raise ConfigError(f"train.{name}: {value!r} cannot run on the neuron backend: {reason}")
+    for entry in refusals.refused(cfg, refusals.NOT_TRN1):  # the one table of what a backend cannot run
+        raise ConfigError(f"{entry.key}: {entry.value!r} cannot run on the neuron backend: {entry.why}")
 
 
 def from_dict(raw: dict[str, Any], base_dir: Path | None = None, env: dict[str, str] | None = None) -> RunConfig:

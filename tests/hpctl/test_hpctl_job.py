@@ -397,7 +397,7 @@ def write_config(project: Path, name: str, text: str) -> str:
     ("text", "instance_type", "message"),
     [
         ('[train]\nmethod = "qlora"\n', "ml.trn1.32xlarge", "train.method: 'qlora' cannot run on the neuron backend"),
-        ('[train]\nmethod = "qlora"\nbackend = "torch"\n', "ml.m5.xlarge", "bitsandbytes' CUDA kernels"),
+        ('[train]\nmethod = "qlora"\nbackend = "torch"\n', "ml.m5.xlarge", "4-bit NF4 bases need bitsandbytes"),
         ('[paths]\noutput_dir = "/fsx/outputs/x"\n', "ml.trn1.32xlarge", "paths.output_dir = '/fsx/outputs/x' is not"),
         ('[data]\ndataset = "${HPL_DATASETS_DIR}/d.jsonl"\n', "ml.trn1.32xlarge", "upload it first"),
     ],

@@ -13,9 +13,10 @@ import types
 import api_source
 import pytest
 import torch
-from payload_configs import neuron_plan, tiny_config
+from payload_configs import tiny_config
 
-from llm_pipeline import prepare
+from llm_pipeline import prepare, train
+from llm_pipeline.config import ConfigError
 from llm_pipeline.errors import StepError
 from llm_pipeline.training import lora_count
 from llm_pipeline.training.callbacks import TokenCounter
@@ -100,17 +101,12 @@ def test_token_counter_counts_only_real_tokens(hpl_env, llama3_like_tokenizer, w
     assert counter.total == 6 * MAX_LENGTH
 
 
-def test_packing_is_refused_on_neuron_before_anything_loads(hpl_env, monkeypatch):
-    cfg = tiny_config(hpl_env, data={"packing": True})
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    with pytest.raises(StepError, match=r"data.packing = true is not supported with the neuron backend"):
-        neuron_backend.run(
-            cfg,
-            neuron_plan(),
-            {},
-            None,
-            0,
-        )
+def test_packing_is_refused_on_neuron_before_anything_loads(hpl_env):
+    """At load (backend neuron) and at train start (auto resolved to neuron): refusals.REFUSALS' line."""
+    with pytest.raises(ConfigError, match=r"data.packing: True cannot run on the neuron backend: packed batches"):
+        tiny_config(hpl_env, data={"packing": True}, train={"backend": "neuron"})
+    with pytest.raises(ConfigError, match=r"data.packing: True cannot run on the neuron backend"):
+        train.train(tiny_config(hpl_env, data={"packing": True}), "neuron")
 
 
 def _llama3(tmp_path, **changes):

@@ -167,8 +167,8 @@ def test_each_method_counts_its_trainable_parameters(hpl_env, method):
 @pytest.mark.parametrize(
     ("train_keys", "message"),
     [
-        ({"liger_kernel": True}, "train.liger_kernel = True needs a CUDA GPU (liger-kernel's kernels are Triton)"),
-        ({"attention": "flash_attention_2"}, "train.attention = 'flash_attention_2' needs flash-attn"),
+        ({"liger_kernel": True}, "train.liger_kernel = True needs a CUDA GPU and this runtime has none: liger-kernel"),
+        ({"attention": "flash_attention_2"}, "train.attention = 'flash_attention_2' needs a CUDA GPU and this"),
     ],
 )
 def test_a_lever_whose_package_is_missing_stops_before_training(hpl_env, tmp_path, capsys, train_keys, message):

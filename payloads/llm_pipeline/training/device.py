@@ -16,23 +16,9 @@ from __future__ import annotations
 import glob
 import importlib.util
 
-CPU, CUDA, NEURON = "cpu", "cuda", "neuron"
+from llm_pipeline import refusals
 
-NOT_CUDA = "not cuda"  # a LEVER_REFUSALS key: every device but CUDA
-# What a device cannot run on the torch engine, by device kind: section, key, value, why (and what to do).
-LEVER_REFUSALS = {
-    # The native Neuron runtime (TorchNeuron).
-    NEURON: (
-        ("train", "liger_kernel", True, "liger-kernel's kernels are Triton (CUDA); set it to false or auto"),
-        ("train", "attention", "flash_attention_2", "flash-attn is CUDA code; use auto (sdpa) or sdpa"),
-        ("train", "method", "qlora", "4-bit NF4 bases need bitsandbytes' CUDA kernels; use method lora"),
-        # trl packs padding-free (one flattened row per batch, its length changing every batch)
-        ("data", "packing", True, "packed batches change shape every step and each shape compiles; set it to false"),
-    ),
-    # Kernels that exist only for CUDA (Triton or CUDA C++): installed is not enough, a CPU run would reach
-    # the kernel launch and fail there ("0 active drivers" from Triton), after loading model and data.
-    NOT_CUDA: (("train", "liger_kernel", True, "liger-kernel's kernels are Triton"),),
-}
+CPU, CUDA, NEURON = "cpu", "cuda", "neuron"
 
 
 def accelerator_type() -> str:
@@ -66,14 +52,7 @@ def shape_arguments(max_length: int, kind: str) -> dict[str, int | bool]:
 
 def refused_levers(cfg, kind: str) -> list[str]:
     """One line per run-config setting the device cannot run (empty where it can), its own refusals first."""
-    lines = [
-        f"{section}.{key} = {value!r} cannot run on the neuron device (TorchNeuron): {why}"
-        for section, key, value, why in LEVER_REFUSALS[NEURON]
-        if kind == NEURON and getattr(getattr(cfg, section), key) == value
-    ]
-    return lines + [
-        f"{section}.{key} = {value!r} needs a CUDA GPU ({why}) and this runtime has none; "
-        f'set {section}.{key} = "auto" (on where CUDA is) or false'
-        for section, key, value, why in LEVER_REFUSALS[NOT_CUDA]
-        if kind != CUDA and getattr(getattr(cfg, section), key) == value
-    ]
+    own = refusals.refused(cfg, refusals.NOT_TRN2, refusals.CUDA) if kind == NEURON else []
+    lines = [f"{e.key} = {e.value!r} cannot run on the neuron device (TorchNeuron): {e.why}" for e in own]
+    cuda_only = refusals.refused(cfg, refusals.CUDA) if kind != CUDA else []
+    return lines + [f"{e.key} = {e.value!r} needs a CUDA GPU and this runtime has none: {e.why}" for e in cuda_only]

@@ -41,15 +41,6 @@ def kv_size_multiplier(kv_heads: int, tensor_parallel_size: int) -> int | None:
     return max(1, tensor_parallel_size // kv_heads)
 
 
-def check_packing(cfg: RunConfig) -> None:
-    if cfg.data.packing:
-        raise StepError(
-            "data.packing = true is not supported with the neuron backend: optimum-neuron 0.4.5's Llama ignores "
-            "the attention mask (it recomputes a causal mask), so packed examples would attend to each other; "
-            "set data.packing = false (every example is padded to data.max_length and padding is masked)"
-        )
-
-
 def check_qkv_targets(cfg: RunConfig, model_config: Mapping[str, Any], source: str) -> None:
     """With fused q/k/v, LoRA must target all three or none (else optimum-neuron raises mid-launch)."""
     tp = cfg.parallel.tensor_parallel_size
@@ -93,7 +84,6 @@ def check_attention(cfg: RunConfig) -> None:
 
 def check_neuron_run(cfg: RunConfig, model_config: Mapping[str, Any] | None, source: str = "config.json") -> None:
     """Every rule above; the model-dependent ones only when the model's config is known."""
-    check_packing(cfg)
-    check_attention(cfg)
+    check_attention(cfg)  # packing: refusals.REFUSALS (config.check_backend)
     if model_config is not None and cfg.train.method != "full":  # full fine-tuning has no LoRA targets
         check_qkv_targets(cfg, model_config, source)

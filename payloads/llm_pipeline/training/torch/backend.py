@@ -18,6 +18,7 @@ import importlib.util
 import os
 from pathlib import Path
 
+from llm_pipeline import refusals
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import is_chat
@@ -166,26 +167,18 @@ def export_adapter(trainer, folder: Path) -> None:
         model.save_pretrained(str(folder), state_dict=trainable)
 
 
-# Levers that need a package the CUDA image carries and a CPU runtime may not: key, value, module, package.
-LEVER_PACKAGES = (
-    ("liger_kernel", True, "liger_kernel", "liger-kernel"),
-    ("attention", "flash_attention_2", "flash_attn", "flash-attn"),
-    ("method", "qlora", "bitsandbytes", "bitsandbytes"),
-)
-
-
 def check_lever_packages(cfg: RunConfig, *, kind: str | None = None) -> None:
     """Stop before any work when the device (``kind``: torch's accelerator) cannot run a chosen lever
-    (device.LEVER_REFUSALS: the native Neuron device's, CUDA-only kernels elsewhere) or the lever's package
-    is missing from this runtime."""
+    (device.refused_levers: the native Neuron device's, CUDA-only kernels elsewhere) or the lever's package
+    (refusals.REFUSALS) is missing from this runtime."""
     refused = device.refused_levers(cfg, device.accelerator_type() if kind is None else kind)
     if refused:
         raise StepError(refused[0])
-    for key, value, module, package in LEVER_PACKAGES:
-        if getattr(cfg.train, key) == value and importlib.util.find_spec(module) is None:
+    for entry in refusals.REFUSALS:
+        if entry.package and entry.applies(cfg) and importlib.util.find_spec(entry.package[0]) is None:
             raise StepError(
-                f"train.{key} = {value!r} needs {package}, which this runtime lacks (the CUDA training image "
-                f"has it, payloads/requirements-gpu.txt); change train.{key} or run in that image"
+                f"{entry.key} = {entry.value!r} needs {entry.package[1]}, which this runtime lacks (the CUDA "
+                f"training image has it, payloads/requirements-gpu.txt); change {entry.key} or run in that image"
             )
 
 
