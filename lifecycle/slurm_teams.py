@@ -9,16 +9,16 @@ only); the input is the users file the stack generates from cdk.json `users` and
     {"teams": [{"name": "research", "gid": 3001, "fairshare": 3, "max_nodes": 0, "max_gpu_minutes": 0}],
      "users": [{"name": "alice", "uid": 3101, "team": "research", "ssh_public_key": ""}]}
 
-Commands (as root; bad input prints `error: ...` naming the file and exits 2):
-  users USERS_FILE HOMES_DIR                    groups and users with their fixed ids, ssh keys
-  folders USERS_FILE HOMES_DIR OUTPUTS_DIR      each user's home and outputs folder, owned by them
+Commands (as root; bad input prints `error: ...` naming the file and exits 2; LIFECYCLE_ROOT prefixes /etc):
+  count USERS_FILE                              how many users the file names (0: nothing to do)
+  users USERS_FILE HOMES_DIR                    groups and users with their fixed ids
+  folders USERS_FILE HOMES_DIR OUTPUTS_DIR      each user's home (ssh key) and outputs folder, owned by them
   slurm-settings USERS_FILE SLURM_CONF          the accounting and priority keys, set in slurm.conf
   associations USERS_FILE                       accounts, QOS and users in slurmdbd (sacctmgr)
 """
 
 from __future__ import annotations
 
-import grp
 import json
 import os
 import pwd
@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 USERS_FILE = "cluster-users.json"
+HOMES_FOLDER = "home"  # under the FSx mount: every node sees the same homes
 # A team's runs land in its account; Slurm's default account (root) is left to the admin.
 ACCOUNT_DESCRIPTION = "team {team} (cdk.json teams)"
 # slurm.conf keys this module owns when the cluster has teams. Enforce: only known users and accounts
@@ -78,49 +79,48 @@ def _run(argv: list[str], *, stdin: str | None = None, env: dict | None = None) 
     return done.stdout
 
 
-def ensure_users(spec: dict, homes_dir: Path) -> list[str]:
+def _entries(root: Path, name: str) -> dict[str, tuple[int, int]]:
+    """<root>/etc/passwd or group as {name: (id, primary gid)} (a group's second field repeats its gid)."""
+    found = {}
+    path = Path(root) / "etc" / name
+    for line in path.read_text().splitlines() if path.exists() else []:
+        fields = line.split(":")
+        if len(fields) >= 4 and fields[2].isdigit():
+            found[fields[0]] = (int(fields[2]), int(fields[3]) if fields[3].isdigit() else int(fields[2]))
+    return found
+
+
+def ensure_users(spec: dict, homes_dir: Path, root: Path = Path("/")) -> list[str]:
     """Each team a group and each user an account with the ids from the file, on this node; an existing
-    name with another id is refused (ids must match on every node, or FSx ownership would lie)."""
+    name with another id is refused (ids must match on every node, or FSx ownership would lie).
+    ``root``: another system root (useradd --prefix), for tests."""
+    prefix = [] if Path(root) == Path("/") else ["--prefix", str(root)]
     changed = []
+    groups = _entries(root, "group")
     for team in spec["teams"]:
-        try:
-            found = grp.getgrnam(team["name"]).gr_gid
-        except KeyError:
-            _run(["groupadd", "--gid", str(team["gid"]), team["name"]])
+        if team["name"] not in groups:
+            _run(["groupadd", *prefix, "--gid", str(team["gid"]), team["name"]])
             changed.append(f"group {team['name']} ({team['gid']})")
-            continue
-        if found != team["gid"]:
+        elif groups[team["name"]][0] != team["gid"]:
+            found = groups[team["name"]][0]
             raise TeamsError(f"group {team['name']} has gid {found} on this node, the users file says {team['gid']}")
     teams = team_of(spec)
+    users = _entries(root, "passwd")
     for user in spec["users"]:
         gid = teams[user["team"]]["gid"]
-        try:
-            entry = pwd.getpwnam(user["name"])
-        except KeyError:
+        if user["name"] not in users:
             home = Path(homes_dir) / user["name"]
             _run(
-                [
-                    "useradd",
-                    "--uid",
-                    str(user["uid"]),
-                    "--gid",
-                    str(gid),
-                    "--home-dir",
-                    str(home),
-                    "--no-create-home",
-                    "--shell",
-                    "/bin/bash",
-                    user["name"],
-                ]
-            )
+                ["useradd", *prefix, "--uid", str(user["uid"]), "--gid", str(gid), "--home-dir", str(home),
+                 "--no-create-home", "--shell", "/bin/bash", user["name"]]
+            )  # fmt: skip
             changed.append(f"user {user['name']} ({user['uid']})")
             continue
-        if entry.pw_uid != user["uid"]:
-            raise TeamsError(
-                f"user {user['name']} has uid {entry.pw_uid} on this node, the users file says {user['uid']}"
-            )
-        if entry.pw_gid != gid:
-            _run(["usermod", "--gid", str(gid), user["name"]])
+        uid, primary = users[user["name"]]
+        if uid != user["uid"]:
+            raise TeamsError(f"user {user['name']} has uid {uid} on this node, the users file says {user['uid']}")
+        if primary != gid:
+            _run(["usermod", *prefix, "--gid", str(gid), user["name"]])
             changed.append(f"user {user['name']} moved to team {user['team']}")
     return changed
 
@@ -315,8 +315,10 @@ def main(argv: list[str]) -> int:
     try:
         command, *args = argv
         spec = load(Path(args[0]))
-        if command == "users":
-            changes = ensure_users(spec, Path(args[1]))
+        if command == "count":
+            changes = [str(len(spec["users"]))]
+        elif command == "users":
+            changes = ensure_users(spec, Path(args[1]), Path(os.environ.get("LIFECYCLE_ROOT") or "/"))
         elif command == "folders":
             changes = ensure_folders(spec, Path(args[1]), Path(args[2]))
         elif command == "slurm-settings":

@@ -57,9 +57,12 @@ from stacks.compute_groups import (
     check_training_plan_region,
     parse_compute_groups,
 )
+from stacks.teams import TEAMS_KEY, USERS_KEY, Team, User, check_teams, parse_teams, parse_users
 from stacks.validation import ConfigError, Rule, coerce, int_range, ipv4_cidr, matches, one_of
 
 __all__ = ["ComputeGroup", "ConfigError", "HyperPodConfig", "cluster_facts"]
+
+LIST_PARSERS = {TEAMS_KEY: parse_teams, USERS_KEY: parse_users}
 
 # Used when no account is configured and no credentials name one (offline synth, tests);
 # cdk.json answers this account's availability-zone lookup so synth needs no AWS call.
@@ -123,6 +126,8 @@ class HyperPodConfig:
     lanes: str = "cluster"  # cluster | jobs | both: what the deploy creates (see LANES)
     # prometheus | managed | off: the stack's AMP workspace and exporters, AWS's cluster extension, or none
     observability: str = PROMETHEUS_MODE
+    teams: tuple[Team, ...] = ()  # stacks/teams.py: Slurm accounts with fair-share weights and QOS limits
+    users: tuple[User, ...] = ()  # stacks/teams.py: Linux users with fixed uids, each in a team
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -162,6 +167,8 @@ class HyperPodConfig:
         for field in dataclasses.fields(cls):
             if field.name == COMPUTE_GROUPS_KEY and field.name in context:
                 values[field.name] = parse_compute_groups(context[field.name])
+            elif field.name in LIST_PARSERS and field.name in context:
+                values[field.name] = LIST_PARSERS[field.name](context[field.name])
             elif field.name in context:
                 values[field.name] = coerce(field.name, context[field.name], field.default)
         config = cls(**values)
@@ -255,6 +262,8 @@ RULES: dict[str, Rule] = {
     "retain_outputs": one_of(True, False),
     "lanes": one_of(*LANES),
     "observability": one_of(*OBSERVABILITY_MODES),
+    TEAMS_KEY: Rule(lambda v: all(isinstance(t, Team) for t in v), "a list of team objects (docs/teams.md)"),
+    USERS_KEY: Rule(lambda v: all(isinstance(u, User) for u in v), "a list of user objects (docs/teams.md)"),
 }
 
 
@@ -289,6 +298,7 @@ def _check_combinations(config: HyperPodConfig) -> None:
             "could not reach FSx, the controller or S3 addresses in it), e.g. 10.0.0.0/16",
         )
     _check_observability(config)
+    check_teams(config.teams, config.users)
     _check_offered_in_region(config)
     prefix = zone_id_prefix(config.region)
     if prefix and not config.availability_zone_id.startswith(f"{prefix}-"):
@@ -316,6 +326,8 @@ CLUSTER_ONLY_KEYS = (
     "node_recovery",
     "provisioning",
     "runtime",
+    "teams",
+    "users",
 )
 
 

@@ -24,6 +24,7 @@ from stacks.outputs import add_job_outputs, add_observability_outputs, add_outpu
 from stacks.payloads import PayloadUpload, deploy_facts
 from stacks.secrets import HubTokenSecret
 from stacks.storage import DataBucket, SharedFileSystem
+from stacks.teams import users_file
 from stacks.update_safety import CONFIG_METADATA_KEY, config_record
 
 
@@ -136,7 +137,12 @@ class HyperPodStack(Stack):
             config, image_uris=image_uris, metrics=metrics, hf_token_secret_arn=self.hub_token.arn
         )
         self.lifecycle = LifecycleUpload(
-            self, "Lifecycle", source_dir=source_root / "lifecycle", bucket=self.data.bucket, facts=facts
+            self,
+            "Lifecycle",
+            source_dir=source_root / "lifecycle",
+            bucket=self.data.bucket,
+            facts=facts,
+            users=users_file(config.teams, config.users),
         )
         self.payloads = PayloadUpload(
             self,

@@ -235,6 +235,16 @@ KEY_BEHAVIOUR: dict[str, KeyBehaviour] = {
         "leaving prometheus deletes the metrics workspace (and its data); nodes change their exporters only "
         "when provisioned again (the lifecycle runs then)",
     ),
+    "teams": KeyBehaviour(
+        IN_PLACE,
+        "only the users file changes: a node creates groups, and the controller sets accounts, shares and QOS, "
+        "when provisioned (create, scale-up, replace); a group's gid is fixed once nodes have it",
+    ),
+    "users": KeyBehaviour(
+        IN_PLACE,
+        "only the users file changes: nodes create a new user when provisioned, the others keep their uids; a "
+        "removed user loses their Slurm association there, their files on FSx stay",
+    ),
 }
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian/Ubuntu packages the tests and the rehearsal need, when missing: a local Slurm
-# (slurm-wlm) with munge, its accounting (slurmdbd, mariadb-server: tests/slurm/test_teams.py), graphviz (the architecture diagram), Prometheus and its node exporter (the
+# (slurm-wlm) with munge and its accounting (slurmdbd, mariadb-server), graphviz (the architecture diagram),
+# Prometheus and its node exporter (the
 # observability rehearsal) and the venv module of python3.
 # Uses sudo when not root. Does nothing when everything is there (make test runs it every time).
 set -euo pipefail

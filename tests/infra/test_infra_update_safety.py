@@ -53,6 +53,11 @@ CHANGES: dict[str, tuple[dict, dict]] = {
     "retain_outputs": ({}, {"retain_outputs": True}),
     "lanes": ({}, {"lanes": "both"}),
     "observability": ({}, {"observability": "off"}),
+    "teams": ({}, {"teams": json.dumps([{"name": "research", "gid": 3001, "fairshare": 3}])}),
+    "users": (
+        {"teams": json.dumps([{"name": "research", "gid": 3001}])},
+        {"users": json.dumps([{"name": "alice", "uid": 3101, "team": "research"}])},
+    ),
 }
 GROUP_CHANGES = {
     "name": "worker",
