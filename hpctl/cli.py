@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument(
         "--dry-run", action="store_true", help="offline: validate the config and print the sbatch chain, submit nothing"
     )
+    submit.add_argument("--account", default="", help="the Slurm account (default: the user's team's; docs/teams.md)")
+    submit.add_argument("--as-user", default="", metavar="USER", help="submit as this cdk.json user (docs/teams.md)")
     submit.set_defaults(handler=commands.submit)
 
     doctor = sub.add_parser(

@@ -123,6 +123,8 @@ def shell(args: argparse.Namespace) -> None:
 def submit(args: argparse.Namespace) -> None:
     if args.from_step and (args.ladder or args.sweep):
         raise HpctlError("--from starts the pipeline at a step: the ladder and the sweep always run whole")
+    if args.account and args.sweep:
+        raise HpctlError("--account applies to the pipeline and the ladder: the sweep runs under the user's team")
     options = SubmitOptions(
         config="",
         from_step=args.from_step,
@@ -130,6 +132,8 @@ def submit(args: argparse.Namespace) -> None:
         replace_outputs=args.replace_outputs,
         ladder=args.ladder,
         sweep_nodes=args.sweep,
+        account=args.account,
+        user=args.as_user,
     )
     if args.dry_run:  # offline: no credentials, no session tools
         root = resolve_settings(stack=args.stack, region=args.region, cwd=Path.cwd()).root

@@ -171,6 +171,19 @@ class LocalSlurm:
         if self.munge_dir is not None:
             shutil.rmtree(self.munge_dir, ignore_errors=True)
 
+    def restart_controller(self, timeout: float = 60.0) -> None:
+        """Stop slurmctld (it saves its state, the associations' usage included) and start it again: with
+        multifactor priority its first pass recomputes every fair-share factor from that usage, which it
+        otherwise does only every PriorityCalcPeriod (minutes). Call it while no job runs."""
+        for index, (name, proc) in enumerate(self._procs):
+            if name == "slurmctld":
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=30)
+                del self._procs[index]
+                break
+        self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
+        self._wait(self._all_idle, timeout, "nodes to become idle after the restart", "slurmctld.log")
+
     def __enter__(self) -> LocalSlurm:
         try:
             return self.start()

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from slurm_helpers import wait_for
+from slurm_helpers import REPO, wait_for
 
 from hpctl import usage
 from lifecycle import slurm_teams
@@ -140,3 +140,80 @@ def test_a_user_cannot_write_into_another_users_outputs(team_cluster):
     own = subprocess.run(["runuser", "-u", ALICE, "--", "touch", str(theirs / "x")], capture_output=True, text=True)
     assert own.returncode == 0, own.stderr
     assert (theirs / "x").stat().st_gid == 46100, "setgid: files stay in the team's group"
+
+
+def submitted_ids(stdout: str) -> list[str]:
+    return [line.split()[-1] for line in stdout.splitlines() if line.startswith("submitted ")]
+
+
+def chain_as(slurm: LocalSlurm, user: str, root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """python3 -m llm_pipeline.submit as ``user`` (the system python3: the user cannot read this venv), for a
+    run config in their outputs folder; the chain from merge: three jobs, no training."""
+    folder = root / "outputs" / user
+    config = folder / "chain.toml"
+    config.write_text(f'[paths]\noutput_dir = "{folder / "run"}"\n')
+    entry = pwd.getpwnam(user)
+    os.chown(config, entry.pw_uid, entry.pw_gid)
+    argv = ["/usr/bin/python3", "-m", "llm_pipeline.submit", "--config", str(config), "--from", "merge", *args]
+    return subprocess.run(
+        ["runuser", "-u", user, "--", *argv], env=slurm.env(), cwd=REPO / "payloads", capture_output=True, text=True
+    )
+
+
+def test_a_users_chain_runs_under_their_teams_account_and_says_so(team_cluster):
+    slurm, _, root = team_cluster
+    done = chain_as(slurm, ALICE, root)
+    ids = submitted_ids(done.stdout)
+    slurm.run("scancel", *ids, check=False)  # the accounting record is what counts here, not the steps
+    assert done.returncode == 0 and len(ids) == 3, done.stdout + done.stderr
+    assert f"account: research, QOS: research-qos (user {ALICE})" in done.stdout.splitlines()
+    expected = sorted(f"{job}|{ALICE}|research|research-qos" for job in ids)
+
+    def recorded() -> list[str]:  # slurmctld sends the records to slurmdbd a moment later
+        return sorted(
+            slurm.run("sacct", "-n", "-X", "-P", "-o", "JobID,User,Account,QOS", "-j", ",".join(ids)).stdout.split()
+        )
+
+    wait_for(lambda: recorded() == expected, 30, f"sacct to show {expected} (it shows {recorded()})")
+
+    dry = chain_as(slurm, BOB, root, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    sbatch_lines = [line for line in dry.stdout.splitlines() if "sbatch " in line]
+    assert len(sbatch_lines) == 3 and all("--account=product --qos=product-qos" in line for line in sbatch_lines)
+    assert "# account: product, QOS: product-qos" in dry.stderr
+
+    # Another team's account is refused by Slurm, in one line, before any job of the chain is queued.
+    refused = chain_as(slurm, BOB, root, "--account", "research")
+    assert refused.returncode == 2 and not submitted_ids(refused.stdout), refused.stdout
+    assert refused.stderr.count("\n") == 1 and "Invalid account" in refused.stderr, refused.stderr
+
+
+def fair_share_rows(slurm: LocalSlurm) -> dict[str, tuple[float, float]]:
+    """Each team account's (raw usage, fair-share factor) from sshare."""
+    out = slurm.run("sshare", "-n", "-P", "-o", "Account,User,RawUsage,FairShare", "-a").stdout
+    rows = [[field.strip() for field in line.split("|")] for line in out.splitlines()]
+    users = {fields[1]: fields for fields in rows if fields[1] in (ALICE, BOB)}
+    return {users[name][0]: (float(users[name][2]), float(users[name][3])) for name in users}
+
+
+def test_fair_share_puts_the_heavier_weighted_team_first_after_usage(team_cluster):
+    """research (weight 3) uses about 1.5 times what product (weight 1) uses; with 3:1 shares research is still
+    under its share and product over it, so research's waiting job comes first (1:1 shares would reverse it)."""
+    slurm, _, _ = team_cluster
+    used = {ALICE: sbatch(slurm, ALICE, "-n", "2", "--wrap", "sleep 3"), BOB: sbatch(slurm, BOB, "--wrap", "sleep 4")}
+    wait_for(lambda: not slurm.run("squeue", "-h").stdout.strip(), 60, "the usage jobs to finish")
+    slurm.restart_controller()  # recompute the fair-share factors now (otherwise every PriorityCalcPeriod)
+    usage_and_factor = fair_share_rows(slurm)
+    research, product = usage_and_factor["research"], usage_and_factor["product"]
+    assert product[0] < research[0] < 3 * product[0], (used, usage_and_factor)  # more usage, not 3x more
+    assert research[1] > product[1], usage_and_factor
+
+    slurm.run("sbatch", "--parsable", "-N", "2", "--exclusive", "--output=/dev/null", "--wrap", "sleep 60")
+    wait_for(lambda: "R" in slurm.run("squeue", "-h", "-o", "%t").stdout.split(), 30, "the blocking job to run")
+    waiting = [sbatch(slurm, user, "--wrap", "true").stdout.strip() for user in (BOB, ALICE)]  # bob's is older
+    queue = slurm.run("squeue", "-h", "-t", "PD", "--sort=-p", "-o", "%i|%u|%a|%Q").stdout.split()
+    slurm.run("scancel", "--partition", "local", check=False)
+    ordered = [line.split("|") for line in queue]
+    assert [row[0] for row in ordered] == [waiting[1], waiting[0]], queue
+    assert [row[1:3] for row in ordered] == [[ALICE, "research"], [BOB, "product"]], queue
+    assert int(ordered[0][3]) > int(ordered[1][3]), queue
