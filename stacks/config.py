@@ -88,6 +88,10 @@ LANES = ("cluster", "jobs", "both")
 # Slurm", sagemaker-hyperpod-scaling-slurm.html). standard: all or nothing, any strategy. AWS does
 # not switch a live cluster between them (stacks/update_safety.py refuses it).
 CONTINUOUS, STANDARD = "continuous", "standard"
+# Where slurmdbd keeps Slurm's accounting: HyperPod's database on the controller, or an RDS MySQL instance the
+# stack creates (stacks/accounting_database.py), which outlives the controller.
+ACCOUNTING_ON_CONTROLLER, ACCOUNTING_EXTERNAL = "controller", "external"
+ACCOUNTING_DATABASES = (ACCOUNTING_ON_CONTROLLER, ACCOUNTING_EXTERNAL)
 PROVISIONING_MODES = (CONTINUOUS, STANDARD)
 CONTINUOUS_SLURM_STRATEGY = "Merge"
 # Training images per family (the accelerator, or Trainium2's TorchNeuron runtime); a CPU-only group
@@ -128,6 +132,10 @@ class HyperPodConfig:
     observability: str = PROMETHEUS_MODE
     teams: tuple[Team, ...] = ()  # stacks/teams.py: Slurm accounts with fair-share weights and QOS limits
     users: tuple[User, ...] = ()  # stacks/teams.py: Linux users with fixed uids, each in a team
+    # controller | external: Slurm's accounting database, HyperPod's on the controller or an RDS MySQL instance
+    # the stack creates (stacks/accounting_database.py; needs continuous provisioning and a second zone)
+    accounting_database: str = ACCOUNTING_ON_CONTROLLER
+    accounting_database_zone_id: str = ""  # external: a second zone ID for the database's subnet group (RDS needs 2)
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -264,6 +272,10 @@ RULES: dict[str, Rule] = {
     "observability": one_of(*OBSERVABILITY_MODES),
     TEAMS_KEY: Rule(lambda v: all(isinstance(t, Team) for t in v), "a list of team objects (docs/teams.md)"),
     USERS_KEY: Rule(lambda v: all(isinstance(u, User) for u in v), "a list of user objects (docs/teams.md)"),
+    "accounting_database": one_of(*ACCOUNTING_DATABASES),
+    "accounting_database_zone_id": matches(
+        r"([a-z]+\d+-az\d+)?", "an Availability Zone ID such as usw2-az1 (not a zone name), or empty"
+    ),
 }
 
 
@@ -299,6 +311,7 @@ def _check_combinations(config: HyperPodConfig) -> None:
         )
     _check_observability(config)
     check_teams(config.teams, config.users)
+    _check_accounting_database(config)
     _check_offered_in_region(config)
     prefix = zone_id_prefix(config.region)
     if prefix and not config.availability_zone_id.startswith(f"{prefix}-"):
@@ -328,6 +341,8 @@ CLUSTER_ONLY_KEYS = (
     "runtime",
     "teams",
     "users",
+    "accounting_database",
+    "accounting_database_zone_id",
 )
 
 
@@ -414,6 +429,28 @@ def _check_observability(config: HyperPodConfig) -> None:
             "config key 'observability' = managed needs continuous provisioning (config key 'provisioning' = "
             "continuous; AWS installs its sagemaker-observability extension only on such clusters): set "
             "provisioning = continuous, or observability = prometheus (this stack's own Prometheus setup)"
+        )
+
+
+def _check_accounting_database(config: HyperPodConfig) -> None:
+    """HyperPod takes an external accounting database only in continuous provisioning mode (AccountingDatabase),
+    and RDS needs subnets in two zones: the cluster's, and accounting_database_zone_id."""
+    if config.accounting_database != ACCOUNTING_EXTERNAL or not config.cluster_lane:
+        return
+    if config.provisioning != CONTINUOUS:
+        raise ConfigError(
+            f"config key 'accounting_database' = {ACCOUNTING_EXTERNAL} needs continuous provisioning (config key "
+            f"'provisioning' = {CONTINUOUS}; HyperPod accepts an external accounting database only there): set "
+            f"provisioning = {CONTINUOUS}, or accounting_database = {ACCOUNTING_ON_CONTROLLER}"
+        )
+    zone = config.accounting_database_zone_id
+    prefix = zone_id_prefix(config.region)
+    if not zone or zone == config.availability_zone_id or (prefix and not zone.startswith(f"{prefix}-")):
+        raise ConfigError.bad_value(
+            "accounting_database_zone_id",
+            zone,
+            f"a second zone ID of region {config.region}, other than availability_zone_id "
+            f"{config.availability_zone_id} (an RDS database needs subnets in two zones), e.g. {prefix or 'usw2'}-az1",
         )
 
 

@@ -245,6 +245,16 @@ KEY_BEHAVIOUR: dict[str, KeyBehaviour] = {
         "only the users file changes: nodes create a new user when provisioned, the others keep their uids; a "
         "removed user loses their Slurm association there, their files on FSx stay",
     ),
+    "accounting_database": KeyBehaviour(
+        IN_PLACE,
+        "the RDS instance is created (or deleted, its data with it unless retain_outputs) and the cluster's "
+        "AccountingDatabase set in place; the job history already recorded stays where it was, it is not moved",
+    ),
+    "accounting_database_zone_id": KeyBehaviour(
+        REPLACED,
+        "the database's second subnet is replaced by one in the new zone (another address range); the instance "
+        "stays in the cluster's zone and keeps running",
+    ),
 }
 
 
