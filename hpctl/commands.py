@@ -13,6 +13,7 @@ import boto3
 from cluster_contract import MANAGED_MODE, ObservabilityOutput, StackOutput
 from hpctl import observability, run_progress, ssm
 from hpctl.cluster import choose_node, describe_cluster, list_nodes, require_usable, ssm_target
+from hpctl.cluster_users import check_cluster_user
 from hpctl.errors import HpctlError, aws_errors
 from hpctl.facts import read_cluster_facts
 from hpctl.job_status import pricing_client
@@ -143,6 +144,8 @@ def submit(args: argparse.Namespace) -> None:
         return
     ssm.find_session_tools()
     deployment = connect(args)
+    if args.as_user:
+        check_cluster_user(args.as_user, deployment.settings.root)
     local_config = resolve_run_config(args.config, project_root=deployment.settings.root)
     validate_run_config(local_config)
     stack = deployment.stack()

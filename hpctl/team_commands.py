@@ -9,13 +9,11 @@ from pathlib import Path
 
 from cluster_contract import StackOutput
 from hpctl import run_progress, ssm, usage
+from hpctl.cluster_users import configured
 from hpctl.commands import connect, session_request
-from hpctl.errors import HpctlError
 from hpctl.facts import read_cluster_facts
 from hpctl.job_status import pricing_client
-from hpctl.project import read_cdk_context, resolve_settings
-from stacks.teams import TEAMS_KEY, USERS_KEY, users_file
-from stacks.validation import ConfigError
+from hpctl.project import resolve_settings
 
 DEFAULT_SINCE = "now-30days"
 BEGIN, END = "hpctl-usage-begin", "hpctl-usage-end"
@@ -39,12 +37,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
 
 
 def list_users(args: argparse.Namespace) -> None:
-    root = resolve_settings(stack=None, region=None, cwd=Path.cwd()).root
-    context = read_cdk_context(root)
-    try:
-        spec = users_file(context.get(TEAMS_KEY, []), context.get(USERS_KEY, []))
-    except ConfigError as error:
-        raise HpctlError(str(error)) from None
+    spec = configured(resolve_settings(stack=None, region=None, cwd=Path.cwd()).root)
     if args.json:
         print(json.dumps(spec, indent=2))
         return

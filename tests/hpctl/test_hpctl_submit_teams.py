@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 
+import pytest
+
 from hpctl.cli import main
+from hpctl.cluster_users import check_cluster_user
+from hpctl.errors import HpctlError
 from hpctl.submit import SubmitOptions, remote_command
 
 FACTS = {"payloads_dir": "/fsx/payloads", "default_user": "ubuntu"}
@@ -25,3 +30,12 @@ def test_an_account_with_the_sweep_is_refused_in_one_line(capsys):
         code == 2
         and err == "error: --account applies to the pipeline and the ladder: the sweep runs under the user's team\n"
     )
+
+
+def test_as_user_must_be_a_configured_user(tmp_path):
+    teams = [{"name": "research", "gid": 3001}]
+    users = [{"name": "alice", "uid": 3101, "team": "research"}]
+    (tmp_path / "cdk.json").write_text(json.dumps({"context": {"teams": teams, "users": users}}))
+    check_cluster_user("alice", tmp_path)
+    with pytest.raises(HpctlError, match=r"^--as-user mallory: not a user in cdk.json \(users: alice\); add them"):
+        check_cluster_user("mallory", tmp_path)
