@@ -26,6 +26,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from stacks.checkov_skips import skip
+from stacks.log_encryption import encrypted_log_group
 from stacks.nag import acknowledge
 from stacks.secrets import secret_key
 
@@ -35,6 +36,7 @@ USER_NAME = "slurm"
 # MySQL 8.4 (long-term support), pinned: a minor upgrade is a deploy that changes this line, not a surprise.
 ENGINE = rds.DatabaseInstanceEngine.mysql(version=rds.MysqlEngineVersion.VER_8_4_9)
 INSTANCE_TYPE = ec2.InstanceType.of(ec2.InstanceClass.BURSTABLE4_GRAVITON, ec2.InstanceSize.SMALL)
+LOGS = ("error", "slowquery")  # exported to CloudWatch: /aws/rds/instance/<identifier>/<kind>
 STORAGE_GIB = 20  # job records are small: a year of a busy cluster is well under a GiB
 
 
@@ -62,6 +64,7 @@ class AccountingDatabase(Construct):
         second_zone_id: str,
         cluster_security_group: ec2.ISecurityGroup,
         retain: bool,
+        cluster_name: str,
     ) -> None:
         super().__init__(scope, construct_id)
         second = ec2.Subnet(
@@ -92,9 +95,15 @@ class AccountingDatabase(Construct):
             description="slurmdbd on the HyperPod controller",
         )
         self.key = secret_key(self, "Encrypts the Slurm accounting database and its credentials")
+        # Named, so that the log groups RDS writes to are the stack's own: destroy deletes them with it.
+        identifier = f"{cluster_name}-slurm-accounting".lower()
+        log_groups = [
+            encrypted_log_group(self, f"{kind.title()}Logs", f"/aws/rds/instance/{identifier}/{kind}") for kind in LOGS
+        ]
         self.instance = rds.DatabaseInstance(
             self,
             "Instance",
+            instance_identifier=identifier,
             engine=ENGINE,
             instance_type=INSTANCE_TYPE,
             vpc=vpc,
@@ -115,13 +124,15 @@ class AccountingDatabase(Construct):
             allocated_storage=STORAGE_GIB,
             storage_type=rds.StorageType.GP3,
             backup_retention=Duration.days(7),
-            cloudwatch_logs_exports=["error", "slowquery"],
+            cloudwatch_logs_exports=list(LOGS),
             auto_minor_version_upgrade=False,  # pinned in ENGINE
             copy_tags_to_snapshot=True,
             deletion_protection=False,  # `cdk destroy` removes it (a snapshot first with retain_outputs)
             removal_policy=RemovalPolicy.SNAPSHOT if retain else RemovalPolicy.DESTROY,
             publicly_accessible=False,
         )
+        for group in log_groups:
+            self.instance.node.add_dependency(group)
         self._explain_exceptions()
 
     @property

@@ -117,6 +117,7 @@ class HyperPodStack(Stack):
                 second_zone_id=config.accounting_database_zone_id,
                 cluster_security_group=security_group.group,
                 retain=config.retain_outputs,
+                cluster_name=config.cluster_name,
             )
         image_uris = {family: image.image_uri for family, image in self.images.items()}
         default_image = self.images[config.image_family_of(config.default_group)]

@@ -89,6 +89,16 @@ def test_external_accounting_is_an_rds_instance_the_cluster_is_pointed_at(extern
         if s.get("Sid") == "ReadAccountingDatabaseSecret"
     ]
     assert [s["Resource"] for s in statements] == [{"Ref": attachment_id}]
+    # The log groups RDS exports to are the stack's own, so that destroy deletes them with the instance.
+    identifier = props["DBInstanceIdentifier"]
+    exported = {
+        group["Properties"]["LogGroupName"]: group["DeletionPolicy"]
+        for group in synth.resources("AWS::Logs::LogGroup").values()
+        if "LogGroupName" in group["Properties"]
+    }
+    assert {f"/aws/rds/instance/{identifier}/{kind}" for kind in props["EnableCloudwatchLogsExports"]} <= {
+        name for name, policy in exported.items() if policy == "Delete"
+    }
 
 
 def test_the_database_admits_mysql_from_the_cluster_security_group_only(external_db_synth):
