@@ -33,11 +33,19 @@ def test_a_bare_machine_gets_slurm_munge_graphviz_and_prometheus(tmp_path):
     log = fake_apt(tmp_path)
     done = run(str(tmp_path))
     assert done.returncode == 0, done.stderr
-    packages = ["graphviz", "munge", "prometheus", "prometheus-node-exporter", "slurm-wlm"]
+    packages = [
+        "graphviz",
+        "mariadb-server",
+        "munge",
+        "prometheus",
+        "prometheus-node-exporter",
+        "slurm-wlm",
+        "slurmdbd",
+    ]
     assert f"installing system packages: {' '.join(packages)}" in done.stdout
     calls = log.read_text().splitlines()
     assert calls[0] == "update -qq"
-    assert calls[1].split()[-5:] == packages
+    assert calls[1].split()[-len(packages) :] == packages
 
 
 def test_nothing_is_installed_when_everything_is_there(tmp_path):
@@ -52,7 +60,7 @@ def test_daemons_in_sbin_count_for_a_user_whose_path_leaves_sbin_out(tmp_path):
     sbin, bin_dir = tmp_path / "sbin", tmp_path / "bin"
     sbin.mkdir()
     bin_dir.mkdir()
-    for tool in ("slurmctld", "slurmd", "munged"):
+    for tool in ("slurmctld", "slurmd", "munged", "slurmdbd", "mariadbd"):
         (sbin / tool).symlink_to(shutil.which("true"))
     for tool in ("sbatch", "dot", "prometheus", "prometheus-node-exporter"):
         (bin_dir / tool).symlink_to(shutil.which("true"))
@@ -60,7 +68,8 @@ def test_daemons_in_sbin_count_for_a_user_whose_path_leaves_sbin_out(tmp_path):
     for tool in ("sort", "sed", "env"):
         (bin_dir / tool).symlink_to(shutil.which(tool))
     log = fake_apt(bin_dir)
-    assert run(str(bin_dir)).stdout == "installing system packages: munge slurm-wlm\n"  # sbin not searched
+    sbin_packages = "mariadb-server munge slurm-wlm slurmdbd"
+    assert run(str(bin_dir)).stdout == f"installing system packages: {sbin_packages}\n"  # sbin not searched
     log.unlink()
     done = run(str(bin_dir), sbin_dirs=str(sbin))
     assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
