@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -74,3 +75,17 @@ def test_daemons_in_sbin_count_for_a_user_whose_path_leaves_sbin_out(tmp_path):
     done = run(str(bin_dir), sbin_dirs=str(sbin))
     assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
     assert not log.exists()
+
+
+def test_the_readme_and_make_help_name_every_package_it_installs():
+    script = SCRIPT.read_text()
+    pairs = re.search(r"for pair in (.*?); do", script, re.S).group(1)
+    packages = {pair.split(":")[1] for pair in pairs.replace("\\", " ").split()}
+    packages |= set(re.findall(r"missing\+=\(([\w-]+)\)", script))
+    assert {"slurm-wlm", "munge", "graphviz", "prometheus", "prometheus-node-exporter", "python3-venv"} <= packages
+    readme = " ".join((ROOT / "README.md").read_text().split())  # one line: a name may wrap
+    make_help = subprocess.run(["make", "--no-print-directory", "help"], cwd=ROOT, capture_output=True, text=True)
+    (help_line,) = [line for line in make_help.stdout.splitlines() if "make system-packages" in line]
+    for package in sorted(packages):
+        assert re.search(rf"(?<![\w-]){package}(?![\w-])", readme), f"README: {package} missing"
+        assert re.search(rf"(?<![\w-]){package}(?![\w-])", help_line), f"make help: {package} missing"
