@@ -3,6 +3,8 @@ SHELL := /bin/bash
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 PIP   := $(VENV)/bin/pip
+# The interpreter a new .venv is made with (any of 3.11 to 3.13, e.g. PYTHON=python3.12).
+PYTHON ?= python3
 CDK   := npx --no-install cdk
 # cdk.json's app runs this interpreter (default .venv's), so `make synth VENV=...` synthesizes with that venv.
 export CDK_PYTHON := $(PY)
@@ -18,28 +20,59 @@ AS_ROOT := $(if $(filter 0,$(shell id -u)),,sudo env PYTHONPATH=$(PYTHONPATH))
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-$(STAMP): requirements.txt requirements-dev.txt requirements-checkov.txt requirements-torchtitan-cpu.txt requirements-trn1-cpu.txt requirements-sagemaker.txt payloads/requirements-gpu.txt payloads/requirements-cluster.txt pyproject.toml package-lock.json
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -r requirements-dev.txt
-	$(PIP) install -q --no-deps -r requirements-sagemaker.txt
-	# bitsandbytes has a CPU backend: the QLoRA tests load real 4-bit layers (pin: requirements-gpu.txt).
-	$(PIP) install -q --no-deps bitsandbytes==0.50.2
-	$(PIP) install -q --no-deps -e .
-	# torchtitan 0.2.2 in its own folder: its tyro needs typeguard 4, jsii pins 2 (see the file).
-	$(PIP) install -q --no-deps --upgrade --target $(VENV)/torchtitan-site -r requirements-torchtitan-cpu.txt
-	# The frozen trn1 lane (optimum-neuron 0.4.5 and its pins) in its own folder; `pytest -m trn1` runs there.
-	$(PIP) install -q --no-deps --upgrade --target $(VENV)/trn1-site -r requirements-trn1-cpu.txt
-	# checkov in a venv of its own (its pins clash with the main stack's); tests/infra runs it on every app shape.
-	test -x $(VENV)/checkov/bin/checkov || $(PY) -m venv $(VENV)/checkov
-	$(VENV)/checkov/bin/pip install -q -r requirements-checkov.txt
-	npm ci --no-audit --no-fund --loglevel=error
-	touch $(STAMP)
+# Two installs, each a stamp: `make rehearse` needs only the first (the main stack, torch's CPU build, this
+# package); `make test` and the rest add the second (the laptop side, test tooling, the sites beside .venv,
+# node_modules). Each site has its own stamp, so tools/check_python312.sh builds them alone (CI, no torch).
+# Each step prints a line, the packages it collects and its time (tools/install_phase.sh).
+REHEARSAL_STAMP := $(VENV)/.installed-rehearsal
+SITE_STAMPS := $(VENV)/.installed-laptop $(VENV)/.installed-trn1-site $(VENV)/.installed-torchtitan-site $(VENV)/.installed-checkov
+PHASE := tools/install_phase.sh
+
+$(PY):
+	@$(PHASE) "a venv in $(VENV) on $$($(PYTHON) --version)" $(PYTHON) -m venv $(VENV)
+	@$(PHASE) "pip" $(PIP) install --progress-bar off --upgrade pip
+
+$(REHEARSAL_STAMP): requirements-rehearse.txt payloads/requirements-gpu.txt pyproject.toml tools/install_torch.sh | $(PY)
+	@$(PHASE) "torch, its CPU build (tools/install_torch.sh)" tools/install_torch.sh $(PY) requirements-rehearse.txt
+	@$(PHASE) "the main stack (requirements-rehearse.txt)" $(PIP) install --progress-bar off -r requirements-rehearse.txt
+	@# bitsandbytes has a CPU backend: QLoRA rehearsals and tests load real 4-bit layers (pin: requirements-gpu.txt).
+	@$(PHASE) "bitsandbytes (QLoRA's CPU backend)" $(PIP) install --progress-bar off --no-deps bitsandbytes==0.50.2
+	@$(PHASE) "this project (pip install -e .)" $(PIP) install --progress-bar off --no-deps -e .
+	@touch $@
+
+$(VENV)/.installed-laptop: requirements.txt pyproject.toml | $(PY)
+	@$(PHASE) "the laptop side: the CDK app, hpctl, predeploy (requirements.txt)" $(PIP) install --progress-bar off -r requirements.txt
+	@$(PHASE) "this project (pip install -e .)" $(PIP) install --progress-bar off --no-deps -e .
+	@touch $@
+
+# torchtitan 0.2.2 in its own folder: its tyro needs typeguard 4, jsii pins 2 (see the file).
+$(VENV)/.installed-torchtitan-site: requirements-torchtitan-cpu.txt | $(PY)
+	@$(PHASE) "the torchtitan site ($(VENV)/torchtitan-site)" $(PIP) install --progress-bar off --no-deps --upgrade --target $(VENV)/torchtitan-site -r requirements-torchtitan-cpu.txt
+	@touch $@
+
+# The frozen trn1 lane (optimum-neuron 0.4.5 and its pins) in its own folder; `pytest -m trn1` runs there.
+# optimum-neuron declares Python < 3.12 for the Neuron image's 3.11; on CPU it is plain Python that 3.12 and
+# 3.13 import too, so the interpreter check is skipped (--no-deps: nothing else is resolved).
+$(VENV)/.installed-trn1-site: requirements-trn1-cpu.txt | $(PY)
+	@$(PHASE) "the trn1 site ($(VENV)/trn1-site)" $(PIP) install --progress-bar off --no-deps --ignore-requires-python --upgrade --target $(VENV)/trn1-site -r requirements-trn1-cpu.txt
+	@touch $@
+
+# checkov in a venv of its own (its pins clash with the main stack's); tests/infra runs it on every app shape.
+$(VENV)/.installed-checkov: requirements-checkov.txt | $(PY)
+	@test -x $(VENV)/checkov/bin/python || $(PY) -m venv $(VENV)/checkov
+	@$(PHASE) "checkov ($(VENV)/checkov)" $(VENV)/checkov/bin/pip install --progress-bar off -r requirements-checkov.txt
+	@touch $@
+
+$(STAMP): $(REHEARSAL_STAMP) $(SITE_STAMPS) requirements-dev.txt requirements-sagemaker.txt payloads/requirements-cluster.txt package-lock.json
+	@$(PHASE) "test tooling (requirements-dev.txt)" $(PIP) install --progress-bar off -r requirements-dev.txt
+	@$(PHASE) "the sagemaker SDK (requirements-sagemaker.txt)" $(PIP) install --progress-bar off --no-deps -r requirements-sagemaker.txt
+	@$(PHASE) "node_modules (npm ci)" npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
 
 need-root:  # the rehearsals' first prerequisite (not in `make help`): says why root, and asks sudo once, before installing
 	@tools/need_root.sh "make $(firstword $(filter rehearse%,$(MAKECMDGOALS)) rehearse)"
 
-system-packages:  ## install slurm-wlm, munge, graphviz, python3-venv when missing (apt-get; sudo when not root)
+system-packages:  ## install slurm-wlm, munge, graphviz, prometheus, prometheus-node-exporter, python3-venv when missing (apt-get; sudo when not root)
 	tools/system_packages.sh
 
 venv: $(STAMP)  ## create .venv and node_modules from the pinned files
@@ -84,7 +117,7 @@ destroy: $(STAMP)  ## delete everything the stack created, then list what outliv
 	$(CDK) destroy --force
 	$(PY) -m stacks.leftovers $(DEPLOY_ARGS)
 
-rehearse: $(if $(CONFIG),rehearse-config) need-root system-packages $(STAMP)  ## run the whole pipeline on a local single-node Slurm with a tiny model (root or sudo); CONFIG=payloads/configs/<run>.toml: that run config at tiny shape
+rehearse: $(if $(CONFIG),rehearse-config) need-root system-packages $(REHEARSAL_STAMP)  ## run the whole pipeline on a local single-node Slurm with a tiny model (root or sudo); CONFIG=payloads/configs/<run>.toml: that run config at tiny shape
 	$(AS_ROOT) $(PY) -m tools.rehearse $(if $(CONFIG),--config $(CONFIG) --tiny)
 
 rehearse-config:  # make rehearse CONFIG=...: a missing file stops it before anything is installed

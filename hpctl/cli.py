@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from cluster_contract import DEFAULT_STACK_NAME
-from hpctl import commands, job_commands, node_commands, secrets
+from hpctl import commands, job_commands, node_commands, secrets, team_commands
 from hpctl.errors import HpctlError
 from llm_pipeline import __version__
 from llm_pipeline.compare import DEFAULT_TOLERANCE  # stdlib at import; charts load when it runs
@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument(
         "--dry-run", action="store_true", help="offline: validate the config and print the sbatch chain, submit nothing"
     )
+    submit.add_argument("--account", default="", help="the Slurm account (default: the user's team's; docs/teams.md)")
+    submit.add_argument("--as-user", default="", metavar="USER", help="submit as this cdk.json user (docs/teams.md)")
     submit.set_defaults(handler=commands.submit)
 
     doctor = sub.add_parser(
@@ -115,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     node_commands.add_parsers(sub, common)
     secrets.add_parsers(sub, common)
     job_commands.add_parsers(sub, common)
+    team_commands.add_parsers(sub, common)
     return parser
 
 

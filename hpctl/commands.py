@@ -13,6 +13,7 @@ import boto3
 from cluster_contract import MANAGED_MODE, ObservabilityOutput, StackOutput
 from hpctl import observability, run_progress, ssm
 from hpctl.cluster import choose_node, describe_cluster, list_nodes, require_usable, ssm_target
+from hpctl.cluster_users import check_cluster_user
 from hpctl.errors import HpctlError, aws_errors
 from hpctl.facts import read_cluster_facts
 from hpctl.job_status import pricing_client
@@ -124,6 +125,8 @@ def shell(args: argparse.Namespace) -> None:
 def submit(args: argparse.Namespace) -> None:
     if args.from_step and (args.ladder or args.sweep):
         raise HpctlError("--from starts the pipeline at a step: the ladder and the sweep always run whole")
+    if args.account and args.sweep:
+        raise HpctlError("--account applies to the pipeline and the ladder: the sweep runs under the user's team")
     options = SubmitOptions(
         config="",
         from_step=args.from_step,
@@ -131,6 +134,8 @@ def submit(args: argparse.Namespace) -> None:
         replace_outputs=args.replace_outputs,
         ladder=args.ladder,
         sweep_nodes=args.sweep,
+        account=args.account,
+        user=args.as_user,
     )
     if args.dry_run:  # offline: no credentials, no session tools
         root = resolve_settings(stack=args.stack, region=args.region, cwd=Path.cwd()).root
@@ -141,6 +146,8 @@ def submit(args: argparse.Namespace) -> None:
         return
     ssm.find_session_tools()
     deployment = connect(args)
+    if args.as_user:
+        check_cluster_user(args.as_user, deployment.settings.root)
     local_config = resolve_run_config(args.config, project_root=deployment.settings.root)
     to_send = validate_run_config(local_config)
     stack = deployment.stack()

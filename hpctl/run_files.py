@@ -85,7 +85,7 @@ def compare_runs(run_folders: list[Path], output: Path, *, by: str, steps: int |
         from llm_pipeline import compare
     except ImportError as exc:  # the laptop lacks matplotlib or tensorboard
         raise HpctlError(
-            f"compare needs matplotlib and tensorboard ({exc}): pip install -r requirements-dev.txt"
+            f"compare needs matplotlib and tensorboard ({exc}): pip install -r requirements-rehearse.txt"
         ) from None
     args = [str(p) for p in run_folders] + ["--output", str(output), "--by", by, "--tolerance", str(tolerance)]
     args += ["--steps", str(steps)] if steps else []

@@ -61,6 +61,8 @@ class SubmitOptions:
     replace_outputs: bool = False  # submit --replace-outputs: an earlier training's outputs move aside
     ladder: bool = False  # the torchtitan ladder (llm_pipeline.submit ladder)
     sweep_nodes: str | None = None  # the scaling sweep at these node counts (llm_pipeline.sweep --nodes)
+    account: str = ""  # submit --account: the Slurm account (default: the user's team's; docs/teams.md)
+    user: str = ""  # the cluster user who submits (a cdk.json user); default: the cluster's default user
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,8 @@ def chain_argv(options: SubmitOptions) -> list[str]:
         argv.append("--replace-outputs")
     if options.dry_run:
         argv.append("--dry-run")
+    if options.account:
+        argv += ["--account", options.account]
     return argv
 
 
@@ -243,7 +247,7 @@ def remote_command(options: SubmitOptions, *, facts: dict, sent: SentConfig | No
         submit = f"{wait} && {submit}"
     # HPL_PAYLOADS_DIR comes from /etc/profile.d on the node; the facts file gives the same value.
     script = f'cd "${{HPL_PAYLOADS_DIR:-{payloads_dir}}}" && {submit}; echo "{EXIT_MARKER}$?"'
-    return shlex.join(["sudo", "-n", "-u", facts["default_user"], "-H", "bash", "-lc", script])
+    return shlex.join(["sudo", "-n", "-u", options.user or facts["default_user"], "-H", "bash", "-lc", script])
 
 
 class SubmitOutput:

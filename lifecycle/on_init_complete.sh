@@ -306,6 +306,8 @@ EOF
 
 # shellcheck source=/dev/null
 source "$HERE/observability.sh"
+# shellcheck source=/dev/null
+source "$HERE/teams.sh"
 
 main() {
   log "on_init_complete.sh on $(hostname)"
@@ -315,6 +317,7 @@ main() {
   wait_for_fsx
   create_fsx_layout
   report_slurm_version
+  setup_teams
   case "$NODE_ROLE" in
     Compute)
       case "$HPL_ACCELERATOR" in

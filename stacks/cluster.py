@@ -24,11 +24,18 @@ def node_provisioning_mode(config: HyperPodConfig) -> str | None:
     return CONTINUOUS_PROVISIONING if config.provisioning == CONTINUOUS else None
 
 
-def slurm_orchestrator(config: HyperPodConfig) -> Cfn.OrchestratorProperty:
+def slurm_orchestrator(
+    config: HyperPodConfig, accounting_database: Cfn.ClusterAccountingDatabaseProperty | None = None
+) -> Cfn.OrchestratorProperty:
     """Slurm, with the strategy set explicitly in standard mode (the docs disagree on its default,
-    Managed vs Merge); continuous mode takes none (it runs in merge mode and refuses the field)."""
+    Managed vs Merge); continuous mode takes none (it runs in merge mode and refuses the field).
+    ``accounting_database``: the external one (stacks/accounting_database.py), else HyperPod's on the controller."""
     strategy = config.slurm_config_strategy if config.provisioning == STANDARD else None
-    return Cfn.OrchestratorProperty(slurm=Cfn.ClusterOrchestratorSlurmConfigProperty(slurm_config_strategy=strategy))
+    return Cfn.OrchestratorProperty(
+        slurm=Cfn.ClusterOrchestratorSlurmConfigProperty(
+            slurm_config_strategy=strategy, accounting_database=accounting_database
+        )
+    )
 
 
 def capacity_properties(group: ComputeGroup) -> dict[str, object]:
@@ -67,6 +74,7 @@ class HyperPodCluster(Construct):
         fsx_dns_name: str,
         fsx_mount_name: str,
         depends_on: list[IDependable],
+        accounting_database: Cfn.ClusterAccountingDatabaseProperty | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         fsx_storage = Cfn.ClusterInstanceStorageConfigProperty(
@@ -132,7 +140,7 @@ class HyperPodCluster(Construct):
             "Cluster",
             cluster_name=config.cluster_name,
             instance_groups=groups,
-            orchestrator=slurm_orchestrator(config),
+            orchestrator=slurm_orchestrator(config, accounting_database),
             node_recovery=config.node_recovery,
             node_provisioning_mode=node_provisioning_mode(config),
             vpc_config=Cfn.VpcConfigProperty(security_group_ids=[security_group_id], subnets=[subnet_id]),

@@ -57,9 +57,12 @@ from stacks.compute_groups import (
     check_training_plan_region,
     parse_compute_groups,
 )
+from stacks.teams import TEAMS_KEY, USERS_KEY, Team, User, check_teams, parse_teams, parse_users
 from stacks.validation import ConfigError, Rule, coerce, int_range, ipv4_cidr, matches, one_of
 
 __all__ = ["ComputeGroup", "ConfigError", "HyperPodConfig", "cluster_facts"]
+
+LIST_PARSERS = {TEAMS_KEY: parse_teams, USERS_KEY: parse_users}
 
 # Used when no account is configured and no credentials name one (offline synth, tests);
 # cdk.json answers this account's availability-zone lookup so synth needs no AWS call.
@@ -85,6 +88,10 @@ LANES = ("cluster", "jobs", "both")
 # Slurm", sagemaker-hyperpod-scaling-slurm.html). standard: all or nothing, any strategy. AWS does
 # not switch a live cluster between them (stacks/update_safety.py refuses it).
 CONTINUOUS, STANDARD = "continuous", "standard"
+# Where slurmdbd keeps Slurm's accounting: HyperPod's database on the controller, or an RDS MySQL instance the
+# stack creates (stacks/accounting_database.py), which outlives the controller.
+ACCOUNTING_ON_CONTROLLER, ACCOUNTING_EXTERNAL = "controller", "external"
+ACCOUNTING_DATABASES = (ACCOUNTING_ON_CONTROLLER, ACCOUNTING_EXTERNAL)
 PROVISIONING_MODES = (CONTINUOUS, STANDARD)
 CONTINUOUS_SLURM_STRATEGY = "Merge"
 # Training images per family (the accelerator, or Trainium2's TorchNeuron runtime); a CPU-only group
@@ -123,6 +130,12 @@ class HyperPodConfig:
     lanes: str = "cluster"  # cluster | jobs | both: what the deploy creates (see LANES)
     # prometheus | managed | off: the stack's AMP workspace and exporters, AWS's cluster extension, or none
     observability: str = PROMETHEUS_MODE
+    teams: tuple[Team, ...] = ()  # stacks/teams.py: Slurm accounts with fair-share weights and QOS limits
+    users: tuple[User, ...] = ()  # stacks/teams.py: Linux users with fixed uids, each in a team
+    # controller | external: Slurm's accounting database, HyperPod's on the controller or an RDS MySQL instance
+    # the stack creates (stacks/accounting_database.py; needs continuous provisioning and a second zone)
+    accounting_database: str = ACCOUNTING_ON_CONTROLLER
+    accounting_database_zone_id: str = ""  # external: a second zone ID for the database's subnet group (RDS needs 2)
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -162,6 +175,8 @@ class HyperPodConfig:
         for field in dataclasses.fields(cls):
             if field.name == COMPUTE_GROUPS_KEY and field.name in context:
                 values[field.name] = parse_compute_groups(context[field.name])
+            elif field.name in LIST_PARSERS and field.name in context:
+                values[field.name] = LIST_PARSERS[field.name](context[field.name])
             elif field.name in context:
                 values[field.name] = coerce(field.name, context[field.name], field.default)
         config = cls(**values)
@@ -255,6 +270,12 @@ RULES: dict[str, Rule] = {
     "retain_outputs": one_of(True, False),
     "lanes": one_of(*LANES),
     "observability": one_of(*OBSERVABILITY_MODES),
+    TEAMS_KEY: Rule(lambda v: all(isinstance(t, Team) for t in v), "a list of team objects (docs/teams.md)"),
+    USERS_KEY: Rule(lambda v: all(isinstance(u, User) for u in v), "a list of user objects (docs/teams.md)"),
+    "accounting_database": one_of(*ACCOUNTING_DATABASES),
+    "accounting_database_zone_id": matches(
+        r"([a-z]+\d+-az\d+)?", "an Availability Zone ID such as usw2-az1 (not a zone name), or empty"
+    ),
 }
 
 
@@ -289,6 +310,8 @@ def _check_combinations(config: HyperPodConfig) -> None:
             "could not reach FSx, the controller or S3 addresses in it), e.g. 10.0.0.0/16",
         )
     _check_observability(config)
+    check_teams(config.teams, config.users)
+    _check_accounting_database(config)
     _check_offered_in_region(config)
     prefix = zone_id_prefix(config.region)
     if prefix and not config.availability_zone_id.startswith(f"{prefix}-"):
@@ -317,6 +340,10 @@ CLUSTER_ONLY_KEYS = (
     "provisioning",
     "runtime",
     "observability",  # exporters and workspaces watch the cluster's nodes; jobs report to CloudWatch
+    "teams",
+    "users",
+    "accounting_database",
+    "accounting_database_zone_id",
 )
 # Compute-group keys only the cluster reads: on the jobs lane a group only chooses an image (its instance type).
 CLUSTER_ONLY_GROUP_KEYS = (
@@ -448,6 +475,28 @@ def _check_observability(config: HyperPodConfig) -> None:
             "config key 'observability' = managed needs continuous provisioning (config key 'provisioning' = "
             "continuous; AWS installs its sagemaker-observability extension only on such clusters): set "
             "provisioning = continuous, or observability = prometheus (this stack's own Prometheus setup)"
+        )
+
+
+def _check_accounting_database(config: HyperPodConfig) -> None:
+    """HyperPod takes an external accounting database only in continuous provisioning mode (AccountingDatabase),
+    and RDS needs subnets in two zones: the cluster's, and accounting_database_zone_id."""
+    if config.accounting_database != ACCOUNTING_EXTERNAL or not config.cluster_lane:
+        return
+    if config.provisioning != CONTINUOUS:
+        raise ConfigError(
+            f"config key 'accounting_database' = {ACCOUNTING_EXTERNAL} needs continuous provisioning (config key "
+            f"'provisioning' = {CONTINUOUS}; HyperPod accepts an external accounting database only there): set "
+            f"provisioning = {CONTINUOUS}, or accounting_database = {ACCOUNTING_ON_CONTROLLER}"
+        )
+    zone = config.accounting_database_zone_id
+    prefix = zone_id_prefix(config.region)
+    if not zone or zone == config.availability_zone_id or (prefix and not zone.startswith(f"{prefix}-")):
+        raise ConfigError.bad_value(
+            "accounting_database_zone_id",
+            zone,
+            f"a second zone ID of region {config.region}, other than availability_zone_id "
+            f"{config.availability_zone_id} (an RDS database needs subnets in two zones), e.g. {prefix or 'usw2'}-az1",
         )
 
 

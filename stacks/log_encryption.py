@@ -48,11 +48,13 @@ def logs_key(scope: Construct) -> kms.IKey:
     return key
 
 
-def encrypted_log_group(scope: Construct, construct_id: str) -> logs.LogGroup:
-    """A log group kept a month, deleted with the stack, encrypted with the stack's log key."""
+def encrypted_log_group(scope: Construct, construct_id: str, name: str | None = None) -> logs.LogGroup:
+    """A log group kept a month, deleted with the stack, encrypted with the stack's log key. ``name``: the
+    one a service writes to on its own (made here first, so that destroy deletes it too)."""
     return logs.LogGroup(
         scope,
         construct_id,
+        log_group_name=name,
         retention=LOG_RETENTION,
         removal_policy=RemovalPolicy.DESTROY,
         encryption_key=logs_key(scope),

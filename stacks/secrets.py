@@ -26,19 +26,24 @@ from stacks.nag import acknowledge
 READ_ACTION = "secretsmanager:GetSecretValue"
 
 
+def secret_key(scope: Construct, description: str) -> kms.Key:
+    """A customer-managed key for a secret, rotated yearly, gone a week after the stack (nothing billable left)."""
+    return kms.Key(
+        scope,
+        "Key",
+        description=description,
+        enable_key_rotation=True,
+        removal_policy=RemovalPolicy.DESTROY,
+        pending_window=Duration.days(7),
+    )
+
+
 class HubTokenSecret(Construct):
     """The Hugging Face token's secret and its customer-managed KMS key (rotated yearly)."""
 
     def __init__(self, scope: Construct, construct_id: str, *, name_prefix: str) -> None:
         super().__init__(scope, construct_id)
-        self.key = kms.Key(
-            self,
-            "Key",
-            description=f"Encrypts the {name_prefix} Hugging Face token secret",
-            enable_key_rotation=True,
-            removal_policy=RemovalPolicy.DESTROY,
-            pending_window=Duration.days(7),
-        )
+        self.key = secret_key(self, f"Encrypts the {name_prefix} Hugging Face token secret")
         self.secret = secretsmanager.Secret(
             self,
             "Secret",

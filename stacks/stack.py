@@ -9,9 +9,10 @@ from constructs import Construct
 
 from cluster_contract import PROMETHEUS_MODE
 from stacks.accelerators import CUDA, NEURON, TORCHNEURON
+from stacks.accounting_database import AccountingDatabase
 from stacks.checkov_skips import skip_cdk_handler_findings
 from stacks.cluster import HyperPodCluster
-from stacks.config import HyperPodConfig, cluster_facts, observability_facts
+from stacks.config import ACCOUNTING_EXTERNAL, HyperPodConfig, cluster_facts, observability_facts
 from stacks.handler_logs import attach_provider_log_groups
 from stacks.iam import ClusterRole
 from stacks.image import lane_images
@@ -24,6 +25,7 @@ from stacks.outputs import add_job_outputs, add_observability_outputs, add_outpu
 from stacks.payloads import PayloadUpload, deploy_facts
 from stacks.secrets import HubTokenSecret
 from stacks.storage import DataBucket, SharedFileSystem
+from stacks.teams import users_file
 from stacks.update_safety import CONFIG_METADATA_KEY, config_record
 
 
@@ -110,6 +112,19 @@ class HyperPodStack(Stack):
             throughput_mibps_per_tib=config.fsx_throughput_mibps_per_tib,
             compression=config.fsx_compression,
         )
+        self.accounting_database = None
+        if config.accounting_database == ACCOUNTING_EXTERNAL:
+            self.accounting_database = AccountingDatabase(
+                self,
+                "AccountingDatabase",
+                vpc=self.network.vpc,
+                vpc_cidr=config.vpc_cidr,
+                cluster_subnet=self.network.private_subnet,
+                second_zone_id=config.accounting_database_zone_id,
+                cluster_security_group=security_group.group,
+                retain=config.retain_outputs,
+                cluster_name=config.cluster_name,
+            )
         image_uris = {family: image.image_uri for family, image in self.images.items()}
         default_image = self.images[config.image_family_of(config.default_group)]
         self.metrics = None
@@ -137,13 +152,19 @@ class HyperPodStack(Stack):
             extra_statements=[
                 *self.hub_token.read_statements(),
                 *([self.metrics.remote_write_statement()] if self.metrics else []),
+                *(self.accounting_database.read_statements() if self.accounting_database else []),
             ],
         )
         self.facts = facts = cluster_facts(
             config, image_uris=image_uris, metrics=metrics, hf_token_secret_arn=self.hub_token.arn
         )
         self.lifecycle = LifecycleUpload(
-            self, "Lifecycle", source_dir=source_root / "lifecycle", bucket=self.data.bucket, facts=facts
+            self,
+            "Lifecycle",
+            source_dir=source_root / "lifecycle",
+            bucket=self.data.bucket,
+            facts=facts,
+            users=users_file(config.teams, config.users),
         )
         self.payloads = PayloadUpload(
             self,
@@ -168,6 +189,7 @@ class HyperPodStack(Stack):
                 *security_group.rules,
                 self.network.private_subnet.internet_connectivity_established,
             ],
+            accounting_database=self.accounting_database.cluster_property() if self.accounting_database else None,
         )
         add_outputs(
             self,

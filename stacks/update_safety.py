@@ -236,6 +236,26 @@ KEY_BEHAVIOUR: dict[str, KeyBehaviour] = {
         "leaving prometheus deletes the metrics workspace (and its data), so predeploy refuses it without "
         "`--allow-drop-metrics`; nodes change their exporters only when provisioned again (the lifecycle runs then)",
     ),
+    "teams": KeyBehaviour(
+        IN_PLACE,
+        "only the users file changes: a node creates groups, and the controller sets accounts, shares and QOS, "
+        "when provisioned (create, scale-up, replace); a group's gid is fixed once nodes have it",
+    ),
+    "users": KeyBehaviour(
+        IN_PLACE,
+        "only the users file changes: nodes create a new user when provisioned, the others keep their uids; a "
+        "removed user loses their Slurm association there, their files on FSx stay",
+    ),
+    "accounting_database": KeyBehaviour(
+        IN_PLACE,
+        "the RDS instance is created (or deleted, its data with it unless retain_outputs) and the cluster's "
+        "AccountingDatabase set in place; the job history already recorded stays where it was, it is not moved",
+    ),
+    "accounting_database_zone_id": KeyBehaviour(
+        REPLACED,
+        "the database's second subnet is replaced by one in the new zone (another address range); the instance "
+        "stays in the cluster's zone and keeps running",
+    ),
 }
 
 

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# CI step: the laptop side (the CDK app, hpctl, predeploy) installs into a fresh Python 3.12 venv from
-# requirements.txt alone and `make synth` passes with it (Ubuntu 24.04's Python; the main .venv may run
-# another version). Python 3.12 is the first that runs of $PYTHON312, `python3.12` on PATH and pyenv's
-# newest 3.12. Run from anywhere; needs node_modules (make venv). Leaves nothing behind but cdk.out.
+# CI step: every site `make venv` builds installs on Python 3.12 too (Ubuntu 24.04's; the main .venv may run
+# another version): the laptop side (requirements.txt: the CDK app, hpctl, predeploy), the trn1 site (whose
+# optimum-neuron declares Python < 3.12), the torchtitan site and the checkov venv, through the Makefile's own
+# steps. Then the slice of the suite that runs without torch: the installed commands, `make synth`, checkov
+# on the synthesized templates, and tests/test_sites.py (each site holds its pins; optimum-neuron compiles).
+# torch is left out on purpose: on 3.12 this machine would fetch PyPI's multi-GB CUDA build.
+# Python 3.12 is the first that runs of $PYTHON312, `python3.12` on PATH and pyenv's newest 3.12. Run from
+# anywhere; needs node_modules (make venv). Leaves nothing behind but cdk.out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
 is_python312() { [[ -n "$1" ]] && "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; }
 
 # The first candidate that runs and is 3.12 (a pyenv shim on PATH may exist without a 3.12 selected).
@@ -28,22 +31,34 @@ if [[ ! -d node_modules/aws-cdk ]]; then
 fi
 
 started=$SECONDS
+# A throwaway venv: pip skips writing bytecode for the thousands of modules it unpacks (a third of its time).
+export PIP_NO_COMPILE=1
 venv=$(mktemp -d)
 trap 'rm -rf "$venv"' EXIT
-echo "== fresh venv on $("$python312" --version) in $venv"
-"$python312" -m venv "$venv"
-"$venv/bin/python" -m pip install -q -r requirements.txt
-"$venv/bin/python" -m pip install -q --no-deps -e .
+echo "== every site on $("$python312" --version), in $venv (parallel)"
+make --no-print-directory -j4 VENV="$venv" PYTHON="$python312" "$venv/.installed-laptop" \
+  "$venv/.installed-trn1-site" "$venv/.installed-torchtitan-site" "$venv/.installed-checkov"
+# pytest at requirements-dev.txt's pin (the rest of that file is the main stack: torch)
+mapfile -t pytest_pins < <(grep -E '^pytest==' requirements-dev.txt)
+tools/install_phase.sh "pytest (${pytest_pins[*]})" "$venv/bin/pip" install --progress-bar off "${pytest_pins[@]}"
 
 # The installed commands, without this checkout on PYTHONPATH: only what the install put in the venv.
 echo "== hpctl --help, python -m stacks.predeploy --help"
 env -u PYTHONPATH "$venv/bin/hpctl" --help >/dev/null
 env -u PYTHONPATH "$venv/bin/python" -m stacks.predeploy --help >/dev/null
 
-# make synth on this venv: the stamp says it is installed (make would otherwise install the whole test
-# environment into it), and cdk.json's app runs $CDK_PYTHON, which the Makefile sets from VENV.
+# make synth on this venv: the stamps say it is installed (make would otherwise install the whole test
+# environment, torch included, into it), and cdk.json's app runs $CDK_PYTHON, which the Makefile sets from VENV.
 echo "== make synth VENV=<the 3.12 venv>"
-touch "$venv/.installed"
+touch "$venv/.installed-rehearsal" "$venv/.installed"
 make --no-print-directory synth VENV="$venv" >/dev/null
 
-echo "ok: Python 3.12 venv installs the laptop side and synthesizes ($((SECONDS - started)) s)"
+# checkov from its 3.12 venv on what synth wrote; the templates carry their skips (stacks/checkov_skips.py).
+echo "== checkov on cdk.out"
+mapfile -t templates < <(find cdk.out -maxdepth 1 -name '*.template.json' | sort)
+"$venv/checkov/bin/checkov" --quiet --compact --skip-download --framework cloudformation "${templates[@]/#/--file=}" >/dev/null
+
+echo "== pytest tests/test_sites.py on the 3.12 sites"
+env -u PYTHONPATH "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_sites.py
+
+echo "ok: on Python 3.12 every site installs, the laptop side synthesizes, checkov scans ($((SECONDS - started)) s)"

@@ -11,6 +11,12 @@ Debian packages slurm-wlm and munge.
 Several nodes on one host (`nodes=2`) run one slurmd each under its own NodeName and port.
 Stopping cancels the jobs, stops the daemons, then kills whatever still carries this cluster's
 SLURM_CONF (a job step slurmd left behind, re-parented to PID 1): nothing of its jobs outlives it.
+
+`accounting=True` adds Slurm accounting in a real database: a private MariaDB (its own datadir, socket
+and port under <root>/mariadb), slurmdbd, and slurmctld with the settings lifecycle/slurm_teams.py owns
+(enforced associations and QOS, multifactor priority). `teams=` (a users file's content) then creates
+the teams' accounts, QOS and users in it, as the controller's lifecycle does. Needs slurmdbd and
+mariadb-server too.
 """
 
 from __future__ import annotations
@@ -27,17 +33,23 @@ import tempfile
 import time
 from pathlib import Path
 
+from lifecycle import slurm_teams
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
+ACCOUNTING_DAEMONS = ("slurmdbd", "mariadbd", "mariadb-install-db", "sacctmgr", "sacct")
+ACCOUNTING_DB = "slurm_acct_db"
 PARTITION = "local"
 STRAY_WAIT_S = 10.0
+CLUSTER_NAME = "hpl-local"
 
 
 class LocalSlurmError(RuntimeError):
     """The local Slurm could not start; the message says what is missing or which log to read."""
 
 
-def missing_binaries() -> list[str]:
-    return [name for name in (*DAEMONS, "sbatch", "squeue", "scontrol") if not shutil.which(name)]
+def missing_binaries(*, accounting: bool = False) -> list[str]:
+    extra = ACCOUNTING_DAEMONS if accounting else ()
+    return [name for name in (*DAEMONS, "sbatch", "squeue", "scontrol", *extra) if not shutil.which(name)]
 
 
 def hand_to_invoking_user(folder: Path) -> None:
@@ -108,10 +120,15 @@ class LocalSlurm:
         cpus_per_node: int | None = None,
         extra_conf: tuple[str, ...] = (),
         node_conf: str = "",
+        accounting: bool = False,
+        teams: dict | None = None,
     ) -> None:
         self.root = Path(root)
         self.extra_conf = extra_conf  # more slurm.conf lines (e.g. an Epilog), before the node lines
         self.node_conf = node_conf  # more words on each NodeName line (e.g. Gres=gpu:4)
+        self.accounting = accounting or teams is not None
+        self.teams = teams
+        self.dbd_port = _free_port() if self.accounting else 0
         self.nodes = nodes
         self.cpus_per_node = cpus_per_node or max(1, (os.cpu_count() or 1) // nodes)
         self.conf = self.root / "slurm.conf"
@@ -139,10 +156,11 @@ class LocalSlurm:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, timeout: float = 60.0) -> LocalSlurm:
-        missing = missing_binaries()
+        missing = missing_binaries(accounting=self.accounting)
         if missing:
             raise LocalSlurmError(
-                f"missing {', '.join(missing)}: install them with `apt-get install -y slurm-wlm munge`"
+                f"missing {', '.join(missing)}: install them with `apt-get install -y slurm-wlm munge"
+                f"{' slurmdbd mariadb-server' if self.accounting else ''}` (tools/system_packages.sh)"
             )
         if os.geteuid() != 0:
             raise LocalSlurmError(
@@ -168,11 +186,15 @@ class LocalSlurm:
             ],
         )
         self._wait(lambda: self._alive() and self.socket.exists(), timeout, "munged socket", "munged.stdout")
+        if self.accounting:
+            self._start_accounting(timeout)
         self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
         for name in self.node_names:
             node_arg = ["-N", name] if self.nodes > 1 else []
             self._spawn(f"slurmd-{name}", ["slurmd", "-D", "-f", str(self.conf), *node_arg])
         self._wait(self._all_idle, timeout, "nodes to become idle", "slurmctld.log")
+        if self.teams is not None:
+            slurm_teams.apply_associations(self.teams, CLUSTER_NAME, env=self.env())
         return self
 
     def stop(self) -> None:
@@ -196,6 +218,19 @@ class LocalSlurm:
         kill_processes_of(self.conf)
         if self.munge_dir is not None:
             shutil.rmtree(self.munge_dir, ignore_errors=True)
+
+    def restart_controller(self, timeout: float = 60.0) -> None:
+        """Stop slurmctld (it saves its state, the associations' usage included) and start it again: with
+        multifactor priority its first pass recomputes every fair-share factor from that usage, which it
+        otherwise does only every PriorityCalcPeriod (minutes). Call it while no job runs."""
+        for index, (name, proc) in enumerate(self._procs):
+            if name == "slurmctld":
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=30)
+                del self._procs[index]
+                break
+        self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
+        self._wait(self._all_idle, timeout, "nodes to become idle after the restart", "slurmctld.log")
 
     def __enter__(self) -> LocalSlurm:
         try:
@@ -222,7 +257,7 @@ class LocalSlurm:
         host = socket.gethostname()
         memory = max(512, int(_real_memory_mb() * 0.8) // self.nodes)
         lines = [
-            "ClusterName=hpl-local",
+            f"ClusterName={CLUSTER_NAME}",
             f"SlurmctldHost={host}(127.0.0.1)",
             f"SlurmctldPort={_free_port()}",
             "SlurmUser=root",
@@ -242,7 +277,7 @@ class LocalSlurm:
             "SelectTypeParameters=CR_Core_Memory",
             "MpiDefault=none",
             "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
+            *self._accounting_lines(),
             "ReturnToService=2",
             "DependencyParameters=kill_invalid_depend",
             "SlurmdParameters=config_overrides",
@@ -260,6 +295,90 @@ class LocalSlurm:
             )
         lines.append(f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
+
+    def _accounting_lines(self) -> list[str]:
+        if not self.accounting:
+            return ["AccountingStorageType=accounting_storage/none"]
+        settings = slurm_teams.accounting_settings("localhost", self.dbd_port)
+        # With slurmdbd, Slurm 22.05 takes the munge socket for its connections from AccountingStoragePass
+        # (AuthInfo covers the others): without it, clients look for the system's default socket.
+        return [f"{key}={value}" for key, value in settings.items()] + [f"AccountingStoragePass={self.socket}"]
+
+    def _start_accounting(self, timeout: float) -> None:
+        """A private MariaDB, its database user (the password only in slurmdbd.conf, mode 0600), slurmdbd,
+        and this cluster registered in it: before slurmctld, which connects to slurmdbd as it starts."""
+        db = self.root / "mariadb"
+        data, sock, db_port = db / "data", db / "mysqld.sock", _free_port()
+        if not data.exists():
+            db.mkdir(parents=True, exist_ok=True)
+            done = subprocess.run(
+                [
+                    "mariadb-install-db",
+                    "--no-defaults",
+                    "--user=root",
+                    f"--datadir={data}",
+                    "--auth-root-authentication-method=socket",
+                    "--skip-test-db",
+                ],
+                capture_output=True,
+                text=True,
+            )
+            if done.returncode != 0:
+                raise LocalSlurmError(f"mariadb-install-db failed: {done.stderr.strip()[-500:]}")
+        self._spawn(
+            "mariadbd",
+            [
+                "mariadbd",
+                "--no-defaults",
+                "--user=root",
+                f"--datadir={data}",
+                f"--socket={sock}",
+                f"--port={db_port}",
+                "--bind-address=127.0.0.1",
+                f"--pid-file={db / 'mariadbd.pid'}",
+                "--skip-name-resolve",
+                "--innodb-buffer-pool-size=32M",
+                "--performance-schema=OFF",
+            ],
+        )
+        self._wait(lambda: self._alive() and sock.exists(), timeout, "MariaDB's socket", "mariadbd.stdout")
+        password = os.urandom(18).hex()
+        # On stdin, not the command line: a password in argv shows in every process listing.
+        sql = (
+            f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}';"
+            f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}';"
+            f"GRANT ALL ON {ACCOUNTING_DB}.* TO 'slurm'@'127.0.0.1';"
+        )
+        done = subprocess.run(
+            ["mariadb", "--no-defaults", f"--socket={sock}", "-u", "root"], input=sql, capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise LocalSlurmError(f"creating the slurm database user failed: {done.stderr.strip()}")
+        self.dbd_conf = self.root / "slurmdbd.conf"
+        slurm_teams.write_private(
+            self.dbd_conf,
+            slurm_teams.slurmdbd_conf(
+                dbd_port=self.dbd_port,
+                storage_host="127.0.0.1",
+                storage_port=db_port,
+                storage_user="slurm",
+                storage_password=password,
+                storage_db=ACCOUNTING_DB,
+                slurm_user="root",
+                log_file=self.root / "log" / "slurmdbd.log",
+                pid_file=self.root / "slurmdbd.pid",
+                auth_info=f"socket={self.socket}",
+            ),
+            owner="root",
+        )
+        # slurmdbd reads slurmdbd.conf from the folder of SLURM_CONF.
+        self._spawn("slurmdbd", ["slurmdbd", "-D"])
+        self._wait(self._dbd_answers, timeout, "slurmdbd", "slurmdbd.log")
+        self.run("sacctmgr", "-i", "add", "cluster", CLUSTER_NAME, check=False)
+
+    def _dbd_answers(self) -> bool:
+        self._alive()
+        return self.run("sacctmgr", "-n", "list", "cluster", check=False).returncode == 0
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = (self.root / "log" / f"{name}.stdout").open("ab")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian/Ubuntu packages the tests and the rehearsal need, when missing: a local Slurm
-# (slurm-wlm) with munge, graphviz (the architecture diagram), Prometheus and its node exporter (the
+# (slurm-wlm) with munge and its accounting (slurmdbd, mariadb-server), graphviz (the architecture diagram),
+# Prometheus and its node exporter (the
 # observability rehearsal) and the venv module of python3.
 # Uses sudo when not root. Does nothing when everything is there (make test runs it every time).
 set -euo pipefail
@@ -10,7 +11,8 @@ set -euo pipefail
 sbin_dirs=${HPL_SBIN_DIRS-/usr/local/sbin:/usr/sbin:/sbin}
 missing=()
 for pair in slurmctld:slurm-wlm slurmd:slurm-wlm sbatch:slurm-wlm munged:munge dot:graphviz \
-  prometheus:prometheus prometheus-node-exporter:prometheus-node-exporter; do
+  prometheus:prometheus prometheus-node-exporter:prometheus-node-exporter \
+  slurmdbd:slurmdbd mariadbd:mariadb-server; do
   PATH="$PATH${sbin_dirs:+:$sbin_dirs}" command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
 python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)

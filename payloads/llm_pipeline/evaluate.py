@@ -28,6 +28,7 @@ from pathlib import Path
 from llm_pipeline import cli, generate
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
+from llm_pipeline.jobs.accounts import job_owner
 from llm_pipeline.prompt import MESSAGES_COLUMN, format_example, format_prompt, is_chat
 from llm_pipeline.training.plan import completion_only
 from llm_pipeline.training.trained_tokens import IGNORED, prepared_records
@@ -181,9 +182,17 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|") or "(empty)"
 
 
+def run_by_line(owner: dict) -> str:
+    """Who ran the evaluation, under which Slurm account and QOS (a team's, on a cluster with teams)."""
+    where = f", account `{owner['account']}`" if owner.get("account") else ""
+    where += f", QOS `{owner['qos']}`" if owner.get("qos") else ""
+    return f"- run by: `{owner['user']}`{where}"
+
+
 def as_markdown(result: dict) -> str:
     base, tuned = result["base"], result["tuned"]
-    lines = ["# Evaluation: base vs tuned", "", f"- base: `{base['model']}`", f"- tuned: `{tuned['model']}`", ""]
+    lines = ["# Evaluation: base vs tuned", "", f"- base: `{base['model']}`", f"- tuned: `{tuned['model']}`"]
+    lines += [*([run_by_line(result["run_by"])] if result.get("run_by") else []), ""]
     if result["held_out_rows"]:
         both = "all_tokens" in base
         lines += [
@@ -258,6 +267,7 @@ def evaluate(cfg: RunConfig) -> dict:
             for (instruction, context, reference), b, t in zip(asked, base["answers"], tuned["answers"], strict=True)
         ],
         "chart": None,
+        "run_by": job_owner(),  # the user and the Slurm account the job ran under (docs/teams.md)
     }
     figure = result_figure(cfg, {"base": result["base"], "tuned": result["tuned"]})
     if figure is not None:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from llm_pipeline import __version__, ladder_submit, run_state
-from llm_pipeline.jobs import capacity_chain, deploy_facts, estimate, pipeline_status, smoke
+from llm_pipeline.jobs import accounts, capacity_chain, deploy_facts, estimate, pipeline_status, smoke
 from llm_pipeline.jobs.chain import (
     PAYLOADS_DIR,
     ChainJob,
@@ -175,6 +175,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--wait", action="store_true", help="after submitting, follow the steps until the pipeline ends"
     )
     parser.add_argument(
+        "--account",
+        default="",
+        help="the Slurm account to run under (default: your association's, i.e. your team's; docs/teams.md)",
+    )
+    parser.add_argument("--qos", default="", help="the QOS to run under (default: the account's default QOS)")
+    parser.add_argument(
         "--poll", type=float, default=10.0, help="seconds between checks with --wait (default: %(default)s)"
     )
     return parser.parse_args(argv)
@@ -246,6 +252,7 @@ def _main(args: argparse.Namespace) -> int:
         if not pipeline_status.read_record(facts.logs_dir):
             raise SubmitError(f"no pipeline submitted for {facts.output_dir} (no {facts.logs_dir}/pipeline.json)")
         return report(facts, pipeline_status.states_retrying(facts.logs_dir, slurm))
+    env.update(accounts.account_environment(slurm, account=args.account, qos=args.qos))
     if args.dry_run:
         if args.action == "ladder":
             ladder_submit.dry_run(facts, env, smoke_stage=args.smoke)
@@ -253,8 +260,10 @@ def _main(args: argparse.Namespace) -> int:
             for path in check_earlier_outputs(facts, args.first, replace=args.replace_outputs):
                 print(f"# first: move {path} aside into {facts.output_dir / REPLACED_FOLDER}/<time>/")
             dry_run(facts, pipeline_jobs(args.first), env, smoke_stage=args.smoke)
+        print(f"# {accounts.describe(env)}", file=sys.stderr)  # stdout stays the script
         return 0
     require_sbatch()
+    print(accounts.describe(env), flush=True)
     if args.action == "ladder":
         ladder_submit.submit(facts, env, smoke_stage=args.smoke)
     else:

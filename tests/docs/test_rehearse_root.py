@@ -31,7 +31,7 @@ def checkout() -> Iterator[Path]:
         shutil.copy(ROOT / "Makefile", folder / "Makefile")
         shutil.copy(ROOT / "tools" / "need_root.sh", folder / "tools" / "need_root.sh")
         (folder / "bin").mkdir(mode=0o755)
-        for tool in ("bash", "id", "make", "sh", "env"):
+        for tool in ("bash", "id", "make", "sh", "env", "setsid"):
             (folder / "bin" / tool).symlink_to(shutil.which(tool))
         yield folder
     finally:
@@ -53,32 +53,60 @@ def test_without_sudo_make_rehearse_stops_before_installing_and_says_why(checkou
     assert "installing" not in done.stdout + done.stderr and not (checkout / ".venv").exists()
 
 
-def test_with_sudo_it_says_why_and_asks_once_up_front(checkout):
+def fake_sudo(checkout: Path, body: str) -> Path:
+    """A sudo that logs its arguments, then runs ``body`` (its exit status is sudo's); returns the log."""
     log = checkout / "sudo.log"
     log.touch(mode=0o666)
     log.chmod(0o666)
     sudo = checkout / "bin" / "sudo"
-    sudo.write_text(f'#!{shutil.which("bash")}\necho "$*" >> {log}\n')
+    sudo.write_text(f'#!{shutil.which("bash")}\necho "$*" >> {log}\n{body}\n')
     sudo.chmod(0o755)
-    done = run_as_normal_user(["bash", "tools/need_root.sh", "make rehearse-ladder"], checkout)
+    return log
+
+
+def in_a_terminal(command: str) -> list[str]:
+    """``command`` with a terminal of its own (script's pseudo-terminal), as when typed in one."""
+    return [shutil.which("script") or "script", "-qec", command, "/dev/null"]
+
+
+def test_with_sudo_it_says_why_and_asks_once_up_front(checkout):
+    log = fake_sudo(checkout, '[[ "$1" != -n ]]')  # no password cached: only the prompting -v succeeds
+    done = run_as_normal_user(in_a_terminal("bash tools/need_root.sh 'make rehearse-ladder'"), checkout)
+    assert done.returncode == 0, done.stdout
+    assert "note: make rehearse-ladder runs a local Slurm whose daemons" in done.stdout
+    assert "sudo asks for your password once, now" in done.stdout
+    assert log.read_text().splitlines() == ["-n true", "-v"]
+
+
+def test_a_sudo_that_needs_no_password_is_used_without_asking(checkout):
+    log = fake_sudo(checkout, "exit 0")  # sudo -v run earlier, or a NOPASSWD sudoers entry
+    done = run_as_normal_user(["setsid", "-w", "bash", "tools/need_root.sh", "make rehearse"], checkout)
     assert done.returncode == 0, done.stderr
-    assert "note: make rehearse-ladder runs a local Slurm whose daemons" in done.stderr
-    assert "sudo asks for your password once, now" in done.stderr
-    assert log.read_text().splitlines() == ["-v"]
+    assert "sudo, which needs no password now" in done.stderr and log.read_text().splitlines() == ["-n true"]
+
+
+def test_without_a_terminal_it_says_in_one_line_how_to_run_it(checkout):
+    """An IDE's run button or CI: no terminal for sudo's prompt (`sudo -S` reads a password nobody types)."""
+    log = fake_sudo(checkout, '[[ "$1" != -n ]]')
+    done = run_as_normal_user(["setsid", "-w", "bash", "tools/need_root.sh", "make rehearse"], checkout)
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("error: make rehearse runs a local Slurm whose daemons") and "no terminal" in line
+    assert "run `sudo -v` in a terminal first" in line and "or run it as root" in line
+    assert log.read_text().splitlines() == ["-n true"]  # never prompts
 
 
 def test_refused_sudo_stops_before_installing(checkout):
-    sudo = checkout / "bin" / "sudo"
-    sudo.write_text(f"#!{shutil.which('bash')}\nexit 1\n")
-    sudo.chmod(0o755)
-    done = run_as_normal_user(["bash", "tools/need_root.sh", "make rehearse"], checkout)
+    fake_sudo(checkout, "exit 1")
+    done = run_as_normal_user(in_a_terminal("bash tools/need_root.sh 'make rehearse'"), checkout)
     assert done.returncode == 2
-    assert "error: sudo refused; nothing was installed: make rehearse needs root" in done.stderr
+    assert "error: sudo refused; nothing was installed: make rehearse needs root" in done.stdout
 
 
 def touch_pinned(checkout: Path, *more: str) -> None:
     """What .venv is built from (and ``more``): present, so make -n gets to the rehearsal's own line."""
-    pinned = re.search(r"^\$\(STAMP\): (.*)$", (checkout / "Makefile").read_text(), re.M).group(1).split()
+    stamps = re.findall(r"^\$\((?:REHEARSAL_)?STAMP\): (.*)$", (checkout / "Makefile").read_text(), re.M)
+    pinned = [name for line in stamps for name in line.split() if not name.startswith("$(")]
     for name in [*pinned, *more]:
         (checkout / name).parent.mkdir(parents=True, exist_ok=True)
         (checkout / name).touch()

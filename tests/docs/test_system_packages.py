@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,11 +34,19 @@ def test_a_bare_machine_gets_slurm_munge_graphviz_and_prometheus(tmp_path):
     log = fake_apt(tmp_path)
     done = run(str(tmp_path))
     assert done.returncode == 0, done.stderr
-    packages = ["graphviz", "munge", "prometheus", "prometheus-node-exporter", "slurm-wlm"]
+    packages = [
+        "graphviz",
+        "mariadb-server",
+        "munge",
+        "prometheus",
+        "prometheus-node-exporter",
+        "slurm-wlm",
+        "slurmdbd",
+    ]
     assert f"installing system packages: {' '.join(packages)}" in done.stdout
     calls = log.read_text().splitlines()
     assert calls[0] == "update -qq"
-    assert calls[1].split()[-5:] == packages
+    assert calls[1].split()[-len(packages) :] == packages
 
 
 def test_nothing_is_installed_when_everything_is_there(tmp_path):
@@ -52,7 +61,7 @@ def test_daemons_in_sbin_count_for_a_user_whose_path_leaves_sbin_out(tmp_path):
     sbin, bin_dir = tmp_path / "sbin", tmp_path / "bin"
     sbin.mkdir()
     bin_dir.mkdir()
-    for tool in ("slurmctld", "slurmd", "munged"):
+    for tool in ("slurmctld", "slurmd", "munged", "slurmdbd", "mariadbd"):
         (sbin / tool).symlink_to(shutil.which("true"))
     for tool in ("sbatch", "dot", "prometheus", "prometheus-node-exporter"):
         (bin_dir / tool).symlink_to(shutil.which("true"))
@@ -60,8 +69,23 @@ def test_daemons_in_sbin_count_for_a_user_whose_path_leaves_sbin_out(tmp_path):
     for tool in ("sort", "sed", "env"):
         (bin_dir / tool).symlink_to(shutil.which(tool))
     log = fake_apt(bin_dir)
-    assert run(str(bin_dir)).stdout == "installing system packages: munge slurm-wlm\n"  # sbin not searched
+    sbin_packages = "mariadb-server munge slurm-wlm slurmdbd"
+    assert run(str(bin_dir)).stdout == f"installing system packages: {sbin_packages}\n"  # sbin not searched
     log.unlink()
     done = run(str(bin_dir), sbin_dirs=str(sbin))
     assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
     assert not log.exists()
+
+
+def test_the_readme_and_make_help_name_every_package_it_installs():
+    script = SCRIPT.read_text()
+    pairs = re.search(r"for pair in (.*?); do", script, re.S).group(1)
+    packages = {pair.split(":")[1] for pair in pairs.replace("\\", " ").split()}
+    packages |= set(re.findall(r"missing\+=\(([\w-]+)\)", script))
+    assert {"slurm-wlm", "munge", "graphviz", "prometheus", "prometheus-node-exporter", "python3-venv"} <= packages
+    readme = " ".join((ROOT / "README.md").read_text().split())  # one line: a name may wrap
+    make_help = subprocess.run(["make", "--no-print-directory", "help"], cwd=ROOT, capture_output=True, text=True)
+    (help_line,) = [line for line in make_help.stdout.splitlines() if "make system-packages" in line]
+    for package in sorted(packages):
+        assert re.search(rf"(?<![\w-]){package}(?![\w-])", readme), f"README: {package} missing"
+        assert re.search(rf"(?<![\w-]){package}(?![\w-])", help_line), f"make help: {package} missing"

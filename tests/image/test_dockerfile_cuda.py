@@ -202,7 +202,7 @@ def test_gpu_pins_cover_the_stack(gpu_pins):
 def test_the_local_environments_install_each_lanes_pins(gpu_pins, verify_env):
     """The tests run what each image runs: the main venv the CUDA image's versions (and the main stack in
     full), .venv/torchtitan-site the ladder's, .venv/trn1-site the frozen Neuron image's."""
-    dev = loose_pins(REPO / "requirements-dev.txt")
+    dev = loose_pins(REPO / "requirements-rehearse.txt") | loose_pins(REPO / "requirements-dev.txt")
     assert not disagreements(dev, gpu_pins)
     main_stack = ("torch", "transformers", "tokenizers", "trl", "peft", "accelerate", "datasets", "huggingface-hub")
     assert {name: dev.get(name) for name in (*main_stack, "safetensors", "liger-kernel")} == {

@@ -219,6 +219,15 @@ def trn2_synth(synthesize_from, source_root: Path) -> Synth:
     )
 
 
+EXTERNAL_ACCOUNTING_DB = {"accounting_database": "external", "accounting_database_zone_id": "usw2-az1"}
+
+
+@pytest.fixture(scope="session")
+def external_db_synth(synthesize_from, source_root: Path) -> Synth:
+    """Slurm accounting in an RDS instance the stack creates (docs/teams.md), its second zone usw2-az1."""
+    return synthesize_from(source_root, stack_name="HyperPodExternalDb", **EXTERNAL_ACCOUNTING_DB)
+
+
 @pytest.fixture
 def sources_copy(tmp_path: Path, source_root: Path) -> Path:
     """A fresh copy of the session's sources, for a test to modify (same bytes as the baseline synth)."""

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-from stacks.build import REPO_ROOT
 from stacks.checkov_skips import METADATA_KEY
 
 pytestmark = pytest.mark.xdist_group("infra")
 
-CHECKOV = REPO_ROOT / ".venv" / "checkov" / "bin" / "checkov"
+CHECKOV = Path(sys.prefix) / "checkov" / "bin" / "checkov"  # beside the venv running the tests (make venv)
 UNSKIPPED = "default-without-skips"
 
 
@@ -40,13 +40,16 @@ def without_skips(template: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def templates(synth, named_synths, jobs_synth, both_gpu_synth, mode_synths, trn2_synth) -> dict[str, dict]:
+def templates(
+    synth, named_synths, jobs_synth, both_gpu_synth, mode_synths, trn2_synth, external_db_synth
+) -> dict[str, dict]:
     shapes = {
         "default": synth,
         **named_synths,
         "jobs-only": jobs_synth,
         "both-lanes": both_gpu_synth,
         "trn2": trn2_synth,
+        "external-accounting-db": external_db_synth,
     }
     shapes.update({f"observability-{mode}": s for mode, s in mode_synths.items()})
     found = {name: s.template for name, s in shapes.items()}
@@ -84,6 +87,7 @@ SHAPES = [
     "trn2",
     "observability-off",
     "observability-managed",
+    "external-accounting-db",
 ]
 
 

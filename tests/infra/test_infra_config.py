@@ -25,6 +25,7 @@ from stacks.config import (
     lane_warnings,
     storage_warnings,
 )
+from stacks.teams import parse_teams, parse_users
 
 pytestmark = pytest.mark.xdist_group("infra")
 
@@ -61,6 +62,7 @@ def test_cdk_json_sets_every_knob_to_the_dataclass_default():
     assert sorted(ours) == sorted(known), "every config key is documented in cdk.json"
     defaults = {field.name: field.default for field in dataclasses.fields(HyperPodConfig)}
     ours["compute_groups"] = parse_compute_groups(ours["compute_groups"])
+    ours["teams"], ours["users"] = parse_teams(ours["teams"]), parse_users(ours["users"])
     assert ours == defaults
 
 

@@ -53,6 +53,16 @@ CHANGES: dict[str, tuple[dict, dict]] = {
     "retain_outputs": ({}, {"retain_outputs": True}),
     "lanes": ({}, {"lanes": "both"}),
     "observability": ({}, {"observability": "off"}),
+    "teams": ({}, {"teams": json.dumps([{"name": "research", "gid": 3001, "fairshare": 3}])}),
+    "users": (
+        {"teams": json.dumps([{"name": "research", "gid": 3001}])},
+        {"users": json.dumps([{"name": "alice", "uid": 3101, "team": "research"}])},
+    ),
+    "accounting_database": ({}, {"accounting_database": "external", "accounting_database_zone_id": "usw2-az1"}),
+    "accounting_database_zone_id": (
+        {"accounting_database": "external", "accounting_database_zone_id": "usw2-az1"},
+        {"accounting_database_zone_id": "usw2-az2"},
+    ),
 }
 GROUP_CHANGES = {
     "name": "worker",

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from lifecycle_node import FakeNode
 
+from tests.needs_root import require_root
+
 
 @pytest.fixture
 def node(tmp_path: Path) -> FakeNode:
-    if os.geteuid() != 0:
-        pytest.fail("the lifecycle tests change file ownership like the script does on a node: run them as root")
+    require_root("the lifecycle tests (they change file ownership as the scripts do on a node)")
     return FakeNode(tmp_path / "node-a")
 
 

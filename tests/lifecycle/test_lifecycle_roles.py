@@ -172,6 +172,7 @@ def test_every_log_line_names_its_step(compute_node: FakeNode) -> None:
         "wait-fsx",
         "fsx-layout",
         "slurm-version",
+        "teams",
         "neuron-devices",
         "enroot-devices",
         "efa-devices",

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import pytest
 
+from tests.needs_root import require_root
 from tools.local_slurm import LocalSlurm, missing_binaries
+
+
+@pytest.fixture(scope="module", autouse=True)
+def as_root() -> None:
+    """Before any cluster of the module starts: its daemons (munged, slurmctld, slurmd) run as root."""
+    require_root("the local-Slurm tests (tests/slurm: munged, slurmctld and slurmd run as root)")
 
 
 def require_slurm() -> None:

@@ -42,6 +42,7 @@ CONTROLLER_SIDE = (
     "jobs.smoke",
     "jobs.sweep_plan",
     "jobs.estimate",
+    "jobs.accounts",
 )
 
 

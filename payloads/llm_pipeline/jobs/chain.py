@@ -19,7 +19,7 @@ from pathlib import Path
 
 from llm_pipeline.config import FP8_RUNGS
 from llm_pipeline.errors import PipelineError
-from llm_pipeline.jobs import deploy_facts, partitions, pipeline_status, smoke
+from llm_pipeline.jobs import accounts, deploy_facts, partitions, pipeline_status, smoke
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts
 from llm_pipeline.run_files import SLURM_JOB_ID, STATE_DIR, StepLog, SubmittedLine
@@ -176,6 +176,7 @@ def sbatch_command(job: ChainJob, facts: RunFacts, after: str | None, env: dict[
     ]
     if env.get("HPL_PARTITION"):
         command.append(f"--partition={env['HPL_PARTITION']}")
+    command += accounts.sbatch_options(env)  # the team's account and QOS (jobs/accounts.py)
     if after:
         command += [f"--dependency=afterok:{after}", "--kill-on-invalid-dep=yes"]
     return [*command, str(PAYLOADS_DIR / "slurm" / job.script), *job.args]

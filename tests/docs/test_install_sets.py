@@ -1,0 +1,74 @@
+"""`make rehearse` installs only what a rehearsal runs (the main stack, torch's CPU build, this package);
+`make venv` and `make test` add the rest. Read from what make would run (`make -n`) in a copy of the Makefile."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# What only the tests use: never in the rehearsal's install.
+TEST_ONLY = ("requirements-dev.txt", "requirements-sagemaker.txt", "torchtitan-site", "trn1-site", "checkov", "npm ci")
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    """The Makefile with every file its rules name present, so make -n plans the installs and nothing else."""
+    folder = tmp_path_factory.mktemp("install-sets")
+    makefile = (ROOT / "Makefile").read_text()
+    (folder / "Makefile").write_text(makefile)
+    for prerequisites in re.findall(r"^\S+:([^=\n#]*)", makefile, re.M):
+        for name in prerequisites.split():
+            if "." in name and "$" not in name:
+                (folder / name).parent.mkdir(parents=True, exist_ok=True)
+                (folder / name).touch()
+    return folder
+
+
+def planned(checkout: Path, goal: str) -> str:
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-n", goal, "VENV=fresh"], cwd=checkout, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_make_rehearse_installs_the_main_stack_and_no_test_lane(checkout):
+    plan = planned(checkout, "rehearse")
+    assert [name for name in TEST_ONLY if name in plan] == []
+    assert "tools/install_torch.sh fresh/bin/python requirements-rehearse.txt" in plan
+    assert "-r requirements-rehearse.txt" in plan and "-m tools.rehearse" in plan
+
+
+def test_make_venv_adds_every_test_lane_after_the_rehearsals_install(checkout):
+    plan = planned(checkout, "venv")
+    assert [name for name in TEST_ONLY if name not in plan] == []
+    assert plan.index("requirements-rehearse.txt") < plan.index("requirements-dev.txt")
+    (trn1,) = [line for line in plan.splitlines() if "requirements-trn1-cpu.txt" in line]
+    assert "--ignore-requires-python" in trn1 and "--no-deps" in trn1  # optimum-neuron declares Python < 3.12
+
+
+def test_every_install_step_shows_its_progress(checkout):
+    installs = [line for line in planned(checkout, "venv").splitlines() if " install " in line or "npm ci" in line]
+    assert len(installs) >= 8
+    assert [line for line in installs if not line.startswith("tools/install_phase.sh ") or " -q" in line] == []
+
+
+def test_the_progress_wrapper_keeps_what_pip_collects_and_its_time(tmp_path):
+    chatter = "Collecting torch==2.13.0\n  Downloading torch.whl (200 MB)\nRequirement already satisfied: six\n"
+    chatter += "note: kept\n"
+    done = subprocess.run(
+        ["bash", ROOT / "tools" / "install_phase.sh", "the main stack", "printf", chatter],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0
+    kept = ["==> the main stack", "    torch==2.13.0", "note: kept", "    the main stack: done in 0 s"]
+    assert done.stdout.splitlines() == kept
+    failed = subprocess.run(["bash", ROOT / "tools" / "install_phase.sh", "x", "false"], capture_output=True)
+    assert failed.returncode == 1  # a failing step fails the install
+    assert shutil.which("sed")
