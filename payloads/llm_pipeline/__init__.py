@@ -1,7 +1,7 @@
 """The training pipeline that runs on the cluster (or in a SageMaker training job).
 
-Step modules sit on top, one per Slurm step plus `submit`: ``python -m llm_pipeline.<step>``
-(prepare, download, data, train, consolidate, merge, generate; precompile runs train). Shared by
+Step modules sit on top, one per step of ``submit.PIPELINE`` (the one list of the pipeline's steps, in order;
+precompile runs train, gather is a training job's) plus ``submit``: ``python -m llm_pipeline.<step>``. Shared by
 every step: config (the run config), cli (the step command line), errors (one root, PipelineError),
 prompt, run_files (every line and file a run leaves for another program). Helpers live in three
 subpackages, each stating what it may import:

@@ -55,9 +55,9 @@ from llm_pipeline.training import backends
 from llm_pipeline.weights.checkpoints import checkpoint_step
 
 # The Slurm chain's order, plus gather after train: a job's hosts share no file system (gather.py).
-STEPS = (*submit.STEPS[: submit.STEPS.index("train") + 1], "gather", *submit.STEPS[submit.STEPS.index("train") + 1 :])
-LEADER_ONLY_STEPS = ("consolidate", "merge", "generate", "evaluate")
-COMPILING_STEPS = ("precompile", "train")  # after these the leader writes new compile cache entries back
+STEPS = tuple(job.step for job in submit.PIPELINE)  # the job's steps: gather too
+LEADER_ONLY_STEPS = tuple(job.step for job in submit.PIPELINE if job.leader_only)
+COMPILING_STEPS = tuple(job.step for job in submit.PIPELINE if job.compiles)  # then the leader writes the cache back
 # The job owns its run folder: a restarted job rewrites what an earlier attempt left half done.
 STEP_ARGS = {"consolidate": ["--overwrite"], "merge": ["--overwrite"]}
 PAYLOADS_DIR = Path(__file__).resolve().parents[1]
@@ -99,7 +99,7 @@ def step_command(step: str, run_config: Path, env: dict[str, str], hosts: sagema
         return "nothing to do on this host (no Neuron devices)"
     if step == "gather" and len(hosts.hosts) == 1:
         return "nothing to do (one host: its disk holds the whole checkpoint)"
-    if step in ("precompile", "train"):
+    if submit.step_job(step).multi_node:  # torchrun on every host
         torchrun = [python, "-m", "torch.distributed.run", *launch.launch_args(env)]
         command = [*torchrun, "-m", "llm_pipeline.train", "--config", str(run_config)]
         if step != "precompile":

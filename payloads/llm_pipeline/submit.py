@@ -39,13 +39,29 @@ from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts, read_run_facts
 from llm_pipeline.run_files import StepLog
 
-STEPS = ("prepare", "download", "data", "precompile", "train", "consolidate", "merge", "generate", "evaluate")
-MULTI_NODE_STEPS = ("precompile", "train")  # the others run one process on one node
-SHARED_STEPS = ("prepare", "download", "data")  # run once: the smoke run reuses their image, model and data
-TRAINING_STEPS = ("train",)  # resumes from its newest checkpoint: smoke-tested saving, then resuming
-# What the steps after train write into the run folder (config.py's PathsConfig layout): made from one
-# checkpoint, they are stale once a chain trains on.
-TRAINED_OUTPUTS = ("adapter", "merged", "generation.txt", "eval")
+# The pipeline: every step in order, each one record (payloads/slurm/<step>.sbatch; a training job runs the same
+# steps, gather too: sagemaker_job). Shared steps run once, their image, model and data serve the smoke run too;
+# precompile and train run on every node; train resumes from its newest checkpoint (smoke-tested saving, then
+# resuming); what the steps after train write (config.py's PathsConfig layout) is stale once a chain trains on.
+PIPELINE = (
+    ChainJob(step="prepare", script="prepare.sbatch", shared=True),
+    ChainJob(step="download", script="download.sbatch", shared=True),
+    ChainJob(step="data", script="data.sbatch", shared=True),
+    ChainJob(step="precompile", script="precompile.sbatch", multi_node=True, compiles=True),
+    ChainJob(step="train", script="train.sbatch", multi_node=True, trains=True, resumes=True, compiles=True),
+    ChainJob(
+        step="gather", script="", job_only=True
+    ),  # a training job of several hosts: the checkpoint onto the leader
+    ChainJob(step="consolidate", script="consolidate.sbatch", leader_only=True, outputs=("adapter", "merged")),
+    ChainJob(step="merge", script="merge.sbatch", leader_only=True, outputs=("merged",)),
+    ChainJob(step="generate", script="generate.sbatch", leader_only=True, outputs=("generation.txt",)),
+    ChainJob(step="evaluate", script="evaluate.sbatch", leader_only=True, outputs=("eval",)),
+)
+PIPELINE_STEPS = {job.step: job for job in PIPELINE}
+STEPS = tuple(job.step for job in PIPELINE if not job.job_only)  # a Slurm chain's
+SHARED_STEPS = tuple(job.step for job in PIPELINE if job.shared)
+TRAINING_STEPS = tuple(job.step for job in PIPELINE if job.trains)
+TRAINED_OUTPUTS = tuple(dict.fromkeys(name for job in PIPELINE for name in job.outputs))
 REPLACED_FOLDER = "replaced"  # <run>/replaced/<UTC time>/: earlier outputs moved aside by --replace-outputs
 REPLACE_FLAG = run_state.REPLACE_FLAG
 
@@ -55,15 +71,8 @@ def steps_from(first: str) -> tuple[str, ...]:
 
 
 def step_job(step: str) -> ChainJob:
-    """The job of one step: payloads/slurm/<step>.sbatch, on every node for precompile and train."""
-    return ChainJob(
-        step=step,
-        script=f"{step}.sbatch",
-        multi_node=step in MULTI_NODE_STEPS,
-        shared=step in SHARED_STEPS,
-        trains=step in TRAINING_STEPS,
-        resumes=step in TRAINING_STEPS,
-    )
+    """The record of one step (PIPELINE)."""
+    return PIPELINE_STEPS[step]
 
 
 def pipeline_jobs(first: str) -> list[ChainJob]:

@@ -162,7 +162,8 @@ def test_a_smoke_stage_on_several_hosts_says_when_it_cannot_prove_the_resume(tmp
     env = sm_env(root, ["algo-1", "algo-2"], "algo-1")
     env = {**env, **sagemaker_env.pipeline_environment(env)}
     run_config = tmp_path / "run.toml"
-    write_derived(TINY, run_config, {("train", "backend"): backend})
+    # the neuron backend pads every example (refusals.REFUSALS: no packing there)
+    write_derived(TINY, run_config, {("train", "backend"): backend, ("data", "packing"): backend == "torch"})
     cfg = config.load(run_config, env=env)
     hosts = sagemaker_env.read_hosts(env)
     plan = sagemaker_job.job_plan(run_config, cfg, "prepare", hosts, smoke_stage=True)

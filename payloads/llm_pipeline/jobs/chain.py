@@ -47,6 +47,10 @@ class ChainJob:
     trains: bool = False
     # It resumes from its newest checkpoint when started again: its smoke copy runs twice, saving, then resuming.
     resumes: bool = False
+    compiles: bool = False  # it fills the Neuron compile cache (a training job's leader writes it back after it)
+    leader_only: bool = False  # in a training job of several hosts: on the first host only
+    job_only: bool = False  # a training job's step only (no Slurm script): gather
+    outputs: tuple[str, ...] = ()  # what it writes into the run folder, made from one checkpoint
 
 
 # Between the smoke stage and the long jobs.

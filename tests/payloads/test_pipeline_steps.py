@@ -1,0 +1,47 @@
+"""The pipeline's steps are one list of records (submit.PIPELINE): submit, sagemaker_job and hpctl read it,
+and no module keeps a list of step names of its own."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from llm_pipeline import sagemaker_job, submit
+
+ROOT = Path(__file__).parents[2]
+STEP_NAMES = {job.step for job in submit.PIPELINE}
+
+
+def _step_lists(tree: ast.AST) -> list[list[str]]:
+    """Tuple, list or set literals naming three or more of the pipeline's steps."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            names = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in STEP_NAMES]
+            if len(names) >= 3:
+                found.append(names)
+    return found
+
+
+def test_pipeline_is_the_only_list_of_steps():
+    sources = [p for folder in ("payloads", "hpctl", "tools") for p in (ROOT / folder).rglob("*.py")]
+    lists = {str(p.relative_to(ROOT)): found for p in sources if (found := _step_lists(ast.parse(p.read_text())))}
+    assert len(sources) > 100 and lists == {}
+    old = 'STEPS = ("prepare", "download", "data", "precompile", "train", "consolidate", "merge")'
+    assert _step_lists(ast.parse(old))  # the finder sees a list of step names
+
+
+def test_the_chain_and_the_training_job_read_the_same_records():
+    assert tuple(job.step for job in submit.PIPELINE if job.step != "gather") == submit.STEPS
+    assert tuple(job.step for job in submit.PIPELINE) == sagemaker_job.STEPS
+    assert sagemaker_job.LEADER_ONLY_STEPS == ("consolidate", "merge", "generate", "evaluate")
+    assert tuple(job.step for job in submit.PIPELINE if job.multi_node) == sagemaker_job.COMPILING_STEPS
+    assert submit.TRAINED_OUTPUTS == ("adapter", "merged", "generation.txt", "eval")
+    for job in submit.PIPELINE:
+        assert job.job_only or (ROOT / "payloads" / "slurm" / job.script).is_file()
+
+
+def test_the_docs_name_the_steps_by_the_pipeline():
+    package = (ROOT / "payloads" / "llm_pipeline" / "__init__.py").read_text()
+    layout = (ROOT / "docs" / "README.md").read_text()
+    assert "submit.PIPELINE" in package and "submit.PIPELINE" in layout
