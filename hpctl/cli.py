@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from cluster_contract import DEFAULT_STACK_NAME
-from hpctl import commands, job_commands, node_commands, secrets
+from hpctl import commands, job_commands, node_commands, scaling_commands, secrets
 from hpctl.errors import HpctlError
 from llm_pipeline import __version__
 from llm_pipeline.compare import DEFAULT_TOLERANCE  # stdlib at import; charts load when it runs
@@ -115,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     node_commands.add_parsers(sub, common)
     secrets.add_parsers(sub, common)
     job_commands.add_parsers(sub, common)
+    scaling_commands.add_parsers(sub, common)
     return parser
 
 
