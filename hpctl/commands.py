@@ -65,7 +65,19 @@ def status(args: argparse.Namespace) -> None:
     report = collect_status(deployment.session, stack)
     report["observability"] = observability.health(deployment.session, stack)
     report["run"] = newest_run_status(deployment, stack)
+    if args.slurm:
+        report["slurm"] = slurm_version(deployment, stack)
     print(render_json(report) if args.json else render_text(report))
+
+
+def slurm_version(deployment: Deployment, stack: StackInfo) -> str:
+    """Slurm's version on the controller (`sinfo -V` over SSM), and what its queue holds."""
+    from hpctl.scaling_commands import slurm_activity  # the SSM query; hpctl scale and update-software use it too
+
+    cluster = describe_cluster(deployment.session, stack.output(StackOutput.CLUSTER_NAME))
+    activity = slurm_activity(deployment, cluster, stack.output(StackOutput.CONTROLLER_GROUP))
+    running = sum(job.state == "RUNNING" for job in activity.jobs)
+    return f"{activity.version}, {running} job(s) running, {len(activity.jobs) - running} other(s) queued"
 
 
 def newest_run_status(deployment: Deployment, stack: StackInfo) -> dict | None:
