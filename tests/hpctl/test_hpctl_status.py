@@ -116,24 +116,19 @@ def test_each_group_shows_its_capacity_type_and_training_plan(deployed, hpctl):
 
 
 def test_each_group_shows_its_ami_release_and_an_update_rolling_out(deployed, hpctl):
-    deployed.add_instance_group(
-        InstanceGroupName="gpu",
-        InstanceType="ml.p5.48xlarge",
-        CurrentCount=2,
-        TargetCount=2,
-        CurrentImageReleaseVersion="2025.11.3",
-        DesiredImageReleaseVersion="2026.10.1",
-        ImageVersionStatus="SecurityUpdateRequired",
-    )
-    deployed.add_instance_group(
-        InstanceGroupName="cpu",
-        InstanceType="ml.m5.xlarge",
-        CurrentCount=1,
-        TargetCount=1,
-        CurrentImageReleaseVersion="2026.10.1",
-        DesiredImageReleaseVersion="2026.10.1",
-        ImageVersionStatus="UpToDate",
-    )
+    for name, kind, current, desired, status in (
+        ("gpu", "ml.p5.48xlarge", "2025.11.3", "2026.10.1", "SecurityUpdateRequired"),
+        ("cpu", "ml.m5.xlarge", "2026.10.1", "2026.10.1", "UpToDate"),
+    ):
+        deployed.add_instance_group(
+            InstanceGroupName=name,
+            InstanceType=kind,
+            CurrentCount=1,
+            TargetCount=1,
+            CurrentImageReleaseVersion=current,
+            DesiredImageReleaseVersion=desired,
+            ImageVersionStatus=status,
+        )
     code, out, _ = hpctl("status")
     assert code == 0
     groups = out.split("Instance groups\n")[1].split("\n\n")[0].splitlines()
