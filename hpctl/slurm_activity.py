@@ -3,19 +3,26 @@ node's state, and Slurm's version. `hpctl scale` and `hpctl update-software` rea
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 from dataclasses import dataclass, field
 
+from cluster_contract import FSX_MOUNT_PATH
 from hpctl import ssm
 from hpctl.errors import HpctlError
 
 # Each answer line carries a tag, so the session's own framing lines are told apart from Slurm's.
-JOB_TAG, NODE_TAG, VERSION_TAG = "hpl-job", "hpl-node", "hpl-version"
+JOB_TAG, NODE_TAG, VERSION_TAG, USAGE_TAG = "hpl-job", "hpl-node", "hpl-version", "hpl-usage"
+# The usage ledgers of the groups that scale with runs (llm_pipeline.jobs.capacity), where the chains keep them.
+LEDGERS = f"{FSX_MOUNT_PATH}/capacity/*.usage.json"
 QUERY = (
     'bash -c "'
     f"squeue -h -o '{JOB_TAG} %i %P %T' && "
     f"sinfo -h -N -o '{NODE_TAG} %N %P %T' && "
-    f"sinfo -V | sed 's/^/{VERSION_TAG} /'\""
+    f"sinfo -V | sed 's/^/{VERSION_TAG} /'; "
+    f"for f in {LEDGERS}; do test -e $f && echo {USAGE_TAG} $(basename $f .usage.json) $(tr -d ' ' < $f); done; "
+    'true"'
 )
 # sinfo's node states that mean a job holds (part of) the node
 BUSY_STATES = ("allocated", "mixed", "completing")
@@ -33,6 +40,7 @@ class SlurmActivity:
     jobs: list[SlurmJob] = field(default_factory=list)
     node_states: dict[str, str] = field(default_factory=dict)  # Slurm node name -> sinfo state
     version: str = ""  # "slurm 24.11.5"
+    usage: dict[str, dict] = field(default_factory=dict)  # group -> its usage ledger (scale_with_runs)
 
     def busy(self, node: str) -> bool:
         return self.node_states.get(node, "").rstrip("*~#!%$@^-+").startswith(BUSY_STATES)
@@ -52,6 +60,9 @@ def parse(lines: list[str]) -> SlurmActivity:
             activity.node_states[words[1]] = words[3].lower()
         elif words[:1] == [VERSION_TAG]:
             activity.version = " ".join(words[1:])
+        elif len(words) == 3 and words[0] == USAGE_TAG:
+            with contextlib.suppress(ValueError):
+                activity.usage[words[1]] = json.loads(words[2])
     return activity
 
 

@@ -86,7 +86,7 @@ def render_text(status: dict) -> str:
         f"Image        {status['image_uri'] or '-'}",
         f"Bucket       {stack['outputs'].get('BucketName', '-')}",
         *([f"Metrics      {observability.render_health(watched)}"] if (watched := status.get("observability")) else []),
-        *([f"Slurm        {status['slurm']}"] if status.get("slurm") else []),
+        *(slurm_lines(status["slurm"]) if status.get("slurm") else []),
         "",
         "Instance groups",
         format_table(
@@ -128,6 +128,17 @@ def render_text(status: dict) -> str:
     if status.get("run"):
         lines += ["", *run_progress.render(status["run"], status["run"].get("cost"))]
     return "\n".join(lines)
+
+
+def slurm_lines(slurm: dict) -> list[str]:
+    lines = [f"Slurm        {slurm['version']}, {slurm['running']} job(s) running, {slurm['queued']} other(s) queued"]
+    for group, hours in slurm["saved"].items():
+        held, always_on = hours["held_node_hours"], hours["always_on_node_hours"]
+        lines.append(
+            f"Saved        {group}: {always_on - held:.1f} node-hours ({held:.1f} held of {always_on:.1f} always-on, "
+            "since its first claim; scale_with_runs)"
+        )
+    return lines
 
 
 def ami_release(group: dict) -> str:

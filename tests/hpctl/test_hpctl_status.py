@@ -1,6 +1,7 @@
 """`hpctl status`: what the APIs report, in a table and as JSON."""
 
 import json
+import time
 
 import boto3
 
@@ -142,16 +143,27 @@ def test_each_group_shows_its_ami_release_and_an_update_rolling_out(deployed, hp
     assert (reported["gpu"]["image_release"], reported["gpu"]["desired_image_release"]) == ("2025.11.3", "2026.10.1")
 
 
-def test_slurm_version_and_queue_come_from_the_controller_when_asked(moto_server, session_tools, hpctl):
+def test_slurm_version_queue_and_node_hours_saved_come_from_the_controller_when_asked(
+    moto_server, session_tools, hpctl
+):
+    """The ledger of a scaled group: 2 nodes held for 3 h, then 0, first claim 10 h ago, ceiling 2."""
+    hour, now = 3600, time.time()
+    ledger = {"since": now - 10 * hour, "at": now - 7 * hour, "nodes": 0, "ceiling": 2, "node_seconds": 6 * hour}
     session_tools.replay_session(
         "hpl-job 11 trn1 RUNNING",
         "hpl-job 12 trn1 PENDING",
         "hpl-node compute-0 trn1 allocated",
         "hpl-version slurm 24.11.5",
+        f"hpl-usage compute {json.dumps(ledger, separators=(',', ':'))}",
     )
     code, out, err = hpctl("status", "--slurm")
     assert code == 0, err
-    assert "Slurm        slurm 24.11.5, 1 job(s) running, 1 other(s) queued" in out.splitlines()
+    lines = out.splitlines()
+    assert "Slurm        slurm 24.11.5, 1 job(s) running, 1 other(s) queued" in lines
+    assert (
+        "Saved        compute: 14.0 node-hours (6.0 held of 20.0 always-on, since its first claim; scale_with_runs)"
+        in lines
+    )
     assert "squeue" in " ".join(session_tools.calls())
     code, out, _ = hpctl("status")
     assert "Slurm " not in out  # no SSM session unless asked

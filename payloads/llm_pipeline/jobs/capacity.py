@@ -146,6 +146,38 @@ def write_claims(path: Path, claims: Mapping[str, int]) -> None:
     os.replace(partial, path)
 
 
+# -- the usage ledger: node-seconds the group held, against always-on -------------------------------------------------
+def usage_path(claims: Path) -> Path:
+    return claims.with_suffix(".usage.json")
+
+
+def account(usage: Mapping[str, float], nodes: int, ceiling: int, now: float) -> dict[str, float]:
+    """The ledger after the group changed to ``nodes`` at ``now``: the node-seconds held so far at the old count
+    are added up (from the first claim on: before it the group sat at its floor)."""
+    if not usage:
+        return {"since": now, "at": now, "nodes": nodes, "ceiling": ceiling, "node_seconds": 0.0}
+    held = float(usage["node_seconds"]) + float(usage["nodes"]) * (now - float(usage["at"]))
+    return {**usage, "at": now, "nodes": nodes, "ceiling": ceiling, "node_seconds": held}
+
+
+def node_hours(usage: Mapping[str, float], now: float) -> tuple[float, float]:
+    """(node-hours the group held, node-hours ``ceiling`` nodes always on would have held) since the first claim."""
+    held = float(usage["node_seconds"]) + float(usage["nodes"]) * (now - float(usage["at"]))
+    return held / 3600, float(usage["ceiling"]) * (now - float(usage["since"])) / 3600
+
+
+def record_usage(path: Path, nodes: int, ceiling: int) -> None:
+    """Under the claims lock: the group now has ``nodes`` in service (or asked for)."""
+    ledger = usage_path(path)
+    try:
+        usage = json.loads(ledger.read_text())
+    except FileNotFoundError:
+        usage = {}
+    partial = ledger.with_suffix(".partial")
+    partial.write_text(json.dumps(account(usage, nodes, ceiling, time.time()), sort_keys=True))
+    os.replace(partial, ledger)
+
+
 # -- claim and release ---------------------------------------------------------------------------------------------
 def claim(group: Group, nodes: int, scaler: Scaler, path: Path) -> str:
     """Record a claim for ``nodes`` and ask for what the live claims need beyond the nodes in service."""
@@ -158,9 +190,11 @@ def claim(group: Group, nodes: int, scaler: Scaler, path: Path) -> str:
     with locked(path):
         claims = {**read_claims(path), claim_id: nodes}
         write_claims(path, claims)
-        missing = group.wanted(claims) - len(scaler.in_service(group.name))
+        up = len(scaler.in_service(group.name))
+        missing = group.wanted(claims) - up
         if missing > 0:
             scaler.add(group.name, missing)
+        record_usage(path, up + max(missing, 0), group.ceiling)
     return claim_id
 
 
@@ -187,6 +221,7 @@ def release(
         gone = [node for node in chosen if not busy(node, ignore_own=node == own_node)]
         if gone:
             scaler.remove(group.name, gone)
+            record_usage(path, len(up) - len(gone), group.ceiling)
         return gone
 
 
