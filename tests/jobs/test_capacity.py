@@ -232,3 +232,10 @@ def test_every_job_of_a_scaled_chain_carries_the_groups_scaling_facts(tmp_path):
     scaled = capacity.scaling_environment({"scale_with_runs": 1, "group": "gpu", "min_instance_count": 0, "count": 2})
     exported = job_environment(facts, scaled)
     assert {name: exported[name] for name in scaled} == scaled and capacity.group_from_env(exported) is not None
+
+
+def test_the_wait_returns_once_the_nodes_are_up_and_fails_past_its_deadline_naming_what_is_missing():
+    polls = iter([[], ["n0"], ["n0", "n1"]])
+    assert capacity.wait_for_nodes(GROUP, 2, 60, ready=lambda partition: next(polls), poll_s=0) == ["n0", "n1"]
+    with pytest.raises(StepError, match=r"group gpu: 1 of the 2 node\(s\) this chain claimed did not come up in 0 s"):
+        capacity.wait_for_nodes(GROUP, 2, 0, ready=lambda partition: ["n0"], poll_s=0)
