@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from cluster_contract import DEFAULT_STACK_NAME
-from hpctl import commands, job_commands, node_commands, secrets, team_commands
+from hpctl import commands, job_commands, node_commands, scaling_commands, secrets, software, team_commands
 from hpctl.errors import HpctlError
 from llm_pipeline import __version__
 from llm_pipeline.compare import DEFAULT_TOLERANCE  # stdlib at import; charts load when it runs
@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", parents=[common], help="stack outputs, cluster, nodes, FSx and image")
     status.add_argument("--json", action="store_true", help="print one JSON document for scripts")
+    status.add_argument(
+        "--slurm", action="store_true", help="also ask the controller (SSM) for Slurm's version and queue"
+    )
     status.set_defaults(handler=commands.status)
 
     wait = sub.add_parser("wait", parents=[common], help="wait until the cluster is in service (or failed)")
@@ -118,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     secrets.add_parsers(sub, common)
     job_commands.add_parsers(sub, common)
     team_commands.add_parsers(sub, common)
+    scaling_commands.add_parsers(sub, common)
+    software.add_parsers(sub, common)
     return parser
 
 

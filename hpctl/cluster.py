@@ -21,6 +21,10 @@ class InstanceGroup:
     training_plan_arn: str = ""
     training_plan_status: str = ""
     minimum: int = 0  # MinCount (continuous provisioning): in service with this many; 0: the target
+    partitions: tuple[str, ...] = ()  # SlurmConfig.PartitionNames: the Slurm partitions its nodes serve
+    image_release: str = ""  # CurrentImageReleaseVersion: the HyperPod AMI release its nodes run
+    desired_image_release: str = ""  # DesiredImageReleaseVersion: differs while an update rolls out
+    image_status: str = ""  # ImageVersionStatus: UpToDate, UpdateAvailable, SecurityUpdateRequired, EndOfLife
 
     @property
     def needed(self) -> int:
@@ -113,6 +117,10 @@ def describe_cluster(session: boto3.Session, name: str) -> ClusterState:
                 training_plan_arn=group.get("TrainingPlanArn", ""),
                 training_plan_status=group.get("TrainingPlanStatus", ""),
                 minimum=group.get("MinCount", 0),
+                partitions=tuple(group.get("SlurmConfig", {}).get("PartitionNames", ())),
+                image_release=group.get("CurrentImageReleaseVersion", ""),
+                desired_image_release=group.get("DesiredImageReleaseVersion", ""),
+                image_status=group.get("ImageVersionStatus", ""),
             )
             for group in reply.get("InstanceGroups", [])
         ),

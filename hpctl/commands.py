@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from hpctl.submit import (
     validate_run_config,
 )
 from hpctl.wait import wait_in_service
+from llm_pipeline.jobs import capacity
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,25 @@ def status(args: argparse.Namespace) -> None:
     report = collect_status(deployment.session, stack)
     report["observability"] = observability.health(deployment.session, stack)
     report["run"] = newest_run_status(deployment, stack)
+    if args.slurm:
+        report["slurm"] = slurm_report(deployment, stack)
     print(render_json(report) if args.json else render_text(report))
+
+
+def slurm_report(deployment: Deployment, stack: StackInfo) -> dict:
+    """Slurm's version and queue on the controller (over SSM), and for each group that scales with runs the
+    node-hours it held since its first claim against as many always-on (the chains' usage ledger)."""
+    from hpctl.scaling_commands import slurm_activity  # the SSM query; hpctl scale and update-software use it too
+
+    cluster = describe_cluster(deployment.session, stack.output(StackOutput.CLUSTER_NAME))
+    activity = slurm_activity(deployment, cluster, stack.output(StackOutput.CONTROLLER_GROUP))
+    running = sum(job.state == "RUNNING" for job in activity.jobs)
+    now = time.time()
+    saved = {}
+    for group, usage in sorted(activity.usage.items()):
+        held, always_on = capacity.node_hours(usage, now)
+        saved[group] = {"held_node_hours": round(held, 3), "always_on_node_hours": round(always_on, 3)}
+    return {"version": activity.version, "running": running, "queued": len(activity.jobs) - running, "saved": saved}
 
 
 def newest_run_status(deployment: Deployment, stack: StackInfo) -> dict | None:

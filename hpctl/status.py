@@ -86,12 +86,20 @@ def render_text(status: dict) -> str:
         f"Image        {status['image_uri'] or '-'}",
         f"Bucket       {stack['outputs'].get('BucketName', '-')}",
         *([f"Metrics      {observability.render_health(watched)}"] if (watched := status.get("observability")) else []),
+        *(slurm_lines(status["slurm"]) if status.get("slurm") else []),
         "",
         "Instance groups",
         format_table(
-            ["GROUP", "TYPE", "NODES (current/target)", "CAPACITY", "TRAINING PLAN"],
+            ["GROUP", "TYPE", "NODES (current/target)", "CAPACITY", "TRAINING PLAN", "AMI RELEASE"],
             [
-                [g["name"], g["instance_type"], f"{g['current']}/{g['target']}", g["capacity"], g["training_plan"]]
+                [
+                    g["name"],
+                    g["instance_type"],
+                    f"{g['current']}/{g['target']}",
+                    g["capacity"],
+                    g["training_plan"],
+                    ami_release(g),
+                ]
                 for g in cluster["instance_groups"]
             ],
         ),
@@ -120,6 +128,27 @@ def render_text(status: dict) -> str:
     if status.get("run"):
         lines += ["", *run_progress.render(status["run"], status["run"].get("cost"))]
     return "\n".join(lines)
+
+
+def slurm_lines(slurm: dict) -> list[str]:
+    lines = [f"Slurm        {slurm['version']}, {slurm['running']} job(s) running, {slurm['queued']} other(s) queued"]
+    for group, hours in slurm["saved"].items():
+        held, always_on = hours["held_node_hours"], hours["always_on_node_hours"]
+        lines.append(
+            f"Saved        {group}: {always_on - held:.1f} node-hours ({held:.1f} held of {always_on:.1f} always-on, "
+            "since its first claim; scale_with_runs)"
+        )
+    return lines
+
+
+def ami_release(group: dict) -> str:
+    """The group's HyperPod AMI release, "-> desired" while an update rolls out, and its status when not current."""
+    text = group["image_release"] or "-"
+    if group["desired_image_release"] and group["desired_image_release"] != group["image_release"]:
+        text += f" -> {group['desired_image_release']}"
+    if group["image_status"] and group["image_status"] != "UpToDate":
+        text += f" ({group['image_status']})"
+    return text
 
 
 def _when(moment) -> str:

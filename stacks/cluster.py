@@ -7,6 +7,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct, IDependable
 
 from cluster_contract import CONTROLLER_GROUP, FSX_MOUNT_PATH, LOGIN_GROUP
+from stacks import ami_updates
 from stacks.compute_groups import SPOT, ComputeGroup
 from stacks.config import CONTINUOUS, LIFECYCLE_SCRIPT, STANDARD, HyperPodConfig
 
@@ -51,6 +52,31 @@ def capacity_properties(group: ComputeGroup) -> dict[str, object]:
         properties["training_plan_arn"] = group.training_plan_arn
     if group.deep_health_checks:
         properties["on_start_deep_health_checks"] = list(group.deep_health_checks)
+    return properties
+
+
+def deployment_config() -> Cfn.DeploymentConfigProperty:
+    rolling = ami_updates.ROLLING_DEPLOYMENT
+    batch = rolling["RollingUpdatePolicy"]["MaximumBatchSize"]
+    return Cfn.DeploymentConfigProperty(
+        rolling_update_policy=Cfn.RollingUpdatePolicyProperty(
+            maximum_batch_size=Cfn.CapacitySizeConfigProperty(type=batch["Type"], value=batch["Value"])
+        ),
+        wait_interval_in_seconds=rolling["WaitIntervalInSeconds"],
+    )
+
+
+def ami_update_properties(auto_patch: str, scheduled_update: str) -> dict[str, object]:
+    """The group's AutoPatchConfig and ScheduledUpdateConfig, each only when set; both roll one node at a time."""
+    properties: dict[str, object] = {}
+    if auto_patch:
+        properties["auto_patch_config"] = Cfn.AutoPatchConfigProperty(
+            patching_strategy=auto_patch, deployment_config=deployment_config()
+        )
+    if scheduled_update:
+        properties["scheduled_update_config"] = Cfn.ScheduledUpdateConfigProperty(
+            schedule_expression=scheduled_update, deployment_config=deployment_config()
+        )
     return properties
 
 
@@ -133,6 +159,7 @@ class HyperPodCluster(Construct):
                     ),
                     partition=compute.partition,
                     **capacity_properties(compute),
+                    **ami_update_properties(compute.auto_patch, compute.scheduled_update),
                 )
             )
         self.cluster = Cfn(

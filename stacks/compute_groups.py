@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from stacks import ami_updates
 from stacks.accelerators import INSTANCE_TYPES, REFUSED_INSTANCE_TYPES, instance_facts
 from stacks.validation import ConfigError, coerce
 
@@ -63,6 +64,22 @@ class ComputeGroup:
             "capacity follows the pipeline: the group holds min_instance_count nodes (0 allowed) while no chain "
             "runs, and each chain claims its nodes (up to count) and gives them back when it ends; the way to stop "
             "paying for idle accelerators (continuous provisioning only)"
+        ),
+    )
+    auto_patch: str = field(
+        default="",
+        metadata=_describe(
+            "AutoPatchConfig: HyperPod applies patch-level AMI releases to the group by itself, WhenIdle (each node "
+            "once it runs no job) or WhenAllIdle (when no node of the group runs one), one node at a time; empty: "
+            "no automatic patching"
+        ),
+    )
+    scheduled_update: str = field(
+        default="",
+        metadata=_describe(
+            "ScheduledUpdateConfig: HyperPod moves the group to the newest AMI release on this schedule, a cron "
+            "expression in UTC such as cron(0 3 ? * SUN *), one node at a time; empty: only when you run "
+            "`hpctl update-software`"
         ),
     )
 
@@ -224,6 +241,18 @@ def check_group(group: ComputeGroup, where: str) -> None:
         raise bad(
             "deep_health_checks",
             f"none on {group.instance_type}: HyperPod runs deep health checks on GPU and Trainium instances only",
+        )
+    if group.auto_patch and group.auto_patch not in ami_updates.patching_strategies():
+        raise bad(
+            "auto_patch",
+            f"empty or one of {', '.join(ami_updates.patching_strategies())} (AutoPatchConfig's strategies in "
+            "CloudFormation's schema)",
+        )
+    if group.scheduled_update and not ami_updates.schedule_pattern().fullmatch(group.scheduled_update):
+        raise bad(
+            "scheduled_update",
+            "empty or a cron expression CloudFormation accepts: cron(minute hour day-of-month month day-of-week "
+            "year), e.g. cron(0 3 ? * SUN *)",
         )
     if group.scale_with_runs and not group.count:
         raise bad("count", "1 or more with scale_with_runs = true (count is the most nodes the chains may claim)")

@@ -214,7 +214,9 @@ KEY_BEHAVIOUR: dict[str, KeyBehaviour] = {
         IN_PLACE,
         "every group key and adding a group, except: a group's capacity (on-demand or spot) is fixed once created, "
         "and removing or renaming a group needs `--allow-remove-group NAME`; a group with scale_with_runs deploys its "
-        "floor (min_instance_count), and predeploy refuses a deploy while chains hold nodes above it",
+        "floor (min_instance_count), and predeploy refuses a deploy while chains hold nodes above it; auto_patch and "
+        "scheduled_update change no node at the deploy: HyperPod patches or updates when their strategy or "
+        "schedule next says",
     ),
     "fsx_storage_capacity_gib": KeyBehaviour(IN_PLACE, "FSx can only grow (a decrease is refused)"),
     "fsx_throughput_mibps_per_tib": KeyBehaviour(IN_PLACE, ""),

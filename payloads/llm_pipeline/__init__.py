@@ -50,6 +50,10 @@ ENTRY_POINTS = {
         ("slurm",),
     ),
     "jobs.estimate": ("python3 -m llm_pipeline.jobs.estimate (estimate.sbatch; a job step)", ("slurm", "job")),
+    "jobs.capacity": (
+        "python3 -m llm_pipeline.jobs.capacity wait|release (wait-capacity.sbatch, release-capacity.sbatch)",
+        ("slurm",),
+    ),
     "jobs.launch": ("python3 -m llm_pipeline.jobs.launch --exec -- PROGRAM (hpl_torchrun)", ("slurm", "job")),
     "jobs.scaling_report": ("python3 -m llm_pipeline.jobs.scaling_report --sweep-dir DIR (sweep_report)", ("slurm",)),
 }

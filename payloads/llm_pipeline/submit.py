@@ -134,8 +134,9 @@ def submit(
         if job.step in STEPS and STEPS.index(job.step) < STEPS.index(first)  # (a ladder's steps are not)
     ]
     claim_id = capacity_chain.claim_for_chain(facts, env)  # a group that scales with runs: its nodes first
+    jobs = [capacity_chain.wait_job(facts), *pipeline_jobs(first)] if claim_id else pipeline_jobs(first)
     try:
-        submitted = submit_chain(facts, pipeline_jobs(first), env, kept=kept, smoke_stage=smoke_stage)
+        submitted = submit_chain(facts, jobs, env, kept=kept, smoke_stage=smoke_stage)
     except BaseException:
         capacity_chain.give_back_now(claim_id, env)
         raise

@@ -1,6 +1,7 @@
 """`hpctl status`: what the APIs report, in a table and as JSON."""
 
 import json
+import time
 
 import boto3
 
@@ -16,10 +17,12 @@ def test_table_shows_stack_cluster_groups_nodes_fsx_and_image(deployed, hpctl):
     assert lines[2].endswith("@tcp:/abcdefgh")
     assert lines[3] == "Image        123456789012.dkr.ecr.us-west-2.amazonaws.com/hpl-train:1"
     groups = out.split("Instance groups\n")[1].split("\n\n")[0].splitlines()
-    assert groups[0].split() == ["GROUP", "TYPE", "NODES", "(current/target)", "CAPACITY", "TRAINING", "PLAN"]
+    assert groups[0].split() == [
+        *("GROUP", "TYPE", "NODES", "(current/target)", "CAPACITY", "TRAINING", "PLAN", "AMI", "RELEASE")
+    ]
     assert [line.split() for line in groups[1:]] == [
-        ["controller", "ml.c5.xlarge", "1/1", "on-demand", "-"],
-        ["compute", "ml.trn1.32xlarge", "1/1", "on-demand", "-"],
+        ["controller", "ml.c5.xlarge", "1/1", "on-demand", "-", "-"],
+        ["compute", "ml.trn1.32xlarge", "1/1", "on-demand", "-", "-"],
     ]
     nodes = out.split("Nodes\n")[1].splitlines()
     assert nodes[0].split() == ["GROUP", "INSTANCE", "TYPE", "STATUS", "LAUNCHED", "MESSAGE"]
@@ -101,8 +104,8 @@ def test_each_group_shows_its_capacity_type_and_training_plan(deployed, hpctl):
     assert code == 0
     groups = out.split("Instance groups\n")[1].split("\n\n")[0].splitlines()
     assert [line.split() for line in groups[3:]] == [
-        ["gpu", "ml.p5.48xlarge", "2/4", "spot", "-"],
-        ["reserved", "ml.g5.12xlarge", "0/2", "on-demand", "g5-reserved", "(Scheduled)"],
+        ["gpu", "ml.p5.48xlarge", "2/4", "spot", "-", "-"],
+        ["reserved", "ml.g5.12xlarge", "0/2", "on-demand", "g5-reserved", "(Scheduled)", "-"],
     ]
     code, out, _ = hpctl("status", "--json")
     reported = {group["name"]: group for group in json.loads(out)["cluster"]["instance_groups"]}
@@ -111,3 +114,56 @@ def test_each_group_shows_its_capacity_type_and_training_plan(deployed, hpctl):
         PLAN,
         "g5-reserved (Scheduled)",
     )
+
+
+def test_each_group_shows_its_ami_release_and_an_update_rolling_out(deployed, hpctl):
+    for name, kind, current, desired, status in (
+        ("gpu", "ml.p5.48xlarge", "2025.11.3", "2026.10.1", "SecurityUpdateRequired"),
+        ("cpu", "ml.m5.xlarge", "2026.10.1", "2026.10.1", "UpToDate"),
+    ):
+        deployed.add_instance_group(
+            InstanceGroupName=name,
+            InstanceType=kind,
+            CurrentCount=1,
+            TargetCount=1,
+            CurrentImageReleaseVersion=current,
+            DesiredImageReleaseVersion=desired,
+            ImageVersionStatus=status,
+        )
+    code, out, _ = hpctl("status")
+    assert code == 0
+    groups = out.split("Instance groups\n")[1].split("\n\n")[0].splitlines()
+    assert [line.split()[5:] for line in groups[3:]] == [
+        ["2025.11.3", "->", "2026.10.1", "(SecurityUpdateRequired)"],
+        ["2026.10.1"],
+    ]
+    reported = {
+        group["name"]: group for group in json.loads(hpctl("status", "--json")[1])["cluster"]["instance_groups"]
+    }
+    assert (reported["gpu"]["image_release"], reported["gpu"]["desired_image_release"]) == ("2025.11.3", "2026.10.1")
+
+
+def test_slurm_version_queue_and_node_hours_saved_come_from_the_controller_when_asked(
+    moto_server, session_tools, hpctl
+):
+    """The ledger of a scaled group: 2 nodes held for 3 h, then 0, first claim 10 h ago, ceiling 2."""
+    hour, now = 3600, time.time()
+    ledger = {"since": now - 10 * hour, "at": now - 7 * hour, "nodes": 0, "ceiling": 2, "node_seconds": 6 * hour}
+    session_tools.replay_session(
+        "hpl-job 11 trn1 RUNNING",
+        "hpl-job 12 trn1 PENDING",
+        "hpl-node compute-0 trn1 allocated",
+        "hpl-version slurm 24.11.5",
+        f"hpl-usage compute {json.dumps(ledger, separators=(',', ':'))}",
+    )
+    code, out, err = hpctl("status", "--slurm")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "Slurm        slurm 24.11.5, 1 job(s) running, 1 other(s) queued" in lines
+    assert (
+        "Saved        compute: 14.0 node-hours (6.0 held of 20.0 always-on, since its first claim; scale_with_runs)"
+        in lines
+    )
+    assert "squeue" in " ".join(session_tools.calls())
+    code, out, _ = hpctl("status")
+    assert "Slurm " not in out  # no SSM session unless asked

@@ -8,6 +8,7 @@ import pytest
 
 from stacks.compute_groups import ComputeGroup
 from stacks.config import ConfigError, HyperPodConfig
+from stacks.lint import is_error, lint_template
 
 pytestmark = pytest.mark.xdist_group("infra")
 
@@ -173,3 +174,42 @@ def test_a_group_minimum_is_written_and_bounded_by_its_count(synthesize_from, so
     compute = cluster["Properties"]["InstanceGroups"][-1]
     assert (compute["InstanceCount"], compute["MinInstanceCount"]) == (4, 2)
     assert all("MinInstanceCount" not in group for group in cluster["Properties"]["InstanceGroups"][:-1])
+
+
+WEEKLY = "cron(0 3 ? * SUN *)"
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"auto_patch": "DrainFirst"}, ["'auto_patch'", "WhenIdle, WhenAllIdle"]),  # API-only: not in the schema
+        ({"auto_patch": "whenidle"}, ["'auto_patch'"]),
+        ({"scheduled_update": "0 3 * * 0"}, ["'scheduled_update'", "cron(0 3 ? * SUN *)"]),
+        ({"scheduled_update": "cron(0 25 ? * SUN *)"}, ["'scheduled_update'"]),  # hour 25
+    ],
+)
+def test_ami_update_keys_take_what_cloudformation_accepts(changes, words):
+    with pytest.raises(ConfigError) as error:
+        parse([{**TRN, **changes}])
+    assert all(word in str(error.value) for word in ["[0] (trn)", *words]), str(error.value)
+
+
+def test_ami_update_keys_reach_the_instance_group_rolling_one_node_at_a_time(synthesize_from, source_root):
+    made = synthesize_from(
+        source_root,
+        compute_groups=[{**TRN, "auto_patch": "WhenIdle"}, {**GPU, "count": 2, "scheduled_update": WEEKLY}],
+    )
+    _, cluster = made.one("AWS::SageMaker::Cluster")
+    *others, trn, gpu = cluster["Properties"]["InstanceGroups"]
+    rolling = {
+        "RollingUpdatePolicy": {"MaximumBatchSize": {"Type": "INSTANCE_COUNT", "Value": 1}},
+        "WaitIntervalInSeconds": 300,
+    }
+    assert trn["AutoPatchConfig"] == {"PatchingStrategy": "WhenIdle", "DeploymentConfig": rolling}
+    assert "ScheduledUpdateConfig" not in trn and "AutoPatchConfig" not in gpu
+    assert gpu["ScheduledUpdateConfig"] == {"ScheduleExpression": WEEKLY, "DeploymentConfig": rolling}
+    assert all("AutoPatchConfig" not in g and "ScheduledUpdateConfig" not in g for g in others)
+    errors = [
+        m for m in lint_template(made.outdir / f"{made.config.stack_name}.template.json", ["us-west-2"]) if is_error(m)
+    ]
+    assert errors == []  # the properties as CloudFormation's schema has them (cfn-lint)

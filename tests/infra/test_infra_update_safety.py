@@ -76,6 +76,8 @@ GROUP_CHANGES = {
     "threads_per_core": 2,
     "deep_health_checks": ["InstanceStress"],
     "scale_with_runs": True,  # InstanceCount becomes the floor: an in-place update
+    "auto_patch": "WhenAllIdle",
+    "scheduled_update": "cron(30 2 ? * SAT *)",
 }
 
 

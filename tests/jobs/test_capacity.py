@@ -8,6 +8,7 @@ installed SageMaker model (BatchAddClusterNodes, BatchDeleteClusterNodes, ListCl
 from __future__ import annotations
 
 import datetime
+import json
 import threading
 
 import boto3
@@ -18,6 +19,8 @@ from hypothesis import strategies as st
 
 from llm_pipeline.errors import StepError
 from llm_pipeline.jobs import capacity
+from llm_pipeline.jobs.chain import job_environment
+from llm_pipeline.jobs.run_facts import RunFacts
 
 GROUP = capacity.Group(name="gpu", partition="g5", floor=1, ceiling=4)
 
@@ -135,8 +138,12 @@ def test_any_interleaving_keeps_floor_and_claims_and_never_removes_a_busy_node(t
     for claim_id in live:
         release(nodes, claim_id, path)
     busy = {node for node, jobs in nodes.jobs.items() if jobs and node in nodes.up}
-    assert len(nodes.up) == max(GROUP.floor, len(busy))  # no claim left: the floor, plus nodes still running jobs
+    assert len(nodes.up) >= max(GROUP.floor, len(busy))  # no claim left: a node running a job stays
     assert capacity.read_claims(path) == {}
+    # A node busy at its release (a job outside any claim) goes back at the next release once idle.
+    nodes.jobs.clear()
+    release(nodes, "a-later-chain", path)
+    assert len(nodes.up) == GROUP.floor
 
 
 # -- HyperPod's node APIs, each request checked against botocore's model by the Stubber ---------------------------
@@ -200,3 +207,35 @@ def botocore_model() -> dict:
     import botocore.loaders
 
     return botocore.loaders.create_loader().load_service_model("sagemaker", "service-2")
+
+
+def test_the_ledger_adds_the_node_hours_held_at_each_count_against_always_on():
+    hour = 3600.0
+    usage = capacity.account({}, nodes=3, ceiling=4, now=0.0)  # a chain claims: 3 nodes from 0 h
+    usage = capacity.account(usage, nodes=1, ceiling=4, now=hour)  # its release: 1 node (the floor) from 1 h
+    held, always_on = capacity.node_hours(usage, now=2 * hour)
+    assert (held, always_on) == (3 + 1, 4 * 2)
+
+
+def test_claim_and_release_keep_the_ledger_beside_the_claims(tmp_path):
+    nodes, path = Nodes(up=1), tmp_path / "gpu.json"
+    claim_id = capacity.claim(GROUP, 3, nodes, path)
+    assert json.loads(capacity.usage_path(path).read_text())["nodes"] == 3
+    release(nodes, claim_id, path)
+    usage = json.loads(capacity.usage_path(path).read_text())
+    assert (usage["nodes"], usage["ceiling"]) == (GROUP.floor, GROUP.ceiling) and usage["node_seconds"] >= 0
+
+
+def test_every_job_of_a_scaled_chain_carries_the_groups_scaling_facts(tmp_path):
+    """The estimate step reads them to say whose node-hours it counts (llm_pipeline.jobs.estimate)."""
+    facts = RunFacts(config=tmp_path / "run.toml", output_dir=tmp_path / "run", nodes=1)
+    scaled = capacity.scaling_environment({"scale_with_runs": 1, "group": "gpu", "min_instance_count": 0, "count": 2})
+    exported = job_environment(facts, scaled)
+    assert {name: exported[name] for name in scaled} == scaled and capacity.group_from_env(exported) is not None
+
+
+def test_the_wait_returns_once_the_nodes_are_up_and_fails_past_its_deadline_naming_what_is_missing():
+    polls = iter([[], ["n0"], ["n0", "n1"]])
+    assert capacity.wait_for_nodes(GROUP, 2, 60, ready=lambda partition: next(polls), poll_s=0) == ["n0", "n1"]
+    with pytest.raises(StepError, match=r"group gpu: 1 of the 2 node\(s\) this chain claimed did not come up in 0 s"):
+        capacity.wait_for_nodes(GROUP, 2, 0, ready=lambda partition: ["n0"], poll_s=0)

@@ -176,3 +176,13 @@ def test_precompile_takes_its_smoke_run_time_though_it_prints_step_lines(capsys,
     pipeline_status.write_record(run / "logs", config, jobs)
     (row,) = estimate.estimate(run, config).steps
     assert (row.seconds, row.basis) == (95, "its smoke run's duration")
+
+
+def test_a_run_on_a_group_that_scales_with_runs_is_told_its_node_hours_are_its_own(capsys, tmp_path, monkeypatch):
+    run, config = smoke_run(capsys, tmp_path, "max_steps = 10\n")
+    monkeypatch.setenv("HPL_SCALE_WITH_RUNS", "1")
+    assert estimate.main(["--run-dir", str(run), "--config", str(config)]) == 0
+    assert estimate.read_estimate(run / "logs").note == estimate.SCALED_BILLING_NOTE
+    monkeypatch.delenv("HPL_SCALE_WITH_RUNS")
+    assert estimate.main(["--run-dir", str(run), "--config", str(config)]) == 0
+    assert estimate.read_estimate(run / "logs").note == estimate.BILLING_NOTE

@@ -1,6 +1,8 @@
 """A chain on a group that scales with runs, under a real local Slurm with the node scaler of tools/local_slurm.py
 (nodes added by resuming them, removed by draining them): nodes are claimed before the first step and given
-back after the last, whether the chain succeeds, fails at a step, or is cancelled; a busy node is never removed.
+back after the last, whether the chain succeeds, fails at a step, or is cancelled; two chains share the group
+and neither's release removes a node the other runs on; a node that never comes up is the chain's first failed
+step (wait-capacity), and its claim is given back.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def cluster(two_nodes, tmp_path_factory):
         HPL_SCALE_FLOOR="0",
         HPL_SCALE_CEILING="2",
         HPL_SCALER="tools.local_slurm:SlurmNodeScaler",
+        HPL_CAPACITY_WAIT_S="60",  # a node missing for a minute fails wait-capacity (the default is an hour)
         HPL_CAPACITY_DIR=str(root / "capacity"),
         PYTHONPATH=f"{REPO}:{REPO / 'payloads'}",
     )
@@ -104,23 +107,37 @@ def test_a_chain_claims_its_node_before_train_and_gives_it_back_after_evaluate(s
     assert in_service(env) == []  # back to the floor
 
 
-def test_a_failed_step_still_gives_the_node_back(scaled):
+def test_two_chains_share_the_group_a_failed_and_a_cancelled_one_and_no_busy_node_is_removed(scaled):
+    """A chain failing at its data step and one cancelled at once claim a node each; the cancelled one's release
+    finds the other's node busy (or both idle) and removes only idle ones; both nodes are back in the end."""
     env, root, log = scaled
-    config = variant(root, "broken", data__dataset="${HPL_DATASETS_DIR}/missing.jsonl")
+    broken = variant(root, "broken", data__dataset="${HPL_DATASETS_DIR}/missing.jsonl")
+    cancelled = variant(root, "cancelled")
+    first = submit(env, broken, "--no-smoke")
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = submit(env, cancelled, "--no-smoke")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert len([call for call in calls(log) if call["action"] == "add"]) == 2  # one node per claim
+    head = second.stdout.split("submitted wait-capacity job ")[1].split()[0]
+    subprocess.run(["scancel", head], env=env, check=True)  # the rest go with it (afterok, kill_invalid_depend)
+    removals = released(env, log)
+    assert sorted(node for call in removals for node in call["nodes"]) == sorted(states(env))
+    assert_removed_only_idle(removals)
+    assert in_service(env) == []
+    data_state = json.loads((Path(env["HPL_OUTPUTS_DIR"]) / "broken" / "logs" / "state" / "data.json").read_text())
+    assert data_state["state"] == "FAILED"
+
+
+def test_a_node_that_never_comes_up_is_the_chains_first_failed_step_and_the_claim_goes_back(scaled):
+    env, root, log = scaled
+    env = {**env, "HPL_SCALER": "tools.local_slurm:ShortSlurmNodeScaler", "HPL_CAPACITY_WAIT_S": "5"}
+    config = variant(root, "short", parallel__nodes=2)
     result = submit(env, config, "--no-smoke")
     assert result.returncode == 0, result.stdout + result.stderr
     removals = released(env, log)
+    logs = Path(env["HPL_OUTPUTS_DIR"]) / "short" / "logs"
+    (wait_log,) = logs.glob("wait-capacity-*.log")
+    assert "group compute: 1 of the 2 node(s) this chain claimed did not come up in 5 s" in wait_log.read_text()
+    assert json.loads((logs / "state" / "wait-capacity.json").read_text())["state"] == "FAILED"
+    assert not list(logs.glob("prepare-*.log"))  # nothing after it ran
     assert len(removals) == 1 and in_service(env) == []
-    assert_removed_only_idle(removals)
-
-
-def test_a_cancelled_chain_gives_the_node_back(scaled):
-    env, root, log = scaled
-    config = variant(root, "cancelled", train__max_steps=2, train__save_steps=2)
-    result = submit(env, config, "--no-smoke")
-    assert result.returncode == 0, result.stdout + result.stderr
-    first = result.stdout.split("submitted prepare job ")[1].split()[0]
-    subprocess.run(["scancel", first], env=env, check=True)  # the rest go with it (afterok, kill_invalid_depend)
-    removals = released(env, log)
-    assert len(removals) == 1 and in_service(env) == []
-    assert_removed_only_idle(removals)

@@ -15,6 +15,7 @@ The scaler is HyperPod's BatchAddClusterNodes / BatchDeleteClusterNodes (``Hyper
 ``HPL_SCALER=module:Class`` names another (the local Slurm's node scaler in tools/local_slurm.py, which takes
 nodes up and down with scontrol, for the offline rehearsal).
 
+    python3 -m llm_pipeline.jobs.capacity wait --nodes N        # the chain's first job: its nodes up, or fail
     python3 -m llm_pipeline.jobs.capacity release --claim ID    # the release job's command
 """
 
@@ -49,6 +50,12 @@ SCALER_VARIABLE = "HPL_SCALER"
 CLAIM_VARIABLE = "HPL_CAPACITY_CLAIM"
 CLUSTER_VARIABLE = "HPL_CLUSTER_NAME"
 RELEASE_STEP = "release-capacity"
+WAIT_STEP = "wait-capacity"
+WAIT_VARIABLE = "HPL_CAPACITY_WAIT_S"
+# HyperPod provisions a node and runs its lifecycle script in minutes to half an hour: a node not up after an hour
+# did not come (capacity, a failed lifecycle script); `hpctl events` says why.
+WAIT_DEFAULT_S = 3600.0
+READY_STATES = ("idle", "alloc", "mix")  # sinfo's %t for a node that runs jobs (a flag such as * or # is not up)
 LOCK_WAIT_S = 120.0
 LOCK_STALE_S = 600.0  # a lock older than this was left by a killed process: nothing holds a lock for minutes
 
@@ -146,6 +153,38 @@ def write_claims(path: Path, claims: Mapping[str, int]) -> None:
     os.replace(partial, path)
 
 
+# -- the usage ledger: node-seconds the group held, against always-on -------------------------------------------------
+def usage_path(claims: Path) -> Path:
+    return claims.with_suffix(".usage.json")
+
+
+def account(usage: Mapping[str, float], nodes: int, ceiling: int, now: float) -> dict[str, float]:
+    """The ledger after the group changed to ``nodes`` at ``now``: the node-seconds held so far at the old count
+    are added up (from the first claim on: before it the group sat at its floor)."""
+    if not usage:
+        return {"since": now, "at": now, "nodes": nodes, "ceiling": ceiling, "node_seconds": 0.0}
+    held = float(usage["node_seconds"]) + float(usage["nodes"]) * (now - float(usage["at"]))
+    return {**usage, "at": now, "nodes": nodes, "ceiling": ceiling, "node_seconds": held}
+
+
+def node_hours(usage: Mapping[str, float], now: float) -> tuple[float, float]:
+    """(node-hours the group held, node-hours ``ceiling`` nodes always on would have held) since the first claim."""
+    held = float(usage["node_seconds"]) + float(usage["nodes"]) * (now - float(usage["at"]))
+    return held / 3600, float(usage["ceiling"]) * (now - float(usage["since"])) / 3600
+
+
+def record_usage(path: Path, nodes: int, ceiling: int) -> None:
+    """Under the claims lock: the group now has ``nodes`` in service (or asked for)."""
+    ledger = usage_path(path)
+    try:
+        usage = json.loads(ledger.read_text())
+    except FileNotFoundError:
+        usage = {}
+    partial = ledger.with_suffix(".partial")
+    partial.write_text(json.dumps(account(usage, nodes, ceiling, time.time()), sort_keys=True))
+    os.replace(partial, ledger)
+
+
 # -- claim and release ---------------------------------------------------------------------------------------------
 def claim(group: Group, nodes: int, scaler: Scaler, path: Path) -> str:
     """Record a claim for ``nodes`` and ask for what the live claims need beyond the nodes in service."""
@@ -158,9 +197,11 @@ def claim(group: Group, nodes: int, scaler: Scaler, path: Path) -> str:
     with locked(path):
         claims = {**read_claims(path), claim_id: nodes}
         write_claims(path, claims)
-        missing = group.wanted(claims) - len(scaler.in_service(group.name))
+        up = len(scaler.in_service(group.name))
+        missing = group.wanted(claims) - up
         if missing > 0:
             scaler.add(group.name, missing)
+        record_usage(path, up + max(missing, 0), group.ceiling)
     return claim_id
 
 
@@ -187,6 +228,7 @@ def release(
         gone = [node for node in chosen if not busy(node, ignore_own=node == own_node)]
         if gone:
             scaler.remove(group.name, gone)
+            record_usage(path, len(up) - len(gone), group.ceiling)
         return gone
 
 
@@ -286,16 +328,59 @@ def make_scaler(env: Mapping[str, str]) -> Scaler:
     return HyperPodScaler(cluster)
 
 
+def slurm_ready(partition: str) -> list[str]:
+    """The partition's nodes Slurm can run jobs on now."""
+    where = ["-p", partition] if partition else []  # no partition named: the cluster's default one
+    out = subprocess.run(["sinfo", "-h", "-N", *where, "-o", "%N %t"], capture_output=True, text=True)
+    words = out.stdout.split() if out.returncode == 0 else []
+    return sorted({node for node, state in zip(words[0::2], words[1::2], strict=True) if state in READY_STATES})
+
+
+def wait_for_nodes(
+    group: Group,
+    nodes: int,
+    deadline_s: float,
+    *,
+    ready=slurm_ready,
+    poll_s: float = 5.0,
+) -> list[str]:
+    """Wait until ``nodes`` of the group's partition are up in Slurm; past ``deadline_s``, a StepError naming the
+    group and how many are missing."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        up = ready(group.partition)
+        if len(up) >= nodes:
+            return up
+        if time.monotonic() >= deadline:
+            raise StepError(
+                f"group {group.name}: {nodes - len(up)} of the {nodes} node(s) this chain claimed did not come up in "
+                f"{deadline_s:.0f} s (up: {', '.join(up) or 'none'}); `hpctl events --group {group.name}` says why. "
+                "The release job gives the claim back"
+            )
+        time.sleep(poll_s)
+
+
 def release_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m llm_pipeline.jobs.capacity")
-    parser.add_argument("action", choices=("release",))
-    parser.add_argument("--claim", required=True)
+    parser.add_argument("action", choices=("release", "wait"))
+    parser.add_argument("--claim", help="release: the claim to give back")
+    parser.add_argument("--nodes", type=int, default=1, help="wait: the nodes the chain needs up")
     args = parser.parse_args(argv)
     env = dict(os.environ)
     group = group_from_env(env)
     if group is None:
-        print("capacity: the partition does not scale with runs; nothing to give back")
+        print("capacity: the partition does not scale with runs; nothing to do")
         return 0
+    if args.action == "wait":
+        try:
+            up = wait_for_nodes(group, args.nodes, float(env.get(WAIT_VARIABLE) or WAIT_DEFAULT_S))
+        except StepError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        print(f"capacity: {len(up)} node(s) of group {group.name} up: {', '.join(up)}")
+        return 0
+    if not args.claim:
+        parser.error("release needs --claim")
     try:
         gone = release(
             group,

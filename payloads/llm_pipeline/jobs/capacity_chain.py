@@ -4,7 +4,7 @@ the chain's own submission so they move with it (stdlib only)."""
 from __future__ import annotations
 
 from llm_pipeline.jobs import capacity, deploy_facts
-from llm_pipeline.jobs.chain import PAYLOADS_DIR, SubmitError, slurm
+from llm_pipeline.jobs.chain import PAYLOADS_DIR, ChainJob, SubmitError, slurm
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts
 from llm_pipeline.run_files import SLURM_JOB_ID, StepLog
@@ -21,6 +21,13 @@ def claim_for_chain(facts: RunFacts, env: dict[str, str]) -> str:
     claim_id = capacity.claim(group, facts.nodes, capacity.make_scaler(env), capacity.claims_path(env, group))
     print(f"capacity: claimed {facts.nodes} node(s) of group {group.name} (claim {claim_id})", flush=True)
     return claim_id
+
+
+def wait_job(facts: RunFacts) -> ChainJob:
+    """The chain's first job: the claimed nodes up in Slurm, or a failed step naming the group and the missing
+    count (shared: it runs once, before a smoke stage)."""
+    script = f"{capacity.WAIT_STEP}.sbatch"
+    return ChainJob(step=capacity.WAIT_STEP, script=script, args=("--nodes", str(facts.nodes)), shared=True)
 
 
 def release_command(facts: RunFacts, claim_id: str, after: str, env: dict[str, str]) -> list[str]:
@@ -46,6 +53,7 @@ def release_environment(claim_id: str, env: dict[str, str]) -> dict[str, str]:
         capacity.CLAIMS_DIR_VARIABLE,
         capacity.SCALER_VARIABLE,
         capacity.CLUSTER_VARIABLE,
+        capacity.WAIT_VARIABLE,
         "HPL_FSX_MOUNT_PATH",
     )
     values = {name: env[name] for name in names if env.get(name)}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from llm_pipeline.config import FP8_RUNGS
 from llm_pipeline.errors import PipelineError
-from llm_pipeline.jobs import accounts, deploy_facts, partitions, pipeline_status, smoke
+from llm_pipeline.jobs import accounts, capacity, deploy_facts, partitions, pipeline_status, smoke
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts
 from llm_pipeline.run_files import SLURM_JOB_ID, STATE_DIR, StepLog, SubmittedLine
@@ -82,7 +82,7 @@ def job_environment(facts: RunFacts, env: dict[str, str] | None = None) -> dict[
         "HPL_RUN_DIR": str(facts.output_dir),
     }
     pinned = env or {}
-    for name in (*deploy_facts.ENV_NAMES, *partitions.ENV_NAMES):
+    for name in (*deploy_facts.ENV_NAMES, *partitions.ENV_NAMES, *capacity.SCALE_ENV.values()):
         if pinned.get(name):
             values[name] = pinned[name]
     for name, value in values.items():

@@ -36,7 +36,7 @@ from pathlib import Path
 from llm_pipeline import config as run_config
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import PipelineError
-from llm_pipeline.jobs import pipeline_status, smoke
+from llm_pipeline.jobs import capacity, pipeline_status, smoke
 from llm_pipeline.run_files import (
     DATA_STATS_FILE,
     ESTIMATE_FILE,
@@ -55,6 +55,10 @@ TRAIN_STEP = "train"  # the pipeline's and the sweep's training job (submit.TRAI
 BILLING_NOTE = (
     "HyperPod bills every node of the cluster while the cluster exists, busy or idle: these node-hours "
     "are what the run occupies, not what it adds to the bill"
+)
+SCALED_BILLING_NOTE = (
+    "the partition's group scales with runs: its nodes exist while chains claim them, so these node-hours are "
+    "what the run adds to the bill (plus the wait for its nodes to arrive); the floor is billed regardless"
 )
 JOB_BILLING_NOTE = (
     "a training job is billed per instance-second while it runs: node-hours x the instance type's on-demand "
@@ -213,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--training-job", action="store_true", help="inside a SageMaker training job (its billing)")
     args = parser.parse_args(argv)
     try:
-        result = estimate(args.run_dir, args.config, note=JOB_BILLING_NOTE if args.training_job else BILLING_NOTE)
+        scaled = capacity.group_from_env(os.environ) is not None
+        note = JOB_BILLING_NOTE if args.training_job else SCALED_BILLING_NOTE if scaled else BILLING_NOTE
+        result = estimate(args.run_dir, args.config, note=note)
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
