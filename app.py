@@ -13,14 +13,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent / "payloads"))
 
 from stacks.build import build_app
-from stacks.config import ConfigError
-from stacks.lifecycle import LifecycleLayoutError
+from stacks.validation import StackError
 
 
 def main() -> int:
     try:
         app, _ = build_app()
-    except (ConfigError, LifecycleLayoutError) as error:
+    except StackError as error:  # a bad cdk.json value, a lifecycle folder, deploy facts: one root
         print(f"error: {error}", file=sys.stderr)
         return 2
     app.synth()

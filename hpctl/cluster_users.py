@@ -7,7 +7,7 @@ from pathlib import Path
 from hpctl.errors import HpctlError
 from hpctl.project import read_cdk_context
 from stacks.teams import TEAMS_KEY, USERS_KEY, users_file
-from stacks.validation import ConfigError
+from stacks.validation import StackConfigError
 
 
 def configured(root: Path) -> dict:
@@ -15,7 +15,7 @@ def configured(root: Path) -> dict:
     context = read_cdk_context(root)
     try:
         return users_file(context.get(TEAMS_KEY, []), context.get(USERS_KEY, []))
-    except ConfigError as error:
+    except StackConfigError as error:
         raise HpctlError(str(error)) from None
 
 

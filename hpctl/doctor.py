@@ -28,7 +28,7 @@ from hpctl.errors import HpctlError, aws_errors
 from hpctl.stack import describe_stack
 from llm_pipeline.download import TOKEN_VARIABLES, find_token
 from stacks.aws_catalog import sagemaker_regions
-from stacks.config import ConfigError, HyperPodConfig
+from stacks.config import HyperPodConfig, StackConfigError
 from stacks.online_checks import (
     CLUSTER_QUOTA_SUFFIX,
     EC2_TYPE_PREFIX,
@@ -275,7 +275,7 @@ def findings(*, context: Mapping[str, Any], session: boto3.Session, environ: Map
         config: HyperPodConfig | None = HyperPodConfig.from_context(context, environ=environ)
         groups = len(config.compute_groups)
         found.append(passed("config", f"cdk.json: {groups} compute group(s), zone {config.availability_zone_id}"))
-    except ConfigError as error:
+    except StackConfigError as error:
         config = None
         found.append(failed("config", str(error)))
     if not aws_works:

@@ -16,7 +16,7 @@ from typing import Any
 
 from stacks import ami_updates
 from stacks.accelerators import INSTANCE_TYPES, REFUSED_INSTANCE_TYPES, instance_facts
-from stacks.validation import ConfigError, coerce
+from stacks.validation import StackConfigError, coerce
 
 CONTEXT_KEY = "compute_groups"
 ON_DEMAND, SPOT = "on-demand", "spot"
@@ -127,7 +127,7 @@ GROUP_KEYS = tuple(f.name for f in dataclasses.fields(ComputeGroup))
 REQUIRED_KEYS = ("name", "instance_type", "partition")
 
 
-class GroupError(ConfigError):
+class GroupError(StackConfigError):
     """A bad compute group; the message names the group and the key."""
 
     @classmethod
@@ -144,12 +144,14 @@ def parse_compute_groups(raw: Any) -> tuple[ComputeGroup, ...]:
         try:
             raw = json.loads(raw)
         except json.JSONDecodeError as error:
-            raise ConfigError(
+            raise StackConfigError(
                 f"config key '{CONTEXT_KEY}' is not valid JSON ({error.msg} at column {error.colno}); pass a list "
                 f"such as -c {CONTEXT_KEY}='{EXAMPLE}'"
             ) from None
     if not isinstance(raw, list) or not raw:
-        raise ConfigError.bad_value(CONTEXT_KEY, raw, "a non-empty list of group objects (see README, Compute groups)")
+        raise StackConfigError.bad_value(
+            CONTEXT_KEY, raw, "a non-empty list of group objects (see README, Compute groups)"
+        )
     groups = tuple(_parse_group(index, item) for index, item in enumerate(raw))
     check_groups(groups)
     return groups
@@ -180,7 +182,7 @@ def _parse_group(index: int, item: Any) -> ComputeGroup:
             default = defaults[key] if defaults[key] is not dataclasses.MISSING else ""
             try:
                 values[key] = coerce(key, value, default)
-            except ConfigError:
+            except StackConfigError:
                 kind = "an integer" if isinstance(default, int) else "a string"
                 raise GroupError.at(where, key, value, kind) from None
     group = ComputeGroup(**values)

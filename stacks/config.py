@@ -58,9 +58,9 @@ from stacks.compute_groups import (
     parse_compute_groups,
 )
 from stacks.teams import TEAMS_KEY, USERS_KEY, Team, User, check_teams, parse_teams, parse_users
-from stacks.validation import ConfigError, Rule, coerce, int_range, ipv4_cidr, matches, one_of
+from stacks.validation import Rule, StackConfigError, coerce, int_range, ipv4_cidr, matches, one_of
 
-__all__ = ["ComputeGroup", "ConfigError", "HyperPodConfig", "cluster_facts"]
+__all__ = ["ComputeGroup", "HyperPodConfig", "StackConfigError", "cluster_facts"]
 
 LIST_PARSERS = {TEAMS_KEY: parse_teams, USERS_KEY: parse_users}
 
@@ -141,7 +141,7 @@ class HyperPodConfig:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if type(value) is not type(field.default):
-                raise ConfigError.bad_value(field.name, value, f"a value of type {type(field.default).__name__}")
+                raise StackConfigError.bad_value(field.name, value, f"a value of type {type(field.default).__name__}")
             if field.name == COMPUTE_GROUPS_KEY:
                 _check_group_objects(value)
             else:
@@ -158,19 +158,19 @@ class HyperPodConfig:
         known = cls.keys()
         for key in context:
             if key == "availability_zone":
-                raise ConfigError(
+                raise StackConfigError(
                     "config key 'availability_zone' was replaced by 'availability_zone_id': zone names map to "
                     "different physical zones in each account, zone IDs do not. Find the ID of your zone with "
                     "`aws ec2 describe-availability-zones --query 'AvailabilityZones[].[ZoneName,ZoneId]'` and set "
                     "availability_zone_id (e.g. usw2-az4) in cdk.json or with -c availability_zone_id=<id>."
                 )
             if key in RETIRED_KEYS:
-                raise ConfigError(
+                raise StackConfigError(
                     f"config key '{key}' was replaced by '{COMPUTE_GROUPS_KEY}': set '{RETIRED_KEYS[key]}' in a "
                     f"group of that list instead (see README, Compute groups)."
                 )
             if key.isidentifier() and key.islower() and key not in known:
-                raise ConfigError.unknown_key(key, known)
+                raise StackConfigError.unknown_key(key, known)
         values: dict[str, Any] = {}
         for field in dataclasses.fields(cls):
             if field.name == COMPUTE_GROUPS_KEY and field.name in context:
@@ -282,7 +282,7 @@ RULES: dict[str, Rule] = {
 def _check_group_objects(groups: tuple) -> None:
     """Groups built in code (not parsed from context) get the same checks."""
     if not groups or not all(isinstance(group, ComputeGroup) for group in groups):
-        raise ConfigError.bad_value(COMPUTE_GROUPS_KEY, groups, "a non-empty tuple of ComputeGroup")
+        raise StackConfigError.bad_value(COMPUTE_GROUPS_KEY, groups, "a non-empty tuple of ComputeGroup")
     for index, group in enumerate(groups):
         check_group(group, f"[{index}] ({group.name})")
     check_groups(groups)
@@ -292,7 +292,7 @@ def _check_combinations(config: HyperPodConfig) -> None:
     if config.cluster_lane and not cloudformation_supports(config.region, CLUSTER_RESOURCE_TYPE):
         partition = partition_of(config.region)
         near = sorted(r for r in cluster_regions() if partition_of(r) == partition and r[:2] == config.region[:2])
-        raise ConfigError.bad_value(
+        raise StackConfigError.bad_value(
             "region",
             config.region,
             f"a region whose CloudFormation has {CLUSTER_RESOURCE_TYPE} ({PROVIDER_SCHEMAS}; {config.region} has "
@@ -303,7 +303,7 @@ def _check_combinations(config: HyperPodConfig) -> None:
     _check_jobs_lane_images(config)
     _check_provisioning(config)
     if config.cluster_lane and ipaddress.IPv4Network(config.vpc_cidr).overlaps(DOCKER_BRIDGE):
-        raise ConfigError.bad_value(
+        raise StackConfigError.bad_value(
             "vpc_cidr",
             config.vpc_cidr,
             f"a network that does not overlap {DOCKER_BRIDGE}, Docker's default bridge on the nodes (containers "
@@ -315,7 +315,7 @@ def _check_combinations(config: HyperPodConfig) -> None:
     _check_offered_in_region(config)
     prefix = zone_id_prefix(config.region)
     if prefix and not config.availability_zone_id.startswith(f"{prefix}-"):
-        raise ConfigError.bad_value(
+        raise StackConfigError.bad_value(
             "availability_zone_id",
             config.availability_zone_id,
             f"a zone ID of the configured region {config.region}, e.g. {prefix}-az1",
@@ -420,7 +420,7 @@ def _check_jobs_lane_images(config: HyperPodConfig) -> None:
     if config.cluster_lane or not all(family in CLUSTER_ONLY_FAMILIES for family in config.image_families):
         return
     types = ", ".join(sorted({group.instance_type for group in config.compute_groups}))
-    raise ConfigError.bad_value(
+    raise StackConfigError.bad_value(
         "lanes",
         config.lanes,
         f"cluster or both for compute_groups of {types} only: SageMaker training jobs do not run the Trainium2 "
@@ -433,7 +433,7 @@ def _check_provisioning(config: HyperPodConfig) -> None:
     """What only continuous provisioning has (Spot, MinInstanceCount), and what it refuses (a strategy)."""
     if config.provisioning == CONTINUOUS:
         if config.slurm_config_strategy != CONTINUOUS_SLURM_STRATEGY:
-            raise ConfigError.bad_value(
+            raise StackConfigError.bad_value(
                 "slurm_config_strategy",
                 config.slurm_config_strategy,
                 f"{CONTINUOUS_SLURM_STRATEGY} with provisioning = {CONTINUOUS} (HyperPod manages slurm.conf in merge "
@@ -471,7 +471,7 @@ def _check_provisioning(config: HyperPodConfig) -> None:
 def _check_observability(config: HyperPodConfig) -> None:
     """AWS's extension installs only on a cluster in continuous provisioning mode (CreateClusterExtension)."""
     if config.observability == MANAGED_MODE and config.cluster_lane and config.provisioning != CONTINUOUS:
-        raise ConfigError(
+        raise StackConfigError(
             "config key 'observability' = managed needs continuous provisioning (config key 'provisioning' = "
             "continuous; AWS installs its sagemaker-observability extension only on such clusters): set "
             "provisioning = continuous, or observability = prometheus (this stack's own Prometheus setup)"
@@ -484,7 +484,7 @@ def _check_accounting_database(config: HyperPodConfig) -> None:
     if config.accounting_database != ACCOUNTING_EXTERNAL or not config.cluster_lane:
         return
     if config.provisioning != CONTINUOUS:
-        raise ConfigError(
+        raise StackConfigError(
             f"config key 'accounting_database' = {ACCOUNTING_EXTERNAL} needs continuous provisioning (config key "
             f"'provisioning' = {CONTINUOUS}; HyperPod accepts an external accounting database only there): set "
             f"provisioning = {CONTINUOUS}, or accounting_database = {ACCOUNTING_ON_CONTROLLER}"
@@ -492,7 +492,7 @@ def _check_accounting_database(config: HyperPodConfig) -> None:
     zone = config.accounting_database_zone_id
     prefix = zone_id_prefix(config.region)
     if not zone or zone == config.availability_zone_id or (prefix and not zone.startswith(f"{prefix}-")):
-        raise ConfigError.bad_value(
+        raise StackConfigError.bad_value(
             "accounting_database_zone_id",
             zone,
             f"a second zone ID of region {config.region}, other than availability_zone_id "
@@ -511,7 +511,7 @@ def _check_offered_in_region(config: HyperPodConfig) -> None:
         named.append(("login_instance_type", config.login_instance_type))
     for key, value in named:
         if value not in offered:
-            raise ConfigError.bad_value(key, value, allowed)
+            raise StackConfigError.bad_value(key, value, allowed)
     for index, group in enumerate(config.compute_groups):
         if group.instance_type not in offered:
             family = group.instance_type.split(".")[1][:3]

@@ -17,7 +17,7 @@ from aws_cdk import DefaultStackSynthesizer
 from botocore.exceptions import BotoCoreError, ClientError
 
 from cluster_contract import JOB_LOG_GROUP
-from stacks.config import ConfigError, HyperPodConfig
+from stacks.config import HyperPodConfig, StackConfigError
 from stacks.predeploy import context_from, resolve_account
 
 QUALIFIER = DefaultStackSynthesizer.DEFAULT_QUALIFIER  # the CDK bootstrap's default (hnb659fds)
@@ -96,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             environ = {}
             print("note: no AWS credentials: the account below is a stand-in for yours", file=sys.stderr)
         config = HyperPodConfig.from_context(context, environ=environ)
-    except ConfigError as error:
+    except StackConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print("Left after destroy (by design):")

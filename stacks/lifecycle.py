@@ -14,9 +14,10 @@ from cluster_contract import CLUSTER_FACTS_FILE, LIFECYCLE_PREFIX
 from lifecycle.slurm_teams import USERS_FILE
 from stacks.config import LEGACY_PROVISIONING_FILE, LIFECYCLE_SCRIPT
 from stacks.uploads import CACHE_EXCLUDES, deploy_to_prefix
+from stacks.validation import StackError
 
 
-class LifecycleLayoutError(ValueError):
+class LifecycleLayoutError(StackError):
     """The lifecycle/ folder cannot work with an API-configured Slurm cluster."""
 
 

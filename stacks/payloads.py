@@ -25,6 +25,7 @@ from cluster_contract import (
 from llm_pipeline.jobs.deploy_facts import DEPLOY_FACTS_FILE, KEYS, OPTIONAL_PARTITION_KEYS, PARTITION_KEYS
 from stacks.image import RECIPES
 from stacks.uploads import CACHE_EXCLUDES, deploy_to_prefix
+from stacks.validation import StackError
 
 # Image-build inputs reach the nodes inside the image, tests never leave the repo.
 # A local deploy-facts.json would collide with the generated one.
@@ -40,7 +41,7 @@ PAYLOAD_EXCLUDES = [
 ]
 
 
-class DeployFactsError(ValueError):
+class DeployFactsError(StackError):
     """The stack's deploy facts do not match what submit reads (llm_pipeline.jobs.deploy_facts.KEYS)."""
 
 

@@ -32,7 +32,7 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from stacks.build import build_app
-from stacks.config import ConfigError, HyperPodConfig
+from stacks.config import HyperPodConfig, StackConfigError
 from stacks.online_checks import online_refusals
 from stacks.update_safety import (
     CONFIG_METADATA_KEY,
@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if online:
             config = HyperPodConfig.from_context(context, environ=resolve_account(context, session))
             problems += online_refusals(config, session)
-    except ConfigError as error:
+    except StackConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except NoCredentialsError:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lifecycle.slurm_teams import SSH_KEY
-from stacks.validation import ConfigError
+from stacks.validation import StackConfigError
 
 TEAMS_KEY, USERS_KEY = "teams", "users"
 # Linux names: lowercase, start with a letter; Slurm accounts take the same. Not names the AMI or
@@ -57,8 +57,8 @@ class User:
     ssh_public_key: str = field(default="", metadata=_describe("an OpenSSH public key line; empty: SSM only"))
 
 
-def _error(key: str, where: str, name: str, allowed: str, value: Any) -> ConfigError:
-    return ConfigError(
+def _error(key: str, where: str, name: str, allowed: str, value: Any) -> StackConfigError:
+    return StackConfigError(
         f"config key '{key}' entry {where}, key '{name}' has value {value!r}; allowed: {allowed}. "
         f"Fix it in cdk.json (context) or pass -c {key}='<JSON list>'."
     )
@@ -69,9 +69,11 @@ def _parse(key: str, cls: type, raw: Any) -> tuple:
         try:
             raw = json.loads(raw)
         except json.JSONDecodeError as error:
-            raise ConfigError(f"config key '{key}' is not valid JSON ({error.msg} at column {error.colno})") from None
+            raise StackConfigError(
+                f"config key '{key}' is not valid JSON ({error.msg} at column {error.colno})"
+            ) from None
     if not isinstance(raw, list):
-        raise ConfigError.bad_value(key, raw, "a list of objects (docs/teams.md)")
+        raise StackConfigError.bad_value(key, raw, "a list of objects (docs/teams.md)")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     parsed = []
     for index, item in enumerate(raw):
@@ -81,7 +83,7 @@ def _parse(key: str, cls: type, raw: Any) -> tuple:
             raise _error(key, where, "-", f"an object with {', '.join(fields)}", item)
         for entry_key, value in item.items():
             if entry_key not in fields:
-                raise ConfigError(
+                raise StackConfigError(
                     f"config key '{key}' entry {where}: unknown key '{entry_key}'; known: {', '.join(fields)}"
                 )
             kind = int if fields[entry_key].type == "int" else str
@@ -89,7 +91,9 @@ def _parse(key: str, cls: type, raw: Any) -> tuple:
                 raise _error(key, where, entry_key, "an integer" if kind is int else "a string", value)
         missing = [f for f, spec in fields.items() if spec.default is dataclasses.MISSING and f not in item]
         if missing:
-            raise ConfigError(f"config key '{key}' entry {where} lacks {', '.join(missing)}: every entry names them")
+            raise StackConfigError(
+                f"config key '{key}' entry {where} lacks {', '.join(missing)}: every entry names them"
+            )
         parsed.append(cls(**item))
     return tuple(parsed)
 
@@ -138,7 +142,7 @@ def check_teams(teams: tuple[Team, ...], users: tuple[User, ...]) -> None:
             raise _error(USERS_KEY, where, "ssh_public_key", "one OpenSSH public key line (ssh-ed25519 AAAA...)", "...")
     clash = names & team_names
     if clash:
-        raise ConfigError(
+        raise StackConfigError(
             f"config keys 'users' and 'teams' share the name {sorted(clash)[0]!r}: a user and a team need two names"
         )
 

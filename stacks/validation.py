@@ -13,18 +13,22 @@ TRUE_WORDS = ("true", "yes", "1", "on")
 FALSE_WORDS = ("false", "no", "0", "off")
 
 
-class ConfigError(ValueError):
-    """A bad config value; the message names the key, the value and what is allowed."""
+class StackError(ValueError):
+    """The root of what stops a synth or a deploy before AWS is asked: app.py catches this one class."""
+
+
+class StackConfigError(StackError):
+    """A bad cdk.json value; the message names the key, the value and what is allowed."""
 
     @classmethod
-    def bad_value(cls, key: str, value: Any, allowed: str) -> ConfigError:
+    def bad_value(cls, key: str, value: Any, allowed: str) -> StackConfigError:
         return cls(
             f"config key '{key}' has value {value!r}; allowed: {allowed}. "
             f"Fix it in cdk.json (context) or pass -c {key}=<value>."
         )
 
     @classmethod
-    def unknown_key(cls, key: str, known: Iterable[str]) -> ConfigError:
+    def unknown_key(cls, key: str, known: Iterable[str]) -> StackConfigError:
         close = difflib.get_close_matches(key, list(known), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         return cls(f"unknown config key '{key}'{hint}; known keys: {', '.join(sorted(known))}.")
@@ -39,7 +43,7 @@ class Rule:
 
     def apply(self, key: str, value: Any) -> None:
         if not self.check(value):
-            raise ConfigError.bad_value(key, value, self.allowed)
+            raise StackConfigError.bad_value(key, value, self.allowed)
 
 
 def one_of(*choices: Any) -> Rule:
@@ -85,15 +89,15 @@ def coerce(key: str, raw: Any, default: Any) -> Any:
             return raw
         if isinstance(raw, str) and raw.strip().lower() in TRUE_WORDS + FALSE_WORDS:
             return raw.strip().lower() in TRUE_WORDS
-        raise ConfigError.bad_value(key, raw, "true or false")
+        raise StackConfigError.bad_value(key, raw, "true or false")
     if isinstance(default, int):
         if isinstance(raw, int) and not isinstance(raw, bool):
             return raw
         if isinstance(raw, str) and re.fullmatch(r"\s*-?[0-9]+\s*", raw):
             return int(raw)
-        raise ConfigError.bad_value(key, raw, "an integer")
+        raise StackConfigError.bad_value(key, raw, "an integer")
     if isinstance(raw, str):
         return raw.strip()
     if isinstance(raw, int) and not isinstance(raw, bool):
         return str(raw)  # e.g. an account id written as a JSON number
-    raise ConfigError.bad_value(key, raw, "a string")
+    raise StackConfigError.bad_value(key, raw, "a string")

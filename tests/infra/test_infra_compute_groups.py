@@ -7,7 +7,7 @@ import json
 import pytest
 
 from stacks.compute_groups import ComputeGroup
-from stacks.config import ConfigError, HyperPodConfig
+from stacks.config import HyperPodConfig, StackConfigError
 from stacks.lint import is_error, lint_template
 
 pytestmark = pytest.mark.xdist_group("infra")
@@ -113,7 +113,7 @@ BAD = [
 
 @pytest.mark.parametrize(("groups", "words"), BAD, ids=[str(i) for i in range(len(BAD))])
 def test_bad_groups_name_the_group_and_the_key(groups, words):
-    with pytest.raises(ConfigError) as caught:
+    with pytest.raises(StackConfigError) as caught:
         parse(groups)
     for word in words:
         assert word in str(caught.value)
@@ -122,15 +122,15 @@ def test_bad_groups_name_the_group_and_the_key(groups, words):
 
 def test_a_training_plan_must_be_in_the_stack_region():
     east = PLAN.replace("us-west-2", "us-east-1")
-    with pytest.raises(ConfigError, match=r"\[0\] \(trn\), key 'training_plan_arn'.*stack's region us-west-2"):
+    with pytest.raises(StackConfigError, match=r"\[0\] \(trn\), key 'training_plan_arn'.*stack's region us-west-2"):
         parse([{**TRN, "training_plan_arn": east}])
     assert parse([{**TRN, "training_plan_arn": PLAN}]).compute_groups[0].training_plan_arn == PLAN
 
 
 def test_groups_built_in_code_are_checked_too():
-    with pytest.raises(ConfigError, match="'partition'"):
+    with pytest.raises(StackConfigError, match="'partition'"):
         HyperPodConfig(compute_groups=(ComputeGroup(name="a", instance_type="ml.g5.xlarge", partition="dev"),))
-    with pytest.raises(ConfigError, match="non-empty tuple of ComputeGroup"):
+    with pytest.raises(StackConfigError, match="non-empty tuple of ComputeGroup"):
         HyperPodConfig(compute_groups=())
 
 
@@ -151,9 +151,9 @@ def test_every_cluster_is_continuous_unless_the_config_says_standard(synth, name
 
 
 def test_spot_and_a_minimum_need_continuous_provisioning():
-    with pytest.raises(ConfigError, match=r"group \[0\] \(trn\), key 'capacity'.*provisioning = standard"):
+    with pytest.raises(StackConfigError, match=r"group \[0\] \(trn\), key 'capacity'.*provisioning = standard"):
         HyperPodConfig.from_context({"provisioning": "standard", "compute_groups": [{**TRN, "capacity": "spot"}]})
-    with pytest.raises(ConfigError, match=r"key 'min_instance_count' has value 1; allowed: 0 with provisioning"):
+    with pytest.raises(StackConfigError, match=r"key 'min_instance_count' has value 1; allowed: 0 with provisioning"):
         HyperPodConfig.from_context(
             {"provisioning": "standard", "compute_groups": [{**TRN, "count": 2, "min_instance_count": 1}]}
         )
@@ -161,13 +161,13 @@ def test_spot_and_a_minimum_need_continuous_provisioning():
 
 def test_continuous_provisioning_takes_no_slurm_strategy_but_merge():
     refused = "'slurm_config_strategy' has value 'Managed'; allowed: Merge with provisioning"
-    with pytest.raises(ConfigError, match=refused):
+    with pytest.raises(StackConfigError, match=refused):
         HyperPodConfig.from_context({"slurm_config_strategy": "Managed"})
     assert HyperPodConfig.from_context({"slurm_config_strategy": "Managed", "provisioning": "standard"})
 
 
 def test_a_group_minimum_is_written_and_bounded_by_its_count(synthesize_from, source_root):
-    with pytest.raises(ConfigError, match=r"'min_instance_count' has value 3; allowed: an integer from 0 to .* 2"):
+    with pytest.raises(StackConfigError, match=r"'min_instance_count' has value 3; allowed: an integer from 0 to .* 2"):
         parse([{**TRN, "count": 2, "min_instance_count": 3}])
     made = synthesize_from(source_root, compute_groups=[{**TRN, "count": 4, "min_instance_count": 2}])
     _, cluster = made.one("AWS::SageMaker::Cluster")
@@ -189,7 +189,7 @@ WEEKLY = "cron(0 3 ? * SUN *)"
     ],
 )
 def test_ami_update_keys_take_what_cloudformation_accepts(changes, words):
-    with pytest.raises(ConfigError) as error:
+    with pytest.raises(StackConfigError) as error:
         parse([{**TRN, **changes}])
     assert all(word in str(error.value) for word in ["[0] (trn)", *words]), str(error.value)
 

@@ -18,8 +18,8 @@ from stacks.build import REPO_ROOT
 from stacks.compute_groups import parse_compute_groups
 from stacks.config import (
     OFFLINE_ACCOUNT,
-    ConfigError,
     HyperPodConfig,
+    StackConfigError,
     capacity_warnings,
     cluster_facts,
     lane_warnings,
@@ -140,7 +140,7 @@ BAD_VALUES = [
 
 @pytest.mark.parametrize(("key", "value", "allowed"), BAD_VALUES, ids=[f"{k}={v}" for k, v, _ in BAD_VALUES])
 def test_bad_value_names_key_value_and_what_is_allowed(key, value, allowed):
-    with pytest.raises(ConfigError) as caught:
+    with pytest.raises(StackConfigError) as caught:
         parse(**{key: value})
     message = str(caught.value)
     assert f"'{key}'" in message
@@ -151,7 +151,7 @@ def test_bad_value_names_key_value_and_what_is_allowed(key, value, allowed):
 
 def test_unknown_key_is_a_typo_with_a_suggestion():
     with pytest.raises(
-        ConfigError,
+        StackConfigError,
         match=r"unknown config key 'compute_group' \(did you mean 'compute_groups'\?\)",
     ):
         parse(compute_group="[]")
@@ -159,7 +159,7 @@ def test_unknown_key_is_a_typo_with_a_suggestion():
 
 @pytest.mark.parametrize("key", ["compute_instance_type", "compute_instance_count", "partition_name"])
 def test_retired_single_group_keys_point_to_compute_groups(key):
-    with pytest.raises(ConfigError, match=f"'{key}' was replaced by 'compute_groups'"):
+    with pytest.raises(StackConfigError, match=f"'{key}' was replaced by 'compute_groups'"):
         parse(**{key: "1"})
 
 
@@ -169,7 +169,7 @@ def test_cdk_feature_flags_and_lookups_are_not_config_keys():
 
 
 def test_direct_construction_is_validated_too():
-    with pytest.raises(ConfigError, match="'login_instance_count' has value '2'; allowed: a value of type int"):
+    with pytest.raises(StackConfigError, match="'login_instance_count' has value '2'; allowed: a value of type int"):
         HyperPodConfig(login_instance_count="2")
 
 
@@ -317,7 +317,7 @@ def test_app_prints_a_clean_error_and_exits_2(tmp_path):
 def test_a_vpc_overlapping_dockers_bridge_is_refused():
     for cidr in ("172.17.0.0/16", "172.17.128.0/17"):
         refused = rf"'vpc_cidr' has value '{re.escape(cidr)}'; allowed: .*Docker's default bridge"
-        with pytest.raises(ConfigError, match=refused):
+        with pytest.raises(StackConfigError, match=refused):
             HyperPodConfig.from_context({"vpc_cidr": cidr}, environ={})
     assert HyperPodConfig.from_context({"vpc_cidr": "172.18.0.0/16"}, environ={})
     assert HyperPodConfig.from_context({"vpc_cidr": "172.17.0.0/16", "lanes": "jobs"}, environ={})  # no VPC then
@@ -338,7 +338,7 @@ def test_a_jobs_only_config_of_trainium2_groups_is_refused_naming_the_cluster_la
     trn2 = {"name": "trn2", "instance_type": "ml.trn2.48xlarge", "count": 1, "partition": "trn2"}
     trn1 = {"name": "trn1", "instance_type": "ml.trn1.32xlarge", "count": 1, "partition": "trn1"}
     where = {"region": "us-east-2", "availability_zone_id": "use2-az2"}
-    with pytest.raises(ConfigError) as caught:
+    with pytest.raises(StackConfigError) as caught:
         parse(lanes="jobs", compute_groups=[trn2], **where)
     message = str(caught.value)
     assert "'lanes' has value 'jobs'; allowed: cluster or both for compute_groups of ml.trn2.48xlarge only" in message
@@ -349,14 +349,16 @@ def test_a_jobs_only_config_of_trainium2_groups_is_refused_naming_the_cluster_la
 
 def test_a_region_without_published_schemas_is_not_a_cluster_region():
     """cfn-lint ships a copy of us-east-1's table for the isolated regions: it vouches for nothing there."""
-    with pytest.raises(ConfigError, match="'region' has value 'us-iso-east-1'; allowed: a region whose CloudFormation"):
+    with pytest.raises(
+        StackConfigError, match="'region' has value 'us-iso-east-1'; allowed: a region whose CloudFormation"
+    ):
         HyperPodConfig.from_context({"region": "us-iso-east-1", "availability_zone_id": "usie1-az1"}, environ={})
     assert schema_published("us-west-2") and schema_published("us-east-1")
     assert not schema_published("us-iso-east-1")
 
 
 def test_managed_observability_needs_continuous_provisioning_and_names_both_keys():
-    with pytest.raises(ConfigError) as caught:
+    with pytest.raises(StackConfigError) as caught:
         parse(observability="managed", provisioning="standard")
     message = str(caught.value)
     assert "'observability' = managed" in message and "'provisioning' = continuous" in message
@@ -389,14 +391,14 @@ def test_an_fsx_size_past_the_largest_hyperpod_accepts_is_warned_by_key():
 )
 def test_a_vpc_outside_rfc_1918_is_refused(cidr):
     """Python calls link-local, loopback and 'this network' private; a VPC may only use RFC 1918's blocks."""
-    with pytest.raises(ConfigError, match=rf"'vpc_cidr' has value '{re.escape(cidr)}'; allowed: .*RFC 1918"):
+    with pytest.raises(StackConfigError, match=rf"'vpc_cidr' has value '{re.escape(cidr)}'; allowed: .*RFC 1918"):
         parse(vpc_cidr=cidr)
 
 
 def test_a_vpc_inside_each_rfc_1918_block_is_taken():
     for cidr in ("10.0.0.0/16", "172.31.0.0/16", "192.168.0.0/16", "10.200.16.0/20"):
         assert parse(vpc_cidr=cidr).vpc_cidr == cidr
-    with pytest.raises(ConfigError, match="'vpc_cidr'"):
+    with pytest.raises(StackConfigError, match="'vpc_cidr'"):
         parse(vpc_cidr="172.32.0.0/16")  # just past 172.16.0.0/12
 
 
@@ -410,16 +412,16 @@ def test_a_vpc_inside_each_rfc_1918_block_is_taken():
     ],
 )
 def test_ids_in_non_ascii_digits_are_refused_by_key(key, value):
-    with pytest.raises(ConfigError, match=rf"config key '{key}' has value"):
+    with pytest.raises(StackConfigError, match=rf"config key '{key}' has value"):
         parse(**{key: value})
 
 
 def test_non_ascii_digits_are_not_integers_or_plan_accounts():
-    with pytest.raises(ConfigError, match="'login_instance_count'"):
+    with pytest.raises(StackConfigError, match="'login_instance_count'"):
         parse(login_instance_count="\u0661")
     plan = "arn:aws:sagemaker:us-west-2:12345678901\u0662:training-plan/p"
     group = {"name": "gpu", "instance_type": "ml.g5.12xlarge", "partition": "g5", "training_plan_arn": plan}
-    with pytest.raises(ConfigError, match="training_plan_arn"):
+    with pytest.raises(StackConfigError, match="training_plan_arn"):
         parse(compute_groups=[group])
 
 
@@ -468,9 +470,11 @@ def test_scale_with_runs_deploys_the_floor_and_tells_the_partition():
 
 
 def test_scale_with_runs_needs_continuous_provisioning_and_a_count():
-    with pytest.raises(ConfigError, match=r"key 'scale_with_runs' has value True; allowed: false with provisioning"):
+    with pytest.raises(
+        StackConfigError, match=r"key 'scale_with_runs' has value True; allowed: false with provisioning"
+    ):
         parse(provisioning="standard", slurm_config_strategy="Managed", compute_groups=[SCALED_GROUP])
-    with pytest.raises(ConfigError, match=r"key 'count' has value 0; allowed: 1 or more with scale_with_runs"):
+    with pytest.raises(StackConfigError, match=r"key 'count' has value 0; allowed: 1 or more with scale_with_runs"):
         parse(compute_groups=[{**SCALED_GROUP, "count": 0}])
     (warning,) = lane_warnings(parse(lanes="jobs", compute_groups=[{**SCALED_GROUP, "count": 1}]))
     assert "key 'scale_with_runs' is True, but lanes = jobs creates no cluster" in warning

@@ -16,7 +16,7 @@ from hpctl.job_spec import COMPILE_CACHE_PREFIX, DATASETS_PREFIX, JOBS_PREFIX, M
 from hpctl.job_submit import IMAGE_OUTPUTS, ROLE_OUTPUT, JobDeployment
 from llm_pipeline.jobs.deploy_facts import read_deploy_facts
 from stacks.accelerators import JOB_INSTANCE_TYPES, JOB_ONLY_INSTANCE_TYPES
-from stacks.config import ConfigError, HyperPodConfig
+from stacks.config import HyperPodConfig, StackConfigError
 from stacks.image import VARIANT_BUILD_ARG
 from stacks.lint import lint_template
 
@@ -103,7 +103,7 @@ def test_both_lanes_have_the_cluster_and_the_job_role(synth_variant, synth):
 
 
 def test_lanes_is_validated():
-    with pytest.raises(ConfigError, match="lanes"):
+    with pytest.raises(StackConfigError, match="lanes"):
         HyperPodConfig.from_context({"lanes": "cloud"})
 
 

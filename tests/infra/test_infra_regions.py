@@ -17,7 +17,7 @@ from stacks.aws_catalog import (
     sagemaker_regions,
     zone_id_prefix,
 )
-from stacks.config import ConfigError, HyperPodConfig
+from stacks.config import HyperPodConfig, StackConfigError
 from stacks.lint import lint_template
 
 pytestmark = pytest.mark.xdist_group("infra")
@@ -45,12 +45,12 @@ def test_zone_id_prefixes_follow_the_region_names():
 
 
 def test_a_zone_name_is_refused_with_the_way_to_its_id():
-    with pytest.raises(ConfigError, match=r"'availability_zone' was replaced by 'availability_zone_id'.*ZoneId"):
+    with pytest.raises(StackConfigError, match=r"'availability_zone' was replaced by 'availability_zone_id'.*ZoneId"):
         parse(availability_zone="us-west-2d")
 
 
 def test_a_well_formed_unknown_region_names_the_key():
-    with pytest.raises(ConfigError, match=r"config key 'region' has value 'ma-rs-1'; allowed: a region where"):
+    with pytest.raises(StackConfigError, match=r"config key 'region' has value 'ma-rs-1'; allowed: a region where"):
         parse(region="ma-rs-1", availability_zone_id="mars1-az1")
 
 
@@ -87,7 +87,7 @@ def test_synth_needs_no_lookup_in_a_region_cdk_json_never_cached(synthesize_from
     ],
 )
 def test_instance_types_are_checked_against_the_regions_table(context, message):
-    with pytest.raises(ConfigError, match=re.escape(message)) as caught:
+    with pytest.raises(StackConfigError, match=re.escape(message)) as caught:
         parse(**context)
     assert "instancetype_enum.json" in str(caught.value), "the error names the table's source"
 
@@ -102,7 +102,7 @@ def test_a_region_whose_cloudformation_has_no_hyperpod_cluster_is_refused_naming
     """18 SageMaker regions (eu-west-3, GovCloud, China, ...) have no AWS::SageMaker::Cluster resource."""
     without = sagemaker_regions() - cluster_regions()
     assert {"eu-west-3", "us-gov-west-1", "cn-north-1"} <= without and "us-west-2" not in without
-    with pytest.raises(ConfigError) as caught:
+    with pytest.raises(StackConfigError) as caught:
         parse(region="eu-west-3", availability_zone_id="euw3-az1")
     message = str(caught.value)
     assert message.startswith("config key 'region' has value 'eu-west-3'; allowed: a region whose CloudFormation has")

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from stacks.config import ConfigError, HyperPodConfig
+from stacks.config import HyperPodConfig, StackConfigError
 from stacks.lint import lint_template
 from stacks.teams import users_file
 from tests.infra.conftest import EXTERNAL_ACCOUNTING_DB
@@ -46,7 +46,7 @@ def test_teams_and_users_parse_from_lists_and_from_json_text():
     ],
 )
 def test_a_bad_user_or_team_names_the_key(users, teams, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(StackConfigError, match=message):
         parse(teams=teams, users=users)
 
 
@@ -147,7 +147,7 @@ def test_the_second_zone_subnet_takes_a_free_range_in_the_configured_zone(extern
     ],
 )
 def test_an_external_database_the_cluster_cannot_use_is_refused_naming_the_key(context, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(StackConfigError, match=message):
         parse(**{**EXTERNAL_ACCOUNTING_DB, **context})
 
 

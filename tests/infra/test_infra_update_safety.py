@@ -16,7 +16,7 @@ import pytest
 
 from stacks.build import REPO_ROOT
 from stacks.compute_groups import GROUP_KEYS
-from stacks.config import ConfigError, HyperPodConfig
+from stacks.config import HyperPodConfig, StackConfigError
 from stacks.update_safety import (
     FIXED,
     FORBIDDEN,
@@ -139,7 +139,7 @@ def test_fixed_keys_take_no_other_value():
     for key, behaviour in KEY_BEHAVIOUR.items():
         if behaviour.verdict == FIXED:
             default = next(f.default for f in dataclasses.fields(HyperPodConfig) if f.name == key)
-            with pytest.raises(ConfigError, match=f"'{key}'"):
+            with pytest.raises(StackConfigError, match=f"'{key}'"):
                 HyperPodConfig.from_context({key: default + 1}, environ={})
 
 
