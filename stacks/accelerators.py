@@ -29,7 +29,6 @@ from dataclasses import dataclass
 NEURON = "neuron"
 CUDA = "cuda"
 NO_ACCELERATOR = "none"
-ACCELERATORS = (NEURON, CUDA, NO_ACCELERATOR)
 # Training images by runtime: Trainium2 runs TorchNeuron (torch-neuronx's native `neuron` device, the
 # torch engine; payloads/Dockerfile.trn2), not the trn1 image's torch-xla and optimum-neuron.
 TORCHNEURON = "torchneuron"
@@ -241,7 +240,3 @@ JOB_INSTANCE_TYPES: dict[str, InstanceFacts] = {**INSTANCE_TYPES, **JOB_ONLY_INS
 def instance_facts(instance_type: str) -> InstanceFacts:
     """The table row; KeyError for a type the table does not know (callers validate first)."""
     return INSTANCE_TYPES[instance_type]
-
-
-def accelerator_of(instance_type: str) -> str:
-    return INSTANCE_TYPES[instance_type].accelerator

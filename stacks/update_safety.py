@@ -168,10 +168,6 @@ def verdict(changes: list[ResourceChange]) -> str:
     return worst
 
 
-def template_json(template: Mapping[str, Any]) -> str:
-    return json.dumps(template, sort_keys=True)
-
-
 # What changing each config key does to a deployed stack; tests/infra/test_infra_update_safety.py
 # derives each verdict from synthesized templates and fails when this table says otherwise.
 NEW_STACK, FIXED = "new stack", "fixed"

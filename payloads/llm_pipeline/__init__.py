@@ -36,7 +36,7 @@ ENTRY_POINTS = {
     "generate": ("hpl_step_python (generate.sbatch); a job step on the first host", ("slurm", "job")),
     "evaluate": ("hpl_step_python (evaluate.sbatch); a job step on the first host", ("slurm", "job")),
     "pretrain": ("hpl_step_python llm_pipeline.pretrain tokenizer|dataset|job|retain|report|export", ("slurm",)),
-    "config": ("python -m llm_pipeline.config --show RUN.toml: the run config as the steps see it", ("laptop",)),
+    "config_show": ("python -m llm_pipeline.config_show RUN.toml: the run config as the steps see it", ("laptop",)),
     "compare": ("python -m llm_pipeline.compare RUN [RUN...] (hpctl run compare)", ("laptop", "slurm")),
     "charts": ("python -m llm_pipeline.charts scaling|ladder FOLDER (sweep_report.sbatch)", ("slurm", "laptop")),
     "compile_cache": ("python -m llm_pipeline.compile_cache --cache-dir DIR --uri S3 (by sagemaker_job)", ("job",)),

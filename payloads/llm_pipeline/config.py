@@ -783,14 +783,3 @@ def load(path: str | os.PathLike[str], env: dict[str, str] | None = None) -> Run
     if not path.is_file():
         raise ConfigError(f"run config {path} does not exist")
     return from_dict(read_toml(path), base_dir=path.resolve().parent, env=env)
-
-
-def _show(argv: list[str] | None = None) -> int:
-    """`python -m llm_pipeline.config --show RUN.toml`: the resolved config (config_show.py, not loaded on import)."""
-    from llm_pipeline.config_show import main
-
-    return main(argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(_show())

@@ -1,4 +1,4 @@
-"""`python -m llm_pipeline.config --show RUN.toml`: the run config as every step sees it.
+"""`python -m llm_pipeline.config_show RUN.toml`: the run config as every step sees it.
 
 Prints every key as TOML, resolved (paths and `${VAR}` expanded, derived defaults such as gradient
 checkpointing for full fine-tuning applied), and marks each key the file leaves at its default, so a
@@ -41,8 +41,8 @@ def render(cfg: RunConfig, explicit: dict[str, dict[str, object]], source: str) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m llm_pipeline.config", description=__doc__.splitlines()[0])
-    parser.add_argument("--show", required=True, metavar="RUN.toml", help="print this run config, resolved")
+    parser = argparse.ArgumentParser(prog="python -m llm_pipeline.config_show", description=__doc__.splitlines()[0])
+    parser.add_argument("show", metavar="RUN.toml", help="print this run config, resolved")
     add_version(parser)
     args = parser.parse_args(argv)
     try:
@@ -53,3 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     explicit = read_toml(Path(args.show))  # load() read it already: the keys the file sets
     print(render(cfg, explicit, args.show))
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

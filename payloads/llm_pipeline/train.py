@@ -71,6 +71,15 @@ def make_plan(cfg: RunConfig, backend: str, precompile: bool, resume_from: str |
     )
 
 
+def neuron_trainable(cfg: RunConfig, model_config) -> int:
+    """The parameters optimum-neuron must train: LoRA's on its fused gate/up and replicated KV heads, or
+    (method full) every parameter as it counts them."""
+    fused_qkv = neuron_rules.kv_size_multiplier(model_config.num_key_value_heads, cfg.parallel.tensor_parallel_size)
+    if cfg.train.method == "full":
+        return full_rules.parameter_count(model_config.to_dict(), fused_qkv)
+    return lora_count.expected_lora_parameters(model_config, cfg.lora, fused_gate_up=True, kv_size_multiplier=fused_qkv)
+
+
 def check_not_past_end(cfg: RunConfig, plan: TrainPlan) -> bool:
     """A run never trains past its end: False when the checkpoint it starts from is already train.max_steps
     (its marker was not written, e.g. killed after that save), refused when it is beyond (a lower max_steps)."""
@@ -127,23 +136,17 @@ def train(
     def engine(plan: TrainPlan) -> None:
         datasets, tokenizer = data.training_inputs(cfg)
         model_config = AutoConfig.from_pretrained(model_dir)
-        fused_qkv = neuron_rules.kv_size_multiplier(model_config.num_key_value_heads, cfg.parallel.tensor_parallel_size)
-        expected = lora_count.expected_lora_parameters(
-            model_config,
-            cfg.lora,
-            fused_gate_up=backend == "neuron",
-            kv_size_multiplier=fused_qkv if backend == "neuron" else None,
-        )
-        if cfg.train.method == "full":
-            if backend == "neuron":  # counted as optimum-neuron counts it (replicated KV heads included)
-                expected = full_rules.parameter_count(model_config.to_dict(), fused_qkv)
-            if not precompile and cfg.train.save_checkpoints and os.environ.get("RANK", "0") == "0":
-                say(f"storage: {full_rules.check_storage(cfg, model_config.to_dict(), backend=backend)}")
+        full = cfg.train.method == "full"
+        if full and not precompile and cfg.train.save_checkpoints and os.environ.get("RANK", "0") == "0":
+            say(f"storage: {full_rules.check_storage(cfg, model_config.to_dict(), backend=backend)}")
         if backend == "neuron":
-            from llm_pipeline.training.neuron import backend as chosen
-        else:
-            from llm_pipeline.training.torch import backend as chosen
-        chosen.run(cfg, plan, datasets, tokenizer, expected)
+            from llm_pipeline.training.neuron import backend as neuron_engine
+
+            neuron_engine.run(cfg, plan, datasets, tokenizer, neuron_trainable(cfg, model_config))
+        else:  # the torch engine counts what each method trains itself (training/torch/methods.py)
+            from llm_pipeline.training.torch import backend as torch_engine
+
+            torch_engine.run(cfg, plan, datasets, tokenizer)
 
     return run_in_state(cfg, plan, engine, precompile=precompile)
 

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs import acceptance_launch
+from llm_pipeline.jobs.run_config_text import write_derived
 from llm_pipeline.run_files import CHECKPOINT, ProgressLine, TrainableLine
 from llm_pipeline.training import tiny_task
 
@@ -168,12 +169,6 @@ def fallback_check(messages: list[str]) -> Check:
     )
 
 
-def read_toml(path: Path) -> dict:
-    import tomllib  # Python 3.11+: the training images'
-
-    return tomllib.loads(path.read_text())
-
-
 def _merge(base: dict, changes: dict) -> dict:
     merged = dict(base)
     for key, value in changes.items():
@@ -185,7 +180,7 @@ def run_config(path: Path, folder: Path, **sections):
     """The config at ``path`` with some keys changed and its outputs under ``folder``."""
     from llm_pipeline import config
 
-    raw = _merge(read_toml(path), {"paths": {"output_dir": str(folder)}, **sections})
+    raw = _merge(config.read_toml(path), {"paths": {"output_dir": str(folder)}, **sections})
     return config.from_dict(raw, base_dir=path.parent)
 
 
@@ -198,15 +193,18 @@ def check_resume(tiny_config: Path | None, report: Path) -> Check:
     """Save at 20, stop, resume to 30 through the engine, against the run that never stopped."""
     if tiny_config is None:
         return Check("resume", SKIP, "no --tiny-config given")
+    from llm_pipeline import data as data_step
     from llm_pipeline import train
 
     shape = {"max_steps": RESUME_END, "save_steps": RESUME_SAVE // 2, "logging_steps": 1, "warmup_steps": 1}
     data = {"packing": False, "validation_fraction": 0.0}  # one shape a batch on neuron
     whole = run_config(tiny_config, report / "resume-whole", train=shape, data=data)
+    data_step.prepare(whole)  # the train step only trains: the data step first, as a chain runs them
     train.train(whole)
     stopped = run_config(
         tiny_config, report / "resume-stopped", train={**shape, "stop_after_step": RESUME_SAVE}, data=data
     )
+    data_step.prepare(stopped)
     train.train(stopped)
     train.train(run_config(tiny_config, report / "resume-stopped", train=shape, data=data))
     expected = logged_losses(whole.paths.checkpoints_dir / CHECKPOINT.name(RESUME_END))
@@ -220,15 +218,6 @@ def check_resume(tiny_config: Path | None, report: Path) -> Check:
         f"{RESUME_SAVE + 1}-{RESUME_END} (tolerance {RESUME_ATOL})",
         {"uninterrupted": [expected[s] for s in after], "resumed": [resumed[s] for s in after]},
     )
-
-
-def write_toml(path: Path, raw: dict) -> Path:
-    lines = []
-    for section, table in raw.items():
-        lines.append(f"[{section}]")
-        lines += [f"{key} = {json.dumps(value)}" for key, value in table.items()]
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def rank_probe() -> int:
@@ -281,15 +270,14 @@ def check_lora(kind: str, lora_config: Path, report: Path, *, nodes: int, env=os
     steps = LORA_STEPS if nodes == 1 else TWO_NODE_STEPS
     if kind != "neuron":
         return Check(name, SKIP, NEEDS_NODE if nodes == 1 else f"{NEEDS_NODE} (two, in a Slurm allocation)")
-    raw = _merge(
-        read_toml(lora_config),
-        {
-            "paths": {"output_dir": str(report / name)},
-            "parallel": {"nodes": nodes},
-            "train": {"max_steps": steps, "logging_steps": 1, "save_checkpoints": False, "global_batch_size": 0},
-        },
-    )
-    path = write_toml(report / f"{name}.toml", raw)
+    keys = {
+        ("parallel", "nodes"): nodes,
+        ("train", "max_steps"): steps,
+        ("train", "logging_steps"): 1,
+        ("train", "save_checkpoints"): False,
+        ("train", "global_batch_size"): 0,
+    }
+    path = write_derived(lora_config, report / f"{name}.toml", keys, run_dir=report / name)  # the TOML editor
     try:
         launcher = acceptance_launch.torchrun(env, PAYLOADS_DIR, nodes=nodes)
         out = run_launched([*launcher, "-m", "llm_pipeline.train", "--config", str(path)])

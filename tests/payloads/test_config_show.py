@@ -1,7 +1,8 @@
-"""`python -m llm_pipeline.config --show RUN.toml` and `--version` on the steps."""
+"""`python -m llm_pipeline.config_show RUN.toml` and `--version` on the steps."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -26,7 +27,7 @@ def run_module(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 
 
 def test_show_prints_the_resolved_config_that_loads_back_to_the_same_config():
-    shown = run_module("llm_pipeline.config", "--show", str(TINY_TOML), env=ENV)
+    shown = run_module("llm_pipeline.config_show", str(TINY_TOML), env=ENV)
     assert shown.returncode == 0, shown.stderr
     assert config.from_dict(tomllib.loads(shown.stdout), env={}) == config.load(TINY_TOML, env=ENV)
     lines = shown.stdout.splitlines()
@@ -39,7 +40,7 @@ def test_show_prints_the_resolved_config_that_loads_back_to_the_same_config():
 def test_show_applies_derived_defaults(tmp_path):
     keys = {("train", "gradient_checkpointing"): None, ("train", "method"): "full"}  # None: the line removed
     path = write_derived(CONFIGS / "default.toml", tmp_path / "full.toml", keys)
-    shown = run_module("llm_pipeline.config", "--show", str(path))
+    shown = run_module("llm_pipeline.config_show", str(path))
     assert shown.returncode == 0, shown.stderr
     assert "gradient_checkpointing = true  # default" in shown.stdout.splitlines()
 
@@ -47,12 +48,12 @@ def test_show_applies_derived_defaults(tmp_path):
 def test_show_stops_on_a_bad_config_with_one_error_line(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text("[train]\nmethod = 'lorax'\n")
-    shown = run_module("llm_pipeline.config", "--show", str(path))
+    shown = run_module("llm_pipeline.config_show", str(path))
     assert shown.returncode == 2 and shown.stdout == ""
     assert shown.stderr.startswith("error: ") and "train.method" in shown.stderr and shown.stderr.count("\n") == 1
 
 
-@pytest.mark.parametrize("step", ["config", "prepare", "merge", "submit", "sweep"])
+@pytest.mark.parametrize("step", ["config_show", "prepare", "merge", "submit", "sweep"])
 def test_every_step_prints_the_project_version(step):
     done = run_module(f"llm_pipeline.{step}", "--version")
     assert done.returncode == 0, done.stderr
@@ -62,3 +63,16 @@ def test_every_step_prints_the_project_version(step):
 def test_the_payload_version_is_the_project_version():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert llm_pipeline.__version__ == project
+
+
+def test_config_and_config_show_import_in_one_direction():
+    """config_show reads config; config.py, which every side imports, never reaches back."""
+    source = (ROOT / "payloads" / "llm_pipeline" / "config.py").read_text()
+    imported = {
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    assert not any(name and name.endswith("config_show") for name in imported)
+    assert "llm_pipeline.config" in (ROOT / "payloads" / "llm_pipeline" / "config_show.py").read_text()

@@ -4,6 +4,7 @@ the sweep, the rehearsal and the tests use it, and what it writes is a run confi
 from __future__ import annotations
 
 import ast
+import itertools
 from pathlib import Path
 
 import pytest
@@ -71,15 +72,36 @@ def _text_surgery(path: Path) -> list[str]:
     return found
 
 
-def test_no_run_config_text_surgery_in_tools_or_tests():
-    paths = [p for folder in ("tools", "tests") for p in sorted((ROOT / folder).rglob("*.py")) if p != Path(__file__)]
+def _toml_lines_written(path: Path) -> list[str]:
+    """f-strings that write a ``key = <json.dumps(value)>`` line: a run config written outside the editor."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.JoinedStr):
+            parts = node.values
+            for before, value in itertools.pairwise(parts):
+                dumps = isinstance(value, ast.FormattedValue) and ast.unparse(value.value).startswith("json.dumps(")
+                if dumps and isinstance(before, ast.Constant) and before.value == " = ":
+                    found.append(f"{path}:{node.lineno}")
+    return found
+
+
+def test_no_run_config_text_surgery_in_tools_tests_or_payloads():
+    editor = ROOT / "payloads" / "llm_pipeline" / "jobs" / "run_config_text.py"
+    folders = ("tools", "tests", "payloads")
+    paths = [
+        p for folder in folders for p in sorted((ROOT / folder).rglob("*.py")) if p not in (Path(__file__), editor)
+    ]
     assert [place for path in paths for place in _text_surgery(path)] == []
+    programs = [p for p in sorted((ROOT / "payloads").rglob("*.py")) if p != editor]
+    assert [place for path in programs for place in _toml_lines_written(path)] == []
 
 
 def test_the_surgery_finder_sees_it(tmp_path):
     module = tmp_path / "m.py"
     module.write_text('import re\nt = re.subn(r"(?m)^max_steps = .*$", "", "")\nu = "".replace("[train]\\n", "")\n')
     assert len(_text_surgery(module)) == 2
+    module.write_text('import json\nlines = [f"{key} = {json.dumps(value)}" for key, value in {}.items()]\n')
+    assert len(_toml_lines_written(module)) == 1  # trn2_acceptance.write_toml's way, before the editor
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "payloads" / "configs").glob("*.toml")), ids=lambda path: path.name)

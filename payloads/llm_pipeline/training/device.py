@@ -13,9 +13,6 @@ on ``neuron`` every batch is padded to data.max_length and a short last batch is
 
 from __future__ import annotations
 
-import glob
-import importlib.util
-
 from llm_pipeline import refusals
 
 CPU, CUDA, NEURON = "cpu", "cuda", "neuron"
@@ -28,11 +25,6 @@ def accelerator_type() -> str:
     if not torch.accelerator.is_available():
         return CPU
     return torch.accelerator.current_accelerator().type
-
-
-def xla_neuron_runtime() -> bool:
-    """The trn1 lane's runtime: Neuron devices driven through torch-xla (optimum-neuron's engine)."""
-    return importlib.util.find_spec("torch_xla") is not None and bool(glob.glob("/dev/neuron[0-9]*"))
 
 
 def trainer_device_arguments(kind: str) -> dict[str, bool]:

@@ -318,8 +318,7 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     return trainer, tokens
 
 
-def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable: int) -> None:
-    del expected_trainable  # the LoRA count; this backend counts per method (torch_methods)
+def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer) -> None:
     trainer, _ = build_trainer(cfg, plan, datasets, tokenizer)
     trainer.train(resume_from_checkpoint=str(plan.resume_from) if plan.resume_from else None)
     leave_process_group()
