@@ -132,9 +132,10 @@ def rung_log(cfg: RunConfig, rung: str) -> Path | None:
     recorded = [path for path in recorded if path.is_file()]
     if recorded and torchtitan_metrics.summarize_file(recorded[-1]):
         return recorded[-1]
-    # In the smoke run (<run>/smoke/logs, no record there) the rung's job is smoke-rung-<rung>.
-    steps = (f"rung-{rung}", f"{smoke.PREFIX}rung-{rung}")
-    found = sorted((p for _, p in StepLog.of(logs, steps.__contains__)), key=lambda p: p.stat().st_mtime, reverse=True)
+    # In the smoke run (<run>/smoke/logs, no record there) the rung's jobs are smoke-rung-<rung> and, for a
+    # resumed rung, smoke-rung-<rung>-resume.
+    ours = [path for _, path in StepLog.of(logs, lambda step: smoke.long_step(step) == f"rung-{rung}")]
+    found = sorted(ours, key=lambda p: p.stat().st_mtime, reverse=True)
     with_metrics = [path for path in found if torchtitan_metrics.summarize_file(path)]
     if with_metrics:
         return with_metrics[0]
