@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from llm_pipeline.jobs.chain import INTERRUPTED_EXIT
 from tools.local_slurm import LocalSlurm, LocalSlurmError, hand_to_invoking_user
+from tools.rehearsal_lock import RehearsalBusy, RehearsalLock
 from tools.rehearse import fsx_environment
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,10 +80,9 @@ def write_dataset_source(config_path: Path, env: dict[str, str]) -> Path:
 
 
 def rehearse(root: Path, config_path: Path) -> int:
+    """The ladder rehearsal in ``root`` (emptied first); the caller holds its RehearsalLock."""
     from llm_pipeline.jobs.run_facts import read_run_facts
 
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
     start = time.monotonic()
     print(f"[1/4] starting a local Slurm under {root / 'slurm'}", flush=True)
     with LocalSlurm(root / "slurm") as slurm:
@@ -114,11 +114,18 @@ def main(argv: list[str] | None = None) -> int:
     if not args.config.is_file():
         print(f"error: run config {args.config} does not exist", file=sys.stderr)
         return 2
+    root = args.root.resolve()
+    lock = RehearsalLock(root, what="ladder rehearsal")
     try:
-        return rehearse(args.root.resolve(), args.config.resolve())
-    except LocalSlurmError as exc:
+        with lock:
+            lock.wipe()
+            return rehearse(root, args.config.resolve())
+    except (LocalSlurmError, RehearsalBusy) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: the local Slurm and its jobs are stopped; the run's files are in {root}", file=sys.stderr)
+        return INTERRUPTED_EXIT
     finally:
         hand_to_invoking_user(args.root.resolve())
 

@@ -129,8 +129,11 @@ def test_weights_import_no_training_stack():
 def test_jobs_import_the_stdlib_only():
     allowed = {"llm_pipeline.config", "llm_pipeline.errors", "llm_pipeline.jobs", "llm_pipeline.run_files"}
     problems = []
+    # The one exception: the capacity scaler calls HyperPod's node APIs, so it imports boto3, inside the scaler
+    # only (jobs/capacity.py), so claims and releases that scale nothing run on a bare python3.
+    sdk_users = {"capacity.py": {"boto3"}}
     for path in _modules(PACKAGE / "jobs"):
-        problems += _violations(path, allowed, set())
+        problems += _violations(path, allowed, sdk_users.get(path.name, set()))
     assert problems == []
 
 

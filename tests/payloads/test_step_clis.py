@@ -40,7 +40,7 @@ def test_missing_config_file_and_missing_option(tmp_path):
         f"error: run config {tmp_path / 'absent.toml'} does not exist",
     )
     result = _run("llm_pipeline.data")
-    assert result.returncode == 2 and "the following arguments are required: --config" in result.stderr
+    assert result.returncode == 2 and "one of the arguments --config --preview is required" in result.stderr
 
 
 def test_train_help_and_docstring_name_every_method_and_backend():
