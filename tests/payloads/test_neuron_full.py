@@ -89,10 +89,12 @@ def test_a_partly_frozen_model_is_refused():
 def test_the_stated_global_batch_is_checked_against_the_layout(hpl_env):
     layout = {"tensor_parallel_size": 8, "devices_per_node": 32, "nodes": 2}
     batch = {"backend": "auto", "per_device_batch_size": 1, "global_batch_size": 256}
-    cfg = tiny_config(hpl_env, parallel=layout, train={**batch, "gradient_accumulation_steps": 32})
+    unpacked = {"packing": False}  # the neuron backend refuses packing
+    cfg = tiny_config(hpl_env, parallel=layout, train={**batch, "gradient_accumulation_steps": 32}, data=unpacked)
     config.check_backend(cfg, "neuron")  # 1 x DP 8 (64 cores / TP 8) x 32
     with pytest.raises(config.ConfigError, match=r"set train\.gradient_accumulation_steps = 32"):
-        tiny_config(hpl_env, parallel=layout, train={**batch, "backend": "neuron", "gradient_accumulation_steps": 3})
+        neuron = {**batch, "backend": "neuron", "gradient_accumulation_steps": 3}
+        tiny_config(hpl_env, parallel=layout, train=neuron, data=unpacked)
     with pytest.raises(config.ConfigError, match=r"x 64 data-parallel replica\(s\) \(torch backend\)"):
         config.check_backend(cfg, "torch")  # the torch engines keep a replica per process
 

@@ -54,6 +54,11 @@ def prepared_records(cfg: RunConfig, dataset, tokenizer, name: str = "preview") 
 
     only = completion_only(cfg)
     chat = is_chat(dataset.column_names)
+    # No model here: transformers 5's Trainer arguments name checkpointing `activation_checkpointing`, and leaving
+    # it unset lets trl's default set the deprecated alias (a FutureWarning); the trn1 lane's trl has neither.
+    checkpointing = (
+        {"activation_checkpointing": False} if "activation_checkpointing" in SFTConfig.__dataclass_fields__ else {}
+    )
     with tempfile.TemporaryDirectory() as scratch:
         args = SFTConfig(
             output_dir=scratch,
@@ -63,7 +68,7 @@ def prepared_records(cfg: RunConfig, dataset, tokenizer, name: str = "preview") 
             report_to="none",
             bf16=False,
             dataset_num_proc=None,
-            activation_checkpointing=False,  # no model here; unset, trl's default sets the deprecated alias
+            **checkpointing,
         )
     # The trainer's state its dataset preparation reads, set as SFTTrainer.__init__ sets it (without a model).
     trainer_state = SimpleNamespace(
