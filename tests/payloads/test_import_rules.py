@@ -19,6 +19,7 @@ TOP_LEVEL_SHARED = {
     "llm_pipeline.model_shapes",
     "llm_pipeline.jobs.prom_textfile",  # stdlib only: the run's figures for node exporter, written by every engine
     "llm_pipeline.run_files",
+    "llm_pipeline.refusals",  # stdlib only: the one table of device and backend refusals
 }
 
 
@@ -119,7 +120,8 @@ def test_no_engine_imports_another_engine():
 
 
 def test_weights_import_no_training_stack():
-    allowed = {"llm_pipeline.errors", "llm_pipeline.model_shapes", "llm_pipeline.weights"}
+    # run_files (stdlib only) owns the checkpoint folder's name
+    allowed = {"llm_pipeline.errors", "llm_pipeline.model_shapes", "llm_pipeline.run_files", "llm_pipeline.weights"}
     problems = []
     for path in _modules(PACKAGE / "weights"):
         problems += _violations(path, allowed, {"numpy", "safetensors", "torch"})
@@ -146,3 +148,7 @@ def test_the_rule_reader_sees_imports_inside_functions(tmp_path):
 
 def test_the_run_files_module_imports_the_stdlib_only():
     assert _violations(PACKAGE / "run_files.py", set(), set()) == []
+
+
+def test_the_refusal_table_imports_the_stdlib_only():
+    assert _violations(PACKAGE / "refusals.py", set(), set()) == []

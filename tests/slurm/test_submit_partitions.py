@@ -110,7 +110,14 @@ def dry_run(fsx: Path, run_config: str, *args: str) -> subprocess.CompletedProce
     [
         ("", "trn1", "32", "repo:trn1"),
         ("[train]\nbackend = 'torch'\n[parallel]\ndevices_per_node = 8\n", "p5", "8", "repo:p5"),
-        ("[parallel]\npartition = 'g5'\ndevices_per_node = 4\n[train]\nbackend = 'torch'\n", "g5", "4", "repo:g5"),
+        # TP 1: the base config's TP 8 cannot divide g5's 4 devices (the controller validates the whole RunConfig)
+        (
+            "[parallel]\npartition = 'g5'\ndevices_per_node = 4\ntensor_parallel_size = 1\n"
+            "[train]\nbackend = 'torch'\n",
+            "g5",
+            "4",
+            "repo:g5",
+        ),
     ],
     ids=["default", "engine-picks-gpu", "run-config-names-it"],
 )
