@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from stacks import ami_updates
 from stacks.accelerators import INSTANCE_TYPES, REFUSED_INSTANCE_TYPES, instance_facts
-from stacks.validation import StackConfigError, coerce
+from stacks.validation import StackConfigError, coerce, describe, entry_where, json_context
 
 CONTEXT_KEY = "compute_groups"
 ON_DEMAND, SPOT = "on-demand", "spot"
@@ -33,34 +32,30 @@ MAX_COUNT = 256
 EXAMPLE = '[{"name": "gpu", "instance_type": "ml.g5.12xlarge", "partition": "g5"}]'
 
 
-def _describe(text: str) -> dict[str, str]:
-    return {"description": text}
-
-
 @dataclass(frozen=True)
 class ComputeGroup:
     """One compute instance group of the cluster; it is also one Slurm partition."""
 
-    name: str = field(metadata=_describe("instance group name (SSM targets and log streams use it)"))
-    instance_type: str = field(metadata=_describe("a type from stacks/accelerators.py, e.g. ml.p5.48xlarge"))
-    partition: str = field(metadata=_describe("the Slurm partition of this group's nodes"))
-    count: int = field(default=1, metadata=_describe("nodes; 0 keeps the group (and partition) with no nodes"))
+    name: str = field(metadata=describe("instance group name (SSM targets and log streams use it)"))
+    instance_type: str = field(metadata=describe("a type from stacks/accelerators.py, e.g. ml.p5.48xlarge"))
+    partition: str = field(metadata=describe("the Slurm partition of this group's nodes"))
+    count: int = field(default=1, metadata=describe("nodes; 0 keeps the group (and partition) with no nodes"))
     min_instance_count: int = field(
         default=0,
-        metadata=_describe("continuous provisioning: nodes the group needs to be in service (MinInstanceCount)"),
+        metadata=describe("continuous provisioning: nodes the group needs to be in service (MinInstanceCount)"),
     )
-    capacity: str = field(default=ON_DEMAND, metadata=_describe("on-demand or spot (HyperPod CapacityRequirements)"))
+    capacity: str = field(default=ON_DEMAND, metadata=describe("on-demand or spot (HyperPod CapacityRequirements)"))
     training_plan_arn: str = field(
-        default="", metadata=_describe("a SageMaker training plan to run this group on (reserved capacity)")
+        default="", metadata=describe("a SageMaker training plan to run this group on (reserved capacity)")
     )
-    ebs_volume_gb: int = field(default=500, metadata=_describe("extra EBS volume per node, mounted at /opt/sagemaker"))
-    threads_per_core: int = field(default=1, metadata=_describe("1 (no hyper-threading) or 2"))
+    ebs_volume_gb: int = field(default=500, metadata=describe("extra EBS volume per node, mounted at /opt/sagemaker"))
+    threads_per_core: int = field(default=1, metadata=describe("1 (no hyper-threading) or 2"))
     deep_health_checks: tuple[str, ...] = field(
-        default=(), metadata=_describe("OnStartDeepHealthChecks: InstanceStress, InstanceConnectivity")
+        default=(), metadata=describe("OnStartDeepHealthChecks: InstanceStress, InstanceConnectivity")
     )
     scale_with_runs: bool = field(
         default=False,
-        metadata=_describe(
+        metadata=describe(
             "capacity follows the pipeline: the group holds min_instance_count nodes (0 allowed) while no chain "
             "runs, and each chain claims its nodes (up to count) and gives them back when it ends; the way to stop "
             "paying for idle accelerators (continuous provisioning only)"
@@ -68,7 +63,7 @@ class ComputeGroup:
     )
     auto_patch: str = field(
         default="",
-        metadata=_describe(
+        metadata=describe(
             "AutoPatchConfig: HyperPod applies patch-level AMI releases to the group by itself, WhenIdle (each node "
             "once it runs no job) or WhenAllIdle (when no node of the group runs one), one node at a time; empty: "
             "no automatic patching"
@@ -76,7 +71,7 @@ class ComputeGroup:
     )
     scheduled_update: str = field(
         default="",
-        metadata=_describe(
+        metadata=describe(
             "ScheduledUpdateConfig: HyperPod moves the group to the newest AMI release on this schedule, a cron "
             "expression in UTC such as cron(0 3 ? * SUN *), one node at a time; empty: only when you run "
             "`hpctl update-software`"
@@ -140,14 +135,7 @@ class GroupError(StackConfigError):
 
 def parse_compute_groups(raw: Any) -> tuple[ComputeGroup, ...]:
     """Context value (a list, or its JSON text from ``-c``) -> validated groups."""
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as error:
-            raise StackConfigError(
-                f"config key '{CONTEXT_KEY}' is not valid JSON ({error.msg} at column {error.colno}); pass a list "
-                f"such as -c {CONTEXT_KEY}='{EXAMPLE}'"
-            ) from None
+    raw = json_context(CONTEXT_KEY, raw, f"; pass a list such as -c {CONTEXT_KEY}='{EXAMPLE}'")
     if not isinstance(raw, list) or not raw:
         raise StackConfigError.bad_value(
             CONTEXT_KEY, raw, "a non-empty list of group objects (see README, Compute groups)"
@@ -158,8 +146,7 @@ def parse_compute_groups(raw: Any) -> tuple[ComputeGroup, ...]:
 
 
 def _parse_group(index: int, item: Any) -> ComputeGroup:
-    name = item.get("name") if isinstance(item, dict) else None
-    where = f"[{index}]" + (f" ({name})" if isinstance(name, str) and name else "")
+    where = entry_where(index, item)
     if not isinstance(item, dict):
         raise GroupError.at(where, "-", item, "an object with name, instance_type, partition, ...")
     for key in item:

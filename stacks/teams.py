@@ -13,13 +13,12 @@ The lifecycle reads the generated file (lifecycle/slurm_teams.py, USERS_FILE nex
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from lifecycle.slurm_teams import SSH_KEY
-from stacks.validation import StackConfigError
+from stacks.validation import StackConfigError, describe, entry_where, json_context
 
 TEAMS_KEY, USERS_KEY = "teams", "users"
 # Linux names: lowercase, start with a letter; Slurm accounts take the same. Not names the AMI or
@@ -30,20 +29,16 @@ RESERVED_NAMES = ("root", "ubuntu", "slurm", "munge", "admin", "sudo", "docker",
 ID_MIN, ID_MAX = 2000, 59999
 
 
-def _describe(text: str) -> dict[str, str]:
-    return {"description": text}
-
-
 @dataclass(frozen=True)
 class Team:
     """One team: a Linux group, a Slurm account with a fair-share weight, and a QOS with its limits."""
 
-    name: str = field(metadata=_describe("the group, the Slurm account and (with -qos) the QOS name"))
-    gid: int = field(metadata=_describe(f"the group's id on every node, {ID_MIN} to {ID_MAX}"))
-    fairshare: int = field(default=1, metadata=_describe("the team's fair-share weight (Slurm account Fairshare)"))
-    max_nodes: int = field(default=0, metadata=_describe("most nodes one job may use (QOS MaxTRESPerJob); 0: no limit"))
+    name: str = field(metadata=describe("the group, the Slurm account and (with -qos) the QOS name"))
+    gid: int = field(metadata=describe(f"the group's id on every node, {ID_MIN} to {ID_MAX}"))
+    fairshare: int = field(default=1, metadata=describe("the team's fair-share weight (Slurm account Fairshare)"))
+    max_nodes: int = field(default=0, metadata=describe("most nodes one job may use (QOS MaxTRESPerJob); 0: no limit"))
     max_gpu_minutes: int = field(
-        default=0, metadata=_describe("GPU-minutes the team may use in all (QOS GrpTRESMins=gres/gpu); 0: no limit")
+        default=0, metadata=describe("GPU-minutes the team may use in all (QOS GrpTRESMins=gres/gpu); 0: no limit")
     )
 
 
@@ -51,10 +46,10 @@ class Team:
 class User:
     """One person: a Linux account with a fixed uid in their team's group and Slurm account."""
 
-    name: str = field(metadata=_describe("login name and Slurm user"))
-    uid: int = field(metadata=_describe(f"the user's id on every node, {ID_MIN} to {ID_MAX}"))
-    team: str = field(metadata=_describe("a name from teams: the group, account and QOS the user's jobs run under"))
-    ssh_public_key: str = field(default="", metadata=_describe("an OpenSSH public key line; empty: SSM only"))
+    name: str = field(metadata=describe("login name and Slurm user"))
+    uid: int = field(metadata=describe(f"the user's id on every node, {ID_MIN} to {ID_MAX}"))
+    team: str = field(metadata=describe("a name from teams: the group, account and QOS the user's jobs run under"))
+    ssh_public_key: str = field(default="", metadata=describe("an OpenSSH public key line; empty: SSM only"))
 
 
 def _error(key: str, where: str, name: str, allowed: str, value: Any) -> StackConfigError:
@@ -65,20 +60,13 @@ def _error(key: str, where: str, name: str, allowed: str, value: Any) -> StackCo
 
 
 def _parse(key: str, cls: type, raw: Any) -> tuple:
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as error:
-            raise StackConfigError(
-                f"config key '{key}' is not valid JSON ({error.msg} at column {error.colno})"
-            ) from None
+    raw = json_context(key, raw)
     if not isinstance(raw, list):
         raise StackConfigError.bad_value(key, raw, "a list of objects (docs/teams.md)")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     parsed = []
     for index, item in enumerate(raw):
-        name = item.get("name") if isinstance(item, dict) else None
-        where = f"[{index}]" + (f" ({name})" if isinstance(name, str) else "")
+        where = entry_where(index, item)
         if not isinstance(item, dict):
             raise _error(key, where, "-", f"an object with {', '.join(fields)}", item)
         for entry_key, value in item.items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -32,6 +33,29 @@ class StackConfigError(StackError):
         close = difflib.get_close_matches(key, list(known), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         return cls(f"unknown config key '{key}'{hint}; known keys: {', '.join(sorted(known))}.")
+
+
+def describe(text: str) -> dict[str, str]:
+    """A config field's metadata: the words the docs' tables and the errors show for it."""
+    return {"description": text}
+
+
+def json_context(key: str, raw: Any, hint: str = "") -> Any:
+    """A context value given as JSON text (``-c key='[...]'``) decoded; any other value as it is."""
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise StackConfigError(
+            f"config key '{key}' is not valid JSON ({error.msg} at column {error.colno}){hint}"
+        ) from None
+
+
+def entry_where(index: int, item: Any) -> str:
+    """How errors name one entry of a context list: its index, and its name when it has one."""
+    name = item.get("name") if isinstance(item, dict) else None
+    return f"[{index}]" + (f" ({name})" if isinstance(name, str) and name else "")
 
 
 @dataclass(frozen=True)
