@@ -38,6 +38,7 @@ from hpctl.project import read_cdk_context
 from hpctl.run_data import LocalDataset, cluster_dataset_key, local_dataset
 from hpctl.submit_plan import partition_plan
 from llm_pipeline.config import ConfigError, load
+from llm_pipeline.jobs.chain import DRY_RUN_OPENING
 from llm_pipeline.jobs.run_config_text import with_keys
 from llm_pipeline.jobs.run_facts import read_run_facts
 from llm_pipeline.run_files import SubmittedLine
@@ -144,31 +145,38 @@ def chain_argv(options: SubmitOptions) -> list[str]:
     return argv
 
 
+def split_plan_table(text: str) -> tuple[str, str, str]:
+    """The chain's dry-run output as (its table: the "nothing submitted" line and where each job runs; what the
+    chain printed before it; the rest, the script from "# the same ..." or its first command)."""
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.startswith(DRY_RUN_OPENING)), len(lines))
+    end = start
+    while end < len(lines) and lines[end].startswith("#") and not lines[end].startswith("# the same "):
+        end += 1
+    return "".join(lines[start:end]), "".join(lines[:start]), "".join(lines[end:])
+
+
 def offline_dry_run(options: SubmitOptions, *, project_root: Path, to_send: RunConfigToSend | None = None) -> None:
     """Print the chain with this checkout's submit step, in the payloads folder, with the cluster's folders and
     the partition cdk.json gives the run; this machine's paths in it are shown as the cluster's."""
     payloads = project_root / PAYLOADS_FOLDER
     local = Path(options.config)
     to_send = to_send or RunConfigToSend(local=local, body=local.read_bytes())
-    print(
+    # The chain's own table of where each job runs opens the output; these notes follow it.
+    notes = [
         "# offline: this checkout's submit step, with the partitions of cdk.json's compute_groups (a deploy "
-        "of other groups may pick another one)",
-        flush=True,
-    )
+        "of other groups may pick another one)"
+    ]
     context = read_cdk_context(project_root) if (project_root / "cdk.json").is_file() else {}
     plan = partition_plan(context, read_run_facts(local, {**os.environ, **CLUSTER_FOLDERS_ENV}))
-    for line in plan.lines:
-        print(line)
-    if plan.warning:
-        print(plan.warning, file=sys.stderr, flush=True)
+    notes += plan.lines
     cluster_config = f"{fsx_dir(PAYLOADS_FOLDER)}/{sent_config(local, to_send.body).path}"
-    print(f"# run config {local} -> {cluster_config} (sent at submit)")
+    notes.append(f"# run config {local} -> {cluster_config} (sent at submit)")
     if to_send.dataset:
-        print(
+        notes.append(
             f"# data.dataset {to_send.dataset.local} -> s3://<bucket>/{to_send.dataset.key} (uploaded at submit), "
             f"read on the cluster as {to_send.dataset.cluster_path}"
         )
-    sys.stdout.flush()
     # This checkout's package first; the one hpctl runs with when the folder holds none.
     installed = str(Path(llm_pipeline.__file__).resolve().parents[1])
     python_path = os.pathsep.join((str(payloads), str(project_root), installed))
@@ -176,10 +184,9 @@ def offline_dry_run(options: SubmitOptions, *, project_root: Path, to_send: RunC
     with tempfile.TemporaryDirectory(prefix="hpctl-dry-run-") as scratch:
         if options.sweep_nodes:  # the sweep's dry run writes its point configs into the run folder
             env["HPL_OUTPUTS_DIR"] = scratch
-            print(f"# the sweep's run folders are under a scratch folder standing in for {fsx_dir('outputs')}")
-            sys.stdout.flush()
+            notes.append(f"# the sweep's run folders are under a scratch folder standing in for {fsx_dir('outputs')}")
         command = [sys.executable, *chain_argv(options)]
-        result = subprocess.run(command, cwd=payloads, env=env, check=False, stdout=subprocess.PIPE, text=True)
+        result = subprocess.run(command, cwd=payloads, env=env, check=False, capture_output=True, text=True)
     # This machine's paths as the cluster names them: the config as sent, the payloads (the package the chain
     # ran from: this checkout's, else the installed one) on FSx.
     ran_from = payloads if (payloads / "llm_pipeline").is_dir() else Path(installed)
@@ -187,7 +194,13 @@ def offline_dry_run(options: SubmitOptions, *, project_root: Path, to_send: RunC
     text = result.stdout
     for here, there in laptop:
         text = text.replace(here, there)
-    print(text, end="", flush=True)
+    table, before, rest = split_plan_table(text)
+    print(table, end="", flush=True)
+    if plan.warning:
+        print(plan.warning, file=sys.stderr, flush=True)
+    print("\n".join(notes), flush=True)
+    print(result.stderr, end="", file=sys.stderr, flush=True)  # the chain's notes (its account), its errors
+    print(before + rest, end="", flush=True)
     if result.returncode != 0:
         raise HpctlError(f"the chain's dry run failed (exit {result.returncode}): see its output above")
 

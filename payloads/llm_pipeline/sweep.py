@@ -31,6 +31,7 @@ from llm_pipeline import __version__
 from llm_pipeline import config as run_config
 from llm_pipeline.jobs import deploy_facts, partitions, pipeline_status, smoke
 from llm_pipeline.jobs.chain import (
+    DRY_RUN_OPENING,
     PAYLOADS_DIR,
     ChainJob,
     SubmitError,
@@ -203,7 +204,7 @@ def _main(args: argparse.Namespace) -> int:
     else:
         print(f"note: {smoke.NO_SMOKE_RISK}", flush=True)
     if args.dry_run:
-        print("# dry run: nothing submitted. The jobs, each after the previous one:")
+        print(f"{DRY_RUN_OPENING} The jobs, each after the previous one:")
         for job, facts in planned:
             print(shlex.join(sbatch_command(job, facts, None, env)))
         return 0

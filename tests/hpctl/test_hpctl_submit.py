@@ -340,8 +340,11 @@ def test_dry_run_opens_with_where_each_job_runs_on_the_run_s_partition(offline, 
     out = captured.out
     assert "# partition g5: compute group gpus, 2 x ml.g5.12xlarge (4 cuda devices per node), from cdk.json" in out
     lines = out.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("# step"))
-    table = [line.split() for line in lines[start : start + 10]]
+    # the table is the first thing printed, on either stream; the notes (partition, config, account) follow it
+    assert lines[0].startswith("# dry run: nothing submitted.") and lines[1].startswith("# step"), out
+    assert [line.split(":")[0] for line in captured.err.splitlines()] == ["# account"]  # after the table
+    assert out.index("# evaluate ") < out.index("# offline: this checkout's submit step")
+    table = [line.split() for line in lines[1:11]]
     assert table[0] == ["#", "step", "partition", "nodes", "x", "devices", "depends", "on"]
     assert ["#", "train", "g5", "1", "x", "4", "cuda", "precompile"] in table
     assert ["#", "prepare", "g5", "1", "x", "4", "cuda", "-"] in table

@@ -27,6 +27,9 @@ from llm_pipeline.run_files import SLURM_JOB_ID, STATE_DIR, StepLog, SubmittedLi
 PAYLOADS_DIR = Path(__file__).resolve().parents[2]
 SLURM_FALLBACK_BIN = Path("/opt/slurm/bin")  # HyperPod's Slurm, for shells without it on PATH
 
+# The first line of every dry run's output (hpctl opens its own dry run with what follows it).
+DRY_RUN_OPENING = "# dry run: nothing submitted."
+
 
 class SubmitError(PipelineError, RuntimeError):
     """Submission cannot go on; the message says what to do."""
@@ -206,7 +209,7 @@ def dry_run(
 ) -> None:
     """The chain as a table (plan_table), then the submission as a shell script: each job id captured and fed
     to the next dependency."""
-    print(f"# dry run: nothing submitted. The {what}, job by job (each starts after the one it depends on):")
+    print(f"{DRY_RUN_OPENING} The {what}, job by job (each starts after the one it depends on):")
     for line in plan_table(staged_chain(facts, jobs, smoke_stage=smoke_stage), env):
         print(line)
     print(f"# the same {what} as a script:")
