@@ -14,6 +14,16 @@ export PYTHONPATH := $(CURDIR):$(CURDIR)/payloads
 # The rehearsals' local Slurm daemons run as root: sudo (asked once, up front, by tools/need_root.sh) when not root.
 AS_ROOT := $(if $(filter 0,$(shell id -u)),,sudo env PYTHONPATH=$(PYTHONPATH))
 
+# jsii, the CDK library's Node.js runtime, supports Node.js 22 and 24; on an older Node it prints an 11-line
+# banner, as Python bytes, each time a Python process starts it. One note per make instead (the top make).
+NODE_MAJOR := $(shell node -p 'process.versions.node.split(".")[0]' 2>/dev/null)
+ifeq ($(shell test "$(NODE_MAJOR)" -lt 22 2>/dev/null && echo old),old)
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := $(NODE_MAJOR)
+ifeq ($(MAKELEVEL),0)
+$(info note: Node.js $(NODE_MAJOR) is past the end of the CDK's jsii support (Node.js 22 and 24 are supported); it still runs here: upgrade Node.js when you can)
+endif
+endif
+
 .DEFAULT_GOAL := help
 .PHONY: help need-root system-packages venv synth lint doc-tables test test-fast test-engine test-trn1 snapshot-update deploy diff destroy rehearse rehearse-config rehearse-ladder bench bench-train diagram clean
 
