@@ -354,8 +354,8 @@ class TrainConfig:
     )
     profile: str = described(
         "",
-        "steps to profile as 'FIRST-LAST' (e.g. '20-22'); torch.profiler writes per-rank traces and a memory "
-        "timeline under the run folder's profile/ (torch backend); empty: off",
+        "steps to profile as 'FIRST-LAST' (e.g. '20-22'); torch.profiler writes per-rank traces (and on a GPU "
+        "the allocator's memory record) under the run folder's profile/ (torch backend); empty: off",
         Rule(
             lambda window: re.fullmatch(r"(\d+)(-\d+)?", window) is not None or window == "",
             "'' (off) or a step window 'FIRST-LAST', e.g. '20-22'",

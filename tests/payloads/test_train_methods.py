@@ -5,6 +5,7 @@ TensorBoard."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import itertools
 import json
@@ -138,7 +139,7 @@ def test_full_fine_tuning_consolidates_to_a_model_folder_that_loads(hpl_env, tmp
     assert generate.main(["--config", str(path)]) == 0
 
 
-def test_profiler_writes_a_trace_per_rank_and_a_memory_timeline(hpl_env, tmp_path):
+def test_profiler_writes_a_trace_per_rank_and_on_a_cpu_no_allocator_snapshot(hpl_env, tmp_path):
     path, cfg = short_run(tmp_path, hpl_env, profile="2-3")
     out = run_train(path)
     traces = list(cfg.paths.profile_dir.glob("rank0*.pt.trace.json"))
@@ -148,7 +149,51 @@ def test_profiler_writes_a_trace_per_rank_and_a_memory_timeline(hpl_env, tmp_pat
         e["name"] for e in events if "aten::mm" in e.get("name", "")
     }
     assert steps, "the trace holds no operator events"
-    assert (cfg.paths.profile_dir / "memory_timeline_rank0.json.gz").stat().st_size > 0
+    assert not list(cfg.paths.profile_dir.glob("memory_*"))  # the CUDA allocator's record needs a GPU
+
+
+def test_on_a_gpu_the_profiler_dumps_the_allocator_s_record_and_stops_recording(monkeypatch, tmp_path):
+    """The GPU path with stand-ins for CUDA, each checking that the call binds to torch's real signature."""
+    from types import SimpleNamespace
+
+    from llm_pipeline.training.torch.profiling import MEMORY_HISTORY_ENTRIES, StepProfiler
+
+    calls = []
+
+    def stand_in(name, real):
+        def call(*args, **kwargs):
+            inspect.signature(real).bind(*args, **kwargs)
+            calls.append((name, args, kwargs))
+
+        return call
+
+    class StandInProfiler:
+        def __init__(self, **kwargs):
+            inspect.signature(torch.profiler.profile).bind(**kwargs)
+
+        def start(self):
+            calls.append(("start", (), {}))
+
+        def stop(self):
+            calls.append(("stop", (), {}))
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name in ("_record_memory_history", "_dump_snapshot"):
+        monkeypatch.setattr(torch.cuda.memory, name, stand_in(name, getattr(torch.cuda.memory, name)))
+    monkeypatch.setattr(torch.profiler, "profile", StandInProfiler)
+    profiler = StepProfiler(window=(2, 3), folder=tmp_path)
+    for step in (0, 1, 2, 3):  # the Trainer's global_step before each step's begin, after its end
+        state = SimpleNamespace(global_step=step)
+        profiler.on_step_begin(None, state, None)
+        profiler.on_step_end(None, SimpleNamespace(global_step=step + 1), None)
+    profiler.on_train_end(None, SimpleNamespace(global_step=4), None)
+    assert calls == [
+        ("_record_memory_history", (), {"max_entries": MEMORY_HISTORY_ENTRIES}),
+        ("start", (), {}),
+        ("stop", (), {}),
+        ("_dump_snapshot", (str(tmp_path / "memory_snapshot_rank0.pickle"),), {}),
+        ("_record_memory_history", (), {"enabled": None}),
+    ]
 
 
 @pytest.mark.parametrize("method", ["lora", "dora", "qlora", "full"])

@@ -2,7 +2,10 @@
 
 The window FIRST-LAST counts optimizer steps from 1, as the progress lines do. Each rank writes
 ``<run>/profile/rank<R>.<...>.pt.trace.json`` (TensorBoard's profiler plugin and Perfetto read it)
-and ``memory_timeline_rank<R>.json.gz`` (allocated bytes over time by category). See
+and, on a GPU, ``memory_snapshot_rank<R>.pickle``: the CUDA allocator's record of every allocation and
+free in the window with its stack (https://pytorch.org/memory_viz draws it). torch 2.13 deprecates the
+profiler's memory timeline for this record; its warning names ``_export_memory_snapshot``, the function
+is ``torch.cuda.memory._dump_snapshot``. On a CPU the trace's own memory events are all there is. See
 docs/training.md, "Reading a profile".
 """
 
@@ -13,6 +16,10 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+# Allocation events the CUDA allocator keeps for the snapshot, the oldest dropped first: torch's default keeps
+# every one, in host memory, for as long as the window runs.
+MEMORY_HISTORY_ENTRIES = 100_000
+
 
 class StepProfiler(TrainerCallback):
     def __init__(self, *, window: tuple[int, int], folder: Path):
@@ -20,18 +27,22 @@ class StepProfiler(TrainerCallback):
         self.folder = Path(folder)
         self.rank = int(os.environ.get("RANK", "0"))
         self.profiler = None
+        self.records_cuda_memory = False
 
     def _start(self):
         import torch
         from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        self.records_cuda_memory = torch.cuda.is_available()
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.records_cuda_memory else [])
         self.folder.mkdir(parents=True, exist_ok=True)
+        if self.records_cuda_memory:
+            torch.cuda.memory._record_memory_history(max_entries=MEMORY_HISTORY_ENTRIES)
         self.profiler = profile(
             activities=activities,
             record_shapes=True,
             profile_memory=True,
-            with_stack=True,  # the memory timeline needs stacks to sort allocations into categories
+            with_stack=True,  # the trace's flame view of where time goes
             on_trace_ready=tensorboard_trace_handler(str(self.folder), worker_name=f"rank{self.rank}"),
         )
         self.profiler.start()
@@ -43,17 +54,21 @@ class StepProfiler(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self.profiler is None or state.global_step < self.last:
             return
-        import torch
-
-        self.profiler.stop()
-        device = "cuda:0" if torch.cuda.is_available() else "cpu"
-        timeline = self.folder / f"memory_timeline_rank{self.rank}.json.gz"
-        self.profiler.export_memory_timeline(str(timeline), device=device)
+        self._stop(snapshot=self.folder / f"memory_snapshot_rank{self.rank}.pickle")
         if self.rank == 0:
             print(f"profile of steps {self.first}-{self.last} written to {self.folder}", flush=True)
-        self.profiler = None
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.profiler is not None:  # training ended inside the window
-            self.profiler.stop()
-            self.profiler = None
+            self._stop(snapshot=None)
+
+    def _stop(self, *, snapshot: Path | None):
+        import torch
+
+        self.profiler.stop()
+        self.profiler = None
+        if self.records_cuda_memory:
+            if snapshot is not None:
+                torch.cuda.memory._dump_snapshot(str(snapshot))
+            torch.cuda.memory._record_memory_history(enabled=None)
+            self.records_cuda_memory = False
