@@ -35,6 +35,9 @@ help:  ## list the targets
 # node_modules). Each site has its own stamp, so tools/check_python312.sh builds them alone (CI, no torch).
 # Each step prints a line, the packages it collects and its time (tools/install_phase.sh).
 REHEARSAL_STAMP := $(VENV)/.installed-rehearsal
+# setuptools' editable build prints a boxed note ("folders ... with the same name as your package") on every
+# install of a multi-root project like this one; it is information only, so its warning class is ignored there.
+EDITABLE_INSTALL := PYTHONWARNINGS=ignore::UserWarning:setuptools.command.editable_wheel $(PIP) install --progress-bar off --no-deps -e .
 SITE_STAMPS := $(VENV)/.installed-laptop $(VENV)/.installed-trn1-site $(VENV)/.installed-torchtitan-site $(VENV)/.installed-checkov
 PHASE := tools/install_phase.sh
 
@@ -47,12 +50,12 @@ $(REHEARSAL_STAMP): requirements-rehearse.txt payloads/requirements-gpu.txt pypr
 	@$(PHASE) "the main stack (requirements-rehearse.txt)" $(PIP) install --progress-bar off -r requirements-rehearse.txt
 	@# bitsandbytes has a CPU backend: QLoRA rehearsals and tests load real 4-bit layers (pin: requirements-gpu.txt).
 	@$(PHASE) "bitsandbytes (QLoRA's CPU backend)" $(PIP) install --progress-bar off --no-deps bitsandbytes==0.50.2
-	@$(PHASE) "this project (pip install -e .)" $(PIP) install --progress-bar off --no-deps -e .
+	@$(PHASE) "this project (pip install -e .)" $(EDITABLE_INSTALL)
 	@touch $@
 
 $(VENV)/.installed-laptop: requirements.txt pyproject.toml | $(PY)
 	@$(PHASE) "the laptop side: the CDK app, hpctl, predeploy (requirements.txt)" $(PIP) install --progress-bar off -r requirements.txt
-	@$(PHASE) "this project (pip install -e .)" $(PIP) install --progress-bar off --no-deps -e .
+	@$(PHASE) "this project (pip install -e .)" $(EDITABLE_INSTALL)
 	@touch $@
 
 # torchtitan 0.2.2 in its own folder: its tyro needs typeguard 4, jsii pins 2 (see the file).
@@ -83,7 +86,7 @@ need-root:  # the rehearsals' first prerequisite (not in `make help`): says why 
 	@tools/need_root.sh "make $(firstword $(filter rehearse%,$(MAKECMDGOALS)) rehearse)"
 
 system-packages:  ## install slurm-wlm, slurmdbd, munge, mariadb-server, graphviz, prometheus, prometheus-node-exporter, python3-venv when missing (apt-get; sudo when not root)
-	tools/system_packages.sh
+	@tools/system_packages.sh
 
 venv: $(STAMP)  ## create .venv and node_modules from the pinned files
 

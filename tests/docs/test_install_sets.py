@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,28 @@ def test_the_progress_wrapper_keeps_what_pip_collects_and_its_time(tmp_path):
     failed = subprocess.run(["bash", ROOT / "tools" / "install_phase.sh", "x", "false"], capture_output=True)
     assert failed.returncode == 1  # a failing step fails the install
     assert shutil.which("sed")
+
+
+def test_the_editable_install_leaves_setuptools_information_box_out(checkout, tmp_path):
+    """setuptools' editable build warns about same-named folders on every install of a project with two package
+    roots, as ours (information only); the PYTHONWARNINGS make gives that step silences it, and only it: a real
+    editable build (PEP 660) of a project of that shape, with the venv's setuptools."""
+    plan = planned(checkout, "fresh/.installed-rehearsal")
+    (setting,) = set(re.findall(r"PYTHONWARNINGS=(\S+) fresh/bin/pip install --progress-bar off --no-deps -e \.", plan))
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "two-roots"\nversion = "1"\n'
+        '[tool.setuptools.packages.find]\nwhere = [".", "more"]\ninclude = ["one", "two"]\n'
+    )
+    for package in ("one", "more/two"):
+        (tmp_path / package).mkdir(parents=True)
+        (tmp_path / package / "__init__.py").write_text("")
+    build = "from setuptools import build_meta; build_meta.build_editable('wheel-out')"
+
+    def stderr(warnings_setting: str | None) -> str:
+        env = {"PATH": "/usr/bin:/bin"} | ({"PYTHONWARNINGS": warnings_setting} if warnings_setting else {})
+        done = subprocess.run([sys.executable, "-c", build], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
+    assert "name as your package" in stderr(None)  # what it silences, when not set
+    assert "name as your package" not in stderr(setting)
