@@ -103,7 +103,7 @@ doc-tables: $(STAMP)  ## rewrite the run-config table in docs/training.md from c
 
 # Make builds prerequisites left to right: system packages, then .venv (inside lint), then lint.
 test: system-packages lint  ## set up a fresh Debian/Ubuntu machine as needed, lint, then run the whole suite (both stacks)
-	$(PY) -m pytest -n 2 --dist loadgroup
+	$(PY) -m pytest -n 2 --dist loadgroup --durations=25  # the 25 slowest, so a slow new test shows in CI
 	$(MAKE) --no-print-directory test-trn1
 	tools/check_python312.sh  # the laptop side on Ubuntu 24.04's Python: a fresh 3.12 venv installs and synthesizes
 
