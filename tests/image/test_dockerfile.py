@@ -6,9 +6,11 @@ import re
 import shlex
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 from image_files import DOCKERFILE, PAYLOADS
+from packaging.specifiers import SpecifierSet
 
 BASE_IMAGE = "public.ecr.aws/neuron/pytorch-training-neuronx"
 TAG = re.compile(r"^(?P<torch>\d+\.\d+\.\d+)-neuronx-py(?P<py>\d{3,})-sdk(?P<sdk>\d+\.\d+\.\d+)-ubuntu22\.04$")
@@ -75,8 +77,19 @@ def test_base_is_the_pinned_neuron_training_image(instructions):
     match = TAG.match(tag)
     assert match, f"tag {tag!r} is not a full Neuron DLC tag"
     assert match["sdk"] == "2.26.1"
-    # The image's Python is the one the tests run on, so what passes here imports there.
-    assert match["py"] == f"{sys.version_info.major}{sys.version_info.minor}"
+
+
+def test_base_python_is_one_the_frozen_lane_declares(instructions):
+    """The image's Python satisfies optimum-neuron's own Requires-Python, read from the frozen lane's site
+    (.venv/trn1-site): the main stack's tests run on any Python from 3.11 to 3.13, the image on the one its
+    lane installs on. CI runs `make test-trn1` on Python 3.11, the image's."""
+    _, _, tag = from_image(instructions)
+    digits = TAG.match(tag)["py"]
+    site = Path(sys.prefix) / "trn1-site"
+    found = [d for d in metadata.distributions(path=[str(site)]) if d.metadata["Name"] == "optimum-neuron"]
+    assert len(found) == 1, f"{site} holds no optimum-neuron: run `make venv`"
+    declared = SpecifierSet(found[0].metadata["Requires-Python"])
+    assert f"{digits[0]}.{digits[1:]}" in declared, (tag, str(declared))
 
 
 def test_base_torch_matches_the_torch_neuronx_pin(instructions, pins):

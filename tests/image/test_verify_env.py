@@ -49,11 +49,18 @@ def test_version_check_flags_missing_and_drifted_packages(verify_env):
     ]
 
 
-def test_version_check_ignores_local_labels_like_pip(verify_env):
-    # torch here is a +cpu build; Neuron wheels carry +<commit> labels: `==` ignores both.
-    installed = metadata.version("torch")
-    assert "+" in installed
-    assert verify_env.version_problems({"torch": installed.split("+")[0]}) == []
+def test_version_check_ignores_local_labels_like_pip(verify_env, tmp_path, monkeypatch):
+    # Neuron's wheels carry +<commit> labels and torch's CPU build +cpu: `==` ignores both, and so does the check.
+    # A distribution of its own, so the check does not depend on which torch build this machine has.
+    info = tmp_path / "labelled_package-2.8.0+4f2a9c1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: labelled-package\nVersion: 2.8.0+4f2a9c1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert metadata.version("labelled-package") == "2.8.0+4f2a9c1"
+    assert verify_env.version_problems({"labelled-package": "2.8.0"}) == []
+    assert verify_env.version_problems({"labelled-package": "2.8.1"}) == [
+        "labelled-package: installed 2.8.0+4f2a9c1, pinned 2.8.1"
+    ]
 
 
 def test_import_check_flags_missing_modules_and_names(verify_env):

@@ -121,7 +121,8 @@ def test_ctrl_c_stops_the_cluster_and_its_jobs_in_one_line(running):
     assert processes_of(conf)  # the daemons and the running job's processes
     before = len(running.stderr)
     os.killpg(running.process.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends its foreground job
-    assert running.finish(120) == 130
+    code = running.finish(120)
+    assert code == 130, running.out() + "".join(running.stderr)
     stderr = "".join(running.stderr[before:])
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
     said = [line for line in stderr.splitlines() if line.strip()]
