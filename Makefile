@@ -37,7 +37,7 @@ help:  ## list the targets
 REHEARSAL_STAMP := $(VENV)/.installed-rehearsal
 # setuptools' editable build prints a boxed note ("folders ... with the same name as your package") on every
 # install of a multi-root project like this one; it is information only, so its warning class is ignored there.
-EDITABLE_INSTALL := PYTHONWARNINGS=ignore::UserWarning:setuptools.command.editable_wheel $(PIP) install --progress-bar off --no-deps -e .
+EDITABLE_INSTALL := env PYTHONWARNINGS=ignore::UserWarning:setuptools.command.editable_wheel $(PIP) install --progress-bar off --no-deps -e .
 SITE_STAMPS := $(VENV)/.installed-laptop $(VENV)/.installed-trn1-site $(VENV)/.installed-torchtitan-site $(VENV)/.installed-checkov
 PHASE := tools/install_phase.sh
 

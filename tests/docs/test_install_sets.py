@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # What only the tests use: never in the rehearsal's install.
+# The editable install of this project, after the venv's pip.
+EDITABLE_PIP_ARGS = ["install", "--progress-bar", "off", "--no-deps", "-e", "."]
 TEST_ONLY = ("requirements-dev.txt", "requirements-sagemaker.txt", "torchtitan-site", "trn1-site", "checkov", "npm ci")
 
 
@@ -77,10 +80,13 @@ def test_the_progress_wrapper_keeps_what_pip_collects_and_its_time(tmp_path):
 
 def test_the_editable_install_leaves_setuptools_information_box_out(checkout, tmp_path):
     """setuptools' editable build warns about same-named folders on every install of a project with two package
-    roots, as ours (information only); the PYTHONWARNINGS make gives that step silences it, and only it: a real
-    editable build (PEP 660) of a project of that shape, with the venv's setuptools."""
-    plan = planned(checkout, "fresh/.installed-rehearsal")
-    (setting,) = set(re.findall(r"PYTHONWARNINGS=(\S+) fresh/bin/pip install --progress-bar off --no-deps -e \.", plan))
+    roots, as ours (information only). The step make plans, run through tools/install_phase.sh as make runs it,
+    with pip's install swapped for a real editable build (PEP 660, the venv's setuptools) of a project of that
+    shape: quiet; the same build without the step's setting: the box."""
+    (line,) = [line for line in planned(checkout, "fresh/.installed-rehearsal").splitlines() if " -e ." in line]
+    words = shlex.split(line)
+    pip = words.index("fresh/bin/pip")
+    assert words[0] == "tools/install_phase.sh" and words[pip:] == ["fresh/bin/pip", *EDITABLE_PIP_ARGS], line
     (tmp_path / "pyproject.toml").write_text(
         '[project]\nname = "two-roots"\nversion = "1"\n'
         '[tool.setuptools.packages.find]\nwhere = [".", "more"]\ninclude = ["one", "two"]\n'
@@ -88,13 +94,12 @@ def test_the_editable_install_leaves_setuptools_information_box_out(checkout, tm
     for package in ("one", "more/two"):
         (tmp_path / package).mkdir(parents=True)
         (tmp_path / package / "__init__.py").write_text("")
-    build = "from setuptools import build_meta; build_meta.build_editable('wheel-out')"
+    build = [sys.executable, "-c", "from setuptools import build_meta; build_meta.build_editable('wheel-out')"]
 
-    def stderr(warnings_setting: str | None) -> str:
-        env = {"PATH": "/usr/bin:/bin"} | ({"PYTHONWARNINGS": warnings_setting} if warnings_setting else {})
-        done = subprocess.run([sys.executable, "-c", build], cwd=tmp_path, env=env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
+    def stderr(command: list[str]) -> str:
+        done = subprocess.run(command, cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
         return done.stderr
 
-    assert "name as your package" in stderr(None)  # what it silences, when not set
-    assert "name as your package" not in stderr(setting)
+    assert "name as your package" in stderr(build)  # what it silences, when not set
+    assert "name as your package" not in stderr([str(ROOT / words[0]), *words[1:pip], *build])
