@@ -40,4 +40,5 @@ def test_test_fast_leaves_out_exactly_the_markers_that_say_so_and_make_test_runs
     assert left_out == ["engine", "rehearsal"]
     assert f'-m "not slurm and not {left_out[1]} and not {left_out[0]}"' in make_recipe("test-fast")
     assert '-m "engine and not slurm and not rehearsal"' in make_recipe("test-engine")
-    assert make_recipe("test").splitlines()[0] == "\t$(PY) -m pytest -n 2 --dist loadgroup", "make test (CI) runs all"
+    first = make_recipe("test").splitlines()[0].split("#")[0].split()
+    assert first[:3] == ["$(PY)", "-m", "pytest"] and "-m" not in first[3:], "make test (CI) runs all"

@@ -117,7 +117,11 @@ class LocalPrometheus:
     def _spawn(self, name: str, argv: list[str]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         with (self.root / f"{name}.log").open("w") as log:
-            self._processes.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log))
+            # Its own session: a terminal's Ctrl-C reaches the rehearsal alone, which queries it once more if it
+            # must and stops it (stop()); Prometheus killed by the same Ctrl-C would turn that into a traceback.
+            self._processes.append(
+                subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+            )
 
     # -- PromQL --------------------------------------------------------------------------------
     def query(self, expr: str) -> list[dict]:

@@ -63,7 +63,10 @@ class RehearsalMetrics:
         def loop() -> None:
             while not stop.is_set():
                 for command in commands:
-                    done = subprocess.run([sys.executable, str(SLURM_METRICS), *command], env=env, timeout=30)
+                    # its own session: a Ctrl-C meant for the rehearsal would print this run's traceback
+                    done = subprocess.run(
+                        [sys.executable, str(SLURM_METRICS), *command], env=env, timeout=30, start_new_session=True
+                    )
                     if done.returncode:
                         print(f"[metrics] slurm_metrics.py {command[0]} exited {done.returncode}", flush=True)
                 stop.wait(TIMER_SECONDS)

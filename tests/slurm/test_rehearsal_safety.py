@@ -18,11 +18,14 @@ from pathlib import Path
 import pytest
 from slurm_helpers import REPO, wait_for
 
+from llm_pipeline.jobs.run_config_text import write_derived
 from tools.local_slurm import processes_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-rehearsal-safety")]
 PYTHONPATH = os.pathsep.join((str(REPO), str(REPO / "payloads")))
 RUNNING_JOB = re.compile(r"^\[ *\d+s\] \S+ +RUNNING ", re.MULTILINE)
+TINY = REPO / "payloads" / "configs" / "tiny-cpu.toml"
+LONG_RUN_STEPS = 1_000_000  # hours of training at the tiny model's pace: the run is interrupted long before
 
 
 def rehearse_command(root: Path, *args: str) -> list[str]:
@@ -37,10 +40,10 @@ def rehearsal_env() -> dict[str, str]:
 class Running:
     """A rehearsal in its own process group (a terminal's foreground job), its output collected as it comes."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *args: str) -> None:
         self.root = root
         self.process = subprocess.Popen(
-            rehearse_command(root),
+            rehearse_command(root, *args),
             cwd=REPO,
             env=rehearsal_env(),
             stdout=subprocess.PIPE,
@@ -74,8 +77,13 @@ class Running:
 
 @pytest.fixture(scope="module")
 def running(tmp_path_factory):
+    """A rehearsal whose training runs for hours (train.max_steps), so its pipeline is still going whenever the
+    tests below run, however long other tests on this worker take in between; Ctrl-C ends it."""
     root = tmp_path_factory.mktemp("rehearsal")
-    rehearsal = Running(root)
+    long_run = write_derived(
+        TINY, tmp_path_factory.mktemp("config") / "tiny-long.toml", {("train", "max_steps"): LONG_RUN_STEPS}
+    )
+    rehearsal = Running(root, "--config", str(long_run))
     try:
         wait_for(
             lambda: rehearsal.process.poll() is not None or RUNNING_JOB.search(rehearsal.out()),
