@@ -1,8 +1,8 @@
 """`make rehearse` run twice, with a config it cannot run, pasted hints and Ctrl-C (tools/rehearse.py).
 
-One real rehearsal (python -m tools.rehearse, as make runs it) is started for the module and followed until a
-job of its pipeline runs; a second one on the same folder is refused, the status line it printed is pasted
-into a bare shell, and Ctrl-C ends it: one line, exit 130, no process of its cluster left.
+One real rehearsal (python -m tools.rehearse, as make runs it), training for hours, is started in one test and
+followed until a job of its pipeline runs; a second one on the same folder is refused, the status line it
+printed is pasted into a bare shell, and Ctrl-C ends it: one line, exit 130, no process of its cluster left.
 """
 
 from __future__ import annotations
@@ -75,10 +75,10 @@ class Running:
         return code
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def running(tmp_path_factory):
-    """A rehearsal whose training runs for hours (train.max_steps), so its pipeline is still going whenever the
-    tests below run, however long other tests on this worker take in between; Ctrl-C ends it."""
+    """A rehearsal whose training runs for hours (train.max_steps), so its pipeline is still going at each check
+    below, however loaded the machine; Ctrl-C ends it."""
     root = tmp_path_factory.mktemp("rehearsal")
     long_run = write_derived(
         TINY, tmp_path_factory.mktemp("config") / "tiny-long.toml", {("train", "max_steps"): LONG_RUN_STEPS}
@@ -99,7 +99,7 @@ def running(tmp_path_factory):
             rehearsal.finish(120)
 
 
-def test_a_second_rehearsal_on_the_same_folder_is_refused_naming_the_first(running):
+def second_rehearsal_on_the_same_folder_is_refused_naming_the_first(running: Running) -> None:
     conf = running.root / "slurm" / "slurm.conf"
     second = subprocess.run(
         rehearse_command(running.root), cwd=REPO, env=rehearsal_env(), capture_output=True, text=True, timeout=120
@@ -112,7 +112,7 @@ def test_a_second_rehearsal_on_the_same_folder_is_refused_naming_the_first(runni
     assert running.process.poll() is None
 
 
-def test_the_status_line_it_prints_works_pasted_into_a_bare_shell(running, tmp_path):
+def status_line_it_prints_works_pasted_into_a_bare_shell(running: Running, tmp_path: Path) -> None:
     hint = re.search(r"^status: (.+)$", running.out(), re.MULTILINE)
     assert hint, running.out()
     bare = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp_path)}  # no venv, PYTHONPATH or SLURM_CONF
@@ -124,7 +124,7 @@ def test_the_status_line_it_prints_works_pasted_into_a_bare_shell(running, tmp_p
     assert not re.search(r"\b(LOST|NOT_RUN|FAILED)\b", pasted.stdout), pasted.stdout
 
 
-def test_ctrl_c_stops_the_cluster_and_its_jobs_in_one_line(running):
+def ctrl_c_stops_the_cluster_and_its_jobs_in_one_line(running: Running) -> None:
     conf = running.root / "slurm" / "slurm.conf"
     assert processes_of(conf)  # the daemons and the running job's processes
     before = len(running.stderr)
@@ -136,6 +136,14 @@ def test_ctrl_c_stops_the_cluster_and_its_jobs_in_one_line(running):
     said = [line for line in stderr.splitlines() if line.strip()]
     assert len(said) == 1 and said[0].startswith("interrupted: "), stderr
     assert processes_of(conf) == []  # no job step outlives its cluster
+
+
+def test_a_running_rehearsal_refuses_a_second_its_status_hint_works_pasted_and_ctrl_c_ends_it(running, tmp_path):
+    """One test for the three, in order: a module fixture would keep the rehearsal training while xdist runs
+    other modules' tests on this worker between them."""
+    second_rehearsal_on_the_same_folder_is_refused_naming_the_first(running)
+    status_line_it_prints_works_pasted_into_a_bare_shell(running, tmp_path)
+    ctrl_c_stops_the_cluster_and_its_jobs_in_one_line(running)
 
 
 def test_a_config_it_cannot_run_is_refused_before_anything_is_deleted(tmp_path):
