@@ -19,7 +19,7 @@ import pytest
 from slurm_helpers import REPO, wait_for
 
 from llm_pipeline.jobs.run_config_text import write_derived
-from tools.local_slurm import processes_of
+from tools.local_slurm import kill_processes_of, processes_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-rehearsal-safety")]
 PYTHONPATH = os.pathsep.join((str(REPO), str(REPO / "payloads")))
@@ -37,6 +37,12 @@ def rehearsal_env() -> dict[str, str]:
     return {**env, "PYTHONPATH": PYTHONPATH}
 
 
+def default_ctrl_c() -> None:
+    """SIGINT as a terminal's foreground job has it: a runner started in the background (`nohup ... &`, a script's
+    `&`) hands it on ignored, and Python then keeps it ignored, so the rehearsal would never see the Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Running:
     """A rehearsal in its own process group (a terminal's foreground job), its output collected as it comes."""
 
@@ -50,6 +56,7 @@ class Running:
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
+            preexec_fn=default_ctrl_c,
         )
         self.stdout: list[str] = []
         self.stderr: list[str] = []
@@ -96,7 +103,11 @@ def running(tmp_path_factory):
     finally:
         if rehearsal.process.poll() is None:
             os.killpg(rehearsal.process.pid, signal.SIGINT)
-            rehearsal.finish(120)
+            try:
+                rehearsal.finish(120)
+            except subprocess.TimeoutExpired:
+                rehearsal.process.kill()
+        kill_processes_of(root / "slurm" / "slurm.conf")  # a failed check leaves no job training on
 
 
 def second_rehearsal_on_the_same_folder_is_refused_naming_the_first(running: Running) -> None:
