@@ -38,7 +38,7 @@ from hpctl.project import read_cdk_context
 from hpctl.run_data import LocalDataset, cluster_dataset_key, local_dataset
 from hpctl.submit_plan import partition_plan
 from llm_pipeline.config import ConfigError, load
-from llm_pipeline.jobs.chain import DRY_RUN_OPENING
+from llm_pipeline.jobs.chain import DRY_RUN_OPENING, DRY_RUN_SCRIPT_OPENING
 from llm_pipeline.jobs.run_config_text import with_keys
 from llm_pipeline.jobs.run_facts import read_run_facts
 from llm_pipeline.run_files import SubmittedLine
@@ -147,11 +147,11 @@ def chain_argv(options: SubmitOptions) -> list[str]:
 
 def split_plan_table(text: str) -> tuple[str, str, str]:
     """The chain's dry-run output as (its table: the "nothing submitted" line and where each job runs; what the
-    chain printed before it; the rest, the script from "# the same ..." or its first command)."""
+    chain printed before it; the rest, the script from its opening line or its first command)."""
     lines = text.splitlines(keepends=True)
     start = next((i for i, line in enumerate(lines) if line.startswith(DRY_RUN_OPENING)), len(lines))
     end = start
-    while end < len(lines) and lines[end].startswith("#") and not lines[end].startswith("# the same "):
+    while end < len(lines) and lines[end].startswith("#") and not lines[end].startswith(DRY_RUN_SCRIPT_OPENING):
         end += 1
     return "".join(lines[start:end]), "".join(lines[:start]), "".join(lines[end:])
 

@@ -40,7 +40,7 @@ def test_make_notes_an_unsupported_node_once(tmp_path, major, noted):
     assert notes == (expected if noted else []), done.stdout
 
 
-def test_the_cdk_library_loads_without_a_banner_under_make(tmp_path):
+def test_the_cdk_library_loads_without_a_banner_under_make():
     """This machine's real node: whatever its version, loading aws_cdk under make prints nothing."""
     done = make("--eval", QUIET_CHECK, "jsii-check", path=os.environ["PATH"])
     assert done.returncode == 0, done.stderr

@@ -20,11 +20,11 @@ from slurm_helpers import REPO, wait_for
 
 from llm_pipeline.jobs.run_config_text import write_derived
 from tools.local_slurm import kill_processes_of, processes_of
+from tools.rehearse import DEFAULT_CONFIG
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-rehearsal-safety")]
 PYTHONPATH = os.pathsep.join((str(REPO), str(REPO / "payloads")))
 RUNNING_JOB = re.compile(r"^\[ *\d+s\] \S+ +RUNNING ", re.MULTILINE)
-TINY = REPO / "payloads" / "configs" / "tiny-cpu.toml"
 LONG_RUN_STEPS = 1_000_000  # hours of training at the tiny model's pace: the run is interrupted long before
 
 
@@ -88,7 +88,7 @@ def running(tmp_path_factory):
     below, however loaded the machine; Ctrl-C ends it."""
     root = tmp_path_factory.mktemp("rehearsal")
     long_run = write_derived(
-        TINY, tmp_path_factory.mktemp("config") / "tiny-long.toml", {("train", "max_steps"): LONG_RUN_STEPS}
+        DEFAULT_CONFIG, tmp_path_factory.mktemp("config") / "tiny-long.toml", {("train", "max_steps"): LONG_RUN_STEPS}
     )
     rehearsal = Running(root, "--config", str(long_run))
     try:

@@ -27,8 +27,10 @@ from llm_pipeline.run_files import SLURM_JOB_ID, STATE_DIR, StepLog, SubmittedLi
 PAYLOADS_DIR = Path(__file__).resolve().parents[2]
 SLURM_FALLBACK_BIN = Path("/opt/slurm/bin")  # HyperPod's Slurm, for shells without it on PATH
 
-# The first line of every dry run's output (hpctl opens its own dry run with what follows it).
+# The first line of every dry run's output, and the line that ends its table and opens the script (hpctl opens
+# its own dry run with what lies between them).
 DRY_RUN_OPENING = "# dry run: nothing submitted."
+DRY_RUN_SCRIPT_OPENING = "# the same "
 
 
 class SubmitError(PipelineError, RuntimeError):
@@ -212,7 +214,7 @@ def dry_run(
     print(f"{DRY_RUN_OPENING} The {what}, job by job (each starts after the one it depends on):")
     for line in plan_table(staged_chain(facts, jobs, smoke_stage=smoke_stage), env):
         print(line)
-    print(f"# the same {what} as a script:")
+    print(f"{DRY_RUN_SCRIPT_OPENING}{what} as a script:")
     print(f"mkdir -p {shlex.quote(str(facts.logs_dir))}/state")
     if smoke_stage_runs(jobs, smoke_stage):
         print(f"# first: {smoke.smoke_dir(facts)}/ with {' and '.join(smoke.CONFIGS)} (the smoke run's configs)")
