@@ -63,5 +63,5 @@ def dry_run(facts: RunFacts, env: dict[str, str], *, smoke_stage: bool = True) -
 def submit(facts: RunFacts, env: dict[str, str], *, smoke_stage: bool = True) -> list[StepJob]:
     """Submit the whole ladder (after its smoke stage unless ``smoke_stage`` is off); on a refused
     submission, cancel what this call submitted."""
-    chain.refuse_while_active(facts)
-    return chain.submit_chain(facts, ladder_jobs(facts.run.torchtitan.rungs), env, smoke_stage=smoke_stage)
+    with chain.one_chain(facts):
+        return chain.submit_chain(facts, ladder_jobs(facts.run.torchtitan.rungs), env, smoke_stage=smoke_stage)

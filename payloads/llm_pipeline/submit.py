@@ -28,8 +28,8 @@ from llm_pipeline.jobs.chain import (
     SubmitError,
     check_runtime_sees,
     dry_run,
+    one_chain,
     partition_environment,
-    refuse_while_active,
     require_sbatch,
     run_submitter,
     slurm,
@@ -126,21 +126,21 @@ def submit(
 ) -> list[StepJob]:
     """Submit the pipeline from step `first` (after a smoke stage unless ``smoke_stage`` is off); the record
     keeps the earlier steps' jobs."""
-    refuse_while_active(facts)
-    move_aside(facts, check_earlier_outputs(facts, first, replace=replace_outputs))
-    kept = [
-        job
-        for job in pipeline_status.read_record(facts.logs_dir)
-        if job.step in STEPS and STEPS.index(job.step) < STEPS.index(first)  # (a ladder's steps are not)
-    ]
-    claim_id = capacity_chain.claim_for_chain(facts, env)  # a group that scales with runs: its nodes first
-    jobs = [capacity_chain.wait_job(facts), *pipeline_jobs(first)] if claim_id else pipeline_jobs(first)
-    try:
-        submitted = submit_chain(facts, jobs, env, kept=kept, smoke_stage=smoke_stage)
-    except BaseException:
-        capacity_chain.give_back_now(claim_id, env)
-        raise
-    capacity_chain.submit_release(facts, claim_id, submitted, env)
+    with one_chain(facts):
+        move_aside(facts, check_earlier_outputs(facts, first, replace=replace_outputs))
+        kept = [
+            job
+            for job in pipeline_status.read_record(facts.logs_dir)
+            if job.step in STEPS and STEPS.index(job.step) < STEPS.index(first)  # (a ladder's steps are not)
+        ]
+        claim_id = capacity_chain.claim_for_chain(facts, env)  # a group that scales with runs: its nodes first
+        jobs = [capacity_chain.wait_job(facts), *pipeline_jobs(first)] if claim_id else pipeline_jobs(first)
+        try:
+            submitted = submit_chain(facts, jobs, env, kept=kept, smoke_stage=smoke_stage)
+        except BaseException:
+            capacity_chain.give_back_now(claim_id, env)
+            raise
+        capacity_chain.submit_release(facts, claim_id, submitted, env)
     return submitted
 
 

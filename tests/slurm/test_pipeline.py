@@ -11,6 +11,8 @@ import json
 import math
 import re
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -285,3 +287,71 @@ def test_extended_finished_run_replaces_the_earlier_outputs_whole(cluster):
     assert (out_dir / "adapter" / "adapter_model.safetensors").read_bytes() == step6 != step4
     assert (out_dir / "generation.txt").is_file() and (out_dir / "eval" / "eval.json").is_file()
     assert (out_dir / "merged" / "config.json").is_file()
+
+
+# Two submissions of one run, each process imported and waiting for the go file, so both ask at the same moment.
+RACER = (
+    "import sys, time; from pathlib import Path; from llm_pipeline import submit\n"
+    "go = Path(sys.argv[1])\n"
+    "while not go.exists(): time.sleep(0.002)\n"
+    "sys.exit(submit.main(sys.argv[2:]))\n"
+)
+RACES = 20
+
+
+def live_jobs(env: dict[str, str]) -> set[str]:
+    out = subprocess.run(
+        ["squeue", "-h", "-t", "PENDING,RUNNING,CONFIGURING,COMPLETING", "-o", "%i"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return set(out.stdout.split())
+
+
+def test_two_submissions_of_one_run_racing_make_one_chain(cluster, tmp_path):
+    """Both released together, RACES times (every other time the second resubmits --from train): one chain,
+    whose jobs are the winner's and the record's; the other is refused in one line naming them. The jobs
+    are held (SBATCH_HOLD), then cancelled, so the next race finds that chain ended and may submit again."""
+    env, root = cluster
+    env = {**env, "SBATCH_HOLD": "1"}
+    config = variant(root, "race")
+    out_dir = run_dir(env, "race")
+    try:
+        for race in range(RACES):
+            go = tmp_path / f"go-{race}"
+            second = ["--from", "train"] if race % 2 else []
+            racers = [
+                subprocess.Popen(
+                    [sys.executable, "-c", RACER, str(go), "--config", str(config), "--no-smoke", *args],
+                    env=env,
+                    cwd=REPO / "payloads",
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for args in ([], second)
+            ]
+            time.sleep(1.0)  # both imported, waiting for the go file
+            go.touch()
+            outputs = [racer.communicate(timeout=120) for racer in racers]
+            done = [(racer.returncode, *output) for racer, output in zip(racers, outputs, strict=True)]
+            winners = [d for d in done if d[0] == 0]
+            losers = [d for d in done if d[0] != 0]
+            assert len(winners) == 1 and len(losers) == 1, f"race {race}: {done}"
+            (_, stdout, _), (code, _, stderr) = winners[0], losers[0]
+            jobs = list(submitted_jobs(stdout).values())
+            assert jobs and live_jobs(env) == set(jobs), f"race {race}: a second chain was submitted: {done}"
+            recorded = pipeline_status.read_record(out_dir / "logs")
+            assert [job.job for job in recorded][-len(jobs) :] == jobs
+            assert code == 2 and stderr.strip() == (
+                f"error: the last submission for {out_dir} is still going (jobs {' '.join(jobs)}): wait for it "
+                f"(status), or cancel it with `scancel {' '.join(jobs)}`, then submit again"
+            ), f"race {race}: {done}"
+            subprocess.run(["scancel", *jobs], env=env, check=True)
+            wait_for(lambda: not live_jobs(env), 60, "the cancelled chain to clear")
+    except BaseException:  # the cluster's other tests wait for an empty queue: leave no held job behind
+        subprocess.run(["scancel", *live_jobs(env)], env=env, check=False)
+        raise
+    assert not (out_dir / "logs" / "submit.lock").exists()

@@ -39,6 +39,7 @@ CONTROLLER_SIDE = (
     "jobs.deploy_facts",
     "jobs.partitions",
     "jobs.chain",
+    "jobs.run_lock",
     "jobs.smoke",
     "jobs.sweep_plan",
     "jobs.estimate",

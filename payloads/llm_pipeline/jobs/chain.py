@@ -8,18 +8,19 @@ Stdlib only (the controller's python3).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from llm_pipeline.config import FP8_RUNGS
 from llm_pipeline.errors import PipelineError
-from llm_pipeline.jobs import accounts, capacity, deploy_facts, partitions, pipeline_status, smoke
+from llm_pipeline.jobs import accounts, capacity, deploy_facts, partitions, pipeline_status, run_lock, smoke
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts
 from llm_pipeline.run_files import SLURM_JOB_ID, STATE_DIR, StepLog, SubmittedLine
@@ -229,15 +230,28 @@ def dry_run(
         previous = variable
 
 
-def refuse_while_active(facts: RunFacts) -> None:
-    """One submission per run folder at a time: its jobs share the step markers and the record."""
-    active = [s for s in pipeline_status.step_states(facts.logs_dir, slurm) if s.active]
-    if active:
-        jobs = " ".join(s.job for s in active)
-        raise SubmitError(
-            f"the last submission for {facts.output_dir} is still going (jobs {jobs}): "
-            f"wait for it (status), or cancel it with `scancel {jobs}`, then submit again"
-        )
+@contextlib.contextmanager
+def one_chain(facts: RunFacts, *, wait_s: float = run_lock.WAIT_S) -> Iterator[None]:
+    """One chain per run folder (its jobs share the step markers and the record): under the run's lock
+    (jobs/run_lock), refuse while a chain recorded for it is pending or running, then let the caller submit
+    and record its chain before the lock goes. Without the lock, two submissions a moment apart would both
+    find no live chain and both submit."""
+    with run_lock.RunLock(facts.logs_dir, wait_s=wait_s):
+        try:
+            states = pipeline_status.step_states(facts.logs_dir, slurm)
+        except pipeline_status.SlurmUnreachable as exc:
+            raise SubmitError(
+                f"cannot tell whether the last submission for {facts.output_dir} still runs ({exc}): "
+                "submit again once `squeue` answers"
+            ) from None
+        active = [s.job for s in states if s.active]
+        if active:
+            jobs = " ".join(active)
+            raise SubmitError(
+                f"the last submission for {facts.output_dir} is still going (jobs {jobs}): "
+                f"wait for it (status), or cancel it with `scancel {jobs}`, then submit again"
+            )
+        yield
 
 
 def submit_jobs(
