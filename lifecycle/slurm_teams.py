@@ -448,7 +448,9 @@ def main(argv: list[str]) -> int:
             apply_associations(spec, cluster)
             changes = [f"{len(spec['teams'])} accounts, {len(spec['users'])} users in slurmdbd for {cluster}"]
         else:
-            raise TeamsError(f"unknown command {command!r}: users, layout, user-outputs, slurm-settings or associations")
+            raise TeamsError(
+                f"unknown command {command!r}: users, layout, user-outputs, slurm-settings or associations"
+            )
     except (TeamsError, ValueError, IndexError, KeyError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -274,5 +274,7 @@ def test_a_claims_folder_the_user_cannot_write_is_one_line_naming_it(tmp_path_fa
         shutil.rmtree(folder)
     assert done.returncode == 0 and done.stderr == "", done.stderr
     lines = done.stdout.splitlines()
-    assert len(lines) == 2 and all(line.startswith(f"cannot change the capacity claims in {folder} (") for line in lines)
+    assert len(lines) == 2 and all(
+        line.startswith(f"cannot change the capacity claims in {folder} (") for line in lines
+    )
     assert all("Permission denied" in line and "docs/teams.md" in line for line in lines), lines

@@ -145,6 +145,8 @@ def permission_refusal(path: Path) -> Iterator[None]:
     try:
         yield
     except PermissionError as error:
+        if not str(error.filename or "").startswith(str(path.parent)):
+            raise StepError(f"capacity: {error.strerror}: {error.filename}") from None
         raise StepError(
             f"cannot change the capacity claims in {path.parent} ({error.strerror}: {error.filename}): every "
             "cluster user must be able to write there; the node lifecycle makes it group-writable for the cluster "
