@@ -159,7 +159,7 @@ def test_two_team_users_run_the_default_chain_at_once_on_the_lifecycles_layout(t
             "--no-smoke",
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-        )  # fmt: skip
+        )
         for user, env in envs.items()
     }
     said = {user: proc.communicate(timeout=300) for user, proc in submits.items()}
