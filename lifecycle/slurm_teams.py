@@ -190,6 +190,8 @@ def ensure_users(spec: dict, homes_dir: Path, root: Path = Path("/"), default_us
 
 def _ensure_folder(folder: Path, uid: int, gid: int, mode: int, changed: list[str]) -> None:
     """``folder`` (made if missing; its content kept) owned by uid:gid with ``mode``."""
+    if folder.exists() and not folder.is_dir():
+        raise TeamsError(f"{folder} is not a folder: move it away, then provision the node again")
     folder.mkdir(parents=True, exist_ok=True)
     stat = folder.stat()
     if (stat.st_uid, stat.st_gid, stat.st_mode & 0o7777) != (uid, gid, mode):
