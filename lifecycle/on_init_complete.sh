@@ -95,6 +95,7 @@ write_profile() {
   PROFILE_TEXT="$(python3 "$HERE/node_facts.py" profile "$FACTS_FILE" "$NODE_GROUP")" \
     || die "cannot use the cluster facts for group $NODE_GROUP (see error above)"
   PROFILE_TEXT+=$'\n'"export HPL_CLUSTER_FACTS_FILE=${INSTALLED_FACTS#"$ROOT"}"
+  PROFILE_TEXT+=$'\n'"$(teams user-outputs)"  # a team user's runs go to their own outputs folder
   # shellcheck source=/dev/null
   source <(printf '%s\n' "$PROFILE_TEXT")
   install_if_changed "$INSTALLED_FACTS" 0644 <"$FACTS_FILE"
@@ -119,24 +120,18 @@ wait_for_fsx() {
   log "$HPL_FSX_MOUNT_PATH is mounted and writable"
 }
 
-# The folders jobs write to, owned by the default user. Existing folders keep their content and mode.
+# The folders jobs write to: shared inputs for every cluster user, the default user's outputs, each team
+# user's own home and outputs (lifecycle/slurm_teams.py `layout` says who owns what, and why). Existing folders
+# keep their content. After the teams step, which creates the cluster group the shared folders belong to.
 create_fsx_layout() {
   step fsx-layout
-  local owner dir path
+  local owner out
   owner="$(id -u "$HPL_DEFAULT_USER"):$(id -g "$HPL_DEFAULT_USER")" \
     || die "default user $HPL_DEFAULT_USER does not exist on this node (HyperPod creates it; check default_user in the facts)"
-  for dir in "$HPL_OUTPUTS_DIR" "$HPL_OUTPUTS_DIR/logs" "$HPL_MODELS_DIR" "$HPL_COMPILE_CACHE_DIR" \
-    "$HPL_IMAGES_DIR" "$HPL_SCRATCH_DIR"; do
-    path="$ROOT$dir"
-    if [[ ! -d "$path" ]]; then
-      install -d -m 0755 "$path"
-      log "created $dir"
-    fi
-    if [[ "$(stat -c %u:%g "$path")" != "$owner" ]]; then
-      chown "$owner" "$path"
-      log "owner of $dir set to $HPL_DEFAULT_USER ($owner)"
-    fi
-  done
+  out="$(teams layout "$USERS_FILE" "$owner" "$ROOT$HPL_FSX_MOUNT_PATH" "$ROOT$HPL_OUTPUTS_DIR" "$ROOT$HPL_MODELS_DIR" \
+    "$ROOT$HPL_COMPILE_CACHE_DIR" "$ROOT$HPL_IMAGES_DIR" "$ROOT$HPL_SCRATCH_DIR")" \
+    || die "cannot make the FSx layout (see error above)"
+  log_lines "set " "${out//"$ROOT"/}"
   log "layout ready under $HPL_FSX_MOUNT_PATH"
 }
 
@@ -315,9 +310,9 @@ main() {
   identify_node
   write_profile
   wait_for_fsx
-  create_fsx_layout
   report_slurm_version
   setup_teams
+  create_fsx_layout
   case "$NODE_ROLE" in
     Compute)
       case "$HPL_ACCELERATOR" in

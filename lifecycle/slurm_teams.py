@@ -11,18 +11,34 @@ only); the input is the users file the stack generates from cdk.json `users` and
 
 Commands (as root; bad input prints `error: ...` naming the file and exits 2; LIFECYCLE_ROOT prefixes /etc):
   count USERS_FILE                              how many users the file names (0: nothing to do)
-  users USERS_FILE HOMES_DIR                    groups and users with their fixed ids
-  folders USERS_FILE HOMES_DIR OUTPUTS_DIR      each user's home (ssh key) and outputs folder, owned by them
+  users USERS_FILE HOMES_DIR DEFAULT_USER       groups and users with their fixed ids; the cluster group
+                                                (every user and the default user in it)
+  layout USERS_FILE UID:GID FSX OUTPUTS SHARED...  the FSx folders, below (UID:GID the default user's;
+                                                USERS_FILE may be absent: no teams)
+  user-outputs                                  the profile's line that gives a user their own outputs folder
   slurm-settings USERS_FILE SLURM_CONF          the accounting and priority keys, set in slurm.conf
   associations USERS_FILE                       accounts, QOS and users in slurmdbd (sacctmgr)
+
+The FSx layout (`layout`, ensure_layout) is all here, so the lifecycle and the tests run one code:
+- shared inputs (models, the compile cache, images, scratch) and the capacity claims folder: owned by the
+  default user and the cluster group, mode 2775 (setgid: what is made inside stays in the group) with a
+  default ACL of group rwx, so files a job writes there are group-writable whatever the writer's umask: one
+  user's model download or compile cache entries are completed and reused by another. Without users (no
+  teams) the group is the default user's own;
+- outputs: owned by the default user, 0755 (the default user's runs, as before; everyone passes through);
+- <homes>/<user> and <outputs>/<user>: the user and their team's group, 2750 (they write, the team reads).
+An existing folder keeps its content; its owner, group and mode are set to the layout's.
+A users file may name the cluster group (`"cluster_group": {"name": ..., "gid": ...}`); else CLUSTER_GROUP.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pwd
 import re
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +62,25 @@ PRIORITY_SETTINGS = {
 # The folders a user owns: writable by them alone; their team reads (setgid keeps new files in the team group).
 USER_FOLDER_MODE = 0o2750
 HOME_MODE = 0o2750
+# Every cluster user's group, owner of the shared folders. Its gid is above the teams' range (stacks/teams.py:
+# 2000-59999), so no team takes it.
+CLUSTER_GROUP = {"name": "hplusers", "gid": 60000}
+SHARED_MODE = 0o2775
+OUTPUTS_MODE = 0o755
+# The claims folder llm_pipeline.jobs.capacity uses under the FSx mount; a test keeps the two equal.
+CAPACITY_FOLDER = "capacity"
+# A default ACL of user rwx, group rwx, other r-x (the xattr's version-2 layout: tag, permissions, id per
+# entry): inherited by all that is made below, it replaces the writer's umask, so files come out 664, dirs 2775.
+ACL_XATTR = "system.posix_acl_default"
+DEFAULT_ACL = struct.pack("<I", 2) + b"".join(
+    struct.pack("<HHI", tag, perms, 0xFFFFFFFF) for tag, perms in ((0x01, 7), (0x04, 7), (0x20, 5))
+)
+# The profile's last line: a user with an outputs folder of their own (a users-file user; not the default user,
+# whose runs stay in outputs/) runs there, so a config's ${HPL_OUTPUTS_DIR}/<run> needs no edit.
+USER_OUTPUTS_LINE = (
+    'if [ "$(id -un)" != "$HPL_DEFAULT_USER" ] && [ -d "$HPL_OUTPUTS_DIR/$(id -un)" ] '
+    '&& [ -O "$HPL_OUTPUTS_DIR/$(id -un)" ]; then export HPL_OUTPUTS_DIR="$HPL_OUTPUTS_DIR/$(id -un)"; fi'
+)
 SSH_KEY = re.compile(r"(ssh-(ed25519|rsa)|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]+( [^\n]*)?")
 
 
@@ -71,6 +106,10 @@ def team_of(spec: dict) -> dict[str, dict]:
     return {team["name"]: team for team in spec["teams"]}
 
 
+def cluster_group(spec: dict) -> dict:
+    return spec.get("cluster_group") or CLUSTER_GROUP
+
+
 # -- Linux users (every node) -------------------------------------------------------------------------
 def _run(argv: list[str], *, stdin: str | None = None, env: dict | None = None) -> str:
     done = subprocess.run(argv, input=stdin, capture_output=True, text=True, env=env)
@@ -82,28 +121,45 @@ def _run(argv: list[str], *, stdin: str | None = None, env: dict | None = None) 
 def _entries(root: Path, name: str) -> dict[str, tuple[int, int]]:
     """<root>/etc/passwd or group as {name: (id, primary gid)} (a group's second field repeats its gid)."""
     found = {}
-    path = Path(root) / "etc" / name
-    for line in path.read_text().splitlines() if path.exists() else []:
-        fields = line.split(":")
+    for fields in _lines(root, name):
         if len(fields) >= 4 and fields[2].isdigit():
             found[fields[0]] = (int(fields[2]), int(fields[3]) if fields[3].isdigit() else int(fields[2]))
     return found
 
 
-def ensure_users(spec: dict, homes_dir: Path, root: Path = Path("/")) -> list[str]:
+def _lines(root: Path, name: str) -> list[list[str]]:
+    path = Path(root) / "etc" / name
+    return [line.split(":") for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _members(root: Path, group: str) -> set[str]:
+    """The supplementary members <root>/etc/group lists for ``group``."""
+    for fields in _lines(root, "group"):
+        if fields[0] == group and len(fields) >= 4:
+            return {name for name in fields[3].split(",") if name}
+    return set()
+
+
+def _ensure_group(name: str, gid: int, prefix: list[str], groups: dict, changed: list[str]) -> None:
+    if name not in groups:
+        _run(["groupadd", *prefix, "--gid", str(gid), name])
+        changed.append(f"group {name} ({gid})")
+    elif groups[name][0] != gid:
+        raise TeamsError(f"group {name} has gid {groups[name][0]} on this node, the users file says {gid}")
+
+
+def ensure_users(spec: dict, homes_dir: Path, root: Path = Path("/"), default_user: str = "") -> list[str]:
     """Each team a group and each user an account with the ids from the file, on this node; an existing
-    name with another id is refused (ids must match on every node, or FSx ownership would lie).
+    name with another id is refused (ids must match on every node, or FSx ownership would lie). Every user,
+    and ``default_user`` (the cluster's own, which must exist), joins the cluster group.
     ``root``: another system root (useradd --prefix), for tests."""
     prefix = [] if Path(root) == Path("/") else ["--prefix", str(root)]
-    changed = []
+    changed: list[str] = []
     groups = _entries(root, "group")
     for team in spec["teams"]:
-        if team["name"] not in groups:
-            _run(["groupadd", *prefix, "--gid", str(team["gid"]), team["name"]])
-            changed.append(f"group {team['name']} ({team['gid']})")
-        elif groups[team["name"]][0] != team["gid"]:
-            found = groups[team["name"]][0]
-            raise TeamsError(f"group {team['name']} has gid {found} on this node, the users file says {team['gid']}")
+        _ensure_group(team["name"], team["gid"], prefix, groups, changed)
+    shared = cluster_group(spec)
+    _ensure_group(shared["name"], shared["gid"], prefix, groups, changed)
     teams = team_of(spec)
     users = _entries(root, "passwd")
     for user in spec["users"]:
@@ -111,8 +167,8 @@ def ensure_users(spec: dict, homes_dir: Path, root: Path = Path("/")) -> list[st
         if user["name"] not in users:
             home = Path(homes_dir) / user["name"]
             _run(
-                ["useradd", *prefix, "--uid", str(user["uid"]), "--gid", str(gid), "--home-dir", str(home),
-                 "--no-create-home", "--shell", "/bin/bash", user["name"]]
+                ["useradd", *prefix, "--uid", str(user["uid"]), "--gid", str(gid), "--groups", shared["name"],
+                 "--home-dir", str(home), "--no-create-home", "--shell", "/bin/bash", user["name"]]
             )  # fmt: skip
             changed.append(f"user {user['name']} ({user['uid']})")
             continue
@@ -122,26 +178,76 @@ def ensure_users(spec: dict, homes_dir: Path, root: Path = Path("/")) -> list[st
         if primary != gid:
             _run(["usermod", *prefix, "--gid", str(gid), user["name"]])
             changed.append(f"user {user['name']} moved to team {user['team']}")
+    members = _members(root, shared["name"])
+    for name in [user["name"] for user in spec["users"]] + ([default_user] if default_user else []):
+        if name not in members:
+            if name not in users and name == default_user:
+                raise TeamsError(f"default user {name} does not exist on this node (check default_user in the facts)")
+            _run(["usermod", *prefix, "--append", "--groups", shared["name"], name])
+            changed.append(f"user {name} joined group {shared['name']}")
     return changed
 
 
-def ensure_folders(spec: dict, homes_dir: Path, outputs_dir: Path) -> list[str]:
-    """<homes>/<user> (with .ssh/authorized_keys) and <outputs>/<user>: owned by the user and their team's
-    group, mode 2750, so no other user writes there. Existing folders keep their content."""
-    changed = []
-    teams = team_of(spec)
-    for user in spec["users"]:
-        uid, gid = user["uid"], teams[user["team"]]["gid"]
+def _ensure_folder(folder: Path, uid: int, gid: int, mode: int, changed: list[str]) -> None:
+    """``folder`` (made if missing; its content kept) owned by uid:gid with ``mode``."""
+    if folder.exists() and not folder.is_dir():
+        raise TeamsError(f"{folder} is not a folder: move it away, then provision the node again")
+    folder.mkdir(parents=True, exist_ok=True)
+    stat = folder.stat()
+    if (stat.st_uid, stat.st_gid, stat.st_mode & 0o7777) != (uid, gid, mode):
+        os.chown(folder, uid, gid)
+        folder.chmod(mode)  # after chown, which clears setgid
+        changed.append(f"{folder} {uid}:{gid} {mode:o}")
+
+
+def _ensure_default_acl(folder: Path, changed: list[str]) -> None:
+    try:
+        if os.getxattr(folder, ACL_XATTR) == DEFAULT_ACL:
+            return
+    except OSError as error:
+        if error.errno not in (errno.ENODATA, errno.ENOTSUP):
+            raise
+        if error.errno == errno.ENOTSUP:
+            changed.append(f"{folder}: no POSIX ACLs on this file system: files keep their writer's umask")
+            return
+    os.setxattr(folder, ACL_XATTR, DEFAULT_ACL)
+    changed.append(f"{folder} default ACL group rwx")
+
+
+def ensure_layout(
+    spec: dict | None,
+    owner: tuple[int, int],
+    fsx_dir: Path,
+    outputs_dir: Path,
+    shared_dirs: list[Path],
+    root: Path = Path("/"),
+) -> list[str]:
+    """The FSx folders (the module's docstring says who owns what). ``spec``: the users file, None without one;
+    ``owner``: the default user's uid and gid; ``shared_dirs``: the shared inputs (the capacity folder and the
+    homes are under ``fsx_dir``)."""
+    changed: list[str] = []
+    homes_dir = Path(fsx_dir) / HOMES_FOLDER
+    uid, gid = owner
+    users = spec["users"] if spec else []
+    group = gid
+    if users:
+        name = cluster_group(spec)["name"]
+        if name not in _entries(root, "group"):
+            raise TeamsError(f"group {name} is missing on this node: the teams step (`users`) creates it first")
+        group = cluster_group(spec)["gid"]
+    for folder in (Path(outputs_dir), Path(outputs_dir) / "logs"):
+        _ensure_folder(folder, uid, gid, OUTPUTS_MODE, changed)
+    for folder in [*map(Path, shared_dirs), Path(fsx_dir) / CAPACITY_FOLDER]:
+        _ensure_folder(folder, uid, group, SHARED_MODE, changed)
+        _ensure_default_acl(folder, changed)
+    teams = team_of(spec) if spec else {}
+    for user in users:
+        user_uid, user_gid = user["uid"], teams[user["team"]]["gid"]
         for folder, mode in (
             (Path(homes_dir) / user["name"], HOME_MODE),
             (Path(outputs_dir) / user["name"], USER_FOLDER_MODE),
         ):
-            folder.mkdir(parents=True, exist_ok=True)
-            stat = folder.stat()
-            if (stat.st_uid, stat.st_gid, stat.st_mode & 0o7777) != (uid, gid, mode):
-                os.chown(folder, uid, gid)
-                folder.chmod(mode)
-                changed.append(f"{folder} {uid}:{gid} {mode:o}")
+            _ensure_folder(folder, user_uid, user_gid, mode, changed)
         key = user.get("ssh_public_key", "")
         if key:
             ssh = Path(homes_dir) / user["name"] / ".ssh"
@@ -151,7 +257,7 @@ def ensure_folders(spec: dict, homes_dir: Path, outputs_dir: Path) -> list[str]:
                 keys.write_text(key + "\n")
                 changed.append(f"{keys}")
             for path, mode in ((ssh, 0o700), (keys, 0o600)):
-                os.chown(path, uid, gid)
+                os.chown(path, user_uid, user_gid)
                 path.chmod(mode)
     return changed
 
@@ -314,13 +420,18 @@ def scontrol_config(env: dict | None = None) -> dict[str, str]:
 def main(argv: list[str]) -> int:
     try:
         command, *args = argv
-        spec = load(Path(args[0]))
-        if command == "count":
+        # No users file is a cluster without teams: the layout still runs.
+        spec = load(Path(args[0])) if args and (command != "layout" or Path(args[0]).is_file()) else None
+        if command == "user-outputs":
+            changes = [USER_OUTPUTS_LINE]
+        elif command == "layout":
+            uid, _, gid = args[1].partition(":")
+            root = Path(os.environ.get("LIFECYCLE_ROOT") or "/")
+            changes = ensure_layout(spec, (int(uid), int(gid)), Path(args[2]), Path(args[3]), args[4:], root)
+        elif command == "count":
             changes = [str(len(spec["users"]))]
         elif command == "users":
-            changes = ensure_users(spec, Path(args[1]), Path(os.environ.get("LIFECYCLE_ROOT") or "/"))
-        elif command == "folders":
-            changes = ensure_folders(spec, Path(args[1]), Path(args[2]))
+            changes = ensure_users(spec, Path(args[1]), Path(os.environ.get("LIFECYCLE_ROOT") or "/"), args[2])
         elif command == "slurm-settings":
             conf = Path(args[1])
             old = conf.read_text()
@@ -339,7 +450,9 @@ def main(argv: list[str]) -> int:
             apply_associations(spec, cluster)
             changes = [f"{len(spec['teams'])} accounts, {len(spec['users'])} users in slurmdbd for {cluster}"]
         else:
-            raise TeamsError(f"unknown command {command!r}: users, folders, slurm-settings or associations")
+            raise TeamsError(
+                f"unknown command {command!r}: users, layout, user-outputs, slurm-settings or associations"
+            )
     except (TeamsError, ValueError, IndexError, KeyError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

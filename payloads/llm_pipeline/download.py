@@ -107,6 +107,7 @@ def download(cfg: RunConfig, endpoint: str | None = None) -> Path:
     folder = Path(cfg.paths.model_dir)
     dtype = cfg.model.dtype
     if model_files.is_complete(folder, dtype):
+        model_files.share(folder)  # what this user put there (a download stand-in) for the cluster's other users
         print(f"{folder} already holds {cfg.model.id} in {dtype}; nothing to download", flush=True)
         return folder
     folder.mkdir(parents=True, exist_ok=True)
@@ -115,6 +116,7 @@ def download(cfg: RunConfig, endpoint: str | None = None) -> Path:
     missing = model_files.missing_parts(folder)
     if missing:
         raise StepError(f"the download of {cfg.model.id} into {folder} is incomplete, missing: {', '.join(missing)}")
+    model_files.share(folder)
     print(f"model ready in {folder} ({dtype}; {converted} shard(s) converted)", flush=True)
     return folder
 

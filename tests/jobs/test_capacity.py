@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
+import shutil
+import subprocess
+import tempfile
 import threading
+from pathlib import Path
 
 import boto3
 import pytest
@@ -21,6 +26,9 @@ from llm_pipeline.errors import StepError
 from llm_pipeline.jobs import capacity
 from llm_pipeline.jobs.chain import job_environment
 from llm_pipeline.jobs.run_facts import RunFacts
+from tests.needs_root import require_root
+
+REPO = Path(__file__).resolve().parents[2]
 
 GROUP = capacity.Group(name="gpu", partition="g5", floor=1, ceiling=4)
 
@@ -239,3 +247,34 @@ def test_the_wait_returns_once_the_nodes_are_up_and_fails_past_its_deadline_nami
     assert capacity.wait_for_nodes(GROUP, 2, 60, ready=lambda partition: next(polls), poll_s=0) == ["n0", "n1"]
     with pytest.raises(StepError, match=r"group gpu: 1 of the 2 node\(s\) this chain claimed did not come up in 0 s"):
         capacity.wait_for_nodes(GROUP, 2, 0, ready=lambda partition: ["n0"], poll_s=0)
+
+
+def test_a_claims_folder_the_user_cannot_write_is_one_line_naming_it(tmp_path_factory):
+    """Claim and release as a user without write access to the claims folder (one another user made): a
+    StepError naming the folder, which submit and the release job print as one line."""
+    require_root("claiming as another user")
+    folder = Path(tempfile.mkdtemp(prefix="hpl-claims-"))
+    try:
+        folder.chmod(0o755)  # root's, as a folder the first claimer made is theirs
+        script = (
+            "import sys\nfrom llm_pipeline.errors import StepError\nfrom llm_pipeline.jobs import capacity\n"
+            f"path = capacity.Path({str(folder / 'gpu.json')!r})\n"
+            "for attempt in (lambda: capacity.claim(capacity.Group('gpu', 'g5', 0, 4), 1, None, path),\n"
+            "                lambda: capacity.release(capacity.Group('gpu', 'g5', 0, 4), 'c', None, path,\n"
+            "                                         busy=None, drain=None)):\n"
+            "    try:\n        attempt()\n    except StepError as error:\n        print(error)\n"
+        )
+        done = subprocess.run(
+            ["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", script],  # stdlib only; any user runs it
+            env={**os.environ, "PYTHONPATH": str(REPO / "payloads")},
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        shutil.rmtree(folder)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and all(
+        line.startswith(f"cannot change the capacity claims in {folder} (") for line in lines
+    )
+    assert all("Permission denied" in line and "docs/teams.md" in line for line in lines), lines

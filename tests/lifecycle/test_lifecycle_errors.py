@@ -113,8 +113,17 @@ def test_compute_node_without_enroot_for_the_pyxis_runtime(node: FakeNode) -> No
 
 
 def test_failing_command_names_its_step(node: FakeNode) -> None:
+    (node.root / "etc").mkdir(exist_ok=True)
+    (node.root / "etc/profile.d").write_text("a file where a folder belongs")
+
+    run = node.run(CONTROLLER_IP)
+
+    assert_fails(run, "write-profile", "command failed", "mkdir -p")
+
+
+def test_a_file_where_the_layout_needs_a_folder_is_named(node: FakeNode) -> None:
     (node.fsx / "models").write_text("a file where a folder belongs")
 
     run = node.run(CONTROLLER_IP)
 
-    assert_fails(run, "fsx-layout", "command failed", "install -d")
+    assert_fails(run, "fsx-layout", "/fsx/models is not a folder: move it away")

@@ -7,7 +7,16 @@ import subprocess
 import pytest
 from lifecycle_node import COMPUTE_IPS, CONTROLLER_IP, LOGIN_IP, USER_ID, FakeNode, expected_profile
 
-LAYOUT = ["outputs", "outputs/logs", "models", "neuron-cache", "images", "scratch"]
+# Each folder's mode without teams (the group is the default user's own; lifecycle/slurm_teams.py ensure_layout).
+LAYOUT = {
+    "outputs": 0o755,
+    "outputs/logs": 0o755,
+    "models": 0o2775,
+    "neuron-cache": 0o2775,
+    "images": 0o2775,
+    "scratch": 0o2775,
+    "capacity": 0o2775,
+}
 PROFILE = "etc/profile.d/hyperpod-lora.sh"
 MOTD = "etc/update-motd.d/99-hyperpod-lora"
 
@@ -20,13 +29,19 @@ def profile_environment(node: FakeNode) -> dict[str, str]:
     return dict(line.split("=", 1) for line in shell.stdout.splitlines() if line.startswith("HPL_"))
 
 
+def layout_changes(run) -> list[str]:
+    """The folders the fsx-layout step set (owner, group, mode), as it logs them."""
+    lines = [line.split("[fsx-layout] set ", 1)[1] for line in run.stdout.splitlines() if "[fsx-layout] set " in line]
+    return [line for line in lines if "ACL" not in line]
+
+
 def assert_common_setup(node: FakeNode, run, group: str = "") -> None:
     assert run.returncode == 0, run.stderr
     assert profile_environment(node) == expected_profile(group)
-    for name in LAYOUT:
+    for name, mode in LAYOUT.items():
         info = (node.fsx / name).stat()
-        assert (info.st_uid, info.st_gid) == (USER_ID, USER_ID), name
-    assert sorted(call.split()[-1] for call in run.called("chown")) == sorted(str(node.fsx / n) for n in LAYOUT)
+        assert (info.st_uid, info.st_gid, info.st_mode & 0o7777) == (USER_ID, USER_ID, mode), name
+    assert sorted(layout_changes(run)) == sorted(f"/fsx/{n} {USER_ID}:{USER_ID} {m:o}" for n, m in LAYOUT.items())
     assert run.called("mountpoint") == [f"mountpoint -q {node.fsx}"]
 
 
@@ -108,7 +123,7 @@ def test_multi_node_compute_shares_one_fsx_layout(compute_node: FakeNode) -> Non
     for other, run, name in others:
         assert run.returncode == 0, run.stderr
         assert f"instance {name}, group trn1, role Compute" in run.stdout
-        assert not run.called("chown") and "created" not in run.stdout  # the first node made the layout
+        assert layout_changes(run) == []  # the first node made the layout
         assert profile_environment(other)["HPL_COMPUTE_GROUP"] == "trn1"
 
 
@@ -123,8 +138,7 @@ def test_existing_fsx_content_is_kept_and_ownership_fixed(node: FakeNode) -> Non
     assert run.returncode == 0, run.stderr
     assert (outputs / "old-run" / "generation.txt").read_text() == "keep me"
     assert (outputs / "old-run").stat().st_uid == 0  # only the top folder changes owner
-    assert outputs.stat().st_uid == USER_ID and outputs.stat().st_mode & 0o777 == 0o750
-    assert "created /fsx/outputs\n" not in run.stdout and "created /fsx/outputs/logs" in run.stdout
+    assert outputs.stat().st_uid == USER_ID and outputs.stat().st_mode & 0o7777 == LAYOUT["outputs"]
 
 
 @pytest.mark.parametrize("ip", [CONTROLLER_IP, LOGIN_IP, COMPUTE_IPS[0]], ids=["controller", "login", "compute"])
@@ -137,7 +151,7 @@ def test_second_run_changes_nothing(compute_node: FakeNode, ip: str) -> None:
 
     assert second.returncode == 0, second.stderr
     assert compute_node.snapshot() == before
-    assert not second.called("chown")
+    assert layout_changes(second) == []
     assert "wrote:" not in second.stdout and "created" not in second.stdout
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from lifecycle_node import COMPUTE_IPS, CONTROLLER_IP, FakeNode
+from lifecycle_node import COMPUTE_IPS, CONTROLLER_IP, USER_ID, FakeNode
 
 from stacks.teams import users_file
 
@@ -27,10 +27,16 @@ echo "slurm 25.11.2"
 
 @pytest.fixture
 def team_node(node: FakeNode) -> FakeNode:
-    for name in ("passwd", "group", "shadow", "gshadow"):
-        (node.root / "etc").mkdir(exist_ok=True)
-        root_entry = "root:x:0:0:root:/root:/bin/bash" if name == "passwd" else "root:x:0:"
-        (node.root / "etc" / name).write_text(root_entry + "\n")
+    # root, and the default user HyperPod creates (the fake `id` answers USER_ID for it too).
+    entries = {
+        "passwd": f"root:x:0:0:root:/root:/bin/bash\nubuntu:x:{USER_ID}:{USER_ID}::/home/ubuntu:/bin/bash",
+        "group": f"root:x:0:\nubuntu:x:{USER_ID}:",
+        "shadow": "root:*::::::\nubuntu:*::::::",
+        "gshadow": "root:*::\nubuntu:!::",
+    }
+    (node.root / "etc").mkdir(exist_ok=True)
+    for name, text in entries.items():
+        (node.root / "etc" / name).write_text(text + "\n")
     (node.scripts / "cluster-users.json").write_text(json.dumps(SPEC))
     for name, body in (("scontrol", SCONTROL), ("sacctmgr", "exit 0")):
         path = node.bin / name
@@ -52,6 +58,12 @@ def test_the_controller_creates_users_folders_and_accounts(team_node: FakeNode) 
     for folder in ("home/alice", "outputs/alice"):
         info = (team_node.fsx / folder).stat()
         assert (info.st_uid, info.st_gid, oct(info.st_mode & 0o7777)) == (3101, 3001, "0o2750"), folder
+    group = (team_node.root / "etc/group").read_text().splitlines()
+    (shared,) = [line.split(":") for line in group if line.startswith("hplusers:")]
+    assert shared[2] == "60000" and sorted(shared[3].split(",")) == ["alice", "bob", "ubuntu"], group
+    for folder in ("models", "neuron-cache", "images", "scratch", "capacity"):
+        info = (team_node.fsx / folder).stat()
+        assert (info.st_uid, info.st_gid, oct(info.st_mode & 0o7777)) == (USER_ID, 60000, "0o2775"), folder
     keys = team_node.fsx / "home/alice/.ssh/authorized_keys"
     assert keys.read_text() == "ssh-ed25519 AAAAC3Nza alice@laptop\n" and keys.stat().st_mode & 0o777 == 0o600
     conf = (team_node.slurm_etc / "slurm.conf").read_text()
@@ -74,7 +86,8 @@ def test_a_compute_node_creates_the_same_ids_and_nothing_else(team_node: FakeNod
     run = team_node.run(COMPUTE_IPS[0])
     assert run.returncode == 0, run.stderr
     assert passwd(team_node)["bob"][2:4] == ["3201", "3002"]
-    assert not (team_node.fsx / "home").exists() and run.called("sacctmgr") == []
+    assert (team_node.fsx / "home/bob").stat().st_uid == 3201, "the layout is the same from any node (shared FSx)"
+    assert run.called("sacctmgr") == [] and run.called("systemctl") == []
 
 
 def test_a_user_whose_uid_differs_on_the_node_stops_provisioning(team_node: FakeNode) -> None:

@@ -37,12 +37,13 @@ CONTEXT = {
     ],
 }
 ALICE, BOB = "hplalice", "hplbob"
+CLUSTER_GROUP = {"name": "hplteamsall", "gid": 46150}  # instead of the lifecycle's default: the test's id range
 
 
 def remove_users(spec: dict) -> None:
     for user in spec["users"]:
         subprocess.run(["userdel", user["name"]], capture_output=True)
-    for team in spec["teams"]:
+    for team in [*spec["teams"], CLUSTER_GROUP]:
         subprocess.run(["groupdel", team["name"]], capture_output=True)
 
 
@@ -53,14 +54,14 @@ def team_cluster():
     missing = missing_binaries(accounting=True)
     if missing:
         pytest.fail(f"missing {', '.join(missing)}: run tools/system_packages.sh (as root)", pytrace=False)
-    spec = users_file(CONTEXT["teams"], CONTEXT["users"])
+    spec = {**users_file(CONTEXT["teams"], CONTEXT["users"]), "cluster_group": CLUSTER_GROUP}
     # Short and world-searchable: the users' jobs read slurm.conf and write under it.
     root = Path(tempfile.mkdtemp(prefix="hpl-teams-"))
     root.chmod(0o755)
     remove_users(spec)
     try:
-        slurm_teams.ensure_users(spec, root / "home")
-        slurm_teams.ensure_folders(spec, root / "home", root / "outputs")
+        slurm_teams.ensure_users(spec, root / slurm_teams.HOMES_FOLDER)
+        slurm_teams.ensure_layout(spec, (0, 0), root, root / "outputs", [])  # the users' homes and outputs
         with LocalSlurm(root / "slurm", nodes=2, cpus_per_node=2, teams=spec) as slurm:
             yield slurm, spec, root
     finally:

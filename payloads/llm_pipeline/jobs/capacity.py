@@ -139,6 +139,21 @@ def locked(path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
         lock.rmdir()
 
 
+@contextlib.contextmanager
+def permission_refusal(path: Path) -> Iterator[None]:
+    """A claims folder this user may not write: one line naming it and the way out, not a traceback."""
+    try:
+        yield
+    except PermissionError as error:
+        if not str(error.filename or "").startswith(str(path.parent)):
+            raise StepError(f"capacity: {error.strerror}: {error.filename}") from None
+        raise StepError(
+            f"cannot change the capacity claims in {path.parent} ({error.strerror}: {error.filename}): every "
+            "cluster user must be able to write there; the node lifecycle makes it group-writable for the cluster "
+            "group (docs/teams.md): ask the admin to provision the controller again"
+        ) from None
+
+
 def read_claims(path: Path) -> dict[str, int]:
     try:
         return {str(k): int(v) for k, v in json.loads(path.read_text()).get("claims", {}).items()}
@@ -194,7 +209,7 @@ def claim(group: Group, nodes: int, scaler: Scaler, path: Path) -> str:
             "cdk.json): raise count, or lower [parallel] nodes"
         )
     claim_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    with locked(path):
+    with permission_refusal(path), locked(path):
         claims = {**read_claims(path), claim_id: nodes}
         write_claims(path, claims)
         up = len(scaler.in_service(group.name))
@@ -209,7 +224,7 @@ def release(
     group: Group, claim_id: str, scaler: Scaler, path: Path, *, busy: BusyCheck, drain: DrainNodes, own_node: str = ""
 ) -> list[str]:
     """Drop the claim and give back the idle nodes no live claim needs, down to the floor; the nodes removed."""
-    with locked(path):
+    with permission_refusal(path), locked(path):
         claims = read_claims(path)
         claims.pop(claim_id, None)
         write_claims(path, claims)

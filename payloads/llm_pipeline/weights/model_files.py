@@ -232,3 +232,20 @@ def _record_dtype(folder: Path, dtype: str) -> None:
         total = sum(slot.nbytes for shard in weight_files(folder) for slot in read_header(shard).tensors.values())
         index.setdefault("metadata", {})["total_size"] = total
         index_path.write_text(json.dumps(index, indent=2) + "\n")
+
+
+def share(folder: Path) -> int:
+    """Give this user's files in a shared model folder group read-write and everyone read, so another cluster
+    user reuses or completes them (safetensors writes its files 0600, whatever the umask or the folder's default
+    ACL: docs/teams.md); the count of paths changed."""
+    changed = 0
+    for path in [folder, *sorted(folder.rglob("*"))]:
+        info = path.lstat()
+        if path.is_symlink() or info.st_uid != os.getuid():
+            continue
+        mode = info.st_mode & 0o7777
+        wanted = mode | (0o775 if path.is_dir() else 0o664)
+        if wanted != mode:
+            path.chmod(wanted)
+            changed += 1
+    return changed
