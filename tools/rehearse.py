@@ -48,7 +48,6 @@ from llm_pipeline.jobs.run_config_text import derived_config
 from tools.local_prometheus import LocalPrometheusError
 from tools.local_slurm import LocalSlurm, LocalSlurmError, hand_to_invoking_user
 from tools.rehearsal_lock import RehearsalBusy, RehearsalLock
-from tools.rehearsal_metrics import RehearsalMetrics
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / PAYLOADS_FOLDER / "configs" / "tiny-cpu.toml"
@@ -346,30 +345,34 @@ def rehearse(
     config_path = run_config(config_path, root, method, trn2=trn2, tiny=tiny, data=data)
     start = time.monotonic()
     print(f"[1/4] starting a local Slurm under {root / 'slurm'}, Prometheus beside it", flush=True)
-    metrics = RehearsalMetrics(root / "prometheus")
-    with metrics, LocalSlurm(root / "slurm", extra_conf=metrics.slurm_conf()) as slurm:
-        try:
-            env = metrics.environment(slurm.env(fsx_environment(root / "fsx")))
-            env.update(cache_environment(root / "cache"))
-            if trn2:
-                env = trn2_environment(env)
-            print(f"[2/4] {data.line(root / 'fsx')}", flush=True)
-            write_inputs(config_path, env)
-            print(f"[3/4] submitting the pipeline with {config_path.name} and following it", flush=True)
-            submitted = time.time()
-            with metrics.node_timers(env, slurm.node_names[0]):
-                status = submit(config_path, env, "--wait")
-            output_dir = read_run_facts(config_path, env).output_dir
-            print("[4/4] results", flush=True)
-            show_outputs(output_dir)
-            if not metrics.report(output_dir.name, submitted, time.time()) and status == 0:
-                print(f"\nno loss of run {output_dir.name} reached Prometheus", file=sys.stderr)
-                status = 1
-            if status != 0:
-                print(f"\nrehearsal FAILED: step logs are in {output_dir / 'logs'}", file=sys.stderr)
-        except KeyboardInterrupt:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
-            raise
+    # The libraries' caches under the root before the charts' matplotlib is imported (it writes its font cache
+    # then); the jobs take this process's environment.
+    with caches_in(root / "cache"):
+        from tools.rehearsal_metrics import RehearsalMetrics
+
+        metrics = RehearsalMetrics(root / "prometheus")
+        with metrics, LocalSlurm(root / "slurm", extra_conf=metrics.slurm_conf()) as slurm:
+            try:
+                env = metrics.environment(slurm.env(fsx_environment(root / "fsx")))
+                if trn2:
+                    env = trn2_environment(env)
+                print(f"[2/4] {data.line(root / 'fsx')}", flush=True)
+                write_inputs(config_path, env)
+                print(f"[3/4] submitting the pipeline with {config_path.name} and following it", flush=True)
+                submitted = time.time()
+                with metrics.node_timers(env, slurm.node_names[0]):
+                    status = submit(config_path, env, "--wait")
+                output_dir = read_run_facts(config_path, env).output_dir
+                print("[4/4] results", flush=True)
+                show_outputs(output_dir)
+                if not metrics.report(output_dir.name, submitted, time.time()) and status == 0:
+                    print(f"\nno loss of run {output_dir.name} reached Prometheus", file=sys.stderr)
+                    status = 1
+                if status != 0:
+                    print(f"\nrehearsal FAILED: step logs are in {output_dir / 'logs'}", file=sys.stderr)
+            except KeyboardInterrupt:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
+                raise
     print(f"rehearsal {'passed' if status == 0 else 'failed'} in {time.monotonic() - start:.0f} s; daemons stopped")
     return status
 
