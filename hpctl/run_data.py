@@ -37,28 +37,27 @@ class LocalDataset:
         return f"${{{DATASETS_VARIABLE}}}/{PurePosixPath(self.key).relative_to(DATASETS_FOLDER)}"
 
 
-def local_dataset(dataset: str, *, config: Path, run: str) -> LocalDataset | None:
-    """The data file ``dataset`` (data.dataset as the cluster expands it) names on this machine: a path,
-    relative to the run config's folder or the current one; None for a Hub id or a path on the cluster."""
+def local_dataset(dataset: str, *, run: str) -> LocalDataset | None:
+    """The data file ``dataset`` names on this machine: data.dataset as config.load gives it for the cluster (a
+    local path absolute, a relative one resolved against the run config's folder); None for a Hub id or a path
+    on the cluster."""
     if dataset.startswith(fsx_dir("")):
         return None
     path = Path(dataset).expanduser()
-    candidates = [path] if path.is_absolute() else [config.parent / path, Path.cwd() / path]
-    for candidate in candidates:
-        if candidate.is_dir():
-            raise HpctlError(
-                f"data.dataset {dataset} is a folder on this machine: upload it with `aws s3 sync {candidate} "
-                f"s3://<bucket>/{DATASETS_FOLDER}/{run}/{candidate.name}/` and set data.dataset = "
-                f'"${{{DATASETS_VARIABLE}}}/{run}/{candidate.name}"'
-            )
-        if candidate.is_file():
-            return LocalDataset(local=candidate.resolve(), key=f"{DATASETS_FOLDER}/{run}/{candidate.name}")
-    if path.is_absolute():
+    if not path.is_absolute():
+        return None  # a Hub dataset id: config.load made every local path absolute
+    if path.is_dir():
         raise HpctlError(
-            f"data.dataset {dataset} is neither a file here nor under {fsx_dir(DATASETS_FOLDER)}: name a file on "
-            f'this machine (submit uploads it), or "${{{DATASETS_VARIABLE}}}/<name>" for one in the bucket'
+            f"data.dataset {dataset} is a folder on this machine: upload it with `aws s3 sync {path} "
+            f"s3://<bucket>/{DATASETS_FOLDER}/{run}/{path.name}/` and set data.dataset = "
+            f'"${{{DATASETS_VARIABLE}}}/{run}/{path.name}"'
         )
-    return None  # a Hub dataset id
+    if path.is_file():
+        return LocalDataset(local=path.resolve(), key=f"{DATASETS_FOLDER}/{run}/{path.name}")
+    raise HpctlError(
+        f"data.dataset {dataset} is neither a file here nor under {fsx_dir(DATASETS_FOLDER)}: name a file on "
+        f'this machine (submit uploads it), or "${{{DATASETS_VARIABLE}}}/<name>" for one in the bucket'
+    )
 
 
 def cluster_dataset_key(dataset: str) -> str | None:

@@ -112,7 +112,7 @@ def validate_run_config(path: Path) -> RunConfigToSend:
         cfg = load(path, env={**os.environ, **CLUSTER_FOLDERS_ENV})
     except ConfigError as error:
         raise HpctlError(f"run config {path}: {error}") from error
-    dataset = local_dataset(cfg.data.dataset, config=path, run=Path(cfg.paths.output_dir).name)
+    dataset = local_dataset(cfg.data.dataset, run=Path(cfg.paths.output_dir).name)
     if dataset is None:
         return RunConfigToSend(local=path, body=path.read_bytes(), dataset_key=cluster_dataset_key(cfg.data.dataset))
     body = with_keys(path.read_text(), {("data", "dataset"): dataset.config_value}).encode()

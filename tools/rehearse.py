@@ -3,21 +3,26 @@
     make rehearse            (= python -m tools.rehearse [--root .rehearsal] [--config ...] [--method ...])
 
 1. starts munged/slurmctld/slurmd under <root>/slurm (tools/local_slurm.py);
-2. writes a tiny random Llama where the run config expects the downloaded model (so the real
-   download step finds it complete and skips the Hub) and dolly-format records as the dataset;
-3. submits the same pipeline a cluster runs (python -m llm_pipeline.submit --wait) with the
-   tiny-cpu run config; HPL_* variables point the FSx folders at <root>/fsx;
+2. writes a tiny random Llama where its run config (a copy under <root>) expects the downloaded model, under
+   <root>/fsx (so the real download step finds it complete and skips the Hub); the run trains on the config's
+   own dataset when it names a local file or folder (read where it is, never written), else on dolly-format
+   records written under <root>/fsx (a Hub id, a path on the cluster): one line says which;
+3. submits the same pipeline a cluster runs (python -m llm_pipeline.submit --wait) with that copy;
+   HPL_* variables point the FSx folders, and the libraries' caches, at <root>;
 4. shows the adapter, the merged model, the generated answer and the evaluation (base vs tuned, and
    the run's one chart: <run>/eval/result.png); stops the daemons by PID and kills what their jobs left.
 Beside the Slurm, Debian's Prometheus and node exporter take the run's own metrics as on a node
 (tools/rehearsal_metrics.py): it prints where Prometheus answers, every dashboard query on the run,
 one PromQL line with the run's loss, and draws the dashboard's panels into <root>/observability.png.
-Safe to run twice and to interrupt: the config is checked before anything starts or is deleted, a
-second rehearsal on the same --root is refused while one runs (tools/rehearsal_lock.py), and Ctrl-C
-stops the cluster and its jobs and says so in one line (exit 130).
+It writes only under <root>: what the user's config names (dataset, model folder, run folder) is read, never
+written. Safe to run twice and to interrupt: the config and a local dataset of the user's (the data step's own
+reading and checks) are checked before anything starts or is deleted, a second rehearsal on the same --root is
+refused while one runs (tools/rehearsal_lock.py), and Ctrl-C stops the cluster and its jobs and says so in one
+line (exit 130).
 --method lora|dora|qlora|full runs the config with that train.method (a copy under <root>).
 --tiny runs --config at tiny shape on this CPU (tiny_shape_config: TINY_SHAPE replaced, everything else the
-config's own), e.g. a GPU example: make rehearse CONFIG=payloads/configs/llama3-8b-lora-g5.toml.
+config's own, its local dataset included), e.g. a GPU example:
+make rehearse CONFIG=payloads/configs/llama3-8b-lora-g5.toml.
 --trn2 runs the Trainium2 LoRA config's pipeline shape instead (trn2_shape_config, trn2_environment).
 Exit status 0 only when every step completed.
 """
@@ -25,34 +30,43 @@ Exit status 0 only when every step completed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from cluster_contract import FSX_FOLDER_FACTS, PAYLOADS_FOLDER
+from cluster_contract import FSX_FOLDER_FACTS, PAYLOADS_FOLDER, fsx_dir
 from llm_pipeline.config import METHODS
 from llm_pipeline.jobs.chain import INTERRUPTED_EXIT
 from llm_pipeline.jobs.run_config_text import derived_config
 from tools.local_prometheus import LocalPrometheusError
 from tools.local_slurm import LocalSlurm, LocalSlurmError, hand_to_invoking_user
 from tools.rehearsal_lock import RehearsalBusy, RehearsalLock
-from tools.rehearsal_metrics import RehearsalMetrics
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / PAYLOADS_FOLDER / "configs" / "tiny-cpu.toml"
 DOLLY_RECORDS = 240
 TINY_MODEL_NOTE = "a tiny random model: nonsense answers (often a lone '.') are expected; this tests the plumbing"
 TRN2_CONFIG = REPO / PAYLOADS_FOLDER / "configs" / "llama3-8b-lora-trn2.toml"
+# What the rehearsal writes, all under its root (the HPL_* folders point there): the tiny model, and the dolly
+# records that stand in for a dataset it cannot read here (a Hub id, a path on the cluster). Every config it
+# runs gets these paths, so nothing a user's config names is written.
+OWN_INPUTS = {
+    ("paths", "model_dir"): "${HPL_MODELS_DIR}/tiny-llama",
+    ("paths", "compile_cache_dir"): "${HPL_OUTPUTS_DIR}/neuron-cache",
+    ("data", "dataset"): "${HPL_DATASETS_DIR}/tiny-dolly.jsonl",
+}
 # What any run config gets on this host: the tiny model and records the rehearsal writes, short sequences,
 # a few tokens generated and rows scored.
 CPU_HOST_INPUTS = {
     ("model", "id"): "tiny-random-llama",
-    ("paths", "model_dir"): "${HPL_MODELS_DIR}/tiny-llama",
-    ("data", "dataset"): "${HPL_DATASETS_DIR}/tiny-dolly.jsonl",
+    **OWN_INPUTS,
     ("data", "max_length"): 128,
     ("generate", "max_new_tokens"): 16,
     ("eval", "max_samples"): 4,
@@ -95,6 +109,10 @@ GPU_EXAMPLES = {
 FSX_VARIABLES = ("HPL_MODELS_DIR", "HPL_DATASETS_DIR", "HPL_OUTPUTS_DIR", "HPL_COMPILE_CACHE_DIR")
 
 
+class RehearsalError(RuntimeError):
+    """The rehearsal cannot start; the message names the config or folder and what to do."""
+
+
 def fsx_environment(fsx: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     """The cluster-facts variables, pointed at a local folder; steps run on this host's Python."""
     env = dict(os.environ if base is None else base)
@@ -112,8 +130,28 @@ def fsx_environment(fsx: Path, base: dict[str, str] | None = None) -> dict[str, 
     return env
 
 
+def cache_environment(folder: Path) -> dict[str, str]:
+    """The libraries' caches (datasets' Arrow copies, matplotlib's font list) in ``folder``, not in the home of
+    whoever runs the rehearsal."""
+    return {"HF_HOME": str(folder / "huggingface"), "XDG_CACHE_HOME": str(folder), "MPLCONFIGDIR": str(folder / "mpl")}
+
+
+@contextlib.contextmanager
+def caches_in(folder: Path) -> Iterator[None]:
+    """This process's caches in ``folder`` meanwhile (set before `datasets` is first imported, which reads them)."""
+    saved = dict(os.environ)
+    os.environ.update(cache_environment(folder))
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def write_inputs(config_path: Path, env: dict[str, str], records: int = DOLLY_RECORDS) -> None:
-    """The tiny model where the download step looks, and the dolly records the data step reads."""
+    """The tiny model where the download step looks, and the dolly records the data step reads when the config's
+    dataset is the rehearsal's own; both under the FSx folder ``env`` names, or a RehearsalError (a dataset of
+    the user's is read where it is, never written)."""
     from transformers.utils import logging as transformers_logging
 
     from llm_pipeline import config
@@ -121,8 +159,15 @@ def write_inputs(config_path: Path, env: dict[str, str], records: int = DOLLY_RE
 
     transformers_logging.disable_progress_bar()  # a one-shard "Writing model shards" bar says nothing here
     cfg = config.load(config_path, env=env)
-    tiny.write_tiny_model(Path(cfg.paths.model_dir), dtype=cfg.model.dtype)
-    tiny.write_dolly_jsonl(Path(cfg.data.dataset), records)
+    fsx, model_dir = Path(env["HPL_FSX_MOUNT_PATH"]), Path(cfg.paths.model_dir)
+    if not model_dir.is_relative_to(fsx):
+        raise RehearsalError(
+            f"{config_path}: paths.model_dir {model_dir} is outside the rehearsal's folder {fsx}: the tiny model is "
+            f"written only there (set it to {OWN_INPUTS['paths', 'model_dir']})"
+        )
+    tiny.write_tiny_model(model_dir, dtype=cfg.model.dtype)
+    if Path(cfg.data.dataset).is_relative_to(fsx):
+        tiny.write_dolly_jsonl(Path(cfg.data.dataset), records)
 
 
 def submit(config_path: Path, env: dict[str, str], *extra: str, poll: float = 2.0) -> int:
@@ -141,10 +186,14 @@ def method_config(config_path: Path, method: str, folder: Path) -> Path:
     return write_derived(config_path, folder / f"{config_path.stem}-{method}.toml", {("train", "method"): method})
 
 
-def shaped_config(source: Path, shape: dict[tuple[str, str], object], fsx: Path, folder: Path, name: str) -> Path:
+def shaped_config(
+    source: Path, shape: dict[tuple[str, str], object], fsx: Path, folder: Path, name: str, dataset: Path | None = None
+) -> Path:
     """<folder>/<name>.toml: ``source`` with ``shape``'s keys replaced and its run folder <fsx>/outputs/<name>;
-    its first line names the keys replaced."""
+    its first line names the keys replaced. ``dataset``: the user's own local dataset, read where it is, instead
+    of the rehearsal's dolly records."""
     path = folder / f"{name}.toml"
+    shape = {**shape, ("data", "dataset"): str(dataset)} if dataset else shape
     replaced = ", ".join(f"{table}.{key}" for table, key in shape)
     derived = derived_config(source, fsx / "outputs" / name, shape)
     path.write_text(f"# {source.name} for a CPU rehearsal (tools/rehearse.py replaced {replaced})\n{derived}")
@@ -158,10 +207,20 @@ def trn2_shape_config(fsx: Path, folder: Path, name: str = "trn2-shape") -> Path
     return shaped_config(TRN2_CONFIG, TRN2_SHAPE, fsx, folder, name)
 
 
-def tiny_shape_config(config_path: Path, fsx: Path, folder: Path) -> Path:
+def tiny_shape_config(config_path: Path, fsx: Path, folder: Path, dataset: Path | None = None) -> Path:
     """``config_path`` (e.g. a GPU example) at tiny shape for this host: TINY_SHAPE replaced, every other key
-    kept; <folder>/<stem>-tiny.toml, its run folder <fsx>/outputs/<stem>-tiny."""
-    return shaped_config(config_path, TINY_SHAPE, fsx, folder, f"{config_path.stem}-tiny")
+    kept (``dataset``: the user's own, kept); <folder>/<stem>-tiny.toml, its run folder <fsx>/outputs/<stem>-tiny."""
+    return shaped_config(config_path, TINY_SHAPE, fsx, folder, f"{config_path.stem}-tiny", dataset)
+
+
+def inputs_config(config_path: Path, fsx: Path, folder: Path, dataset: Path | None = None) -> Path:
+    """``config_path`` as it is, but for what the rehearsal writes (OWN_INPUTS: the tiny model, the dolly records
+    unless ``dataset``, the user's own, is given) and its run folder, under ``fsx``: <folder>/<run>.toml, <run> the
+    config's own run folder's name."""
+    from llm_pipeline import config
+
+    run = Path(config.load(config_path, env=fsx_environment(fsx)).paths.output_dir).name
+    return shaped_config(config_path, OWN_INPUTS, fsx, folder, run, dataset)
 
 
 def trn2_environment(env: dict[str, str]) -> dict[str, str]:
@@ -197,70 +256,123 @@ REHEARSABLE = (
 )
 
 
-class RehearsalError(RuntimeError):
-    """The rehearsal cannot start; the message names the config or folder and what to do."""
+@dataclass(frozen=True)
+class RehearsedData:
+    """What a rehearsal trains on: the user's own local dataset, read where it is, or the dolly records it writes
+    under its root in place of a dataset it cannot read here."""
+
+    records: int
+    yours: Path | None = None  # the config's local dataset file or folder
+    instead_of: str = ""  # the config's dataset the dolly records stand in for, and why
+
+    def line(self, fsx: Path) -> str:
+        """What step 2 says, in one line."""
+        if self.yours:
+            return f"rehearsing your dataset {self.yours} ({self.records} records) with the tiny model, under {fsx}"
+        return (
+            f"writing the tiny model and {self.records} dolly records under {fsx} (standing in for {self.instead_of})"
+        )
 
 
-def run_config(config_path: Path, root: Path, method: str | None, *, trn2: bool, tiny: bool) -> Path:
-    """The run config the rehearsal submits: ``config_path`` shaped for this host (--trn2, --tiny, --method),
-    written under ``root``."""
+def rehearsed_data(cfg, fsx: Path, *, trn2: bool) -> RehearsedData:
+    """The data a rehearsal of ``cfg`` trains on; a local dataset of the user's must pass the data step's own
+    reading and checks (llm_pipeline.data, with the tiny model's tokenizer), else its StepError names it."""
+    spec = cfg.data.dataset
+    if trn2:
+        return RehearsedData(DOLLY_RECORDS, instead_of=f"{TRN2_CONFIG.name}'s Hub dataset (--trn2)")
+    if not Path(spec).expanduser().is_absolute():  # config.load made a local path absolute
+        return RehearsedData(DOLLY_RECORDS, instead_of=f"data.dataset {spec}, a Hub id")
+    if Path(spec).is_relative_to(fsx) or spec.startswith(fsx_dir("")):
+        return RehearsedData(DOLLY_RECORDS, instead_of=f"data.dataset {spec}, a path on the cluster")
+    import datasets
+
+    from llm_pipeline import data
+    from tools import tiny_model as tiny
+
+    datasets.disable_progress_bars()  # a check, as the preview: no bar per load and map
+    read = data.load_source(cfg.data) if cfg.data.blocks else data.validated_records(cfg.data, tiny.build_tokenizer())
+    return RehearsedData(len(read), yours=Path(spec).expanduser())
+
+
+def run_config(
+    config_path: Path, root: Path, method: str | None, *, trn2: bool, tiny: bool, data: RehearsedData
+) -> Path:
+    """The run config the rehearsal submits, written under ``root``: ``config_path`` shaped for this host (--trn2,
+    --tiny, --method), everything it writes under <root>/fsx, reading ``data``."""
     if trn2:
         config_path = trn2_shape_config(root / "fsx", root)
-    if tiny:
-        config_path = tiny_shape_config(config_path, root / "fsx", root)
+    elif tiny:
+        config_path = tiny_shape_config(config_path, root / "fsx", root, data.yours)
+    else:
+        config_path = inputs_config(config_path, root / "fsx", root, data.yours)
     if method is not None:
         config_path = method_config(config_path, method, root)
     return config_path
 
 
-def check_config(config_path: Path, root: Path, method: str | None, *, trn2: bool, tiny: bool) -> None:
-    """Load the config as the rehearsal will run it (shaped in a scratch folder), before anything starts or is
-    deleted: a RehearsalError of one line for a config the rehearsal cannot run."""
+def check_config(config_path: Path, root: Path, method: str | None, *, trn2: bool, tiny: bool) -> RehearsedData:
+    """Load the config as the rehearsal will run it (shaped in a scratch folder) and check the data it names, before
+    anything starts or is deleted: a RehearsalError of one line for a config or dataset the rehearsal cannot run;
+    the data it trains on."""
     from llm_pipeline import config
+    from llm_pipeline.errors import PipelineError
 
     env = fsx_environment(root / "fsx")
-    with tempfile.TemporaryDirectory(prefix="hpl-rehearsal-check-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="hpl-rehearsal-check-") as scratch, caches_in(Path(scratch)):
         try:
-            backend = config.load(config_path, env=env).train.backend
-            if backend != REHEARSED_BACKEND and not trn2:  # --trn2 rehearses its own config, whatever is given
-                raise RehearsalError(f"CONFIG={config_path}: train.backend = '{backend}': {REHEARSABLE}")
-            config.load(run_config(config_path, Path(scratch), method, trn2=trn2, tiny=tiny), env=env)
-        except config.ConfigError as exc:
+            cfg = config.load(config_path, env=env)
+            if cfg.train.backend != REHEARSED_BACKEND and not trn2:  # --trn2 rehearses its own config
+                raise RehearsalError(f"CONFIG={config_path}: train.backend = '{cfg.train.backend}': {REHEARSABLE}")
+            data = rehearsed_data(cfg, root / "fsx", trn2=trn2)
+            config.load(run_config(config_path, Path(scratch), method, trn2=trn2, tiny=tiny, data=data), env=env)
+        except PipelineError as exc:  # the config's, or the data step's about the user's dataset
             raise RehearsalError(f"CONFIG={config_path}: {exc}") from None
+    return data
 
 
 def rehearse(
-    root: Path, config_path: Path, method: str | None = None, *, trn2: bool = False, tiny: bool = False
+    root: Path,
+    config_path: Path,
+    data: RehearsedData,
+    method: str | None = None,
+    *,
+    trn2: bool = False,
+    tiny: bool = False,
 ) -> int:
-    """The rehearsal in ``root`` (emptied first); the caller holds its RehearsalLock."""
+    """The rehearsal in ``root`` (emptied first) on ``data`` (check_config's); the caller holds its RehearsalLock."""
     from llm_pipeline.jobs.run_facts import read_run_facts
 
-    config_path = run_config(config_path, root, method, trn2=trn2, tiny=tiny)
+    config_path = run_config(config_path, root, method, trn2=trn2, tiny=tiny, data=data)
     start = time.monotonic()
     print(f"[1/4] starting a local Slurm under {root / 'slurm'}, Prometheus beside it", flush=True)
-    metrics = RehearsalMetrics(root / "prometheus")
-    with metrics, LocalSlurm(root / "slurm", extra_conf=metrics.slurm_conf()) as slurm:
-        try:
-            env = metrics.environment(slurm.env(fsx_environment(root / "fsx")))
-            if trn2:
-                env = trn2_environment(env)
-            print(f"[2/4] writing the tiny model and {DOLLY_RECORDS} dolly records under {root / 'fsx'}", flush=True)
-            write_inputs(config_path, env)
-            print(f"[3/4] submitting the pipeline with {config_path.name} and following it", flush=True)
-            submitted = time.time()
-            with metrics.node_timers(env, slurm.node_names[0]):
-                status = submit(config_path, env, "--wait")
-            output_dir = read_run_facts(config_path, env).output_dir
-            print("[4/4] results", flush=True)
-            show_outputs(output_dir)
-            if not metrics.report(output_dir.name, submitted, time.time()) and status == 0:
-                print(f"\nno loss of run {output_dir.name} reached Prometheus", file=sys.stderr)
-                status = 1
-            if status != 0:
-                print(f"\nrehearsal FAILED: step logs are in {output_dir / 'logs'}", file=sys.stderr)
-        except KeyboardInterrupt:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
-            raise
+    # The libraries' caches under the root before the charts' matplotlib is imported (it writes its font cache
+    # then); the jobs take this process's environment.
+    with caches_in(root / "cache"):
+        from tools.rehearsal_metrics import RehearsalMetrics
+
+        metrics = RehearsalMetrics(root / "prometheus")
+        with metrics, LocalSlurm(root / "slurm", extra_conf=metrics.slurm_conf()) as slurm:
+            try:
+                env = metrics.environment(slurm.env(fsx_environment(root / "fsx")))
+                if trn2:
+                    env = trn2_environment(env)
+                print(f"[2/4] {data.line(root / 'fsx')}", flush=True)
+                write_inputs(config_path, env)
+                print(f"[3/4] submitting the pipeline with {config_path.name} and following it", flush=True)
+                submitted = time.time()
+                with metrics.node_timers(env, slurm.node_names[0]):
+                    status = submit(config_path, env, "--wait")
+                output_dir = read_run_facts(config_path, env).output_dir
+                print("[4/4] results", flush=True)
+                show_outputs(output_dir)
+                if not metrics.report(output_dir.name, submitted, time.time()) and status == 0:
+                    print(f"\nno loss of run {output_dir.name} reached Prometheus", file=sys.stderr)
+                    status = 1
+                if status != 0:
+                    print(f"\nrehearsal FAILED: step logs are in {output_dir / 'logs'}", file=sys.stderr)
+            except KeyboardInterrupt:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
+                raise
     print(f"rehearsal {'passed' if status == 0 else 'failed'} in {time.monotonic() - start:.0f} s; daemons stopped")
     return status
 
@@ -291,10 +403,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     lock = RehearsalLock(root)
     try:
-        check_config(args.config.resolve(), root, args.method, trn2=args.trn2, tiny=args.tiny)
+        data = check_config(args.config.resolve(), root, args.method, trn2=args.trn2, tiny=args.tiny)
         with lock:
             lock.wipe()
-            return rehearse(root, args.config.resolve(), args.method, trn2=args.trn2, tiny=args.tiny)
+            return rehearse(root, args.config.resolve(), data, args.method, trn2=args.trn2, tiny=args.tiny)
     except (LocalSlurmError, LocalPrometheusError, RehearsalError, RehearsalBusy) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -3,7 +3,8 @@
 Defaults reproduce the reference blog run (Llama 3 8B, dolly 15k, one trn1.32xlarge, TP 8).
 Path values may use ``${VAR}`` or ``${VAR:-default}``; the cluster's facts reach the nodes as
 ``HPL_*`` environment variables (see lifecycle/), so paths are never retyped here.
-Relative paths are resolved against the config file's folder.
+Relative paths (every ``[paths]`` key, and a ``data.dataset`` that names a local file: dataset_in) are
+resolved against the config file's folder, so every side reads the same files whatever its working folder.
 
 Stdlib only, Python 3.10 included (the controller's python3, which runs submit): ``load`` reads a file
 with tomllib where there is one, else with the stdlib reader of the one-line-values form (read_toml).
@@ -574,6 +575,25 @@ def expand(value: str, key: str, env: dict[str, str] | None = None) -> str:
     return _VAR.sub(sub, value)
 
 
+# The data files data.dataset may name, by suffix, and the `datasets` loader that reads each (llm_pipeline/data.py).
+DATASET_FILE_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def dataset_looks_like_a_path(spec: str) -> bool:
+    """Whether data.dataset names a local file or folder rather than a Hub id (org/name): it starts with /, . or
+    ~, or ends in a data file suffix (docs/custom-data.md)."""
+    return spec.startswith(("/", ".", "~")) or Path(spec).suffix.lower() in DATASET_FILE_FORMATS
+
+
+def dataset_in(spec: str, base_dir: Path) -> Path | None:
+    """The local file or folder a relative data.dataset names in ``base_dir`` (the run config's folder): one that
+    looks like a path or exists there; None for an absolute or ~ path (already where it is) and a Hub id."""
+    if not spec or spec.startswith(("/", "~")):
+        return None
+    local = base_dir / spec
+    return local if dataset_looks_like_a_path(spec) or local.exists() else None
+
+
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """`: did you mean 'x'?` for the known name closest to a mistyped one, else nothing."""
     close = difflib.get_close_matches(name, list(known), n=1)
@@ -744,9 +764,12 @@ def from_dict(raw: dict[str, Any], base_dir: Path | None = None, env: dict[str, 
             value = base_dir / value
         resolved[f.name] = str(value)
     parts["paths"] = PathsConfig(**resolved)
-    # The dataset may be a local file under a cluster folder (e.g. ${HPL_DATASETS_DIR}/dolly.jsonl).
+    # The dataset may be a local file under a cluster folder (e.g. ${HPL_DATASETS_DIR}/dolly.jsonl), or beside
+    # the config (a relative path).
     data = parts["data"]
-    parts["data"] = dataclasses.replace(data, dataset=expand(data.dataset, "data.dataset", env))
+    dataset = expand(data.dataset, "data.dataset", env)
+    beside = dataset_in(dataset, base_dir) if base_dir is not None else None
+    parts["data"] = dataclasses.replace(data, dataset=str(beside) if beside else dataset)
     titan = parts["torchtitan"]
     parts["torchtitan"] = dataclasses.replace(
         titan,

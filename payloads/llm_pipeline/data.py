@@ -17,7 +17,7 @@ import hashlib
 from pathlib import Path
 
 from llm_pipeline import cli
-from llm_pipeline.config import DataConfig, RunConfig
+from llm_pipeline.config import DATASET_FILE_FORMATS, DataConfig, RunConfig, dataset_looks_like_a_path
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import CHAT_ROLES, COLUMNS, GENERATION_MARKER, MESSAGES_COLUMN, REQUIRED_COLUMNS, is_chat
 from llm_pipeline.run_files import DATA_SOURCE_FILE, DATA_STATS_FILE, DataSource, DataStats
@@ -27,7 +27,6 @@ from llm_pipeline.training.plan import say
 from llm_pipeline.weights import model_files
 from llm_pipeline.weights.atomic_output import AtomicOutputDir
 
-FILE_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 # Other record layouts people bring, mapped onto the dolly columns: alpaca's instruction/input/output.
 COLUMN_MAPS = {"alpaca": {"instruction": "instruction", "input": "context", "output": "response"}}
 OPTIONAL_SOURCE_COLUMNS = {"input"}  # alpaca records without input have no context
@@ -48,17 +47,17 @@ def load_source(data: DataConfig):
         if path.is_file():
             if path.stat().st_size == 0:
                 raise StepError(f"data.dataset {spec} is empty: there is nothing to train on")
-            if path.suffix.lower() not in FILE_FORMATS:
-                raise StepError(f"data.dataset {spec}: unsupported file type (use {', '.join(FILE_FORMATS)})")
+            if path.suffix.lower() not in DATASET_FILE_FORMATS:
+                raise StepError(f"data.dataset {spec}: unsupported file type (use {', '.join(DATASET_FILE_FORMATS)})")
             if path.suffix.lower() in TEXT_FILES:
                 check_utf8(path, spec)
-            return datasets.load_dataset(FILE_FORMATS[path.suffix.lower()], data_files=str(path), split="train")
+            return datasets.load_dataset(DATASET_FILE_FORMATS[path.suffix.lower()], data_files=str(path), split="train")
         if path.is_dir():
             if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
                 saved = datasets.load_from_disk(str(path))
                 return saved[data.split] if isinstance(saved, datasets.DatasetDict) else saved
             return datasets.load_dataset(str(path), split=data.split)
-        if spec.startswith(("/", ".", "~")) or path.suffix.lower() in FILE_FORMATS:  # a path, not a Hub id
+        if dataset_looks_like_a_path(spec):
             raise StepError(
                 f"data.dataset {spec}: no such file or folder (looked in {path.absolute().parent}); a Hub dataset "
                 "id has no file suffix"

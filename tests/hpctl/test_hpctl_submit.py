@@ -405,6 +405,22 @@ def test_the_dry_run_says_where_a_local_data_file_goes(offline, capfd, tmp_path)
     ) in capfd.readouterr().out
 
 
+def test_the_file_uploaded_is_the_one_beside_the_config_whatever_the_working_folder(tmp_path, monkeypatch):
+    """config.load resolves a relative data.dataset against the config's folder, as the preview and the rehearsal
+    read it; a file of that name in the working folder is not the run's."""
+    from hpctl.submit import validate_run_config
+
+    config, records = local_data_run(tmp_path / "laptop")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "my-records.jsonl").write_text('{"instruction": "Not this one."}\n')
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    to_send = validate_run_config(config)
+    assert to_send.dataset.local == records and to_send.dataset.key == "datasets/my-run/my-records.jsonl"
+    (tmp_path / "laptop" / "my-records.jsonl").unlink()
+    with pytest.raises(HpctlError, match=rf"data.dataset {records} is neither a file here nor under /fsx/datasets"):
+        validate_run_config(config)
+
+
 def test_a_cluster_data_file_missing_from_the_bucket_is_refused_with_the_upload(
     deployed, session_tools, hpctl, tmp_path
 ):

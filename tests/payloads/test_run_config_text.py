@@ -47,6 +47,21 @@ def test_a_derived_run_has_its_own_folder_absolute_paths_and_loads(tmp_path):
     assert derived_config(source, "/o/other", {("train", "max_steps"): 4}) == target.read_text()
 
 
+@pytest.mark.parametrize("run_dir", ["/o/other", None], ids=["another-run", "same-run"])
+def test_a_copy_elsewhere_reads_the_users_own_dataset_beside_the_original(tmp_path, run_dir):
+    """The rehearsal's and the smoke stage's copies live in other folders: a relative data.dataset in them names
+    the file beside the original config (absolute), and a Hub id stays one."""
+    source = tmp_path / "mydata" / "run.toml"
+    source.parent.mkdir()
+    source.write_text(set_key(TINY.read_text(), "data", "dataset", "records/mine.jsonl"))
+    copy = write_derived(source, tmp_path / "elsewhere" / "run.toml", {("train", "max_steps"): 4}, run_dir=run_dir)
+    assert read_key(copy.read_text(), "data", "dataset", "t") == str(source.parent / "records" / "mine.jsonl")
+    assert config.load(copy, env=ENV).data.dataset == config.load(source, env=ENV).data.dataset
+    source.write_text(set_key(TINY.read_text(), "data", "dataset", "databricks/databricks-dolly-15k"))
+    copy = write_derived(source, tmp_path / "elsewhere" / "run.toml", {}, run_dir=run_dir)
+    assert config.load(copy, env=ENV).data.dataset == "databricks/databricks-dolly-15k"
+
+
 def test_a_value_it_cannot_read_is_a_config_error():
     with pytest.raises(ConfigError, match=r"t:2 train\.method: cannot read"):
         read_key("[train]\nmethod = '''x'''\n", "train", "method", "t")

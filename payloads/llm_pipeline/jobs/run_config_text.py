@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from llm_pipeline.config import ConfigError, PathsConfig
+from llm_pipeline.config import ConfigError, PathsConfig, dataset_in
 
 _TABLE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.-]+)\s*\]\s*(#.*)?$")
 _KEY = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*=\s*(.*?)\s*$")
@@ -146,23 +146,34 @@ def with_keys(text: str, keys: Mapping[tuple[str, str], object]) -> str:
     return text
 
 
-def derived_config(config: Path, run_dir: Path | str, overrides: Mapping[tuple[str, str], object]) -> str:
-    """The text of ``config`` for another run in ``run_dir``: ``overrides`` set, ``paths.output_dir`` the
-    run folder and relative ``[paths]`` made absolute (the copy lives elsewhere)."""
-    text = config.read_text()
+def with_absolute_paths(config: Path) -> str:
+    """The text of ``config`` with its relative ``[paths]`` and a relative local ``data.dataset`` made absolute
+    (config.load resolves them against its folder): a copy elsewhere reads and writes the same places."""
+    text, base = config.read_text(), config.resolve().parent
     for name in PathsConfig.__dataclass_fields__:
         raw = read_key(text, "paths", name, str(config))
         if isinstance(raw, str) and not raw.startswith(("/", "$", "~")):
-            text = set_key(text, "paths", name, str(config.parent / raw))
-    return with_keys(text, {**overrides, ("paths", "output_dir"): str(run_dir)})
+            text = set_key(text, "paths", name, str(base / raw))
+    dataset = read_key(text, "data", "dataset", str(config))
+    beside = dataset_in(dataset, base) if isinstance(dataset, str) and not dataset.startswith("$") else None
+    return set_key(text, "data", "dataset", str(beside)) if beside else text
+
+
+def derived_config(config: Path, run_dir: Path | str, overrides: Mapping[tuple[str, str], object]) -> str:
+    """The text of ``config`` for another run in ``run_dir``: ``overrides`` set, ``paths.output_dir`` the
+    run folder, relative paths made absolute (with_absolute_paths)."""
+    return with_keys(with_absolute_paths(config), {**overrides, ("paths", "output_dir"): str(run_dir)})
 
 
 def write_derived(
     config: Path, target: Path, keys: Mapping[tuple[str, str], object], *, run_dir: Path | str | None = None
 ) -> Path:
-    """Write ``config`` with ``keys`` set to ``target`` (its parents made): a derived run when ``run_dir`` is
-    given (derived_config), else the same run's text with just those keys changed."""
+    """Write ``config`` with ``keys`` set to ``target`` (its parents made), relative paths made absolute: a
+    derived run when ``run_dir`` is given (derived_config), else the same run's text with just those keys
+    changed."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    text = derived_config(config, run_dir, keys) if run_dir is not None else with_keys(config.read_text(), keys)
+    text = (
+        derived_config(config, run_dir, keys) if run_dir is not None else with_keys(with_absolute_paths(config), keys)
+    )
     target.write_text(text)
     return target
