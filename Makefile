@@ -25,7 +25,7 @@ endif
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help need-root system-packages venv synth lint doc-tables test test-fast test-engine test-trn1 snapshot-update deploy diff destroy rehearse rehearse-config rehearse-ladder bench bench-train diagram clean
+.PHONY: help need-root system-packages venv hpctl synth lint doc-tables test test-fast test-engine test-trn1 snapshot-update deploy diff destroy rehearse rehearse-config rehearse-ladder bench bench-train diagram clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -45,7 +45,14 @@ $(PY):
 	@$(PHASE) "a venv in $(VENV) on $$($(PYTHON) --version)" $(PYTHON) -m venv $(VENV)
 	@$(PHASE) "pip" $(PIP) install --progress-bar off --upgrade pip
 
-$(REHEARSAL_STAMP): requirements-rehearse.txt payloads/requirements-gpu.txt pyproject.toml tools/install_torch.sh | $(PY)
+# hpctl's needs alone (requirements-hpctl.txt): the rehearsal's install carries them, so hpctl runs after
+# `make rehearse`; `make hpctl` installs only them (hpctl's one-line error names it when a module is missing).
+$(VENV)/.installed-hpctl: requirements-hpctl.txt pyproject.toml | $(PY)
+	@$(PHASE) "hpctl's needs: boto3, cfn-lint (requirements-hpctl.txt)" $(PIP) install --progress-bar off -r requirements-hpctl.txt
+	@$(PHASE) "this project (pip install -e .)" $(EDITABLE_INSTALL)
+	@touch $@
+
+$(REHEARSAL_STAMP): requirements-rehearse.txt payloads/requirements-gpu.txt pyproject.toml tools/install_torch.sh $(VENV)/.installed-hpctl | $(PY)
 	@$(PHASE) "torch, its CPU build (tools/install_torch.sh)" tools/install_torch.sh $(PY) requirements-rehearse.txt
 	@$(PHASE) "the main stack (requirements-rehearse.txt)" $(PIP) install --progress-bar off -r requirements-rehearse.txt
 	@# bitsandbytes has a CPU backend: QLoRA rehearsals and tests load real 4-bit layers (pin: requirements-gpu.txt).
@@ -53,7 +60,7 @@ $(REHEARSAL_STAMP): requirements-rehearse.txt payloads/requirements-gpu.txt pypr
 	@$(PHASE) "this project (pip install -e .)" $(EDITABLE_INSTALL)
 	@touch $@
 
-$(VENV)/.installed-laptop: requirements.txt pyproject.toml | $(PY)
+$(VENV)/.installed-laptop: requirements.txt requirements-hpctl.txt pyproject.toml | $(PY)
 	@$(PHASE) "the laptop side: the CDK app, hpctl, predeploy (requirements.txt)" $(PIP) install --progress-bar off -r requirements.txt
 	@$(PHASE) "this project (pip install -e .)" $(EDITABLE_INSTALL)
 	@touch $@
@@ -89,6 +96,8 @@ system-packages:  ## install slurm-wlm, slurmdbd, munge, mariadb-server, graphvi
 	@tools/system_packages.sh
 
 venv: $(STAMP)  ## create .venv and node_modules from the pinned files
+
+hpctl: $(VENV)/.installed-hpctl  ## install only what hpctl needs (boto3, cfn-lint; make rehearse and make venv include it)
 
 synth: $(STAMP)  ## synthesize every stack offline, cfn-lint it, print a summary
 	$(CDK) synth --quiet
