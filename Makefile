@@ -19,8 +19,12 @@ AS_ROOT := $(if $(filter 0,$(shell id -u)),,sudo env PYTHONPATH=$(PYTHONPATH))
 NODE_MAJOR := $(shell node -p 'process.versions.node.split(".")[0]' 2>/dev/null)
 ifeq ($(shell test "$(NODE_MAJOR)" -lt 22 2>/dev/null && echo old),old)
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := $(NODE_MAJOR)
+endif
+# What to say about this Node.js: cluster_contract.node_verdict, the rule hpctl doctor applies too.
 ifeq ($(MAKELEVEL),0)
-$(info note: Node.js $(NODE_MAJOR) is past the end of the CDK's jsii support (Node.js 22 and 24 are supported); it still runs here: upgrade Node.js when you can)
+NODE_NOTE := $(if $(NODE_MAJOR),$(shell PYTHONPATH=$(CURDIR) python3 -c 'import sys, cluster_contract as c; print(c.node_verdict(int(sys.argv[1]))[1])' $(NODE_MAJOR) 2>/dev/null))
+ifneq ($(NODE_NOTE),)
+$(info note: $(NODE_NOTE))
 endif
 endif
 

@@ -26,10 +26,10 @@ from botocore.exceptions import ClientError
 
 import llm_pipeline
 from cluster_contract import (
-    FSX_FOLDER_FACTS,
     PAYLOAD_CODE_DIGEST_FILE,
     PAYLOADS_FOLDER,
     RUN_CONFIGS_FOLDER,
+    cluster_folders_env,
     fsx_dir,
     payload_code_digest,
 )
@@ -51,7 +51,7 @@ EXIT_LINE = re.compile(re.escape(EXIT_MARKER) + r"(?P<status>\d+)$")
 IMPORT_WAIT_S = 120  # FSx auto-import usually shows a new object within seconds
 IMPORT_POLL_S = 2
 # What every node exports for the shared folders (HPL_<KEY>): a run config reads here as it reads there.
-CLUSTER_FOLDERS_ENV = {f"HPL_{key.upper()}": fsx_dir(folder) for key, folder in FSX_FOLDER_FACTS.items()}
+CLUSTER_FOLDERS_ENV = cluster_folders_env()
 
 
 @dataclass(frozen=True)
