@@ -37,6 +37,7 @@ STAMPS = (".installed-hpctl", ".installed-rehearsal")  # what `make rehearse` ch
 RUNNING_TRAIN = re.compile(r"^\[ *\d+s\] train +RUNNING ", re.MULTILINE)
 # docs/custom-data.md's run config, step 1 of "From this machine to the cluster", beside 30 records of the user's.
 RUN_CONFIG = '[data]\ndataset = "my-records.jsonl"\n\n[paths]\noutput_dir = "${HPL_OUTPUTS_DIR}/my-run"\n'
+RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"  # in sbin, outside the user's PATH
 STEP_S = 900  # one rehearsal on a shared 2-core machine, with room
 
 
@@ -62,7 +63,7 @@ class Newcomer:
         action as a foreground job has it."""
         self.transcript.append(f"$ {command}\n")
         return subprocess.Popen(
-            ["runuser", "-u", USER, "--", "script", "-qec", command, "/dev/null"],
+            [RUNUSER, "-u", USER, "--", "script", "-qec", command, "/dev/null"],
             cwd=cwd,
             env=self.env(),
             stdin=subprocess.PIPE,
