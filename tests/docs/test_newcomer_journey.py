@@ -3,8 +3,9 @@ README and docs/custom-data.md as written. `make rehearse` -> `.venv/bin/hpctl d
 and dry run from the run config's own folder -> `make rehearse CONFIG=` with the user's own data, stopped with
 Ctrl-C mid-run -> the same again, to the end. Every exit code is checked; no traceback anywhere.
 
-The clone reuses this checkout's .venv (nothing is installed): a folder of links to it, with the stamps make
-reads, and PYTHONPATH naming the clone, as the editable install `make rehearse` makes in a real fresh clone does.
+The clone reuses this checkout's .venv (nothing is installed): a venv that imports its packages, with the
+stamps make reads, and PYTHONPATH naming the clone, as the editable install `make rehearse` makes in a real fresh
+clone does.
 """
 
 from __future__ import annotations
@@ -110,6 +111,24 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def reuse_venv(venv: Path, into: Path) -> None:
+    """A venv at ``into`` that imports ``venv``'s packages, on an interpreter of the same version that every
+    user can run (``venv``'s own may sit in root's home, as pyenv's): the make stamps and hpctl's script too."""
+    version = re.search(r"^version\s*=\s*(\d+\.\d+)", (venv / "pyvenv.cfg").read_text(), re.M)[1]
+    python = Path(f"/usr/bin/python{version}")
+    if not python.is_file():
+        pytest.fail(f"the journey needs /usr/bin/python{version}, .venv's Python, for its normal user", pytrace=False)
+    subprocess.run([str(python), "-m", "venv", "--without-pip", str(into)], check=True)
+    (site,) = venv.glob("lib/python*/site-packages")
+    (reused,) = into.glob("lib/python*/site-packages")
+    (reused / "reused-venv.pth").write_text(f"import site; site.addsitedir({str(site)!r})\n")
+    script = (venv / "bin" / "hpctl").read_text().split("\n", 1)[1]
+    (into / "bin" / "hpctl").write_text(f"#!{into}/bin/python\n{script}")
+    (into / "bin" / "hpctl").chmod(0o755)
+    for stamp in STAMPS:
+        (into / stamp).touch()
+
+
 @pytest.fixture
 def newcomer() -> Iterator[Newcomer]:
     require_root("the newcomer's journey (a user it creates, with sudo for make rehearse)")
@@ -128,12 +147,7 @@ def newcomer() -> Iterator[Newcomer]:
         # The clone's files predate the stamps, and the stamps are the existing .venv's: nothing to install.
         for path in [checkout, *checkout.rglob("*")]:
             os.utime(path, (946684800, 946684800), follow_symlinks=False)
-        (checkout / ".venv").mkdir()
-        for entry in venv.iterdir():
-            if not entry.name.startswith(".installed"):
-                (checkout / ".venv" / entry.name).symlink_to(entry)
-        for stamp in STAMPS:
-            (checkout / ".venv" / stamp).touch()
+        reuse_venv(venv, checkout / ".venv")
         data = home / "my-data"
         data.mkdir()
         (data / "my-run.toml").write_text(RUN_CONFIG)
