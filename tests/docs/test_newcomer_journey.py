@@ -38,6 +38,8 @@ STAMPS = (".installed-hpctl", ".installed-rehearsal")  # what `make rehearse` ch
 RUNNING_TRAIN = re.compile(r"^\[ *\d+s\] train +RUNNING ", re.MULTILINE)
 # docs/custom-data.md's run config, step 1 of "From this machine to the cluster", beside 30 records of the user's.
 RUN_CONFIG = '[data]\ndataset = "my-records.jsonl"\n\n[paths]\noutput_dir = "${HPL_OUTPUTS_DIR}/my-run"\n'
+# The same run on the torch engine (a GPU run, as the rehearsal takes them: cdk.json's default group is trn1).
+TORCH_CONFIG = RUN_CONFIG + '\n[train]\nbackend = "torch"\n'
 RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"  # in sbin, outside the user's PATH
 STEP_S = 900  # one rehearsal on a shared 2-core machine, with room
 
@@ -151,6 +153,7 @@ def newcomer() -> Iterator[Newcomer]:
         data = home / "my-data"
         data.mkdir()
         (data / "my-run.toml").write_text(RUN_CONFIG)
+        (data / "my-gpu-run.toml").write_text(TORCH_CONFIG)
         records = [
             f'{{"instruction": "Which colour is fruit {n}?", "context": "", "response": "Fruit {n} is red."}}\n'
             for n in range(30)
@@ -186,8 +189,8 @@ def test_a_newcomer_s_first_hour(newcomer):
     assert "# dry run: nothing submitted." in dry_run
     assert "read on the cluster as /fsx/datasets/my-run/my-records.jsonl" in dry_run
 
-    own = f"make rehearse CONFIG={shlex.quote(str(data / 'my-run.toml'))}"
-    stopped = user.run(own, checkout, expect=2, interrupt=RUNNING_TRAIN)
+    own = f"make rehearse CONFIG={shlex.quote(str(data / 'my-gpu-run.toml'))}"
+    stopped = user.run(own, checkout, expect=130, interrupt=RUNNING_TRAIN)  # make ends by the terminal's SIGINT
     assert "interrupted: " in stopped
 
     again = user.run(own, checkout, expect=0)
