@@ -38,8 +38,8 @@ STAMPS = (".installed-hpctl", ".installed-rehearsal")  # what `make rehearse` ch
 RUNNING_TRAIN = re.compile(r"^\[ *\d+s\] train +RUNNING ", re.MULTILINE)
 # docs/custom-data.md's run config, step 1 of "From this machine to the cluster", beside 30 records of the user's.
 RUN_CONFIG = '[data]\ndataset = "my-records.jsonl"\n\n[paths]\noutput_dir = "${HPL_OUTPUTS_DIR}/my-run"\n'
-# The same run on the torch engine (a GPU run, as the rehearsal takes them: cdk.json's default group is trn1).
-TORCH_CONFIG = RUN_CONFIG + '\n[train]\nbackend = "torch"\n'
+# What the user rehearses: a GPU example (the rehearsal takes torch-engine runs) copied beside the records.
+GPU_EXAMPLE = Path("payloads/configs/llama3-8b-lora-g5.toml")
 RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"  # in sbin, outside the user's PATH
 STEP_S = 900  # one rehearsal on a shared 2-core machine, with room
 
@@ -153,7 +153,8 @@ def newcomer() -> Iterator[Newcomer]:
         data = home / "my-data"
         data.mkdir()
         (data / "my-run.toml").write_text(RUN_CONFIG)
-        (data / "my-gpu-run.toml").write_text(TORCH_CONFIG)
+        example = (checkout / GPU_EXAMPLE).read_text()
+        (data / "my-gpu-run.toml").write_text(example.replace("[data]\n", '[data]\ndataset = "my-records.jsonl"\n', 1))
         records = [
             f'{{"instruction": "Which colour is fruit {n}?", "context": "", "response": "Fruit {n} is red."}}\n'
             for n in range(30)
