@@ -191,8 +191,9 @@ def test_a_newcomer_s_first_hour(newcomer):
     assert "read on the cluster as /fsx/datasets/my-run/my-records.jsonl" in dry_run
 
     own = f"make rehearse CONFIG={shlex.quote(str(data / 'my-gpu-run.toml'))}"
-    stopped = user.run(own, checkout, expect=130, interrupt=RUNNING_TRAIN)  # make ends by the terminal's SIGINT
-    assert "interrupted: " in stopped
+    stopped = user.run(own, checkout, expect=2, interrupt=RUNNING_TRAIN)  # make's exit for a failed recipe
+    assert "\ninterrupted: the local Slurm and its jobs are stopped" in stopped.replace("^C", "\n")
+    assert stopped.rstrip().endswith("Error 130")  # the rehearsal's own exit: stopped by SIGINT
 
     again = user.run(own, checkout, expect=0)
     assert "rehearsal passed in" in again
