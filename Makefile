@@ -96,7 +96,7 @@ $(STAMP): $(REHEARSAL_STAMP) $(SITE_STAMPS) requirements-dev.txt requirements-sa
 need-root:  # the rehearsals' first prerequisite (not in `make help`): says why root, and asks sudo once, before installing
 	@tools/need_root.sh "make $(firstword $(filter rehearse%,$(MAKECMDGOALS)) rehearse)"
 
-system-packages:  ## install slurm-wlm, slurmdbd, munge, mariadb-server, graphviz, prometheus, prometheus-node-exporter, python3-venv when missing (apt-get; sudo when not root)
+system-packages:  ## install slurm-wlm, slurmdbd, munge, mariadb-server, graphviz, prometheus, prometheus-node-exporter, python3-venv, sudo when missing (apt-get; sudo when not root)
 	@tools/system_packages.sh
 
 venv: $(STAMP)  ## create .venv and node_modules from the pinned files
