@@ -51,3 +51,26 @@ def test_outside_any_checkout_the_one_hpctl_is_installed_from_serves(tmp_path, m
     (tmp_path / "my-data").mkdir()
     settings = resolve_settings(stack=None, region=None, cwd=tmp_path / "my-data")
     assert (settings.root, settings.stack_name, settings.region) == (checkout, "Installed", "eu-west-3")
+
+
+def test_a_venv_without_hpctl_s_packages_gets_one_line_naming_the_install(tmp_path):
+    """A venv made before hpctl's needs joined the rehearsal's install: one line names `make hpctl`."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "boto3.py").write_text('raise ModuleNotFoundError("No module named \'boto3\'", name="boto3")\n')
+    checkout = project.PACKAGE_CHECKOUT
+    path = os.pathsep.join((str(tmp_path), str(checkout), str(checkout / "payloads")))
+    done = subprocess.run(
+        [sys.executable, "-m", "hpctl", "status"],
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == (
+        f"error: hpctl needs the Python package boto3, which {sys.prefix} lacks: run `make hpctl` in {checkout} "
+        "(requirements-hpctl.txt)\n"
+    )
