@@ -19,13 +19,17 @@ AS_ROOT := $(if $(filter 0,$(shell id -u)),,sudo env PYTHONPATH=$(PYTHONPATH))
 NODE_MAJOR := $(shell node -p 'process.versions.node.split(".")[0]' 2>/dev/null)
 ifeq ($(shell test "$(NODE_MAJOR)" -lt 22 2>/dev/null && echo old),old)
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := $(NODE_MAJOR)
+endif
+# What to say about this Node.js: cluster_contract.node_verdict, the rule hpctl doctor applies too.
 ifeq ($(MAKELEVEL),0)
-$(info note: Node.js $(NODE_MAJOR) is past the end of the CDK's jsii support (Node.js 22 and 24 are supported); it still runs here: upgrade Node.js when you can)
+NODE_NOTE := $(if $(NODE_MAJOR),$(shell PYTHONPATH=$(CURDIR) python3 -c 'import sys, cluster_contract as c; print(c.node_verdict(int(sys.argv[1]))[1])' $(NODE_MAJOR) 2>/dev/null))
+ifneq ($(NODE_NOTE),)
+$(info note: $(NODE_NOTE))
 endif
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help need-root system-packages venv synth lint doc-tables test test-fast test-engine test-trn1 snapshot-update deploy diff destroy rehearse rehearse-config rehearse-ladder bench bench-train diagram clean
+.PHONY: help need-root system-packages venv hpctl synth lint doc-tables test test-fast test-engine test-trn1 snapshot-update deploy diff destroy rehearse rehearse-config rehearse-ladder bench bench-train diagram clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -45,7 +49,14 @@ $(PY):
 	@$(PHASE) "a venv in $(VENV) on $$($(PYTHON) --version)" $(PYTHON) -m venv $(VENV)
 	@$(PHASE) "pip" $(PIP) install --progress-bar off --upgrade pip
 
-$(REHEARSAL_STAMP): requirements-rehearse.txt payloads/requirements-gpu.txt pyproject.toml tools/install_torch.sh | $(PY)
+# hpctl's needs alone (requirements-hpctl.txt): the rehearsal's install carries them, so hpctl runs after
+# `make rehearse`; `make hpctl` installs only them (hpctl's one-line error names it when a module is missing).
+$(VENV)/.installed-hpctl: requirements-hpctl.txt pyproject.toml | $(PY)
+	@$(PHASE) "hpctl's needs: boto3, cfn-lint (requirements-hpctl.txt)" $(PIP) install --progress-bar off -r requirements-hpctl.txt
+	@$(PHASE) "this project (pip install -e .)" $(EDITABLE_INSTALL)
+	@touch $@
+
+$(REHEARSAL_STAMP): requirements-rehearse.txt payloads/requirements-gpu.txt pyproject.toml tools/install_torch.sh $(VENV)/.installed-hpctl | $(PY)
 	@$(PHASE) "torch, its CPU build (tools/install_torch.sh)" tools/install_torch.sh $(PY) requirements-rehearse.txt
 	@$(PHASE) "the main stack (requirements-rehearse.txt)" $(PIP) install --progress-bar off -r requirements-rehearse.txt
 	@# bitsandbytes has a CPU backend: QLoRA rehearsals and tests load real 4-bit layers (pin: requirements-gpu.txt).
@@ -53,7 +64,7 @@ $(REHEARSAL_STAMP): requirements-rehearse.txt payloads/requirements-gpu.txt pypr
 	@$(PHASE) "this project (pip install -e .)" $(EDITABLE_INSTALL)
 	@touch $@
 
-$(VENV)/.installed-laptop: requirements.txt pyproject.toml | $(PY)
+$(VENV)/.installed-laptop: requirements.txt requirements-hpctl.txt pyproject.toml | $(PY)
 	@$(PHASE) "the laptop side: the CDK app, hpctl, predeploy (requirements.txt)" $(PIP) install --progress-bar off -r requirements.txt
 	@$(PHASE) "this project (pip install -e .)" $(EDITABLE_INSTALL)
 	@touch $@
@@ -85,10 +96,12 @@ $(STAMP): $(REHEARSAL_STAMP) $(SITE_STAMPS) requirements-dev.txt requirements-sa
 need-root:  # the rehearsals' first prerequisite (not in `make help`): says why root, and asks sudo once, before installing
 	@tools/need_root.sh "make $(firstword $(filter rehearse%,$(MAKECMDGOALS)) rehearse)"
 
-system-packages:  ## install slurm-wlm, slurmdbd, munge, mariadb-server, graphviz, prometheus, prometheus-node-exporter, python3-venv when missing (apt-get; sudo when not root)
+system-packages:  ## install slurm-wlm, slurmdbd, munge, mariadb-server, graphviz, prometheus, prometheus-node-exporter, python3-venv, sudo when missing (apt-get; sudo when not root)
 	@tools/system_packages.sh
 
 venv: $(STAMP)  ## create .venv and node_modules from the pinned files
+
+hpctl: $(VENV)/.installed-hpctl  ## install only what hpctl needs (boto3, cfn-lint; make rehearse and make venv include it)
 
 synth: $(STAMP)  ## synthesize every stack offline, cfn-lint it, print a summary
 	$(CDK) synth --quiet

@@ -48,6 +48,11 @@ def fsx_dir(folder: str) -> str:
     return f"{FSX_MOUNT_PATH}/{folder}"
 
 
+def cluster_folders_env() -> dict[str, str]:
+    """HPL_<KEY> for every shared folder, with the cluster's values (what an offline preview or dry run shows)."""
+    return {f"HPL_{key.upper()}": fsx_dir(folder) for key, folder in FSX_FOLDER_FACTS.items()}
+
+
 def s3_prefix(folder: str) -> str:
     """The bucket prefix a linked folder is imported from (and exported to)."""
     return f"{folder}/"
@@ -180,3 +185,24 @@ class ObservabilityOutput:
 # Paths under an AMP workspace's prometheusEndpoint (which ends in a slash).
 REMOTE_WRITE_PATH = "api/v1/remote_write"
 QUERY_PATH = "api/v1/query"
+
+
+JSII_NODE_MAJORS = (22, 24)  # the CDK library's jsii runtime supports these
+CDK_CLI_MIN_NODE = 18  # the CDK CLI pinned in package.json runs from this major on
+
+
+def node_verdict(major: int) -> tuple[bool, str]:
+    """(whether the CDK runs on Node.js ``major``, what to tell the user or ""): make's note and hpctl doctor."""
+    supported = " and ".join(str(known) for known in JSII_NODE_MAJORS)
+    wanted = " or ".join(str(known) for known in JSII_NODE_MAJORS)
+    if major < CDK_CLI_MIN_NODE:
+        return (
+            False,
+            f"Node.js {major} is too old for the CDK CLI (it needs {CDK_CLI_MIN_NODE} or later): install {wanted}",
+        )
+    if major not in JSII_NODE_MAJORS:
+        return True, (
+            f"Node.js {major} is outside the CDK's jsii support (Node.js {supported} are supported); it still runs "
+            "here: move to one of them when you can"
+        )
+    return True, ""

@@ -7,11 +7,19 @@ import sys
 from pathlib import Path
 
 from cluster_contract import DEFAULT_STACK_NAME
-from hpctl import commands, job_commands, node_commands, scaling_commands, secrets, software, team_commands
-from hpctl.errors import HpctlError
+from hpctl import PACKAGE_CHECKOUT
 from llm_pipeline import __version__
 from llm_pipeline.compare import DEFAULT_TOLERANCE  # stdlib at import; charts load when it runs
 from llm_pipeline.submit import STEPS as PIPELINE_STEPS  # stdlib-only module, shipped with hpctl
+
+try:  # boto3 and the rest: a venv without them gets one line naming the install, not a traceback
+    from hpctl import commands, job_commands, node_commands, scaling_commands, secrets, software, team_commands
+    from hpctl.errors import HpctlError
+except ModuleNotFoundError as missing:
+    raise SystemExit(
+        f"error: hpctl needs the Python package {missing.name}, which {sys.prefix} lacks: run `make hpctl` in "
+        f"{PACKAGE_CHECKOUT} (requirements-hpctl.txt)"
+    ) from None
 
 
 def positive(text: str) -> float:

@@ -19,7 +19,7 @@ from hpctl.errors import HpctlError, aws_errors
 from hpctl.facts import read_cluster_facts
 from hpctl.job_status import pricing_client
 from hpctl.lifecycle_logs import find_log_group, show_lifecycle_logs
-from hpctl.project import ProjectSettings, read_cdk_context, resolve_settings
+from hpctl.project import ProjectSettings, read_cdk_context, require_checkout, resolve_settings
 from hpctl.run_data import require_in_bucket, upload_dataset
 from hpctl.run_files import compare_runs, local_copies, open_tensorboard
 from hpctl.stack import StackInfo, describe_stack, require_outputs
@@ -159,6 +159,7 @@ def submit(args: argparse.Namespace) -> None:
     )
     if args.dry_run:  # offline: no credentials, no session tools
         root = resolve_settings(stack=args.stack, region=args.region, cwd=Path.cwd()).root
+        require_checkout(root, "hpctl submit --dry-run")
         local_config = resolve_run_config(args.config, project_root=root)
         to_send = validate_run_config(local_config)
         offline = dataclasses.replace(options, config=str(local_config), dry_run=True)

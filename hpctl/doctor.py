@@ -23,7 +23,7 @@ from typing import Any
 
 import boto3
 
-from cluster_contract import StackOutput
+from cluster_contract import JSII_NODE_MAJORS, StackOutput, node_verdict
 from hpctl.errors import HpctlError, aws_errors
 from hpctl.stack import describe_stack
 from llm_pipeline.download import TOKEN_VARIABLES, find_token
@@ -38,7 +38,6 @@ from stacks.online_checks import (
     zones_offering,
 )
 
-NODE_MAJORS = (22, 24)  # the CDK library's jsii runtime supports these (README, docs/deploy.md)
 CDK_TOOLKIT_STACK = "CDKToolkit"  # the CDK CLI's default bootstrap stack name (cdk.json sets no other)
 # aws-cdk-lib's DefaultStackSynthesizer refuses a bootstrap older than this (its MIN_BOOTSTRAP_STACK_VERSION).
 MIN_BOOTSTRAP_VERSION = 6
@@ -214,16 +213,17 @@ def docker(environ: Mapping[str, str]) -> list[Finding]:
 
 
 def node(environ: Mapping[str, str]) -> list[Finding]:
-    wanted = " or ".join(str(major) for major in NODE_MAJORS)
+    wanted = " or ".join(str(major) for major in JSII_NODE_MAJORS)
     done = run_tool(["node", "--version"], environ)
     if done is None:
         return [failed("Node.js", f"no `node` on PATH: install Node.js {wanted} (the CDK CLI runs on it)")]
     match = re.match(r"v?(\d+)\.", done.stdout.strip())
     if done.returncode != 0 or not match:
         return [failed("Node.js", f"`node --version` said {last_line(done.stdout + done.stderr)!r}: reinstall Node.js")]
-    if int(match.group(1)) not in NODE_MAJORS:
-        return [failed("Node.js", f"{done.stdout.strip()} found, the CDK needs Node.js {wanted}: install one of them")]
-    return [passed("Node.js", done.stdout.strip())]
+    runs, note = node_verdict(int(match.group(1)))
+    if not runs:
+        return [failed("Node.js", f"{done.stdout.strip()} found: {note}")]
+    return [passed("Node.js", f"{done.stdout.strip()}: {note}" if note else done.stdout.strip())]
 
 
 # The stage Secrets Manager gives a secret's earlier version once a new one is put (the stack's filler, here).

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster_contract import DEFAULT_STACK_NAME
+from hpctl import PACKAGE_CHECKOUT
 from hpctl.errors import HpctlError
 
 
@@ -18,11 +19,21 @@ class ProjectSettings:
 
 
 def find_project_root(start: Path) -> Path | None:
-    """The nearest folder at or above ``start`` that holds a cdk.json."""
-    for folder in (start, *start.parents):
+    """The nearest folder at or above ``start`` that holds a cdk.json, else the checkout hpctl is installed from
+    (a run config's own folder, say, is outside the checkout)."""
+    for folder in (start, *start.parents, PACKAGE_CHECKOUT):
         if (folder / "cdk.json").is_file():
             return folder
     return None
+
+
+def require_checkout(root: Path, what: str) -> None:
+    """One line when ``what`` needs this project's checkout (cdk.json and payloads/) and there is none."""
+    if not (root / "cdk.json").is_file():
+        raise HpctlError(
+            f"{what} needs this project's checkout (its cdk.json and payloads/): none in {root} or above, nor "
+            f"where hpctl is installed from ({PACKAGE_CHECKOUT}): run the checkout's .venv/bin/hpctl"
+        )
 
 
 def read_cdk_context(root: Path) -> dict:

@@ -26,10 +26,10 @@ from botocore.exceptions import ClientError
 
 import llm_pipeline
 from cluster_contract import (
-    FSX_FOLDER_FACTS,
     PAYLOAD_CODE_DIGEST_FILE,
     PAYLOADS_FOLDER,
     RUN_CONFIGS_FOLDER,
+    cluster_folders_env,
     fsx_dir,
     payload_code_digest,
 )
@@ -38,6 +38,7 @@ from hpctl.project import read_cdk_context
 from hpctl.run_data import LocalDataset, cluster_dataset_key, local_dataset
 from hpctl.submit_plan import partition_plan
 from llm_pipeline.config import ConfigError, load
+from llm_pipeline.jobs.accounts import DESCRIPTION_OPENING
 from llm_pipeline.jobs.chain import DRY_RUN_OPENING, DRY_RUN_SCRIPT_OPENING
 from llm_pipeline.jobs.run_config_text import with_keys
 from llm_pipeline.jobs.run_facts import read_run_facts
@@ -50,7 +51,7 @@ EXIT_LINE = re.compile(re.escape(EXIT_MARKER) + r"(?P<status>\d+)$")
 IMPORT_WAIT_S = 120  # FSx auto-import usually shows a new object within seconds
 IMPORT_POLL_S = 2
 # What every node exports for the shared folders (HPL_<KEY>): a run config reads here as it reads there.
-CLUSTER_FOLDERS_ENV = {f"HPL_{key.upper()}": fsx_dir(folder) for key, folder in FSX_FOLDER_FACTS.items()}
+CLUSTER_FOLDERS_ENV = cluster_folders_env()
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,9 @@ def chain_argv(options: SubmitOptions) -> list[str]:
     return argv
 
 
+ACCOUNT_NOTE = f"# {DESCRIPTION_OPENING}"  # the chain's dry run says so on stderr (llm_pipeline.submit)
+
+
 def split_plan_table(text: str) -> tuple[str, str, str]:
     """The chain's dry-run output as (its table: the "nothing submitted" line and where each job runs; what the
     chain printed before it; the rest, the script from its opening line or its first command)."""
@@ -195,11 +199,14 @@ def offline_dry_run(options: SubmitOptions, *, project_root: Path, to_send: RunC
     for here, there in laptop:
         text = text.replace(here, there)
     table, before, rest = split_plan_table(text)
-    print(table, end="", flush=True)
-    if plan.warning:
+    if plan.warning:  # first: the table below is drawn on a partition the run does not want
         print(plan.warning, file=sys.stderr, flush=True)
+    print(table, end="", flush=True)
     print("\n".join(notes), flush=True)
-    print(result.stderr, end="", file=sys.stderr, flush=True)  # the chain's notes (its account), its errors
+    # The chain's notes and errors, less its account: the one it found is this machine's Slurm user's.
+    chain_notes = [line for line in result.stderr.splitlines(keepends=True) if not line.startswith(ACCOUNT_NOTE)]
+    print("".join(chain_notes), end="", file=sys.stderr, flush=True)
+    print(f"{ACCOUNT_NOTE}the submitting cluster user's team account, looked up on the cluster at submit", flush=True)
     print(before + rest, end="", flush=True)
     if result.returncode != 0:
         raise HpctlError(f"the chain's dry run failed (exit {result.returncode}): see its output above")

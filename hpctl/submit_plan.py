@@ -74,6 +74,8 @@ def partition_plan(context: dict, facts: RunFacts) -> PartitionPlan:
     except StepError as exc:
         return PartitionPlan(lines=[f"# {exc}"], warning=warning)
     group = groups[name]
+    if warning:  # where the run would really land: the cluster's default partition, on the wrong accelerator
+        warning += f"; as it stands every step lands on partition {name} ({group['accelerator']}), as drawn below"
     line = (
         f"# partition {name}: compute group {group['group']}, {group['count']} x {group['instance_type']} "
         f"({group['devices_per_node']} {group['accelerator']} devices per node), from cdk.json"

@@ -15,6 +15,16 @@ from pathlib import Path
 LOCK_FILE = ".lock"
 
 
+def stop_command(pid: str) -> str:
+    """The command that stops ``pid`` for the user reading it: through sudo when the holder is another user's
+    (a rehearsal runs as root) and the reader is not root."""
+    try:
+        owner = os.stat(f"/proc/{pid}").st_uid
+    except (OSError, ValueError):
+        owner = os.geteuid()  # gone, or no /proc: a plain kill says what is wrong
+    return f"{'sudo ' if owner != os.geteuid() and os.geteuid() != 0 else ''}kill -INT {pid}"
+
+
 class RehearsalBusy(RuntimeError):
     """Another rehearsal holds the folder; the message names its pid."""
 
@@ -39,7 +49,7 @@ class RehearsalLock:
             os.close(fd)
             raise RehearsalBusy(
                 f"another {self.what} is running in {self.folder} (pid {holder}): wait for it, or stop it "
-                f"with Ctrl-C in its terminal (or `kill -INT {holder}`)"
+                f"with Ctrl-C in its terminal (or `{stop_command(holder)}`)"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

@@ -2,7 +2,8 @@
 # Install the Debian/Ubuntu packages the tests and the rehearsal need, when missing: a local Slurm
 # (slurm-wlm) with munge and its accounting (slurmdbd, mariadb-server), graphviz (the architecture diagram),
 # Prometheus and its node exporter (the
-# observability rehearsal) and the venv module of python3.
+# observability rehearsal), the venv module of python3 and sudo (a normal user's make rehearse; the
+# newcomer's journey test runs one).
 # Uses sudo when not root. Does nothing when everything is there (make test runs it every time).
 set -euo pipefail
 
@@ -12,7 +13,7 @@ sbin_dirs=${HPL_SBIN_DIRS-/usr/local/sbin:/usr/sbin:/sbin}
 missing=()
 for pair in slurmctld:slurm-wlm slurmd:slurm-wlm sbatch:slurm-wlm munged:munge dot:graphviz \
   prometheus:prometheus prometheus-node-exporter:prometheus-node-exporter \
-  slurmdbd:slurmdbd mariadbd:mariadb-server; do
+  slurmdbd:slurmdbd mariadbd:mariadb-server sudo:sudo; do
   PATH="$PATH${sbin_dirs:+:$sbin_dirs}" command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
 python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)

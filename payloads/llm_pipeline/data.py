@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import os
+import sys
 from pathlib import Path
 
 from llm_pipeline import cli
@@ -349,14 +351,21 @@ def prepare_if_stale(cfg: RunConfig) -> None:
         prepare(cfg)
 
 
-def preview(cfg: RunConfig) -> None:
-    """Print the first training record as trl tokenizes it, trained span marked, then the padding report."""
+def preview(cfg: RunConfig, tokenizer_dir: str = "") -> None:
+    """Print the first training record as trl tokenizes it, trained span marked, then the padding report.
+    ``tokenizer_dir``: a local folder to read the tokenizer from instead of paths.model_dir."""
     import datasets
 
     from llm_pipeline.training.torch import preview as torch_preview
 
     datasets.disable_progress_bars()  # a preview prints one record: no bar per map and filter over the records
-    tokenizer = load_tokenizer(cfg.paths.model_dir)
+    if not tokenizer_dir and not Path(cfg.paths.model_dir).is_dir():
+        raise StepError(
+            f"paths.model_dir {cfg.paths.model_dir} does not exist here (the download step writes it on the "
+            "cluster): name a local tokenizer folder with --tokenizer DIR (make rehearse writes a tiny one in "
+            ".rehearsal/fsx/models/tiny-llama)"
+        )
+    tokenizer = load_tokenizer(tokenizer_dir or cfg.paths.model_dir)
     if cfg.data.blocks:
         raise StepError("data.blocks trains on every token of fixed-length blocks: there is no span to preview")
     records = validated_records(cfg.data, tokenizer)
@@ -386,14 +395,44 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the first training record as the trainer tokenizes it (trained span in [[ ]]) and the padding "
         "report; writes nothing",
     )
+    command.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        default="",
+        help="with --preview: read the tokenizer from this local model folder instead of paths.model_dir",
+    )
     cli.add_version(command)
     return command
 
 
+def laptop_folders(config_path: str, env: dict[str, str]) -> dict[str, str]:
+    """The HPL_* folder variables ``config_path`` needs that are unset here, given the cluster's values (a
+    preview writes nothing, so only the paths it prints show them); a note names them."""
+    from cluster_contract import cluster_folders_env  # the laptop's checkout: previews run there
+
+    try:
+        text = Path(config_path).read_text()
+    except OSError:
+        return {}  # the load says what is wrong with the file
+    cluster = cluster_folders_env()
+    unset = [name for name in sorted(cluster) if f"${{{name}}}" in text and not env.get(name)]  # no default given
+    if unset:
+        shown = ", ".join(f"{name}={cluster[name]}" for name in unset)
+        print(f"note: not set on this machine, the cluster's value stands in: {shown}", file=sys.stderr, flush=True)
+    return {name: cluster[name] for name in unset}
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    step = preview if args.preview else prepare
-    return cli.run_config_only_step("data", DESCRIPTION, step, ["--config", args.preview or args.config])
+    command = build_parser()
+    args = command.parse_args(argv)
+    if args.tokenizer and not args.preview:
+        command.error("--tokenizer goes with --preview (the data step reads the run's own model folder)")
+    if not args.preview:
+        return cli.run_config_only_step("data", DESCRIPTION, prepare, ["--config", args.config])
+    os.environ.update(laptop_folders(args.preview, dict(os.environ)))
+    return cli.run_config_only_step(
+        "data", DESCRIPTION, lambda cfg: preview(cfg, args.tokenizer), ["--config", args.preview]
+    )
 
 
 if __name__ == "__main__":

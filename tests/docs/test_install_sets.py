@@ -46,6 +46,8 @@ def test_make_rehearse_installs_the_main_stack_and_no_test_lane(checkout):
     assert [name for name in TEST_ONLY if name in plan] == []
     assert "tools/install_torch.sh fresh/bin/python requirements-rehearse.txt" in plan
     assert "-r requirements-rehearse.txt" in plan and "-m tools.rehearse" in plan
+    # hpctl runs after a rehearsal's install: its needs come with it, the CDK app's (requirements.txt) do not
+    assert "-r requirements-hpctl.txt" in plan and "-r requirements.txt" not in plan
 
 
 def test_make_venv_adds_every_test_lane_after_the_rehearsals_install(checkout):
@@ -83,10 +85,12 @@ def test_the_editable_install_leaves_setuptools_information_box_out(checkout, tm
     roots, as ours (information only). The step make plans, run through tools/install_phase.sh as make runs it,
     with pip's install swapped for a real editable build (PEP 660, the venv's setuptools) of a project of that
     shape: quiet; the same build without the step's setting: the box."""
-    (line,) = [line for line in planned(checkout, "fresh/.installed-rehearsal").splitlines() if " -e ." in line]
-    words = shlex.split(line)
-    pip = words.index("fresh/bin/pip")
-    assert words[0] == "tools/install_phase.sh" and words[pip:] == ["fresh/bin/pip", *EDITABLE_PIP_ARGS], line
+    editable = [line for line in planned(checkout, "fresh/.installed-rehearsal").splitlines() if " -e ." in line]
+    assert len(editable) == 2  # hpctl's install and the rehearsal's, each the same step
+    for line in editable:
+        words = shlex.split(line)
+        pip = words.index("fresh/bin/pip")
+        assert words[0] == "tools/install_phase.sh" and words[pip:] == ["fresh/bin/pip", *EDITABLE_PIP_ARGS], line
     (tmp_path / "pyproject.toml").write_text(
         '[project]\nname = "two-roots"\nversion = "1"\n'
         '[tool.setuptools.packages.find]\nwhere = [".", "more"]\ninclude = ["one", "two"]\n'

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from cluster_contract import node_verdict
+
 ROOT = Path(__file__).resolve().parents[2]
 QUIET_CHECK = 'jsii-check: ; @$(PY) -c "import aws_cdk"'
 
@@ -33,11 +35,26 @@ def node_stand_in(folder: Path, major: int) -> str:
 def test_make_notes_an_unsupported_node_once(tmp_path, major, noted):
     done = make("help", path=node_stand_in(tmp_path, major))
     notes = [line for line in done.stdout.splitlines() if line.startswith("note: Node.js")]
-    expected = [
-        f"note: Node.js {major} is past the end of the CDK's jsii support (Node.js 22 and 24 are supported); "
-        "it still runs here: upgrade Node.js when you can"
-    ]
+    expected = [f"note: {node_verdict(major)[1]}"]
     assert notes == (expected if noted else []), done.stdout
+
+
+@pytest.mark.parametrize("major", [16, 18, 20, 22, 24])
+def test_make_and_doctor_say_the_same_about_node(tmp_path, major):
+    """One rule (cluster_contract.node_verdict): make's note is doctor's detail, and doctor fails only where the
+    CDK CLI cannot run."""
+    from hpctl.doctor import node as doctor_node
+
+    path = node_stand_in(tmp_path, major)
+    # make asks for the major (node -p ...), doctor for the version (node --version)
+    (tmp_path / "node").write_text(f'#!/bin/sh\n[ "$1" = -p ] && echo {major} || echo v{major}.1.0\n')
+    noted = [line.removeprefix("note: ") for line in make("help", path=path).stdout.splitlines() if "Node.js" in line]
+    (finding,) = doctor_node({"PATH": path})
+    assert finding.ok == (major >= 18)
+    if noted:
+        assert finding.detail.endswith(noted[0]), (finding.detail, noted)
+    else:
+        assert finding.detail == f"v{major}.1.0"
 
 
 def test_the_cdk_library_loads_without_a_banner_under_make():

@@ -105,7 +105,8 @@ def test_refused_sudo_stops_before_installing(checkout):
 
 def touch_pinned(checkout: Path, *more: str) -> None:
     """What .venv is built from (and ``more``): present, so make -n gets to the rehearsal's own line."""
-    stamps = re.findall(r"^\$\((?:REHEARSAL_)?STAMP\): (.*)$", (checkout / "Makefile").read_text(), re.M)
+    pattern = r"^(?:\$\((?:REHEARSAL_)?STAMP\)|\$\(VENV\)/\.installed-hpctl): (.*)$"
+    stamps = re.findall(pattern, (checkout / "Makefile").read_text(), re.M)
     pinned = [name for line in stamps for name in line.split() if not name.startswith("$(")]
     for name in [*pinned, *more]:
         (checkout / name).parent.mkdir(parents=True, exist_ok=True)

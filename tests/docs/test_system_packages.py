@@ -42,6 +42,7 @@ def test_a_bare_machine_gets_slurm_munge_graphviz_and_prometheus(tmp_path):
         "prometheus-node-exporter",
         "slurm-wlm",
         "slurmdbd",
+        "sudo",
     ]
     assert f"installing system packages: {' '.join(packages)}" in done.stdout
     calls = log.read_text().splitlines()
@@ -63,7 +64,7 @@ def test_daemons_in_sbin_count_for_a_user_whose_path_leaves_sbin_out(tmp_path):
     bin_dir.mkdir()
     for tool in ("slurmctld", "slurmd", "munged", "slurmdbd", "mariadbd"):
         (sbin / tool).symlink_to(shutil.which("true"))
-    for tool in ("sbatch", "dot", "prometheus", "prometheus-node-exporter"):
+    for tool in ("sbatch", "dot", "prometheus", "prometheus-node-exporter", "sudo"):
         (bin_dir / tool).symlink_to(shutil.which("true"))
     (bin_dir / "python3").symlink_to(sys.executable)
     for tool in ("sort", "sed", "env"):

@@ -11,6 +11,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
+from cluster_contract import node_verdict
 from hpctl import doctor
 from hpctl.cli import main
 
@@ -214,12 +215,12 @@ def test_local_tools_missing_or_broken_fail_with_the_fix(aws, environ, tmp_path)
     answer(aws[1])
     bin_dir = Path(environ["PATH"])
     (bin_dir / "docker").unlink()
-    tool(bin_dir, "node", "echo v20.20.2")
+    tool(bin_dir, "node", "echo v16.20.2")
     no_stack = ("ValidationError", "Stack with id HyperPodLlamaLora does not exist", 400)
     aws[1]["cloudformation"].add_client_error("describe_stacks", *no_stack)
     found = failures(lines(aws, {**environ, "HF_TOKEN": ""}))
     assert found["Docker"].startswith("no `docker` on PATH: install Docker")
-    assert found["Node.js"] == "v20.20.2 found, the CDK needs Node.js 22 or 24: install one of them"
+    assert found["Node.js"] == "v16.20.2 found: " + node_verdict(16)[1]
     assert found["Hugging Face token"].startswith("none found: gated models")
 
 

@@ -13,7 +13,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def run_child(*argv):
     """hpctl in its own process (shell ends by exec'ing the AWS CLI, which would replace pytest)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO_ROOT), str(REPO_ROOT / "payloads")))}
     return subprocess.run([sys.executable, "-m", "hpctl", *argv], env=env, capture_output=True, text=True, timeout=120)
 
 

@@ -52,6 +52,7 @@ def test_stack_not_deployed(deployed, hpctl):
 
 def test_no_region_anywhere(aws_env, tmp_path, monkeypatch, hpctl):
     monkeypatch.chdir(tmp_path)  # no cdk.json, no AWS_REGION, no profile
+    monkeypatch.setattr("hpctl.project.PACKAGE_CHECKOUT", tmp_path)  # nor a checkout hpctl is installed from
     code, _, err = hpctl("status")
     assert code == 2
     assert err == "error: no AWS region: pass --region, set `region` in cdk.json context, or set AWS_REGION\n"

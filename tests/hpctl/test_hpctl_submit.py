@@ -18,6 +18,8 @@ from hpctl.submit import CLUSTER_FOLDERS_ENV, SubmitOptions, remote_command, res
 from llm_pipeline.config import load
 from tests.hpctl.conftest import CONFIG_TEXT
 
+REPO = Path(__file__).resolve().parents[2]
+
 FACTS = {"payloads_dir": "/fsx/payloads", "default_user": "ubuntu"}
 REMOTE = (
     'cd "${HPL_PAYLOADS_DIR:-/fsx/payloads}" && '
@@ -342,7 +344,9 @@ def test_dry_run_opens_with_where_each_job_runs_on_the_run_s_partition(offline, 
     lines = out.splitlines()
     # the table is the first thing printed, on either stream; the notes (partition, config, account) follow it
     assert lines[0].startswith("# dry run: nothing submitted.") and lines[1].startswith("# step"), out
-    assert [line.split(":")[0] for line in captured.err.splitlines()] == ["# account"]  # after the table
+    assert captured.err == ""  # no warning; the laptop Slurm's account is not the cluster's, so not shown
+    (account,) = [line for line in lines if line.startswith("# account")]
+    assert account == "# account: the submitting cluster user's team account, looked up on the cluster at submit"
     assert out.index("# evaluate ") < out.index("# offline: this checkout's submit step")
     table = [line.split() for line in lines[1:11]]
     assert table[0] == ["#", "step", "partition", "nodes", "x", "devices", "depends", "on"]
@@ -363,6 +367,40 @@ def test_dry_run_warns_when_cdk_json_has_no_group_for_the_run_s_accelerator(offl
         "warning: cdk.json has no compute group with cuda instances, which train.backend = 'torch' needs "
         "(its groups: trn1 (ml.trn1.32xlarge, neuron)): add one to compute_groups and deploy"
     ) in capfd.readouterr().err
+
+
+def test_the_dry_run_from_the_config_s_own_folder_uses_the_installed_checkout_and_warns_first(tmp_path):
+    """docs/custom-data.md's step 2 from the folder of my-run.toml (no cdk.json there): this checkout's cdk.json
+    (trn1 only) and payloads; the GPU run's warning opens the output, naming where its steps land."""
+    config, _ = local_data_run(tmp_path / "my-data")
+    config.write_text(config.read_text() + '[train]\nbackend = "torch"\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO), str(REPO / "payloads")))}
+    done = subprocess.run(
+        [sys.executable, "-m", "hpctl", "submit", "--config", "./my-run.toml", "--dry-run"],
+        cwd=config.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stdout, done.stdout
+    first, second = done.stdout.splitlines()[:2]
+    assert first.startswith("warning: cdk.json has no compute group with cuda instances") and first.endswith(
+        "as it stands every step lands on partition trn1 (neuron), as drawn below"
+    )
+    assert second.startswith("# dry run: nothing submitted.")
+    assert "# data.dataset " in done.stdout and "/fsx/datasets/my-run/my-records.jsonl" in done.stdout
+
+
+def test_the_dry_run_without_a_checkout_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    from hpctl.cli import main
+
+    config, _ = local_data_run(tmp_path / "my-data")
+    monkeypatch.chdir(config.parent)
+    monkeypatch.setattr("hpctl.project.PACKAGE_CHECKOUT", tmp_path / "a-wheel")
+    assert main(["submit", "--config", "./my-run.toml", "--dry-run"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: hpctl submit --dry-run needs this project's checkout (its cdk.json and payloads/)")
 
 
 def local_data_run(folder: Path) -> tuple[Path, Path]:

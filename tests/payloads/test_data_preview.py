@@ -66,3 +66,24 @@ def test_a_record_cut_to_nothing_trained_is_said_to_be_dropped(hpl_env):
     records = data.validated_records(cfg.data, tokenizer)
     assert preview.prepared_example(cfg, records.select([0]), tokenizer) is None
     assert preview.describe(None, tokenizer, 40).startswith("the trainer drops this record")
+
+
+def test_on_a_laptop_the_page_s_config_previews_with_a_named_tokenizer(hpl_env, tmp_path, monkeypatch, capsys):
+    """docs/custom-data.md's my-run.toml: ${HPL_OUTPUTS_DIR} unset here (the cluster's value stands in, said in
+    one note) and no model folder here: the error names --tokenizer, which reads a local one."""
+    monkeypatch.delenv("HPL_OUTPUTS_DIR", raising=False)
+    (tmp_path / "my-records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in tiny.dolly_records(8)))
+    config = tmp_path / "my-run.toml"
+    config.write_text(
+        f'[data]\ndataset = "{tmp_path}/my-records.jsonl"\n[paths]\noutput_dir = "${{HPL_OUTPUTS_DIR}}/my-run"\n'
+        f'model_dir = "{tmp_path}/no-model-here"\n'
+    )
+    assert data.main(["--preview", str(config)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "note: not set on this machine, the cluster's value stands in: HPL_OUTPUTS_DIR=/fsx/outputs"
+    assert err[1].startswith(f"error: paths.model_dir {tmp_path}/no-model-here does not exist here") and (
+        "--tokenizer DIR" in err[1]
+    )
+    tokenizer = tiny_config(hpl_env).paths.model_dir
+    assert data.main(["--preview", str(config), "--tokenizer", tokenizer]) == 0
+    assert "first training record of" in capsys.readouterr().out

@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 
 ACCOUNT_ENV, QOS_ENV = "HPL_ACCOUNT", "HPL_QOS"  # the submit environment's names, read by sbatch_options
 
+DESCRIPTION_OPENING = "account: "  # describe's line; an offline dry run replaces it (not the cluster's answer)
+
 Runner = Callable[[list[str]], subprocess.CompletedProcess[str]]
 
 
@@ -56,8 +58,9 @@ def describe(env: Mapping[str, str]) -> str:
     """One line: what the chain runs under."""
     account, qos = env.get(ACCOUNT_ENV), env.get(QOS_ENV)
     if not account and not qos:
-        return f"account: Slurm's default for {submitting_user()} (no association found in Slurm accounting)"
-    return f"account: {account or 'the default'}, QOS: {qos or 'the default'} (user {submitting_user()})"
+        user = submitting_user()
+        return f"{DESCRIPTION_OPENING}Slurm's default for {user} (no association found in Slurm accounting)"
+    return f"{DESCRIPTION_OPENING}{account or 'the default'}, QOS: {qos or 'the default'} (user {submitting_user()})"
 
 
 def sbatch_options(env: Mapping[str, str]) -> list[str]:

@@ -1,0 +1,205 @@
+"""A newcomer's first hour as one test: a fresh clone, a normal user with sudo, in a terminal, following the
+README and docs/custom-data.md as written. `make rehearse` -> `.venv/bin/hpctl doctor` -> the page's preview
+and dry run from the run config's own folder -> `make rehearse CONFIG=` with the user's own data, stopped with
+Ctrl-C mid-run -> the same again, to the end. Every exit code is checked; no traceback anywhere.
+
+The clone reuses this checkout's .venv (nothing is installed): a venv that imports its packages, with the
+stamps make reads, and PYTHONPATH naming the clone, as the editable install `make rehearse` makes in a real fresh
+clone does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pwd
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.needs_root import require_root
+from tools.local_slurm import kill_processes_of
+
+pytestmark = [pytest.mark.slurm, pytest.mark.rehearsal, pytest.mark.xdist_group("newcomer-journey")]
+
+REPO = Path(__file__).resolve().parents[2]
+USER, UID = "hpl-newcomer", 46540  # no other test uses this uid
+STAMPS = (".installed-hpctl", ".installed-rehearsal")  # what `make rehearse` checks before installing
+RUNNING_TRAIN = re.compile(r"^\[ *\d+s\] train +RUNNING ", re.MULTILINE)
+# docs/custom-data.md's run config, step 1 of "From this machine to the cluster", beside 30 records of the user's.
+RUN_CONFIG = '[data]\ndataset = "my-records.jsonl"\n\n[paths]\noutput_dir = "${HPL_OUTPUTS_DIR}/my-run"\n'
+# What the user rehearses: a GPU example (the rehearsal takes torch-engine runs) copied beside the records.
+GPU_EXAMPLE = Path("payloads/configs/llama3-8b-lora-g5.toml")
+RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"  # in sbin, outside the user's PATH
+STEP_S = 900  # one rehearsal on a shared 2-core machine, with room
+
+
+@dataclass
+class Newcomer:
+    home: Path
+    checkout: Path
+    data: Path  # the folder of my-run.toml and my-records.jsonl
+    transcript: list[str] = field(default_factory=list)
+
+    def env(self) -> dict[str, str]:
+        return {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(self.home),
+            "USER": USER,
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": f"{self.checkout}:{self.checkout / 'payloads'}",  # the clone's editable install
+            "CHECKOUT": str(self.checkout),  # docs/custom-data.md's name for where the project is cloned
+        }
+
+    def start(self, command: str, cwd: Path) -> subprocess.Popen:
+        """``command`` as the user types it into a terminal: its own pseudo-terminal (script), SIGINT's default
+        action as a foreground job has it."""
+        self.transcript.append(f"$ {command}\n")
+        return subprocess.Popen(
+            [RUNUSER, "-u", USER, "--", "script", "-qec", command, "/dev/null"],
+            cwd=cwd,
+            env=self.env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+
+    def run(self, command: str, cwd: Path, expect: int, interrupt: re.Pattern[str] | None = None) -> str:
+        """Run ``command``; with ``interrupt``, press Ctrl-C once its output matches. Returns what it printed."""
+        process = self.start(command, cwd)
+        out: list[str] = []
+        reader = threading.Thread(target=lambda: out.extend(iter(lambda: process.stdout.readline().decode(), "")))
+        reader.start()
+        deadline = time.monotonic() + STEP_S
+        pressed = False
+        while process.poll() is None and time.monotonic() < deadline:
+            if interrupt and not pressed and interrupt.search("".join(out)):
+                process.stdin.write(b"\x03")  # the terminal turns it into SIGINT for its foreground job
+                process.stdin.flush()
+                pressed = True
+            time.sleep(0.5)
+        if process.poll() is None:
+            process.kill()
+        code = process.wait()
+        reader.join(30)
+        text = "".join(out)
+        self.transcript.append(text)
+        assert code == expect, f"{command}: exit {code}, expected {expect}\n{text}"
+        assert not interrupt or pressed, f"{command}: never reached {interrupt.pattern}\n{text}"
+        return text
+
+
+def page_commands() -> list[str]:
+    """docs/custom-data.md's commands run from the run config's folder: the lines of its bash blocks that call
+    the checkout's tools ($CHECKOUT/...)."""
+    page = (REPO / "docs" / "custom-data.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", page, re.S)
+    lines = [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line.startswith("$CHECKOUT/")]
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def reuse_venv(venv: Path, into: Path) -> None:
+    """A venv at ``into`` that imports ``venv``'s packages, on an interpreter of the same version that every
+    user can run (``venv``'s own may sit in root's home, as pyenv's): the make stamps and hpctl's script too."""
+    version = re.search(r"^version\s*=\s*(\d+\.\d+)", (venv / "pyvenv.cfg").read_text(), re.M)[1]
+    python = Path(f"/usr/bin/python{version}")
+    if not python.is_file():
+        pytest.fail(f"the journey needs /usr/bin/python{version}, .venv's Python, for its normal user", pytrace=False)
+    subprocess.run([str(python), "-m", "venv", "--without-pip", str(into)], check=True)
+    (site,) = venv.glob("lib/python*/site-packages")
+    (reused,) = into.glob("lib/python*/site-packages")
+    (reused / "reused-venv.pth").write_text(f"import site; site.addsitedir({str(site)!r})\n")
+    script = (venv / "bin" / "hpctl").read_text().split("\n", 1)[1]
+    (into / "bin" / "hpctl").write_text(f"#!{into}/bin/python\n{script}")
+    (into / "bin" / "hpctl").chmod(0o755)
+    for stamp in STAMPS:
+        (into / stamp).touch()
+
+
+@pytest.fixture
+def newcomer() -> Iterator[Newcomer]:
+    require_root("the newcomer's journey (a user it creates, with sudo for make rehearse)")
+    venv = (REPO / ".venv").resolve()
+    assert (venv / ".installed").is_file(), "make venv first: the journey reuses its .venv"
+    assert shutil.which("sudo"), "sudo is missing: `make system-packages` installs it"
+    home = Path(tempfile.mkdtemp(prefix="hpl-newcomer-"))
+    home.chmod(0o755)
+    sudoers = Path("/etc/sudoers.d") / USER
+    subprocess.run(["useradd", "--uid", str(UID), "--home-dir", str(home), "--shell", "/bin/bash", USER], check=True)
+    try:
+        sudoers.write_text(f"{USER} ALL=(ALL) NOPASSWD: ALL\n")  # as if `sudo -v` had been typed
+        sudoers.chmod(0o440)
+        checkout = home / "hyperpod"
+        subprocess.run(["git", "clone", "-q", str(REPO), str(checkout)], check=True)
+        # The clone's files predate the stamps, and the stamps are the existing .venv's: nothing to install.
+        for path in [checkout, *checkout.rglob("*")]:
+            os.utime(path, (946684800, 946684800), follow_symlinks=False)
+        reuse_venv(venv, checkout / ".venv")
+        data = home / "my-data"
+        data.mkdir()
+        (data / "my-run.toml").write_text(RUN_CONFIG)
+        example = (checkout / GPU_EXAMPLE).read_text()
+        (data / "my-gpu-run.toml").write_text(example.replace("[data]\n", '[data]\ndataset = "my-records.jsonl"\n', 1))
+        records = [
+            f'{{"instruction": "Which colour is fruit {n}?", "context": "", "response": "Fruit {n} is red."}}\n'
+            for n in range(30)
+        ]
+        (data / "my-records.jsonl").write_text("".join(records))
+        subprocess.run(["chown", "-R", f"{UID}:{pwd.getpwuid(UID).pw_gid}", str(home)], check=True)
+        yield Newcomer(home=home, checkout=checkout, data=data)
+    finally:
+        sudoers.unlink(missing_ok=True)
+        kill_processes_of(home / "hyperpod" / ".rehearsal" / "slurm" / "slurm.conf")
+        subprocess.run(["userdel", USER], check=False, capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_newcomer_s_first_hour(newcomer):
+    user = newcomer
+    checkout, data = user.checkout, user.data
+    dataset = data / "my-records.jsonl"
+    before = digest(dataset)
+
+    first = user.run("make rehearse", checkout, expect=0)
+    assert "rehearsal passed in" in first
+
+    # No AWS credentials on a newcomer's machine: doctor runs and fails those checks, exit 1, each in one line.
+    doctor = user.run(".venv/bin/hpctl doctor", checkout, expect=1)
+    assert "FAIL  credentials" in doctor and "Node.js" in doctor
+
+    commands = page_commands()
+    assert [command.split()[1] for command in commands] == ["-m", "submit"], commands  # preview, dry run
+    preview = user.run(commands[0], data, expect=0)
+    assert "first training record of" in preview and "[[" in preview
+    dry_run = user.run(commands[1], data, expect=0)
+    assert "# dry run: nothing submitted." in dry_run
+    assert "read on the cluster as /fsx/datasets/my-run/my-records.jsonl" in dry_run
+
+    own = f"make rehearse CONFIG={shlex.quote(str(data / 'my-gpu-run.toml'))}"
+    stopped = user.run(own, checkout, expect=2, interrupt=RUNNING_TRAIN)  # make's exit for a failed recipe
+    assert "\ninterrupted: the local Slurm and its jobs are stopped" in stopped.replace("^C", "\n")
+    assert stopped.rstrip().endswith("Error 130")  # the rehearsal's own exit: stopped by SIGINT
+
+    again = user.run(own, checkout, expect=0)
+    assert "rehearsal passed in" in again
+
+    transcript = "".join(user.transcript)
+    assert "Traceback" not in transcript, transcript
+    # tools/rehearse.py rehearses the user's own records and never writes them (issue 54, item 1).
+    assert digest(dataset) == before, "the rehearsal wrote the user's dataset"
+    assert str(dataset) in again, "the rehearsal never names the user's dataset"
