@@ -160,6 +160,8 @@ def submit(args: argparse.Namespace) -> None:
     if args.dry_run:  # offline: no credentials, no session tools
         root = resolve_settings(stack=args.stack, region=args.region, cwd=Path.cwd()).root
         require_checkout(root, "hpctl submit --dry-run")
+        if args.as_user:
+            check_cluster_user(args.as_user, root)
         local_config = resolve_run_config(args.config, project_root=root)
         to_send = validate_run_config(local_config)
         offline = dataclasses.replace(options, config=str(local_config), dry_run=True)

@@ -37,6 +37,7 @@ from hpctl.errors import HpctlError, aws_errors
 from hpctl.project import read_cdk_context
 from hpctl.run_data import LocalDataset, cluster_dataset_key, local_dataset
 from hpctl.submit_plan import partition_plan
+from lifecycle.slurm_teams import user_outputs_dir
 from llm_pipeline.config import ConfigError, load
 from llm_pipeline.jobs.accounts import DESCRIPTION_OPENING
 from llm_pipeline.jobs.chain import DRY_RUN_OPENING, DRY_RUN_SCRIPT_OPENING
@@ -172,7 +173,11 @@ def offline_dry_run(options: SubmitOptions, *, project_root: Path, to_send: RunC
         "of other groups may pick another one)"
     ]
     context = read_cdk_context(project_root) if (project_root / "cdk.json").is_file() else {}
-    plan = partition_plan(context, read_run_facts(local, {**os.environ, **CLUSTER_FOLDERS_ENV}))
+    folders = dict(CLUSTER_FOLDERS_ENV)
+    if options.user:  # the profile points a team user's runs at their own outputs folder (docs/teams.md)
+        folders["HPL_OUTPUTS_DIR"] = user_outputs_dir(folders["HPL_OUTPUTS_DIR"], options.user)
+        notes.append(f"# as {options.user}: ${{HPL_OUTPUTS_DIR}} is {folders['HPL_OUTPUTS_DIR']} (their own)")
+    plan = partition_plan(context, read_run_facts(local, {**os.environ, **folders}))
     notes += plan.lines
     cluster_config = f"{fsx_dir(PAYLOADS_FOLDER)}/{sent_config(local, to_send.body).path}"
     notes.append(f"# run config {local} -> {cluster_config} (sent at submit)")
@@ -184,7 +189,7 @@ def offline_dry_run(options: SubmitOptions, *, project_root: Path, to_send: RunC
     # This checkout's package first; the one hpctl runs with when the folder holds none.
     installed = str(Path(llm_pipeline.__file__).resolve().parents[1])
     python_path = os.pathsep.join((str(payloads), str(project_root), installed))
-    env = {**os.environ, **CLUSTER_FOLDERS_ENV, **plan.env, "PYTHONPATH": python_path}
+    env = {**os.environ, **folders, **plan.env, "PYTHONPATH": python_path}
     with tempfile.TemporaryDirectory(prefix="hpctl-dry-run-") as scratch:
         if options.sweep_nodes:  # the sweep's dry run writes its point configs into the run folder
             env["HPL_OUTPUTS_DIR"] = scratch

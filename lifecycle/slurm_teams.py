@@ -81,6 +81,13 @@ USER_OUTPUTS_LINE = (
     'if [ "$(id -un)" != "$HPL_DEFAULT_USER" ] && [ -d "$HPL_OUTPUTS_DIR/$(id -un)" ] '
     '&& [ -O "$HPL_OUTPUTS_DIR/$(id -un)" ]; then export HPL_OUTPUTS_DIR="$HPL_OUTPUTS_DIR/$(id -un)"; fi'
 )
+
+
+def user_outputs_dir(outputs_dir: str, user: str) -> str:
+    """Where a users-file user's runs go (USER_OUTPUTS_LINE's rule, for programs that are not the profile)."""
+    return f"{outputs_dir}/{user}"
+
+
 SSH_KEY = re.compile(r"(ssh-(ed25519|rsa)|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]+( [^\n]*)?")
 
 

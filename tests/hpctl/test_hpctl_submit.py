@@ -474,3 +474,21 @@ def test_a_cluster_data_file_missing_from_the_bucket_is_refused_with_the_upload(
         Bucket=deployed.bucket, Prefix="payloads/run-configs/"
     )
     assert listed["KeyCount"] == 0 and not session_tools.record.exists()
+
+
+def test_the_dry_run_as_a_team_user_shows_their_own_outputs_folder(offline, capfd):
+    """The node's profile points a users-file user's ${HPL_OUTPUTS_DIR} at outputs/<user>: the dry run says so."""
+    from hpctl.cli import main
+
+    cdk_json = json.loads((offline / "cdk.json").read_text())
+    cdk_json["context"]["teams"] = [{"name": "research", "gid": 3001}]
+    cdk_json["context"]["users"] = [{"name": "alice", "uid": 3101, "team": "research"}]
+    (offline / "cdk.json").write_text(json.dumps(cdk_json))
+    argv = ["submit", "--config", "configs/tiny.toml", "--dry-run", "--no-smoke"]
+    assert main([*argv, "--as-user", "alice"]) == 0
+    out = capfd.readouterr().out
+    assert "# as alice: ${HPL_OUTPUTS_DIR} is /fsx/outputs/alice (their own)" in out
+    script = [line for line in out.splitlines() if "sbatch" in line]
+    assert script and all("--output=/fsx/outputs/alice/" in line for line in script), out
+    assert main([*argv, "--as-user", "mallory"]) == 2
+    assert capfd.readouterr().err.startswith("error: --as-user mallory: not a user in cdk.json (users: alice)")
