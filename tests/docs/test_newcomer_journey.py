@@ -190,6 +190,10 @@ def test_a_newcomer_s_first_hour(newcomer):
     assert "# dry run: nothing submitted." in dry_run
     assert "read on the cluster as /fsx/datasets/my-run/my-records.jsonl" in dry_run
 
+    # The page's two-key config keeps the defaults, a trn1 run: refused in one line pointing at a GPU example.
+    trn1 = user.run(f"make rehearse CONFIG={shlex.quote(str(data / 'my-run.toml'))}", checkout, expect=2)
+    assert "train.backend = 'auto'" in trn1 and "llama3-8b-lora-g5.toml" in trn1, trn1
+
     own = f"make rehearse CONFIG={shlex.quote(str(data / 'my-gpu-run.toml'))}"
     stopped = user.run(own, checkout, expect=2, interrupt=RUNNING_TRAIN)  # make's exit for a failed recipe
     assert "\ninterrupted: the local Slurm and its jobs are stopped" in stopped.replace("^C", "\n")
