@@ -18,6 +18,7 @@ import boto3
 
 from cluster_contract import HUB_TOKEN_SECRET_VARIABLE, JobStackOutput, StackOutput
 from hpctl.common.errors import HpctlError, aws_errors
+from hpctl.common.run_data import require_in_bucket
 from hpctl.jobs.job_instances import (
     accelerator,
     check_instance_type,
@@ -37,7 +38,6 @@ from hpctl.jobs.job_spec import (
     run_paths,
     stage_source,
 )
-from hpctl.runs.run_data import require_in_bucket
 from llm_pipeline import config as run_config
 from llm_pipeline.jobs import sagemaker_env
 

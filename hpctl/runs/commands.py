@@ -16,7 +16,7 @@ from hpctl.common.errors import HpctlError
 from hpctl.common.facts import read_cluster_facts
 from hpctl.common.project import require_checkout, resolve_settings
 from hpctl.common.registry import Room, RoomCommands
-from hpctl.runs.run_data import require_in_bucket, upload_dataset
+from hpctl.common.run_data import require_in_bucket, upload_dataset
 from hpctl.runs.run_files import compare_runs, local_copies, open_tensorboard
 from hpctl.runs.submit import (
     SubmitOptions,

@@ -2,7 +2,7 @@
 
 The config is validated here, uploaded to s3://<bucket>/payloads/run-configs/ (FSx imports it into
 the payloads folder within seconds) and submitted from there: no deploy, no CloudFormation change.
-A data.dataset that is a file on this machine goes with it (hpctl/run_data.py). The payload code still
+A data.dataset that is a file on this machine goes with it (hpctl/common/run_data.py). The payload code still
 ships only with a deploy; submit says when the deployed code differs from this checkout's. `--dry-run`
 needs no AWS at all: it validates the config and prints the chain as the cluster would run it: a table
 of its jobs on the partition cdk.json's compute groups give the run (hpctl/submit_plan.py), then the
@@ -35,7 +35,7 @@ from cluster_contract import (
 )
 from hpctl.common.errors import HpctlError, aws_errors
 from hpctl.common.project import read_cdk_context
-from hpctl.runs.run_data import LocalDataset, cluster_dataset_key, local_dataset
+from hpctl.common.run_data import LocalDataset, cluster_dataset_key, local_dataset
 from hpctl.runs.submit_plan import partition_plan
 from lifecycle.slurm_teams import user_outputs_dir
 from llm_pipeline.config import ConfigError, load
