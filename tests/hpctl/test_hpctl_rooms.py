@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import re
 import shutil
 from pathlib import Path
 
@@ -131,26 +132,45 @@ def test_the_rules_catch_a_stray_module_a_cross_room_import_and_a_circle(tmp_pat
     assert circles(import_graph(package)) == [["hpctl.teams.usage", "hpctl.teams.commands", "hpctl.teams.usage"]]
 
 
-def test_each_room_registers_only_commands_its_own_modules_handle():
+def top_level_commands() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = cli.build_parser()
     (sub,) = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    return parser, sub.choices
 
-    def handlers(command: argparse.ArgumentParser):
-        nested = [a for a in command._actions if isinstance(a, argparse._SubParsersAction)]
-        if not nested:
-            yield command.get_default("handler")
-        for action in nested:
-            for child in action.choices.values():
-                yield from handlers(child)
 
-    help_text = parser.format_help()
-    listed_everywhere = []
+def handler_modules(command: argparse.ArgumentParser) -> set[str]:
+    """The modules of the handlers a command runs (each action's, for a command with actions)."""
+    nested = [action for action in command._actions if isinstance(action, argparse._SubParsersAction)]
+    if not nested:
+        return {command.get_default("handler").__module__}
+    return {module for action in nested for child in action.choices.values() for module in handler_modules(child)}
+
+
+def rooms_commands() -> dict[str, set[str]]:
+    """Each room's top-level commands as the grouped help lists them."""
+    help_text = cli.build_parser().format_help()
+    listed = {}
     for room in cli.ROOMS:
         block = help_text.split(f"\n{room.name}: {room.summary}\n", 1)[1].split("\n\n", 1)[0]
-        listed = [line.split()[0] for line in block.splitlines()]
-        assert listed, room.name
-        for name in listed:
-            modules = {handler.__module__ for handler in handlers(sub.choices[name])}
-            assert all(module.startswith(f"hpctl.{room.name}.") for module in modules), (name, modules)
-        listed_everywhere += listed
-    assert sorted(listed_everywhere) == sorted(sub.choices)  # every command once, under its room
+        listed[room.name] = [line.split()[0] for line in block.splitlines()]
+    return listed
+
+
+def test_the_help_lists_every_command_once_under_the_room_whose_modules_handle_it():
+    _, commands = top_level_commands()
+    listed = rooms_commands()
+    for room, names in listed.items():
+        assert names, room
+        for name in names:
+            assert {room_of(module) for module in handler_modules(commands[name])} == {room}, name
+    assert sorted(name for names in listed.values() for name in names) == sorted(commands)
+
+
+def test_docs_hpctl_md_names_each_group_s_commands_and_folder_as_the_help_does():
+    text = (ROOT / "docs" / "hpctl.md").read_text()
+    rows = re.findall(r"^\| (\w+) \| (.+?) \| `hpctl/(\w+)/` \|$", text, re.M)
+    documented = {
+        group: (folder, {span.split()[0] for span in re.findall(r"`([^`]+)`", cell) if not span.startswith("-")})
+        for group, cell, folder in rows
+    }
+    assert documented == {room: (room, set(names)) for room, names in rooms_commands().items()}
