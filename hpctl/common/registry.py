@@ -38,5 +38,5 @@ def register_rooms(sub: argparse._SubParsersAction, common: argparse.ArgumentPar
         room.register(commands, common)
         lines += ["", f"{room.name}: {room.summary}"]
         for name, text in commands.listed:
-            lines.append(f"{INDENT}{name:<{NAME_WIDTH}}{text}" if len(name) < NAME_WIDTH else f"{INDENT}{name}  {text}")
+            lines.append(f"{INDENT}{name:<{NAME_WIDTH - 2}}  {text}")
     return "\n".join(lines)
