@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,  # keeps the grouped command list's lines
     )
     parser.add_argument("--version", action="version", version=f"hpctl {__version__}")
-    # The flat list argparse would print is suppressed: the epilog lists the same commands grouped by room.
+    # The flat list argparse would print is suppressed: the epilog lists the same commands grouped by room. prog:
+    # each command's usage reads `hpctl status ...`, not the top-level usage line set above.
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help=argparse.SUPPRESS, prog="hpctl")
     parser.epilog = register_rooms(sub, common, ROOMS)
     return parser
