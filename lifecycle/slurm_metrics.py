@@ -42,7 +42,7 @@ TEXTFILE = "slurm.prom"
 RUN_TEXTFILE_PREFIX = "hpl_run_"  # + <Slurm job id>.prom: llm_pipeline.jobs.prom_textfile.run_textfile_name
 HEARTBEAT_TEXTFILE = "hpl_jobs.prom"
 HEARTBEAT = "hpl_job_heartbeat_timestamp_seconds"
-EXPORTER_FAILED = "hpl_exporter_failed"  # hpctl/observability.py reads it
+EXPORTER_FAILED = "hpl_exporter_failed"  # hpctl/observe/observability.py reads it
 AMI_GPU_JOB_MAPPING = Path("/run/slurm/dcgm-job-mapping")  # kept by the HyperPod AMI's prolog and epilog
 GPU_INDEXES = re.compile(r"GRES=[^ ]*?gpu[^ (]*\(IDX:(?P<indexes>[0-9,-]+)\)")
 OPENMETRICS_SINCE = (25, 11)  # slurmctld serves /metrics/* from this release (SchedMD's metrics guide)

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # A command in an inline code span, or on a line of a code block (after `$ `, `&&`, `;` or `|`).
 BARE_IN_SPAN = re.compile(r"`(python -m |hpctl(?=[ `]))")  # `hpctl/x.py` is a file, not the command
-BARE_ON_LINE = re.compile(r"(?:^\s*(?:\$ )?|&& |; |\| )(python -m |hpctl\b)")
+BARE_ON_LINE = re.compile(r"(?:^\s*(?:\$ )?|&& |; |\| )(python -m |hpctl\b(?!/))")  # hpctl/ is the folder
 
 
 def bare_commands(text: str) -> list[str]:
@@ -39,3 +39,4 @@ def test_the_check_finds_a_bare_command_in_a_span_and_a_block():
     found = bare_commands(text)
     assert found == ["1: Run `hpctl status`.", "3: cd x && python -m llm_pipeline.data --preview run.toml"]
     assert bare_commands("Run `.venv/bin/hpctl status`, then `python3 -m llm_pipeline.submit` there.\n") == []
+    assert bare_commands("```\nhpctl/   the operations CLI\nhpctl status\n```\n") == ["3: hpctl status"]

@@ -43,7 +43,7 @@ def test_make_notes_an_unsupported_node_once(tmp_path, major, noted):
 def test_make_and_doctor_say_the_same_about_node(tmp_path, major):
     """One rule (cluster_contract.node_verdict): make's note is doctor's detail, and doctor fails only where the
     CDK CLI cannot run."""
-    from hpctl.doctor import node as doctor_node
+    from hpctl.cluster.doctor import node as doctor_node
 
     path = node_stand_in(tmp_path, major)
     # make asks for the major (node -p ...), doctor for the version (node --version)

@@ -30,9 +30,11 @@ def imported_roots(path: Path) -> set[str]:
 
 def test_hpctl_imports_only_the_stdlib_its_dependencies_and_packaged_modules():
     allowed = set(sys.stdlib_module_names) | DEPENDENCIES | packaged_top_level_names()
-    for path in sorted((ROOT / "hpctl").glob("*.py")):
+    for path in sorted((ROOT / "hpctl").rglob("*.py")):
         unpackaged = imported_roots(path) - allowed
-        assert not unpackaged, f"{path.name} imports {sorted(unpackaged)}, which `pip install .` does not ship"
+        assert not unpackaged, (
+            f"{path.relative_to(ROOT)} imports {sorted(unpackaged)}, which `pip install .` does not ship"
+        )
 
 
 def test_the_shared_names_module_is_packaged_and_stdlib_only():

@@ -12,8 +12,8 @@ import pytest
 from botocore.stub import Stubber
 
 from cluster_contract import node_verdict
-from hpctl import doctor
 from hpctl.cli import main
+from hpctl.cluster import doctor
 
 REGION = "us-west-2"
 ZONE = "usw2-az4"

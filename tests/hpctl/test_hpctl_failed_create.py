@@ -6,7 +6,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from hpctl.lifecycle_logs import MAX_STREAMS_PER_FILTER, show_lifecycle_logs
+from hpctl.observe.lifecycle_logs import MAX_STREAMS_PER_FILTER, show_lifecycle_logs
 
 # Within CloudWatch's window for new events (14 days), whole seconds.
 EARLIER = (datetime.now(timezone.utc) - timedelta(days=3)).replace(microsecond=0)

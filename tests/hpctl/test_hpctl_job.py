@@ -28,9 +28,11 @@ from moto.sagemaker.models import sagemaker_backends
 from price_list_stub import price_item
 from price_list_stub import stubbed_pricing as stub_price_list
 
-from hpctl import job_commands, job_status
-from hpctl.job_spec import METRIC_DEFINITIONS
-from hpctl.job_status import hourly_price, render_status, stop_job
+from hpctl.common.pricing import hourly_price
+from hpctl.jobs import commands as job_commands
+from hpctl.jobs import job_status
+from hpctl.jobs.job_spec import METRIC_DEFINITIONS
+from hpctl.jobs.job_status import render_status, stop_job
 
 REPO = Path(__file__).resolve().parents[2]
 REGION, STACK = "us-west-2", "HplTestStack"  # what the `project` fixture's cdk.json names

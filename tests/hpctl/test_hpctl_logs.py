@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 import boto3
 import pytest
 
-from hpctl.lifecycle_logs import show_lifecycle_logs
+from hpctl.observe.lifecycle_logs import show_lifecycle_logs
 
 NOW_MS = int(time.time() * 1000)
 

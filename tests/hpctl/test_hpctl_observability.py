@@ -27,7 +27,7 @@ from botocore.credentials import Credentials
 from botocore.stub import Stubber
 
 from cluster_contract import MANAGED_EXTENSION, ObservabilityOutput, StackOutput
-from hpctl import observability
+from hpctl.observe import observability
 from tests.hpctl.conftest import FIXTURE_SESSION, REGION, STACK, outputs_template
 from tests.local_http import serving
 

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from hpctl import project
-from hpctl.errors import HpctlError
-from hpctl.project import DEFAULT_STACK_NAME, resolve_settings
+from hpctl.common import project
+from hpctl.common.errors import HpctlError
+from hpctl.common.project import DEFAULT_STACK_NAME, resolve_settings
 
 
 def write_cdk_json(folder, context):

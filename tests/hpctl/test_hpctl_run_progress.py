@@ -12,8 +12,9 @@ from metric_lines import estimate_json, trainer_lines
 from price_list_stub import price_item as stub_price_item
 from price_list_stub import stubbed_pricing as stub_price_list
 
-from hpctl import commands, run_progress
-from hpctl.job_status import hourly_price
+from hpctl.common import run_progress
+from hpctl.common.pricing import hourly_price
+from hpctl.observe import commands
 from llm_pipeline.run_files import STATE_DIR, StepMarker
 from tools import torchtitan_standin
 

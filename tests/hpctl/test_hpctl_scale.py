@@ -4,7 +4,7 @@ controller's SSM session as the recorder replays it."""
 
 from datetime import datetime, timezone
 
-from hpctl.slurm_activity import JOB_TAG, NODE_TAG, VERSION_TAG
+from hpctl.common.slurm_activity import JOB_TAG, NODE_TAG, VERSION_TAG
 from tests.hpctl.conftest import CLUSTER
 from tests.hpctl.test_hpctl_nodes import ARN, CONTROLLER, cluster_reply, node
 from tests.hpctl.test_hpctl_nodes import stub as stub  # the fixture: the sagemaker client behind a Stubber

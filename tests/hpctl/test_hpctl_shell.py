@@ -5,8 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hpctl.cluster import ClusterState, Node, ssm_target
-from hpctl.ssm import SessionRequest
+from hpctl.common.cluster import ClusterState, Node, ssm_target
+from hpctl.common.ssm import SessionRequest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,9 +5,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from cluster_contract import CLUSTER_FACTS_KEY
-from hpctl.errors import client_error_message
-from hpctl.facts import read_cluster_facts
-from hpctl.stack import describe_stack, require_outputs
+from hpctl.common.errors import client_error_message
+from hpctl.common.facts import read_cluster_facts
+from hpctl.common.stack import describe_stack, require_outputs
 
 
 def test_outputs_of_the_deployed_stack(deployed):
@@ -52,7 +52,7 @@ def test_stack_not_deployed(deployed, hpctl):
 
 def test_no_region_anywhere(aws_env, tmp_path, monkeypatch, hpctl):
     monkeypatch.chdir(tmp_path)  # no cdk.json, no AWS_REGION, no profile
-    monkeypatch.setattr("hpctl.project.PACKAGE_CHECKOUT", tmp_path)  # nor a checkout hpctl is installed from
+    monkeypatch.setattr("hpctl.common.project.PACKAGE_CHECKOUT", tmp_path)  # nor a checkout hpctl is installed from
     code, _, err = hpctl("status")
     assert code == 2
     assert err == "error: no AWS region: pass --region, set `region` in cdk.json context, or set AWS_REGION\n"

@@ -13,8 +13,8 @@ import pytest
 
 import llm_pipeline
 from cluster_contract import CLUSTER_FACTS_KEY, PAYLOAD_CODE_DIGEST_FILE, payload_code_digest
-from hpctl.errors import HpctlError
-from hpctl.submit import CLUSTER_FOLDERS_ENV, SubmitOptions, remote_command, resolve_run_config, send_run_config
+from hpctl.common.errors import HpctlError
+from hpctl.runs.submit import CLUSTER_FOLDERS_ENV, SubmitOptions, remote_command, resolve_run_config, send_run_config
 from llm_pipeline.config import load
 from tests.hpctl.conftest import CONFIG_TEXT
 
@@ -201,7 +201,7 @@ def test_the_sent_config_runs_the_chain_once_fsx_shows_it(deployed, tmp_path, mo
     for name in ("llm_pipeline", "slurm"):
         (payloads / name).symlink_to(Path(llm_pipeline.__file__).resolve().parents[1] / name)
     options = SubmitOptions(config=sent.path, dry_run=True, smoke=False)
-    monkeypatch.setattr("hpctl.submit.IMPORT_WAIT_S", 2)
+    monkeypatch.setattr("hpctl.runs.submit.IMPORT_WAIT_S", 2)
     command = remote_command(options, facts={**FACTS, "payloads_dir": str(payloads)}, sent=sent)
     missing = run_remote(command, payloads)
     assert missing.stdout.splitlines()[-2:] == [
@@ -397,7 +397,7 @@ def test_the_dry_run_without_a_checkout_says_so_in_one_line(tmp_path, monkeypatc
 
     config, _ = local_data_run(tmp_path / "my-data")
     monkeypatch.chdir(config.parent)
-    monkeypatch.setattr("hpctl.project.PACKAGE_CHECKOUT", tmp_path / "a-wheel")
+    monkeypatch.setattr("hpctl.common.project.PACKAGE_CHECKOUT", tmp_path / "a-wheel")
     assert main(["submit", "--config", "./my-run.toml", "--dry-run"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("error: hpctl submit --dry-run needs this project's checkout (its cdk.json and payloads/)")
@@ -446,7 +446,7 @@ def test_the_dry_run_says_where_a_local_data_file_goes(offline, capfd, tmp_path)
 def test_the_file_uploaded_is_the_one_beside_the_config_whatever_the_working_folder(tmp_path, monkeypatch):
     """config.load resolves a relative data.dataset against the config's folder, as the preview and the rehearsal
     read it; a file of that name in the working folder is not the run's."""
-    from hpctl.submit import validate_run_config
+    from hpctl.runs.submit import validate_run_config
 
     config, records = local_data_run(tmp_path / "laptop")
     (tmp_path / "elsewhere").mkdir()

@@ -8,9 +8,9 @@ import shlex
 import pytest
 
 from hpctl.cli import main
-from hpctl.cluster_users import check_cluster_user
-from hpctl.errors import HpctlError
-from hpctl.submit import SubmitOptions, remote_command
+from hpctl.common.cluster_users import check_cluster_user
+from hpctl.common.errors import HpctlError
+from hpctl.runs.submit import SubmitOptions, remote_command
 
 FACTS = {"payloads_dir": "/fsx/payloads", "default_user": "ubuntu"}
 

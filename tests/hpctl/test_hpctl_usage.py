@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from hpctl import cli, usage
+from hpctl import cli
+from hpctl.teams import usage
 
 SACCT = """session on controller/i-0abc (Running)
 hpctl-usage-begin

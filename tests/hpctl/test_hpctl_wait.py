@@ -4,9 +4,9 @@ import boto3
 import botocore.session
 import pytest
 
-from hpctl.errors import HpctlError
-from hpctl.stack import deploy_failed
-from hpctl.wait import wait_in_service
+from hpctl.cluster.wait import wait_in_service
+from hpctl.common.errors import HpctlError
+from hpctl.common.stack import deploy_failed
 
 # Every stack status CloudFormation has, from botocore's service model (not retyped).
 STACK_STATUSES = botocore.session.get_session().get_service_model("cloudformation").shape_for("StackStatus").enum

@@ -11,9 +11,9 @@ from test_infra_payload_change import rendered_deploy_facts
 from test_infra_snapshot import check_snapshot
 
 from cluster_contract import JOB_INPUT_PREFIXES, JOB_LOG_GROUP, JOB_OUTPUT_PREFIXES, JobStackOutput, StackOutput
-from hpctl.job_instances import accelerator, training_instance_types
-from hpctl.job_spec import COMPILE_CACHE_PREFIX, DATASETS_PREFIX, JOBS_PREFIX, MODELS_PREFIX, OUTPUTS_PREFIX
-from hpctl.job_submit import IMAGE_OUTPUTS, ROLE_OUTPUT, JobDeployment
+from hpctl.jobs.job_instances import accelerator, training_instance_types
+from hpctl.jobs.job_spec import COMPILE_CACHE_PREFIX, DATASETS_PREFIX, JOBS_PREFIX, MODELS_PREFIX, OUTPUTS_PREFIX
+from hpctl.jobs.job_submit import IMAGE_OUTPUTS, ROLE_OUTPUT, JobDeployment
 from llm_pipeline.jobs.deploy_facts import read_deploy_facts
 from stacks.accelerators import JOB_INSTANCE_TYPES, JOB_ONLY_INSTANCE_TYPES
 from stacks.config import HyperPodConfig, StackConfigError

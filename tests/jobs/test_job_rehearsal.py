@@ -18,7 +18,7 @@ import pytest
 from checkpoint_sync import CheckpointSync
 from job_container import Container, lay_out
 
-from hpctl.job_spec import METRIC_DEFINITIONS, JobSpec, job_environment, stage_source
+from hpctl.jobs.job_spec import METRIC_DEFINITIONS, JobSpec, job_environment, stage_source
 from llm_pipeline import sagemaker_job
 from llm_pipeline.jobs import smoke
 from llm_pipeline.jobs.run_config_text import write_derived

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from slurm_helpers import REPO, wait_for
 
-from hpctl import usage
+from hpctl.teams import usage
 from lifecycle import slurm_teams
 from stacks.teams import users_file
 from tools.local_slurm import LocalSlurm, missing_binaries

@@ -1,0 +1,81 @@
+"""Session Manager sessions through the AWS CLI (boto3 cannot drive the session's websocket).
+
+`aws ssm start-session` needs two local programs: the AWS CLI and the session-manager-plugin it
+hands the session to. Both are looked up on PATH, as the CLI itself does, before anything starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NoReturn
+
+from hpctl.common.errors import HpctlError
+
+PLUGIN = "session-manager-plugin"
+CLI_INSTALL_URL = "https://docs.aws.amazon.com/cli/latest/userguide/getting-started-install.html"
+PLUGIN_INSTALL_URL = (
+    "https://docs.aws.amazon.com/systems-manager/latest/userguide/session-manager-working-with-install-plugin.html"
+)
+# Runs one command on the node without a terminal; the agent splits it like a POSIX shell
+# (no shell runs it), so anything shell-like goes inside an explicit `bash -c`.
+NON_INTERACTIVE_DOCUMENT = "AWS-StartNonInteractiveCommand"
+
+
+@dataclass(frozen=True)
+class SessionRequest:
+    target: str
+    region: str
+    profile: str | None = None
+    command: str | None = None  # None: an interactive shell
+
+    def argv(self) -> list[str]:
+        argv = ["aws", "ssm", "start-session", "--target", self.target, "--region", self.region]
+        if self.profile:
+            argv += ["--profile", self.profile]
+        if self.command is not None:
+            argv += [
+                "--document-name",
+                NON_INTERACTIVE_DOCUMENT,
+                "--parameters",
+                json.dumps({"command": [self.command]}),
+            ]
+        return argv
+
+
+def find_session_tools() -> str:
+    """The AWS CLI's path; a clear error when it or the Session Manager plugin is missing."""
+    aws = shutil.which("aws")
+    if aws is None:
+        raise HpctlError(f"the AWS CLI (`aws`) is not on PATH: install AWS CLI v2 ({CLI_INSTALL_URL})")
+    if shutil.which(PLUGIN) is None:
+        raise HpctlError(
+            f"the Session Manager plugin (`{PLUGIN}`) is not on PATH; "
+            f"`aws ssm start-session` needs it: install it ({PLUGIN_INSTALL_URL})"
+        )
+    return aws
+
+
+def exec_session(request: SessionRequest) -> NoReturn:
+    """Replace this process with the session, so the terminal and Ctrl-C belong to it."""
+    aws = find_session_tools()
+    argv = request.argv()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(aws, argv)
+
+
+def run_session(request: SessionRequest, on_line: Callable[[str], None]) -> int:
+    """Run a non-interactive session, handing each output line (without line ending) to ``on_line``."""
+    aws = find_session_tools()
+    argv = request.argv()
+    with subprocess.Popen(argv, executable=aws, stdout=subprocess.PIPE, text=True, errors="replace") as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            on_line(line.rstrip("\r\n").replace("\r", ""))
+    return process.returncode

@@ -1,0 +1,1 @@
+"""Room `jobs`: the pipeline as a SageMaker training job (submit, status, logs, stop), no cluster needed."""

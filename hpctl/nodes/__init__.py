@@ -1,0 +1,1 @@
+"""Room `nodes`: list, reboot, replace, health-check and scale the cluster's nodes; its events and operations."""
