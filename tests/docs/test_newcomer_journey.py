@@ -140,6 +140,7 @@ def newcomer() -> Iterator[Newcomer]:
     home = Path(tempfile.mkdtemp(prefix="hpl-newcomer-"))
     home.chmod(0o755)
     sudoers = Path("/etc/sudoers.d") / USER
+    subprocess.run(["userdel", USER], check=False, capture_output=True)  # one an interrupted run left
     subprocess.run(["useradd", "--uid", str(UID), "--home-dir", str(home), "--shell", "/bin/bash", USER], check=True)
     try:
         sudoers.write_text(f"{USER} ALL=(ALL) NOPASSWD: ALL\n")  # as if `sudo -v` had been typed
