@@ -4,11 +4,13 @@ equal values or equal refusals on both, and a number read from a run config is f
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import json
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -139,6 +141,17 @@ def test_the_shipped_wheel_is_the_pinned_one_and_packaged():
     # `pip install .` carries it too (hpctl on a Python 3.10 laptop loads run configs)
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert any(PACKAGE.glob(pattern) for pattern in package_data["llm_pipeline"])
+
+
+def test_the_shipped_wheel_is_python_3_10_code():
+    """What the controller's 3.10 imports from the zip: 3.10 grammar, and a release that says it runs there."""
+    with zipfile.ZipFile(PACKAGE / config.TOMLI_WHEEL) as wheel:
+        sources = [name for name in wheel.namelist() if name.endswith(".py")]
+        assert "tomli/__init__.py" in sources
+        for name in sources:
+            ast.parse(wheel.read(name), name, feature_version=(3, 10))
+        metadata = next(name for name in wheel.namelist() if name.endswith(".dist-info/METADATA"))
+        assert "Requires-Python: >=3.8" in wheel.read(metadata).decode()
 
 
 @pytest.mark.parametrize(
