@@ -7,15 +7,17 @@ Relative paths (every ``[paths]`` key, and a ``data.dataset`` that names a local
 resolved against the config file's folder, so every side reads the same files whatever its working folder.
 
 Stdlib only, Python 3.10 included (the controller's python3, which runs submit): ``load`` reads a file
-with tomllib where there is one, else with the stdlib reader of the one-line-values form (read_toml).
+with tomllib where there is one, else with tomli from the wheel shipped beside this module (TOMLI_WHEEL).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -623,6 +625,8 @@ def _build(cls: type, table: Any, section: str) -> Any:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"{key}: expected a number, got {value!r}")
             value = float(value)
+            if not math.isfinite(value):
+                raise ConfigError(f"{key}: expected a finite number, got {value!r}")
         elif isinstance(default, str):
             # a `bool | str` key (true, false or "auto") takes a boolean too
             if not isinstance(value, str) and not (isinstance(value, bool) and fields[name].type == "bool | str"):
@@ -785,19 +789,47 @@ def from_dict(raw: dict[str, Any], base_dir: Path | None = None, env: dict[str, 
     return cfg
 
 
-def read_toml(path: Path) -> dict[str, Any]:
-    """The file's tables: tomllib where there is one (Python 3.11+), else the stdlib reader of the
-    one-line-values form the project writes (jobs/run_config_text.parse: the controller's python3 is 3.10)."""
+# Python 3.10 (the controller's python3, and a laptop's) has no tomllib: there run configs are read with tomli,
+# tomllib's backport, from this pure-Python wheel beside this module, which Python imports from the zip as it is.
+# Shipped rather than installed: the payload upload (FSx) and `pip install .` (package data) carry it, so the
+# controller installs nothing and needs no network, and the tests import the very bytes it runs. 2.3.0: the last
+# tomli that reads TOML 1.0, as the nodes' tomllib (Python 3.11 to 3.14) does; 2.4 reads TOML 1.1 (an inline table
+# over lines, "\e"), which the nodes refuse. Another version: `pip download tomli==VERSION --no-deps
+# --only-binary=:all: --platform any --python-version 3.10 -d payloads/llm_pipeline`, then its name and digest here.
+TOMLI_WHEEL = "tomli-2.3.0-py3-none-any.whl"
+TOMLI_WHEEL_SHA256 = "e95b1af3c5b07d9e643909b5abbec77cd9f1217e6d0bca72b0234736b9fb1f1b"
+
+
+def toml_reader() -> Any:
+    """tomllib where there is one (Python 3.11+), else tomli from the shipped wheel (TOMLI_WHEEL)."""
     try:
         import tomllib
-    except ImportError:
-        from llm_pipeline.jobs.run_config_text import parse  # imports this module: loaded on use
 
-        return parse(path.read_text(), f"run config {path}")
+        return tomllib
+    except ImportError:
+        pass
+    wheel = Path(__file__).with_name(TOMLI_WHEEL)
+    if not wheel.is_file():
+        raise ConfigError(f"{wheel} is missing: Python 3.10 reads run configs with it; redeploy the payloads")
+    if str(wheel) not in sys.path:
+        sys.path.insert(0, str(wheel))  # ahead of any other tomli (a distribution's)
+    import tomli
+
+    return tomli
+
+
+def parse_toml(text: str, where: str) -> dict[str, Any]:
+    """The tables of a TOML text (the one reader of run configs on every side); ``where`` names it in a refusal."""
+    reader = toml_reader()
     try:
-        return tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"run config {path} is not valid TOML: {exc}") from None
+        return reader.loads(text)
+    except reader.TOMLDecodeError as exc:
+        raise ConfigError(f"{where} is not valid TOML: {exc}") from None
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """The file's tables (parse_toml)."""
+    return parse_toml(path.read_text(), f"run config {path}")
 
 
 def load(path: str | os.PathLike[str], env: dict[str, str] | None = None) -> RunConfig:

@@ -58,8 +58,6 @@ from llm_pipeline.weights.checkpoints import checkpoint_step
 STEPS = tuple(job.step for job in submit.PIPELINE)  # the job's steps: gather too
 LEADER_ONLY_STEPS = tuple(job.step for job in submit.PIPELINE if job.leader_only)
 COMPILING_STEPS = tuple(job.step for job in submit.PIPELINE if job.compiles)  # then the leader writes the cache back
-# The job owns its run folder: a restarted job rewrites what an earlier attempt left half done.
-STEP_ARGS = {"consolidate": ["--overwrite"], "merge": ["--overwrite"]}
 PAYLOADS_DIR = Path(__file__).resolve().parents[1]
 ACCELERATOR_ENV = PAYLOADS_DIR / "slurm" / "accelerator_env.sh"  # staged into the code channel by hpctl
 SUMMARY_FILE = "pipeline-summary-{host}.json"
@@ -107,7 +105,7 @@ def step_command(step: str, run_config: Path, env: dict[str, str], hosts: sagema
         # neuron_parallel_compile is torch-xla's tool; TorchNeuron (Trainium2) compiles as the steps run
         native = env.get("HPL_IMAGE_FAMILY") == NATIVE_NEURON_FAMILY
         return [*command, "--precompile"] if native else ["neuron_parallel_compile", *command, "--precompile"]
-    return [python, "-m", f"llm_pipeline.{step}", "--config", str(run_config), *STEP_ARGS.get(step, [])]
+    return [python, "-m", f"llm_pipeline.{step}", "--config", str(run_config), *submit.step_job(step).job_args]
 
 
 def persist_compile_cache(env: dict[str, str]) -> None:

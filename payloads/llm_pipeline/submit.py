@@ -52,8 +52,14 @@ PIPELINE = (
     ChainJob(
         step="gather", script="", job_only=True
     ),  # a training job of several hosts: the checkpoint onto the leader
-    ChainJob(step="consolidate", script="consolidate.sbatch", leader_only=True, outputs=("adapter", "merged")),
-    ChainJob(step="merge", script="merge.sbatch", leader_only=True, outputs=("merged",)),
+    ChainJob(
+        step="consolidate",
+        script="consolidate.sbatch",
+        leader_only=True,
+        outputs=("adapter", "merged"),
+        job_args=("--overwrite",),
+    ),
+    ChainJob(step="merge", script="merge.sbatch", leader_only=True, outputs=("merged",), job_args=("--overwrite",)),
     ChainJob(step="generate", script="generate.sbatch", leader_only=True, outputs=("generation.txt",)),
     ChainJob(step="evaluate", script="evaluate.sbatch", leader_only=True, outputs=("eval",)),
 )

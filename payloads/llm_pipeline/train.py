@@ -27,9 +27,8 @@ from llm_pipeline import cli, data, run_state
 from llm_pipeline.config import BACKENDS, RunConfig, check_backend
 from llm_pipeline.errors import StepError
 from llm_pipeline.run_files import BackendLine
-from llm_pipeline.training import full_rules, lora_count
+from llm_pipeline.training import full_rules
 from llm_pipeline.training.backends import resolve_backend
-from llm_pipeline.training.neuron import rules as neuron_rules
 from llm_pipeline.training.plan import TrainPlan, say, world_size
 from llm_pipeline.weights import model_files
 from llm_pipeline.weights.checkpoints import checkpoint_step, discard_after, newest_complete
@@ -69,15 +68,6 @@ def make_plan(cfg: RunConfig, backend: str, precompile: bool, resume_from: str |
         tensorboard_dir=cfg.paths.tensorboard_dir,
         stop_after_step=train.stop_after_step,
     )
-
-
-def neuron_trainable(cfg: RunConfig, model_config) -> int:
-    """The parameters optimum-neuron must train: LoRA's on its fused gate/up and replicated KV heads, or
-    (method full) every parameter as it counts them."""
-    fused_qkv = neuron_rules.kv_size_multiplier(model_config.num_key_value_heads, cfg.parallel.tensor_parallel_size)
-    if cfg.train.method == "full":
-        return full_rules.parameter_count(model_config.to_dict(), fused_qkv)
-    return lora_count.expected_lora_parameters(model_config, cfg.lora, fused_gate_up=True, kv_size_multiplier=fused_qkv)
 
 
 def check_not_past_end(cfg: RunConfig, plan: TrainPlan) -> bool:
@@ -125,8 +115,6 @@ def check_scheduler(name: str) -> None:
 def train(
     cfg: RunConfig, backend_override: str | None = None, precompile: bool = False, resume_from: str | None = None
 ) -> TrainPlan:
-    from transformers import AutoConfig
-
     check_scheduler(cfg.train.lr_scheduler)
     backend = resolve_backend(backend_override or cfg.train.backend)
     check_backend(cfg, backend)
@@ -135,15 +123,18 @@ def train(
 
     def engine(plan: TrainPlan) -> None:
         datasets, tokenizer = data.training_inputs(cfg)
-        model_config = AutoConfig.from_pretrained(model_dir)
         full = cfg.train.method == "full"
         if full and not precompile and cfg.train.save_checkpoints and os.environ.get("RANK", "0") == "0":
-            say(f"storage: {full_rules.check_storage(cfg, model_config.to_dict(), backend=backend)}")
+            from transformers import AutoConfig
+
+            model_config = AutoConfig.from_pretrained(model_dir).to_dict()
+            say(f"storage: {full_rules.check_storage(cfg, model_config, backend=backend)}")
+        # Each engine counts what its method should train itself (optimum-neuron's layout; methods.py)
         if backend == "neuron":
             from llm_pipeline.training.neuron import backend as neuron_engine
 
-            neuron_engine.run(cfg, plan, datasets, tokenizer, neuron_trainable(cfg, model_config))
-        else:  # the torch engine counts what each method trains itself (training/torch/methods.py)
+            neuron_engine.run(cfg, plan, datasets, tokenizer)
+        else:
             from llm_pipeline.training.torch import backend as torch_engine
 
             torch_engine.run(cfg, plan, datasets, tokenizer)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from llm_pipeline.jobs.run_config_text import set_key
 from tests.needs_root import require_root
 from tools.local_slurm import kill_processes_of
 
@@ -155,7 +156,7 @@ def newcomer() -> Iterator[Newcomer]:
         data.mkdir()
         (data / "my-run.toml").write_text(RUN_CONFIG)
         example = (checkout / GPU_EXAMPLE).read_text()
-        (data / "my-gpu-run.toml").write_text(example.replace("[data]\n", '[data]\ndataset = "my-records.jsonl"\n', 1))
+        (data / "my-gpu-run.toml").write_text(set_key(example, "data", "dataset", "my-records.jsonl"))
         records = [
             f'{{"instruction": "Which colour is fruit {n}?", "context": "", "response": "Fruit {n} is red."}}\n'
             for n in range(30)

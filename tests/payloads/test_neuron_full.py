@@ -5,6 +5,7 @@ storage check, and the shipped Llama 2 7B / Llama 3 8B run configs."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import api_source
 import pytest
 from full_fixtures import shard_full_model
 from payload_configs import tiny_config, write_config
+from transformers import AutoConfig
 
 from llm_pipeline import config, prepare
 from llm_pipeline.errors import StepError
@@ -77,6 +79,13 @@ def test_the_full_count_is_what_optimum_neuron_counts(tmp_path):
         )
         multiplier = neuron_rules.kv_size_multiplier(model_config["num_key_value_heads"], tp)
         assert full_rules.parameter_count(model_config, multiplier) == counted, tp
+        # what the neuron engine checks its trainer's count against
+        cfg = dataclasses.replace(
+            config.RunConfig(),
+            train=dataclasses.replace(config.RunConfig().train, method="full"),
+            parallel=dataclasses.replace(config.RunConfig().parallel, tensor_parallel_size=tp),
+        )
+        assert train_neuron.expected_trainable(cfg, AutoConfig.from_pretrained(model_dir)) == counted, tp
     assert full_rules.parameter_count(LLAMA3_8B) == 8_030_261_248
 
 

@@ -8,6 +8,7 @@ the installed source on top of trl's real base class, to show what our collator 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import types
 
 import api_source
@@ -160,7 +161,7 @@ def test_prepare_refuses_a_neuron_run_it_can_tell_is_wrong(tmp_path, hpl_env, ca
     ],
 )
 def test_trainable_count_on_llama3_8b_matches_optimum_neuron(tp, targets, count):
-    from llm_pipeline.config import LoraConfig
+    from llm_pipeline.config import LoraConfig, RunConfig
 
     model_config = types.SimpleNamespace(**LLAMA3_8B)
     multiplier = neuron_rules.kv_size_multiplier(LLAMA3_8B["num_key_value_heads"], tp)
@@ -169,3 +170,9 @@ def test_trainable_count_on_llama3_8b_matches_optimum_neuron(tp, targets, count)
         model_config, lora, fused_gate_up=True, kv_size_multiplier=multiplier
     )
     assert expected == count
+    # what the neuron engine checks its trainer's count against
+    default = RunConfig()
+    cfg = dataclasses.replace(
+        default, lora=lora, parallel=dataclasses.replace(default.parallel, tensor_parallel_size=tp)
+    )
+    assert neuron_backend.expected_trainable(cfg, model_config) == count

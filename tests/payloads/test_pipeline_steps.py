@@ -7,6 +7,7 @@ import ast
 from pathlib import Path
 
 from llm_pipeline import sagemaker_job, submit
+from llm_pipeline.jobs.sagemaker_env import JobHosts
 
 ROOT = Path(__file__).parents[2]
 STEP_NAMES = {job.step for job in submit.PIPELINE}
@@ -45,3 +46,14 @@ def test_the_docs_name_the_steps_by_the_pipeline():
     package = (ROOT / "payloads" / "llm_pipeline" / "__init__.py").read_text()
     layout = (ROOT / "docs" / "README.md").read_text()
     assert "submit.PIPELINE" in package and "submit.PIPELINE" in layout
+
+
+def test_a_training_job_runs_each_step_with_its_records_arguments(tmp_path):
+    """A restarted training job rewrites what an earlier attempt left half done: its record says so (job_args)."""
+    config, hosts = tmp_path / "run.toml", JobHosts(hosts=("algo-1",), current="algo-1")
+    commands = {
+        job.step: sagemaker_job.step_command(job.step, config, {}, hosts) for job in submit.PIPELINE if job.leader_only
+    }
+    assert commands["consolidate"][-4:] == ["llm_pipeline.consolidate", "--config", str(config), "--overwrite"]
+    assert commands["merge"][-4:] == ["llm_pipeline.merge", "--config", str(config), "--overwrite"]
+    assert commands["evaluate"][-3:] == ["llm_pipeline.evaluate", "--config", str(config)]

@@ -1,5 +1,5 @@
-"""One module reads, sets and derives a run config as text (jobs/run_config_text.py): the smoke stage,
-the sweep, the rehearsal and the tests use it, and what it writes is a run config config.py loads."""
+"""One module sets and derives a run config as text (jobs/run_config_text.py): the smoke stage, the sweep, the
+rehearsal and the tests use it, and what it writes is a run config config.py loads (config.parse_toml reads it)."""
 
 from __future__ import annotations
 
@@ -8,21 +8,24 @@ import itertools
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from llm_pipeline import config
 from llm_pipeline.config import ConfigError
-from llm_pipeline.jobs.run_config_text import derived_config, parse, read_key, set_key, write_derived
+from llm_pipeline.jobs.run_config_text import derived_config, set_key, write_derived
 
 ROOT = Path(__file__).parents[2]
 TINY = ROOT / "payloads" / "configs" / "tiny-cpu.toml"
 ENV = {"HPL_MODELS_DIR": "/m", "HPL_DATASETS_DIR": "/d", "HPL_OUTPUTS_DIR": "/o"}
 
 
+def read_key(text: str, table: str, key: str) -> object:
+    return config.parse_toml(text, "t")[table][key]
+
+
 @pytest.mark.parametrize("value", [12, 0.25, True, False, "full", 'with "quotes"', ["a", 'b = "c"']])
 def test_a_key_set_reads_back(value):
     text = set_key(TINY.read_text(), "train", "method", value)
-    assert read_key(text, "train", "method", "t") == value
+    assert read_key(text, "train", "method") == value
 
 
 def test_a_key_is_replaced_added_to_its_table_or_to_a_new_table():
@@ -55,16 +58,19 @@ def test_a_copy_elsewhere_reads_the_users_own_dataset_beside_the_original(tmp_pa
     source.parent.mkdir()
     source.write_text(set_key(TINY.read_text(), "data", "dataset", "records/mine.jsonl"))
     copy = write_derived(source, tmp_path / "elsewhere" / "run.toml", {("train", "max_steps"): 4}, run_dir=run_dir)
-    assert read_key(copy.read_text(), "data", "dataset", "t") == str(source.parent / "records" / "mine.jsonl")
+    assert read_key(copy.read_text(), "data", "dataset") == str(source.parent / "records" / "mine.jsonl")
     assert config.load(copy, env=ENV).data.dataset == config.load(source, env=ENV).data.dataset
     source.write_text(set_key(TINY.read_text(), "data", "dataset", "databricks/databricks-dolly-15k"))
     copy = write_derived(source, tmp_path / "elsewhere" / "run.toml", {}, run_dir=run_dir)
     assert config.load(copy, env=ENV).data.dataset == "databricks/databricks-dolly-15k"
 
 
-def test_a_value_it_cannot_read_is_a_config_error():
-    with pytest.raises(ConfigError, match=r"t:2 train\.method: cannot read"):
-        read_key("[train]\nmethod = '''x'''\n", "train", "method", "t")
+def test_a_copy_of_a_config_that_is_not_toml_is_refused_naming_it(tmp_path):
+    source = tmp_path / "run.toml"
+    source.write_text("[train]\nmethod = 'x\n")
+    with pytest.raises(ConfigError, match=rf"^run config {source} is not valid TOML: "):
+        write_derived(source, tmp_path / "copy.toml", {}, run_dir="/o/other")
+    assert not (tmp_path / "copy.toml").exists()
 
 
 def _text_surgery(path: Path) -> list[str]:
@@ -119,30 +125,14 @@ def test_the_surgery_finder_sees_it(tmp_path):
     assert len(_toml_lines_written(module)) == 1  # trn2_acceptance.write_toml's way, before the editor
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "payloads" / "configs").glob("*.toml")), ids=lambda path: path.name)
-def test_the_stdlib_reader_reads_every_shipped_config_as_tomllib_does(path):
-    """config.load's reader where tomllib is missing (the controller's Python 3.10)."""
-    assert parse(path.read_text(), str(path)) == tomllib.loads(path.read_text())
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("[train]\nmethod = '''x'''\n", r"t:2 train\.method: cannot read"),
-        ("max_steps = 3\n", r"t:1: cannot read 'max_steps = 3' without tomllib"),
-        ("[train]\nmax_steps = 3\nmax_steps = 4\n", r"t:3: train\.max_steps is set twice"),
-        ("[train]\n[data]\n[train]\n", r"t:3: table \[train\] appears twice"),
-        ("[lora]\ntarget_modules = [\n", r"t:2 lora\.target_modules: cannot read"),
-    ],
-)
-def test_the_stdlib_reader_refuses_what_it_cannot_read_naming_the_line(text, message):
-    with pytest.raises(ConfigError, match=message):
-        parse(text, "t")
-
-
 def test_no_program_reads_a_run_config_key_by_hand():
-    """Every program loads the whole RunConfig (config.load); only the editor and the reader read lines."""
-    editor = ROOT / "payloads" / "llm_pipeline" / "jobs" / "run_config_text.py"
+    """Every program loads the whole RunConfig (config.load); only the editor reads a config's tables itself."""
+    reader, editor = (
+        ROOT / "payloads" / "llm_pipeline" / "config.py",
+        ROOT / "payloads" / "llm_pipeline" / "jobs" / "run_config_text.py",
+    )
     sources = [p for folder in ("payloads", "hpctl", "tools", "bench") for p in (ROOT / folder).rglob("*.py")]
-    readers = [str(p.relative_to(ROOT)) for p in sources if p != editor and "read_key" in p.read_text()]
+    readers = [
+        str(p.relative_to(ROOT)) for p in sources if p not in (reader, editor) and "parse_toml(" in p.read_text()
+    ]
     assert sources and readers == []

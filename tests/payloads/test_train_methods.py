@@ -369,7 +369,7 @@ def test_the_neuron_backend_refuses_chat_records(hpl_env, tmp_path, monkeypatch)
     monkeypatch.setenv("WORLD_SIZE", "1")
     datasets, tokenizer = training_inputs(cfg)
     with pytest.raises(StepError, match=r"data.dataset .*chat-format.* convert the records to the dolly columns"):
-        neuron_backend.run(cfg, neuron_plan(), datasets, tokenizer, expected_trainable=0)
+        neuron_backend.run(cfg, neuron_plan(), datasets, tokenizer)
 
 
 @pytest.mark.parametrize(

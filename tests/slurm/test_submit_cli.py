@@ -70,8 +70,8 @@ def test_controller_side_modules_are_python_3_10_stdlib(module):
     path = PAYLOADS / "llm_pipeline" / module.replace(".", "/")
     source = (path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text()
     tree = ast.parse(source, feature_version=(3, 10))  # a 3.11-only construct fails here
-    # Import-time dependencies only: config.load imports tomllib lazily and reads without it where it is
-    # missing (constrained_submit runs submit with tomllib blocked).
+    # Import-time dependencies only: config.load imports tomllib lazily, and tomli from the shipped wheel where
+    # it is missing (constrained_submit runs submit with tomllib blocked).
     module_level = [
         n for stmt in tree.body if not isinstance(stmt, (ast.FunctionDef, ast.ClassDef)) for n in ast.walk(stmt)
     ]
@@ -293,11 +293,14 @@ def test_cli_errors_are_one_line(tmp_path):
     assert no_slurm.returncode == 2
     assert no_slurm.stderr == "error: sbatch not found: run this on the cluster's controller or login node\n"
 
-    # Without tomllib the controller reads the one-line-values form, and names a line it cannot read.
+    # Without tomllib the controller reads with tomli (the shipped wheel): any TOML, and a refusal in one line.
     several = write(tmp_path, '[torchtitan]\nrungs = [\n  "baseline",\n]\n', "several.toml")
     out = constrained_submit("--config", str(several), "--dry-run")
+    assert out.returncode == 0, out.stderr
+    broken = write(tmp_path, "[train]\nmax_steps = 030\n", "broken.toml")
+    out = constrained_submit("--config", str(broken), "--dry-run")
     assert out.returncode == 2 and out.stderr.count("\n") == 1
-    assert out.stderr.startswith(f"error: run config {several}:2 torchtitan.rungs: cannot read '['")
+    assert out.stderr.startswith(f"error: run config {broken} is not valid TOML: ")
 
     comma = write(tmp_path, f"[paths]\noutput_dir = '{tmp_path}/a,b'\n", "comma.toml")
     out = constrained_submit("--config", str(comma), "--dry-run")

@@ -57,6 +57,9 @@ class ChainJob:
     leader_only: bool = False  # in a training job of several hosts: on the first host only
     job_only: bool = False  # a training job's step only (no Slurm script): gather
     outputs: tuple[str, ...] = ()  # what it writes into the run folder, made from one checkpoint
+    # Its module's arguments in a training job (sagemaker_job), after --config: the job owns its run folder, so a
+    # restarted job rewrites what an earlier attempt left half done (--overwrite).
+    job_args: tuple[str, ...] = ()
 
 
 # Between the smoke stage and the long jobs.

@@ -1,12 +1,10 @@
-"""Read, set and derive a run config as text, with the stdlib of Python 3.10: the one place a program edits one.
+"""Set and derive a run config as text, with the stdlib of Python 3.10: the one place a program edits one.
 
-``parse`` reads a whole run config where tomllib is missing (config.load on the controller's python3, 3.10):
-the one-line-values TOML the project writes (tables, one-line strings, numbers, booleans and one-line lists
-of strings, which is all a run config holds); anything else is refused naming the line. The smoke stage
-(jobs/smoke.py), the sweep (jobs/sweep_plan.py), the rehearsal (tools/rehearse.py) and the tests set keys
-(``set_key``, ``with_keys``) or write a run derived from a config (``derived_config``, ``write_derived``:
-another run folder, relative paths made absolute), line by line, so comments and order survive.
-Programs read a config's values from the loaded RunConfig (config.load), never key by key.
+The smoke stage (jobs/smoke.py), the sweep (jobs/sweep_plan.py), the rehearsal (tools/rehearse.py), hpctl submit
+and the tests set keys (``set_key``, ``with_keys``) or write a run derived from a config (``derived_config``,
+``write_derived``: another run folder, relative paths made absolute), line by line, so comments and order survive.
+It only writes: a value is read with config's one TOML reader (config.parse_toml), and programs read a config's
+values from the loaded RunConfig (config.load), never key by key.
 """
 
 from __future__ import annotations
@@ -16,85 +14,10 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from llm_pipeline.config import ConfigError, PathsConfig, dataset_in
+from llm_pipeline.config import PathsConfig, dataset_in, parse_toml
 
 _TABLE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.-]+)\s*\]\s*(#.*)?$")
 _KEY = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*=\s*(.*?)\s*$")
-
-
-def _scalar(raw: str, where: str) -> object:
-    """A TOML basic/literal string, integer, float, boolean or one-line list of basic strings, with an optional
-    trailing comment."""
-    if raw.startswith('"') and not raw.startswith('"""'):
-        end = re.match(r'"(?:[^"\\]|\\.)*"', raw)
-        if end and re.fullmatch(r"\s*(#.*)?", raw[end.end() :]):
-            return json.loads(end.group(0))
-    elif raw.startswith("'") and not raw.startswith("'''"):
-        end = raw.find("'", 1)
-        if end > 0 and re.fullmatch(r"\s*(#.*)?", raw[end + 1 :]):
-            return raw[1:end]
-    elif raw.startswith("["):
-        array = re.fullmatch(r"""(\[(?:[^\]"']|"(?:[^"\\]|\\.)*")*\])\s*(#.*)?""", raw)  # a ] in a string too
-        try:
-            items = json.loads(array.group(1)) if array else None
-        except json.JSONDecodeError:
-            items = None
-        if isinstance(items, list) and all(isinstance(item, str) for item in items):
-            return items
-    else:
-        number = re.fullmatch(r"([+-]?[0-9_]+)\s*(#.*)?", raw)
-        if number:
-            return int(number.group(1).replace("_", ""))
-        real = re.fullmatch(r"([+-]?[0-9_]+(?:\.[0-9_]+)?(?:[eE][+-]?[0-9_]+)?)\s*(#.*)?", raw)
-        if real:
-            return float(real.group(1).replace("_", ""))
-        flag = re.fullmatch(r"(true|false)\s*(#.*)?", raw)
-        if flag:
-            return flag.group(1) == "true"
-    raise ConfigError(
-        f"{where}: cannot read {raw!r} (write a one-line string, a number, true/false or a one-line list of "
-        'double-quoted strings, e.g. ["a", "b"])'
-    )
-
-
-def parse(text: str, where: str) -> dict[str, dict[str, object]]:
-    """{table: {key: value}} of a run config in the one-line-values form; a ConfigError names the line."""
-    tables: dict[str, dict[str, object]] = {}
-    current = None
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        header, match = _TABLE.match(line), _KEY.match(line)
-        if header:
-            current = header.group(1)
-            if current in tables:
-                raise ConfigError(f"{where}:{number}: table [{current}] appears twice")
-            tables[current] = {}
-        elif match and current is not None:
-            key = match.group(1)
-            if key in tables[current]:
-                raise ConfigError(f"{where}:{number}: {current}.{key} is set twice")
-            tables[current][key] = _scalar(match.group(2), f"{where}:{number} {current}.{key}")
-        else:
-            raise ConfigError(
-                f"{where}:{number}: cannot read {line.strip()!r} without tomllib (Python 3.11+): write "
-                "`[table]` headers and one `key = value` per line under them"
-            )
-    return tables
-
-
-def read_key(text: str, table: str, key: str, where: str) -> object | None:
-    """The value of `key` in `[table]`, or None when the file does not set it."""
-    current = ""
-    for number, line in enumerate(text.splitlines(), 1):
-        header = _TABLE.match(line)
-        if header:
-            current = header.group(1)
-            continue
-        match = _KEY.match(line)
-        if current == table and match and match.group(1) == key:
-            return _scalar(match.group(2), f"{where}:{number} {table}.{key}")
-    return None
 
 
 def set_key(text: str, table: str, key: str, value: object) -> str:
@@ -150,11 +73,13 @@ def with_absolute_paths(config: Path) -> str:
     """The text of ``config`` with its relative ``[paths]`` and a relative local ``data.dataset`` made absolute
     (config.load resolves them against its folder): a copy elsewhere reads and writes the same places."""
     text, base = config.read_text(), config.resolve().parent
+    tables = parse_toml(text, f"run config {config}")
+    paths, data = (tables.get(name) if isinstance(tables.get(name), dict) else {} for name in ("paths", "data"))
     for name in PathsConfig.__dataclass_fields__:
-        raw = read_key(text, "paths", name, str(config))
+        raw = paths.get(name)
         if isinstance(raw, str) and not raw.startswith(("/", "$", "~")):
             text = set_key(text, "paths", name, str(base / raw))
-    dataset = read_key(text, "data", "dataset", str(config))
+    dataset = data.get("dataset")
     beside = dataset_in(dataset, base) if isinstance(dataset, str) and not dataset.startswith("$") else None
     return set_key(text, "data", "dataset", str(beside)) if beside else text
 

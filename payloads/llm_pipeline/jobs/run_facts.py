@@ -1,8 +1,8 @@
 """What submit knows of a run: its loaded run config, and where its chain's jobs go.
 
 submit runs on the HyperPod controller's system python3 (3.10: no tomllib, no third-party packages); it
-loads the whole run config with config.load all the same (the stdlib reader of the one-line-values form
-where tomllib is missing), so the controller, the nodes and a laptop hold the same RunConfig and its rules.
+loads the whole run config with config.load all the same (tomllib's backport tomli from the wheel the payloads
+ship, where tomllib is missing), so the controller, the nodes and a laptop hold the same RunConfig and its rules.
 """
 
 from __future__ import annotations

@@ -68,15 +68,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from transformers import PrinterCallback, TrainerCallback
+from transformers import AutoConfig, PrinterCallback, TrainerCallback
 
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import COLUMNS, is_chat
+from llm_pipeline.training import full_rules, lora_count
 from llm_pipeline.training.callbacks import SealCheckpoints, TokenCounter, add_run_callbacks
 from llm_pipeline.training.collator import FixedLengthCollator, pad_token_id
 from llm_pipeline.training.loss_guard import NonFiniteLossGuard, StopAtNonFiniteLoss
-from llm_pipeline.training.neuron.rules import attention_kernel, check_neuron_run
+from llm_pipeline.training.neuron.rules import attention_kernel, check_neuron_run, kv_size_multiplier
 from llm_pipeline.training.plan import (
     TrainPlan,
     check_trainable,
@@ -267,7 +268,16 @@ def refuse_chat_records(cfg: RunConfig, dataset) -> None:
         )
 
 
-def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable: int) -> None:
+def expected_trainable(cfg: RunConfig, model_config) -> int:
+    """The parameters optimum-neuron must train: LoRA's on its fused gate/up and replicated KV heads, or
+    (method full) every parameter as it counts them."""
+    fused_qkv = kv_size_multiplier(model_config.num_key_value_heads, cfg.parallel.tensor_parallel_size)
+    if cfg.train.method == "full":
+        return full_rules.parameter_count(model_config.to_dict(), fused_qkv)
+    return lora_count.expected_lora_parameters(model_config, cfg.lora, fused_gate_up=True, kv_size_multiplier=fused_qkv)
+
+
+def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer) -> None:
     from llm_pipeline.weights.model_files import read_model_config
 
     check_neuron_run(cfg, read_model_config(cfg.paths.model_dir), f"{cfg.paths.model_dir}/config.json")
@@ -307,10 +317,11 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, expected_trainable
     # create_optimizer (at train()) groups the parameters by self.get_decay_parameter_names(model)
     trainer.get_decay_parameter_names = decay_parameter_names
     trainable = trainer.get_num_trainable_parameters()
+    expected = expected_trainable(cfg, AutoConfig.from_pretrained(cfg.paths.model_dir))
     if full:
-        check_full_trainable(trainable, expected_trainable)
+        check_full_trainable(trainable, expected)
     else:
-        check_trainable(trainable, expected_trainable, cfg.lora)
+        check_trainable(trainable, expected, cfg.lora)
     trainer.remove_callback(PrinterCallback)
     if plan.start_step:  # before the logger, which reads the start step at train begin
         trainer.add_callback(ContinueStepCount(trainer, plan.start_step))

@@ -228,11 +228,15 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     from transformers import PrinterCallback, set_seed
     from trl import SFTConfig
 
+    # Each helper module once, in turn: the device's refusals and arguments, then the layout's.
     kind = device.accelerator_type()
     check_lever_packages(cfg, kind=kind)
+    device_arguments = {**device.trainer_device_arguments(kind), **device.shape_arguments(cfg.data.max_length, kind)}
     processes = world_size()
     parallel.check_accelerate_keeps_4bit(cfg, processes)
     fsdp = parallel.uses_fsdp(cfg, processes)
+    parallel_arguments = parallel.trainer_arguments(cfg, processes)
+    empty = parallel.builds_empty(cfg, processes, int(os.environ.get("RANK", "0")))
     validation = datasets.get("validation")
     evaluation = {"eval_strategy": "steps", "eval_steps": cfg.train.save_steps} if validation is not None else {}
     levers = {"torch_compile": cfg.train.compile}
@@ -246,16 +250,15 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     args = SFTConfig(
         **sft_arguments(cfg, plan),
         **evaluation,
-        **parallel.trainer_arguments(cfg, processes),
-        **device.trainer_device_arguments(kind),
-        **device.shape_arguments(cfg.data.max_length, kind),
+        **parallel_arguments,
+        **device_arguments,
         **levers,
         **loss,
     )
     # trl creates the adapter before the Trainer seeds anything: seed first, so every rank (FSDP2 shards
     # each rank's own copy, it does not broadcast) and every run starts from the same LoRA A.
     set_seed(cfg.train.seed)
-    model = load_for_rank(cfg, processes)
+    model = load_model(cfg, empty=empty)
     if methods.liger_enabled(cfg):
         methods.apply_liger(model)
     peft_config = methods.adapter_config(cfg)
