@@ -90,6 +90,7 @@ $(VENV)/.installed-checkov: requirements-checkov.txt | $(PY)
 $(STAMP): $(REHEARSAL_STAMP) $(SITE_STAMPS) requirements-dev.txt requirements-sagemaker.txt payloads/requirements-cluster.txt package-lock.json
 	@$(PHASE) "test tooling (requirements-dev.txt)" $(PIP) install --progress-bar off -r requirements-dev.txt
 	@$(PHASE) "the sagemaker SDK (requirements-sagemaker.txt)" $(PIP) install --progress-bar off --no-deps -r requirements-sagemaker.txt
+	@$(PHASE) "tomli's wheel for the controller's Python 3.10 (tools/ship_tomli.py)" $(PY) -m tools.ship_tomli
 	@$(PHASE) "node_modules (npm ci)" npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 

@@ -22,6 +22,7 @@ from cluster_contract import (
     RUN_CONFIGS_FOLDER,
     payload_code_digest,
 )
+from llm_pipeline.config import TOMLI_WHEEL
 from llm_pipeline.jobs.deploy_facts import DEPLOY_FACTS_FILE, KEYS, OPTIONAL_PARTITION_KEYS, PARTITION_KEYS
 from stacks.image import RECIPES
 from stacks.uploads import CACHE_EXCLUDES, deploy_to_prefix
@@ -70,6 +71,9 @@ class PayloadUpload(Construct):
         deploy_facts: Mapping[str, Any],
     ) -> None:
         super().__init__(scope, construct_id)
+        tomli = source_dir / "llm_pipeline" / TOMLI_WHEEL
+        if not tomli.is_file():  # the controller's Python 3.10 reads run configs with it (tools/ship_tomli.py)
+            raise StackError(f"{tomli} is missing: `make venv` fetches it (the controller reads run configs with it)")
         if sorted(deploy_facts) != sorted(KEYS):
             raise DeployFactsError(f"deploy facts {sorted(deploy_facts)} differ from what submit reads: {sorted(KEYS)}")
         self.deployment = deploy_to_prefix(

@@ -792,10 +792,10 @@ def from_dict(raw: dict[str, Any], base_dir: Path | None = None, env: dict[str, 
 # Python 3.10 (the controller's python3, and a laptop's) has no tomllib: there run configs are read with tomli,
 # tomllib's backport, from this pure-Python wheel beside this module, which Python imports from the zip as it is.
 # Shipped rather than installed: the payload upload (FSx) and `pip install .` (package data) carry it, so the
-# controller installs nothing and needs no network, and the tests import the very bytes it runs. 2.3.0: the last
+# controller installs nothing and needs no network, and the tests import the very bytes it runs. Fetched at
+# `make venv` (tools/ship_tomli.py checks the digest), not kept in git: it is tomli's code, not ours. 2.3.0: the last
 # tomli that reads TOML 1.0, as the nodes' tomllib (Python 3.11 to 3.14) does; 2.4 reads TOML 1.1 (an inline table
-# over lines, "\e"), which the nodes refuse. Another version: `pip download tomli==VERSION --no-deps
-# --only-binary=:all: --platform any --python-version 3.10 -d payloads/llm_pipeline`, then its name and digest here.
+# over lines, "\e"), which the nodes refuse. Another version: its wheel's name and sha256 here.
 TOMLI_WHEEL = "tomli-2.3.0-py3-none-any.whl"
 TOMLI_WHEEL_SHA256 = "e95b1af3c5b07d9e643909b5abbec77cd9f1217e6d0bca72b0234736b9fb1f1b"
 
@@ -810,7 +810,9 @@ def toml_reader() -> Any:
         pass
     wheel = Path(__file__).with_name(TOMLI_WHEEL)
     if not wheel.is_file():
-        raise ConfigError(f"{wheel} is missing: Python 3.10 reads run configs with it; redeploy the payloads")
+        raise ConfigError(
+            f"{wheel} is missing: Python 3.10 reads run configs with it; `make venv` fetches it, then redeploy"
+        )
     if str(wheel) not in sys.path:
         sys.path.insert(0, str(wheel))  # ahead of any other tomli (a distribution's)
     import tomli

@@ -151,3 +151,14 @@ def test_deploy_facts_name_every_partitions_image(named_synths, tmp_path):
     assert len(set(images.values())) == 2 and all(
         uri.startswith(f"{mixed.config.account}.dkr.ecr.") for uri in images.values()
     )
+
+
+def test_a_payload_tree_without_tomli_s_wheel_is_refused_at_synth_naming_it(sources_copy, synthesize_from):
+    """The controller's Python 3.10 reads run configs with the wheel tools/ship_tomli.py fetches: no deploy without."""
+    from llm_pipeline.config import TOMLI_WHEEL
+    from stacks.validation import StackError
+
+    wheel = sources_copy / "payloads" / "llm_pipeline" / TOMLI_WHEEL
+    wheel.unlink()
+    with pytest.raises(StackError, match=rf"^{wheel} is missing: `make venv` fetches it"):
+        synthesize_from(sources_copy)
