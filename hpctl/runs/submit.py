@@ -109,7 +109,7 @@ def resolve_run_config(value: str, *, project_root: Path) -> Path:
 
 def validate_run_config(path: Path) -> RunConfigToSend:
     """Read the run config as every step will (the cluster's folders), so a bad key stops here (any Python
-    from 3.10: config.load reads the project's one-line-values form without tomllib); what to send."""
+    from 3.10: config.load reads with tomli's shipped wheel where there is no tomllib); what to send."""
     try:
         cfg = load(path, env={**os.environ, **CLUSTER_FOLDERS_ENV})
     except ConfigError as error:
