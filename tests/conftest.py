@@ -87,7 +87,11 @@ def pytest_collection_modifyitems(config, items):
     kept = [item for item in items if belongs_here(item)]
     if len(kept) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if not belongs_here(item)])
-    items[:] = sorted(kept, key=weight_class)  # stable: collection order within a class
+    # By module (the heaviest test of each), so a module's tests stay together and its fixtures are made once.
+    heaviest: dict = {}
+    for item in kept:
+        heaviest[item.path] = min(heaviest.get(item.path, len(HEAVIEST_FIRST)), weight_class(item))
+    items[:] = sorted(kept, key=lambda item: heaviest[item.path])  # stable: collection order within a class
 
 
 # The longest work first, so that under `pytest -n 2 --dist loadgroup` the thousands of short tests fill the
