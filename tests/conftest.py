@@ -87,4 +87,25 @@ def pytest_collection_modifyitems(config, items):
     kept = [item for item in items if belongs_here(item)]
     if len(kept) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if not belongs_here(item)])
-        items[:] = kept
+    # By module (the heaviest test of each), so a module's tests stay together and its fixtures are made once.
+    heaviest: dict = {}
+    for item in kept:
+        heaviest[item.path] = min(heaviest.get(item.path, len(HEAVIEST_FIRST)), weight_class(item))
+    items[:] = sorted(kept, key=lambda item: heaviest[item.path])  # stable: collection order within a class
+
+
+# The longest work first, so that under `pytest -n 2 --dist loadgroup` the thousands of short tests fill the
+# gaps at the end instead of one worker finishing a chain of minutes alone (longest processing time first).
+# xdist would otherwise order its units by their number of tests (pytest_configure turns that off).
+HEAVIEST_FIRST = ("rehearsal", "slurm", "engine", "xdist_group")
+
+
+def weight_class(item) -> int:
+    return next(
+        (rank for rank, name in enumerate(HEAVIEST_FIRST) if item.get_closest_marker(name)), len(HEAVIEST_FIRST)
+    )
+
+
+def pytest_configure(config):
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        config.option.loadscopereorder = False  # keep the order pytest_collection_modifyitems gives

@@ -42,3 +42,40 @@ def test_test_fast_leaves_out_exactly_the_markers_that_say_so_and_make_test_runs
     assert '-m "engine and not slurm and not rehearsal"' in make_recipe("test-engine")
     first = make_recipe("test").splitlines()[0].split("#")[0].split()
     assert first[:3] == ["$(PY)", "-m", "pytest"] and "-m" not in first[3:], "make test (CI) runs all"
+
+
+class Item:
+    """What tests/conftest.py's ordering reads of a collected test: its file and markers."""
+
+    def __init__(self, path: str, *marks: str) -> None:
+        self.path, self.marks = Path(path), marks
+
+    def get_closest_marker(self, name: str):
+        return name if name in self.marks else None
+
+    def __repr__(self) -> str:
+        return f"{self.path}{list(self.marks)}"
+
+
+def test_the_heaviest_modules_are_handed_out_first_and_stay_whole():
+    """Longest first under xdist: rehearsals, then the other local-Slurm tests, engine runs, the grouped
+    modules, the rest; a module moves whole (its heaviest test decides), each class in collection order."""
+    import types
+
+    from tests import conftest
+
+    fast, slurm, engine, rehearsal = (
+        Item("a.py"),
+        Item("b.py", "slurm"),
+        Item("c.py", "engine"),
+        Item("d.py", "rehearsal"),
+    )
+    mixed = [Item("e.py"), Item("e.py", "rehearsal")]
+    grouped, slurm2 = Item("f.py", "xdist_group"), Item("b.py", "slurm")
+    items = [fast, slurm, slurm2, engine, grouped, rehearsal, *mixed]
+    conftest.pytest_collection_modifyitems(types.SimpleNamespace(), items)
+    assert items == [rehearsal, *mixed, slurm, slurm2, engine, grouped, fast]
+
+    config = types.SimpleNamespace(option=types.SimpleNamespace(dist="loadgroup", loadscopereorder=True))
+    conftest.pytest_configure(config)
+    assert config.option.loadscopereorder is False  # xdist keeps that order instead of sorting by size

@@ -201,10 +201,7 @@ class LocalSlurm:
         """Cancel what is left, stop the daemons we started (by PID, newest first), then kill any process of
         this cluster's jobs still alive (a job step whose slurmd is gone outlives a SIGTERM)."""
         if any(name == "slurmctld" and proc.poll() is None for name, proc in self._procs):
-            self.run("scancel", "--partition", PARTITION, check=False)
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and self.run("squeue", "-h", check=False).stdout.strip():
-                time.sleep(0.5)
+            self.cancel_jobs()
         for _, proc in reversed(self._procs):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -218,6 +215,29 @@ class LocalSlurm:
         kill_processes_of(self.conf)
         if self.munge_dir is not None:
             shutil.rmtree(self.munge_dir, ignore_errors=True)
+
+    def jobs(self, partition: str | None = None) -> list[str]:
+        """The ids of the jobs Slurm still holds (every state), of ``partition`` or of the whole cluster."""
+        where = ["--partition", partition] if partition else []
+        return self.run("squeue", "-h", "-o", "%i", *where, check=False).stdout.split()
+
+    def cancel_jobs(self, partition: str | None = None, timeout: float = 20.0) -> None:
+        """Cancel the jobs of ``partition`` (default: every partition's) and wait until Slurm has let them go."""
+        if ids := self.jobs(partition):
+            self.run("scancel", *ids, check=False)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.jobs(partition):
+            time.sleep(0.5)
+
+    def add_partition(self, name: str, nodes: list[str]) -> None:
+        """A partition of ``nodes`` on the running cluster (one test's own on a cluster that several share)."""
+        self.run("scontrol", "create", f"PartitionName={name}", f"Nodes={','.join(nodes)}", "MaxTime=INFINITE",
+                 "State=UP")  # fmt: skip
+
+    def remove_partition(self, name: str) -> None:
+        """Cancel the partition's jobs, then delete it."""
+        self.cancel_jobs(name)
+        self.run("scontrol", "delete", f"PartitionName={name}")
 
     def restart_controller(self, timeout: float = 60.0) -> None:
         """Stop slurmctld (it saves its state, the associations' usage included) and start it again: with

@@ -33,6 +33,7 @@ def cluster(two_nodes, tmp_path_factory):
         HPL_SCALE_FLOOR="0",
         HPL_SCALE_CEILING="2",
         HPL_SCALER="tools.local_slurm:SlurmNodeScaler",
+        HPL_SCALER_PARTITION=two_nodes.name,  # the group: this module's partition of the shared cluster
         HPL_CAPACITY_WAIT_S="60",  # a node missing for a minute fails wait-capacity (the default is an hour)
         HPL_CAPACITY_DIR=str(root / "capacity"),
         PYTHONPATH=f"{REPO}:{REPO / 'payloads'}",

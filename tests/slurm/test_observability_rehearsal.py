@@ -99,7 +99,7 @@ def test_the_run_the_nodes_and_slurm_in_prometheus(stack):
     (tokens,) = prometheus.query(f"hpl_train_tokens_per_second{labels}")
     assert 1000 < float(tokens["value"][1]) < 4096  # 2048 tokens per step, about a second apart
     assert prometheus.query("node_memory_MemAvailable_bytes") and prometheus.query("node_cpu_seconds_total")
-    prometheus.wait_for('hpl_slurm_nodes{state="idle"} == 1')
+    prometheus.wait_for(f'hpl_slurm_nodes{{state="idle"}} == {len(slurm.slurm.node_names)}')  # the whole cluster's
     assert prometheus.query("hpl_slurm_up == 1")
     prometheus.wait_for('sum(hpl_slurm_jobs{state="running"}) == 0')
 

@@ -259,36 +259,6 @@ def test_killed_training_resumes_from_its_checkpoint(cluster):
     assert re.search(rf"(?m)^train +{resumed['train']} +COMPLETED", status.stdout)
 
 
-@pytest.mark.slurm
-def test_extended_finished_run_replaces_the_earlier_outputs_whole(cluster):
-    """A finished 4-step run extended to 6 steps: submit refuses in seconds while the step-4 outputs lie in
-    the run folder; with --replace-outputs they move aside and every output comes from checkpoint-6."""
-    env, root = cluster
-    out_dir = run_dir(env, "extend")
-    first = submit(env, variant(root, "extend", max_steps=4, save_steps=2), "--from", "data", "--no-smoke")
-    assert first.returncode == 0, first.stderr
-    wait_for(lambda: queue_is_empty(env), 300, "the 4-step run")
-    step4 = (out_dir / "adapter" / "adapter_model.safetensors").read_bytes()
-    assert step4 == (out_dir / "checkpoints" / "checkpoint-4" / "adapter_model.safetensors").read_bytes()
-
-    longer = variant(root, "extend", max_steps=6, save_steps=2)
-    refused = submit(env, longer, "--from", "train", "--no-smoke")
-    assert refused.returncode == 2 and "submitted" not in refused.stdout
-    assert "holds outputs of an earlier training (adapter, merged, generation.txt, eval)" in refused.stderr
-    assert "--replace-outputs" in refused.stderr and "error:" in refused.stderr
-
-    second = submit(env, longer, "--from", "train", "--no-smoke", "--replace-outputs", "--wait", "--poll", "1")
-    assert second.returncode == 0, second.stdout + second.stderr
-    assert "pipeline: COMPLETED" in second.stdout
-    (aside,) = (out_dir / "replaced").iterdir()
-    assert f"moved aside: adapter, merged, generation.txt, eval -> {aside}" in second.stdout
-    assert (aside / "adapter" / "adapter_model.safetensors").read_bytes() == step4
-    step6 = (out_dir / "checkpoints" / "checkpoint-6" / "adapter_model.safetensors").read_bytes()
-    assert (out_dir / "adapter" / "adapter_model.safetensors").read_bytes() == step6 != step4
-    assert (out_dir / "generation.txt").is_file() and (out_dir / "eval" / "eval.json").is_file()
-    assert (out_dir / "merged" / "config.json").is_file()
-
-
 # Two submissions of one run, each process imported and waiting for the go file, so both ask at the same moment.
 RACER = (
     "import sys, time; from pathlib import Path; from llm_pipeline import submit\n"

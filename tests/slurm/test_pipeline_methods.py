@@ -1,7 +1,10 @@
 """The rehearsal's --method: every train.method gets a valid run config, and the whole pipeline runs
-with full fine-tuning (consolidate writes the model folder, merge has nothing to do, generate uses it)."""
+with full fine-tuning (consolidate writes the model folder, merge has nothing to do, generate uses it), then
+is extended: refused while its outputs lie in the run folder, resumed with --replace-outputs."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from slurm_helpers import REPO, submit
@@ -56,15 +59,29 @@ def test_pipeline_runs_full_fine_tuning_end_to_end(one_node, tmp_path):
     losses = logged_losses(logs["train"])
     assert sorted(losses) == [2, 4, 6] and losses[6] < losses[2]  # every parameter trains: the loss falls
 
-    # Resume: more steps on the same run folder continue from checkpoint-6; the earlier run's outputs
-    # (model folder, generation, evaluation) are moved aside first, as submit asks (--replace-outputs).
+    # The finished run extended (this also holds test_pipeline.py's former extension test): submit refuses in
+    # seconds while the step-6 outputs lie in the run folder; with --replace-outputs they move aside whole, the
+    # training resumes from checkpoint-6, its step count continues at 7, and every output comes from checkpoint-8.
+    step6 = (out_dir.merged_dir / "model.safetensors").read_bytes()
     set_keys(path, max_steps=8)
+    refused = submit(env, path, "--from", "train")
+    assert refused.returncode == 2 and "submitted" not in refused.stdout
+    assert "holds outputs of an earlier training (merged, generation.txt, eval)" in refused.stderr
+    assert "--replace-outputs" in refused.stderr and "error:" in refused.stderr
     again = submit(env, path, "--from", "train", "--replace-outputs", "--wait", "--poll", "1")
     assert again.returncode == 0, again.stdout + again.stderr
-    job = SubmittedLine.jobs(again.stdout)["train"]
-    resumed = (out_dir.logs_dir / f"train-{job}.log").read_text()
+    assert "pipeline: COMPLETED" in again.stdout
+    (aside,) = (Path(out_dir.output_dir) / "replaced").iterdir()
+    assert f"moved aside: merged, generation.txt, eval -> {aside}" in again.stdout
+    assert (aside / "merged" / "model.safetensors").read_bytes() == step6
+    jobs = SubmittedLine.jobs(again.stdout)
+    resumed = (out_dir.logs_dir / f"train-{jobs['train']}.log").read_text()
     assert f"resuming from {out_dir.checkpoints_dir}/checkpoint-6" in resumed
     assert sorted(logged_losses(resumed)) == [8]  # the step count continues at 7
+    consolidated = (out_dir.logs_dir / f"consolidate-{jobs['consolidate']}.log").read_text()
+    assert f"full-model checkpoint {out_dir.checkpoints_dir}/checkpoint-8 -> {out_dir.merged_dir}" in consolidated
+    assert (out_dir.merged_dir / "model.safetensors").read_bytes() != step6
+    assert out_dir.generation_file.is_file() and (out_dir.eval_dir / "eval.json").is_file()
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(out_dir.merged_dir)  # the folder loads with plain transformers
