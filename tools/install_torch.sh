@@ -57,7 +57,8 @@ read -r build version url <<<"$verdict"
 if [[ "$build" == cuda ]]; then
   echo "error: the only torch $pin that pip finds here is a CUDA build ($url); nothing was installed:" \
     "download the CPU wheel for this Python from $index/torch/ into a folder and rerun with" \
-    "PIP_FIND_LINKS=<that folder>, or install a torch $pin of your choice into the venv first" >&2
+    "PIP_FIND_LINKS=<that folder>, or install a torch $pin of your choice into the venv first" \
+    "(this CUDA build, several GB: $python -m pip install torch==$pin)" >&2
   exit 2
 fi
 echo "torch $version (CPU build) from $url"

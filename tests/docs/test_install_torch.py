@@ -130,6 +130,8 @@ def test_a_cuda_build_is_refused_in_one_line_and_nothing_is_installed(tmp_path, 
     (error,) = done.stderr.splitlines()
     assert error.startswith(f"error: the only torch {PIN} that pip finds here is a CUDA build (file://")
     assert "nothing was installed" in error and "PIP_FIND_LINKS=" in error
+    # The other way, as a command to paste: this venv's pip, the pin.
+    assert error.endswith(f"(this CUDA build, several GB: {venv} -m pip install torch=={PIN})")
     assert installed_torch(venv) is None
 
 

@@ -6,6 +6,8 @@ Ctrl-C mid-run -> the same again, to the end. Every exit code is checked; no tra
 The clone reuses this checkout's .venv (nothing is installed): a venv that imports its packages, with the
 stamps make reads, and PYTHONPATH naming the clone, as the editable install `make rehearse` makes in a real fresh
 clone does.
+HPL_JOURNEY_VENV names another ready venv (one `make rehearse` installed, e.g. on Python 3.12), and
+HPL_JOURNEY_PYTHON an interpreter of its version that the normal user can run (default /usr/bin/python<version>).
 """
 
 from __future__ import annotations
@@ -118,9 +120,9 @@ def reuse_venv(venv: Path, into: Path) -> None:
     """A venv at ``into`` that imports ``venv``'s packages, on an interpreter of the same version that every
     user can run (``venv``'s own may sit in root's home, as pyenv's): the make stamps and hpctl's script too."""
     version = re.search(r"^version\s*=\s*(\d+\.\d+)", (venv / "pyvenv.cfg").read_text(), re.M)[1]
-    python = Path(f"/usr/bin/python{version}")
+    python = Path(os.environ.get("HPL_JOURNEY_PYTHON") or f"/usr/bin/python{version}")
     if not python.is_file():
-        pytest.fail(f"the journey needs /usr/bin/python{version}, .venv's Python, for its normal user", pytrace=False)
+        pytest.fail(f"the journey needs {python}, {venv}'s Python {version}, for its normal user", pytrace=False)
     subprocess.run([str(python), "-m", "venv", "--without-pip", str(into)], check=True)
     (site,) = venv.glob("lib/python*/site-packages")
     (reused,) = into.glob("lib/python*/site-packages")
@@ -135,8 +137,9 @@ def reuse_venv(venv: Path, into: Path) -> None:
 @pytest.fixture
 def newcomer() -> Iterator[Newcomer]:
     require_root("the newcomer's journey (a user it creates, with sudo for make rehearse)")
-    venv = (REPO / ".venv").resolve()
-    assert (venv / ".installed").is_file(), "make venv first: the journey reuses its .venv"
+    venv = Path(os.environ.get("HPL_JOURNEY_VENV") or REPO / ".venv").resolve()
+    missing = [stamp for stamp in STAMPS if not (venv / stamp).is_file()]
+    assert not missing, f"{venv} lacks {missing}: make rehearse (or make venv) there first; the journey reuses it"
     assert shutil.which("sudo"), "sudo is missing: `make system-packages` installs it"
     home = Path(tempfile.mkdtemp(prefix="hpl-newcomer-"))
     home.chmod(0o755)
