@@ -57,7 +57,7 @@ $(VENV)/.installed-hpctl: requirements-hpctl.txt pyproject.toml | $(PY)
 	@touch $@
 
 $(REHEARSAL_STAMP): requirements-rehearse.txt payloads/requirements-gpu.txt pyproject.toml tools/install_torch.sh $(VENV)/.installed-hpctl | $(PY)
-	@$(PHASE) "torch, its CPU build (tools/install_torch.sh)" tools/install_torch.sh $(PY) requirements-rehearse.txt
+	@$(PHASE) "torch (tools/install_torch.sh: its CPU build, or the one already in the venv)" tools/install_torch.sh $(PY) requirements-rehearse.txt
 	@$(PHASE) "the main stack (requirements-rehearse.txt)" $(PIP) install --progress-bar off -r requirements-rehearse.txt
 	@# bitsandbytes has a CPU backend: QLoRA rehearsals and tests load real 4-bit layers (pin: requirements-gpu.txt).
 	@$(PHASE) "bitsandbytes (QLoRA's CPU backend)" $(PIP) install --progress-bar off --no-deps bitsandbytes==0.50.2
