@@ -167,10 +167,11 @@ class LocalSlurm:
                 "the local Slurm runs its daemons (munged, slurmctld, slurmd) as root: run as root, or through "
                 "`make rehearse` / `make rehearse-ladder`, which use sudo"
             )
-        for sub in ("state", "spool", "log"):
+        for sub in ("state", "log"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.munge_dir = Path(tempfile.mkdtemp(prefix="hpl-munge-"))
         self.munge_dir.chmod(0o755)
+        (self.munge_dir / "spool").mkdir()
         key = self._write_munge_key()
         self.conf.write_text(self._slurm_conf())
         self._spawn(
@@ -286,7 +287,9 @@ class LocalSlurm:
             f"AuthInfo=socket={self.socket}",
             "CredType=cred/munge",
             f"StateSaveLocation={self.root / 'state'}",
-            f"SlurmdSpoolDir={self.root / 'spool'}/%n",
+            # Beside munge's socket in the short temp folder, not under the root: slurmd's step sockets there must
+            # fit a Unix socket name (108 bytes), and a root deep in a checkout or pytest's tmp made every job fail.
+            f"SlurmdSpoolDir={self.munge_dir / 'spool'}/%n",
             f"SlurmctldPidFile={self.root / 'slurmctld.pid'}",
             f"SlurmdPidFile={self.root / 'slurmd'}.%n.pid",
             f"SlurmctldLogFile={self.root / 'log' / 'slurmctld.log'}",

@@ -19,7 +19,7 @@ NOBODY = 65534  # a uid that is not root, as a home folder's owner is
 
 @pytest.fixture
 def home():
-    """A short path: slurmd's step sockets under <root>/spool must fit a Unix socket name (108 bytes)."""
+    """A user's folder (the cluster's root goes deep below it: slurmd's sockets must not)."""
     folder = Path(tempfile.mkdtemp(prefix="hpl-home-"))
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
@@ -28,10 +28,13 @@ def home():
 def test_a_cluster_under_a_normal_users_folder_starts_and_runs_a_job(home):
     assert missing_binaries() == [], "`apt-get install -y slurm-wlm munge` (tools/system_packages.sh)"
     os.chown(home, NOBODY, NOBODY)
-    root = home / "repo" / ".rehearsal" / "slurm"
+    # A checkout deep enough that <root>/spool/<node>/<node>_<job>.<step> passes a Unix socket name's 108 bytes.
+    repo = home / "projects-of-a-normal-user" / "llm-fine-tuning-on-hyperpod-with-a-long-name" / "repo"
+    root = repo / ".rehearsal" / "slurm"
     root.mkdir(parents=True)
-    for folder in (home / "repo", home / "repo" / ".rehearsal", root):
-        os.chown(folder, NOBODY, NOBODY)
+    assert len(str(root / "spool" / "vm" / "vm_12345.4294967291")) > 108
+    for folder in (*reversed(root.relative_to(home).parents), root):
+        os.chown(home / folder, NOBODY, NOBODY)
     with LocalSlurm(root) as slurm:
         assert not slurm.munge_dir.is_relative_to(home)
         done = slurm.run("srun", "--quiet", "true", check=False)
