@@ -75,17 +75,20 @@ ACL_XATTR = "system.posix_acl_default"
 DEFAULT_ACL = struct.pack("<I", 2) + b"".join(
     struct.pack("<HHI", tag, perms, 0xFFFFFFFF) for tag, perms in ((0x01, 7), (0x04, 7), (0x20, 5))
 )
-# The profile's last line: a user with an outputs folder of their own (a users-file user; not the default user,
-# whose runs stay in outputs/) runs there, so a config's ${HPL_OUTPUTS_DIR}/<run> needs no edit.
-USER_OUTPUTS_LINE = (
-    'if [ "$(id -un)" != "$HPL_DEFAULT_USER" ] && [ -d "$HPL_OUTPUTS_DIR/$(id -un)" ] '
-    '&& [ -O "$HPL_OUTPUTS_DIR/$(id -un)" ]; then export HPL_OUTPUTS_DIR="$HPL_OUTPUTS_DIR/$(id -un)"; fi'
-)
 
 
 def user_outputs_dir(outputs_dir: str, user: str) -> str:
-    """Where a users-file user's runs go (USER_OUTPUTS_LINE's rule, for programs that are not the profile)."""
+    """Where a users-file user's runs go: the profile's USER_OUTPUTS_LINE, and hpctl's dry run, both ask here."""
     return f"{outputs_dir}/{user}"
+
+
+# The profile's last line: a user with an outputs folder of their own (a users-file user; not the default user,
+# whose runs stay in outputs/) runs there, so a config's ${HPL_OUTPUTS_DIR}/<run> needs no edit.
+_OWN = user_outputs_dir("$HPL_OUTPUTS_DIR", "$(id -un)")
+USER_OUTPUTS_LINE = (
+    f'if [ "$(id -un)" != "$HPL_DEFAULT_USER" ] && [ -d "{_OWN}" ] '
+    f'&& [ -O "{_OWN}" ]; then export HPL_OUTPUTS_DIR="{_OWN}"; fi'
+)
 
 
 SSH_KEY = re.compile(r"(ssh-(ed25519|rsa)|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]+( [^\n]*)?")
