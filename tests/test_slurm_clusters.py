@@ -24,7 +24,6 @@ ALLOWED = {
     "slurm/test_run_series_end.py": "an Epilog in slurm.conf (the series-end hook under test)",
     "slurm/test_local_slurm_owner.py": "tests LocalSlurm itself: a cluster under a folder a normal user owns",
     "slurm/test_rehearsal_safety.py": "runs `make rehearse`'s program, which starts and stops its own cluster",
-    "slurm/test_rehearse_your_files_chain.py": "runs `make rehearse`'s program as a normal user does (sudo)",
     "docs/test_newcomer_journey.py": "a newcomer's `make rehearse` runs, from a fresh clone",
     "docs/test_ladder_rehearsal_lock.py": "the ladder rehearsal's program, refused by its lock before it starts one",
 }

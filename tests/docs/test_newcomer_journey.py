@@ -1,7 +1,12 @@
 """A newcomer's first hour as one test: a fresh clone, a normal user with sudo, in a terminal, following the
 README and docs/custom-data.md as written. `make rehearse` -> `.venv/bin/hpctl doctor` -> the page's preview
 and dry run from the run config's own folder -> `make rehearse CONFIG=` with the user's own data, stopped with
-Ctrl-C mid-run -> the same again, to the end. Every exit code is checked; no traceback anywhere.
+Ctrl-C mid-run -> the same again, to the end. Every exit code is checked; no traceback anywhere. The last
+rehearsal trains on the user's records, named by a relative data.dataset beside a relative model folder of
+theirs, and writes nothing outside its root: every file in the user's home (the clone minus what is not the
+user's: the rehearsal's root, the install, git's metadata, caches) is checksummed before the first rehearsal of
+their data and after the last; nothing changed, nothing new. The absolute form and the checks before the chain
+are tests/docs/test_rehearse_your_files.py (no chain).
 
 The clone reuses this checkout's .venv (nothing is installed): a venv that imports its packages, with the
 stamps make reads, and PYTHONPATH naming the clone, as the editable install `make rehearse` makes in a real fresh
@@ -29,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_pipeline.jobs.run_config_text import set_key
+from llm_pipeline.jobs.run_config_text import with_keys
 from tests.needs_root import require_root
 from tools.local_slurm import kill_processes_of
 
@@ -41,8 +46,16 @@ STAMPS = (".installed-hpctl", ".installed-rehearsal")  # what `make rehearse` ch
 RUNNING_TRAIN = re.compile(r"^\[ *\d+s\] train +RUNNING ", re.MULTILINE)
 # docs/custom-data.md's run config, step 1 of "From this machine to the cluster", beside 30 records of the user's.
 RUN_CONFIG = '[data]\ndataset = "my-records.jsonl"\n\n[paths]\noutput_dir = "${HPL_OUTPUTS_DIR}/my-run"\n'
-# What the user rehearses: a GPU example (the rehearsal takes torch-engine runs) copied beside the records.
+# What the user rehearses: a GPU example (the rehearsal takes torch-engine runs) copied beside the records,
+# naming them and a model folder of the user's (never written: the rehearsal trains the tiny model) relatively.
 GPU_EXAMPLE = Path("payloads/configs/llama3-8b-lora-g5.toml")
+OWN_KEYS = {("data", "dataset"): "my-records.jsonl", ("paths", "model_dir"): "models/base"}
+RECORDS = 30
+MARKER = "Which colour is fruit"  # in every record of the user's, in no stand-in record
+# Not the user's files: the rehearsal's default root, the install, git's metadata and what Python and the test
+# tools cache.
+NOT_THE_USERS = {".rehearsal", ".venv", "node_modules", ".git", "__pycache__", ".pytest_cache", ".ruff_cache"}
+NOT_THE_USERS |= {".hypothesis", "cdk.out"}
 RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"  # in sbin, outside the user's PATH
 STEP_S = 900  # one rehearsal on a shared 2-core machine, with room
 
@@ -116,6 +129,22 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def checksums(folder: Path) -> dict[str, str]:
+    """Every file and link under ``folder`` (links not followed) by content, every folder by name."""
+    found = {}
+    for parent, folders, files in os.walk(folder):
+        folders[:] = [name for name in folders if name not in NOT_THE_USERS]
+        for name in [*folders, *files]:
+            path = Path(parent) / name
+            if path.is_symlink():
+                found[str(path)] = f"-> {os.readlink(path)}"
+            elif path.is_file() and name not in NOT_THE_USERS:
+                found[str(path)] = digest(path)
+            elif path.is_dir():
+                found[str(path)] = "folder"
+    return found
+
+
 def reuse_venv(venv: Path, into: Path) -> None:
     """A venv at ``into`` that imports ``venv``'s packages, on an interpreter of the same version that every
     user can run (``venv``'s own may sit in root's home, as pyenv's): the make stamps and hpctl's script too."""
@@ -159,10 +188,10 @@ def newcomer() -> Iterator[Newcomer]:
         data.mkdir()
         (data / "my-run.toml").write_text(RUN_CONFIG)
         example = (checkout / GPU_EXAMPLE).read_text()
-        (data / "my-gpu-run.toml").write_text(set_key(example, "data", "dataset", "my-records.jsonl"))
+        (data / "my-gpu-run.toml").write_text(with_keys(example, OWN_KEYS))
         records = [
-            f'{{"instruction": "Which colour is fruit {n}?", "context": "", "response": "Fruit {n} is red."}}\n'
-            for n in range(30)
+            f'{{"instruction": "{MARKER} {n}?", "context": "", "response": "Fruit {n} is red."}}\n'
+            for n in range(RECORDS)
         ]
         (data / "my-records.jsonl").write_text("".join(records))
         subprocess.run(["chown", "-R", f"{UID}:{pwd.getpwuid(UID).pw_gid}", str(home)], check=True)
@@ -200,6 +229,7 @@ def test_a_newcomer_s_first_hour(newcomer):
     assert "train.backend = 'auto'" in trn1 and "llama3-8b-lora-g5.toml" in trn1, trn1
 
     own = f"make rehearse CONFIG={shlex.quote(str(data / 'my-gpu-run.toml'))}"
+    untouched = checksums(user.home)
     stopped = user.run(own, checkout, expect=2, interrupt=RUNNING_TRAIN)  # make's exit for a failed recipe
     assert "\ninterrupted: the local Slurm and its jobs are stopped" in stopped.replace("^C", "\n")
     assert stopped.rstrip().endswith("Error 130")  # the rehearsal's own exit: stopped by SIGINT
@@ -211,4 +241,22 @@ def test_a_newcomer_s_first_hour(newcomer):
     assert "Traceback" not in transcript, transcript
     # tools/rehearse.py rehearses the user's own records and never writes them (issue 54, item 1).
     assert digest(dataset) == before, "the rehearsal wrote the user's dataset"
-    assert str(dataset) in again, "the rehearsal never names the user's dataset"
+    said = [line for line in again.splitlines() if str(dataset) in line]
+    root = checkout / ".rehearsal"
+    assert len(said) == 1 and f"rehearsing your dataset {dataset} ({RECORDS} records) with the tiny model" in said[0]
+
+    # The data step read the user's file, all of it, and the prepared copy holds their records.
+    (data_log,) = [log for log in root.glob("fsx/outputs/*/logs/data-*.log") if str(dataset) in log.read_text()]
+    log = data_log.read_text()
+    assert f"loading {dataset} (split train)" in log, log
+    prepared = re.search(r"^prepared train (\d+), validation (\d+) rows in ", log, re.MULTILINE)
+    assert prepared and int(prepared[1]) + int(prepared[2]) == RECORDS, log
+    saved = b"".join(path.read_bytes() for path in data_log.parents[1].glob("data/*/data-*.arrow"))
+    assert saved.count(MARKER.encode()) == RECORDS
+    assert all(f"{MARKER} {n}?".encode() in saved for n in range(RECORDS))
+
+    # Nothing outside the root changed or appeared; the root is the user's.
+    after = checksums(user.home)
+    assert {path: after.get(path) for path in untouched if after.get(path) != untouched[path]} == {}
+    assert sorted(set(after) - set(untouched)) == []
+    assert root.stat().st_uid == UID

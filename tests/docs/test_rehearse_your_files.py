@@ -2,7 +2,7 @@
 chain: the rehearsal's run config reads the user's own local dataset where it is and points everything it writes
 (the tiny model, the run folder) under its root; write_inputs writes only there; a dataset it cannot use is
 refused before anything starts, in one line naming the file. The chain itself, run as a normal user's rehearsal
-with every file outside its root checksummed, is tests/slurm/test_rehearse_your_files_chain.py."""
+with every file outside its root checksummed, is tests/docs/test_newcomer_journey.py (its last rehearsal)."""
 
 from __future__ import annotations
 

@@ -24,9 +24,9 @@ CONFIGS = REPO / "payloads" / "configs"
 CHAIN_TIMEOUT_S = 1800  # only stops a hung chain; asserts nothing about speed
 
 
-def test_every_gpu_example_runs_its_chain_at_tiny_shape(one_node, tmp_path):
+def test_every_gpu_example_runs_its_chain_at_tiny_shape(two_nodes, tmp_path):
     fsx = tmp_path / "fsx"
-    env = one_node.env(fsx_environment(fsx))
+    env = two_nodes.env(fsx_environment(fsx))
     paths = {name: tiny_shape_config(CONFIGS / name, fsx, tmp_path) for name in sorted(GPU_EXAMPLES)}
     configs = {name: config.load(path, env=env) for name, path in paths.items()}
     assert len({(cfg.paths.model_dir, cfg.model.dtype) for cfg in configs.values()}) == 1  # one tiny model serves all
