@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aws_cdk import Stack
+from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_iam as iam
@@ -120,6 +120,12 @@ class ClusterRole(Construct):
         ]
         vpc_arn = stack.format_arn(service="ec2", resource="vpc", resource_name=vpc_id)
         in_cluster_network = {"StringEquals": dict(zip(ENI_SCOPE_KEYS, (subnet_arn, vpc_arn), strict=True))}
+        log_group_arn = stack.format_arn(
+            service="logs",
+            resource="log-group",
+            resource_name=f"/aws/sagemaker/Clusters/{cluster_name}/*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
         statements = [
             iam.PolicyStatement(sid="VpcNetworkInterfaceReads", actions=ENI_READ_ACTIONS, resources=["*"]),
             iam.PolicyStatement(sid="DetachNodeInterfaces", actions=[ENI_DETACH_ACTION], resources=["*"]),
@@ -156,8 +162,11 @@ class ClusterRole(Construct):
             ),
             iam.PolicyStatement(sid="EcrLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"]),
         ]
-        # The cluster's logs (HyperPod's node agent) are the managed policy's: its log grants name
-        # /aws/sagemaker/Clusters/*, so a grant of ours on this cluster's group would add nothing.
+        # The cluster's log streams (HyperPod's node agent) are the managed policy's. It grants
+        # DescribeLogStreams on streams too, but IAM authorizes that action on the log group: that one is ours.
+        statements.append(
+            iam.PolicyStatement(sid="ClusterLogStreams", actions=["logs:DescribeLogStreams"], resources=[log_group_arn])
+        )
         statements.extend(extra_statements)  # e.g. remote write into the stack's metrics workspace
         self.policy = iam.Policy(self, "NodeAccess", statements=statements, roles=[self.role])
         skip(
@@ -166,9 +175,9 @@ class ClusterRole(Construct):
             f"{ENI_DETACH_ACTION} is the only write here without a resource: its instance is a HyperPod node that "
             "SageMaker runs outside this account, so the ARN cannot be named (the same reason as cdk-nag IAM5's).",
         )
-        self._acknowledge(eni_arn, bucket)
+        self._acknowledge(eni_arn, log_group_arn, bucket)
 
-    def _acknowledge(self, eni_arn: str, bucket: s3.IBucket) -> None:
+    def _acknowledge(self, eni_arn: str, log_group_arn: str, bucket: s3.IBucket) -> None:
         bucket_logical_id = Stack.of(self).get_logical_id(bucket.node.default_child)
         acknowledge(
             self.role,
@@ -186,6 +195,8 @@ class ClusterRole(Construct):
             "the cluster's subnet and VPC by the ec2:Subnet and ec2:Vpc condition keys instead.",
             f"Resource::<{bucket_logical_id}.Arn>/*": "Nodes read payloads and datasets and "
             "write run outputs anywhere under this one bucket (the cluster's own, named in the statement).",
+            f"Resource::{log_group_arn}": "HyperPod creates one log group per CreateCluster call "
+            "(/aws/sagemaker/Clusters/<name>/<cluster id>), scoped here to this cluster.",
         }
         for finding, reason in wildcard_reasons.items():
             acknowledge(self.policy, f"AwsSolutions-IAM5[{finding}]", reason)

@@ -169,7 +169,7 @@ REQUESTS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "logs:CreateLogGroup": (("{log_group_arn}",), {}),
     "logs:CreateLogStream": (("{log_group_arn}:log-stream:{run}",), {}),
     "logs:PutLogEvents": (("{log_group_arn}:log-stream:{run}",), {}),
-    "logs:DescribeLogStreams": (("{log_group_arn}:log-stream:{run}",), {}),
+    "logs:DescribeLogStreams": (("{log_group_arn}",), {}),  # IAM authorizes it on the group
     "ecr:BatchGetImage": (("{repository_arn}",), {}),
     "ecr:GetDownloadUrlForLayer": (("{repository_arn}",), {}),
     "ecr:BatchCheckLayerAvailability": (("{repository_arn}",), {}),

@@ -300,3 +300,20 @@ def test_every_grant_is_needed_by_a_call(apps, shape):
             if not failing:
                 unneeded.append(where)
     assert unneeded == [], "grants no call in docs/aws-calls.md needs"
+
+
+def test_without_the_scalers_grant_its_calls_are_denied_by_name(apps):
+    """The evaluator against the fault it exists for: the issue's AccessDenied at a chain's first claim."""
+    app = apps["external-db"]
+    scaler_policy = app.logical_id(app.stack.node.find_child("CapacityScaling").node.default_child)
+    denied = set()
+    for role, role_requests in roles_and_requests(app):
+        without = [p for p in role_policies(app, role) if p.name != scaler_policy]
+        denied |= {(r.row.side, r.row.action, r.row.where) for r in role_requests if not allowed(without, r)}
+    where = ("payloads/llm_pipeline/jobs/capacity.py",)
+    assert {(side, action) for side, action, _ in denied} == {
+        (side, f"sagemaker:{operation}")
+        for side in NODE_SIDES
+        for operation in ("ListClusterNodes", "BatchAddClusterNodes", "BatchDeleteClusterNodes")
+    }
+    assert all(w.startswith(where) for _, _, places in denied for w in places)
