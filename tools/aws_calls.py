@@ -79,7 +79,7 @@ class Call:
     side: str
     service: str  # the boto3 client name
     operation: str  # the API operation (botocore's model)
-    where: str  # path:line of the call
+    where: str  # path:function of the call
     caller: str = ""  # for SERVICE_CALLS: who makes it
 
     @property
@@ -330,6 +330,24 @@ def cli_operation(service: str, command: str) -> tuple[str, str] | None:
     return (service, operation) if operation else None
 
 
+def _functions(path: Path) -> dict[int, str]:
+    """Line -> the innermost function (or Class.method) that holds it."""
+    held: dict[int, str] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    held.update(dict.fromkeys(range(child.lineno, (child.end_lineno or child.lineno) + 1), name))
+                visit(child, f"{name}.")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(path.read_text()), "")
+    return held
+
+
 def code_calls(root: Path = ROOT) -> list[Call]:
     calls: set[Call] = set()
     for top in SCANNED:
@@ -343,9 +361,12 @@ def code_calls(root: Path = ROOT) -> list[Call]:
                 found = shell_calls(path)
             else:
                 continue
+            places = _functions(path) if path.suffix == ".py" else {}
             for service, operation, line in found:
+                # The enclosing function, not the line: the table moves only when calls do.
+                where = f"{relative}:{places[line]}" if places.get(line) else relative
                 for side in side_of(relative):
-                    calls.add(Call(side, service, operation, f"{relative}:{line}"))
+                    calls.add(Call(side, service, operation, where))
     return sorted(calls, key=lambda c: (SIDE_ORDER.index(c.side), c.action, c.where))
 
 

@@ -317,3 +317,24 @@ def test_without_the_scalers_grant_its_calls_are_denied_by_name(apps):
         for operation in ("ListClusterNodes", "BatchAddClusterNodes", "BatchDeleteClusterNodes")
     }
     assert all(w.startswith(where) for _, _, places in denied for w in places)
+
+
+def test_the_scan_finds_clients_made_bound_and_passed_and_nothing_else(tmp_path):
+    module = tmp_path / "module.py"
+    module.write_text(
+        "import re\nimport boto3\n"
+        "def made():\n    return boto3.client('s3').get_object(Bucket='b', Key='k')\n"
+        "def bound(session):\n    logs = session.client('logs')\n    logs.get_paginator('describe_log_groups')\n"
+        "def passed(sagemaker):\n    return sagemaker.describe_cluster(ClusterName='c')\n"
+        "def prose():\n    return re.search('x', 'y'), ['aws', 'ssm', 'start-session']\n"
+    )
+    found = {(service, operation) for service, operation, _ in aws_calls.python_calls(module, "payloads/module.py")}
+    assert found == {
+        ("s3", "GetObject"),
+        ("logs", "DescribeLogGroups"),
+        ("sagemaker", "DescribeCluster"),
+        ("ssm", "StartSession"),
+    }
+    with pytest.raises(KeyError, match=r"nowhere/x\.py: no side in tools/aws_calls\.SIDES"):
+        aws_calls.side_of("nowhere/x.py")
+    assert aws_calls.side_of("payloads/llm_pipeline/compile_cache.py") == (aws_calls.TRAINING_JOB,)
