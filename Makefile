@@ -29,7 +29,7 @@ endif
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help need-root system-packages venv hpctl synth lint doc-tables test test-fast test-engine test-trn1 snapshot-update deploy diff destroy rehearse rehearse-config rehearse-ladder bench bench-train diagram clean
+.PHONY: help need-root system-packages venv hpctl synth lint doc-tables iam-table test test-fast test-engine test-trn1 snapshot-update deploy diff destroy rehearse rehearse-config rehearse-ladder bench bench-train diagram clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -114,6 +114,9 @@ lint: $(STAMP)  ## ruff lint and format check (shellcheck and hadolint run insid
 
 doc-tables: $(STAMP)  ## rewrite the run-config table in docs/training.md from config.py
 	$(PY) -m tools.doc_tables
+
+iam-table: $(STAMP)  ## rewrite docs/aws-calls.md: every AWS call in the code, by the side (role) that makes it
+	$(PY) -m tools.aws_calls
 
 # Make builds prerequisites left to right: system packages, then .venv (inside lint), then lint.
 test: system-packages lint  ## set up a fresh Debian/Ubuntu machine as needed, lint, then run the whole suite (both stacks)

@@ -5,10 +5,11 @@ starts with no job history. With `external`, HyperPod's slurmdbd uses this insta
 (Orchestrator.Slurm.AccountingDatabase: Endpoint, Port, Name, SecretArn; continuous provisioning only).
 - The credentials are a secret RDS generates in Secrets Manager (user `slurm`, a random password,
   encrypted with a key of this construct). No password appears in the template, on a command line or in
-  a file on the nodes but slurmdbd.conf, which HyperPod writes. The cluster's role may read the secret.
-- The database's security group admits MySQL (3306) only from the cluster's security group. HyperPod gives
-  every node the same group (one VpcConfig per cluster), so the controller cannot be singled out, and the
-  secret is what keeps other nodes out.
+  a file on the nodes but slurmdbd.conf, which HyperPod writes. Only the controller group's execution
+  role may read the secret (its own role: stacks/stack.py).
+- The database's security group admits MySQL (3306) only from the controller's security group, which this
+  construct makes and the controller group alone carries beside the cluster's (OverrideVpcConfig,
+  stacks/cluster.ControllerAccess): no login or compute node can reach the port.
 - RDS needs a subnet group in two zones, and the network has one private subnet in one zone. This
   construct adds a subnet in accounting_database_zone_id, in the VPC range the network leaves free. It
   has no route out: the database needs none. The instance itself runs in the cluster's zone.
@@ -62,7 +63,6 @@ class AccountingDatabase(Construct):
         vpc_cidr: str,
         cluster_subnet: ec2.ISubnet,
         second_zone_id: str,
-        cluster_security_group: ec2.ISecurityGroup,
         retain: bool,
         cluster_name: str,
     ) -> None:
@@ -81,14 +81,22 @@ class AccountingDatabase(Construct):
             self,
             "SecurityGroup",
             vpc=vpc,
-            description="Slurm accounting database: MySQL from the HyperPod cluster security group only",
+            description="Slurm accounting database: MySQL from the HyperPod controller security group only",
             allow_all_outbound=False,  # a database starts no connection
+        )
+        # Rules of its own it needs none: the cluster's group, which the controller carries too, lets it out.
+        self.controller_security_group = ec2.SecurityGroup(
+            self,
+            "ControllerSecurityGroup",
+            vpc=vpc,
+            description="The HyperPod controller alone: the accounting database admits this group",
+            allow_all_outbound=False,
         )
         ec2.CfnSecurityGroupIngress(
             self,
-            "FromCluster",
+            "FromController",
             group_id=self.security_group.security_group_id,
-            source_security_group_id=cluster_security_group.security_group_id,
+            source_security_group_id=self.controller_security_group.security_group_id,
             ip_protocol="tcp",
             from_port=PORT,
             to_port=PORT,
@@ -150,7 +158,7 @@ class AccountingDatabase(Construct):
         )
 
     def read_statements(self) -> list[iam.PolicyStatement]:
-        """The cluster role reads the secret, and decrypts with its key only through Secrets Manager."""
+        """The controller's role reads the secret, and decrypts with its key only through Secrets Manager."""
         region = Stack.of(self).region
         return [
             iam.PolicyStatement(
@@ -188,7 +196,7 @@ NO_DELETION_PROTECTION = (
 )
 DEFAULT_PORT = (
     "3306 is HyperPod's documented default for AccountingDatabase.Port; the security group admits it only from "
-    "the cluster's security group, so another port would hide nothing."
+    "the controller's security group, so another port would hide nothing."
 )
 NO_ROTATION = (
     "HyperPod reads the password when it sets up slurmdbd on the controller; a rotation would lock slurmdbd out "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from aws_cdk import Fn, RemovalPolicy
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct, IDependable
@@ -80,6 +82,16 @@ def ami_update_properties(auto_patch: str, scheduled_update: str) -> dict[str, o
     return properties
 
 
+@dataclass(frozen=True)
+class ControllerAccess:
+    """Where the controller's side differs from the other nodes' (stacks/iam.py: the accounting database):
+    its own execution role, and a security group of its own beside the cluster's, which the database admits.
+    HyperPod gives a group its own VPC settings through OverrideVpcConfig (same subnet here)."""
+
+    role_arn: str
+    security_group_id: str
+
+
 class HyperPodCluster(Construct):
     """Controller + (optional login) + the configured compute groups, FSx at /fsx on every node.
 
@@ -101,6 +113,7 @@ class HyperPodCluster(Construct):
         fsx_mount_name: str,
         depends_on: list[IDependable],
         accounting_database: Cfn.ClusterAccountingDatabaseProperty | None = None,
+        controller: ControllerAccess | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         fsx_storage = Cfn.ClusterInstanceStorageConfigProperty(
@@ -121,13 +134,14 @@ class HyperPodCluster(Construct):
             threads_per_core: int = 1,
             storage: tuple = (),
             partition: str | None = None,
+            execution_role: str = role_arn,
             **extra: object,
         ) -> Cfn.ClusterInstanceGroupProperty:
             return Cfn.ClusterInstanceGroupProperty(
                 instance_group_name=name,
                 instance_type=instance_type,
                 instance_count=count,
-                execution_role=role_arn,
+                execution_role=execution_role,
                 threads_per_core=threads_per_core,
                 life_cycle_config=lifecycle,
                 instance_storage_configs=[*storage, fsx_storage],
@@ -137,8 +151,24 @@ class HyperPodCluster(Construct):
                 **extra,
             )
 
+        controller_extra = (
+            {
+                "execution_role": controller.role_arn,
+                "override_vpc_config": Cfn.VpcConfigProperty(
+                    security_group_ids=[security_group_id, controller.security_group_id], subnets=[subnet_id]
+                ),
+            }
+            if controller
+            else {}
+        )
         groups = [
-            group(CONTROLLER_GROUP, "Controller", config.controller_instance_type, config.controller_instance_count)
+            group(
+                CONTROLLER_GROUP,
+                "Controller",
+                config.controller_instance_type,
+                config.controller_instance_count,
+                **controller_extra,
+            )
         ]
         if config.login_instance_count:
             groups.append(group(LOGIN_GROUP, "Login", config.login_instance_type, config.login_instance_count))

@@ -1,4 +1,9 @@
-"""IAM: the execution role every HyperPod node runs as."""
+"""IAM: the execution roles HyperPod nodes run as, and the scaler's grant on the cluster.
+
+One role (the node role) serves every group while the sides agree. Where they differ the controller gets
+a role of its own (stacks/stack.py): with the external accounting database, only the controller may read
+its secret. Which call each side makes, and that each grant here is needed by one: docs/aws-calls.md.
+"""
 
 from __future__ import annotations
 
@@ -55,6 +60,22 @@ ENI_WRITE_ACTIONS = [
 # key: its condition sits on a statement of the interface alone. DetachNetworkInterface also authorizes the
 # instance, a HyperPod node in SageMaker's account, so it stays on "*" without a condition (see ENI_DETACH_ACTION).
 ENI_SCOPE_KEYS = ("ec2:Subnet", "ec2:Vpc")
+BUCKET_WRITE_ACTIONS = ("s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload")
+# What the chain's scaler calls (payloads/llm_pipeline/jobs/capacity.HyperPodScaler), on this cluster alone.
+SCALER_ACTIONS = ("sagemaker:ListClusterNodes", "sagemaker:BatchAddClusterNodes", "sagemaker:BatchDeleteClusterNodes")
+
+
+def scaler_grant(scope: Construct, construct_id: str, *, cluster_arn: str, roles: Sequence[iam.IRole]) -> iam.Policy:
+    """The scaler's node APIs on the cluster's ARN, for the roles of the sides that run it: a chain claims
+    nodes where it is submitted (the controller, a login node) and its release job gives them back on a compute
+    node. A policy of its own, made after the cluster: the cluster waits for the roles' other policies, and this
+    one names the cluster's ARN, which exists only once the cluster does."""
+    return iam.Policy(
+        scope,
+        construct_id,
+        statements=[iam.PolicyStatement(sid="ScaleThisCluster", actions=list(SCALER_ACTIONS), resources=[cluster_arn])],
+        roles=list(roles),
+    )
 
 
 class ClusterRole(Construct):
@@ -73,24 +94,30 @@ class ClusterRole(Construct):
         bucket: s3.IBucket,
         image_repository: ecr.IRepository,
         subnet: ec2.ISubnet,
-        security_group: ec2.ISecurityGroup,
+        security_groups: Sequence[ec2.ISecurityGroup],
         vpc_id: str,
         extra_statements: Sequence[iam.PolicyStatement] = (),
+        bucket_writes: bool = True,
+        groups: str = "every group",
     ) -> None:
+        """``bucket_writes=False``: the bucket is read only (the controller, whose steps write to FSx alone).
+        ``groups``: the groups that run as this role, for its description."""
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
         self.role = iam.Role(
             self,
             "Role",
             assumed_by=service_principal(stack, SAGEMAKER_SERVICE, key_documented=False),
-            description=f"Execution role of the HyperPod cluster {cluster_name}",
+            description=f"Execution role of the HyperPod cluster {cluster_name}: {groups}",
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(MANAGED_INSTANCE_POLICY)],
         )
         eni_arn = stack.format_arn(service="ec2", resource="network-interface", resource_name="*")
         subnet_arn = stack.format_arn(service="ec2", resource="subnet", resource_name=subnet.subnet_id)
-        group_arn = stack.format_arn(
-            service="ec2", resource="security-group", resource_name=security_group.security_group_id
-        )
+        # Every group a node of this role carries: CreateNetworkInterface authorizes each one.
+        group_arns = [
+            stack.format_arn(service="ec2", resource="security-group", resource_name=group.security_group_id)
+            for group in security_groups
+        ]
         vpc_arn = stack.format_arn(service="ec2", resource="vpc", resource_name=vpc_id)
         in_cluster_network = {"StringEquals": dict(zip(ENI_SCOPE_KEYS, (subnet_arn, vpc_arn), strict=True))}
         log_group_arn = stack.format_arn(
@@ -105,7 +132,7 @@ class ClusterRole(Construct):
             iam.PolicyStatement(
                 sid="CreateInterfacesInClusterSubnet",
                 actions=["ec2:CreateNetworkInterface"],
-                resources=[subnet_arn, group_arn],
+                resources=[subnet_arn, *group_arns],
             ),
             iam.PolicyStatement(
                 sid="CreateNodeInterfaces",
@@ -124,8 +151,8 @@ class ClusterRole(Construct):
             ),
             iam.PolicyStatement(sid="ListDataBucket", actions=["s3:ListBucket"], resources=[bucket.bucket_arn]),
             iam.PolicyStatement(
-                sid="ReadWriteDataBucket",
-                actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+                sid="ReadWriteDataBucket" if bucket_writes else "ReadDataBucket",
+                actions=["s3:GetObject", *(BUCKET_WRITE_ACTIONS if bucket_writes else ())],
                 resources=[bucket.arn_for_objects("*")],
             ),
             iam.PolicyStatement(
@@ -134,12 +161,12 @@ class ClusterRole(Construct):
                 resources=[image_repository.repository_arn],
             ),
             iam.PolicyStatement(sid="EcrLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"]),
-            iam.PolicyStatement(
-                sid="ClusterLogs",
-                actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
-                resources=[log_group_arn, f"{log_group_arn}:log-stream:*"],
-            ),
         ]
+        # The cluster's log streams (HyperPod's node agent) are the managed policy's. It grants
+        # DescribeLogStreams on streams too, but IAM authorizes that action on the log group: that one is ours.
+        statements.append(
+            iam.PolicyStatement(sid="ClusterLogStreams", actions=["logs:DescribeLogStreams"], resources=[log_group_arn])
+        )
         statements.extend(extra_statements)  # e.g. remote write into the stack's metrics workspace
         self.policy = iam.Policy(self, "NodeAccess", statements=statements, roles=[self.role])
         skip(
@@ -170,8 +197,6 @@ class ClusterRole(Construct):
             "write run outputs anywhere under this one bucket (the cluster's own, named in the statement).",
             f"Resource::{log_group_arn}": "HyperPod creates one log group per CreateCluster call "
             "(/aws/sagemaker/Clusters/<name>/<cluster id>), scoped here to this cluster.",
-            f"Resource::{log_group_arn}:log-stream:*": "One log stream per node and agent inside this "
-            "cluster's log group; names are only known at runtime.",
         }
         for finding, reason in wildcard_reasons.items():
             acknowledge(self.policy, f"AwsSolutions-IAM5[{finding}]", reason)

@@ -86,10 +86,16 @@ class JobRole(Construct):
                 resources=[image_repository.repository_arn],
             ),
             iam.PolicyStatement(sid="EcrLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"]),
+            # IAM authorizes the group's actions on the group and the stream writes on the streams.
             iam.PolicyStatement(
-                sid="TrainingJobLogs",
-                actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
-                resources=[self.log_group_arn, f"{self.log_group_arn}:log-stream:*"],
+                sid="TrainingJobLogGroup",
+                actions=["logs:CreateLogGroup", "logs:DescribeLogStreams"],
+                resources=[self.log_group_arn],
+            ),
+            iam.PolicyStatement(
+                sid="TrainingJobLogStreams",
+                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                resources=[f"{self.log_group_arn}:log-stream:*"],
             ),
             iam.PolicyStatement(
                 sid="TrainingJobMetrics",

@@ -120,13 +120,37 @@ def zone_upgrade_refusals(recorded: Mapping[str, Any], config: HyperPodConfig, s
     ]
 
 
-def scaling_refusals(config: HyperPodConfig, session: boto3.Session) -> list[str]:
+# A fact about HyperPod, recorded in cdk.json's context (or -c) once measured on a real cluster: does
+# BatchDeleteClusterNodes lower a group's target count in continuous mode? docs/deploy.md gives the commands
+# that answer it. Not a config key (the stack does not change with it); absent, the answer is unknown.
+DELETE_FACT_KEY = "fact:batch_delete_lowers_target_count"
+FACT_VALUES = {"true": True, "false": False}
+
+
+def delete_lowers_target(context: Mapping[str, Any]) -> bool | None:
+    """The recorded answer: True, False, or None (not recorded: unknown)."""
+    value = context.get(DELETE_FACT_KEY)
+    if value is None:
+        return None
+    answer = FACT_VALUES.get(str(value).lower())
+    if answer is None:
+        raise StackConfigError(f"context key '{DELETE_FACT_KEY}' has value {value!r}; allowed: true or false")
+    return answer
+
+
+def scaling_refusals(config: HyperPodConfig, session: boto3.Session, *, delete_lowers: bool | None = None) -> list[str]:
     """A group that scales with runs, while chains hold nodes above its floor: refuse the deploy.
 
     The template's InstanceCount of such a group is its floor and never moves with the scaling
     (stacks/compute_groups.ComputeGroup.deployed_count), so a deploy finds no drift once the chains have given
-    their nodes back. While they hold some, the live TargetCount (DescribeCluster) is above the floor, and an
-    update of the cluster would send the floor back to HyperPod and take claimed nodes from running chains."""
+    their nodes back. While they hold some, the group is above the floor, and an update of the cluster would
+    send the floor back to HyperPod and take claimed nodes from running chains.
+
+    Which count says the chains hold nodes follows ``delete_lowers`` (:data:`DELETE_FACT_KEY`). True: the
+    target count (DescribeCluster's TargetCount), which the release's deletes lower. False: the deletes leave
+    the target raised, so the nodes that run now (CurrentCount) are the chains'; a target above them is what
+    the releases left, and this deploy's InstanceCount puts it back to the floor. Unknown: the target count,
+    the safe reading (it may refuse a deploy no chain stands in the way of), and the refusal says how to tell."""
     scaled = {group.name: group for group in config.compute_groups if group.scale_with_runs}
     if not scaled or not config.cluster_lane:
         return []
@@ -136,16 +160,24 @@ def scaling_refusals(config: HyperPodConfig, session: boto3.Session) -> list[str
         if error.response.get("Error", {}).get("Code") in ("ResourceNotFound", "ValidationException"):
             return []  # no cluster yet: nothing is claimed
         raise
+    counted = "CurrentCount" if delete_lowers is False else "TargetCount"
     problems = []
     for live in described.get("InstanceGroups", []):
         group = scaled.get(live.get("InstanceGroupName", ""))
-        target = live.get("TargetCount", 0)
-        if group is not None and target > group.deployed_count:
+        held = live.get(counted, 0)
+        if group is not None and held > group.deployed_count:
+            unknown = (
+                f" (counted by its target count: whether BatchDeleteClusterNodes lowers it is not recorded; "
+                f"docs/deploy.md says how to find out and record {DELETE_FACT_KEY})"
+                if delete_lowers is None
+                else ""
+            )
             problems.append(
-                f"config key 'compute_groups' group {group.name!r} scales with runs and holds {target} nodes, above "
-                f"its floor {group.deployed_count} (min_instance_count): chains have claimed them, and a deploy now "
-                "would hand HyperPod the floor and take their nodes; deploy when the chains have ended (`hpctl "
-                "status` shows the claims), or cancel them (scancel) and let their release jobs give the nodes back"
+                f"config key 'compute_groups' group {group.name!r} scales with runs and holds {held} nodes, above "
+                f"its floor {group.deployed_count} (min_instance_count){unknown}: chains have claimed them, and a "
+                "deploy now would hand HyperPod the floor and take their nodes; deploy when the chains have ended "
+                "(`hpctl status` shows the claims), or cancel them (scancel) and let their release jobs give the "
+                "nodes back"
             )
     return problems
 
@@ -193,7 +225,7 @@ def check(
             *refused_changes(recorded, wanted_record),
             *value_refusals(recorded, wanted_record, allow),
             *zone_upgrade_refusals(recorded, config, session),
-            *scaling_refusals(config, session),
+            *scaling_refusals(config, session, delete_lowers=delete_lowers_target(context)),
         ]
         if problems:  # each names its key; the resource comparison would only repeat them
             return problems

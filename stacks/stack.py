@@ -11,10 +11,10 @@ from cluster_contract import PROMETHEUS_MODE
 from stacks.accelerators import CUDA, NEURON, TORCHNEURON
 from stacks.accounting_database import AccountingDatabase
 from stacks.checkov_skips import skip_cdk_handler_findings
-from stacks.cluster import HyperPodCluster
+from stacks.cluster import ControllerAccess, HyperPodCluster
 from stacks.config import ACCOUNTING_EXTERNAL, HyperPodConfig, cluster_facts, observability_facts
 from stacks.handler_logs import attach_provider_log_groups
-from stacks.iam import ClusterRole
+from stacks.iam import ClusterRole, scaler_grant
 from stacks.image import lane_images
 from stacks.jobs import JobRole
 from stacks.lifecycle import LifecycleUpload
@@ -121,7 +121,6 @@ class HyperPodStack(Stack):
                 vpc_cidr=config.vpc_cidr,
                 cluster_subnet=self.network.private_subnet,
                 second_zone_id=config.accounting_database_zone_id,
-                cluster_security_group=security_group.group,
                 retain=config.retain_outputs,
                 cluster_name=config.cluster_name,
             )
@@ -140,21 +139,36 @@ class HyperPodStack(Stack):
             metrics = observability_facts(
                 config, remote_write_url=self.metrics.remote_write_url, exporter_images=self.metrics.image_uris
             )
-        self.role = ClusterRole(
-            self,
-            "ClusterRole",
+        role_settings = dict(
             cluster_name=config.cluster_name,
             bucket=self.data.bucket,
             image_repository=default_image.asset.repository,  # one CDK assets repository holds every image
             subnet=self.network.private_subnet,
-            security_group=security_group.group,
             vpc_id=self.network.vpc.vpc_id,
-            extra_statements=[
-                *self.hub_token.read_statements(),
-                *([self.metrics.remote_write_statement()] if self.metrics else []),
-                *(self.accounting_database.read_statements() if self.accounting_database else []),
-            ],
         )
+        metrics_statements = [self.metrics.remote_write_statement()] if self.metrics else []
+        database = self.accounting_database
+        self.role = ClusterRole(
+            self,
+            "ClusterRole",
+            **role_settings,
+            security_groups=[security_group.group],
+            extra_statements=[*self.hub_token.read_statements(), *metrics_statements],
+            groups="login and compute groups" if database else "every group",
+        )
+        # The sides differ with the external database: the controller alone reads its secret (and downloads
+        # nothing from the Hub, nor writes to the bucket), so it runs as a role of its own.
+        self.controller_role = self.role
+        if database:
+            self.controller_role = ClusterRole(
+                self,
+                "ControllerRole",
+                **role_settings,
+                security_groups=[security_group.group, database.controller_security_group],
+                extra_statements=[*metrics_statements, *database.read_statements()],
+                bucket_writes=False,
+                groups="the controller group",
+            )
         self.facts = facts = cluster_facts(
             config, image_uris=image_uris, metrics=metrics, hf_token_secret_arn=self.hub_token.arn
         )
@@ -184,13 +198,28 @@ class HyperPodStack(Stack):
             fsx_mount_name=self.file_system.mount_name,
             depends_on=[
                 self.lifecycle,
-                self.role,
+                *{self.role, self.controller_role},
                 *self.file_system.associations,
                 *security_group.rules,
                 self.network.private_subnet.internet_connectivity_established,
             ],
-            accounting_database=self.accounting_database.cluster_property() if self.accounting_database else None,
+            accounting_database=database.cluster_property() if database else None,
+            controller=(
+                ControllerAccess(
+                    role_arn=self.controller_role.role.role_arn,
+                    security_group_id=database.controller_security_group.security_group_id,
+                )
+                if database
+                else None
+            ),
         )
+        if any(group.scale_with_runs for group in config.compute_groups):
+            scaler_grant(
+                self,
+                "CapacityScaling",
+                cluster_arn=self.cluster.arn,
+                roles=[r.role for r in {self.role, self.controller_role}],
+            )
         add_outputs(
             self,
             config=config,

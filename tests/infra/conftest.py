@@ -220,12 +220,20 @@ def trn2_synth(synthesize_from, source_root: Path) -> Synth:
 
 
 EXTERNAL_ACCOUNTING_DB = {"accounting_database": "external", "accounting_database_zone_id": "usw2-az1"}
+# The external database's shape also scales its group with runs: the controller's own role and the scaler's
+# grant are checked there (test_infra_aws_calls.py), and linted and scanned with the rest.
+SCALED_GROUPS = [
+    {"name": "compute", "instance_type": "ml.trn1.32xlarge", "count": 2, "partition": "trn1", "scale_with_runs": True}
+]
 
 
 @pytest.fixture(scope="session")
 def external_db_synth(synthesize_from, source_root: Path) -> Synth:
-    """Slurm accounting in an RDS instance the stack creates (docs/teams.md), its second zone usw2-az1."""
-    return synthesize_from(source_root, stack_name="HyperPodExternalDb", **EXTERNAL_ACCOUNTING_DB)
+    """Slurm accounting in an RDS instance the stack creates (docs/teams.md), its second zone usw2-az1; its
+    group scales with runs."""
+    return synthesize_from(
+        source_root, stack_name="HyperPodExternalDb", compute_groups=SCALED_GROUPS, **EXTERNAL_ACCOUNTING_DB
+    )
 
 
 @pytest.fixture

@@ -76,7 +76,8 @@ def test_job_role_reads_inputs_and_writes_only_outputs(jobs_synth):
     assert object_prefixes(statements["ReadJobFolders"]) == every
     assert object_prefixes(statements["WriteJobOutputs"]) == {f"{prefix}/*" for prefix in JOB_OUTPUT_PREFIXES}
     assert set(statements["ListJobPrefixes"]["Condition"]["StringLike"]["s3:prefix"]) == every
-    assert JOB_LOG_GROUP in str(statements["TrainingJobLogs"]["Resource"])
+    assert JOB_LOG_GROUP in str(statements["TrainingJobLogGroup"]["Resource"])
+    assert "log-stream:*" in str(statements["TrainingJobLogStreams"]["Resource"])
     assert "container-assets" in str(statements["PullTrainingImages"]["Resource"])
 
 

@@ -9,9 +9,16 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from stacks.config import HyperPodConfig
+from stacks.config import HyperPodConfig, StackConfigError
+from stacks.predeploy import (
+    DELETE_FACT_KEY,
+    context_from,
+    delete_lowers_target,
+    main,
+    parse_arguments,
+    template_refusals,
+)
 from stacks.predeploy import check as predeploy_check
-from stacks.predeploy import context_from, main, parse_arguments, template_refusals
 from stacks.update_safety import CONFIG_METADATA_KEY, FSX_ONLY_FOLDERS, Allowances, config_record, value_refusals
 
 pytestmark = pytest.mark.xdist_group("infra")
@@ -318,6 +325,42 @@ def test_a_group_scaled_with_runs_shows_no_drift_after_scaling_up_and_down(aws):
     assert "group 'compute' scales with runs and holds 3 nodes, above its floor 1" in problem
     set_target_count(config, 1)  # their release jobs gave them back
     assert predeploy_check(context, aws, **unchanged) == []
+
+
+def set_current_count(config: HyperPodConfig, count: int) -> None:
+    from moto.sagemaker.models import sagemaker_backends
+
+    (cluster,) = sagemaker_backends["123456789012"][REGION].clusters.values()
+    cluster.instance_groups[0]["CurrentCount"] = count
+
+
+@pytest.mark.parametrize("fact", [None, "true", "false"])
+def test_the_recorded_answer_on_batch_delete_picks_the_count_that_shows_claims(aws, fact):
+    """The open question of docs/deploy.md, both answers and none: after the releases the target stays at 3 (the
+    deletes did not lower it) while 1 node runs. Only the recorded answer 'false' reads that as no claim."""
+    recorded = [] if fact is None else ["-c", f"{DELETE_FACT_KEY}={fact}"]
+    context = context_from(["-c", f"compute_groups={SCALED}", *recorded])
+    config = deploy(aws, context)
+    moto_cluster(aws, config)
+    unchanged = {"wanted_template": {"Resources": PLACEHOLDER_RESOURCES}}
+    set_target_count(config, 3)
+    set_current_count(config, 1)
+    problems = predeploy_check(context, aws, **unchanged)
+    if fact == "false":
+        assert problems == []
+        set_current_count(config, 2)  # a chain holds a node: the running count shows it
+        (problem,) = predeploy_check(context, aws, **unchanged)
+        assert "holds 2 nodes, above its floor 1" in problem and DELETE_FACT_KEY not in problem
+    else:
+        (problem,) = problems
+        assert "holds 3 nodes, above its floor 1" in problem
+        assert (DELETE_FACT_KEY in problem) == (fact is None)
+
+
+def test_a_recorded_answer_that_is_not_true_or_false_is_refused_naming_the_key():
+    with pytest.raises(StackConfigError, match=f"context key '{DELETE_FACT_KEY}' has value 'maybe'"):
+        delete_lowers_target({DELETE_FACT_KEY: "maybe"})
+    assert delete_lowers_target({}) is None and delete_lowers_target({DELETE_FACT_KEY: "True"}) is True
 
 
 def test_leaving_prometheus_is_refused_naming_the_metrics_lost_unless_allowed(aws):

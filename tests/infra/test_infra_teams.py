@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from cluster_contract import CONTROLLER_GROUP
 from stacks.config import HyperPodConfig, StackConfigError
 from stacks.lint import lint_template
 from stacks.teams import users_file
@@ -81,14 +82,15 @@ def test_external_accounting_is_an_rds_instance_the_cluster_is_pointed_at(extern
     assert generated["SecretStringTemplate"] == '{"username":"slurm"}' and generated["GenerateStringKey"] == "password"
     assert "resolve:secretsmanager" in json.dumps(props["MasterUserPassword"])
     assert "MasterUserPassword" not in json.dumps(secret) and 'password":' not in json.dumps(props)
-    # Readable by the cluster's role, the one HyperPod sets slurmdbd up with.
-    statements = [
-        s
+    # Readable by the controller's role alone, the one HyperPod sets slurmdbd up with.
+    controller_role = {"Ref": synth.logical_id(synth.stack.controller_role.role.node.default_child)}
+    readers = [
+        (policy["Properties"]["Roles"], s["Resource"])
         for policy in synth.resources("AWS::IAM::Policy").values()
         for s in policy["Properties"]["PolicyDocument"]["Statement"]
-        if s.get("Sid") == "ReadAccountingDatabaseSecret"
+        if "secretsmanager:GetSecretValue" in json.dumps(s["Action"]) and s["Resource"] == {"Ref": attachment_id}
     ]
-    assert [s["Resource"] for s in statements] == [{"Ref": attachment_id}]
+    assert readers == [([controller_role], {"Ref": attachment_id})]
     # The log groups RDS exports to are the stack's own, so that destroy deletes them with the instance.
     identifier = props["DBInstanceIdentifier"]
     exported = {
@@ -101,10 +103,15 @@ def test_external_accounting_is_an_rds_instance_the_cluster_is_pointed_at(extern
     }
 
 
-def test_the_database_admits_mysql_from_the_cluster_security_group_only(external_db_synth):
+def test_the_database_admits_mysql_from_the_controller_alone(external_db_synth):
     synth = external_db_synth
-    database_group = synth.logical_id(synth.stack.accounting_database.security_group.node.default_child)
-    cluster_group = the_cluster(synth)["VpcConfig"]["SecurityGroupIds"][0]
+    database = synth.stack.accounting_database
+    database_group = synth.logical_id(database.security_group.node.default_child)
+    controller_group = {
+        "Fn::GetAtt": [synth.logical_id(database.controller_security_group.node.default_child), "GroupId"]
+    }
+    cluster = the_cluster(synth)
+    cluster_group = cluster["VpcConfig"]["SecurityGroupIds"][0]
     rules = [
         rule["Properties"]
         for rule in synth.resources("AWS::EC2::SecurityGroupIngress").values()
@@ -113,7 +120,7 @@ def test_the_database_admits_mysql_from_the_cluster_security_group_only(external
     assert rules == [
         {
             "GroupId": {"Fn::GetAtt": [database_group, "GroupId"]},
-            "SourceSecurityGroupId": cluster_group,
+            "SourceSecurityGroupId": controller_group,
             "IpProtocol": "tcp",
             "FromPort": 3306,
             "ToPort": 3306,
@@ -124,6 +131,17 @@ def test_the_database_admits_mysql_from_the_cluster_security_group_only(external
     assert "SecurityGroupIngress" not in group  # no other way in
     instance = synth.one("AWS::RDS::DBInstance")[1]["Properties"]
     assert instance["VPCSecurityGroups"] == [{"Fn::GetAtt": [database_group, "GroupId"]}]
+    # The controller group alone carries the database's source group (beside the cluster's), and runs as its
+    # own role: the one that may read the database's secret.
+    groups = {g["InstanceGroupName"]: g for g in cluster["InstanceGroups"]}
+    controller = groups.pop(CONTROLLER_GROUP)
+    assert controller["OverrideVpcConfig"]["SecurityGroupIds"] == [cluster_group, controller_group]
+    assert controller["OverrideVpcConfig"]["Subnets"] == cluster["VpcConfig"]["Subnets"]
+    controller_role = synth.logical_id(synth.stack.controller_role.role.node.default_child)
+    node_role = synth.logical_id(synth.stack.role.role.node.default_child)
+    assert controller["ExecutionRole"] == {"Fn::GetAtt": [controller_role, "Arn"]} and controller_role != node_role
+    assert groups and all("OverrideVpcConfig" not in g for g in groups.values())
+    assert {g["ExecutionRole"]["Fn::GetAtt"][0] for g in groups.values()} == {node_role}
 
 
 def test_the_second_zone_subnet_takes_a_free_range_in_the_configured_zone(external_db_synth):
