@@ -88,12 +88,20 @@ def check_device(kind: str) -> Check:
         return Check("device", SKIP, NOT_NEURON)
     import torch
 
-    count = torch.accelerator.device_count()
-    a = torch.randn(128, 128, generator=torch.Generator().manual_seed(0))
-    on_device = (a.to("neuron") @ a.to("neuron")).cpu()
-    agrees = torch.allclose(on_device, a @ a, rtol=1e-3, atol=1e-3)
-    detail = f"{count} NeuronCore(s) visible; a 128x128 matmul {'matches' if agrees else 'differs from'} the CPU's"
-    return Check("device", PASS if agrees and count > 0 else FAIL, detail, {"devices": count})
+    return matmul_check("neuron", torch.accelerator.device_count())
+
+
+def matmul_check(device_name: str, count: int, matmul_dtype=None) -> Check:
+    """The device's matmul against the CPU's, within the bound set for bf16 matmuls (tiny_task.MATMUL_RTOL)."""
+    difference = tiny_task.matmul_difference(device_name, matmul_dtype)
+    agrees = difference <= tiny_task.MATMUL_RTOL
+    size = tiny_task.MATMUL_SIZE
+    detail = (
+        f"{count} NeuronCore(s) visible; a {size}x{size} matmul is {difference:.4f} off the CPU's "
+        f"(bound {tiny_task.MATMUL_RTOL:.4f}, set for bf16 matmuls)"
+    )
+    figures = {"devices": count, "matmul_difference": difference, "bound": tiny_task.MATMUL_RTOL}
+    return Check("device", PASS if agrees and count > 0 else FAIL, detail, figures)
 
 
 def neff_count() -> int:
@@ -110,7 +118,9 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def train_tiny(device_name: str, *, steps: int = tiny_task.STEPS, seed: int = 0, mutate=None) -> tiny_task.TinyRun:
+def train_tiny(
+    device_name: str, *, steps: int = tiny_task.STEPS, seed: int = 0, mutate=None, matmul_dtype=None
+) -> tiny_task.TinyRun:
     """The tiny task on ``device_name``, with the NEFF count after each step and the fallback reports seen."""
     count = (lambda run: run.graphs.append(neff_count())) if device_name != "cpu" else None
     records = _Records()
@@ -118,7 +128,9 @@ def train_tiny(device_name: str, *, steps: int = tiny_task.STEPS, seed: int = 0,
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            run = tiny_task.train(device_name, steps=steps, seed=seed, mutate=mutate, after_step=count)
+            run = tiny_task.train(
+                device_name, steps=steps, seed=seed, mutate=mutate, after_step=count, matmul_dtype=matmul_dtype
+            )
     finally:
         logging.getLogger().removeHandler(records)
     seen = [str(w.message) for w in caught] + records.messages
