@@ -42,8 +42,9 @@ ENTRY_POINTS = {
     "compile_cache": ("python -m llm_pipeline.compile_cache --cache-dir DIR --uri S3 (by sagemaker_job)", ("job",)),
     "sagemaker_job": ("python3 -m llm_pipeline.sagemaker_job: a training job's entry (hpctl job submit)", ("job",)),
     "trn2_acceptance": (
-        "python -m llm_pipeline.trn2_acceptance --report-dir DIR: a first trn2 node's checks",
-        ("node",),
+        "python3 -m llm_pipeline.trn2_acceptance --report-dir DIR (host, in salloc -N 2): the trn2 acceptance; "
+        "each level an srun into the image (--on-node there)",
+        ("controller", "node"),
     ),
     "training.torchtitan.live_metrics": (
         "hpl_torchrun (ladder-rung.sbatch): runs torchtitan's trainer, its metric lines to node exporter",

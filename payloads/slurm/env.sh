@@ -61,8 +61,10 @@ case "$HPL_RUNTIME" in
   pyxis)
     : "${HPL_IMAGE_URI:?is not set: the cluster facts name the training image (HPL_IMAGE_URI)}"
     HPL_PYTHON=python3  # the image's interpreter
-    # One squashfs per image tag on FSx, imported once by the prepare step.
-    HPL_IMAGE_FILE="$HPL_IMAGES_DIR/$(printf '%s' "${HPL_IMAGE_URI##*/}" | tr -c 'A-Za-z0-9._-' '_').sqsh"
+    # One squashfs per image tag on FSx, imported once by the prepare step (container.sh names it).
+    # shellcheck source=payloads/slurm/container.sh
+    source "$(dirname "${BASH_SOURCE[0]}")/container.sh"
+    HPL_IMAGE_FILE="$(hpl_image_file)"
     export HPL_IMAGE_FILE
     ;;
   *)
@@ -78,12 +80,9 @@ hpl_srun() {
     opts+=(--auto-resume=1)  # on HyperPod: replace a faulty node and restart the step
   fi
   if [[ "$HPL_RUNTIME" == pyxis ]]; then
-    local mounts="$HPL_FSX_MOUNT_PATH:$HPL_FSX_MOUNT_PATH"
-    # The node-local folder node exporter reads the run's metrics from (observability = prometheus).
-    if [[ -n "${HPL_METRICS_TEXTFILE_PATH:-}" ]]; then mounts+=",$HPL_METRICS_TEXTFILE_PATH:$HPL_METRICS_TEXTFILE_PATH"; fi
-    opts+=(--container-image="$HPL_IMAGE_FILE"
-           --container-mounts="$mounts"
-           --container-workdir="$HPL_PAYLOADS_DIR")
+    local -a container
+    mapfile -t container < <(hpl_container_options)
+    opts+=("${container[@]}")
   fi
   echo "+ srun ${opts[*]} $*"
   srun "${opts[@]}" "$@"

@@ -16,7 +16,10 @@ from stacks.image import RECIPES
 
 VENV_PYTHON = "/opt/venv/bin/python"
 
-# What the image pins, the version, and the public source that states it (read 2026-11-27).
+# What the image pins, the version, and the public source that states it (read 2026-11-27). Neuron 2.34.0
+# (2026-11-30) ships torch-neuronx 2.13.3.1 (https://github.com/aws-neuron/torch-neuronx/releases/tag/v2.34.0),
+# but its compiler, NKI, runtime and collectives versions were in no source reachable on 2026-12-06: the set
+# moves together, so it stays on 2.33.0 until they are (docs/versions.md).
 RELEASE_CONTENT = "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.0/release-notes/releasecontent.html"
 TORCH_NEURONX_RELEASE = "https://github.com/aws-neuron/torch-neuronx/releases/tag/v2.33.0"
 COMPONENTS = "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.0/release-notes/components/index.html"
@@ -112,6 +115,17 @@ def test_the_base_is_the_os_neuron_publishes_its_wheels_for():
     base = next(arguments for name, arguments in INSTRUCTIONS if name == "FROM").split()[-1]
     assert base == SOURCES["base"][0]
     assert f'org.opencontainers.image.base.name="{base}"' in TRN2_DOCKERFILE.read_text()
+
+
+def test_the_image_names_torchneurons_compile_cache_and_the_chain_keeps_its_own():
+    """graph-count reads TORCH_NEURONX_NEFF_CACHE_DIR: the image sets it; Pyxis lets an image's value win over
+    the host's unless srun names it in --container-env, which container.sh does for every variable it lists."""
+    from llm_pipeline import trn2_acceptance
+
+    env = " ".join(arguments for name, arguments in INSTRUCTIONS if name == "ENV")
+    assert f"{trn2_acceptance.NEFF_CACHE_VARIABLE}=/tmp/torchneuron-neff-cache" in env
+    container = (TRN2_DOCKERFILE.parent / "slurm" / "container.sh").read_text()
+    assert f"HPL_CONTAINER_ENV_NAMES=({trn2_acceptance.NEFF_CACHE_VARIABLE})" in container
 
 
 def test_every_neuron_version_is_the_cited_releases(trn2_pins):

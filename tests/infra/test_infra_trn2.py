@@ -5,6 +5,8 @@ payloads/Dockerfile.trn2 beside the untouched trn1 image, and gives the partitio
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import aws_cdk as cdk
 import pytest
@@ -66,40 +68,98 @@ def test_the_trn2_partition_names_its_runtime_and_mfu_peak(trn2_synth):
     assert partitions["trn2"]["host_memory_gib"] == INSTANCE_TYPES["ml.trn2.48xlarge"].host_memory_gib == 2048
 
 
-def test_the_acceptance_launches_its_own_shape_inside_salloc_n_2(trn2_synth, tmp_path):
-    """docs/trainium2.md runs the acceptance inside `salloc -N 2`: the allocation's SLURM_* describe two nodes
-    and no submit chain set HPL_DEVICES_PER_NODE. The one-node checks still ask for one node, the two-node one
-    for two, each with the trn2.48xlarge's 64 ranks a node, read from the deploy's facts (stacks/accelerators.py
-    -> cluster facts -> deploy-facts.json), not from the chain's environment."""
+def test_the_acceptance_gives_srun_the_image_and_the_chains_variables_for_one_node_and_two(trn2_synth, tmp_path):
+    """docs/trainium2.md starts the acceptance on the host inside `salloc -N 2`; under Pyxis only srun's options
+    put a level in the image. Each level's exact argv and environment against the table: the image, mounts and
+    kept variables from slurm/container.sh, the EFA and Neuron variables from slurm/accelerator_env.sh (the
+    files every chain step uses), 64 ranks a node from the deploy's facts (stacks/accelerators.py -> cluster
+    facts -> deploy-facts.json), never the chain's HPL_DEVICES_PER_NODE."""
     from llm_pipeline.jobs import acceptance_launch
     from llm_pipeline.jobs.deploy_facts import DEPLOY_FACTS_FILE
     from stacks.payloads import deploy_facts
 
-    images = {"neuron": "repo:trn1", TORCHNEURON: "repo:trn2"}
+    images = {"neuron": "repo:trn1", TORCHNEURON: "123.dkr.ecr.us-east-2.amazonaws.com/trn2:abc"}
     facts = deploy_facts(cluster_facts(trn2_synth.config, image_uris=images))
     (tmp_path / DEPLOY_FACTS_FILE).write_text(json.dumps(facts))
     salloc = {
+        "PATH": os.environ["PATH"],
         "SLURM_JOB_ID": "4242",
         "SLURM_JOB_NUM_NODES": "2",
         "SLURM_NNODES": "2",
         "SLURM_JOB_NODELIST": "trn2-st-1-[1-2]",
         "SLURM_JOB_PARTITION": "trn2",
         "HPL_DEVICES_PER_NODE": "1",  # a stale chain value must not count
+        "HPL_FSX_MOUNT_PATH": "/fsx",
+        "HPL_IMAGES_DIR": "/fsx/images",
+        "HPL_COMPILE_CACHE_DIR": "/fsx/neuron-cache",
     }
-    one = acceptance_launch.torchrun(salloc, tmp_path, nodes=1, python="python3")
-    assert one[0] == "python3" and "srun" not in one
-    assert [a for a in one if a.startswith(("--nnodes", "--nproc_per_node"))] == ["--nnodes=1", "--nproc_per_node=64"]
-    two = acceptance_launch.torchrun(salloc, tmp_path, nodes=2, python="python3")
-    assert two[: two.index("python3")] == [
-        "srun",
-        "--nodes=2",
-        "--ntasks=2",
-        "--ntasks-per-node=1",
-        "--nodelist=trn2-st-1-1,trn2-st-1-2",
+    report, tiny, lora = Path("/fsx/outputs/acc"), Path("/fsx/tiny.toml"), Path("/fsx/lora.toml")
+    levels = acceptance_launch.level_commands(salloc, tmp_path, report=report, tiny_config=tiny, lora_config=lora)
+    container = [
+        "--container-image=/fsx/images/trn2_abc.sqsh",
+        "--container-mounts=/fsx:/fsx",
+        f"--container-workdir={tmp_path}",
+        "--container-env=TORCH_NEURONX_NEFF_CACHE_DIR",  # else the image's own cache folder wins
     ]
-    assert [a for a in two if a.startswith(("--nnodes", "--nproc_per_node"))] == ["--nnodes=2", "--nproc_per_node=64"]
-    assert "--rdzv_endpoint=trn2-st-1-1:" + str(20000 + (4242 + 2) % 12000) in two
-    with pytest.raises(LaunchError, match=r"needs a 2-node Slurm allocation \(salloc -N 2"):
-        acceptance_launch.torchrun({**salloc, "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1"}, tmp_path, nodes=2)
+    pair = ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=trn2-st-1-1,trn2-st-1-2"]
+    launch = ["python3", "-m", "llm_pipeline.jobs.launch", "--exec", "--"]
+    on_node = ["--on-node", "--report-dir", str(report), "--tiny-config", str(tiny), "--lora-config", str(lora)]
+    argv = {
+        "node": [
+            "srun",
+            "--nodes=1",
+            "--ntasks=1",
+            "--nodelist=trn2-st-1-1",
+            *container,
+            "python3",
+            "-m",
+            "llm_pipeline.trn2_acceptance",
+            *on_node,
+        ],
+        "collectives-2-nodes": [*pair, *container, *launch, "-m", "llm_pipeline.trn2_acceptance", "--rank-probe"],
+        "two-node": [*pair, *container, *launch, "-m", "llm_pipeline.train", "--config", str(report / "two-node.toml")],
+    }
+    trn2 = INSTANCE_TYPES["ml.trn2.48xlarge"]
+    one_node = {
+        "HPL_PARTITION": "trn2",
+        "HPL_ACCELERATOR": "neuron",
+        "HPL_DEVICES_PER_NODE": "64",
+        "HPL_EFA_INTERFACES": "16",
+        "HPL_EFA_DEVICE_RDMA": "1",
+        "HPL_IMAGE_FAMILY": TORCHNEURON,
+        "HPL_PEAK_TFLOPS": str(trn2.peak_tflops_per_device),
+        "HPL_HOST_MEMORY_GIB": "2048",
+        "HPL_IMAGE_URI": images[TORCHNEURON],
+        "HPL_RUNTIME": "pyxis",
+        "HPL_PAYLOADS_DIR": str(tmp_path),
+        "PYTHONPATH": str(tmp_path),
+        "TORCH_NEURONX_NEFF_CACHE_DIR": "/fsx/neuron-cache/torchneuron",
+        "MALLOC_ARENA_MAX": "64",
+    }
+    efa = {"FI_PROVIDER": "efa", "FI_EFA_FORK_SAFE": "1", "FI_EFA_USE_DEVICE_RDMA": "1"}
+    two_nodes = {**one_node, **efa, "HPL_MASTER_PORT": str(20000 + (4242 + 2) % 12000)}
+    table = {"node": one_node, "collectives-2-nodes": two_nodes, "two-node": two_nodes}
+    assert [level.name for level in levels] == list(table)
+    for level in levels:
+        assert level.argv == argv[level.name], level.name
+        assert level.env == table[level.name], level.name
+    # In the image, the one-node levels run torchrun on this node with the partition's 64 ranks.
+    one = acceptance_launch.torchrun(salloc, tmp_path, python="python3")
+    assert one == [
+        "python3",
+        "-m",
+        "torch.distributed.run",
+        "--max_restarts=0",
+        "--standalone",
+        "--nnodes=1",
+        "--nproc_per_node=64",
+    ]
+    single = {**salloc, "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1"}
+    with pytest.raises(LaunchError, match=r"needs a 2-node Slurm allocation \(salloc -p trn2 -N 2"):
+        acceptance_launch.level_commands(single, tmp_path, report=report, tiny_config=tiny, lora_config=lora)
+    with pytest.raises(LaunchError, match="HPL_IMAGES_DIR not set: run on a cluster node"):
+        acceptance_launch.level_commands(
+            {**salloc, "HPL_IMAGES_DIR": ""}, tmp_path, report=report, tiny_config=tiny, lora_config=lora
+        )
     with pytest.raises(LaunchError, match="SLURM_JOB_PARTITION='trn1-typo' is not a deployed partition"):
-        acceptance_launch.torchrun({**salloc, "SLURM_JOB_PARTITION": "trn1-typo"}, tmp_path, nodes=1)
+        acceptance_launch.torchrun({**salloc, "SLURM_JOB_PARTITION": "trn1-typo"}, tmp_path)

@@ -23,7 +23,7 @@ REGISTRY = "123456789012.dkr.ecr.us-west-2.amazonaws.com"
 IMAGE = f"{REGISTRY}/cdk-hnb659fds-container-assets-123456789012-us-west-2:3f9a1c"
 SQSH = "cdk-hnb659fds-container-assets-123456789012-us-west-2_3f9a1c.sqsh"
 STAND_INS = {
-    "srun": 'printf "%s\\n" "$@" >"$CALLS/srun.$$"',
+    "srun": 'printf "%s\\n" "$@" >"$CALLS/srun.$$"; env >"$CALLS/srun-env.$$"',
     "aws": 'echo "$*" >"$CALLS/aws"; echo ecr-password-123',
     # records the credentials enroot would read, then writes the image where it was told to
     "enroot": 'echo "$*" >"$CALLS/enroot"; cp "$ENROOT_CONFIG_PATH/.credentials" "$CALLS/credentials"; '
@@ -97,6 +97,40 @@ def test_pyxis_prepare_imports_the_ecr_image_once_then_checks_inside_it(node, tm
     again = run_step("prepare.sbatch", env)
     assert again.returncode == 0 and f"image already imported: {image}" in again.stdout
     assert not (calls / "enroot").exists()
+
+
+def test_the_trn2_training_step_runs_in_the_image_with_the_chains_cache_and_efa(node, tmp_path):
+    """Two trn2 nodes under Pyxis: srun carries the image, the FSx mount and --container-env for the compile
+    cache (the image sets its own, which would win), and its environment the EFA variables of
+    accelerator_env.sh, the file the acceptance's levels use too (tests/infra/test_infra_trn2.py)."""
+    env, calls = node
+    env.update(
+        HPL_RUNTIME="pyxis",
+        HPL_IMAGE_URI=IMAGE,
+        HPL_ACCELERATOR="neuron",
+        HPL_IMAGE_FAMILY="torchneuron",
+        HPL_EFA_INTERFACES="16",
+        HPL_EFA_DEVICE_RDMA="1",
+        HPL_COMPILE_CACHE_DIR="/fsx/neuron-cache",
+        SLURM_JOB_NUM_NODES="2",
+    )
+    out = run_step("train.sbatch", env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    [srun] = srun_calls(calls)
+    assert srun[:6] == [
+        "--kill-on-bad-exit=1",
+        f"--container-image={tmp_path / 'images' / SQSH}",
+        "--container-mounts=/fsx:/fsx",
+        f"--container-workdir={REPO / 'payloads'}",
+        "--container-env=TORCH_NEURONX_NEFF_CACHE_DIR",
+        "--ntasks-per-node=1",
+    ]
+    assert srun[6:12] == ["python3", "-m", "llm_pipeline.jobs.launch", "--exec", "--", "-m"]
+    [recorded] = calls.glob("srun-env.*")
+    seen = dict(line.split("=", 1) for line in recorded.read_text().splitlines() if "=" in line)
+    wanted = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
+    wanted["TORCH_NEURONX_NEFF_CACHE_DIR"] = "/fsx/neuron-cache/torchneuron"
+    assert {name: seen.get(name) for name in wanted} == wanted
 
 
 def test_host_runtime_uses_the_host_python_and_hyperpod_adds_auto_resume(node, tmp_path):
