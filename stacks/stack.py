@@ -10,6 +10,7 @@ from constructs import Construct
 from cluster_contract import PROMETHEUS_MODE
 from stacks.accelerators import CUDA, NEURON, TORCHNEURON
 from stacks.accounting_database import AccountingDatabase
+from stacks.alerts import AlertsTopic
 from stacks.checkov_skips import skip_cdk_handler_findings
 from stacks.cluster import HyperPodCluster
 from stacks.config import ACCOUNTING_EXTERNAL, HyperPodConfig, cluster_facts, observability_facts
@@ -140,6 +141,7 @@ class HyperPodStack(Stack):
             metrics = observability_facts(
                 config, remote_write_url=self.metrics.remote_write_url, exporter_images=self.metrics.image_uris
             )
+        self.alerts = AlertsTopic(self, "Alerts", cluster_name=config.cluster_name, emails=config.alert_emails)
         self.role = ClusterRole(
             self,
             "ClusterRole",
@@ -153,10 +155,15 @@ class HyperPodStack(Stack):
                 *self.hub_token.read_statements(),
                 *([self.metrics.remote_write_statement()] if self.metrics else []),
                 *(self.accounting_database.read_statements() if self.accounting_database else []),
+                *self.alerts.publish_statements(),  # the run side publishes its state changes (jobs/alerts.py)
             ],
         )
         self.facts = facts = cluster_facts(
-            config, image_uris=image_uris, metrics=metrics, hf_token_secret_arn=self.hub_token.arn
+            config,
+            image_uris=image_uris,
+            metrics=metrics,
+            hf_token_secret_arn=self.hub_token.arn,
+            alerts_topic_arn=self.alerts.topic_arn,
         )
         self.lifecycle = LifecycleUpload(
             self,
