@@ -112,6 +112,8 @@ FACT_KEYS = (
     "collector_image",
     "dcgm_exporter_image",
     "hf_token_secret_arn",
+    "alerts_topic_arn",
+    "alert_stall_minutes",
     "partitions",
 )
 # The Hugging Face token's secret (stacks/secrets.py): its ARN is a plain fact (HPL_HF_TOKEN_SECRET_ARN on

@@ -49,6 +49,8 @@ FACT_KEYS = (
     "collector_image",
     "dcgm_exporter_image",
     "hf_token_secret_arn",
+    "alerts_topic_arn",
+    "alert_stall_minutes",
     "partitions",
 )
 PARTITIONS_KEY = "partitions"  # {partition: {fact: value}}: the one nested fact

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +63,20 @@ from stacks.validation import Rule, StackConfigError, coerce, int_range, ipv4_ci
 
 __all__ = ["ComputeGroup", "HyperPodConfig", "StackConfigError", "cluster_facts"]
 
-LIST_PARSERS = {TEAMS_KEY: parse_teams, USERS_KEY: parse_users}
+ALERT_EMAILS_KEY = "alert_emails"
+EMAIL_PATTERN = r"[^@\s,]+@[^@\s,]+\.[^@\s,]+"
+
+
+def parse_alert_emails(raw: Any) -> tuple[str, ...]:
+    """A JSON list of addresses (cdk.json), or one string of comma-separated addresses (``-c alert_emails=a,b``)."""
+    if isinstance(raw, str):
+        raw = [part for part in raw.split(",") if part.strip()]
+    if not isinstance(raw, list) or not all(isinstance(item, str) for item in raw):
+        raise StackConfigError.bad_value(ALERT_EMAILS_KEY, raw, "a list of e-mail addresses")
+    return tuple(item.strip() for item in raw)
+
+
+LIST_PARSERS = {TEAMS_KEY: parse_teams, USERS_KEY: parse_users, ALERT_EMAILS_KEY: parse_alert_emails}
 
 # Used when no account is configured and no credentials name one (offline synth, tests);
 # cdk.json answers this account's availability-zone lookup so synth needs no AWS call.
@@ -136,6 +150,10 @@ class HyperPodConfig:
     # the stack creates (stacks/accounting_database.py; needs continuous provisioning and a second zone)
     accounting_database: str = ACCOUNTING_ON_CONTROLLER
     accounting_database_zone_id: str = ""  # external: a second zone ID for the database's subnet group (RDS needs 2)
+    # Push alerts (stacks/alerts.py): who gets the alerts topic's messages by e-mail (each confirms once), and how
+    # long a training step may print no progress line before its run is reported stalled (0: never)
+    alert_emails: tuple[str, ...] = ()
+    alert_stall_minutes: int = 30
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -276,6 +294,11 @@ RULES: dict[str, Rule] = {
     "accounting_database_zone_id": matches(
         r"([a-z]+\d+-az\d+)?", "an Availability Zone ID such as usw2-az1 (not a zone name), or empty"
     ),
+    ALERT_EMAILS_KEY: Rule(
+        lambda v: all(re.fullmatch(EMAIL_PATTERN, address) for address in v) and len(set(v)) == len(v),
+        "a list of distinct e-mail addresses such as ops@example.com (each gets the alerts topic's messages)",
+    ),
+    "alert_stall_minutes": int_range(0, 1440, " (minutes without a progress line before a run is stalled; 0: off)"),
 }
 
 
@@ -344,6 +367,8 @@ CLUSTER_ONLY_KEYS = (
     "users",
     "accounting_database",
     "accounting_database_zone_id",
+    ALERT_EMAILS_KEY,  # the alerts topic watches the cluster and its runs
+    "alert_stall_minutes",
 )
 # Compute-group keys only the cluster reads: on the jobs lane a group only chooses an image (its instance type).
 CLUSTER_ONLY_GROUP_KEYS = (
@@ -572,6 +597,7 @@ def cluster_facts(
     image_uris: Mapping[str, str],
     metrics: Mapping[str, str] | None = None,
     hf_token_secret_arn: str = "",
+    alerts_topic_arn: str = "",
 ) -> dict[str, Any]:
     """The cluster-facts.json contract: what every node exports as HPL_<KEY>.
 
@@ -581,6 +607,7 @@ def cluster_facts(
     ``partitions`` holds every partition's facts for submit. ``metrics`` is :func:`observability_facts`
     (without it: the mode's facts with no workspace or images, as in an offline check of the shape).
     ``hf_token_secret_arn`` names the Hugging Face token's secret (the token is read from it at run time).
+    ``alerts_topic_arn`` names the stack's alerts topic (stacks/alerts.py; empty: the run side only logs its alerts).
     """
     partitions = {group.partition: partition_facts(config, group, image_uris) for group in config.compute_groups}
     default = partitions[config.default_group.partition]
@@ -606,5 +633,8 @@ def cluster_facts(
         "runtime": config.runtime,
         **(metrics if metrics is not None else observability_facts(config)),
         "hf_token_secret_arn": hf_token_secret_arn,
+        # the run side's alerts (llm_pipeline.jobs.alerts): where they go, and when a quiet step is stalled
+        "alerts_topic_arn": alerts_topic_arn,
+        "alert_stall_minutes": config.alert_stall_minutes,
         "partitions": partitions,
     }

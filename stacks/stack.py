@@ -10,6 +10,7 @@ from constructs import Construct
 from cluster_contract import PROMETHEUS_MODE
 from stacks.accelerators import CUDA, NEURON, TORCHNEURON
 from stacks.accounting_database import AccountingDatabase
+from stacks.alerts import AlertsTopic
 from stacks.checkov_skips import skip_cdk_handler_findings
 from stacks.cluster import ControllerAccess, HyperPodCluster
 from stacks.config import ACCOUNTING_EXTERNAL, HyperPodConfig, cluster_facts, observability_facts
@@ -139,6 +140,7 @@ class HyperPodStack(Stack):
             metrics = observability_facts(
                 config, remote_write_url=self.metrics.remote_write_url, exporter_images=self.metrics.image_uris
             )
+        self.alerts = AlertsTopic(self, "Alerts", cluster_name=config.cluster_name, emails=config.alert_emails)
         role_settings = dict(
             cluster_name=config.cluster_name,
             bucket=self.data.bucket,
@@ -153,7 +155,11 @@ class HyperPodStack(Stack):
             "ClusterRole",
             **role_settings,
             security_groups=[security_group.group],
-            extra_statements=[*self.hub_token.read_statements(), *metrics_statements],
+            extra_statements=[
+                *self.hub_token.read_statements(),
+                *metrics_statements,
+                *self.alerts.publish_statements(),  # the run side publishes its state changes (jobs/alerts.py)
+            ],
             groups="login and compute groups" if database else "every group",
         )
         # The sides differ with the external database: the controller alone reads its secret (and downloads
@@ -170,7 +176,11 @@ class HyperPodStack(Stack):
                 groups="the controller group",
             )
         self.facts = facts = cluster_facts(
-            config, image_uris=image_uris, metrics=metrics, hf_token_secret_arn=self.hub_token.arn
+            config,
+            image_uris=image_uris,
+            metrics=metrics,
+            hf_token_secret_arn=self.hub_token.arn,
+            alerts_topic_arn=self.alerts.topic_arn,
         )
         self.lifecycle = LifecycleUpload(
             self,

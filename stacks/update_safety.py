@@ -254,6 +254,10 @@ KEY_BEHAVIOUR: dict[str, KeyBehaviour] = {
         "the database's second subnet is replaced by one in the new zone (another address range); the instance "
         "stays in the cluster's zone and keeps running",
     ),
+    "alert_emails": KeyBehaviour(IN_PLACE, "e-mail subscriptions are added or removed; a new address confirms once"),
+    "alert_stall_minutes": KeyBehaviour(
+        IN_PLACE, "the cluster facts change with the lifecycle upload; a node reads them when it is next provisioned"
+    ),
 }
 
 

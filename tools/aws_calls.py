@@ -46,6 +46,7 @@ SIDES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("bench/", (LAPTOP,)),
     ("lifecycle/", (CONTROLLER, NODE)),
     ("payloads/llm_pipeline/jobs/", (CONTROLLER, NODE)),
+    ("payloads/llm_pipeline/jobs/alerts.py", (NODE,)),  # a step's end (env.sh) or train's stall watch
     ("payloads/slurm/", (NODE,)),
     ("payloads/", (NODE, TRAINING_JOB)),
     ("payloads/llm_pipeline/compile_cache.py", (TRAINING_JOB,)),
@@ -112,6 +113,9 @@ HYPERPOD_NODE_CALLS = (
     ("ecr", "BatchCheckLayerAvailability", "Docker/Enroot, pulling the stack's images"),
     ("amp", "RemoteWrite", "Prometheus (lifecycle/observability.sh), remote write"),
 )
+# SNS encrypts a message to the alerts topic with the topic's key for its publisher (the publisher's role needs
+# both actions on that key).
+SNS_PUBLISHER = "SNS, encrypting a run alert with the alerts topic's key"
 SERVICE_CALLS: dict[str, tuple[tuple[str, str, str], ...]] = {
     CONTROLLER: (
         *HYPERPOD_NODE_CALLS,
@@ -125,6 +129,8 @@ SERVICE_CALLS: dict[str, tuple[tuple[str, str, str], ...]] = {
         ("s3", "DeleteObject", "run steps removing what they wrote in the data bucket"),
         ("s3", "AbortMultipartUpload", "boto3's transfer, abandoning a multipart upload"),
         ("kms", "Decrypt", "Secrets Manager, decrypting the Hub token for its reader"),
+        ("kms", "GenerateDataKey", SNS_PUBLISHER),
+        ("kms", "Decrypt", SNS_PUBLISHER),
     ),
     TRAINING_JOB: (
         ("ecr", "BatchGetImage", "SageMaker, pulling the job's image"),
@@ -182,7 +188,23 @@ REQUESTS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "sagemaker:ListClusterNodes": (("{cluster_arn}",), {}),
     "sagemaker:BatchAddClusterNodes": (("{cluster_arn}",), {}),
     "sagemaker:BatchDeleteClusterNodes": (("{cluster_arn}",), {}),
+    "sns:Publish": (("{topic_arn}",), {}),
 }
+# Where one action reaches two resources for two callers: the caller's own request (its row's bracketed name).
+REQUESTS_OF_CALLER: dict[tuple[str, str], tuple[tuple[str, ...], dict[str, str]]] = {
+    ("kms:Decrypt", SNS_PUBLISHER): (("{topic_key_arn}",), {"kms:ViaService": "sns.{region}.amazonaws.com"}),
+    ("kms:GenerateDataKey", SNS_PUBLISHER): (("{topic_key_arn}",), {"kms:ViaService": "sns.{region}.amazonaws.com"}),
+}
+
+
+def requests_of(row: Row) -> list[tuple[tuple[str, ...], dict[str, str]]]:
+    """The distinct requests behind one row: each caller's own (REQUESTS_OF_CALLER), else the action's."""
+    found = []
+    for where in row.where:
+        request = REQUESTS_OF_CALLER.get((row.action, where.strip("()"))) or REQUESTS.get(row.action)
+        if request is not None and request not in found:
+            found.append(request)
+    return found
 
 
 def iam_actions() -> frozenset[str]:

@@ -26,9 +26,11 @@ from cluster_contract import OUTPUTS_FOLDER, s3_prefix
 from hpctl.common.errors import aws_errors
 from hpctl.common.pricing import PRICE_SOURCE, HourlyPrice, hourly_price
 from llm_pipeline.run_files import (
+    ALERTS_FILE,
     ESTIMATE_FILE,
     PIPELINE_FILE,
     STATE_DIR,
+    AlertLine,
     Estimate,
     PipelineRecord,
     ProgressLine,
@@ -94,6 +96,13 @@ def _read(s3, bucket: str, key: str, *, tail: int | None = None) -> str | None:
         if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "InvalidRange"):
             return None
         raise
+
+
+def run_alerts(s3, bucket: str, run: str) -> list[AlertLine]:
+    """The alerts the run side raised (<run>/logs/alerts.jsonl, jobs/alerts.py), oldest first; none yet: []."""
+    with aws_errors(f"read the alerts of run {run}"):
+        text = _read(s3, bucket, f"{OUTPUTS_PREFIX}{run}/logs/{ALERTS_FILE}")
+    return AlertLine.parse_all(text or "")
 
 
 def list_runs(s3, bucket: str) -> list[str]:

@@ -4,20 +4,27 @@ room's registration (scale, operations too)."""
 from __future__ import annotations
 
 import argparse
+import time
 
 import botocore.session
 
+from cluster_contract import StackOutput
 from hpctl.common.cluster import list_nodes
 from hpctl.common.deployment import connect, deployed_cluster
 from hpctl.common.prompt import confirm
 from hpctl.common.registry import Room, RoomCommands
+from hpctl.common.run_progress import run_alerts
 from hpctl.nodes import scale_commands
 from hpctl.nodes.node_api import (
     DEFAULT_HEALTH_CHECKS,
     NODE_ACTIONS,
+    ClusterEvent,
     act_on_nodes,
     action_question,
+    alert_event,
+    by_time,
     cluster_events,
+    follow_events,
     health_check_groups,
     render_events,
     render_nodes,
@@ -29,6 +36,9 @@ from hpctl.nodes.node_api import (
 HEALTH_CHECKS = tuple(
     botocore.session.get_session().get_service_model("sagemaker").shape_for("DeepHealthCheckType").enum
 )
+
+
+FOLLOW_EVERY_S = 30  # ListClusterEvents and the run's alerts file, read again this often with --follow
 
 
 def positive_int(text: str) -> int:
@@ -73,6 +83,11 @@ def register(sub: RoomCommands, common: argparse.ArgumentParser) -> None:
     events.add_argument("--group", help="only this instance group")
     events.add_argument("--node", metavar="NAME", help="only this node (Slurm name, instance id or logical id)")
     events.add_argument("--limit", type=positive_int, default=50, metavar="N", help="newest N events (default 50)")
+    events.add_argument("--run", metavar="RUN", help="with this run's alerts (its folder under outputs/)")
+    events.add_argument("--follow", "-f", action="store_true", help="keep printing new events and alerts (Ctrl-C)")
+    events.add_argument(
+        "--every", type=positive_int, default=FOLLOW_EVERY_S, metavar="S", help="--follow: seconds between reads"
+    )
     events.set_defaults(handler=show_events)
     scale_commands.add_parsers(sub, common)
 
@@ -118,5 +133,20 @@ def show_events(args: argparse.Namespace) -> None:
         (node,) = resolve_nodes([args.node], nodes, cluster=cluster.name)
         node_id = node.instance_id
     sagemaker = deployment.session.client("sagemaker")
-    events = cluster_events(sagemaker, cluster, limit=args.limit, group=args.group, node_id=node_id)
-    print(render_events(cluster, events))
+    s3 = deployment.session.client("s3")
+    bucket = deployment.stack().output(StackOutput.BUCKET_NAME) if args.run else ""
+
+    def read() -> list[ClusterEvent]:
+        events = cluster_events(sagemaker, cluster, limit=args.limit, group=args.group, node_id=node_id)
+        alerts = [alert_event(alert) for alert in run_alerts(s3, bucket, args.run)] if args.run else []
+        return by_time([*events, *alerts])[-args.limit :]
+
+    shown = read()
+    print(render_events(cluster, shown), flush=True)
+    if args.follow:
+        try:
+            follow_events(
+                read, shown=shown, poll_s=args.every, sleep=time.sleep, emit=lambda line: print(line, flush=True)
+            )
+        except KeyboardInterrupt:
+            return

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 
 from hpctl.common.cluster import ClusterState, Node
 from hpctl.common.errors import HpctlError, aws_errors
 from hpctl.common.table import format_table
+from llm_pipeline.run_files import AlertLine
 from stacks.accelerators import INSTANCE_TYPES
 
 BATCH_LIMIT = 25  # nodes per BatchReboot/BatchReplaceClusterNodes request (botocore's model: 1..25)
@@ -205,8 +206,48 @@ def cluster_events(
     return list(reversed(events[:limit]))
 
 
+EVENT_COLUMNS = ("TIME", "LEVEL", "RESOURCE", "EVENT")
+# A run alert's level in the events table, by its state (llm_pipeline.jobs.alerts): what needs someone is an Error.
+ALERT_LEVELS = {"failed": "Error", "nan-stop": "Error", "stalled": "Warn"}
+
+
+def alert_event(alert: AlertLine) -> ClusterEvent:
+    """A run's alert as a row of the events table: its time, run and step, state and detail."""
+    run = alert.run.rstrip("/").rsplit("/", 1)[-1]
+    time = datetime.strptime(alert.time, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    detail = f"{alert.state}: {alert.detail}" if alert.detail else alert.state
+    return ClusterEvent(time, ALERT_LEVELS.get(alert.state, "Info"), f"run:{run}/{alert.step}", detail)
+
+
+def event_rows(events: Sequence[ClusterEvent]) -> list[tuple[str, str, str, str]]:
+    return [(f"{event.time:%Y-%m-%d %H:%M:%S}", event.level, event.resource, event.description) for event in events]
+
+
 def render_events(cluster: ClusterState, events: Sequence[ClusterEvent]) -> str:
     if not events:
         return f"no events for cluster {cluster.name}"
-    rows = [(f"{event.time:%Y-%m-%d %H:%M:%S}", event.level, event.resource, event.description) for event in events]
-    return format_table(("TIME", "LEVEL", "RESOURCE", "EVENT"), rows, indent="")
+    return format_table(EVENT_COLUMNS, event_rows(events), indent="")
+
+
+def by_time(events: Iterable[ClusterEvent]) -> list[ClusterEvent]:
+    """Oldest first; cluster events (their times carry a zone) and run alerts (UTC) interleaved."""
+    return sorted(events, key=lambda event: event.time.timestamp())
+
+
+def follow_events(
+    read: Callable[[], list[ClusterEvent]],
+    *,
+    shown: Iterable[ClusterEvent],
+    poll_s: float,
+    sleep: Callable[[float], None],
+    emit: Callable[[str], None],
+) -> None:
+    """Every ``poll_s``: ``read`` the newest events and alerts again and ``emit`` each one not shown yet, one table
+    row a line, until interrupted (Ctrl-C)."""
+    seen = set(shown)
+    while True:
+        sleep(poll_s)
+        for event in by_time(read()):
+            if event not in seen:
+                seen.add(event)
+                emit("  ".join(event_rows([event])[0]))

@@ -34,6 +34,9 @@
   the train step to tell the data step's copy is this config's before it trains on it.
 - ``FinishedRecord``: <run>/checkpoints/finished.json, the step a finished run reached and what it learned
   with (run_state.py writes it), read by train, consolidate, merge and submit.
+- ``AlertLine``: <run>/logs/alerts.jsonl, one line per alert the run side raised (finished, failed, NaN stop,
+  stalled; jobs/alerts.py, which also publishes it to the stack's alerts topic), read by
+  ``hpctl events --run``; ``NAN_STOP_OPENING`` opens the loss guard's error, which makes a failure a NaN stop.
 - ``SAGEMAKER_METRICS``: the regular expressions SageMaker applies to a training job's log (the
   progress line), handed to the SDK by hpctl.
 
@@ -42,6 +45,7 @@ Stdlib only: the node's python3, hpctl on a laptop and the trainers all import i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -742,3 +746,39 @@ class MetricsTextfile:
             else:
                 raise ValueError(f"not a Prometheus sample line: {line!r}")
         return cls(tuple(samples))
+
+
+# -- <run>/logs/alerts.jsonl ------------------------------------------------------------------------------
+ALERTS_FILE = "alerts.jsonl"  # beside the step logs
+# The loss guard's error opens with this (training/loss_guard.py): a failed step whose log has it stopped on NaN.
+NAN_STOP_OPENING = "training stopped: the "
+
+
+@dataclass(frozen=True)
+class AlertLine:
+    """``{"time": "...", "run": "/fsx/outputs/run-a", "step": "train", "job": "12", "state": "failed",
+    "detail": "..."}``: one alert as the run side raised it (``time``: UTC, ISO 8601)."""
+
+    time: str
+    run: str
+    step: str
+    job: str
+    state: str
+    detail: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self)) + "\n"
+
+    @property
+    def subject(self) -> str:
+        """The e-mail subject: SNS takes 100 characters at most."""
+        return f"run {self.run.rstrip('/').rsplit('/', 1)[-1]}: {self.state} ({self.step})"[:100]
+
+    @classmethod
+    def parse_all(cls, text: str) -> list[AlertLine]:
+        """Every well-formed line; a line cut off by a crash is skipped."""
+        found = []
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                found.append(cls(**json.loads(line)))
+        return found

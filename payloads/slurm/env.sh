@@ -149,7 +149,22 @@ hpl_on_exit() {
     state=FAILED
   fi
   hpl_mark "$state" "$rc"
+  if [[ -n "${HPL_STALL_WATCH:-}" ]]; then kill "$HPL_STALL_WATCH" 2>/dev/null || true; fi
+  # A run's state changes reach its alerts file and topic (llm_pipeline.jobs.alerts); a cancel was asked for.
+  if [[ "$state" != CANCELLED ]]; then
+    "$HPL_HOST_PYTHON" -m llm_pipeline.jobs.alerts step-end --state "$state" --exit "$rc" || true
+  fi
   echo "== $HPL_CHAIN_STEP: $state (exit $rc) after $SECONDS s at $(date -u +%FT%TZ)"
+}
+
+# A training step that prints no progress line for HPL_ALERT_STALL_MINUTES (cluster facts; 0: off) is reported
+# stalled: a watch beside the step reads its log (llm_pipeline.jobs.alerts watch) and ends with this script.
+hpl_watch_stall() {
+  local minutes="${HPL_ALERT_STALL_MINUTES:-0}"
+  if [[ "$minutes" != 0 ]]; then
+    "$HPL_HOST_PYTHON" -m llm_pipeline.jobs.alerts watch --pid $$ --stall-minutes "$minutes" &
+    HPL_STALL_WATCH=$!
+  fi
 }
 
 trap 'HPL_SIGNAL=TERM; exit 143' TERM

@@ -16,7 +16,7 @@ import pytest
 from hpctl.cli import build_parser
 from stacks.accelerators import INSTANCE_TYPES
 from stacks.compute_groups import DEFAULT_COMPUTE_GROUPS, GROUP_KEYS, parse_compute_groups
-from stacks.config import HyperPodConfig
+from stacks.config import LIST_PARSERS, HyperPodConfig
 from stacks.predeploy import parse_arguments
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,7 +158,7 @@ def test_every_cdk_context_key_is_documented_with_its_default() -> None:
         if field.name == "compute_groups":  # a list: its own section shows the default as cdk.json has it
             assert re.search(r"^\| `compute_groups` \| one trn1 group \|", CONFIGURATION, re.M)
             continue
-        if field.name in ("teams", "users"):  # lists, empty by default, as cdk.json writes them
+        if field.name in LIST_PARSERS:  # lists (teams, users, alert_emails), empty by default, as cdk.json writes them
             assert re.search(rf"^\| `{field.name}` \| `\[\]` \|", CONFIGURATION, re.M), field.name
             continue
         default = str(field.default).lower() if isinstance(field.default, bool) else str(field.default)

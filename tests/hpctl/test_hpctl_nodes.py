@@ -9,7 +9,8 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from tests.hpctl.conftest import CLUSTER, REGION
+from llm_pipeline.run_files import ALERTS_FILE, AlertLine
+from tests.hpctl.conftest import BUCKET, CLUSTER, REGION
 
 ARN = f"arn:aws:sagemaker:{REGION}:123456789012:cluster/abcdef123456"
 LAUNCH = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
@@ -285,3 +286,40 @@ def test_events_need_continuous_provisioning(stub, hpctl):
     expect_cluster(stub, continuous=False, nodes=None)
     code, _, err = hpctl("events")
     assert code == 2 and "uses standard provisioning: HyperPod records cluster events only with continuous" in err
+
+
+def test_events_follow_interleaves_a_runs_alerts_and_prints_only_new_rows(stub, hpctl, monkeypatch):
+    s3 = boto3.client("s3", region_name=REGION)
+    key = f"outputs/run-a/logs/{ALERTS_FILE}"
+
+    def alert(minutes: int, state: str, detail: str) -> str:
+        time = (LAUNCH + timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return AlertLine(time, "/fsx/outputs/run-a", "train", "12", state, detail).to_json()
+
+    s3.put_object(Bucket=BUCKET, Key=key, Body=alert(2, "stalled", "no progress line for 30.0 min").encode())
+    expect_cluster(stub, nodes=None)
+    query = {"ClusterName": CLUSTER, "SortBy": "EventTime", "SortOrder": "Descending", "MaxResults": 50}
+    replaced = event(3, "node replaced", level="Warn", group_name="compute", instance="i-0b0000000000000b2")
+    stub.add_response("list_cluster_events", {"Events": [event(1, "cluster created")]}, query)
+    stub.add_response("list_cluster_events", {"Events": [replaced, event(1, "cluster created")]}, query)
+    sleeps = []
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        if len(sleeps) == 2:
+            raise KeyboardInterrupt  # Ctrl-C: the follow ends quietly
+        body = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read().decode()
+        s3.put_object(
+            Bucket=BUCKET, Key=key, Body=(body + alert(4, "finished", "the last step, generate, completed")).encode()
+        )
+
+    monkeypatch.setattr("hpctl.nodes.commands.time.sleep", sleep)
+    code, out, _ = hpctl("events", "--run", "run-a", "--follow", "--every", "5")
+    assert code == 0 and sleeps == [5, 5]
+    rows = [line.split(None, 4)[2:] for line in out.splitlines()[1:]]
+    assert rows == [
+        ["Info", "Cluster", "cluster created"],
+        ["Warn", "run:run-a/train", "stalled: no progress line for 30.0 min"],
+        ["Warn", "compute/i-0b0000000000000b2", "node replaced"],
+        ["Info", "run:run-a/train", "finished: the last step, generate, completed"],
+    ]

@@ -17,6 +17,7 @@ from stacks.aws_catalog import hyperpod_instance_types, schema_published
 from stacks.build import REPO_ROOT
 from stacks.compute_groups import parse_compute_groups
 from stacks.config import (
+    LIST_PARSERS,
     OFFLINE_ACCOUNT,
     HyperPodConfig,
     StackConfigError,
@@ -25,7 +26,6 @@ from stacks.config import (
     lane_warnings,
     storage_warnings,
 )
-from stacks.teams import parse_teams, parse_users
 
 pytestmark = pytest.mark.xdist_group("infra")
 
@@ -62,7 +62,7 @@ def test_cdk_json_sets_every_knob_to_the_dataclass_default():
     assert sorted(ours) == sorted(known), "every config key is documented in cdk.json"
     defaults = {field.name: field.default for field in dataclasses.fields(HyperPodConfig)}
     ours["compute_groups"] = parse_compute_groups(ours["compute_groups"])
-    ours["teams"], ours["users"] = parse_teams(ours["teams"]), parse_users(ours["users"])
+    ours |= {key: parse(ours[key]) for key, parse in LIST_PARSERS.items()}
     assert ours == defaults
 
 
@@ -185,7 +185,7 @@ def test_cluster_facts_follow_the_contract():
     assert all(value.startswith(facts["fsx_mount_path"] + "/") for value in paths.values())
     assert facts["payloads_dir"] == "/fsx/payloads" and facts["outputs_dir"] == "/fsx/outputs"
     scalars = {key: value for key, value in facts.items() if key != "partitions"}
-    integers = ("devices_per_node", "efa_interfaces", "efa_device_rdma")
+    integers = ("devices_per_node", "efa_interfaces", "efa_device_rdma", "alert_stall_minutes")
     assert all(isinstance(v, int) if k in integers else isinstance(v, str) for k, v in scalars.items())
     assert list(facts["partitions"]) == ["trn1"] and set(facts["partitions"]["trn1"]) == PARTITION_KEYS
 

@@ -53,10 +53,15 @@ def test_generated_facts_hold_the_config_and_the_image_uri(synth):
     # The image URI is a deploy-time value: CDK leaves a marker the deployment fills in.
     (markers,) = [m for m in props["SourceMarkers"] if m]
     # One per place an image URI appears (default group, its partition, the exporters), the remote write URL
-    # and the Hugging Face token's secret ARN.
+    # the Hugging Face token's secret ARN and the alerts topic's.
     for marker in markers:
         value = json.dumps(markers[marker])
-        stands_for = {"PrometheusEndpoint": '"WRITE"', "HubTokenSecret": '"SECRET"', "container-assets": '"IMAGE"'}
+        stands_for = {
+            "PrometheusEndpoint": '"WRITE"',
+            "HubTokenSecret": '"SECRET"',
+            "container-assets": '"IMAGE"',
+            "AlertsTopic": '"TOPIC"',
+        }
         (replacement,) = [stand_in for key, stand_in in stands_for.items() if key in value]
         text = text.replace(marker, replacement)
     facts = json.loads(text)
@@ -64,7 +69,11 @@ def test_generated_facts_hold_the_config_and_the_image_uri(synth):
         synth.config, remote_write_url="WRITE", exporter_images={"node_exporter": "IMAGE", "prometheus": "IMAGE"}
     )
     assert facts == cluster_facts(
-        synth.config, image_uris={"neuron": "IMAGE"}, metrics=metrics, hf_token_secret_arn="SECRET"
+        synth.config,
+        image_uris={"neuron": "IMAGE"},
+        metrics=metrics,
+        hf_token_secret_arn="SECRET",
+        alerts_topic_arn="TOPIC",
     )
 
 

@@ -63,6 +63,8 @@ CHANGES: dict[str, tuple[dict, dict]] = {
         {"accounting_database": "external", "accounting_database_zone_id": "usw2-az1"},
         {"accounting_database_zone_id": "usw2-az2"},
     ),
+    "alert_emails": ({}, {"alert_emails": "ops@example.com"}),
+    "alert_stall_minutes": ({}, {"alert_stall_minutes": 5}),
 }
 GROUP_CHANGES = {
     "name": "worker",

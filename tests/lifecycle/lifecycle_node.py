@@ -53,6 +53,8 @@ FACTS = {
     "collector_image": "",
     "dcgm_exporter_image": "",
     "hf_token_secret_arn": "arn:aws:secretsmanager:us-west-2:123456789012:secret:hpl-hub-token-AbCdEf",
+    "alerts_topic_arn": "arn:aws:sns:us-west-2:123456789012:hyperpod-lora-alerts",
+    "alert_stall_minutes": 30,
     "partitions": {
         "trn1": {
             "group": "trn1",

@@ -20,7 +20,7 @@ from slurm_helpers import REPO, read_png, submit, wait_for
 
 from llm_pipeline.jobs import estimate, pipeline_status, smoke
 from llm_pipeline.jobs.run_config_text import write_derived
-from llm_pipeline.run_files import Estimate, ProgressLine, StepMarker, SubmittedLine
+from llm_pipeline.run_files import ALERTS_FILE, AlertLine, Estimate, ProgressLine, StepMarker, SubmittedLine
 from llm_pipeline.submit import SHARED_STEPS, STEPS
 from tools.rehearse import fsx_environment, write_inputs
 
@@ -96,6 +96,9 @@ def test_whole_pipeline_produces_every_step_output(cluster):
     assert any((out_dir / "data").iterdir())
     assert "nothing to do" in logs["precompile"]  # no Neuron devices here: torch backend
     assert "--nnodes=1" in logs["train"] and "--rdzv_backend=c10d" in logs["train"]
+    # One alert for the whole chain: the last job's completion (no step failed; the local Slurm sets no stall time).
+    (alert,) = AlertLine.parse_all((out_dir / "logs" / ALERTS_FILE).read_text())
+    assert (alert.state, alert.job) == ("finished", jobs[CHAIN[-1]])
     assert max(int(p.name.split("-")[1]) for p in (out_dir / "checkpoints").glob("checkpoint-*")) == 10
     assert {"adapter_model.safetensors", "adapter_config.json"} <= {p.name for p in (out_dir / "adapter").iterdir()}
     merged = {p.name for p in (out_dir / "merged").iterdir()}
@@ -182,6 +185,10 @@ def test_late_smoke_failure_stops_the_chain_before_any_long_step(cluster):
         in status.stdout
     )
     assert "adapter_model.safetensors" in failed_log.read_text()
+    # The failed step raised the run's one alert (env.sh -> jobs/alerts.py), in the folder it ran on.
+    (alert,) = AlertLine.parse_all((smoke_dir / "logs" / ALERTS_FILE).read_text())
+    assert (alert.step, alert.job, alert.state) == ("smoke-consolidate", jobs["smoke-consolidate"], "failed")
+    assert not (out_dir / "logs" / ALERTS_FILE).exists()
     states = {
         s.step: s.state
         for s in pipeline_status.step_states(

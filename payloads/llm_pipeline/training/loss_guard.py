@@ -25,7 +25,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from llm_pipeline.errors import StepError
-from llm_pipeline.run_files import describe_number
+from llm_pipeline.run_files import NAN_STOP_OPENING, describe_number
 from llm_pipeline.training.plan import say
 from llm_pipeline.weights.checkpoints import newest_complete
 
@@ -80,7 +80,7 @@ class NonFiniteLossGuard:
                 else f"{self.streak} step(s) in a row"
             )
             raise NonFiniteLoss(
-                f"training stopped: the {what} is {value} at {where} ({why}; train.nonfinite_loss_grace = "
+                f"{NAN_STOP_OPENING}{what} is {value} at {where} ({why}; train.nonfinite_loss_grace = "
                 f"{self.grace}); {resume}. Check the base model's weights and the data, or lower train.learning_rate"
             )
         self.skipped += last - first + 1
