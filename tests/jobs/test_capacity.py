@@ -119,7 +119,13 @@ def test_the_release_jobs_own_node_goes_last_and_counts_as_idle(tmp_path):
         return node == "n0" and not ignore_own  # n0 runs only the release job
 
     gone = capacity.release(
-        capacity.Group("gpu", "g5", 0, 4), mine, nodes, path, busy=busy, drain=nodes.drain, resume=nodes.resume,
+        capacity.Group("gpu", "g5", 0, 4),
+        mine,
+        nodes,
+        path,
+        busy=busy,
+        drain=nodes.drain,
+        resume=nodes.resume,
         own_node="n0",
     )
     assert gone == ["n1", "n0"] and nodes.up == []

@@ -278,7 +278,9 @@ def expire(claims: Claims, alive: JobsAlive, now: float) -> list[str]:
 
 
 # -- claim and release ---------------------------------------------------------------------------------------------
-def claim(group: Group, nodes: int, scaler: Scaler, path: Path, *, alive: JobsAlive = slurm_alive) -> str:
+def claim(
+    group: Group, nodes: int, scaler: Scaler, path: Path, *, alive: JobsAlive = slurm_alive, clock=time.time
+) -> str:
     """Record a claim for ``nodes`` and ask for what the live claims need beyond the nodes the group holds; a
     refused or failed add drops the claim and is a StepError naming the group and why."""
     if nodes > group.ceiling:
@@ -289,17 +291,16 @@ def claim(group: Group, nodes: int, scaler: Scaler, path: Path, *, alive: JobsAl
     claim_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     with permission_refusal(path), locked(path):
         claims = read_claims(path)
-        expire(claims, alive, time.time())
-        claims.claims[claim_id] = Claim(nodes=nodes, since=time.time())
-        held = scaler.held(group.name)  # every node the group holds or is bringing up counts: never past count
-        missing = group.wanted(claims.live()) - held
+        expire(claims, alive, clock())
         try:
+            held = scaler.held(group.name)  # every node the group holds or is bringing up counts: never past count
+            missing = group.wanted({**claims.live(), claim_id: nodes}) - held
             if missing > 0:
                 scaler.add(group.name, missing)
         except StepError:
-            del claims.claims[claim_id]  # nothing to release: the chain is not submitted
-            write_claims(path, claims)
+            write_claims(path, claims)  # the expired claims stay expired; this one was never made
             raise
+        claims.claims[claim_id] = Claim(nodes=nodes, since=clock())
         write_claims(path, claims)
         record_usage(path, held + max(missing, 0), group.ceiling)
     return claim_id
@@ -331,6 +332,7 @@ def release(
     resume: DrainNodes,
     own_node: str = "",
     alive: JobsAlive = slurm_alive,
+    clock=time.time,
     sleep=time.sleep,
     tries: int = RELEASE_TRIES,
 ) -> list[str]:
@@ -342,7 +344,16 @@ def release(
     for attempt in range(tries):
         with permission_refusal(path), locked(path):
             done = give_back(
-                group, claim_id, scaler, path, busy=busy, drain=drain, resume=resume, own_node=own_node, alive=alive
+                group,
+                claim_id,
+                scaler,
+                path,
+                busy=busy,
+                drain=drain,
+                resume=resume,
+                own_node=own_node,
+                alive=alive,
+                clock=clock,
             )
         removed += done.removed
         if not done.error:
@@ -372,12 +383,13 @@ def give_back(
     resume: DrainNodes,
     own_node: str = "",
     alive: JobsAlive = slurm_alive,
+    clock=time.time,
 ) -> GiveBack:
     """Under the lock: mark the claim released, then bring the group down to what the live claims need. Released
     claims are dropped only once that succeeded; a node that got a job while being drained is resumed, and so is
     every drained node whose delete failed or was refused."""
     claims = read_claims(path)
-    expire(claims, alive, time.time())
+    expire(claims, alive, clock())
     if claim_id in claims.claims:
         claims.claims[claim_id].released = True
     problems: list[str] = []
