@@ -167,6 +167,12 @@ class ScalerMachine(RuleBasedStateMachine):
     def never_a_busy_node_removed(self) -> None:
         assert self.sagemaker.removed_busy == []
 
+    @invariant()
+    def no_node_left_drained(self) -> None:
+        """A drained node still in the group was resumed (the fake's resume never fails, so none is reported)."""
+        held = {n.host for n in self.sagemaker.nodes.values() if n.status == "Running"}
+        assert not self.slurm.drained & held, self.slurm.drained & held
+
 
 ScalerMachine.TestCase.settings = settings(max_examples=500, stateful_step_count=20, deadline=None)
 test_scaler_states = ScalerMachine.TestCase

@@ -192,15 +192,26 @@ class Claims:
 
 def read_claims(path: Path) -> Claims:
     try:
-        data = json.loads(path.read_text())
+        return parse_claims(json.loads(path.read_text()))
     except FileNotFoundError:
         return Claims()
+
+
+def parse_claims(data: Mapping[str, object]) -> Claims:
     claims = {
         # a bare count: a claim written before claims carried their jobs
         str(key): Claim(nodes=value) if isinstance(value, int) else Claim(**value)
-        for key, value in data.get("claims", {}).items()
+        for key, value in dict(data.get("claims", {})).items()
     }
     return Claims(claims=claims, problems=list(data.get("problems", [])))
+
+
+def failures(data: Mapping[str, object]) -> list[str]:
+    """What a claims file says went wrong, one line each: claims released or expired whose nodes are not given back
+    yet, and nodes the last give-back could not resume or delete (`hpctl status --slurm` shows them)."""
+    claims = parse_claims(data)
+    lines = [f"claim {key} ({c.nodes} node(s)): {c.error}" for key, c in claims.claims.items() if c.released]
+    return lines + claims.problems
 
 
 def write_claims(path: Path, claims: Claims) -> None:
