@@ -491,8 +491,9 @@ def slurm_node_state(nodes: Sequence[str], state: str) -> None:
         ["scontrol", "update", f"nodename={','.join(nodes)}", f"state={state}", *extra], capture_output=True, text=True
     )
     if out.returncode != 0:
+        said = " ".join((out.stderr or out.stdout).split()) or f"exit {out.returncode}"  # one line
         raise StepError(
-            f"Slurm refused to {state} {', '.join(nodes)} ({(out.stderr or out.stdout).strip() or out.returncode}): "
+            f"Slurm refused to {state} {', '.join(nodes)} ({said}): "
             "`scontrol update` needs a Slurm operator or admin: the admin gives the nodes back as root on the "
             "controller (`python3 -m llm_pipeline.jobs.capacity sweep --partition <partition>`, docs/teams.md)"
         )
