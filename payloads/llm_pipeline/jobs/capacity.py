@@ -11,12 +11,24 @@ directory made with mkdir: atomic on every POSIX file system, Lustre included). 
 it runs no job: it is drained first (Slurm starts nothing new there), checked idle, then removed; the release
 job's own node counts as idle (its only job is the release, which ends right after).
 
+A claim carries its chain's Slurm job ids (the release job's included) and expires when they are all gone from
+Slurm without its release (a scancel of the release job, a node lost under it), or when no job was recorded
+``CLAIM_GRACE_S`` after it was made (the submitting session died or sbatch refused the chain). Expiry is checked
+whenever the claims file is read under the lock: by the next claim, release or sweep on the group; the file lives on
+FSx, so claims survive a controller restart. An expired claim, and a released one whose give-back failed (a refused
+drain or delete, throttling or AccessDenied that outlasted the retries) stays in the file, marked released with its
+error, until a later give-back on the group succeeds; `hpctl status --slurm` lists them. The sweep
+(``sweep --partition P``, run by the admin as root on the controller, docs/teams.md) is a release with no claim of
+its own: it expires what is gone and gives back the nodes no live claim needs, which a team user's release job
+cannot when Slurm refuses it the drain.
+
 The scaler is HyperPod's BatchAddClusterNodes / BatchDeleteClusterNodes (``HyperPodScaler``) on the cluster;
 ``HPL_SCALER=module:Class`` names another (the local Slurm's node scaler in tools/local_slurm.py, which takes
 nodes up and down with scontrol, for the offline rehearsal).
 
     python3 -m llm_pipeline.jobs.capacity wait --nodes N        # the chain's first job: its nodes up, or fail
     python3 -m llm_pipeline.jobs.capacity release --claim ID    # the release job's command
+    python3 -m llm_pipeline.jobs.capacity sweep --partition P   # the admin's: finish expired and failed claims
 """
 
 from __future__ import annotations
