@@ -128,7 +128,7 @@ class HyperPodCluster(Construct):
         def group(
             name: str,
             node_type: str,
-            instance_type: str,
+            instance_type: str | None,
             count: int,
             *,
             threads_per_core: int = 1,
@@ -177,7 +177,7 @@ class HyperPodCluster(Construct):
                 group(
                     compute.name,
                     "Compute",
-                    compute.instance_type,
+                    None if compute.instance_types else compute.instance_type,
                     compute.deployed_count,
                     threads_per_core=compute.threads_per_core,
                     storage=(
@@ -188,6 +188,7 @@ class HyperPodCluster(Construct):
                         ),
                     ),
                     partition=compute.partition,
+                    **flexible_types(compute),
                     **capacity_properties(compute),
                     **ami_update_properties(compute.auto_patch, compute.scheduled_update),
                 )
@@ -214,3 +215,10 @@ class HyperPodCluster(Construct):
     def cluster_id(self) -> str:
         """The last segment of the ARN: what SSM targets and log groups are named after."""
         return Fn.select(1, Fn.split("/", self.cluster.attr_cluster_arn))
+
+
+def flexible_types(group: ComputeGroup) -> dict[str, object]:
+    """A flexible group names its types in priority order (InstanceRequirements) instead of one InstanceType."""
+    if not group.instance_types:
+        return {}
+    return {"instance_requirements": Cfn.InstanceRequirementsProperty(instance_types=list(group.instance_types))}

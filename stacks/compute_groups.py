@@ -29,6 +29,7 @@ NAME_PATTERN = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
 TRAINING_PLAN_ARN = re.compile(r"arn:aws[a-z-]*:sagemaker:([a-z0-9-]+):([0-9]{12}):training-plan/[A-Za-z0-9-]+")
 RESERVED_GROUP_NAMES = ("controller", "login")  # the controller and login groups use these
 MAX_COUNT = 256
+MAX_INSTANCE_TYPES = 20  # InstanceRequirements.InstanceTypes' maxItems (CloudFormation's schema, botocore's model)
 EXAMPLE = '[{"name": "gpu", "instance_type": "ml.g5.12xlarge", "partition": "g5"}]'
 
 
@@ -39,6 +40,13 @@ class ComputeGroup:
     name: str = field(metadata=describe("instance group name (SSM targets and log streams use it)"))
     instance_type: str = field(metadata=describe("a type from stacks/accelerators.py, e.g. ml.p5.48xlarge"))
     partition: str = field(metadata=describe("the Slurm partition of this group's nodes"))
+    instance_types: tuple[str, ...] = field(
+        default=(),
+        metadata=describe(
+            "a flexible group: the types HyperPod may launch, in priority order (InstanceRequirements, up to "
+            f"{MAX_INSTANCE_TYPES}), all of one accelerator lane and device count; instance_type is the first"
+        ),
+    )
     count: int = field(default=1, metadata=describe("nodes; 0 keeps the group (and partition) with no nodes"))
     min_instance_count: int = field(
         default=0,
@@ -157,6 +165,8 @@ def _parse_group(index: int, item: Any) -> ComputeGroup:
             raise GroupError(
                 f"config key '{CONTEXT_KEY}' group {where}: unknown key '{key}'{hint}; known keys: {known}."
             )
+    if isinstance(item.get("instance_types"), list) and item["instance_types"] and "instance_type" not in item:
+        item = {**item, "instance_type": item["instance_types"][0]}  # a flexible group's facts: its first type
     missing = [key for key in REQUIRED_KEYS if key not in item]
     if missing:
         raise GroupError(f"config key '{CONTEXT_KEY}' group {where} lacks {', '.join(missing)}: every group names them")
@@ -165,6 +175,10 @@ def _parse_group(index: int, item: Any) -> ComputeGroup:
     for key, value in item.items():
         if key == "deep_health_checks":
             values[key] = _health_checks(where, value)
+        elif key == "instance_types":
+            if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+                raise GroupError.at(where, key, value, "a list of instance types in priority order")
+            values[key] = tuple(value)
         else:
             default = defaults[key] if defaults[key] is not dataclasses.MISSING else ""
             try:
@@ -199,6 +213,7 @@ def check_group(group: ComputeGroup, where: str) -> None:
         raise bad("instance_type", f"not {group.instance_type}: {REFUSED_INSTANCE_TYPES[group.instance_type]}")
     if group.instance_type not in INSTANCE_TYPES:
         raise bad("instance_type", "one of " + ", ".join(INSTANCE_TYPES) + " (the table in stacks/accelerators.py)")
+    check_instance_types(group, bad)
     if not NAME_PATTERN.fullmatch(group.partition) or group.partition == "dev":
         raise bad(
             "partition",
@@ -258,6 +273,30 @@ def check_group(group: ComputeGroup, where: str) -> None:
                 f"no {CONNECTIVITY_CHECK} with count 1: it tests the network between the group's nodes, so it "
                 f"needs at least {CONNECTIVITY_MIN_NODES} (count 0 keeps the group empty until you scale it)",
             )
+
+
+def check_instance_types(group: ComputeGroup, bad) -> None:
+    """A flexible group runs one image and one device count whatever type comes: its types share both."""
+    types = group.instance_types
+    if not types:
+        return
+    if not 1 <= len(types) <= MAX_INSTANCE_TYPES or len(set(types)) != len(types):
+        raise bad("instance_types", f"1 to {MAX_INSTANCE_TYPES} distinct types, in priority order")
+    if types[0] != group.instance_type:
+        raise bad("instance_types", f"a list whose first type is instance_type ({group.instance_type}), or leave "
+                  "instance_type out")  # fmt: skip
+    for name in types:
+        if name in REFUSED_INSTANCE_TYPES or name not in INSTANCE_TYPES:
+            raise bad("instance_types", f"types from the table in stacks/accelerators.py ({name} is not one)")
+    first = instance_facts(types[0])
+    for name in types[1:]:
+        facts = instance_facts(name)
+        if facts.image_family != first.image_family:
+            raise bad("instance_types", f"types of one accelerator lane (one image per group): {name} runs the "
+                      f"{facts.image_family} image, {types[0]} {first.image_family}: make two groups")  # fmt: skip
+        if facts.devices != first.devices:
+            raise bad("instance_types", f"types with as many devices per node: {name} has {facts.devices} and "
+                      f"{types[0]} {first.devices} (a run's ranks per node would change with the type)")  # fmt: skip
 
 
 def check_groups(groups: tuple[ComputeGroup, ...]) -> None:

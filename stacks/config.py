@@ -538,11 +538,15 @@ def _check_offered_in_region(config: HyperPodConfig) -> None:
         if value not in offered:
             raise StackConfigError.bad_value(key, value, allowed)
     for index, group in enumerate(config.compute_groups):
-        if group.instance_type not in offered:
-            family = group.instance_type.split(".")[1][:3]
-            same_family = sorted(t for t in offered & hyperpod_instance_types() if t.split(".")[1][:3] == family)
-            hint = f"; there: {', '.join(same_family)}" if same_family else ""
-            raise GroupError.at(f"[{index}] ({group.name})", "instance_type", group.instance_type, allowed + hint)
+        for key, value in (
+            ("instance_type", group.instance_type),
+            *(("instance_types", t) for t in group.instance_types),
+        ):
+            if value not in offered:
+                family = value.split(".")[1][:3]
+                same_family = sorted(t for t in offered & hyperpod_instance_types() if t.split(".")[1][:3] == family)
+                hint = f"; there: {', '.join(same_family)}" if same_family else ""
+                raise GroupError.at(f"[{index}] ({group.name})", key, value, allowed + hint)
 
 
 def partition_facts(config: HyperPodConfig, group: ComputeGroup, image_uris: Mapping[str, str]) -> dict[str, Any]:

@@ -212,7 +212,8 @@ KEY_BEHAVIOUR: dict[str, KeyBehaviour] = {
         "and removing or renaming a group needs `--allow-remove-group NAME`; a group with scale_with_runs deploys its "
         "floor (min_instance_count), and predeploy refuses a deploy while chains hold nodes above it; auto_patch and "
         "scheduled_update change no node at the deploy: HyperPod patches or updates when their strategy or "
-        "schedule next says",
+        "schedule next says; instance_types (a flexible group's InstanceRequirements) changes the types HyperPod "
+        "launches next, not the nodes in service",
     ),
     "fsx_storage_capacity_gib": KeyBehaviour(IN_PLACE, "FSx can only grow (a decrease is refused)"),
     "fsx_throughput_mibps_per_tib": KeyBehaviour(IN_PLACE, ""),

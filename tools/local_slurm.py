@@ -466,6 +466,9 @@ class SlurmNodeScaler:
     def in_service(self, group: str) -> list[str]:
         return sorted(n for n, s in self._states().items() if not s.rstrip("*~#!%$@^-").startswith(self.OUT_OF_SERVICE))
 
+    def held(self, group: str) -> int:
+        return len(self.in_service(group))
+
     def add(self, group: str, count: int) -> None:
         out = sorted(n for n, s in self._states().items() if s.rstrip("*~#!%$@^-").startswith(self.OUT_OF_SERVICE))
         chosen = out[:count]
@@ -473,11 +476,12 @@ class SlurmNodeScaler:
         if chosen:
             subprocess.run(["scontrol", "update", f"nodename={','.join(chosen)}", "state=resume"], check=True)
 
-    def remove(self, group: str, nodes) -> None:
+    def remove(self, group: str, nodes) -> dict[str, str]:
         self._record("remove", list(nodes))
         subprocess.run(
             ["scontrol", "update", f"nodename={','.join(nodes)}", "state=drain", "reason=hpl-scaled-in"], check=True
         )
+        return {}  # every node removed
 
 
 class ShortSlurmNodeScaler(SlurmNodeScaler):

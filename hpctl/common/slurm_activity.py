@@ -16,14 +16,18 @@ from hpctl.common.errors import HpctlError
 
 # Each answer line carries a tag, so the session's own framing lines are told apart from Slurm's.
 JOB_TAG, NODE_TAG, VERSION_TAG, USAGE_TAG = "hpl-job", "hpl-node", "hpl-version", "hpl-usage"
+CLAIMS_TAG = "hpl-claims"
 # The usage ledgers of the groups that scale with runs (llm_pipeline.jobs.capacity), where the chains keep them.
 LEDGERS = f"{FSX_MOUNT_PATH}/capacity/*.usage.json"
+CLAIMS = f"{FSX_MOUNT_PATH}/capacity/*.json"  # the claims files, <group>.json (the ledgers left out by name)
 QUERY = (
     'bash -c "'
     f"squeue -h -o '{JOB_TAG} %i %P %T' && "
     f"sinfo -h -N -o '{NODE_TAG} %N %P %T' && "
     f"sinfo -V | sed 's/^/{VERSION_TAG} /'; "
     f"for f in {LEDGERS}; do test -e $f && echo {USAGE_TAG} $(basename $f .usage.json) $(tr -d ' ' < $f); done; "
+    f"for f in {CLAIMS}; do case $f in *.usage.json) ;; *) test -e $f && "
+    f"echo {CLAIMS_TAG} $(basename $f .json) \\\"$(tr -d '\\n' < $f)\\\";; esac; done; "
     'true"'
 )
 # sinfo's node states that mean a job holds (part of) the node
@@ -43,6 +47,7 @@ class SlurmActivity:
     node_states: dict[str, str] = field(default_factory=dict)  # Slurm node name -> sinfo state
     version: str = ""  # "slurm 24.11.5"
     usage: dict[str, dict] = field(default_factory=dict)  # group -> its usage ledger (scale_with_runs)
+    claims: dict[str, dict] = field(default_factory=dict)  # group -> its claims file (scale_with_runs)
 
     def busy(self, node: str) -> bool:
         return self.node_states.get(node, "").rstrip("*~#!%$@^-+").startswith(BUSY_STATES)
@@ -62,6 +67,9 @@ def parse(lines: list[str]) -> SlurmActivity:
             activity.node_states[words[1]] = words[3].lower()
         elif words[:1] == [VERSION_TAG]:
             activity.version = " ".join(words[1:])
+        elif len(words) >= 3 and words[0] == CLAIMS_TAG:
+            with contextlib.suppress(ValueError):
+                activity.claims[words[1]] = json.loads(line.split(maxsplit=2)[2])
         elif len(words) == 3 and words[0] == USAGE_TAG:
             with contextlib.suppress(ValueError):
                 activity.usage[words[1]] = json.loads(words[2])

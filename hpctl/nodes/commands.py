@@ -1,5 +1,5 @@
 """The `hpctl nodes`, `node reboot|replace`, `health-check` and `events` commands (HyperPod's node API), and the
-room's registration (scale, operations too)."""
+room's registration (scale, operations and plans too)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hpctl.common.deployment import connect, deployed_cluster
 from hpctl.common.prompt import confirm
 from hpctl.common.registry import Room, RoomCommands
 from hpctl.common.run_progress import run_alerts
-from hpctl.nodes import scale_commands
+from hpctl.nodes import plans, scale_commands
 from hpctl.nodes.node_api import (
     DEFAULT_HEALTH_CHECKS,
     NODE_ACTIONS,
@@ -90,9 +90,14 @@ def register(sub: RoomCommands, common: argparse.ArgumentParser) -> None:
     )
     events.set_defaults(handler=show_events)
     scale_commands.add_parsers(sub, common)
+    plans.add_parser(sub, common)
 
 
-ROOM = Room("nodes", "list, reboot, replace, health-check and scale nodes; the cluster's events", register)
+ROOM = Room(
+    "nodes",
+    "list, reboot, replace, health-check and scale nodes; the cluster's events; training-plan offerings",
+    register,
+)
 
 
 def show_nodes(args: argparse.Namespace) -> None:

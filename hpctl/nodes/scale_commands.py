@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
+from collections.abc import Iterator
 
 from hpctl.common.arguments import count
 from hpctl.common.deployment import connect, deployed_cluster
-from hpctl.common.errors import aws_errors
+from hpctl.common.errors import HpctlError, aws_errors
 from hpctl.common.prompt import confirm
 from hpctl.common.registry import RoomCommands
 from hpctl.common.slurm_activity import SlurmActivity, slurm_activity
@@ -20,6 +22,7 @@ from hpctl.nodes.scaling import (
     plan_scale,
     render_operations,
 )
+from llm_pipeline.errors import StepError
 from llm_pipeline.jobs.capacity import HyperPodScaler
 
 
@@ -51,12 +54,21 @@ def add_parsers(sub: RoomCommands, common: argparse.ArgumentParser) -> None:
     operations.set_defaults(handler=show_operations)
 
 
+@contextlib.contextmanager
+def scaler_errors() -> Iterator[None]:
+    """The scaler's StepError (it names the call, the group and AWS's answer or HyperPod's refusal) as hpctl's."""
+    try:
+        yield
+    except StepError as error:
+        raise HpctlError(str(error)) from error
+
+
 def scale_group(args: argparse.Namespace) -> None:
     deployment = connect(args)
     cluster, controller_group = deployed_cluster(deployment)
     sagemaker = deployment.session.client("sagemaker")
     scaler = HyperPodScaler(cluster.name, client=sagemaker)
-    with aws_errors(f"list the nodes of group {args.group}"):
+    with aws_errors(f"list the nodes of group {args.group}"), scaler_errors():
         up = scaler.in_service(args.group)
     # Only a removal needs to know what runs where.
     activity = slurm_activity(deployment, cluster, controller_group) if args.count < len(up) else SlurmActivity()
@@ -66,11 +78,17 @@ def scale_group(args: argparse.Namespace) -> None:
         return
     warning = f"; {', '.join(plan.busy)} run(s) a job that fails" if plan.busy else ""
     confirm(f"{plan.describe(cluster.name)}{warning}?", yes=args.yes)
-    with aws_errors(f"scale group {args.group}"):
+    refused: dict[str, str] = {}
+    with aws_errors(f"scale group {args.group}"), scaler_errors():
         if plan.add:
             scaler.add(args.group, plan.add)
         else:
-            scaler.remove(args.group, plan.remove)
+            refused = scaler.remove(args.group, plan.remove)
+    if refused:
+        raise HpctlError(
+            f"HyperPod refused to remove {len(refused)} of {len(plan.remove)} node(s) of group {args.group}: "
+            + "; ".join(f"{node}: {why}" for node, why in refused.items())
+        )
     print(f"{plan.describe(cluster.name)}: requested; `.venv/bin/hpctl operations --follow` follows it")
 
 

@@ -93,7 +93,14 @@ def slurm_report(deployment: Deployment, stack: StackInfo) -> dict:
     for group, usage in sorted(activity.usage.items()):
         held, always_on = capacity.node_hours(usage, now)
         saved[group] = {"held_node_hours": round(held, 3), "always_on_node_hours": round(always_on, 3)}
-    return {"version": activity.version, "running": running, "queued": len(activity.jobs) - running, "saved": saved}
+    failed = {group: capacity.failures(data) for group, data in sorted(activity.claims.items())}
+    return {
+        "version": activity.version,
+        "running": running,
+        "queued": len(activity.jobs) - running,
+        "saved": saved,
+        "capacity_failures": {group: lines for group, lines in failed.items() if lines},
+    }
 
 
 def newest_run_status(deployment: Deployment, stack: StackInfo) -> dict | None:

@@ -139,6 +139,8 @@ def slurm_lines(slurm: dict) -> list[str]:
             f"Saved        {group}: {always_on - held:.1f} node-hours ({held:.1f} held of {always_on:.1f} always-on, "
             "since its first claim; scale_with_runs)"
         )
+    for group, failed in slurm.get("capacity_failures", {}).items():
+        lines += [f"Capacity     {group}: {line}" for line in failed]
     return lines
 
 

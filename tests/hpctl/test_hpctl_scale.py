@@ -125,3 +125,30 @@ def test_operations_without_any(stub, hpctl):
     stub.add_response("list_cluster_operations", {"ClusterOperationSummaries": []}, LISTING)
     code, out, _ = hpctl("operations", "--follow")
     assert code == 0 and "no cluster operations yet" in out
+
+
+def test_a_refused_add_is_one_line_naming_the_group_and_hyperpods_error(stub, hpctl):
+    """BatchAddClusterNodes answers 200 with a Failed list: read, never taken for success."""
+    expect_group(stub, nodes=[IDLE])
+    failed = {"InstanceGroupName": "compute", "ErrorCode": "InvalidInstanceGroupStatus", "FailedCount": 3}
+    stub.add_response(
+        "batch_add_cluster_nodes",
+        {"Successful": [], "Failed": [{**failed, "Message": "the group is updating"}]},
+        {"ClusterName": CLUSTER, "NodesToAdd": [{"InstanceGroupName": "compute", "IncrementTargetCountBy": 3}]},
+    )
+    code, out, err = hpctl("scale", "compute", "4", "--yes")
+    assert code != 0 and "requested" not in out
+    assert "refused to add nodes to group compute" in err and "InvalidInstanceGroupStatus" in err, err
+
+
+def test_a_refused_delete_is_one_line_naming_the_node(stub, hpctl, session_tools):
+    expect_group(stub)
+    expect_controller_session(stub, session_tools)
+    stub.add_response("list_cluster_nodes", {"ClusterNodeSummaries": [IDLE, BUSY]}, IN_GROUP)
+    refusal = {"Code": "InvalidNodeStatus", "Message": "node is updating", "NodeId": IDLE["InstanceId"]}
+    stub.add_response(
+        "batch_delete_cluster_nodes", {"Failed": [refusal]}, {"ClusterName": CLUSTER, "NodeIds": [IDLE["InstanceId"]]}
+    )
+    code, out, err = hpctl("scale", "compute", "1", "--yes")
+    assert code != 0 and "requested" not in out
+    assert "refused to remove 1 of 1 node(s) of group compute: ip-10-1-2-3: InvalidNodeStatus" in err, err

@@ -159,6 +159,7 @@ def test_slurm_version_queue_and_node_hours_saved_come_from_the_controller_when_
     code, out, err = hpctl("status", "--slurm")
     assert code == 0, err
     lines = out.splitlines()
+    assert not [line for line in lines if line.startswith("Capacity")]  # no claims file: nothing went wrong
     assert "Slurm        slurm 24.11.5, 1 job(s) running, 1 other(s) queued" in lines
     assert (
         "Saved        compute: 14.0 node-hours (6.0 held of 20.0 always-on, since its first claim; scale_with_runs)"
@@ -167,3 +168,25 @@ def test_slurm_version_queue_and_node_hours_saved_come_from_the_controller_when_
     assert "squeue" in " ".join(session_tools.calls())
     code, out, _ = hpctl("status")
     assert "Slurm " not in out  # no SSM session unless asked
+
+
+def test_a_give_back_that_failed_is_named_by_status(moto_server, session_tools, hpctl):
+    """The claims file of a group whose release hit AccessDenied and left a node it could not resume: both named."""
+    claims = {
+        "claims": {
+            "live-1": {"nodes": 1, "jobs": ["7"], "since": 0, "released": False, "error": ""},
+            "done-2": {"nodes": 2, "jobs": ["5"], "since": 0, "released": True, "error": "BatchDeleteClusterNodes for "
+                       "group compute of cluster c failed: AccessDeniedException: not authorized"},
+        },
+        "problems": ["ip-10-1-0-3 left drained (its delete failed): Slurm refused to resume ip-10-1-0-3"],
+    }  # fmt: skip
+    session_tools.replay_session("hpl-version slurm 24.11.5", f"hpl-claims compute {json.dumps(claims, indent=1)}"
+                                 .replace("\n", ""))  # fmt: skip
+    code, out, err = hpctl("status", "--slurm")
+    assert code == 0, err
+    failed = [line for line in out.splitlines() if line.startswith("Capacity")]
+    assert failed == [
+        "Capacity     compute: claim done-2 (2 node(s)): BatchDeleteClusterNodes for group compute of cluster c "
+        "failed: AccessDeniedException: not authorized",
+        "Capacity     compute: ip-10-1-0-3 left drained (its delete failed): Slurm refused to resume ip-10-1-0-3",
+    ]

@@ -219,6 +219,16 @@ def trn2_synth(synthesize_from, source_root: Path) -> Synth:
     )
 
 
+# A flexible group: HyperPod takes the first of its types it has capacity for (InstanceRequirements).
+FLEXIBLE_GPU = [{"name": "gpu", "instance_types": ["ml.g5.12xlarge", "ml.g5.24xlarge", "ml.g6e.12xlarge"],
+                 "count": 2, "partition": "g5"}]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def flexible_synth(synthesize_from, source_root: Path) -> Synth:
+    return synthesize_from(source_root, stack_name="HyperPodFlexible", compute_groups=FLEXIBLE_GPU)
+
+
 EXTERNAL_ACCOUNTING_DB = {"accounting_database": "external", "accounting_database_zone_id": "usw2-az1"}
 # The external database's shape also scales its group with runs: the controller's own role and the scaler's
 # grant are checked there (test_infra_aws_calls.py), and linted and scanned with the rest.

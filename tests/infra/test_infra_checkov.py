@@ -41,7 +41,7 @@ def without_skips(template: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def templates(
-    synth, named_synths, jobs_synth, both_gpu_synth, mode_synths, trn2_synth, external_db_synth
+    synth, named_synths, jobs_synth, both_gpu_synth, mode_synths, trn2_synth, external_db_synth, flexible_synth
 ) -> dict[str, dict]:
     shapes = {
         "default": synth,
@@ -50,6 +50,7 @@ def templates(
         "both-lanes": both_gpu_synth,
         "trn2": trn2_synth,
         "external-accounting-db": external_db_synth,
+        "flexible-types": flexible_synth,
     }
     shapes.update({f"observability-{mode}": s for mode, s in mode_synths.items()})
     found = {name: s.template for name, s in shapes.items()}
@@ -88,6 +89,7 @@ SHAPES = [
     "observability-off",
     "observability-managed",
     "external-accounting-db",
+    "flexible-types",
 ]
 
 

@@ -105,6 +105,22 @@ BAD = [
     ),
     ([{**TRN, "instance_typ": "x"}], ["[0] (trn)", "unknown key 'instance_typ'", "did you mean 'instance_type'"]),
     ([{"name": "trn", "instance_type": "ml.trn1.32xlarge"}], ["[0] (trn)", "lacks partition"]),
+    (
+        [{"name": "gpu", "instance_types": ["ml.g5.12xlarge", "ml.trn1.32xlarge"], "partition": "g5"}],
+        ["[0] (gpu)", "'instance_types'", "one accelerator lane (one image per group)", "make two groups"],
+    ),
+    (
+        [{"name": "gpu", "instance_types": ["ml.g5.12xlarge", "ml.g5.48xlarge"], "partition": "g5"}],
+        ["[0] (gpu)", "'instance_types'", "as many devices per node", "ml.g5.48xlarge has 8"],
+    ),
+    (
+        [{"name": "gpu", "instance_type": "ml.g5.24xlarge", "instance_types": ["ml.g5.12xlarge"], "partition": "g5"}],
+        ["[0] (gpu)", "'instance_types'", "first type is instance_type (ml.g5.24xlarge)"],
+    ),
+    (
+        [{"name": "gpu", "instance_types": ["ml.g5.12xlarge"] * 2, "partition": "g5"}],
+        ["[0] (gpu)", "'instance_types'", "1 to 20 distinct types"],
+    ),
     ([], ["'compute_groups'", "non-empty list"]),
     ("[{", ["'compute_groups'", "not valid JSON"]),
     (["trn"], ["[0]", "an object"]),
@@ -213,3 +229,23 @@ def test_ami_update_keys_reach_the_instance_group_rolling_one_node_at_a_time(syn
         m for m in lint_template(made.outdir / f"{made.config.stack_name}.template.json", ["us-west-2"]) if is_error(m)
     ]
     assert errors == []  # the properties as CloudFormation's schema has them (cfn-lint)
+
+
+def test_a_flexible_group_names_its_types_in_priority_order_and_lints_clean(flexible_synth):
+    """InstanceRequirements instead of InstanceType (CloudFormation's schema and CreateCluster's model name it so);
+    the group's facts (image, devices) are its first type's."""
+    _, cluster = flexible_synth.one("AWS::SageMaker::Cluster")
+    compute = cluster["Properties"]["InstanceGroups"][-1]
+    assert compute["InstanceRequirements"] == {"InstanceTypes": ["ml.g5.12xlarge", "ml.g5.24xlarge", "ml.g6e.12xlarge"]}
+    assert "InstanceType" not in compute
+    matches = lint_template(flexible_synth.outdir / f"{flexible_synth.stack.stack_name}.template.json", ["us-west-2"])
+    assert [f"{m.rule.id} {m.message}" for m in matches if is_error(m)] == []
+    report = json.loads((flexible_synth.outdir / "validation-report.json").read_text())
+    nag = next(p for p in report["pluginReports"] if p["pluginName"] == "AwsSolutions")
+    assert (nag["conclusion"], nag["violations"]) == ("success", [])
+
+
+def test_a_flexible_groups_types_must_each_be_offered_in_the_region():
+    with pytest.raises(StackConfigError, match=r"\[0\] \(gpu\).*'instance_types' has value 'ml.g6e.12xlarge'"):
+        parse([{"name": "gpu", "instance_types": ["ml.g5.12xlarge", "ml.g6e.12xlarge"], "partition": "g5"}],
+              region="ca-central-1", availability_zone_id="cac1-az1")  # fmt: skip

@@ -80,6 +80,7 @@ GROUP_CHANGES = {
     "scale_with_runs": True,  # InstanceCount becomes the floor: an in-place update
     "auto_patch": "WhenAllIdle",
     "scheduled_update": "cron(30 2 ? * SAT *)",
+    "instance_types": ["ml.trn1.32xlarge", "ml.trn1n.32xlarge"],  # InstanceType becomes InstanceRequirements
 }
 
 

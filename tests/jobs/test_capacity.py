@@ -46,17 +46,21 @@ class Nodes:
     def in_service(self, group: str) -> list[str]:
         return list(self.up)
 
+    def held(self, group: str) -> int:
+        return len(self.up)
+
     def add(self, group: str, count: int) -> None:
         spare = [n for n in self.all if n not in self.up]
         for node in spare[:count]:
             self.up.append(node)
             self.drained.discard(node)
 
-    def remove(self, group: str, nodes) -> None:
+    def remove(self, group: str, nodes) -> dict[str, str]:
         for node in nodes:
             if self.jobs.get(node):
                 self.removed_busy.append(node)
             self.up.remove(node)
+        return {}
 
     def busy(self, node: str, ignore_own: bool = False) -> bool:
         return bool(self.jobs.get(node))
@@ -64,9 +68,16 @@ class Nodes:
     def drain(self, nodes) -> None:
         self.drained.update(nodes)
 
+    def resume(self, nodes) -> None:
+        self.drained.difference_update(nodes)
+
+
+def no_jobs(jobs) -> set[str]:
+    return set()
+
 
 def release(nodes: Nodes, claim_id: str, path) -> list[str]:
-    return capacity.release(GROUP, claim_id, nodes, path, busy=nodes.busy, drain=nodes.drain)
+    return capacity.release(GROUP, claim_id, nodes, path, busy=nodes.busy, drain=nodes.drain, resume=nodes.resume)
 
 
 def test_a_claim_adds_what_the_live_claims_need_and_a_release_gives_it_back(tmp_path):
@@ -79,7 +90,7 @@ def test_a_claim_adds_what_the_live_claims_need_and_a_release_gives_it_back(tmp_
     assert len(nodes.up) == 2
     release(nodes, second, path)
     assert len(nodes.up) == 1  # down to the floor
-    assert capacity.read_claims(path) == {}
+    assert capacity.read_claims(path).claims == {}
 
 
 def test_claims_beyond_the_ceiling_are_capped_and_a_chain_larger_than_it_refused(tmp_path):
@@ -108,7 +119,14 @@ def test_the_release_jobs_own_node_goes_last_and_counts_as_idle(tmp_path):
         return node == "n0" and not ignore_own  # n0 runs only the release job
 
     gone = capacity.release(
-        capacity.Group("gpu", "g5", 0, 4), mine, nodes, path, busy=busy, drain=nodes.drain, own_node="n0"
+        capacity.Group("gpu", "g5", 0, 4),
+        mine,
+        nodes,
+        path,
+        busy=busy,
+        drain=nodes.drain,
+        resume=nodes.resume,
+        own_node="n0",
     )
     assert gone == ["n1", "n0"] and nodes.up == []
 
@@ -121,7 +139,7 @@ def test_the_lock_serializes_claims(tmp_path):
         thread.start()
     for thread in threads:
         thread.join()
-    assert len(capacity.read_claims(path)) == 16 and len(nodes.up) == 16
+    assert len(capacity.read_claims(path).claims) == 16 and len(nodes.up) == 16
 
 
 @settings(max_examples=60, deadline=None)
@@ -139,7 +157,7 @@ def test_any_interleaving_keeps_floor_and_claims_and_never_removes_a_busy_node(t
             nodes.jobs.setdefault(nodes.up[size % len(nodes.up)], set()).add(f"job{len(nodes.jobs)}")
         elif action == "done":
             nodes.jobs.pop(next(iter(nodes.jobs), ""), None)
-        claims = capacity.read_claims(path)
+        claims = capacity.read_claims(path).live()
         assert len(nodes.up) >= GROUP.wanted(claims) or not claims  # claims are served (added at claim time)
         assert len(nodes.up) >= GROUP.floor
         assert nodes.removed_busy == []
@@ -147,7 +165,7 @@ def test_any_interleaving_keeps_floor_and_claims_and_never_removes_a_busy_node(t
         release(nodes, claim_id, path)
     busy = {node for node, jobs in nodes.jobs.items() if jobs and node in nodes.up}
     assert len(nodes.up) >= max(GROUP.floor, len(busy))  # no claim left: a node running a job stays
-    assert capacity.read_claims(path) == {}
+    assert capacity.read_claims(path).claims == {}
     # A node busy at its release (a job outside any claim) goes back at the next release once idle.
     nodes.jobs.clear()
     release(nodes, "a-later-chain", path)
@@ -261,7 +279,7 @@ def test_a_claims_folder_the_user_cannot_write_is_one_line_naming_it(tmp_path_fa
             f"path = capacity.Path({str(folder / 'gpu.json')!r})\n"
             "for attempt in (lambda: capacity.claim(capacity.Group('gpu', 'g5', 0, 4), 1, None, path),\n"
             "                lambda: capacity.release(capacity.Group('gpu', 'g5', 0, 4), 'c', None, path,\n"
-            "                                         busy=None, drain=None)):\n"
+            "                                         busy=None, drain=None, resume=None)):\n"
             "    try:\n        attempt()\n    except StepError as error:\n        print(error)\n"
         )
         done = subprocess.run(

@@ -15,6 +15,7 @@ import pytest
 from slurm_helpers import REPO, submit, wait_for
 
 from llm_pipeline.jobs.run_config_text import write_derived
+from tests.needs_root import require_root
 from tools.local_slurm import SlurmNodeScaler
 from tools.rehearse import fsx_environment, write_inputs
 
@@ -142,3 +143,30 @@ def test_a_node_that_never_comes_up_is_the_chains_first_failed_step_and_the_clai
     assert json.loads((logs / "state" / "wait-capacity.json").read_text())["state"] == "FAILED"
     assert not list(logs.glob("prepare-*.log"))  # nothing after it ran
     assert len(removals) == 1 and in_service(env) == []
+
+
+def test_a_team_user_cannot_drain_and_the_release_says_so_removing_nothing(cluster, tmp_path):
+    """On HyperPod a team user's release job is no Slurm operator: `scontrol update` is refused. The drain is
+    checked, so the release removes nothing undrained and names the refusal and the admin's way out."""
+    require_root("a release as a team user")
+    env, _ = cluster
+    user, uid = "hplscaler", 46640
+    subprocess.run(["useradd", "--uid", str(uid), "--no-create-home", user], check=True)
+    try:
+        node = sorted(states(env))[0]
+        before = states(env)[node]
+        script = (
+            "from llm_pipeline.errors import StepError\nfrom llm_pipeline.jobs import capacity\n"
+            f"try:\n    capacity.slurm_drain([{node!r}])\nexcept StepError as error:\n    print(error)\n"
+        )
+        done = subprocess.run(
+            ["runuser", "-u", user, "--", "/usr/bin/python3", "-c", script],
+            env={**env, "PYTHONPATH": str(REPO / "payloads")}, capture_output=True, text=True, cwd=tmp_path,
+        )  # fmt: skip
+        after = states(env)[node]
+    finally:
+        subprocess.run(["userdel", user], check=True)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    (line,) = done.stdout.splitlines() or [""]
+    assert line.startswith(f"Slurm refused to drain {node} (") and "capacity sweep --partition" in line, line
+    assert after == before  # nothing changed in Slurm

@@ -3,6 +3,9 @@ the chain's own submission so they move with it (stdlib only)."""
 
 from __future__ import annotations
 
+import sys
+
+from llm_pipeline.errors import StepError
 from llm_pipeline.jobs import capacity, deploy_facts
 from llm_pipeline.jobs.chain import PAYLOADS_DIR, ChainJob, SubmitError, slurm
 from llm_pipeline.jobs.pipeline_status import StepJob
@@ -61,16 +64,29 @@ def release_environment(claim_id: str, env: dict[str, str]) -> dict[str, str]:
 
 
 def submit_release(facts: RunFacts, claim_id: str, submitted: list[StepJob], env: dict[str, str]) -> str:
-    """The release job after the chain's last job (any end); the job id. Without a chain, release at once."""
+    """The release job after the chain's last job (any end); the job id. Without a chain, release at once. The
+    chain's job ids (and the release job's) join the claim first, so a claim whose release job never ran (a refused
+    sbatch, a dropped session) expires once they are gone from Slurm: the next claim or release on the group, or an
+    admin's sweep, gives its nodes back."""
     if not claim_id:
         return ""
     if not submitted:
         give_back_now(claim_id, env)
         return ""
+    group = capacity.group_from_env(env)
+    path = capacity.claims_path(env, group) if group else None
+    if path:
+        capacity.record_jobs(path, claim_id, [job.job for job in submitted])
     out = slurm(release_command(facts, claim_id, submitted[-1].job, env))
     if out.returncode != 0:
-        raise SubmitError(f"sbatch refused the capacity release job: {out.stderr.strip() or out.stdout.strip()}")
+        raise SubmitError(
+            f"sbatch refused the capacity release job: {out.stderr.strip() or out.stdout.strip()}; the chain runs, "
+            f"and its claim {claim_id} expires when its jobs are gone (the next claim or release on group "
+            f"{group.name if group else '?'} gives its nodes back; `hpctl status --slurm` lists it)"
+        )
     job_id = out.stdout.strip().split(";")[0]
+    if path:
+        capacity.record_jobs(path, claim_id, [job_id])
     print(f"capacity: {capacity.RELEASE_STEP} job {job_id} gives the nodes back after job {submitted[-1].job}")
     return job_id
 
@@ -80,11 +96,16 @@ def give_back_now(claim_id: str, env: dict[str, str]) -> None:
     group = capacity.group_from_env(env)
     if group is None or not claim_id:
         return
-    capacity.release(
-        group,
-        claim_id,
-        capacity.make_scaler(env),
-        capacity.claims_path(env, group),
-        busy=capacity.slurm_busy,
-        drain=capacity.slurm_drain,
-    )
+    try:
+        capacity.release(
+            group,
+            claim_id,
+            capacity.make_scaler(env),
+            capacity.claims_path(env, group),
+            busy=capacity.slurm_busy,
+            drain=capacity.slurm_drain,
+            resume=capacity.slurm_resume,
+            tries=1,  # the submitter waits: a failed give-back stays with the claim for the next release
+        )
+    except StepError as error:  # the refusal that brought us here is the error to show; this one follows
+        print(f"capacity: {error}", file=sys.stderr, flush=True)
