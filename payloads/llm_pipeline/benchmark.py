@@ -244,7 +244,7 @@ def report(rows: list[dict]) -> str:
 
 
 def benchmark(cfg: RunConfig) -> list[dict]:
-    folder = cfg.paths.output_dir / BENCHMARK_DIR
+    folder = Path(cfg.paths.output_dir) / BENCHMARK_DIR
     models = {"base": Path(cfg.paths.model_dir), "tuned": tuned_model(cfg)}
     scores = {}
     for name, model_dir in models.items():
