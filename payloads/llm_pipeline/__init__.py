@@ -35,6 +35,7 @@ ENTRY_POINTS = {
     "merge": ("hpl_step_python (merge.sbatch); a job step on the first host", ("slurm", "job")),
     "generate": ("hpl_step_python (generate.sbatch); a job step on the first host", ("slurm", "job")),
     "evaluate": ("hpl_step_python (evaluate.sbatch); a job step on the first host", ("slurm", "job")),
+    "benchmark": ("hpl_step_python (benchmark.sbatch), in the vLLM site: after merge, by hand for now", ("slurm",)),
     "pretrain": ("hpl_step_python llm_pipeline.pretrain tokenizer|dataset|job|retain|report|export", ("slurm",)),
     "config_show": ("python -m llm_pipeline.config_show RUN.toml: the run config as the steps see it", ("laptop",)),
     "compare": ("python -m llm_pipeline.compare RUN [RUN...] (hpctl run compare)", ("laptop", "slurm")),

@@ -421,6 +421,48 @@ class MergeConfig:
     )
 
 
+# The benchmark step's default tasks for an 8B instruct fine-tune, each with its few-shot count (docs/benchmark.md says
+# why these): general knowledge (MMLU), grade-school maths (GSM8K), instruction following (IFEval), science
+# reasoning (ARC-Challenge) and commonsense completion (HellaSwag), at the few-shot counts of the Open LLM
+# Leaderboard (v1) so the numbers compare with published ones. The download step caches their datasets.
+BENCHMARK_TASKS = {"mmlu": 5, "gsm8k": 5, "ifeval": 0, "arc_challenge": 25, "hellaswag": 10}
+BENCHMARK_TASK_FORM = r"[A-Za-z0-9_.-]+:[0-9]+"
+
+
+@dataclass(frozen=True)
+class BenchmarkConfig:
+    """The benchmark step: lm-evaluation-harness scores base and tuned model through a vLLM server it starts."""
+
+    enabled: bool = described(True, "run the benchmark step after merge (false: the chain ends without it)")
+    tasks: tuple[str, ...] = described(
+        tuple(f"{name}:{shots}" for name, shots in BENCHMARK_TASKS.items()),
+        "lm-eval tasks as 'name:few-shot count'; a name is one of the default set or a task of benchmark.task_dir",
+        Rule(bool, "at least one task"),
+        Rule(lambda item: re.fullmatch(BENCHMARK_TASK_FORM, item) is not None, "'name:few-shot count'", each=True),
+        Rule(lambda items: len({i.split(":")[0] for i in items}) == len(items), "each task once"),
+    )
+    task_dir: str = described(
+        "",
+        "a folder of your own lm-eval tasks (YAML in the harness's task format, with their data), uploaded like "
+        "a dataset; relative to the run config's folder",
+    )
+    limit: int = ranged(0, at_least(0), "examples per task; 0 = all")
+    max_gen_toks: int = ranged(256, at_least(1), "generation tasks: most tokens per answer (greedy, temperature 0)")
+    seed: int = ranged(1234, at_least(0), "lm-eval's random, numpy, torch and few-shot sampling seed")
+    concurrency: int = ranged(4, at_least(1), "requests lm-eval sends the server at once")
+    max_model_len: int = ranged(4096, at_least(16), "the vLLM server's context length (prompt + answer)")
+    max_drop: float = ranged(
+        1.0,
+        Rule(lambda drop: 0 <= drop <= 1, "0 <= x <= 1"),
+        "the gate: the chain fails, naming the task, when a task's tuned score is below its base score by more "
+        "than this (scores 0 to 1); 1 = no gate",
+    )
+
+    def task_shots(self) -> dict[str, int]:
+        """{task: few-shot count}, in the configured order."""
+        return {name: int(shots) for name, shots in (item.rsplit(":", 1) for item in self.tasks)}
+
+
 # SageMaker caps a training job's run time (and a spot job's wait) at 28 days.
 JOB_MAX_HOURS = 28 * 24
 
@@ -526,6 +568,7 @@ class RunConfig:
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     merge: MergeConfig = field(default_factory=MergeConfig)
+    benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
     torchtitan: TorchtitanConfig = field(default_factory=TorchtitanConfig)
     job: JobConfig = field(default_factory=JobConfig)
 
@@ -697,12 +740,41 @@ def validate(cfg: RunConfig) -> None:
             bool(titan.dataset_files), "torchtitan.dataset_files", list(titan.dataset_files), "at least one pattern"
         )
         _require(Path(titan.dataset_dir).is_absolute(), "torchtitan.dataset_dir", titan.dataset_dir, "an absolute path")
+    check_benchmark_tasks(cfg.benchmark)
     _require(
         job.max_wait_hours == 0 or job.max_runtime_hours <= job.max_wait_hours <= JOB_MAX_HOURS,
         "job.max_wait_hours",
         job.max_wait_hours,
         "0 (twice max_runtime_hours), or between job.max_runtime_hours and 672",
     )
+
+
+_TASK_LINE = re.compile(r"^task:\s*['\"]?([A-Za-z0-9_.-]+)", re.MULTILINE)
+
+
+def custom_tasks(task_dir: str) -> set[str]:
+    """The task names the YAML files of a benchmark.task_dir declare (their top-level ``task:`` lines)."""
+    folder = Path(task_dir)
+    if not folder.is_dir():
+        raise ConfigError(
+            f"benchmark.task_dir: {folder} is not a folder: upload your task folder there (docs/benchmark.md)"
+        )
+    found = {match for path in folder.rglob("*.y*ml") for match in _TASK_LINE.findall(path.read_text())}
+    if not found:
+        raise ConfigError(f"benchmark.task_dir: {folder} holds no lm-eval task YAML (a file with a 'task:' line)")
+    return found
+
+
+def check_benchmark_tasks(bench: BenchmarkConfig) -> None:
+    """Each benchmark task is a default one or one of benchmark.task_dir's, so a typo stops at submit."""
+    known = set(BENCHMARK_TASKS) | (custom_tasks(bench.task_dir) if bench.task_dir else set())
+    for name in bench.task_shots():
+        _require(
+            name in known,
+            "benchmark.tasks",
+            name,
+            ", ".join(sorted(known)) + " (or a task of your benchmark.task_dir)" + did_you_mean(name, known),
+        )
 
 
 def data_parallel_size(cfg: RunConfig, backend: str) -> int:
@@ -780,6 +852,12 @@ def from_dict(raw: dict[str, Any], base_dir: Path | None = None, env: dict[str, 
         dataset_source=expand(titan.dataset_source, "torchtitan.dataset_source", env),
         dataset_dir=str(Path(expand(titan.dataset_dir, "torchtitan.dataset_dir", env)).expanduser()),
     )
+    bench = parts["benchmark"]
+    if bench.task_dir:
+        folder = Path(expand(bench.task_dir, "benchmark.task_dir", env)).expanduser()
+        if not folder.is_absolute() and base_dir is not None:
+            folder = base_dir / folder
+        parts["benchmark"] = dataclasses.replace(bench, task_dir=str(folder))
     train = parts["train"]
     if "gradient_checkpointing" not in raw.get("train", {}) and train.method == "full":
         # every weight's gradient and optimizer state compete with activations for memory

