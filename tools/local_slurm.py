@@ -41,6 +41,7 @@ ACCOUNTING_DB = "slurm_acct_db"
 PARTITION = "local"
 STRAY_WAIT_S = 10.0
 CLUSTER_NAME = "hpl-local"
+CRED_EXPIRE_S = 10  # above KillWait (5 s): a requeued job starts after the old one's processes are gone
 
 
 class LocalSlurmError(RuntimeError):
@@ -284,7 +285,8 @@ class LocalSlurm:
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",
-            f"AuthInfo=socket={self.socket}",
+            # A requeued job waits cred_expire seconds before it starts again (Slurm: 120): the recovery drill waits.
+            f"AuthInfo=socket={self.socket},cred_expire={CRED_EXPIRE_S}",
             "CredType=cred/munge",
             f"StateSaveLocation={self.root / 'state'}",
             # Beside munge's socket in the short temp folder, not under the root: slurmd's step sockets there must

@@ -319,6 +319,15 @@ class TrainConfig:
         "takes 0 only",
         learns=False,
     )
+    max_recoveries: int = ranged(
+        2,
+        at_least(0),
+        "times a train step whose rank died or whose node failed starts again from the newest complete checkpoint "
+        "(on Slurm: in its allocation after a lost rank, requeued onto healthy nodes after a lost node; "
+        "jobs/recovery.py); a step that failed with an error line of its own (a refused key, a NaN stop) is not "
+        "retried; 0: never",
+        learns=False,
+    )
     precompile_steps: int = ranged(
         2,
         at_least(1),

@@ -782,3 +782,34 @@ class AlertLine:
             with contextlib.suppress(ValueError, TypeError, KeyError):
                 found.append(cls(**json.loads(line)))
         return found
+
+
+# -- <run>/logs/recovery.jsonl and recovery.json ----------------------------------------------------------------
+RECOVERY_FILE = "recovery.jsonl"  # beside the step logs: each attempt of a training step, each failure, each drill
+RECOVERY_REPORT = "recovery.json"  # the recovery figures, written as the training step ends (jobs/recovery.py)
+ATTEMPT, FAILURE, DRILL = "attempt", "failed", "drill"  # RecoveryLine.event
+
+
+@dataclass(frozen=True)
+class RecoveryLine:
+    """``{"time": 1796588511.7, "event": "failed", "step": "train", "job": "12", "attempt": 1, ...}``: one event of a
+    training step's life (``time``: seconds since the epoch, so figures subtract). ``offset``: the step log's size
+    when the attempt started (its part of the log begins there); ``detail``: what failed, or the drill's fault."""
+
+    time: float
+    event: str
+    step: str
+    job: str
+    attempt: int = 0
+    nodes: str = ""
+    offset: int = 0
+    exit: int | None = None
+    detail: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self)) + "\n"
+
+    @classmethod
+    def parse_all(cls, text: str) -> list[RecoveryLine]:
+        """Every well-formed line; a line cut off by a crash is skipped (as AlertLine's)."""
+        return AlertLine.parse_all.__func__(cls, text)
