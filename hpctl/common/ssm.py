@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,9 @@ PLUGIN_INSTALL_URL = (
 # Runs one command on the node without a terminal; the agent splits it like a POSIX shell
 # (no shell runs it), so anything shell-like goes inside an explicit `bash -c`.
 NON_INTERACTIVE_DOCUMENT = "AWS-StartNonInteractiveCommand"
+# The session's own exit status is the CLI's, not the command's: a command echoes its status after this marker.
+EXIT_MARKER = "hpctl-remote-exit="
+EXIT_LINE = re.compile(re.escape(EXIT_MARKER) + r"(?P<status>\d+)$")
 
 
 @dataclass(frozen=True)
@@ -79,3 +83,23 @@ def run_session(request: SessionRequest, on_line: Callable[[str], None]) -> int:
         for line in process.stdout:
             on_line(line.rstrip("\r\n").replace("\r", ""))
     return process.returncode
+
+
+class MarkedOutput:
+    """A session's output handler for a command that echoes EXIT_MARKER: echoes each line, keeps the status."""
+
+    def __init__(self) -> None:
+        self.exit_status: int | None = None
+
+    def __call__(self, line: str) -> None:
+        marker = EXIT_LINE.search(line)
+        if marker:  # output without a final newline shares the marker's line
+            self.exit_status = int(marker["status"])
+            line = line[: marker.start()]
+            if not line:
+                return
+        print(line, flush=True)
+        self.read(line)
+
+    def read(self, line: str) -> None:
+        """What a subclass takes from an echoed line."""

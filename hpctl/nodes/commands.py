@@ -1,20 +1,25 @@
-"""The `hpctl nodes`, `node reboot|replace`, `health-check` and `events` commands (HyperPod's node API), and the
-room's registration (scale, operations and plans too)."""
+"""The `hpctl nodes`, `node reboot|replace`, `health-check`, `events` and `drill` commands (HyperPod's node API, the
+fault drill on the controller), and the room's registration (scale, operations and plans too)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import botocore.session
 
 from cluster_contract import StackOutput
+from hpctl.common import ssm
 from hpctl.common.cluster import list_nodes
-from hpctl.common.deployment import connect, deployed_cluster
+from hpctl.common.deployment import connect, controller_request, deployed_cluster
+from hpctl.common.errors import HpctlError
+from hpctl.common.facts import read_cluster_facts
 from hpctl.common.prompt import confirm
 from hpctl.common.registry import Room, RoomCommands
-from hpctl.common.run_progress import run_alerts
+from hpctl.common.run_progress import OUTPUTS_PREFIX, list_runs, run_alerts
 from hpctl.nodes import plans, scale_commands
+from hpctl.nodes.drill import FAULTS, DrillOutput, drill_command, where_figures_are
 from hpctl.nodes.node_api import (
     DEFAULT_HEALTH_CHECKS,
     NODE_ACTIONS,
@@ -89,13 +94,22 @@ def register(sub: RoomCommands, common: argparse.ArgumentParser) -> None:
         "--every", type=positive_int, default=FOLLOW_EVERY_S, metavar="S", help="--follow: seconds between reads"
     )
     events.set_defaults(handler=show_events)
+
+    drill = sub.add_parser(
+        "drill", parents=[common, asks], help="inject a fault into a run's train step to measure its recovery (asks)"
+    )
+    drill.add_argument("run", metavar="RUN", help="the run (its folder under outputs/)")
+    faults = drill.add_mutually_exclusive_group(required=True)
+    for fault, text in FAULTS.items():
+        faults.add_argument(f"--{fault}", dest="fault", action="store_const", const=fault, help=text)
+    drill.set_defaults(handler=run_drill)
     scale_commands.add_parsers(sub, common)
     plans.add_parser(sub, common)
 
 
 ROOM = Room(
     "nodes",
-    "list, reboot, replace, health-check and scale nodes; the cluster's events; training-plan offerings",
+    "list, reboot, replace, health-check and scale nodes; cluster events; the fault drill; training-plan offerings",
     register,
 )
 
@@ -155,3 +169,21 @@ def show_events(args: argparse.Namespace) -> None:
             )
         except KeyboardInterrupt:
             return
+
+
+def run_drill(args: argparse.Namespace) -> None:
+    ssm.find_session_tools()  # before any AWS call: the drill runs over an SSM session
+    deployment = connect(args)
+    bucket = deployment.stack().output(StackOutput.BUCKET_NAME)
+    runs = list_runs(deployment.session.client("s3"), bucket)
+    if args.run not in runs:
+        raise HpctlError(f"no run {args.run!r} in s3://{bucket}/{OUTPUTS_PREFIX} (runs: {', '.join(runs) or 'none'})")
+    facts = read_cluster_facts(deployment.session, bucket)
+    run_dir = f"{facts['outputs_dir']}/{args.run}"
+    cluster, controller_group = deployed_cluster(deployment)
+    confirm(f"{args.fault} drill on run {args.run} of cluster {cluster.name}: {FAULTS[args.fault]}?", yes=args.yes)
+    request = controller_request(deployment, cluster, controller_group)
+    command = drill_command(args.fault, run_dir=run_dir, payloads_dir=facts["payloads_dir"])
+    output = DrillOutput()
+    output.check(ssm.run_session(dataclasses.replace(request, command=command), output))
+    print("\n".join(where_figures_are(args.run, run_dir=run_dir, bucket=bucket, fault=args.fault)))

@@ -36,6 +36,7 @@ from cluster_contract import (
 from hpctl.common.errors import HpctlError, aws_errors
 from hpctl.common.project import read_cdk_context
 from hpctl.common.run_data import LocalDataset, cluster_dataset_key, local_dataset
+from hpctl.common.ssm import EXIT_MARKER, MarkedOutput
 from hpctl.runs.submit_plan import partition_plan
 from lifecycle.slurm_teams import user_outputs_dir
 from llm_pipeline.config import ConfigError, load
@@ -47,8 +48,6 @@ from llm_pipeline.run_files import SubmittedLine
 
 CONFIGS_DIR = Path(PAYLOADS_FOLDER) / "configs"
 PLAIN_PATH = re.compile(r"/[A-Za-z0-9_./-]*")
-EXIT_MARKER = "hpctl-remote-exit="
-EXIT_LINE = re.compile(re.escape(EXIT_MARKER) + r"(?P<status>\d+)$")
 IMPORT_WAIT_S = 120  # FSx auto-import usually shows a new object within seconds
 IMPORT_POLL_S = 2
 # What every node exports for the shared folders (HPL_<KEY>): a run config reads here as it reads there.
@@ -275,21 +274,14 @@ def remote_command(options: SubmitOptions, *, facts: dict, sent: SentConfig | No
     return shlex.join(["sudo", "-n", "-u", options.user or facts["default_user"], "-H", "bash", "-lc", script])
 
 
-class SubmitOutput:
+class SubmitOutput(MarkedOutput):
     """Collects what the remote submit prints: job ids and its exit status; echoes the rest."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.jobs: list[tuple[str, str]] = []
-        self.exit_status: int | None = None
 
-    def __call__(self, line: str) -> None:
-        marker = EXIT_LINE.search(line)
-        if marker:  # output without a final newline shares the marker's line
-            self.exit_status = int(marker["status"])
-            line = line[: marker.start()]
-            if not line:
-                return
-        print(line, flush=True)
+    def read(self, line: str) -> None:
         submitted = SubmittedLine.parse(line)
         if submitted:
             self.jobs.append((submitted.step, submitted.job))
