@@ -22,16 +22,21 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from llm_pipeline.config import RunConfig
-from llm_pipeline.run_files import INPUTS, TrainedFrom
+from llm_pipeline.run_files import DATA_SOURCE_FILE, INPUTS, TrainedFrom
 from llm_pipeline.weights import model_files
 from llm_pipeline.weights.safetensors_header import read_header
 
 DIGEST_CACHE = ".input_digests.json"  # in paths.checkpoints_dir: {path: {size, mtime_ns, header, sha256}}
 MODEL_INPUTS = ("model weights", "tokenizer")  # what merge adds the adapter to, beside the adapter
 _CHUNK = 16 * 1024 * 1024
-# datasets writes the results of a map on a loaded dataset beside it (cache-<fingerprint>.arrow): the train step's,
-# not the data step's, so they are not the prepared data
+# Not the prepared data: the results of a map on a loaded dataset, which datasets writes beside it
+# (cache-<fingerprint>.arrow: the train step's), and its bookkeeping (state.json: a fingerprint that is random
+# when a transform cannot be hashed, so preparing the same data twice differs there only).
 DATASETS_CACHE_PREFIX = "cache-"
+DATASETS_STATE_FILE = "state.json"
+# Nor the data step's record of what it prepared from (run_files.DataSource: the [data] keys, the seed and the
+# tokenizer and dataset digests, the latter by file time): those are compared as keys and inputs of their own.
+NOT_PREPARED_DATA = (DATASETS_STATE_FILE, DATA_SOURCE_FILE)
 
 
 class DigestCache:
@@ -97,7 +102,11 @@ def _folder_files(folder: Path) -> list[tuple[str, Path]]:
 
 
 def _prepared_files(folder: Path) -> list[tuple[str, Path]]:
-    return [(name, path) for name, path in _folder_files(folder) if not path.name.startswith(DATASETS_CACHE_PREFIX)]
+    return [
+        (name, path)
+        for name, path in _folder_files(folder)
+        if not path.name.startswith(DATASETS_CACHE_PREFIX) and path.name not in NOT_PREPARED_DATA
+    ]
 
 
 def _model_files(folder: Path) -> list[tuple[str, Path]]:

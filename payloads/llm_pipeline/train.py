@@ -210,6 +210,8 @@ def run(cfg: RunConfig, args) -> TrainPlan:
     if args.prepare_data:
         if world_size() > 1:  # every process would write the one data folder
             raise StepError(f"--prepare-data runs in one process: run the data step first ({data.DATA_STEP_COMMAND})")
+        # what the run's checkpoints were trained from first: a refused config prepares nothing over its data
+        run_state.trains_from(cfg.paths.checkpoints_dir, run_inputs.trained_from(cfg))
         data.prepare_if_stale(cfg)
     return train(cfg, args.backend, args.precompile, args.resume_from)
 
