@@ -10,6 +10,7 @@ test_run_life.py the real NaN skip."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from llm_pipeline.config import learning_keys
 from llm_pipeline.run_files import TRAINED_FROM_FILE
 from llm_pipeline.training.loss_guard import NonFiniteLoss, NonFiniteLossGuard
 from llm_pipeline.weights.checkpoints import newest_complete
+from tools import tiny_model
 
 pytestmark = pytest.mark.both_stacks
 
@@ -151,3 +153,26 @@ def test_consolidate_and_merge_refuse_a_checkpoint_that_is_not_the_finished_one(
     run_state.record_finished(cfg.paths.checkpoints_dir, 6, cfg.learned())  # a marker naming another step
     assert consolidate.main(["--config", str(path)]) == 2
     assert "the newest complete checkpoint is checkpoint-4, not checkpoint-6" in capsys.readouterr().err
+
+
+def test_the_marker_is_written_only_at_the_checkpoints_own_end_and_copies_its_record(hpl_env):
+    cfg = _config(hpl_env, max_steps=6)
+    assert submit(cfg, kill_at=5)[0] == "killed"  # checkpoint-4 of a run to 6
+    checkpoints = cfg.paths.checkpoints_dir
+    assert run_state.mark_if_finished(checkpoints) is None and run_state.read_finished(checkpoints) is None
+    assert submit(_config(hpl_env, max_steps=4))[0] == "refused"  # checkpoint-4 trained with max_steps 6
+    assert run_state.read_finished(checkpoints) is None
+    assert submit(cfg)[0] == "trained"
+    record = run_state.checkpoint_record(checkpoints / "checkpoint-6")
+    assert run_state.read_finished(checkpoints).trained_from == record
+    assert record.inputs["model weights"] and record.learned["train"]["max_steps"] == 6
+
+
+def test_refilled_model_weights_are_refused_naming_them(hpl_env, tmp_path):
+    models = tmp_path / "models"
+    shutil.copytree(hpl_env["HPL_MODELS_DIR"], models)
+    cfg = _config({**hpl_env, "HPL_MODELS_DIR": str(models)}, max_steps=4)
+    assert submit(cfg)[0] == "trained"
+    tiny_model.write_tiny_model(models / "tiny-llama", seed=1)  # other weights in the same folder
+    with pytest.raises(run_state.RunStateError, match=r"model weights \(the weight files and config\.json in"):
+        train.run_in_state(cfg, train.make_plan(cfg, "torch", False), StandInEngine(cfg, {}))
