@@ -143,3 +143,11 @@ def test_the_guards_tests_import_the_copy(tmp_path):
              for folder in folders]  # fmt: skip
     out = _pytest(payloads, "--collect-only", *files)
     assert out.returncode != 0 and out.stdout.count("imported from the copy") >= len(files), out.stdout[-3000:]
+
+
+def test_docs_testing_lists_every_guard_and_its_test():
+    text = (ROOT / "docs" / "testing.md").read_text()
+    section = text[text.index("## The run-state guards and their mutation gate") :]
+    rows = re.findall(r"^\| ([a-z -]+) \| [^|]+ \| `([^`]+)` \|$", section, re.MULTILINE)
+    documented = {name: test for name, test in rows}
+    assert documented == {guard.name.split(":")[0]: guard.tests[0].removeprefix("tests/payloads/") for guard in GUARDS}
