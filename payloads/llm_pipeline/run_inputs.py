@@ -6,14 +6,16 @@ or merged silently.
 A file's digest is the sha256 of its bytes; a safetensors file's also covers its header, read every time (a few
 kilobytes), so a file rewritten with its size and time kept still differs. Hashing a model is minutes, so each
 file's hash is cached by its size, modification time (and header digest) in the run's checkpoints folder
-(DIGEST_CACHE): computed once per run and file, shared by the train, consolidate and merge steps; a lock on the
-cache lets one process of a node hash while the others wait and read its result.
+(DIGEST_CACHE): computed once per run and file, shared by the train, consolidate and merge steps; a flock on the
+cache lets one process hash while the others wait and read its result (where the file system refuses flock, each
+hashes for itself; the cache is replaced whole either way).
 
 Stdlib only (safetensors headers are read by hand: weights/safetensors_header.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -50,7 +52,8 @@ class DigestCache:
     def __enter__(self) -> DigestCache:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = open(self.path.with_name(self.path.name + ".lock"), "a")  # held until __exit__ (the lock)
-        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):  # FSx mounted without flock: each process hashes for itself
+            fcntl.flock(self._lock, fcntl.LOCK_EX)
         try:
             self.entries = json.loads(self.path.read_text())
         except (OSError, ValueError):
