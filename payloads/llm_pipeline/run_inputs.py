@@ -5,7 +5,7 @@ or merged silently.
 
 A file's digest is the sha256 of its bytes; a safetensors file's also covers its header, read every time (a few
 kilobytes), so a file rewritten with its size and time kept still differs. Hashing a model is minutes, so each
-file's hash is cached by its size, modification time (and header digest) in the run's checkpoints folder
+file's hash is cached by its size, modification time (and header digest) in the run folder
 (DIGEST_CACHE): computed once per run and file, shared by the train, consolidate and merge steps; a flock on the
 cache lets one process hash while the others wait and read its result (where the file system refuses flock, each
 hashes for itself; the cache is replaced whole either way).
@@ -28,7 +28,9 @@ from llm_pipeline.run_files import DATA_SOURCE_FILE, INPUTS, TrainedFrom
 from llm_pipeline.weights import model_files
 from llm_pipeline.weights.safetensors_header import read_header
 
-DIGEST_CACHE = ".input_digests.json"  # in paths.checkpoints_dir: {path: {size, mtime_ns, header, sha256}}
+# In paths.output_dir, not checkpoints/: on a training job's other hosts that is a link into the synced folder,
+# where each writes only its own ranks' files (jobs/sagemaker_env.py). {path: {size, mtime_ns, header, sha256}}
+DIGEST_CACHE = ".input_digests.json"
 MODEL_INPUTS = ("model weights", "tokenizer")  # what merge adds the adapter to, beside the adapter
 _CHUNK = 16 * 1024 * 1024
 # Not the prepared data: the results of a map on a loaded dataset, which datasets writes beside it
@@ -141,7 +143,7 @@ def input_digests(cfg: RunConfig, names: Iterable[str] = INPUTS) -> dict[str, st
         "dataset": lambda: _dataset_files(cfg.data.dataset),
         "prepared data": lambda: _prepared_files(data_dir) if data_dir.is_dir() else [],
     }
-    with DigestCache(cfg.paths.checkpoints_dir) as cache:
+    with DigestCache(Path(cfg.paths.output_dir)) as cache:
         return {name: cache.files_digest(listers[name]()) for name in names}
 
 

@@ -85,11 +85,13 @@ def differences(then: TrainedFrom, now: TrainedFrom, was: str, inputs=tuple(INPU
     """What differs in ``now`` from the record ``then``: each learning key with both values (``was``: "finished
     with", ...), then each of ``inputs`` whose digest differs (one that either side lacks is not compared)."""
     learned = _as_json(now.learned)
+    # a local dataset file is compared by its content, not its path (a restored job sees it under another root)
+    by_content = {("data", "dataset")} if then.inputs.get("dataset") and now.inputs.get("dataset") else set()
     keys_changed = [
         f"{section}.{key} ({was} {old!r}, now {learned[section][key]!r})"
         for section, values in (then.learned.items() if keys else ())
         for key, old in values.items()
-        if key in learned.get(section, {}) and learned[section][key] != old
+        if key in learned.get(section, {}) and learned[section][key] != old and (section, key) not in by_content
     ]
     changed = [
         f"{name} ({INPUTS[name]}: changed since)"

@@ -159,13 +159,14 @@ class SealCheckpoints(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         first_on_node = int(os.environ.get("LOCAL_RANK", "0")) == 0
         node = int(os.environ.get("GROUP_RANK", "0"))
+        folder = Path(args.output_dir) / CHECKPOINT.name(state.global_step)
+        if self.trained_from is not None and int(os.environ.get("RANK", "0")) == 0:
+            # one writer, as of the trainer's shared files, and whole before any node seals (its seal lists it)
+            (folder / TRAINED_FROM_FILE).write_text(self.trained_from)
         self.wait_for_everyone()
         if first_on_node:
             world = int(os.environ.get("WORLD_SIZE", "1"))
             nodes = max(1, world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
-            folder = Path(args.output_dir) / CHECKPOINT.name(state.global_step)
-            if self.trained_from is not None:  # before the seal, which lists it: a checkpoint without it is partial
-                (folder / TRAINED_FROM_FILE).write_text(self.trained_from)
             write_seal(folder, node=node, nodes=nodes)
         self.wait_for_everyone()
         if first_on_node:
