@@ -73,7 +73,8 @@ def make_plan(cfg: RunConfig, backend: str, precompile: bool, resume_from: str |
 
 def check_not_past_end(cfg: RunConfig, plan: TrainPlan) -> bool:
     """A run never trains past its end: False when the checkpoint it starts from is already train.max_steps
-    (its marker was not written, e.g. killed after that save), refused when it is beyond (a lower max_steps)."""
+    but not its run's end by its own record (run_in_state refuses it: a finished one never gets here), refused
+    when it is beyond (a lower max_steps)."""
     end = cfg.train.max_steps
     if end <= 0 or plan.start_step < end:
         return True  # epochs decide: the Trainer starts no epoch past the last one
