@@ -593,7 +593,7 @@ class RunConfig:
 
 
 # The sections whose keys may change what a run learns; each field says whether it does (``learns``).
-LEARNING_SECTIONS = ("data", "lora", "train")
+LEARNING_SECTIONS = ("model", "data", "lora", "train")
 
 
 def learning_keys() -> dict[str, dict[str, Any]]:

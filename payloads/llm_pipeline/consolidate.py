@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 
 from llm_pipeline import cli, run_state
 from llm_pipeline.errors import CheckpointError
+from llm_pipeline.run_files import TrainedFrom
 from llm_pipeline.weights.adapter_files import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -202,8 +203,11 @@ def build_parser():
 
 
 def run(cfg, args) -> None:
-    # the run's result is its finished checkpoint, never a newer or older one (run_state)
-    source = args.checkpoint or run_state.finished_checkpoint(cfg.paths.checkpoints_dir)
+    # the run's result is its finished checkpoint, never a newer or older one, nor one another config trained
+    # (run_state: a raised train.max_steps trains first)
+    source = args.checkpoint or run_state.shipped_checkpoint(
+        cfg.paths.checkpoints_dir, TrainedFrom(cfg.learned()), "consolidate"
+    )
     full = find_full_checkpoint(source)
     if full is not None:
         output = args.output or cfg.paths.merged_dir

@@ -23,9 +23,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from llm_pipeline import cli, run_state
+from llm_pipeline import cli, run_inputs, run_state
 from llm_pipeline.config import QLORA_MERGE_BASES, LoraConfig, RunConfig
 from llm_pipeline.errors import CheckpointError
+from llm_pipeline.run_files import TrainedFrom
 from llm_pipeline.weights.adapter_files import AdapterFolder, open_adapter_folder
 from llm_pipeline.weights.atomic_output import AtomicOutputDir
 from llm_pipeline.weights.merge_stream import BaseRounding, LoraFactors, ProgressPrinter, merge_shard
@@ -212,8 +213,10 @@ def run(cfg, args) -> None:
             flush=True,
         )
         return
-    if args.adapter is None:  # the run's own adapter: consolidate made it from the finished checkpoint, if any
-        run_state.finished_checkpoint(cfg.paths.checkpoints_dir)
+    if args.adapter is None:  # the run's own adapter: consolidate made it from the finished checkpoint, if any,
+        # trained with this config and, unless --base names another, on the weights it is added to (run_state)
+        now = run_inputs.trained_from(cfg, run_inputs.MODEL_INPUTS) if args.base is None else None
+        run_state.shipped_checkpoint(cfg.paths.checkpoints_dir, now or TrainedFrom(cfg.learned()), "merge")
     merge(
         args.base or Path(cfg.paths.model_dir),
         args.adapter or cfg.paths.adapter_dir,

@@ -32,8 +32,12 @@
   (padded, packed, blocks) and the steps an epoch takes, read by jobs/estimate.
 - ``DataSource``: <run>/data/source.json, what the data step prepared the data from (data.py), read by
   the train step to tell the data step's copy is this config's before it trains on it.
+- ``TrainedFrom``: <run>/checkpoints/checkpoint-<step>/trained_from.json, what trained that checkpoint: its
+  learning keys' values and the digests of its inputs (training/callbacks.SealCheckpoints writes it before the
+  seal, from run_inputs.py), read by run_state.py.
 - ``FinishedRecord``: <run>/checkpoints/finished.json, the step a finished run reached and what it learned
-  with (run_state.py writes it), read by train, consolidate, merge and submit.
+  with, copied from that checkpoint's TrainedFrom (run_state.py writes it), read by train, consolidate, merge
+  and submit.
 - ``AlertLine``: <run>/logs/alerts.jsonl, one line per alert the run side raised (finished, failed, NaN stop,
   stalled; jobs/alerts.py, which also publishes it to the stack's alerts topic), read by
   ``hpctl events --run``; ``NAN_STOP_OPENING`` opens the loss guard's error, which makes a failure a NaN stop.
@@ -588,27 +592,67 @@ class DataStats:
         return cls(mode, layouts, body)
 
 
+# -- <run>/checkpoints/checkpoint-<step>/trained_from.json ------------------------------------------------
+TRAINED_FROM_FILE = "trained_from.json"  # in each checkpoint folder, written before its seals (which list it)
+
+
+# What a checkpoint was trained from besides its keys, by name: where each is read (run_inputs.py digests them).
+INPUTS = {
+    "model weights": "the weight files and config.json in paths.model_dir",
+    "tokenizer": "the tokenizer files in paths.model_dir",
+    "dataset": "the local file(s) data.dataset names",
+    "prepared data": "the data step's copy in paths.data_dir",
+}
+
+
+@dataclass(frozen=True)
+class TrainedFrom:
+    """What trained a checkpoint: by section, the values of the keys that change what a run learns
+    (config.learning_keys), and by input (run_inputs.INPUTS) a digest of what it read ("" where there was none:
+    a Hub dataset has no local file). A record lacking a section, key or input does not compare it."""
+
+    learned: dict[str, dict]
+    inputs: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"learned": self.learned, "inputs": self.inputs}, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainedFrom:
+        body = json.loads(text)
+        learned = {name: dict(values) for name, values in body["learned"].items()}
+        return cls(learned, {str(name): str(digest) for name, digest in body.get("inputs", {}).items()})
+
+
 # -- <run>/checkpoints/finished.json --------------------------------------------------------------------
 FINISHED_FILE = "finished.json"  # in paths.checkpoints_dir, next to the checkpoint it names
+_INPUTS = "inputs"  # the marker's section of input digests; every other table is a learning section
 
 
 @dataclass(frozen=True)
 class FinishedRecord:
-    """``{"step": 12, "train": {...}, "lora": {...}, "data": {...}}``: the step a finished run reached (its end)
-    and, by section, the values of the keys that changed what it learned (config.learning_keys). A marker
-    written before lora was recorded has no lora section: what a record lacks is not compared."""
+    """``{"step": 12, "inputs": {...}, "train": {...}, "lora": {...}, "data": {...}}``: the step a finished run
+    reached (its end) and what trained that checkpoint (its TrainedFrom): by section, the values of the keys that
+    changed what it learned, and the digests of its inputs. A marker written before lora or the inputs were
+    recorded lacks them: what a record lacks is not compared."""
 
     step: int
     learned: dict[str, dict]
+    inputs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def trained_from(self) -> TrainedFrom:
+        return TrainedFrom(self.learned, self.inputs)
 
     def to_json(self) -> str:
-        return json.dumps({"step": self.step, **self.learned}, indent=2) + "\n"
+        return json.dumps({"step": self.step, _INPUTS: self.inputs, **self.learned}, indent=2) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> FinishedRecord:
         body = json.loads(text)
+        inputs = {str(name): str(digest) for name, digest in body.pop(_INPUTS, {}).items()}
         learned = {name: dict(values) for name, values in body.items() if isinstance(values, dict)}
-        return cls(int(body["step"]), learned)
+        return cls(int(body["step"]), learned, inputs)
 
 
 # -- <run>/logs/state/<step>.json ------------------------------------------------------------------------

@@ -2,15 +2,21 @@
 
 - running, or stopped (killed; or stopped by the NaN guard, exit 2): checkpoints and no finished marker.
   A resubmission resumes from the newest complete checkpoint.
-- finished: ``checkpoints/finished.json`` (run_files.FinishedRecord) names the step the run reached. The
-  train step writes it only when that step is the run's end (train.max_steps, or where its epochs end)
-  and was good (a bad last step stops the run instead: training/loss_guard.py). consolidate and merge
-  ship that checkpoint and no other.
-- resubmitted after it finished: with the same values of every key that changes what the run learns
-  (config.learning_keys; the others, such as logging and save cadence, change nothing learned) there is
-  nothing to train. A larger train.max_steps (or train.epochs) extends it: the marker goes, and it trains
-  on from the finished checkpoint to the new end, whatever else changed applying to the new steps. Any
-  other change of a learning key is refused, naming the keys and the two ways forward.
+- every checkpoint records what trained it (run_files.TrainedFrom, ``trained_from.json``): the values of every
+  key that changes what the run learns (config.learning_keys; the others, such as logging and save cadence,
+  change nothing learned) and the digests of its inputs (run_inputs.py: model weights, tokenizer, dataset,
+  prepared data). Every move below compares against that record, never against the newest config alone.
+- resumed: from the newest complete checkpoint, with a config and inputs equal to its record; any difference
+  (a key, refilled weights, a rewritten dataset) is refused naming them and the ways forward.
+- finished: ``checkpoints/finished.json`` (run_files.FinishedRecord) names the step the run reached and is
+  a copy of that checkpoint's record: the train step writes it only when that checkpoint is the run's end by
+  its own trainer state (its train.max_steps, or where its epochs end) and was good (a bad last step stops the
+  run instead: training/loss_guard.py), whatever the config resubmitted after it says. consolidate and merge
+  ship that checkpoint and no other, and only while the config (and, for merge, the model) is what trained it.
+- resubmitted after it finished (a checkpoint at its own end, marked or not): with an equal record there is
+  nothing to train. A larger train.max_steps (or train.epochs) extends it: the marker goes, and it trains on
+  from the finished checkpoint to the new end, whatever else changed in keys or data applying to the new steps
+  (EXTENSION_KEEPS: never the model). Any other difference is refused, naming it and the ways forward.
 - replaced: submit --replace-outputs moves its checkpoints folder (when the config changes what the finished
   run learned: replaced_by) and the outputs made after train aside; the run starts anew from the base model.
 
@@ -24,10 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from llm_pipeline.errors import StepError
-from llm_pipeline.run_files import CHECKPOINT, FINISHED_FILE, FinishedRecord
+from llm_pipeline.run_files import CHECKPOINT, FINISHED_FILE, INPUTS, TRAINED_FROM_FILE, FinishedRecord, TrainedFrom
 from llm_pipeline.weights.checkpoints import COMPLETE_MARKER, newest_complete
 
 REPLACE_FLAG = "--replace-outputs"  # submit's flag (submit.py) that moves an earlier training aside
+EXTENSION_KEEPS = ("model weights", "tokenizer")  # inputs an extension may not change (the keys and data may)
+WAYS_FORWARD = (
+    f"train anew from the base model, resubmit with {REPLACE_FLAG} (which moves the checkpoints and the outputs "
+    "made after train aside into the run folder's replaced/<time>/) or use a new run folder (paths.output_dir)"
+)
 
 
 class RunStateError(StepError):
@@ -53,13 +64,41 @@ def _as_json(values: Any) -> Any:
     return json.loads(json.dumps(values))
 
 
-def record_finished(checkpoints_dir: Path, step: int, learned: dict[str, dict]) -> None:
+def record_finished(checkpoints_dir: Path, step: int, learned: dict[str, dict], inputs: dict | None = None) -> None:
     """Mark the run finished at ``step`` (written whole: a reader sees the old marker or the new one)."""
     marker = marker_path(checkpoints_dir)
     marker.parent.mkdir(parents=True, exist_ok=True)
     partial = marker.with_suffix(".tmp")
-    partial.write_text(FinishedRecord(step, _as_json(learned)).to_json())
+    partial.write_text(FinishedRecord(step, _as_json(learned), dict(inputs or {})).to_json())
     partial.replace(marker)
+
+
+def checkpoint_record(checkpoint: Path) -> TrainedFrom | None:
+    """What trained a checkpoint (its trained_from.json); None for one saved before checkpoints recorded it."""
+    try:
+        return TrainedFrom.from_json((Path(checkpoint) / TRAINED_FROM_FILE).read_text())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def differences(then: TrainedFrom, now: TrainedFrom, was: str, inputs=tuple(INPUTS), keys: bool = True) -> list[str]:
+    """What differs in ``now`` from the record ``then``: each learning key with both values (``was``: "finished
+    with", ...), then each of ``inputs`` whose digest differs (one that either side lacks is not compared)."""
+    learned = _as_json(now.learned)
+    # a local dataset file is compared by its content, not its path (a restored job sees it under another root)
+    by_content = {("data", "dataset")} if then.inputs.get("dataset") and now.inputs.get("dataset") else set()
+    keys_changed = [
+        f"{section}.{key} ({was} {old!r}, now {learned[section][key]!r})"
+        for section, values in (then.learned.items() if keys else ())
+        for key, old in values.items()
+        if key in learned.get(section, {}) and learned[section][key] != old and (section, key) not in by_content
+    ]
+    changed = [
+        f"{name} ({INPUTS[name]}: changed since)"
+        for name in inputs
+        if then.inputs.get(name) and now.inputs.get(name) and then.inputs[name] != now.inputs[name]
+    ]
+    return keys_changed + changed
 
 
 def forget_finished(checkpoints_dir: Path) -> None:
@@ -69,13 +108,7 @@ def forget_finished(checkpoints_dir: Path) -> None:
 
 def changed_keys(record: FinishedRecord, learned: dict[str, dict]) -> list[str]:
     """The learning keys whose value differs from the finished run's, each with both values."""
-    now = _as_json(learned)
-    return [
-        f"{section}.{key} (finished with {old!r}, now {now[section][key]!r})"
-        for section, values in record.learned.items()
-        for key, old in values.items()
-        if key in now.get(section, {}) and now[section][key] != old
-    ]
+    return differences(record.trained_from, TrainedFrom(learned), "finished with", inputs=())
 
 
 def extends(record: FinishedRecord, learned: dict[str, dict]) -> bool:
@@ -98,10 +131,25 @@ def replaced_by(record: FinishedRecord | None, learned: dict[str, dict]) -> list
 def refusal(record: FinishedRecord, changed: list[str], checkpoints_dir: Path) -> str:
     return (
         f"this run finished at step {record.step} ({marker_path(checkpoints_dir)}) with other values of keys that "
-        f"change what it learns: {'; '.join(changed)}. To train anew from the base model, resubmit with "
-        f"{REPLACE_FLAG} (which moves {checkpoints_dir} and the outputs made after train aside into the run "
-        f"folder's replaced/<time>/); or extend it: set train.max_steps above {record.step} to train on from "
-        f"{CHECKPOINT.name(record.step)} with these values"
+        f"change what it learns, or other inputs: {'; '.join(changed)}. To {WAYS_FORWARD}; "
+        f"or extend it: set train.max_steps above {record.step} to train on from {CHECKPOINT.name(record.step)} "
+        "with these values"
+    )
+
+
+def resume_refusal(checkpoint: Path, changed: list[str]) -> str:
+    return (
+        f"this run's newest checkpoint, {checkpoint}, was trained with other values or inputs than this "
+        f"submission's: {'; '.join(changed)}. To resume it, resubmit with what trained it (its {TRAINED_FROM_FILE}); "
+        f"to {WAYS_FORWARD}"
+    )
+
+
+def extension_refusal(record: FinishedRecord, changed: list[str], checkpoints_dir: Path) -> str:
+    return (
+        f"this run finished at step {record.step} ({marker_path(checkpoints_dir)}); an extension trains on from "
+        f"{CHECKPOINT.name(record.step)} and so keeps its model, but: {'; '.join(changed)}. Put the model back, "
+        f"or, to {WAYS_FORWARD}"
     )
 
 
@@ -116,6 +164,36 @@ def trains_on(record: FinishedRecord | None, learned: dict[str, dict], checkpoin
     raise RunStateError(refusal(record, changed, checkpoints_dir))
 
 
+def trains_from(checkpoints_dir: Path, now: TrainedFrom) -> FinishedRecord | bool:
+    """What a train step with ``now`` (run_inputs.trained_from) does in this checkpoints folder: True: it trains
+    (no checkpoint, a resume with an equal record, or an extension); the finished run's FinishedRecord: nothing
+    to train (the record it is to be marked with). Refused, in one line, for every other difference."""
+    checkpoints_dir = Path(checkpoints_dir)
+    newest = newest_complete(checkpoints_dir)
+    marker = read_finished(checkpoints_dir)
+    if newest is None:
+        return True
+    then = checkpoint_record(newest[1])
+    if then is None:  # saved before checkpoints recorded what trained them: the marker's record, when it is this one
+        finished = marker if marker is not None and marker.step == newest[0] else None
+        return finished if finished is not None and not trains_on(finished, now.learned, checkpoints_dir) else True
+    if not at_its_end(newest):
+        changed = differences(then, now, "trained with")
+        if changed:
+            raise RunStateError(resume_refusal(newest[1], changed))
+        return True
+    finished = FinishedRecord(newest[0], then.learned, then.inputs)
+    if extends(finished, now.learned):
+        changed = differences(then, now, "finished with", inputs=EXTENSION_KEEPS, keys=False)
+        if changed:
+            raise RunStateError(extension_refusal(finished, changed, checkpoints_dir))
+        return True
+    changed = differences(then, now, "finished with")
+    if changed:
+        raise RunStateError(refusal(finished, changed, checkpoints_dir))
+    return finished
+
+
 def trainer_steps(checkpoint: Path) -> tuple[int, int] | None:
     """(the step it holds, the run's end) from a checkpoint's trainer_state.json; None when unreadable."""
     try:
@@ -125,14 +203,23 @@ def trainer_steps(checkpoint: Path) -> tuple[int, int] | None:
         return None
 
 
-def mark_if_finished(checkpoints_dir: Path, learned: dict[str, dict]) -> int | None:
+def at_its_end(checkpoint: tuple[int, Path]) -> bool:
+    """Whether a complete checkpoint is its run's end by its own trainer state: it reached its max_steps."""
+    steps = trainer_steps(checkpoint[1])
+    return steps is not None and steps[0] == steps[1] == checkpoint[0]
+
+
+def mark_if_finished(checkpoints_dir: Path) -> int | None:
     """Write the marker when the newest complete checkpoint is the run's end (its trainer_state says it
-    reached max_steps); the step marked, or None (stopped early: stop_after_step, no checkpoint)."""
+    reached max_steps), from that checkpoint's record alone (whatever config runs now); the step marked, or
+    None (stopped early: stop_after_step, no checkpoint, or one without a record)."""
     newest = newest_complete(Path(checkpoints_dir))
-    steps = trainer_steps(newest[1]) if newest else None
-    if steps is None or steps[0] != steps[1] or steps[0] != newest[0]:
+    if newest is None or not at_its_end(newest):
         return None
-    record_finished(checkpoints_dir, newest[0], learned)
+    record = checkpoint_record(newest[1])
+    if record is None:
+        return None
+    record_finished(checkpoints_dir, newest[0], record.learned, record.inputs)
     return newest[0]
 
 
@@ -154,3 +241,20 @@ def finished_checkpoint(checkpoints_dir: Path) -> Path:
             "resubmit from train to finish the run"
         )
     return newest[1]
+
+
+def shipped_checkpoint(checkpoints_dir: Path, now: TrainedFrom, step: str) -> Path:
+    """The finished checkpoint (finished_checkpoint) that ``step`` (consolidate, merge) ships, refused in one line
+    when the config (or, as far as ``now`` has them, the inputs) differs from what trained it: a raised
+    train.max_steps is trained first (submit from train), never shipped as the shorter run."""
+    folder = finished_checkpoint(checkpoints_dir)
+    record = read_finished(checkpoints_dir)
+    then = checkpoint_record(folder) or record.trained_from
+    changed = differences(then, now, "finished with")
+    if changed:
+        raise RunStateError(
+            f"{step} would ship {folder}, which was not trained with this config and inputs: {'; '.join(changed)}. "
+            f"To ship it, set the keys back (its {TRAINED_FROM_FILE} holds them); to train on to a raised "
+            f"train.max_steps first, submit from train (an extension); to {WAYS_FORWARD}"
+        )
+    return folder

@@ -37,7 +37,7 @@ from llm_pipeline.jobs.chain import (
 )
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts, read_run_facts
-from llm_pipeline.run_files import StepLog
+from llm_pipeline.run_files import CHECKPOINT, StepLog
 
 # The pipeline: every step in order, each one record (payloads/slurm/<step>.sbatch; a training job runs the same
 # steps, gather too: sagemaker_job). Shared steps run once, their image, model and data serve the smoke run too;
@@ -67,6 +67,7 @@ PIPELINE_STEPS = {job.step: job for job in PIPELINE}
 STEPS = tuple(job.step for job in PIPELINE if not job.job_only)  # a Slurm chain's
 SHARED_STEPS = tuple(job.step for job in PIPELINE if job.shared)
 TRAINING_STEPS = tuple(job.step for job in PIPELINE if job.trains)
+SHIPPING_STEPS = ("consolidate", "merge")  # they ship the finished checkpoint (run_state.shipped_checkpoint)
 TRAINED_OUTPUTS = tuple(dict.fromkeys(name for job in PIPELINE for name in job.outputs))
 REPLACED_FOLDER = "replaced"  # <run>/replaced/<UTC time>/: earlier outputs moved aside by --replace-outputs
 REPLACE_FLAG = run_state.REPLACE_FLAG
@@ -104,6 +105,17 @@ def check_earlier_outputs(facts: RunFacts, first: str, *, replace: bool) -> list
         changed = run_state.replaced_by(record, facts.run.learned())
         if changed and not replace:
             raise SubmitError(run_state.refusal(record, changed, checkpoints))
+    elif checkpoints is not None and set(SHIPPING_STEPS) & set(steps_from(first)):
+        # a chain after train ships the finished checkpoint: never one another config trained (a raised
+        # train.max_steps among them: that trains first); the steps refuse it too (run_state.shipped_checkpoint)
+        record = run_state.read_finished(checkpoints)
+        shipped = run_state.changed_keys(record, facts.run.learned()) if record else []
+        if shipped:
+            raise SubmitError(
+                f"submit --from {first} would ship {CHECKPOINT.name(record.step)}, which finished with "
+                f"other values: {'; '.join(shipped)}: submit from train to train on to a raised train.max_steps "
+                f"(an extension), or set the keys back to ship it as it is"
+            )
     found = earlier_outputs(facts, first)
     if found and not replace:
         raise SubmitError(

@@ -20,13 +20,14 @@ precompile step runs it under neuron_parallel_compile so the real run finds ever
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
-from llm_pipeline import cli, data, run_state
+from llm_pipeline import cli, data, run_inputs, run_state
 from llm_pipeline.config import BACKENDS, RunConfig, check_backend
 from llm_pipeline.errors import StepError
-from llm_pipeline.run_files import BackendLine
+from llm_pipeline.run_files import TRAINED_FROM_FILE, BackendLine, TrainedFrom
 from llm_pipeline.training import full_rules
 from llm_pipeline.training.backends import resolve_backend
 from llm_pipeline.training.plan import TrainPlan, say, world_size
@@ -72,7 +73,8 @@ def make_plan(cfg: RunConfig, backend: str, precompile: bool, resume_from: str |
 
 def check_not_past_end(cfg: RunConfig, plan: TrainPlan) -> bool:
     """A run never trains past its end: False when the checkpoint it starts from is already train.max_steps
-    (its marker was not written, e.g. killed after that save), refused when it is beyond (a lower max_steps)."""
+    but not its run's end by its own record (run_in_state refuses it: a finished one never gets here), refused
+    when it is beyond (a lower max_steps)."""
     end = cfg.train.max_steps
     if end <= 0 or plan.start_step < end:
         return True  # epochs decide: the Trainer starts no epoch past the last one
@@ -85,21 +87,24 @@ def check_not_past_end(cfg: RunConfig, plan: TrainPlan) -> bool:
     return False
 
 
-def finished_already(cfg: RunConfig) -> bool:
-    """Whether a finished run has nothing to train with this config (run_state: refused when it would change
-    what the finished run learned; an extension drops the marker and trains on)."""
+def finished_already(cfg: RunConfig, now: TrainedFrom | None = None) -> bool:
+    """Whether a finished run has nothing to train with this config and these inputs (``now``, by default
+    run_inputs.trained_from), compared against its newest checkpoint's own record (run_state.trains_from:
+    refused on any difference but an extension, which drops the marker and trains on). A run at its end without
+    a marker (killed after its last save) gets it, copied from that checkpoint's record."""
     checkpoints = cfg.paths.checkpoints_dir
-    record = run_state.read_finished(checkpoints)
-    newest = newest_complete(checkpoints)
-    if record is not None and (newest is None or newest[0] != record.step):
-        record = None  # the marker names a checkpoint that is gone: resume from what is there
-    if run_state.trains_on(record, cfg.learned(), checkpoints):
-        if record is not None:
+    finished = run_state.trains_from(checkpoints, now or run_inputs.trained_from(cfg))
+    if finished is True:
+        record = run_state.read_finished(checkpoints)
+        if record is not None and record.step == (newest_complete(checkpoints) or (0,))[0]:
             say(f"extending the run that finished at step {record.step}: training on to train.max_steps")
         return False
+    if os.environ.get("RANK", "0") == "0":
+        run_state.mark_if_finished(checkpoints)
     say(
-        f"training already finished at step {record.step} ({run_state.marker_path(checkpoints)}), and no key "
-        "that changes what it learns differs: nothing to do; raise train.max_steps (or train.epochs) to train on"
+        f"training already finished at step {finished.step} ({run_state.marker_path(checkpoints)}), and no key "
+        "that changes what it learns and no input differs: nothing to do; raise train.max_steps (or train.epochs) "
+        "to train on"
     )
     return True
 
@@ -147,13 +152,16 @@ def run_in_state(cfg: RunConfig, plan: TrainPlan, engine, *, precompile: bool = 
     refused past its end or when it would change what a finished run learned; then marked finished when
     its newest checkpoint is its end."""
     rank_zero = os.environ.get("RANK", "0") == "0"
-    if finished_already(cfg):
+    now = run_inputs.trained_from(cfg)
+    if finished_already(cfg, now):
         return plan  # a resubmitted finished run would otherwise recompile and take one more (zero-LR) step
     if not precompile and not check_not_past_end(cfg, plan):
-        if rank_zero:
-            run_state.mark_if_finished(cfg.paths.checkpoints_dir, cfg.learned())
-        say(f"the newest checkpoint, {plan.resume_from}, is the run's end (train.max_steps): nothing to train")
-        return plan
+        raise run_state.RunStateError(
+            f"the newest checkpoint, {plan.resume_from}, is step train.max_steps = {cfg.train.max_steps} but not its "
+            f"run's end by its own trainer state, or it has no {TRAINED_FROM_FILE}: set train.max_steps above "
+            f"{plan.start_step} to train on, or, to {run_state.WAYS_FORWARD}"
+        )
+    plan = dataclasses.replace(plan, trained_from=now.to_json())  # each checkpoint's record (SealCheckpoints)
     if not precompile and rank_zero:
         run_state.forget_finished(cfg.paths.checkpoints_dir)  # an extension: finished again only at its new end
     if not precompile and os.environ.get("LOCAL_RANK", "0") == "0":  # each node's disk (a training job's hosts)
@@ -168,7 +176,7 @@ def run_in_state(cfg: RunConfig, plan: TrainPlan, engine, *, precompile: bool = 
         newest = newest_complete(cfg.paths.checkpoints_dir)
         say(f"training done; newest checkpoint: {newest[1] if newest else 'none'}")
         if rank_zero:
-            finished = run_state.mark_if_finished(cfg.paths.checkpoints_dir, cfg.learned())
+            finished = run_state.mark_if_finished(cfg.paths.checkpoints_dir)
             say(f"finished at step {finished}" if finished else "not at the run's end: not marked finished")
     return plan
 
@@ -203,6 +211,8 @@ def run(cfg: RunConfig, args) -> TrainPlan:
     if args.prepare_data:
         if world_size() > 1:  # every process would write the one data folder
             raise StepError(f"--prepare-data runs in one process: run the data step first ({data.DATA_STEP_COMMAND})")
+        # what the run's checkpoints were trained from first: a refused config prepares nothing over its data
+        run_state.trains_from(cfg.paths.checkpoints_dir, run_inputs.trained_from(cfg))
         data.prepare_if_stale(cfg)
     return train(cfg, args.backend, args.precompile, args.resume_from)
 

@@ -2,26 +2,26 @@
 resubmitted trains nothing, is extended, or is refused naming the keys that would change what it learned, no run
 trains past its end, and consolidate and merge ship the finished checkpoint only.
 
-The property test drives the train step's real state rules (train.make_plan, train.run_in_state, run_state) and
-the real NaN guard through submissions, resubmissions, extensions, replacements, NaN or Inf steps and kills;
-only the engine is a stand-in that writes checkpoints as the Trainer does (test_run_life.py trains for real)."""
+These cases drive the train step's real state rules (train.make_plan, train.run_in_state, run_state) and the real
+NaN guard with a stand-in engine that writes checkpoints (and their record) as the Trainer and SealCheckpoints do,
+for speed; test_run_content.py drives every history through the real steps on the tiny model, and
+test_run_life.py the real NaN skip."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from payload_configs import tiny_config, write_config
 
 from llm_pipeline import consolidate, merge, run_state, train
 from llm_pipeline.config import learning_keys
+from llm_pipeline.run_files import TRAINED_FROM_FILE
 from llm_pipeline.training.loss_guard import NonFiniteLoss, NonFiniteLossGuard
 from llm_pipeline.weights.checkpoints import newest_complete
+from tools import tiny_model
 
 pytestmark = pytest.mark.both_stacks
 
@@ -59,6 +59,7 @@ class StandInEngine:
             if step % self.cfg.train.save_steps == 0 or step == end:
                 folder = self.cfg.paths.checkpoints_dir / f"checkpoint-{step}"
                 folder.mkdir(parents=True)
+                (folder / TRAINED_FROM_FILE).write_text(plan.trained_from)  # as SealCheckpoints does
                 state = {"global_step": step, "max_steps": end, "updates": applied}
                 (folder / "trainer_state.json").write_text(json.dumps(state))
 
@@ -154,68 +155,24 @@ def test_consolidate_and_merge_refuse_a_checkpoint_that_is_not_the_finished_one(
     assert "the newest complete checkpoint is checkpoint-4, not checkpoint-6" in capsys.readouterr().err
 
 
-ACTIONS = st.one_of(
-    st.tuples(
-        st.sampled_from(["submit", "replace"]),
-        st.sampled_from([4, 6]),  # train.max_steps: 6 after 4 extends
-        st.sampled_from([5e-3, 1e-3]),  # train.learning_rate: learns
-        st.sampled_from([1, 2]),  # train.logging_steps: learns nothing
-        st.dictionaries(st.integers(1, 6), st.sampled_from([float("nan"), float("inf"), float("-inf")]), max_size=2),
-        st.none() | st.integers(1, 6),  # killed at this step
-        st.integers(0, 2),  # train.nonfinite_loss_grace
-    )
-)
+def test_the_marker_is_written_only_at_the_checkpoints_own_end_and_copies_its_record(hpl_env):
+    cfg = _config(hpl_env, max_steps=6)
+    assert submit(cfg, kill_at=5)[0] == "killed"  # checkpoint-4 of a run to 6
+    checkpoints = cfg.paths.checkpoints_dir
+    assert run_state.mark_if_finished(checkpoints) is None and run_state.read_finished(checkpoints) is None
+    assert submit(_config(hpl_env, max_steps=4))[0] == "refused"  # checkpoint-4 trained with max_steps 6
+    assert run_state.read_finished(checkpoints) is None
+    assert submit(cfg)[0] == "trained"
+    record = run_state.checkpoint_record(checkpoints / "checkpoint-6")
+    assert run_state.read_finished(checkpoints).trained_from == record
+    assert record.inputs["model weights"] and record.learned["train"]["max_steps"] == 6
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(history=st.lists(ACTIONS, min_size=1, max_size=6))
-def test_every_history_keeps_the_run_state_invariants(hpl_env, history):
-    with tempfile.TemporaryDirectory() as outputs:
-        env = {**hpl_env, "HPL_OUTPUTS_DIR": outputs}
-        for kind, max_steps, rate, logging, losses, kill_at, grace in history:
-            cfg = _config(
-                env, max_steps=max_steps, learning_rate=rate, logging_steps=logging, nonfinite_loss_grace=grace
-            )
-            checkpoints = cfg.paths.checkpoints_dir
-            if kind == "replace" and checkpoints.exists():  # what submit --replace-outputs does to the training
-                shutil.rmtree(checkpoints)
-            before, record = _files(checkpoints) if checkpoints.exists() else {}, run_state.read_finished(checkpoints)
-            outcome, engine = submit(cfg, losses, kill_at)
-
-            # a finished run: unchanged (or changed in what learns nothing) trains nothing; changed in what it
-            # learns is refused and changes nothing; a longer max_steps trains on from where it finished
-            if record is not None:
-                if max_steps > record.step:
-                    assert outcome not in ("nothing", "refused") and engine.trained[:1] in ([record.step + 1], [])
-                elif record.learned["train"]["learning_rate"] != rate or max_steps != record.step:
-                    assert outcome == "refused"
-                else:
-                    assert outcome == "nothing"
-            if outcome in ("refused", "nothing"):  # a run at its end without a marker gets it (nothing trains)
-                after = _files(checkpoints) if checkpoints.exists() else {}
-                assert after == before or (
-                    outcome == "nothing" and {**after, "finished.json": ""} == {**before, "finished.json": ""}
-                )
-            # no run trains past its end (the stand-in asserts the start too)
-            assert all(step <= max_steps for step in engine.trained)
-
-            finished, newest = run_state.read_finished(checkpoints), newest_complete(checkpoints)
-            # the marker's step is the end of the run that wrote it, its newest checkpoint, or there is no marker
-            if finished is not None:
-                assert finished.step == finished.learned["train"]["max_steps"] == newest[0]
-                # what consolidate and merge ship is that checkpoint
-                assert run_state.finished_checkpoint(checkpoints) == checkpoints / f"checkpoint-{finished.step}"
-            else:
-                with pytest.raises(run_state.RunStateError):
-                    run_state.finished_checkpoint(checkpoints)
-            if outcome in ("stopped", "killed"):
-                assert finished is None
-            if outcome == "trained":
-                assert finished is not None and finished.step == max_steps
-            # a bad step never lands in a saved checkpoint: neither as a checkpoint of its own nor as an update
-            for step in set(engine.trained) & set(losses):
-                assert not (checkpoints / f"checkpoint-{step}").exists()
-            for folder in checkpoints.glob("checkpoint-*"):
-                state = json.loads((folder / "trainer_state.json").read_text())
-                assert state["global_step"] <= state["max_steps"]
-                assert not set(state["updates"]) & {s for s in losses if s in engine.trained}
+def test_refilled_model_weights_are_refused_naming_them(hpl_env, tmp_path):
+    models = tmp_path / "models"
+    shutil.copytree(hpl_env["HPL_MODELS_DIR"], models)
+    cfg = _config({**hpl_env, "HPL_MODELS_DIR": str(models)}, max_steps=4)
+    assert submit(cfg)[0] == "trained"
+    tiny_model.write_tiny_model(models / "tiny-llama", seed=1)  # other weights in the same folder
+    with pytest.raises(run_state.RunStateError, match=r"model weights \(the weight files and config\.json in"):
+        train.run_in_state(cfg, train.make_plan(cfg, "torch", False), StandInEngine(cfg, {}))

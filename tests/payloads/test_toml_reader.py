@@ -5,9 +5,12 @@ equal values or equal refusals on both, and a number read from a run config is f
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import inspect
 import json
+import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -117,14 +120,44 @@ print(json.dumps({{
 """
 
 
-@pytest.fixture(scope="module")
-def controller() -> dict:
+def _controller_side(python: str) -> dict:
     cases = {"parse": [text for _, text, _ in CASES], "load": list(NON_FINITE)}
     out = subprocess.run(
-        [sys.executable, "-S", "-c", CONTROLLER], input=json.dumps(cases), capture_output=True, text=True, check=False
+        [python, "-S", "-c", CONTROLLER], input=json.dumps(cases), capture_output=True, text=True, check=False
     )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def controller() -> dict:
+    """This Python with tomllib taken away (fast, and what every case below compares with)."""
+    return _controller_side(sys.executable)
+
+
+def python_3_10() -> str:
+    """The controller's Python, 3.10: $PYTHON310, python3.10 on PATH, or pyenv's 3.10 (as tools/check_python312.sh
+    finds its 3.12); the test fails naming how to get one (no skip)."""
+    pyenv = shutil.which("pyenv")
+    prefix = subprocess.run([pyenv, "prefix", "3.10"], capture_output=True, text=True).stdout.strip() if pyenv else ""
+    candidates = [
+        os.environ.get("PYTHON310", ""),
+        shutil.which("python3.10") or "",
+        prefix and f"{prefix}/bin/python3.10",
+    ]
+    for candidate in filter(None, candidates):
+        version = subprocess.run([candidate, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True)
+        if version.returncode == 0 and version.stdout.strip() == b"(3, 10)":
+            return candidate
+    raise AssertionError("no Python 3.10 (the controller's): install it (pyenv install 3.10) or set PYTHON310")
+
+
+def test_python_3_10_reads_and_refuses_every_case_as_3_11_does(controller):
+    """The controller's real interpreter: every edge case and every non-finite number, equal to the nodes'."""
+    real = _controller_side(python_3_10())
+    assert real["reader"][0] == "tomli" and Path(real["reader"][1]).is_relative_to(PACKAGE / config.TOMLI_WHEEL)
+    assert real["parse"] == [outcome(text) for _, text, _ in CASES]
+    assert real["load"] == list(NON_FINITE.values()) == controller["load"]
 
 
 def test_the_controller_reads_with_tomli_from_the_shipped_wheel(controller):
@@ -174,3 +207,17 @@ def test_a_number_that_is_not_finite_is_refused_naming_its_key_on_both_sides(con
     assert [load_outcome(text) for text in NON_FINITE] == list(NON_FINITE.values())
     assert controller["load"] == list(NON_FINITE.values())
     assert load_outcome("[train]\nlearning_rate = 1e-4\n") == "loaded"
+
+
+def test_every_number_key_of_every_table_refuses_inf_and_nan():
+    """Not only the three above: each float key of the run config, read as TOML on this side."""
+    refused = 0
+    for section in dataclasses.fields(config.RunConfig):
+        for key in dataclasses.fields(section.default_factory()):
+            if not isinstance(getattr(section.default_factory(), key.name), float):
+                continue
+            for spelled in ("inf", "-inf", "nan"):
+                with pytest.raises(ConfigError, match=rf"^{section.name}\.{key.name}: expected a finite number"):
+                    config.from_dict(config.parse_toml(f"[{section.name}]\n{key.name} = {spelled}\n", "t"), env={})
+                refused += 1
+    assert refused >= 3 * 8  # learning_rate, weight_decay, dropout, the job's hours ... (8 float keys at least)

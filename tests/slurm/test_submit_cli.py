@@ -218,7 +218,9 @@ def test_a_finished_run_with_other_learning_keys_is_refused_at_submit_or_its_che
         PipelineError, match=r"train\.learning_rate \(finished with 2e-05, now 0\.0001\).*--replace-outputs"
     ):
         check_earlier_outputs(facts, "prepare", replace=False)
-    assert check_earlier_outputs(facts, "merge", replace=False) == []  # after train: nothing is trained
+    # after train nothing is trained, and the finished checkpoint is not what this config trains: refused, not shipped
+    with pytest.raises(PipelineError, match=r"submit --from merge would ship checkpoint-30.*train\.learning_rate"):
+        check_earlier_outputs(facts, "merge", replace=False)
     target = move_aside(facts, check_earlier_outputs(facts, "train", replace=True))
     assert sorted(p.name for p in target.iterdir()) == ["adapter", "checkpoints"]
     assert (target / "checkpoints" / "checkpoint-30").is_dir() and not checkpoints.exists()

@@ -16,7 +16,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from llm_pipeline.jobs import prom_textfile
-from llm_pipeline.run_files import CHECKPOINT, EventLine, ProgressLine, ReplicasLine
+from llm_pipeline.run_files import CHECKPOINT, TRAINED_FROM_FILE, EventLine, ProgressLine, ReplicasLine
 from llm_pipeline.weights.checkpoints import prune, write_seal
 
 
@@ -150,6 +150,8 @@ class SealCheckpoints(TrainerCallback):
     deletes inside its save, before on_save, and only where global rank 0 runs, while on a training
     job every host has its own disk."""
 
+    trained_from: str | None = None  # the run's record (TrainPlan.trained_from), written into each checkpoint
+
     def __init__(self, *, wait_for_everyone: Callable[[], None], keep: int):
         self.wait_for_everyone = wait_for_everyone
         self.keep = keep
@@ -157,11 +159,15 @@ class SealCheckpoints(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         first_on_node = int(os.environ.get("LOCAL_RANK", "0")) == 0
         node = int(os.environ.get("GROUP_RANK", "0"))
+        folder = Path(args.output_dir) / CHECKPOINT.name(state.global_step)
+        if self.trained_from is not None and int(os.environ.get("RANK", "0")) == 0:
+            # one writer, as of the trainer's shared files, and whole before any node seals (its seal lists it)
+            (folder / TRAINED_FROM_FILE).write_text(self.trained_from)
         self.wait_for_everyone()
         if first_on_node:
             world = int(os.environ.get("WORLD_SIZE", "1"))
             nodes = max(1, world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
-            write_seal(Path(args.output_dir) / CHECKPOINT.name(state.global_step), node=node, nodes=nodes)
+            write_seal(folder, node=node, nodes=nodes)
         self.wait_for_everyone()
         if first_on_node:
             prune(Path(args.output_dir), keep=self.keep, node=node)
@@ -193,6 +199,7 @@ def add_run_callbacks(
             tokens=tokens, trainable=trainable, sequence_length=sequence_length, tensorboard_dir=plan.tensorboard_dir
         )
     )
+    seal.trained_from = plan.trained_from
     trainer.add_callback(seal)
     if plan.stop_after_step:
         trainer.add_callback(StopAfterStep(plan.stop_after_step))

@@ -25,6 +25,7 @@ class TrainPlan:
     start_step: int
     tensorboard_dir: Path | None  # None: precompile metrics would be noise
     stop_after_step: int = 0  # train.stop_after_step: end here with a checkpoint, the schedule unchanged; 0: off
+    trained_from: str | None = None  # run_files.TrainedFrom as JSON: what each checkpoint saved records; None: nothing
 
 
 def world_size(env: Mapping[str, str] | None = None) -> int:
