@@ -131,9 +131,10 @@ def test_weights_import_no_training_stack():
 def test_jobs_import_the_stdlib_only():
     allowed = {"llm_pipeline.config", "llm_pipeline.errors", "llm_pipeline.jobs", "llm_pipeline.run_files"}
     problems = []
-    # The one exception: the capacity scaler calls HyperPod's node APIs, so it imports boto3, inside the scaler
-    # only (jobs/capacity.py), so claims and releases that scale nothing run on a bare python3.
-    sdk_users = {"capacity.py": {"boto3", "botocore"}}  # botocore: its errors, which boto3 raises
+    # The exceptions, each importing boto3 inside the one function that calls AWS, so the rest runs on a bare
+    # python3: the capacity scaler (HyperPod's node APIs; claims and releases that scale nothing need none) and
+    # the alerts' publisher (SNS, only where the stack set a topic).
+    sdk_users = {"capacity.py": {"boto3", "botocore"}, "alerts.py": {"boto3"}}  # botocore: the errors boto3 raises
     for path in _modules(PACKAGE / "jobs"):
         problems += _violations(path, allowed, sdk_users.get(path.name, set()))
     assert problems == []
