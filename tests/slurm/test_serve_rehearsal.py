@@ -80,7 +80,10 @@ def test_the_serve_job_answers_with_the_adapter_then_stop_leaves_nothing_running
     )
 
     started = serve_job_cli(env, "submit", "--run-dir", str(run_dir), "--hours", "0.5")
-    logs = "".join(path.read_text() for path in (run_dir / "logs").glob("serve-*.log"))
+    logs = "".join(
+        path.read_text()[-4000:]
+        for path in (*(run_dir / "logs").glob("serve-*.log"), *(run_dir / "serve").glob("*.log"))
+    )
     assert started.returncode == 0, started.stdout + started.stderr + logs
     (line,) = [line for line in started.stdout.splitlines() if line.startswith(serve_job.ENDPOINT_LINE)]
     endpoint, job = line.removeprefix(serve_job.ENDPOINT_LINE).split()
