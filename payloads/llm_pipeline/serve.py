@@ -52,7 +52,7 @@ def what_to_serve(cfg: RunConfig) -> tuple[Path, str, list[str]]:
             "--max-lora-rank",
             str(lora_rank(adapter)),
         ]
-        return Path(cfg.paths.model_dir), BASE_NAME, [*lora, "--max-lora-rank", str(lora_rank(adapter))]
+        return Path(cfg.paths.model_dir), BASE_NAME, lora
     merged = Path(cfg.paths.merged_dir)
     if (merged / model_files.CONFIG_NAME).is_file():
         return merged, TUNED_NAME, []

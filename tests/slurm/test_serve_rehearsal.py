@@ -73,6 +73,7 @@ def test_the_serve_job_answers_with_the_adapter_then_stop_leaves_nothing_running
     env = one_node.env(
         {
             **os.environ,
+            "HPL_ACCELERATOR": "none",  # a CPU partition, as the rehearsal's (no deploy facts on the local Slurm)
             "PYTHON": sys.executable,
             "HPL_VLLM_PYTHON": str(VLLM_PYTHON),
             "PYTHONPATH": str(REPO / "payloads"),
