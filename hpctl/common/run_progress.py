@@ -168,14 +168,25 @@ def cluster_price(pricing, instance_type: str | None, region: str) -> HourlyPric
     return hourly_price(pricing, instance_type, region, usage=CLUSTER_USAGE) if instance_type else None
 
 
+def _price_unknown(instance_type: str | None) -> str:
+    what = f"for {instance_type}" if instance_type else "(the run's partition is not in cdk.json compute_groups)"
+    return f"price unknown {what}: no on-demand price found ({PRICE_SOURCE})"
+
+
 def describe_cost(node_hours: float, instance_type: str | None, price: HourlyPrice | None) -> str:
     if price is None:
-        what = f"for {instance_type}" if instance_type else "(the run's partition is not in cdk.json compute_groups)"
-        return f"price unknown {what}: no on-demand price found ({PRICE_SOURCE})"
+        return _price_unknown(instance_type)
     return (
         f"${node_hours * price.usd:,.2f} = {node_hours:.3f} node-hours x ${price.usd:,.4f}/h "
         f"({price.usage_type}; {PRICE_SOURCE})"
     )
+
+
+def describe_hourly(nodes: int, instance_type: str | None, price: HourlyPrice | None) -> str:
+    """What a job holding ``nodes`` of ``instance_type`` costs per hour (a serve job), at the estimate's prices."""
+    if price is None:
+        return _price_unknown(instance_type)
+    return f"${nodes * price.usd:,.2f}/h = {nodes} x {instance_type} at ${price.usd:,.4f}/h ({price.usage_type})"
 
 
 def render(progress: dict, cost: str | None) -> list[str]:

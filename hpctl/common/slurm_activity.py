@@ -13,10 +13,11 @@ from hpctl.common import ssm
 from hpctl.common.cluster import ClusterState
 from hpctl.common.deployment import Deployment, controller_request
 from hpctl.common.errors import HpctlError
+from llm_pipeline.jobs.serve_job import JOB_NAME as SERVE_JOB_NAME
 
 # Each answer line carries a tag, so the session's own framing lines are told apart from Slurm's.
 JOB_TAG, NODE_TAG, VERSION_TAG, USAGE_TAG = "hpl-job", "hpl-node", "hpl-version", "hpl-usage"
-CLAIMS_TAG = "hpl-claims"
+CLAIMS_TAG, SERVE_TAG = "hpl-claims", "hpl-serve-job"
 # The usage ledgers of the groups that scale with runs (llm_pipeline.jobs.capacity), where the chains keep them.
 LEDGERS = f"{FSX_MOUNT_PATH}/capacity/*.usage.json"
 CLAIMS = f"{FSX_MOUNT_PATH}/capacity/*.json"  # the claims files, <group>.json (the ledgers left out by name)
@@ -25,6 +26,8 @@ QUERY = (
     f"squeue -h -o '{JOB_TAG} %i %P %T' && "
     f"sinfo -h -N -o '{NODE_TAG} %N %P %T' && "
     f"sinfo -V | sed 's/^/{VERSION_TAG} /'; "
+    # the serve jobs (hpctl serve): the job's comment is its run
+    f"squeue -h -n {SERVE_JOB_NAME} -o '{SERVE_TAG} %i %P %T %D %k'; "
     f"for f in {LEDGERS}; do test -e $f && echo {USAGE_TAG} $(basename $f .usage.json) $(tr -d ' ' < $f); done; "
     f"for f in {CLAIMS}; do case $f in *.usage.json) ;; *) test -e $f && "
     f"echo {CLAIMS_TAG} $(basename $f .json) \\\"$(tr -d '\\n' < $f)\\\";; esac; done; "
@@ -41,6 +44,15 @@ class SlurmJob:
     state: str  # RUNNING, PENDING, ...
 
 
+@dataclass(frozen=True)
+class ServeJob:
+    job: str
+    partition: str
+    state: str
+    nodes: int
+    run: str
+
+
 @dataclass
 class SlurmActivity:
     jobs: list[SlurmJob] = field(default_factory=list)
@@ -48,6 +60,7 @@ class SlurmActivity:
     version: str = ""  # "slurm 24.11.5"
     usage: dict[str, dict] = field(default_factory=dict)  # group -> its usage ledger (scale_with_runs)
     claims: dict[str, dict] = field(default_factory=dict)  # group -> its claims file (scale_with_runs)
+    serving: list[ServeJob] = field(default_factory=list)  # the serve jobs (hpctl serve)
 
     def busy(self, node: str) -> bool:
         return self.node_states.get(node, "").rstrip("*~#!%$@^-+").startswith(BUSY_STATES)
@@ -65,6 +78,8 @@ def parse(lines: list[str]) -> SlurmActivity:
             activity.jobs.append(SlurmJob(job=words[1], partition=words[2], state=words[3]))
         elif len(words) == 4 and words[0] == NODE_TAG:
             activity.node_states[words[1]] = words[3].lower()
+        elif len(words) == 6 and words[0] == SERVE_TAG and words[4].isdigit():
+            activity.serving.append(ServeJob(words[1], words[2], words[3], int(words[4]), words[5]))
         elif words[:1] == [VERSION_TAG]:
             activity.version = " ".join(words[1:])
         elif len(words) >= 3 and words[0] == CLAIMS_TAG:

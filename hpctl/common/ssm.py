@@ -29,6 +29,18 @@ NON_INTERACTIVE_DOCUMENT = "AWS-StartNonInteractiveCommand"
 # The session's own exit status is the CLI's, not the command's: a command echoes its status after this marker.
 EXIT_MARKER = "hpctl-remote-exit="
 EXIT_LINE = re.compile(re.escape(EXIT_MARKER) + r"(?P<status>\d+)$")
+# Forwards a local port through the target (the controller) to a host:port it reaches (a compute node's server).
+PORT_FORWARD_DOCUMENT = "AWS-StartPortForwardingSessionToRemoteHost"
+
+
+@dataclass(frozen=True)
+class PortForward:
+    host: str  # as the target reaches it
+    port: int
+    local_port: int
+
+    def parameters(self) -> dict[str, list[str]]:
+        return {"host": [self.host], "portNumber": [str(self.port)], "localPortNumber": [str(self.local_port)]}
 
 
 @dataclass(frozen=True)
@@ -37,12 +49,15 @@ class SessionRequest:
     region: str
     profile: str | None = None
     command: str | None = None  # None: an interactive shell
+    forward: PortForward | None = None  # a port forwarding session instead of a shell or command
 
     def argv(self) -> list[str]:
         argv = ["aws", "ssm", "start-session", "--target", self.target, "--region", self.region]
         if self.profile:
             argv += ["--profile", self.profile]
-        if self.command is not None:
+        if self.forward is not None:
+            argv += ["--document-name", PORT_FORWARD_DOCUMENT, "--parameters", json.dumps(self.forward.parameters())]
+        elif self.command is not None:
             argv += [
                 "--document-name",
                 NON_INTERACTIVE_DOCUMENT,
@@ -83,6 +98,15 @@ def run_session(request: SessionRequest, on_line: Callable[[str], None]) -> int:
         for line in process.stdout:
             on_line(line.rstrip("\r\n").replace("\r", ""))
     return process.returncode
+
+
+def forward_port(request: SessionRequest) -> int:
+    """Hold a port forwarding session open until it ends or Ctrl-C; the CLI's exit status."""
+    aws = find_session_tools()
+    try:
+        return subprocess.run(request.argv(), executable=aws, check=False).returncode
+    except KeyboardInterrupt:
+        return 0  # the user closed the forwarding: what they asked for
 
 
 class MarkedOutput:

@@ -4,6 +4,7 @@ are doing, and the room's registration."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 from cluster_contract import MANAGED_MODE, ObservabilityOutput, StackOutput
@@ -94,12 +95,23 @@ def slurm_report(deployment: Deployment, stack: StackInfo) -> dict:
         held, always_on = capacity.node_hours(usage, now)
         saved[group] = {"held_node_hours": round(held, 3), "always_on_node_hours": round(always_on, 3)}
     failed = {group: capacity.failures(data) for group, data in sorted(activity.claims.items())}
+    serving = []
+    if activity.serving:
+        root = deployment.settings.root
+        types = run_progress.partition_instance_types(read_cdk_context(root) if (root / "cdk.json").is_file() else {})
+        pricing = pricing_client(deployment.session)
+        for job in activity.serving:
+            instance_type = types.get(job.partition)
+            price = run_progress.cluster_price(pricing, instance_type, deployment.region)
+            cost = run_progress.describe_hourly(job.nodes, instance_type, price)
+            serving.append({**dataclasses.asdict(job), "cost": cost})
     return {
         "version": activity.version,
         "running": running,
         "queued": len(activity.jobs) - running,
         "saved": saved,
         "capacity_failures": {group: lines for group, lines in failed.items() if lines},
+        "serving": serving,
     }
 
 

