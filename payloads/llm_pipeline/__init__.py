@@ -58,4 +58,21 @@ ENTRY_POINTS = {
     ),
     "jobs.launch": ("python3 -m llm_pipeline.jobs.launch --exec -- PROGRAM (hpl_torchrun)", ("slurm", "job")),
     "jobs.scaling_report": ("python3 -m llm_pipeline.jobs.scaling_report --sweep-dir DIR (sweep_report)", ("slurm",)),
+    "jobs.alerts": (
+        "python3 -m llm_pipeline.jobs.alerts step-end|watch (env.sh: a step's end, train's stall watch)",
+        ("slurm",),
+    ),
+    "jobs.recovery": ("python3 -m llm_pipeline.jobs.recovery attempt|failed|report (train.sbatch)", ("slurm",)),
+    "jobs.drill": (
+        "python3 -m llm_pipeline.jobs.drill kill-rank|fail-node --run-dir RUN (hpctl drill: root on the controller)",
+        ("controller",),
+    ),
+    "serve": (
+        "hpl_step_python (serve.sbatch), in the vLLM site: the run's model behind vLLM (hpctl serve)",
+        ("slurm",),
+    ),
+    "jobs.serve_job": (
+        "python3 -m llm_pipeline.jobs.serve_job submit|stop --run-dir RUN (hpctl serve, on the controller)",
+        ("controller",),
+    ),
 }
