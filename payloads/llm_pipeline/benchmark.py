@@ -22,6 +22,7 @@ from pathlib import Path
 from llm_pipeline import cli
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
+from llm_pipeline.run_files import server_log
 from llm_pipeline.vllm_server import SERVED_NAME, vllm_server
 from llm_pipeline.weights import model_files
 
@@ -153,7 +154,7 @@ def benchmark(cfg: RunConfig) -> list[dict]:
     models = {"base": Path(cfg.paths.model_dir), "tuned": tuned_model(cfg)}
     scores = {}
     for name, model_dir in models.items():
-        with vllm_server(model_dir, cfg, folder / f"server-{name}.log") as url:
+        with vllm_server(model_dir, cfg, folder / server_log(name)) as url:
             scores[name] = score_tasks(cfg, url, model_dir)
     rows = compare(scores["base"], scores["tuned"])
     folder.mkdir(parents=True, exist_ok=True)

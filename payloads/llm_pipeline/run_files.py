@@ -179,13 +179,16 @@ class ReplicasLine(_OneLine):
         return f"training steps {self.first} -> {self.last}, {self.replicas} data-parallel replica(s)"
 
 
+RESUMING_FROM = "resuming from "  # a BackendLine's start when training resumes: then the checkpoint folder
+
+
 @dataclass(frozen=True)
 class BackendLine(_OneLine):
     """``training with the torch backend, from the base model`` (train.py; a precompile run says so)."""
 
     what: str  # "training" or "precompile run"
     backend: str
-    start: str  # "from the base model" or "resuming from <checkpoint>"
+    start: str  # "from the base model" or RESUMING_FROM + the checkpoint folder
 
     _PATTERN = re.compile(r"(training|precompile run) with the (\w+) backend, (.+)")
     _TYPES = (str, str, str)
@@ -424,6 +427,11 @@ TITAN_STEP = StepFolders("step-")  # <rung dump folder>/checkpoint/step-<step>: 
 # -- <run>/logs/<step>-<job>.log: each job's log -----------------------------------------------------------
 _STEP_LOG = re.compile(r"(?P<step>.+)-(?P<job>\d+)\.log")
 SLURM_JOB_ID = "%j"  # sbatch --output fills it with the job id
+
+
+def server_log(model: str) -> str:
+    """The vLLM server's log of one model (base or tuned) beside the benchmark's results (benchmark.py)."""
+    return f"server-{model}.log"
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from pathlib import Path
 from llm_pipeline import cli, data, run_inputs, run_state
 from llm_pipeline.config import BACKENDS, RunConfig, check_backend
 from llm_pipeline.errors import StepError
-from llm_pipeline.run_files import TRAINED_FROM_FILE, BackendLine, TrainedFrom
+from llm_pipeline.run_files import RESUMING_FROM, TRAINED_FROM_FILE, BackendLine, TrainedFrom
 from llm_pipeline.training import full_rules
 from llm_pipeline.training.backends import resolve_backend
 from llm_pipeline.training.plan import TrainPlan, say, world_size
@@ -168,7 +168,7 @@ def run_in_state(cfg: RunConfig, plan: TrainPlan, engine, *, precompile: bool = 
         for folder in discard_after(cfg.paths.checkpoints_dir, plan.start_step):
             print(f"discarded {folder}: incomplete, newer than the checkpoint training starts from", flush=True)
     what = "precompile run" if precompile else "training"
-    start = f"resuming from {plan.resume_from}" if plan.resume_from else "from the base model"
+    start = f"{RESUMING_FROM}{plan.resume_from}" if plan.resume_from else "from the base model"
     if os.environ.get("LOCAL_RANK", "0") == "0":  # each node: a training job's hosts resume from their own folders
         print(BackendLine(what, plan.backend, start).format(), flush=True)
     engine(plan)

@@ -18,7 +18,9 @@ from llm_pipeline.run_files import (
     DRILL,
     FAILURE,
     RECOVERY_REPORT,
+    RESUMING_FROM,
     AlertLine,
+    BackendLine,
     ProgressLine,
     RecoveryLine,
     StepLog,
@@ -26,6 +28,11 @@ from llm_pipeline.run_files import (
 
 STEP, JOB = "train", "41"
 T0 = 1_796_500_000.0  # an attempt's start, seconds since the epoch
+
+
+def resuming(checkpoint: str) -> str:
+    """The train step's own line for a resumed attempt (run_files.BackendLine)."""
+    return BackendLine("training", "torch", f"{RESUMING_FROM}{checkpoint}").format() + "\n"
 
 
 @pytest.fixture(autouse=True)
@@ -159,7 +166,7 @@ def test_a_requeued_attempt_records_the_lost_nodes_and_slurms_requeue_time(tmp_p
 def test_report_figures_from_a_hand_written_recovery_file(tmp_path):
     run_dir = tmp_path
     first = progress(4, 2.0) + progress(5, 1.8) + progress(6, 1.7) + progress(7, 1.65)
-    second = "train: resuming from /fsx/outputs/run-a/checkpoint-5\n" + progress(6, 1.7004) + progress(7, 1.65)
+    second = resuming("/fsx/outputs/run-a/checkpoints/checkpoint-5") + progress(6, 1.7004) + progress(7, 1.65)
     write_log(run_dir, first + second)
     other_job = RecoveryLine(time=T0 + 12, event=DRILL, step=STEP, job="40", nodes="node2", detail="fail-node")
     write_lines(
@@ -193,7 +200,7 @@ def test_report_figures_from_a_hand_written_recovery_file(tmp_path):
 
 def test_report_counts_a_requeue_without_a_drill_from_slurms_stamp(tmp_path):
     first = progress(9, 1.1)
-    second = "train: resuming from checkpoint-10\n" + progress(11, 1.0)
+    second = resuming("/fsx/outputs/run-a/checkpoints/checkpoint-10") + progress(11, 1.0)
     write_log(tmp_path, first + second)
     write_lines(
         tmp_path,

@@ -113,6 +113,11 @@ def test_the_trn2_training_step_runs_in_the_image_with_the_chains_cache_and_efa(
         HPL_EFA_DEVICE_RDMA="1",
         HPL_COMPILE_CACHE_DIR="/fsx/neuron-cache",
         SLURM_JOB_NUM_NODES="2",
+        # the recovery loop around training reads the run config on the host (a real one: python runs there)
+        HPL_RUN_CONFIG=str(REPO / "payloads" / "configs" / "tiny-cpu.toml"),
+        HPL_OUTPUTS_DIR=str(tmp_path / "outputs"),
+        HPL_MODELS_DIR=str(tmp_path / "models"),
+        HPL_DATASETS_DIR=str(tmp_path / "datasets"),
     )
     out = run_step("train.sbatch", env)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -30,10 +30,13 @@ from llm_pipeline.jobs import alerts
 from llm_pipeline.jobs.run_facts import read_run_facts
 from llm_pipeline.run_files import (
     ATTEMPT,
+    CHECKPOINT,
     DRILL,
     FAILURE,
     RECOVERY_FILE,
     RECOVERY_REPORT,
+    RESUMING_FROM,
+    BackendLine,
     ProgressLine,
     RecoveryLine,
     StepLog,
@@ -41,7 +44,6 @@ from llm_pipeline.run_files import (
 
 RECOVERED = "recovered"  # the alert state
 GIVE_UP_EXIT = 3
-_RESUMED = re.compile(r"resuming from \S*checkpoint-(\d+)")
 # What a failed attempt's log says of its cause, first match wins: torchrun's summary of a rank killed by a signal,
 # Slurm's word on a lost node, srun's last error.
 _CAUSES = (
@@ -198,8 +200,7 @@ def figures(run_dir: Path, step: str, job: str) -> list[dict]:
         detected = max(detected, fault_time)  # Slurm's requeue time has whole seconds: not before the fault
         losses = {p.step: p.loss for p in ProgressLine.parse_all(parts[index])}
         replayed = {p.step: p.loss for p in ProgressLine.parse_all(parts[index + 1])}
-        resumed = _RESUMED.search(parts[index + 1])
-        resumed_from = int(resumed.group(1)) if resumed else 0
+        resumed_from = resumed_step(parts[index + 1])
         common = sorted(set(losses) & set(replayed))
         rows.append(
             {
@@ -232,6 +233,15 @@ def write_report(run_dir: Path, step: str, job: str) -> Path:
             flush=True,
         )
     return path
+
+
+def resumed_step(log: str) -> int:
+    """The checkpoint step an attempt's training resumed from (its backend line; run_files), 0 from the base."""
+    for line in log.splitlines():
+        found = BackendLine.parse(line)
+        if found and found.start.startswith(RESUMING_FROM):
+            return CHECKPOINT.step_of(Path(found.start.removeprefix(RESUMING_FROM)).name) or 0
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

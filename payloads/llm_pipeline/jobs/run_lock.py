@@ -163,19 +163,28 @@ class RunLock:
         return True
 
     def _take_over(self, stale: os.stat_result) -> None:
-        """Move a stale lock out of the way. Another submission may have done so and taken the lock in between:
-        what was moved is then put back unless a third has come meanwhile."""
-        moved = self.path.with_name(f"{LOCK_FILE}.stale.{socket.gethostname()}.{os.getpid()}")
+        """Remove a stale lock, holding the takeover file (made as the lock is) so that no two submissions remove
+        a lock at once: with it held, the lock is still the stale one only if no one has removed it since (its
+        dead owner cannot), so the check and the removal cannot meet another taker's fresh lock."""
+        guard = self.path.with_name(f"{LOCK_FILE}.takeover")
+        mine = self.path.with_name(f"{LOCK_FILE}.takeover.{socket.gethostname()}.{os.getpid()}")
+        mine.write_text(json.dumps(asdict(Owner.me())))
         try:
-            os.rename(self.path, moved)
-        except FileNotFoundError:
+            os.link(mine, guard)
+        except FileExistsError:
+            owner, info = _read(guard)  # held for microseconds: one left behind belongs to a killed taker
+            if info is not None and (owner.gone(time.time() - info.st_mtime) if owner else True):
+                with contextlib.suppress(FileNotFoundError):
+                    guard.unlink()
             return
-        if _same(os.stat(moved), stale):
-            moved.unlink()
-            return
-        with contextlib.suppress(FileExistsError):
-            os.link(moved, self.path)
-        moved.unlink()
+        finally:
+            mine.unlink()
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                if _same(os.stat(self.path), stale):
+                    self.path.unlink()
+        finally:
+            guard.unlink()
 
     def release(self) -> None:
         """Remove the lock when it is still this one; then the folders acquire made, when empty (a refusal leaves
@@ -201,4 +210,6 @@ class RunLock:
 
 
 def _same(a: os.stat_result, b: os.stat_result) -> bool:
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+    """The same file, not only the same inode number: a removed lock's inode is often reused at once by the next
+    lock file made in that folder, which then differs in its change time."""
+    return (a.st_dev, a.st_ino, a.st_ctime_ns) == (b.st_dev, b.st_ino, b.st_ctime_ns)

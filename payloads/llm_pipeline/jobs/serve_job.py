@@ -21,7 +21,7 @@ from pathlib import Path
 from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs import accounts, chain
 from llm_pipeline.jobs.run_facts import read_run_facts
-from llm_pipeline.run_files import PIPELINE_FILE, PipelineRecord
+from llm_pipeline.run_files import PIPELINE_FILE, PipelineRecord, StepLog
 
 JOB_NAME = "hpl-serve"  # hpctl status finds serve jobs by it (the run's name is the job's comment)
 SERVE_DIR, ENDPOINT_FILE, JOB_FILE = "serve", "endpoint", "job"
@@ -70,7 +70,7 @@ def sbatch_command(run_dir: Path, hours: float) -> list[str]:
         f"--job-name={JOB_NAME}",
         f"--comment={run_dir.name}",
         f"--time={time_limit(hours)}",
-        f"--output={run_dir / 'logs' / 'serve-%j.log'}",
+        f"--output={run_dir / 'logs' / StepLog('serve', '%j').name}",
         "--nodes=1",
         f"--export={exports},HPL_CHAIN_STEP=serve",
     ]
@@ -97,7 +97,8 @@ def submit(run_dir: Path, hours: float, wait_s: float = ENDPOINT_WAIT_S) -> tupl
     deadline = time.monotonic() + wait_s
     while not endpoint.is_file():
         if not queued(job):
-            raise ServeError(f"serve job {job} ended before its server answered: see {run_dir}/logs/serve-{job}.log")
+            log = run_dir / "logs" / StepLog("serve", job).name
+            raise ServeError(f"serve job {job} ended before its server answered: see {log}")
         if time.monotonic() > deadline:
             raise ServeError(f"serve job {job} has no endpoint after {wait_s:g} s: stop it (--stop), see its log")
         time.sleep(POLL_S)
