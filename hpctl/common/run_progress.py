@@ -23,7 +23,7 @@ from pathlib import PurePosixPath
 from botocore.exceptions import ClientError
 
 from cluster_contract import OUTPUTS_FOLDER, s3_prefix
-from hpctl.common.errors import aws_errors
+from hpctl.common.errors import HpctlError, aws_errors
 from hpctl.common.pricing import PRICE_SOURCE, HourlyPrice, hourly_price
 from llm_pipeline.run_files import (
     ALERTS_FILE,
@@ -111,6 +111,12 @@ def list_runs(s3, bucket: str) -> list[str]:
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=OUTPUTS_PREFIX, Delimiter="/"):
             runs += [item["Prefix"][len(OUTPUTS_PREFIX) :].rstrip("/") for item in page.get("CommonPrefixes", [])]
     return sorted(runs)
+
+
+def check_run(run: str, runs: list[str], bucket: str) -> None:
+    """Refuse a run with no folder under outputs/ in the bucket, naming those there (``runs``: list_runs)."""
+    if run not in runs:
+        raise HpctlError(f"no run {run!r} in s3://{bucket}/{OUTPUTS_PREFIX} (runs: {', '.join(runs) or 'none'})")
 
 
 def newest_run(s3, bucket: str) -> str | None:

@@ -13,11 +13,10 @@ from cluster_contract import StackOutput
 from hpctl.common import ssm
 from hpctl.common.cluster import list_nodes
 from hpctl.common.deployment import connect, controller_request, deployed_cluster
-from hpctl.common.errors import HpctlError
 from hpctl.common.facts import read_cluster_facts
 from hpctl.common.prompt import confirm
 from hpctl.common.registry import Room, RoomCommands
-from hpctl.common.run_progress import OUTPUTS_PREFIX, list_runs, run_alerts
+from hpctl.common.run_progress import check_run, list_runs, run_alerts
 from hpctl.nodes import plans, scale_commands
 from hpctl.nodes.drill import FAULTS, DrillOutput, drill_command, where_figures_are
 from hpctl.nodes.node_api import (
@@ -176,8 +175,7 @@ def run_drill(args: argparse.Namespace) -> None:
     deployment = connect(args)
     bucket = deployment.stack().output(StackOutput.BUCKET_NAME)
     runs = list_runs(deployment.session.client("s3"), bucket)
-    if args.run not in runs:
-        raise HpctlError(f"no run {args.run!r} in s3://{bucket}/{OUTPUTS_PREFIX} (runs: {', '.join(runs) or 'none'})")
+    check_run(args.run, runs, bucket)
     facts = read_cluster_facts(deployment.session, bucket)
     run_dir = f"{facts['outputs_dir']}/{args.run}"
     cluster, controller_group = deployed_cluster(deployment)

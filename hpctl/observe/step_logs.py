@@ -12,7 +12,7 @@ from datetime import datetime
 import boto3
 
 from hpctl.common.errors import HpctlError, aws_errors
-from hpctl.common.run_progress import OUTPUTS_PREFIX, list_runs
+from hpctl.common.run_progress import OUTPUTS_PREFIX, check_run, list_runs
 from hpctl.common.table import format_table
 
 
@@ -70,8 +70,7 @@ def show_step_logs(session: boto3.Session, bucket: str, *, run: str | None, log:
             rows.append([name, len(files), files[-1].modified.strftime("%Y-%m-%d %H:%M") if files else "-"])
         print(format_table(["RUN", "LOG FILES", "LATEST"], rows, indent=""))
         return
-    if run not in runs:
-        raise HpctlError(f"no run {run!r} in s3://{bucket}/{OUTPUTS_PREFIX} (runs: {', '.join(runs) or 'none'})")
+    check_run(run, runs, bucket)
     files = list_log_files(s3, bucket, run)
     if not files:
         raise HpctlError(f"run {run} has no logs in s3://{bucket}/{OUTPUTS_PREFIX}{run}/logs/ yet")

@@ -17,7 +17,7 @@ from hpctl.common.facts import read_cluster_facts
 from hpctl.common.project import require_checkout, resolve_settings
 from hpctl.common.registry import Room, RoomCommands
 from hpctl.common.run_data import require_in_bucket, upload_dataset
-from hpctl.common.run_progress import OUTPUTS_PREFIX, list_runs
+from hpctl.common.run_progress import check_run, list_runs
 from hpctl.runs.run_files import compare_runs, local_copies, open_tensorboard
 from hpctl.runs.serve import DEFAULT_LOCAL_PORT, ServeOutput, forward, how_to_call, serve_command
 from hpctl.runs.submit import (
@@ -168,8 +168,7 @@ def serve_run(args: argparse.Namespace) -> None:
     deployment = connect(args)
     bucket = deployment.stack().output(StackOutput.BUCKET_NAME)
     runs = list_runs(deployment.session.client("s3"), bucket)
-    if args.run not in runs:
-        raise HpctlError(f"no run {args.run!r} in s3://{bucket}/{OUTPUTS_PREFIX} (runs: {', '.join(runs) or 'none'})")
+    check_run(args.run, runs, bucket)
     facts = read_cluster_facts(deployment.session, bucket)
     action = "stop" if args.stop else "submit"
     command = serve_command(
