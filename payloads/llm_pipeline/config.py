@@ -30,12 +30,14 @@ from llm_pipeline.errors import PipelineError
 Backend = Literal["auto", "neuron", "torch"]
 Dtype = Literal["bfloat16", "float16", "float32"]
 Method = Literal["lora", "dora", "qlora", "full"]
+Objective = Literal["sft", "dpo", "grpo"]  # train.objective: what the loss is (train.method: what is trained)
 Strategy = Literal["fsdp", "ddp"]
 Attention = Literal["auto", "sdpa", "flash_attention_2", "eager"]
 Optimizer = Literal["adamw_torch", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"]  # transformers' optim names
 Retention = Literal["all", "last", "none"]
 QloraMergeBase = Literal["dequantized", "bf16"]  # merge.qlora_base: what a qlora adapter is added to
 BACKENDS, DTYPES, METHODS = get_args(Backend), get_args(Dtype), get_args(Method)
+OBJECTIVES = get_args(Objective)
 STRATEGIES, ATTENTIONS, OPTIMIZERS = get_args(Strategy), get_args(Attention), get_args(Optimizer)
 QLORA_MERGE_BASES = get_args(QloraMergeBase)
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head")
@@ -340,6 +342,14 @@ class TrainConfig:
         "lora",
         "what is trained: lora (adapter), dora (weight-decomposed LoRA), qlora (LoRA on a bitsandbytes NF4 4-bit base; "
         "torch backend), full (every parameter, no adapter; merge is skipped); neuron: lora and full",
+    )
+    objective: Objective = described(
+        "sft",
+        "what the loss is: sft (next-token loss on the records' text or answers), dpo (direct preference "
+        "optimization on prompt/chosen/rejected records), grpo (group relative policy optimization with rewards "
+        "on completions sampled from a vLLM server); dpo and grpo on the torch backend; train.method still says "
+        "what is trained",
+        Rule(lambda value: value == "sft", "sft for now (dpo and grpo are being built)"),
     )
     optimizer: Optimizer = described(
         "adamw_torch",

@@ -41,11 +41,15 @@ from llm_pipeline.training.torch import methods, parallel
 from llm_pipeline.training.torch.profiling import StepProfiler
 
 
-def engine_trainer_class():
-    """SFTTrainer plus the glue this engine needs: FSDP2 on CPU, exact sharded resume, adapter export."""
-    from trl import SFTTrainer
+TRL_TRAINERS = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "grpo": "GRPOTrainer"}  # train.objective: trl's trainer
 
-    class EngineTrainer(SFTTrainer):
+
+def engine_trainer_class(objective: str = "sft"):
+    """trl's trainer for ``objective`` (train.objective) plus the glue this engine needs: FSDP2 on CPU, exact
+    sharded resume, adapter export, the loss guard."""
+    import trl
+
+    class EngineTrainer(getattr(trl, TRL_TRAINERS[objective])):
         def __init__(self, *args, fsdp: bool, run_config: RunConfig, **kwargs):
             self._fsdp = fsdp
             self._run_config = run_config
@@ -265,7 +269,7 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     if peft_config is not None:
         check_target_modules(model, cfg.lora)
     total = sum(p.numel() for p in model.parameters())
-    trainer = engine_trainer_class()(
+    trainer = engine_trainer_class(cfg.train.objective)(
         model=model,
         args=args,
         train_dataset=loss_records(cfg, datasets["train"]),
