@@ -40,7 +40,6 @@ from llm_pipeline.training.text_blocks import formatting_func
 from llm_pipeline.training.torch import methods, parallel
 from llm_pipeline.training.torch.profiling import StepProfiler
 
-
 TRL_TRAINERS = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "grpo": "GRPOTrainer"}  # train.objective: trl's trainer
 
 
