@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 
-from llm_pipeline.jobs import pipeline_status
+from llm_pipeline.jobs import pipeline_status, run_lock
 from llm_pipeline.run_files import ALERTS_FILE, NAN_STOP_OPENING, AlertLine, ProgressLine, StepLog
 
 FINISHED, FAILED, NAN_STOP, STALLED = "finished", "failed", "nan-stop", "stalled"
@@ -123,19 +123,6 @@ def watch_stall(
     return stalls
 
 
-def _pid_alive(pid: int) -> Callable[[], bool]:
-    def alive() -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
-    return alive
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m llm_pipeline.jobs.alerts", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -164,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         raise_alert(STALLED, run_dir=run_dir, step=step, job=job, detail=detail)
 
     log = run_dir / "logs" / StepLog(step, job).name
-    watch_stall(log=log, stall_s=stall_s, alive=_pid_alive(args.pid), on_stall=stalled, poll_s=args.poll_s)
+    watch_stall(
+        log=log, stall_s=stall_s, alive=lambda: run_lock.pid_alive(args.pid), on_stall=stalled, poll_s=args.poll_s
+    )
     return 0
 
 

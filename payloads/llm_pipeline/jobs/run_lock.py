@@ -78,13 +78,20 @@ def _start_time(pid: int) -> str:
         return ""
 
 
-def _runs(pid: int, start: str) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (another user's counts: signalling it is refused, not failed)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        pass  # another user's process: it runs
+        return True
+    return True
+
+
+def _runs(pid: int, start: str) -> bool:
+    if not pid_alive(pid):
+        return False
     now = _start_time(pid)
     return not (start and now) or now == start
 

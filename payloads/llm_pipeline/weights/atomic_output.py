@@ -19,6 +19,7 @@ from types import FrameType
 from typing import TypeVar
 
 from llm_pipeline.errors import CheckpointError
+from llm_pipeline.jobs.run_lock import pid_alive
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 Written = TypeVar("Written")
@@ -34,16 +35,6 @@ class Interrupted(BaseException):
 
 def _raise_interrupted(signum: int, _frame: FrameType | None) -> None:
     raise Interrupted(signum)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class AtomicOutputDir:
@@ -70,7 +61,7 @@ class AtomicOutputDir:
     def _remove_stale_partials(self) -> None:
         for path in self.final.parent.glob(f"{self._prefix}*"):
             pid = path.name[len(self._prefix) :].removesuffix(".old")
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 print(f"removing {path} left by an interrupted run", flush=True)
                 shutil.rmtree(path, ignore_errors=True)
 
