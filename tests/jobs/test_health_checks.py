@@ -5,11 +5,16 @@ nvidia-smi's --query-gpu CSV, dcgmi diag's result table, neuron-ls --json-output
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
+import tomllib
 
 from llm_pipeline.config import ConfigError, from_dict
 from llm_pipeline.jobs import health
+
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 GPU_CSV = "0, NVIDIA H100 80GB HBM3, 81559, 0\n1, NVIDIA H100 80GB HBM3, 81559, [N/A]\n"
 
@@ -109,3 +114,12 @@ def test_a_failed_node_reason_names_the_check_and_the_version():
     result.checks = [health.CheckResult("nvidia-smi", False, "7 of 8 GPUs"), health.CheckResult("dcgm-diag", True)]
     assert result.reason() == f"HealthCheck:Failed nvidia-smi: 7 of 8 GPUs ({health.CHECKS_VERSION})"
     assert not result.passed
+
+
+def test_the_operations_page_s_run_config_keys_load_and_name_every_check():
+    section = OPERATIONS.read_text().split("### The health gate", 1)[1].split("\n### ", 1)[0]
+    block = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
+    train = from_dict(tomllib.loads(block)).train
+    assert train.health_skip == ("dcgm-diag",) and train.health_node_action == "drain"
+    for name in health.CHECKS:
+        assert f"`{name}`:" in section, f"docs/operations.md's health gate table: {name}"

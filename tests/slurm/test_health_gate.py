@@ -68,9 +68,7 @@ def test_a_failing_check_drains_its_node_and_the_train_step_runs_on_the_other(tw
         HPL_ACCELERATOR="cuda",
     )
     write_inputs(TINY, env, records=40)
-    config = write_derived(
-        TINY, tmp_path / "gate.toml", {("train", "max_steps"): 2}, run_dir="${HPL_OUTPUTS_DIR}/gate"
-    )
+    config = write_derived(TINY, tmp_path / "gate.toml", {("train", "max_steps"): 2}, run_dir="${HPL_OUTPUTS_DIR}/gate")
     out_dir = Path(env["HPL_OUTPUTS_DIR"]) / "gate"
 
     sent = submit(env, config, "--from", "data", "--no-smoke")
