@@ -70,6 +70,11 @@ def test_a_failing_check_drains_its_node_and_the_train_step_runs_on_the_other(tw
     write_inputs(TINY, env, records=40)
     config = write_derived(TINY, tmp_path / "gate.toml", {("train", "max_steps"): 2}, run_dir="${HPL_OUTPUTS_DIR}/gate")
     out_dir = Path(env["HPL_OUTPUTS_DIR"]) / "gate"
+    unknown = write_derived(TINY, tmp_path / "unknown.toml", {("train", "health_skip"): ["dcgm"]}, run_dir=out_dir)
+    refused = submit(env, unknown, "--from", "data", "--no-smoke")  # skipping is by known name only
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.startswith("error: ") and "train.health_skip: invalid value 'dcgm'" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
 
     sent = submit(env, config, "--from", "data", "--no-smoke")
     assert sent.returncode == 0, sent.stderr
