@@ -123,3 +123,55 @@ def test_the_operations_page_s_run_config_keys_load_and_name_every_check():
     assert train.health_skip == ("dcgm-diag",) and train.health_node_action == "drain"
     for name in health.CHECKS:
         assert f"`{name}`:" in section, f"docs/operations.md's health gate table: {name}"
+
+
+def scontrol_calls(monkeypatch, refuse: str = "") -> list[list[str]]:
+    calls: list[list[str]] = []
+
+    def fake(argv):
+        calls.append(argv)
+        refused = refuse and refuse in " ".join(argv)
+        return health.subprocess.CompletedProcess(
+            argv, 1 if refused else 0, "", "Access/permission denied" * bool(refused)
+        )
+
+    monkeypatch.setattr(health, "slurm", fake)
+    return calls
+
+
+def test_a_failed_node_is_drained_or_handed_to_hyperpod_with_its_reason(monkeypatch):
+    calls = scontrol_calls(monkeypatch)
+    reason = f"HealthCheck:Failed dcgm-diag: failed: Memory ({health.CHECKS_VERSION})"
+    assert health.mark_failed({"node1": reason}, "drain") == []
+    assert calls[-1] == ["scontrol", "update", "nodename=node1", "state=drain", f"reason={reason}"]
+    health.mark_failed({"node1": reason}, "replace")
+    assert calls[-1] == ["scontrol", "update", "nodename=node1", "state=fail", f"reason=Action:Replace {reason}"]
+    health.mark_failed({"node1": reason}, "reboot")
+    assert calls[-1][3:] == ["state=fail", f"reason=Action:Reboot {reason}"]
+
+
+def test_a_refused_drain_is_reported_and_the_job_still_moves(monkeypatch):
+    calls = scontrol_calls(monkeypatch, refuse="state=drain")
+    assert health.mark_failed({"node1": "why"}, "drain") == ["node1 (Access/permission denied)"]
+    monkeypatch.setattr(health.signal, "signal", lambda *_: None)  # the requeue's SIGTERM is this test's own
+    assert health.requeue_without("7", ["node1", "node2"]) == ""
+    assert calls[-2:] == [["scontrol", "requeue", "7"], ["scontrol", "update", "jobid=7", "excnodelist=node1,node2"]]
+
+
+def test_the_exclusion_keeps_every_node_this_job_failed(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    lines = [
+        {"node": "node1", "job": "7", "verdict": "HealthCheck:Failed x"},
+        {"node": "node2", "job": "7", "verdict": ""},
+        {"node": "node3", "job": "8", "verdict": "HealthCheck:Failed y"},
+        {"node": "node4", "job": "7", "verdict": "HealthCheck:Failed z"},
+    ]
+    (logs / health.RESULTS_FILE).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert health.failed_before(tmp_path, "7") == ["node1", "node4"]
+
+
+def test_the_gate_runs_on_hyperpod_or_where_asked(tmp_path):
+    assert health.gate_enabled({"HPL_SAGEMAKER_CLUSTER_DIR": str(tmp_path)})
+    assert health.gate_enabled({"HPL_SAGEMAKER_CLUSTER_DIR": str(tmp_path / "absent"), "HPL_HEALTH_GATE": "1"})
+    assert not health.gate_enabled({"HPL_SAGEMAKER_CLUSTER_DIR": str(tmp_path / "absent")})

@@ -292,6 +292,13 @@ def requeue_without(job: str, nodes: Sequence[str]) -> str:
     return "" if out.returncode == 0 else f"exclusion refused: {last_line(out.stderr or out.stdout)}"
 
 
+def failed_before(run_dir: Path, job: str) -> list[str]:
+    """Every node a gate of this job has failed, this one's included (an exclusion replaces the job's last one)."""
+    path = run_dir / "logs" / RESULTS_FILE
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return list(dict.fromkeys(line["node"] for line in lines if line.get("job") == job and line.get("verdict")))
+
+
 def gate_enabled(env: dict[str, str]) -> bool:
     """On HyperPod; elsewhere only where asked (HPL_HEALTH_GATE=1: the local Slurm's rehearsal of it)."""
     return env.get("HPL_HEALTH_GATE") == "1" or Path(env.get("HPL_SAGEMAKER_CLUSTER_DIR") or HYPERPOD_DIR).is_dir()
@@ -336,7 +343,7 @@ def gate_main(env: dict[str, str]) -> int:
         refused = mark_failed(failed, action)
         if refused:
             print(f"== health gate: Slurm refused to mark {', '.join(refused)}: excluded from this job only")
-        problem = requeue_without(job, list(failed))
+        problem = requeue_without(job, failed_before(run_dir, job))
         if problem:
             print(f"error: health gate: {', '.join(failed)} failed and this job could not move ({problem})")
             return 1
