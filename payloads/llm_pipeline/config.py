@@ -36,10 +36,14 @@ Attention = Literal["auto", "sdpa", "flash_attention_2", "eager"]
 Optimizer = Literal["adamw_torch", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"]  # transformers' optim names
 Retention = Literal["all", "last", "none"]
 QloraMergeBase = Literal["dequantized", "bf16"]  # merge.qlora_base: what a qlora adapter is added to
+# train.health_node_action: what the health gate (jobs/health.py) does to a node whose check failed.
+HealthNodeAction = Literal["drain", "reboot", "replace"]
 BACKENDS, DTYPES, METHODS = get_args(Backend), get_args(Dtype), get_args(Method)
 OBJECTIVES = get_args(Objective)
 STRATEGIES, ATTENTIONS, OPTIMIZERS = get_args(Strategy), get_args(Attention), get_args(Optimizer)
 QLORA_MERGE_BASES = get_args(QloraMergeBase)
+# The health gate's checks by name (jobs/health.py runs them; train.health_skip may name them).
+HEALTH_CHECKS = ("nvidia-smi", "dcgm-diag", "nccl-all-reduce", "neuron-ls", "neuron-memory", "nccom-all-reduce")
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head")
 TORCHTITAN_RUNGS = ("baseline", "compile", "fp8", "fp8_allgather")  # the ladder, in climbing order
 # Beside the ladder: float8 with rowwise scales (torchao's "rowwise" recipe) on top of compile.
@@ -328,6 +332,19 @@ class TrainConfig:
         "(on Slurm: in its allocation after a lost rank, requeued onto healthy nodes after a lost node; "
         "jobs/recovery.py); a step that failed with an error line of its own (a refused key, a NaN stop) is not "
         "retried; 0: never",
+        learns=False,
+    )
+    health_skip: tuple[str, ...] = described(
+        (),
+        "health-gate checks this run skips, by name (the gate runs before each multi-node step on HyperPod: "
+        "jobs/health.py, docs/operations.md): " + ", ".join(HEALTH_CHECKS),
+        Rule(lambda name: name in HEALTH_CHECKS, ", ".join(HEALTH_CHECKS), each=True),
+        learns=False,
+    )
+    health_node_action: HealthNodeAction = described(
+        "drain",
+        "what the health gate does to a node whose check failed: drain (out of service with the reason), or "
+        "reboot / replace (HyperPod reboots or replaces it: Action:Reboot / Action:Replace)",
         learns=False,
     )
     precompile_steps: int = ranged(

@@ -167,6 +167,20 @@ hpl_watch_stall() {
   fi
 }
 
+# The health gate before a multi-node step trains (llm_pipeline.jobs.health; docs/operations.md): on HyperPod, or
+# where HPL_HEALTH_GATE=1. A node that fails is drained and the job requeued without it: Slurm then ends this
+# start (SIGTERM, below), which waits for it; the job starts again on healthy nodes.
+hpl_health_gate() {
+  local rc=0
+  "$HPL_HOST_PYTHON" -m llm_pipeline.jobs.health gate || rc=$?
+  if (( rc == 4 )); then
+    sleep 600 &
+    wait $!
+    exit 1  # Slurm did not end it: the requeue did not take
+  fi
+  return "$rc"
+}
+
 trap 'HPL_SIGNAL=TERM; exit 143' TERM
 trap 'HPL_SIGNAL=INT; exit 130' INT
 trap 'hpl_on_exit $?' EXIT
