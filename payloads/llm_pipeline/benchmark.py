@@ -19,15 +19,16 @@ import json
 import os
 from pathlib import Path
 
-from llm_pipeline import cli
+from llm_pipeline import cli, serve
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.run_files import server_log
-from llm_pipeline.vllm_server import SERVED_NAME, vllm_server
+from llm_pipeline.vllm_server import SERVED_NAME, SERVING_FIGURES, accelerator_label, serving_figures, vllm_server
 from llm_pipeline.weights import model_files
 
-BENCHMARK_DIR, BENCHMARK_JSON, REPORT = "benchmark", "benchmark.json", "report.md"
+BENCHMARK_DIR, BENCHMARK_JSON, REPORT, CHART = "benchmark", "benchmark.json", "report.md", "benchmark.png"
 MODELS = ("base", "tuned")
+TUNED = serve.TUNED_NAME  # the adapter's name on a server of the base
 # The metric a default task is judged by (lm-eval's name,filter); a custom task: the first metric lm-eval reports.
 PRIMARY_METRICS = {
     "mmlu": "acc,none",
@@ -47,7 +48,7 @@ def primary_metric(task: str, scores: dict) -> str:
     return names[0]
 
 
-def score_tasks(cfg: RunConfig, base_url: str, tokenizer_dir: Path) -> dict[str, dict]:
+def score_tasks(cfg: RunConfig, base_url: str, tokenizer_dir: Path, served: str = SERVED_NAME) -> dict[str, dict]:
     """{task: {metric, score, stderr}} from lm-eval against the server at ``base_url``, task by task (each with its
     own few-shot count)."""
     import lm_eval
@@ -62,7 +63,7 @@ def score_tasks(cfg: RunConfig, base_url: str, tokenizer_dir: Path) -> dict[str,
             out = lm_eval.simple_evaluate(
                 model="local-completions",
                 model_args={
-                    "model": SERVED_NAME,
+                    "model": served,
                     "base_url": f"{base_url}/completions",
                     "tokenizer": str(tokenizer_dir),
                     "tokenizer_backend": "huggingface",
@@ -94,6 +95,15 @@ def score_tasks(cfg: RunConfig, base_url: str, tokenizer_dir: Path) -> dict[str,
                 "shots": shots,
             }
     return found
+
+
+def lora_served(cfg: RunConfig) -> list[str]:
+    """vLLM's arguments serving the run's LoRA adapter beside the base, so one server answers for both models; none
+    (serve the merged model) unless train.method is lora (DoRA's and QLoRA's tuned model is their merge)."""
+    adapter = Path(cfg.paths.adapter_dir)
+    if cfg.train.method != "lora" or not (adapter / serve.ADAPTER_CONFIG).is_file():
+        return []
+    return serve.lora_arguments(adapter)
 
 
 def tuned_model(cfg: RunConfig) -> Path:
@@ -134,9 +144,11 @@ def _figure(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
-def report(rows: list[dict]) -> str:
+def report(rows: list[dict], serving: dict) -> str:
     lines = [
         "# Benchmark: base vs tuned (lm-evaluation-harness through vLLM)",
+        "",
+        f"![base vs tuned per task]({CHART})",
         "",
         "| task | metric | shots | base | ± | tuned | ± | delta |",
         "|---|---|---|---|---|---|---|---|",
@@ -146,21 +158,40 @@ def report(rows: list[dict]) -> str:
         f"{_figure(r['tuned'])} | {_figure(r['tuned_stderr'])} | {r['delta']:+.4f} |"
         for r in rows
     ]
+    lines += [
+        "",
+        f"Serving the tuned model on {serving['accelerator']}: {serving['requests']} streamed requests of "
+        f"{serving['tokens_per_request']} tokens, {serving['concurrency']} at once",
+        "",
+        "| " + " | ".join(SERVING_FIGURES.values()) + " |",
+        "|" + "---|" * len(SERVING_FIGURES),
+        "| " + " | ".join(f"{serving[key]:.4g}" for key in SERVING_FIGURES) + " |",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def benchmark(cfg: RunConfig) -> list[dict]:
     folder = Path(cfg.paths.output_dir) / BENCHMARK_DIR
-    models = {"base": Path(cfg.paths.model_dir), "tuned": tuned_model(cfg)}
-    scores = {}
-    for name, model_dir in models.items():
-        with vllm_server(model_dir, cfg, folder / server_log(name)) as url:
-            scores[name] = score_tasks(cfg, url, model_dir)
+    base, lora, scores = Path(cfg.paths.model_dir), lora_served(cfg), {}
+    if lora:  # one server: the base, and the adapter over it
+        with vllm_server(base, cfg, folder / server_log("base"), extra=lora) as url:
+            scores = {
+                name: score_tasks(cfg, url, base, served)
+                for name, served in zip(MODELS, (SERVED_NAME, TUNED), strict=True)
+            }
+            serving = serving_figures(url, TUNED, cfg.benchmark.concurrency)
+    else:
+        with vllm_server(base, cfg, folder / server_log("base")) as url:
+            scores["base"] = score_tasks(cfg, url, base)
+        with vllm_server(tuned_model(cfg), cfg, folder / server_log("tuned")) as url:
+            scores["tuned"] = score_tasks(cfg, url, tuned_model(cfg))
+            serving = serving_figures(url, SERVED_NAME, cfg.benchmark.concurrency)
+    serving = {**serving, "accelerator": accelerator_label(), "lora": bool(lora)}
     rows = compare(scores["base"], scores["tuned"])
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / BENCHMARK_JSON).write_text(json.dumps({"tasks": rows}, indent=2) + "\n")
-    (folder / REPORT).write_text(report(rows))
-    print(report(rows), flush=True)
+    (folder / BENCHMARK_JSON).write_text(json.dumps({"tasks": rows, "serving": serving}, indent=2) + "\n")
+    (folder / REPORT).write_text(report(rows, serving))
+    print(report(rows, serving), flush=True)
     gate(rows, cfg.benchmark.max_drop)
     return rows
 
