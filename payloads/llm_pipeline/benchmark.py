@@ -1,15 +1,16 @@
 """Benchmark step: standard benchmarks of the base and the tuned model, through an OpenAI-compatible vLLM server.
 
-    python -m llm_pipeline.benchmark --config run.toml
+    python -m llm_pipeline.benchmark --config run.toml [--cache-datasets]
 
-For each model (the base, paths.model_dir; the tuned one as generate picks it: the merged model) the step starts
-vLLM's OpenAI-compatible server on this node, waits until it answers, and runs lm-evaluation-harness against it
-(its ``local-completions`` model type) on benchmark.tasks, each with its pinned few-shot count, greedy generation,
-benchmark.max_gen_toks and benchmark.seed; then it stops the server. Runs in the vLLM site (docs/benchmark.md),
-offline: the task datasets come from the Hub cache the download step filled, benchmark.task_dir holds the user's
-own tasks. Writes <run>/benchmark/: benchmark.json (per task: metric, base and tuned score, stderr, delta; the
-server's throughput and latency) and report.md. The gate (benchmark.max_drop) fails the step, naming the task,
-after both files are written.
+The base (paths.model_dir) and the tuned model: a LoRA run's adapter served over the base by the same server, else
+the merged model by a second one. For each, lm-evaluation-harness runs against vLLM's OpenAI-compatible server on
+this node (its ``local-completions`` model type) on benchmark.tasks, each with its pinned few-shot count, greedy
+generation, benchmark.max_gen_toks and benchmark.seed; then streamed requests measure the tuned model's serving
+throughput and latency (vllm_server.SERVING_FIGURES). Runs in the vLLM site (docs/benchmark.md), offline: the task
+datasets come from the cache the download step filled (``--cache-datasets``, DATASETS_CACHE), benchmark.task_dir
+holds the user's own tasks. Writes <run>/benchmark/: benchmark.json (per task: metric, base and tuned score,
+stderr, delta; the serving figures and the accelerator they were measured on) and report.md. The gate
+(benchmark.max_drop) fails the step, naming the task, after both files are written.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ import json
 import os
 from pathlib import Path
 
-from llm_pipeline import cli, serve
+from llm_pipeline import cli, download, serve
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
-from llm_pipeline.run_files import server_log
+from llm_pipeline.run_files import BENCHMARK_DIR, BENCHMARK_JSON, server_log
 from llm_pipeline.vllm_server import SERVED_NAME, SERVING_FIGURES, accelerator_label, serving_figures, vllm_server
 from llm_pipeline.weights import model_files
 
-BENCHMARK_DIR, BENCHMARK_JSON, REPORT, CHART = "benchmark", "benchmark.json", "report.md", "benchmark.png"
+REPORT, CHART = "report.md", "benchmark.png"  # beside BENCHMARK_JSON in <run>/BENCHMARK_DIR
 MODELS = ("base", "tuned")
 TUNED = serve.TUNED_NAME  # the adapter's name on a server of the base
 # The metric a default task is judged by (lm-eval's name,filter); a custom task: the first metric lm-eval reports.
@@ -37,6 +38,33 @@ PRIMARY_METRICS = {
     "arc_challenge": "acc_norm,none",
     "hellaswag": "acc_norm,none",
 }
+
+
+# The tasks' datasets as `datasets` prepared them (its HF_DATASETS_CACHE): filled by the download step
+# (cache_datasets, the one step that reaches the Hub), read offline by this step; shared by every run on the FSx.
+DATASETS_CACHE = "benchmark-datasets"
+
+
+def use_datasets_cache() -> Path:
+    """HF_DATASETS_CACHE = <HPL_DATASETS_DIR>/DATASETS_CACHE for this process (before `datasets` is imported)."""
+    folder = Path(os.environ["HPL_DATASETS_DIR"]) / DATASETS_CACHE
+    os.environ["HF_DATASETS_CACHE"] = str(folder)
+    return folder
+
+
+def cache_datasets(cfg: RunConfig) -> Path:
+    """The download step's part: every dataset lm-eval loads for benchmark.tasks, fetched with the stack's Hub token
+    and prepared into the cache, exactly as the benchmark step will ask for it (lm-eval builds each task)."""
+    folder = use_datasets_cache()
+    token = download.find_token()
+    if token:
+        os.environ["HF_TOKEN"] = token
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    with contextlib.chdir(cfg.benchmark.task_dir or os.getcwd()):  # a custom task's relative data_files
+        get_task_dict(list(cfg.benchmark.task_shots()), TaskManager(include_path=cfg.benchmark.task_dir or None))
+    print(f"benchmark datasets of {', '.join(cfg.benchmark.task_shots())} cached in {folder}", flush=True)
+    return folder
 
 
 def primary_metric(task: str, scores: dict) -> str:
@@ -171,6 +199,7 @@ def report(rows: list[dict], serving: dict) -> str:
 
 
 def benchmark(cfg: RunConfig) -> list[dict]:
+    use_datasets_cache()  # filled by the download step; offline here (benchmark.sbatch)
     folder = Path(cfg.paths.output_dir) / BENCHMARK_DIR
     base, lora, scores = Path(cfg.paths.model_dir), lora_served(cfg), {}
     if lora:  # one server: the base, and the adapter over it
@@ -196,8 +225,20 @@ def benchmark(cfg: RunConfig) -> list[dict]:
     return rows
 
 
+def build_parser():
+    parser = cli.parser("benchmark", __doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--cache-datasets",
+        action="store_true",
+        help="only fetch the tasks' datasets into the cache (the download step runs this)",
+    )
+    return parser
+
+
 def main(argv=None) -> int:
-    return cli.run_config_only_step("benchmark", __doc__.split("\n\n")[0], benchmark, argv)
+    return cli.run_step(
+        build_parser, lambda cfg, args: (cache_datasets if args.cache_datasets else benchmark)(cfg), argv
+    )
 
 
 if __name__ == "__main__":

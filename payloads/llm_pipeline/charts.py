@@ -216,7 +216,8 @@ def tasks_figure(rows: Sequence[dict]) -> Figure:
 
 
 def tasks_chart(folder: Path) -> Path:
-    from llm_pipeline.benchmark import BENCHMARK_JSON, CHART
+    from llm_pipeline.benchmark import CHART
+    from llm_pipeline.run_files import BENCHMARK_JSON
 
     return save(tasks_figure(json.loads((folder / BENCHMARK_JSON).read_text())["tasks"]), folder / CHART)
 

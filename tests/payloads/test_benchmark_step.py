@@ -90,7 +90,7 @@ print("RESULT " + json.dumps(out["results"][{tiny.TINY_TASK!r}]))
 
 def test_step_scores_equal_lm_eval_direct_and_the_gate_names_the_dropped_task(tmp_path):
     # vLLM's CPU attention serves head sizes from 32 (vllm_server.CPU_HEAD_SIZES): the tiny Llama with 2 heads of 32
-    base = tiny.write_tiny_model(tmp_path / "tiny-llama", heads=2, kv_heads=1)
+    base = tiny.write_tiny_model(tmp_path / "tiny-llama", **tiny.SERVABLE_SHAPE)
     tasks = tiny.write_tiny_task(tmp_path / "tasks")
     rows = [json.loads(line) for line in (tasks / f"{tiny.TINY_TASK}.jsonl").read_text().splitlines()]
     picks = base_choices(base, tasks)
@@ -143,7 +143,7 @@ def test_every_default_task_has_its_primary_metric():
 def test_a_head_size_the_cpu_backend_lacks_is_refused_before_the_server_starts(tmp_path, tiny_models_dir):
     with pytest.raises(vllm_server.StepError, match=r"head size 16 .* serves \(32, 64"):
         vllm_server.check_cpu_head_size(tiny_models_dir / "tiny-llama")
-    vllm_server.check_cpu_head_size(tiny.write_tiny_model(tmp_path / "m", heads=2, kv_heads=1))
+    vllm_server.check_cpu_head_size(tiny.write_tiny_model(tmp_path / "m", **tiny.SERVABLE_SHAPE))
 
 
 def test_gate_passes_within_max_drop_and_names_the_first_task_beyond():
@@ -152,3 +152,37 @@ def test_gate_passes_within_max_drop_and_names_the_first_task_beyond():
     rows.append({"task": "b", "metric": "acc,none", "base": 0.5, "tuned": 0.3, "delta": -0.2})
     with pytest.raises(benchmark.StepError, match=r"^benchmark.max_drop: b dropped 0.2000"):
         benchmark.gate(rows, 0.1)
+
+
+def test_the_download_step_caches_the_task_datasets_the_benchmark_step_reads_offline(tmp_path):
+    """`benchmark --cache-datasets` (download.sbatch's, in the vLLM site) prepares every dataset lm-eval loads for
+    benchmark.tasks into <HPL_DATASETS_DIR>/benchmark-datasets; building the tasks again offline (HF_HUB_OFFLINE and
+    HF_DATASETS_OFFLINE, as benchmark.sbatch runs) reads that cache and adds nothing to it. The Hub is out of reach
+    here: the tiny task's data is a JSON-lines file, which `datasets` prepares through the same download-and-prepare
+    path and cache as a Hub dataset."""
+    tiny.write_tiny_task(tmp_path / "tasks")
+    config = tmp_path / "run.toml"
+    config.write_text(f'[benchmark]\ntasks = ["{tiny.TINY_TASK}:0"]\ntask_dir = "tasks"\n')
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'payloads'}", "HPL_DATASETS_DIR": str(tmp_path / "datasets")}
+    env.pop("HF_DATASETS_CACHE", None)
+    fill = subprocess.run(
+        [site_python(), "-m", "llm_pipeline.benchmark", "--config", str(config), "--cache-datasets"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert fill.returncode == 0, fill.stderr[-3000:]
+    cache = tmp_path / "datasets" / benchmark.DATASETS_CACHE
+    assert f"cached in {cache}" in fill.stdout
+    filled = sorted(p.relative_to(cache) for p in cache.rglob("*.arrow"))
+    assert filled, f"no prepared dataset in {cache}"
+    offline = {**env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    code = (
+        "import sys; from llm_pipeline import benchmark, config; cfg = config.load(sys.argv[1]); "
+        "benchmark.use_datasets_cache(); from lm_eval.tasks import TaskManager, get_task_dict; import os; "
+        "os.chdir(cfg.benchmark.task_dir); "
+        "tasks = get_task_dict(list(cfg.benchmark.task_shots()), TaskManager(include_path=cfg.benchmark.task_dir)); "
+        f"print('ROWS', len(tasks[{tiny.TINY_TASK!r}].test_docs()))"
+    )
+    read = subprocess.run([site_python(), "-c", code, str(config)], capture_output=True, text=True, env=offline)
+    assert read.returncode == 0, read.stderr[-3000:]
+    assert "ROWS 24" in read.stdout
+    assert sorted(p.relative_to(cache) for p in cache.rglob("*.arrow")) == filled  # read, not prepared again
