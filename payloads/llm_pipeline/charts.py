@@ -207,7 +207,7 @@ def tasks_figure(rows: Sequence[dict]) -> Figure:
         title="Benchmark: base vs tuned per task",
     )
     axis = figure.axes[0]
-    for bars, model in zip(axis.containers, ("base", "tuned"), strict=True):
+    for bars, model in zip(list(axis.containers), ("base", "tuned"), strict=True):  # errorbar adds containers
         errors = [row[f"{model}_stderr"] or 0.0 for row in rows]
         middles = [bar.get_x() + bar.get_width() / 2 for bar in bars]
         axis.errorbar(middles, [row[model] for row in rows], errors, fmt="none", ecolor="k")

@@ -14,9 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from chart_checks import read_png
 
-from llm_pipeline import benchmark, vllm_server
+from llm_pipeline import benchmark, charts, vllm_server
 from llm_pipeline.config import BENCHMARK_TASKS, ConfigError, load
+from llm_pipeline.run_files import BENCHMARK_JSON
 from tools import tiny_model as tiny
 
 REPO = Path(__file__).resolve().parents[2]
@@ -186,3 +188,22 @@ def test_the_download_step_caches_the_task_datasets_the_benchmark_step_reads_off
     assert read.returncode == 0, read.stderr[-3000:]
     assert "ROWS 24" in read.stdout
     assert sorted(p.relative_to(cache) for p in cache.rglob("*.arrow")) == filled  # read, not prepared again
+
+
+def test_the_chart_draws_base_and_tuned_per_task_with_their_stderr(tmp_path):
+    """`python -m llm_pipeline.charts benchmark <run>/benchmark` (benchmark.sbatch, after the step): a bar per model
+    and task at its score, an error bar of its stderr (of length 0 where lm-eval reported none)."""
+    rows = [
+        {"task": "gsm8k", "shots": 5, "base": 0.5, "base_stderr": 0.02, "tuned": 0.6, "tuned_stderr": 0.03},
+        {"task": "ifeval", "shots": 0, "base": 0.7, "base_stderr": None, "tuned": 0.4, "tuned_stderr": None},
+    ]
+    (tmp_path / BENCHMARK_JSON).write_text(json.dumps({"tasks": rows, "serving": {}}))
+    assert charts.main(["benchmark", str(tmp_path)]) == 0
+    read_png(tmp_path / benchmark.CHART)
+    axis = charts.tasks_figure(rows).axes[0]
+    bars = {label: [bar.get_height() for bar in container] for container, label in zip(
+        axis.containers[:2], ("base", "tuned"), strict=True)}  # fmt: skip
+    assert bars == {"base": [0.5, 0.7], "tuned": [0.6, 0.4]}
+    errors = [list(collection.get_segments()) for collection in axis.collections]
+    assert [[round(seg[1][1] - seg[0][1], 6) for seg in found] for found in errors] == [[0.04, 0.0], [0.06, 0.0]]
+    assert [tick.get_text() for tick in axis.get_xticklabels()] == ["gsm8k (5-shot)", "ifeval (0-shot)"]
