@@ -455,7 +455,7 @@ class BenchmarkConfig:
     tasks: tuple[str, ...] = described(
         (),
         "lm-eval tasks as 'name:few-shot count'; a name is one of the default set or a task of benchmark.task_dir; "
-        "none: the chain has no benchmark step (default.toml lists the default set)",
+        "none: the chain has no benchmark step (opt in; docs/benchmark.md has the default set)",
         Rule(lambda item: re.fullmatch(BENCHMARK_TASK_FORM, item) is not None, "'name:few-shot count'", each=True),
         Rule(lambda items: len({i.split(":")[0] for i in items}) == len(items), "each task once"),
     )
