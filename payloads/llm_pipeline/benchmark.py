@@ -58,10 +58,10 @@ def cache_datasets(cfg: RunConfig) -> Path:
     token = download.find_token()
     if token:
         os.environ["HF_TOKEN"] = token
-    from lm_eval.tasks import TaskManager, get_task_dict
+    from lm_eval.tasks import TaskManager
 
     with contextlib.chdir(cfg.benchmark.task_dir or os.getcwd()):  # a custom task's relative data_files
-        get_task_dict(list(cfg.benchmark.task_shots()), TaskManager(include_path=cfg.benchmark.task_dir or None))
+        TaskManager(include_path=cfg.benchmark.task_dir or None).load(list(cfg.benchmark.task_shots()))
     print(f"benchmark datasets of {', '.join(cfg.benchmark.task_shots())} cached in {folder}", flush=True)
     return folder
 
