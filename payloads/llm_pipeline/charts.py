@@ -1,11 +1,13 @@
 """Charts beside the reports: a run's result (its loss, base and tuned validation loss, learning rate),
-loss curves compared, the scaling sweep, the ladder, the training benchmark. matplotlib, headless:
+loss curves compared, the scaling sweep, the ladder, the training benchmark, the benchmark step's scores.
+matplotlib, headless:
 figures are built on the Agg canvas (no pyplot, no display) and written as PNG atomically. Each
 ``*_figure`` function returns the Figure, so a caller (or a test) can read back exactly what was
 drawn; ``save`` writes it.
 
     python -m llm_pipeline.charts scaling <sweep folder>     scaling.png from scaling.json
     python -m llm_pipeline.charts ladder <ladder folder>     report.png from report.json
+    python -m llm_pipeline.charts benchmark <run>/benchmark  benchmark.png from benchmark.json
 """
 
 from __future__ import annotations
@@ -196,6 +198,30 @@ def ladder_figure(report: dict) -> Figure:
     return figure
 
 
+def tasks_figure(rows: Sequence[dict]) -> Figure:
+    """The benchmark step's scores: base and tuned per task (benchmark.json's rows), each bar with its stderr."""
+    figure = bar_figure(
+        [f"{row['task']} ({row['shots']}-shot)" for row in rows],
+        [(model, [row[model] for row in rows]) for model in ("base", "tuned")],
+        unit="score (0 to 1)",
+        title="Benchmark: base vs tuned per task",
+    )
+    axis = figure.axes[0]
+    for bars, model in zip(list(axis.containers), ("base", "tuned"), strict=True):  # errorbar adds containers
+        errors = [row[f"{model}_stderr"] or 0.0 for row in rows]
+        middles = [bar.get_x() + bar.get_width() / 2 for bar in bars]
+        axis.errorbar(middles, [row[model] for row in rows], errors, fmt="none", ecolor="k")
+    axis.set_ylim(0, 1.05)
+    return figure
+
+
+def tasks_chart(folder: Path) -> Path:
+    from llm_pipeline.benchmark import CHART
+    from llm_pipeline.run_files import BENCHMARK_JSON
+
+    return save(tasks_figure(json.loads((folder / BENCHMARK_JSON).read_text())["tasks"]), folder / CHART)
+
+
 def scaling_chart(sweep_dir: Path) -> Path:
     return save(sweep_figure(json.loads((sweep_dir / SCALING_JSON).read_text())), sweep_dir / SCALING_PNG)
 
@@ -204,13 +230,21 @@ def ladder_chart(ladder_dir: Path) -> Path:
     return save(ladder_figure(json.loads((ladder_dir / LADDER_JSON).read_text())), ladder_dir / LADDER_PNG)
 
 
+CHARTS = {"scaling": scaling_chart, "ladder": ladder_chart, "benchmark": tasks_chart}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llm_pipeline.charts", description="Draw a report's chart.")
-    parser.add_argument("report", choices=("scaling", "ladder"), help="which report")
-    parser.add_argument("folder", type=Path, help="the sweep folder (scaling.json) or the ladder folder (report.json)")
+    parser.add_argument("report", choices=tuple(CHARTS), help="which report")
+    parser.add_argument(
+        "folder",
+        type=Path,
+        help="the sweep folder (scaling.json), the ladder folder (report.json) or a run's benchmark folder "
+        "(benchmark.json)",
+    )
     args = parser.parse_args(argv)
     try:
-        path = (scaling_chart if args.report == "scaling" else ladder_chart)(args.folder)
+        path = CHARTS[args.report](args.folder)
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: cannot chart the {args.report} report in {args.folder}: {exc!r}", file=sys.stderr)
         return 2

@@ -469,11 +469,10 @@ BENCHMARK_TASK_FORM = r"[A-Za-z0-9_.-]+:[0-9]+"
 class BenchmarkConfig:
     """The benchmark step: lm-evaluation-harness scores base and tuned model through a vLLM server it starts."""
 
-    enabled: bool = described(True, "run the benchmark step after merge (false: the chain ends without it)")
     tasks: tuple[str, ...] = described(
-        tuple(f"{name}:{shots}" for name, shots in BENCHMARK_TASKS.items()),
-        "lm-eval tasks as 'name:few-shot count'; a name is one of the default set or a task of benchmark.task_dir",
-        Rule(bool, "at least one task"),
+        (),
+        "lm-eval tasks as 'name:few-shot count'; a name is one of the default set or a task of benchmark.task_dir; "
+        "none: the chain has no benchmark step (opt in; docs/benchmark.md has the default set)",
         Rule(lambda item: re.fullmatch(BENCHMARK_TASK_FORM, item) is not None, "'name:few-shot count'", each=True),
         Rule(lambda items: len({i.split(":")[0] for i in items}) == len(items), "each task once"),
     )
@@ -493,6 +492,10 @@ class BenchmarkConfig:
         "the gate: the chain fails, naming the task, when a task's tuned score is below its base score by more "
         "than this (scores 0 to 1); 1 = no gate",
     )
+
+    def runs(self) -> bool:
+        """The chain has a benchmark step exactly when the run asks for tasks (submit.PIPELINE)."""
+        return bool(self.tasks)
 
     def task_shots(self) -> dict[str, int]:
         """{task: few-shot count}, in the configured order."""

@@ -429,6 +429,10 @@ _STEP_LOG = re.compile(r"(?P<step>.+)-(?P<job>\d+)\.log")
 SLURM_JOB_ID = "%j"  # sbatch --output fills it with the job id
 
 
+# -- <run>/benchmark/: the benchmark step's results (benchmark.py), read by `hpctl status` too ---------------------
+BENCHMARK_DIR, BENCHMARK_JSON = "benchmark", "benchmark.json"
+
+
 def server_log(model: str) -> str:
     """The vLLM server's log of one model (base or tuned) beside the benchmark's results (benchmark.py)."""
     return f"server-{model}.log"

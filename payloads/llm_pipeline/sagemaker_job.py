@@ -95,6 +95,8 @@ def step_command(step: str, run_config: Path, env: dict[str, str], hosts: sagema
     python = sys.executable
     if step == "precompile" and not neuron_devices():
         return "nothing to do on this host (no Neuron devices)"
+    if step == "benchmark":  # the training image holds no vLLM (docs/benchmark.md)
+        return "nothing to do in a training job: run the benchmark on the cluster (submit --from benchmark)"
     if step == "gather" and len(hosts.hosts) == 1:
         return "nothing to do (one host: its disk holds the whole checkpoint)"
     if submit.step_job(step).multi_node:  # torchrun on every host
@@ -178,7 +180,9 @@ def job_plan(
     """The steps in order, as the Slurm chain stages them (jobs/chain.py): with the smoke stage unless it
     is off or passed before (a checkpoint in the run folder: a restarted spot job)."""
     facts = RunFacts(config=run_config, output_dir=Path(cfg.paths.output_dir), nodes=len(hosts.hosts), run=cfg)
-    jobs = [submit.step_job(step) for step in STEPS[STEPS.index(first_step) :]]  # the job's steps: gather too
+    jobs = [  # the job's steps (gather too) that the run asks for
+        job for job in map(submit.step_job, STEPS[STEPS.index(first_step) :]) if job.wanted_by(cfg)
+    ]
     if smoke_stage and chain.smoke_stage_runs(jobs, True) and CHECKPOINT.folders(cfg.paths.checkpoints_dir):
         print(f"== smoke stage: passed before ({cfg.paths.checkpoints_dir} holds checkpoints); not run again")
         smoke_stage = False

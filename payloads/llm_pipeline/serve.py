@@ -41,18 +41,16 @@ def lora_rank(adapter_dir: Path) -> int:
     )
 
 
+def lora_arguments(adapter: Path) -> list[str]:
+    """vLLM's arguments serving ``adapter`` as TUNED_NAME beside the base model (one server for both)."""
+    return ["--enable-lora", "--lora-modules", f"{TUNED_NAME}={adapter}", "--max-lora-rank", str(lora_rank(adapter))]
+
+
 def what_to_serve(cfg: RunConfig) -> tuple[Path, str, list[str]]:
     """(model folder, the name it answers to, further server arguments): the adapter over the base, else merged."""
     adapter = Path(cfg.paths.adapter_dir)
     if (adapter / ADAPTER_CONFIG).is_file():
-        lora = [
-            "--enable-lora",
-            "--lora-modules",
-            f"{TUNED_NAME}={adapter}",
-            "--max-lora-rank",
-            str(lora_rank(adapter)),
-        ]
-        return Path(cfg.paths.model_dir), BASE_NAME, lora
+        return Path(cfg.paths.model_dir), BASE_NAME, lora_arguments(adapter)
     merged = Path(cfg.paths.merged_dir)
     if (merged / model_files.CONFIG_NAME).is_file():
         return merged, TUNED_NAME, []

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from llm_pipeline import __version__, ladder_submit, run_state
+from llm_pipeline.config import RunConfig
 from llm_pipeline.jobs import accounts, capacity_chain, deploy_facts, estimate, pipeline_status, smoke
 from llm_pipeline.jobs.chain import (
     PAYLOADS_DIR,
@@ -62,6 +63,13 @@ PIPELINE = (
     ChainJob(step="merge", script="merge.sbatch", leader_only=True, outputs=("merged",), job_args=("--overwrite",)),
     ChainJob(step="generate", script="generate.sbatch", leader_only=True, outputs=("generation.txt",)),
     ChainJob(step="evaluate", script="evaluate.sbatch", leader_only=True, outputs=("eval",)),
+    ChainJob(
+        step="benchmark",
+        script="benchmark.sbatch",
+        leader_only=True,
+        outputs=("benchmark",),
+        wanted=lambda run: run.benchmark.runs(),
+    ),
 )
 PIPELINE_STEPS = {job.step: job for job in PIPELINE}
 STEPS = tuple(job.step for job in PIPELINE if not job.job_only)  # a Slurm chain's
@@ -82,8 +90,12 @@ def step_job(step: str) -> ChainJob:
     return PIPELINE_STEPS[step]
 
 
-def pipeline_jobs(first: str) -> list[ChainJob]:
-    return [step_job(step) for step in steps_from(first)]
+def pipeline_jobs(first: str, run: RunConfig | None = None) -> list[ChainJob]:
+    """The chain's jobs from ``first``: the steps ``run`` asks for (ChainJob.wanted)."""
+    jobs = [job for job in map(step_job, steps_from(first)) if job.wanted_by(run)]
+    if not jobs:
+        raise SubmitError(f"--from {first}: the run config asks for none of {', '.join(steps_from(first))}")
+    return jobs
 
 
 def earlier_outputs(facts: RunFacts, first: str) -> list[Path]:
@@ -152,7 +164,8 @@ def submit(
             if job.step in STEPS and STEPS.index(job.step) < STEPS.index(first)  # (a ladder's steps are not)
         ]
         claim_id = capacity_chain.claim_for_chain(facts, env)  # a group that scales with runs: its nodes first
-        jobs = [capacity_chain.wait_job(facts), *pipeline_jobs(first)] if claim_id else pipeline_jobs(first)
+        wanted = pipeline_jobs(first, facts.run)
+        jobs = [capacity_chain.wait_job(facts), *wanted] if claim_id else wanted
         try:
             submitted = submit_chain(facts, jobs, env, kept=kept, smoke_stage=smoke_stage)
         except BaseException:
@@ -287,7 +300,7 @@ def _main(args: argparse.Namespace) -> int:
         else:
             for path in check_earlier_outputs(facts, args.first, replace=args.replace_outputs):
                 print(f"# first: move {path} aside into {facts.output_dir / REPLACED_FOLDER}/<time>/")
-            dry_run(facts, pipeline_jobs(args.first), env, smoke_stage=args.smoke)
+            dry_run(facts, pipeline_jobs(args.first, facts.run), env, smoke_stage=args.smoke)
         print(f"# {accounts.describe(env)}", file=sys.stderr)  # stdout stays the script
         return 0
     require_sbatch()

@@ -3,8 +3,10 @@ settings and limits of the rehearsal, and the wait until it answers."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
+import math
 import os
 import socket
 import subprocess
@@ -124,11 +126,84 @@ def started(command: list[str], *, url: str, what: str, log: Path) -> Iterator[s
 
 
 @contextlib.contextmanager
-def vllm_server(model_dir: Path, cfg: RunConfig, log: Path) -> Iterator[str]:
+def vllm_server(model_dir: Path, cfg: RunConfig, log: Path, extra: Sequence[str] = ()) -> Iterator[str]:
     """A vLLM server for ``model_dir`` on a free local port while the block runs; yields its /v1 address."""
     if on_cpu():
         check_cpu_head_size(model_dir)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with started(server_command(model_dir, port, cfg), url=url, what=str(model_dir), log=log):
+    with started(server_command(model_dir, port, cfg, extra=extra), url=url, what=str(model_dir), log=log):
         yield f"{url}/v1"
+
+
+# Serving figures (the benchmark step's, bench/serve_bench's): SERVING_REQUESTS streamed completions of
+# SERVING_TOKENS tokens each (the server told to ignore end-of-sequence, so every answer is as long), at most
+# `concurrency` at once. Their names, in benchmark.json and the reports:
+SERVING_REQUESTS, SERVING_TOKENS = 16, 64
+SERVING_PROMPT = "### Instruction\nDescribe a llama?\n\n### Answer\n"
+SERVING_FIGURES = {
+    "output_tokens_per_s": "output tokens/s",
+    "ttft_p50_s": "time to first token p50 (s)",
+    "ttft_p95_s": "time to first token p95 (s)",
+}
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """The nearest-rank percentile: the smallest value with at least ``fraction`` of the values at or below it."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def streamed_request(url: str, model: str, tokens: int) -> tuple[float, int]:
+    """(seconds to the first token, output tokens) of one streamed completion from the server at ``url`` (/v1)."""
+    body = {
+        "model": model,
+        "prompt": SERVING_PROMPT,
+        "max_tokens": tokens,
+        "temperature": 0,
+        "ignore_eos": True,  # vLLM's: every answer SERVING_TOKENS long
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    request = urllib.request.Request(
+        f"{url}/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    start, first, produced = time.perf_counter(), None, 0
+    with urllib.request.urlopen(request, timeout=SERVER_START_S) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            if first is None and any(choice.get("text") for choice in chunk.get("choices", ())):
+                first = time.perf_counter() - start
+            if chunk.get("usage"):
+                produced = chunk["usage"]["completion_tokens"]
+    if first is None or not produced:
+        raise StepError(f"the vLLM server at {url} streamed no tokens for {model}")
+    return first, produced
+
+
+def serving_figures(url: str, model: str, concurrency: int) -> dict[str, float]:
+    """SERVING_FIGURES of the server at ``url`` (/v1) answering as ``model``, and how they were measured."""
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        start = time.perf_counter()
+        done = list(pool.map(lambda _: streamed_request(url, model, SERVING_TOKENS), range(SERVING_REQUESTS)))
+        wall = time.perf_counter() - start
+    firsts = [first for first, _ in done]
+    return {
+        "output_tokens_per_s": sum(tokens for _, tokens in done) / wall,
+        "ttft_p50_s": percentile(firsts, 0.50),
+        "ttft_p95_s": percentile(firsts, 0.95),
+        "requests": SERVING_REQUESTS,
+        "tokens_per_request": SERVING_TOKENS,
+        "concurrency": concurrency,
+    }
+
+
+def accelerator_label() -> str:
+    """What served: the partition's accelerator (and partition), or this host's CPU (the rehearsal)."""
+    if on_cpu():
+        return f"cpu ({os.cpu_count()} cores, no accelerator)"
+    partition = os.environ.get("HPL_PARTITION", "")
+    return os.environ["HPL_ACCELERATOR"] + (f" (partition {partition})" if partition else "")

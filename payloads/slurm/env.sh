@@ -89,6 +89,16 @@ hpl_srun() {
 }
 
 # One process on the first node: python -m <module> --config <run config> [args].
+# The vLLM site's Python (the benchmark step's, and the download step's for the benchmark datasets): on a host,
+# HPL_VLLM_PYTHON, else the one beside the step's Python (make venv: .venv/vllm-cpu); in a container, the image's.
+hpl_vllm_python() {
+  if [[ "$HPL_RUNTIME" == host ]]; then
+    echo "${HPL_VLLM_PYTHON:-$("$HPL_PYTHON" -c 'import sys; print(sys.prefix)')/vllm-cpu/bin/python}"
+  else
+    echo "$HPL_PYTHON"
+  fi
+}
+
 hpl_step_python() {
   local module="$1"
   shift

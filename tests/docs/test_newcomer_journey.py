@@ -211,6 +211,11 @@ def test_a_newcomer_s_first_hour(newcomer):
 
     first = user.run("make rehearse", checkout, expect=0)
     assert "rehearsal passed in" in first
+    # The default config benchmarks base vs tuned on the tiny task through vLLM (the reused venv holds the vLLM
+    # site): the report's tables and the chart beside the loss chart.
+    benchmark = checkout / ".rehearsal" / "fsx" / "outputs" / "tiny-lora" / "benchmark"
+    assert "| tiny_words | acc,none | 0 |" in first and "| output tokens/s |" in first, first
+    assert f"chart: {benchmark / 'benchmark.png'}" in first and (benchmark / "benchmark.png").stat().st_size > 0
 
     # No AWS credentials on a newcomer's machine: doctor runs and fails those checks, exit 1, each in one line.
     doctor = user.run(".venv/bin/hpctl doctor", checkout, expect=1)

@@ -15,7 +15,7 @@ from price_list_stub import stubbed_pricing as stub_price_list
 from hpctl.common import run_progress
 from hpctl.common.pricing import hourly_price
 from hpctl.observe import commands
-from llm_pipeline.run_files import STATE_DIR, StepMarker
+from llm_pipeline.run_files import BENCHMARK_DIR, BENCHMARK_JSON, STATE_DIR, StepMarker
 from tools import torchtitan_standin
 
 RUN_DIR = "/fsx/outputs/tiny-lora"
@@ -127,3 +127,28 @@ def test_status_shows_a_diverged_run_as_diverged(deployed, hpctl, capsys, tmp_pa
 
     code, out, err = hpctl("status", "--json")
     assert code == 0 and '"loss": NaN' in out and '"step": 3' in out
+
+
+def test_status_shows_the_benchmark_per_task_with_stderr_and_delta(deployed, hpctl, capsys, tmp_path):
+    """Once the benchmark step wrote <run>/benchmark/benchmark.json: a row per task (a stderr lm-eval did not
+    report shows as -)."""
+    s3 = boto3.client("s3", region_name=REGION)
+    write_run(s3, trainer_lines(capsys, tmp_path, step=3, total=10), estimate=None)
+    code, out, _ = hpctl("status")
+    assert code == 0 and "benchmark" not in out
+    rows = [
+        {"task": "gsm8k", "metric": "exact_match,strict-match", "shots": 5, "base": 0.5, "base_stderr": 0.0138,
+         "tuned": 0.55, "tuned_stderr": 0.0137, "delta": 0.05},
+        {"task": "ifeval", "metric": "prompt_level_strict_acc,none", "shots": 0, "base": 0.7, "base_stderr": None,
+         "tuned": 0.65, "tuned_stderr": None, "delta": -0.05},
+    ]  # fmt: skip
+    put(s3, f"{BENCHMARK_DIR}/{BENCHMARK_JSON}", json.dumps({"tasks": rows, "serving": {}}))
+    code, out, err = hpctl("status")
+    assert (code, err) == (0, "")
+    lines = out.split("  benchmark (<run>/benchmark/): task, metric, base ± stderr, tuned ± stderr, delta\n")[1]
+    assert [line.split() for line in lines.splitlines()[:2]] == [
+        ["gsm8k", "exact_match,strict-match", "0.5000", "±", "0.0138", "0.5500", "±", "0.0137", "+0.0500"],
+        ["ifeval", "prompt_level_strict_acc,none", "0.7000", "±", "-", "0.6500", "±", "-", "-0.0500"],
+    ]
+    code, out, _ = hpctl("status", "--json")
+    assert code == 0 and json.loads(out)["run"]["benchmark"] == rows

@@ -14,9 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from chart_checks import read_png
 
-from llm_pipeline import benchmark, vllm_server
+from llm_pipeline import benchmark, charts, vllm_server
 from llm_pipeline.config import BENCHMARK_TASKS, ConfigError, load
+from llm_pipeline.run_files import BENCHMARK_JSON
 from tools import tiny_model as tiny
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,7 +92,7 @@ print("RESULT " + json.dumps(out["results"][{tiny.TINY_TASK!r}]))
 
 def test_step_scores_equal_lm_eval_direct_and_the_gate_names_the_dropped_task(tmp_path):
     # vLLM's CPU attention serves head sizes from 32 (vllm_server.CPU_HEAD_SIZES): the tiny Llama with 2 heads of 32
-    base = tiny.write_tiny_model(tmp_path / "tiny-llama", heads=2, kv_heads=1)
+    base = tiny.write_tiny_model(tmp_path / "tiny-llama", **tiny.SERVABLE_SHAPE)
     tasks = tiny.write_tiny_task(tmp_path / "tasks")
     rows = [json.loads(line) for line in (tasks / f"{tiny.TINY_TASK}.jsonl").read_text().splitlines()]
     picks = base_choices(base, tasks)
@@ -143,7 +145,7 @@ def test_every_default_task_has_its_primary_metric():
 def test_a_head_size_the_cpu_backend_lacks_is_refused_before_the_server_starts(tmp_path, tiny_models_dir):
     with pytest.raises(vllm_server.StepError, match=r"head size 16 .* serves \(32, 64"):
         vllm_server.check_cpu_head_size(tiny_models_dir / "tiny-llama")
-    vllm_server.check_cpu_head_size(tiny.write_tiny_model(tmp_path / "m", heads=2, kv_heads=1))
+    vllm_server.check_cpu_head_size(tiny.write_tiny_model(tmp_path / "m", **tiny.SERVABLE_SHAPE))
 
 
 def test_gate_passes_within_max_drop_and_names_the_first_task_beyond():
@@ -152,3 +154,56 @@ def test_gate_passes_within_max_drop_and_names_the_first_task_beyond():
     rows.append({"task": "b", "metric": "acc,none", "base": 0.5, "tuned": 0.3, "delta": -0.2})
     with pytest.raises(benchmark.StepError, match=r"^benchmark.max_drop: b dropped 0.2000"):
         benchmark.gate(rows, 0.1)
+
+
+def test_the_download_step_caches_the_task_datasets_the_benchmark_step_reads_offline(tmp_path):
+    """`benchmark --cache-datasets` (download.sbatch's, in the vLLM site) prepares every dataset lm-eval loads for
+    benchmark.tasks into <HPL_DATASETS_DIR>/benchmark-datasets; building the tasks again offline (HF_HUB_OFFLINE and
+    HF_DATASETS_OFFLINE, as benchmark.sbatch runs) reads that cache and adds nothing to it. The Hub is out of reach
+    here: the tiny task's data is a JSON-lines file, which `datasets` prepares through the same download-and-prepare
+    path and cache as a Hub dataset."""
+    tiny.write_tiny_task(tmp_path / "tasks")
+    config = tmp_path / "run.toml"
+    config.write_text(f'[benchmark]\ntasks = ["{tiny.TINY_TASK}:0"]\ntask_dir = "tasks"\n')
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'payloads'}", "HPL_DATASETS_DIR": str(tmp_path / "datasets")}
+    env.pop("HF_DATASETS_CACHE", None)
+    fill = subprocess.run(
+        [site_python(), "-m", "llm_pipeline.benchmark", "--config", str(config), "--cache-datasets"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert fill.returncode == 0, fill.stderr[-3000:]
+    cache = tmp_path / "datasets" / benchmark.DATASETS_CACHE
+    assert f"cached in {cache}" in fill.stdout
+    filled = sorted(p.relative_to(cache) for p in cache.rglob("*.arrow"))
+    assert filled, f"no prepared dataset in {cache}"
+    offline = {**env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    code = (
+        "import sys; from llm_pipeline import benchmark, config; cfg = config.load(sys.argv[1]); "
+        "benchmark.use_datasets_cache(); from lm_eval.tasks import TaskManager, get_task_dict; import os; "
+        "os.chdir(cfg.benchmark.task_dir); "
+        "tasks = get_task_dict(list(cfg.benchmark.task_shots()), TaskManager(include_path=cfg.benchmark.task_dir)); "
+        f"print('ROWS', len(tasks[{tiny.TINY_TASK!r}].test_docs()))"
+    )
+    read = subprocess.run([site_python(), "-c", code, str(config)], capture_output=True, text=True, env=offline)
+    assert read.returncode == 0, read.stderr[-3000:]
+    assert "ROWS 24" in read.stdout
+    assert sorted(p.relative_to(cache) for p in cache.rglob("*.arrow")) == filled  # read, not prepared again
+
+
+def test_the_chart_draws_base_and_tuned_per_task_with_their_stderr(tmp_path):
+    """`python -m llm_pipeline.charts benchmark <run>/benchmark` (benchmark.sbatch, after the step): a bar per model
+    and task at its score, an error bar of its stderr (of length 0 where lm-eval reported none)."""
+    rows = [
+        {"task": "gsm8k", "shots": 5, "base": 0.5, "base_stderr": 0.02, "tuned": 0.6, "tuned_stderr": 0.03},
+        {"task": "ifeval", "shots": 0, "base": 0.7, "base_stderr": None, "tuned": 0.4, "tuned_stderr": None},
+    ]
+    (tmp_path / BENCHMARK_JSON).write_text(json.dumps({"tasks": rows, "serving": {}}))
+    assert charts.main(["benchmark", str(tmp_path)]) == 0
+    read_png(tmp_path / benchmark.CHART)
+    axis = charts.tasks_figure(rows).axes[0]
+    bars = {label: [bar.get_height() for bar in container] for container, label in zip(
+        axis.containers[:2], ("base", "tuned"), strict=True)}  # fmt: skip
+    assert bars == {"base": [0.5, 0.7], "tuned": [0.6, 0.4]}
+    errors = [list(collection.get_segments()) for collection in axis.collections]
+    assert [[round(seg[1][1] - seg[0][1], 6) for seg in found] for found in errors] == [[0.04, 0.0], [0.06, 0.0]]
+    assert [tick.get_text() for tick in axis.get_xticklabels()] == ["gsm8k (5-shot)", "ifeval (0-shot)"]

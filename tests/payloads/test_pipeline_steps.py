@@ -6,7 +6,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from llm_pipeline import sagemaker_job, submit
+import pytest
+
+from llm_pipeline import config, sagemaker_job, submit
+from llm_pipeline.jobs.chain import SubmitError, staged_chain
+from llm_pipeline.jobs.run_facts import RunFacts
 from llm_pipeline.jobs.sagemaker_env import JobHosts
 
 ROOT = Path(__file__).parents[2]
@@ -35,9 +39,9 @@ def test_pipeline_is_the_only_list_of_steps():
 def test_the_chain_and_the_training_job_read_the_same_records():
     assert tuple(job.step for job in submit.PIPELINE if job.step != "gather") == submit.STEPS
     assert tuple(job.step for job in submit.PIPELINE) == sagemaker_job.STEPS
-    assert sagemaker_job.LEADER_ONLY_STEPS == ("consolidate", "merge", "generate", "evaluate")
+    assert sagemaker_job.LEADER_ONLY_STEPS == ("consolidate", "merge", "generate", "evaluate", "benchmark")
     assert tuple(job.step for job in submit.PIPELINE if job.multi_node) == sagemaker_job.COMPILING_STEPS
-    assert submit.TRAINED_OUTPUTS == ("adapter", "merged", "generation.txt", "eval")
+    assert submit.TRAINED_OUTPUTS == ("adapter", "merged", "generation.txt", "eval", "benchmark")
     for job in submit.PIPELINE:
         assert job.job_only or (ROOT / "payloads" / "slurm" / job.script).is_file()
 
@@ -57,3 +61,24 @@ def test_a_training_job_runs_each_step_with_its_records_arguments(tmp_path):
     assert commands["consolidate"][-4:] == ["llm_pipeline.consolidate", "--config", str(config), "--overwrite"]
     assert commands["merge"][-4:] == ["llm_pipeline.merge", "--config", str(config), "--overwrite"]
     assert commands["evaluate"][-3:] == ["llm_pipeline.evaluate", "--config", str(config)]
+
+
+def test_the_benchmark_step_is_in_the_chain_of_a_run_that_asks_for_tasks(tmp_path):
+    """benchmark.tasks decides (BenchmarkConfig.runs): a run without tasks pays nothing for the step, in the Slurm
+    chain and in a training job; the step gets no smoke copy, and the estimate says why it has no figure."""
+    plain = tmp_path / "plain.toml"
+    plain.write_text("")
+    asked = tmp_path / "asked.toml"
+    asked.write_text('[benchmark]\ntasks = ["arc_challenge:25"]\n')
+    without, with_tasks = (config.load(path) for path in (plain, asked))
+    assert [job.step for job in submit.pipeline_jobs("evaluate", without)] == ["evaluate"]
+    assert [job.step for job in submit.pipeline_jobs("evaluate", with_tasks)] == ["evaluate", "benchmark"]
+    with pytest.raises(SubmitError, match="--from benchmark: the run config asks for none of benchmark"):
+        submit.pipeline_jobs("benchmark", without)
+    hosts = JobHosts(hosts=("algo-1",), current="algo-1")
+    planned = sagemaker_job.job_plan(plain, without, "merge", hosts, smoke_stage=False)
+    assert [job.step for job, _ in planned] == ["merge", "generate", "evaluate"]
+    assert "nothing to do" in sagemaker_job.step_command("benchmark", asked, {}, hosts)
+    facts = RunFacts(config=asked, output_dir=tmp_path / "run", nodes=1, run=with_tasks)
+    staged = [job.step for job, _ in staged_chain(facts, submit.pipeline_jobs("train", with_tasks), smoke_stage=True)]
+    assert "benchmark" in staged and "smoke-benchmark" not in staged and "smoke-evaluate" in staged

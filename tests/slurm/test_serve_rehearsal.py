@@ -60,7 +60,7 @@ def squeue(env: dict[str, str], job: str) -> str:
 def test_the_serve_job_answers_with_the_adapter_then_stop_leaves_nothing_running(one_node, tmp_path):
     if not VLLM_PYTHON.is_file():
         pytest.fail(f"{VLLM_PYTHON} is missing: run `make venv` (the vLLM site)", pytrace=False)
-    base = tiny.write_tiny_model(tmp_path / "tiny-llama", heads=2, kv_heads=1)
+    base = tiny.write_tiny_model(tmp_path / "tiny-llama", **tiny.SERVABLE_SHAPE)
     run_dir = tmp_path / "outputs" / "serve-run"
     write_adapter(base, run_dir / "adapter")
     config = tmp_path / "run.toml"

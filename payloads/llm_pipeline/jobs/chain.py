@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from llm_pipeline.config import FP8_RUNGS
+from llm_pipeline.config import FP8_RUNGS, RunConfig
 from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs import accounts, capacity, deploy_facts, partitions, pipeline_status, run_lock, smoke
 from llm_pipeline.jobs.pipeline_status import StepJob
@@ -60,6 +60,11 @@ class ChainJob:
     # Its module's arguments in a training job (sagemaker_job), after --config: the job owns its run folder, so a
     # restarted job rewrites what an earlier attempt left half done (--overwrite).
     job_args: tuple[str, ...] = ()
+    # A step only some runs ask for: in their chain when this says so of the run config (None: every run's).
+    wanted: Callable[[RunConfig], bool] | None = None
+
+    def wanted_by(self, run: RunConfig | None) -> bool:
+        return self.wanted is None or run is None or self.wanted(run)
 
 
 # Between the smoke stage and the long jobs.
@@ -156,7 +161,7 @@ def with_smoke_stage(
     then resumed on the whole one), the estimate (on ``estimate_facts``), then the long jobs (jobs/smoke.py)."""
     copies: list[tuple[ChainJob, RunFacts]] = []
     long = [(job, facts) for job, facts in planned if not job.shared]
-    for job, facts in long:
+    for job, facts in (item for item in long if smoke.copied(item[0].step)):
         save, whole = smoke_runs(facts)
         copy = dataclasses.replace(job, step=smoke.PREFIX + job.step)
         if job.resumes:

@@ -142,6 +142,8 @@ def is_training(step: str) -> bool:
 
 def estimate_job(job: pipeline_status.StepJob, copies: list[pipeline_status.StepJob], cfg: RunConfig, run_dir: Path):
     """(StepEstimate, seconds per step or None) of one long job from its smoke copies' logs."""
+    if not copies and not smoke.copied(job.step):
+        return StepEstimate(job.step, job.nodes, 0.0, smoke.NOT_COPIED[job.step]), None
     if not copies:
         raise EstimateError(f"no smoke copy of {job.step} in {pipeline_status.record_path(run_dir / 'logs')}")
     logs = [read_smoke_log(Path(copy.log), copy.step) for copy in copies]

@@ -45,6 +45,10 @@ TORCHTITAN_SMOKE = ("metrics.log_freq = 1", f"checkpoint.interval = {SAVE_STEP}"
 CONFIGS = ("save.toml", "run.toml")  # the saving smoke run's config, the whole smoke run's
 SMOKE_NEW_TOKENS = 8  # generate: enough to prove the path
 SMOKE_EVAL_ROWS = 8  # evaluate: held-out rows scored per model, and one answer
+# Long jobs the smoke stage does not copy, each with why (the estimate prints it). The benchmark: its duration is its
+# tasks', not a training's, a copy would start its vLLM servers twice, and it fails after merge with the tuned model
+# kept (`submit --from benchmark` runs it again).
+NOT_COPIED = {"benchmark": "not estimated: no smoke copy (its time is its tasks' and vLLM's start)"}
 NO_SMOKE_RISK = (
     "--no-smoke: the long steps start without a smoke run. A defect in a late step (resume, consolidation, "
     "merge, export) then shows only after the long training was paid for, and no time or cost estimate is made"
@@ -86,6 +90,11 @@ def write_smoke_run(facts: RunFacts) -> None:
     (folder / "data").symlink_to(facts.output_dir / "data", target_is_directory=True)
     for name, stop in zip(CONFIGS, (SAVE_STEP, 0), strict=True):
         write_derived(facts.config, folder / name, smoke_overrides(facts.run, stop), run_dir=folder)
+
+
+def copied(step: str) -> bool:
+    """Whether the smoke stage runs a copy of the long job ``step`` (NOT_COPIED)."""
+    return step not in NOT_COPIED
 
 
 def is_smoke(step: str) -> bool:
