@@ -69,7 +69,7 @@ def token_ids(dataset, tokenizer) -> tuple[list[list[int]], list[int]]:
         ]
         return ids, prompt_lengths
     if PROMPT_COLUMN in dataset.column_names:  # GRPO's prompt records: the prompt is what data.max_length holds
-        ids = tokenizer(dataset[PROMPT_COLUMN])["input_ids"]
+        ids = tokenizer(list(dataset[PROMPT_COLUMN]))["input_ids"]
         return ids, [len(x) for x in ids]
     texts = [format_example(record) + tokenizer.eos_token for record in dataset]
     prompts = [format_prompt(record["instruction"], record["context"]) for record in dataset]
