@@ -678,15 +678,20 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def learned(self) -> dict[str, dict[str, Any]]:
-        """{section: {key: value}} of every key that changes what the run learns (learning_keys)."""
+        """{section: {key: value}} of every key that changes what the run learns (learning_keys, and the keys of
+        the objective's own section)."""
+        own = OBJECTIVE_SECTIONS.get(self.train.objective)
         return {
             section: {key: getattr(getattr(self, section), key) for key in keys}
             for section, keys in learning_keys().items()
+            if section in LEARNING_SECTIONS or section == own
         }
 
 
 # The sections whose keys may change what a run learns; each field says whether it does (``learns``).
-LEARNING_SECTIONS = ("model", "data", "lora", "train", "grpo")
+LEARNING_SECTIONS = ("model", "data", "lora", "train")
+# An objective's own section (train.objective: section): its learning keys count for the runs of that objective only.
+OBJECTIVE_SECTIONS = {"grpo": "grpo"}
 
 
 def learning_keys() -> dict[str, dict[str, Any]]:
@@ -700,7 +705,7 @@ def learning_keys() -> dict[str, dict[str, Any]]:
             for item in dataclasses.fields(sections[name]())
             if item.metadata.get("learns", True)
         }
-        for name in LEARNING_SECTIONS
+        for name in (*LEARNING_SECTIONS, *OBJECTIVE_SECTIONS.values())
     }
 
 
