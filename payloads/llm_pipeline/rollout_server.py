@@ -15,14 +15,7 @@ from pathlib import Path
 
 from llm_pipeline import cli, config
 from llm_pipeline.config import RunConfig
-from llm_pipeline.serve import rank_slot, serve_until_stopped
-
-ROLLOUT_DIR = "rollout"  # in the run folder: the server's address and log, the synced adapter
-ADAPTER_NAME = "policy"  # the name the server knows the synced adapter by
-
-
-def rollout_dir(cfg: RunConfig) -> Path:
-    return Path(cfg.paths.output_dir) / ROLLOUT_DIR
+from llm_pipeline.training.rollouts import rollout_dir
 
 
 def placement(cfg: RunConfig) -> str:
@@ -31,6 +24,8 @@ def placement(cfg: RunConfig) -> str:
 
 
 def serve_rollouts(cfg: RunConfig) -> None:
+    from llm_pipeline.serve import rank_slot, serve_until_stopped  # the vLLM site's side only (not --placement)
+
     os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter, which the trainer calls
     extra = ["--enable-lora", "--max-loras", "1", "--max-lora-rank", str(rank_slot(cfg.lora.r, "lora.r"))]
     serve_until_stopped(

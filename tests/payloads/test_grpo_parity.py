@@ -192,3 +192,14 @@ def test_grpo_joins_are_refused_at_load(tmp_path, hpl_env):
         tiny_config(hpl_env, train={"objective": "grpo"}, data={"packing": False}, grpo={"num_generations": 3})
     with pytest.raises(ConfigError, match=r"train.objective: 'grpo' cannot run on the neuron backend"):
         tiny_config(hpl_env, train={"objective": "grpo", "backend": "neuron"}, data={"packing": False})
+
+
+def test_the_trainer_reads_the_address_where_the_rollout_server_writes_it(tmp_path):
+    from llm_pipeline.jobs import serve_job
+    from llm_pipeline.training import rollouts
+
+    assert rollouts.ENDPOINT_FILE == serve_job.ENDPOINT_FILE  # serve.serve_until_stopped writes it by that name
+    (tmp_path / rollouts.ENDPOINT_FILE).write_text("10.0.0.7:8123\n")
+    assert rollouts.wait_for_endpoint(tmp_path, 1) == "http://10.0.0.7:8123"
+    with pytest.raises(StepError, match=r"no rollout server wrote .*endpoint in 0 s"):
+        rollouts.wait_for_endpoint(tmp_path / "none", 0)

@@ -170,6 +170,14 @@ def export_adapter(trainer, folder: Path) -> None:
         model.save_pretrained(str(folder), state_dict=trainable)
 
 
+def save_adapter(trainer, folder: Path) -> None:
+    """The adapter as a plain peft folder: gathered from every rank under FSDP2 (rank 0 writes), else saved."""
+    if trainer.is_fsdp_enabled:
+        export_adapter(trainer, folder)
+    elif trainer.args.should_save:
+        trainer.model.save_pretrained(str(folder))
+
+
 def check_lever_packages(cfg: RunConfig, *, kind: str | None = None) -> None:
     """Stop before any work when the device (``kind``: torch's accelerator) cannot run a chosen lever
     (device.refused_levers: the native Neuron device's, CUDA-only kernels elsewhere) or the lever's package
@@ -252,7 +260,8 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, *, rollo
         "optim": cfg.train.optimizer,
     }
     if cfg.train.objective == "grpo":
-        args, inputs = grpo.trainer_parts(cfg, plan, datasets, rollout_func, parallel_arguments, device_arguments)
+        parts = (parallel_arguments, device_arguments, levers)
+        args, inputs = grpo.trainer_parts(cfg, plan, datasets, rollout_func, *parts, export=save_adapter)
     else:
         args = SFTConfig(
             **sft_arguments(cfg, plan),
