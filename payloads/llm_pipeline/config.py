@@ -38,6 +38,7 @@ Retention = Literal["all", "last", "none"]
 QloraMergeBase = Literal["dequantized", "bf16"]  # merge.qlora_base: what a qlora adapter is added to
 # train.health_node_action: what the health gate (jobs/health.py) does to a node whose check failed.
 HealthNodeAction = Literal["drain", "reboot", "replace"]
+RolloutPlacement = Literal["auto", "colocated", "node"]  # grpo.rollout: where the vLLM rollout server runs
 BACKENDS, DTYPES, METHODS = get_args(Backend), get_args(Dtype), get_args(Method)
 OBJECTIVES = get_args(Objective)
 STRATEGIES, ATTENTIONS, OPTIMIZERS = get_args(Strategy), get_args(Attention), get_args(Optimizer)
@@ -366,7 +367,7 @@ class TrainConfig:
         "optimization on prompt/chosen/rejected records), grpo (group relative policy optimization with rewards "
         "on completions sampled from a vLLM server); dpo and grpo on the torch backend; train.method still says "
         "what is trained",
-        Rule(lambda value: value == "sft", "sft for now (dpo and grpo are being built)"),
+        Rule(lambda value: value != "dpo", "sft or grpo for now (dpo is being built)"),
     )
     optimizer: Optimizer = described(
         "adamw_torch",
@@ -502,6 +503,87 @@ class BenchmarkConfig:
         return {name: int(shots) for name, shots in (item.rsplit(":", 1) for item in self.tasks)}
 
 
+# grpo.rewards' built-in reward functions (training/rewards.py defines them); any other item is a user's
+# "file.py:function".
+GRPO_REWARDS = ("exact_match", "format", "math_answer")
+ANSWER_REWARDS = {"exact_match", "math_answer"}  # the built-ins that read the records' answer column
+USER_REWARD_FORM = r"[^:]+\.py:[A-Za-z_][A-Za-z0-9_]*"
+
+
+def _reward_ok(item: str) -> bool:
+    return item in GRPO_REWARDS or re.fullmatch(USER_REWARD_FORM, item) is not None
+
+
+@dataclass(frozen=True)
+class GrpoConfig:
+    """train.objective = "grpo": trl's GRPOTrainer on completions a vLLM server samples (docs/training.md, GRPO)."""
+
+    num_generations: int = ranged(
+        4, at_least(2), "completions sampled per prompt (the group whose rewards are compared); divides the batch"
+    )
+    max_completion_length: int = ranged(64, at_least(1), "most tokens per sampled completion")
+    temperature: float = ranged(1.0, POSITIVE, "sampling temperature of the rollouts")
+    beta: float = ranged(
+        0.0, at_least(0), "KL coefficient against the base model (0: no KL term; with LoRA the base is the adapter off)"
+    )
+    epsilon: float = ranged(0.2, POSITIVE, "clipping range of the policy ratio")
+    loss_type: str = described(
+        "dapo",
+        "trl's loss aggregation: dapo (tokens of the whole accumulated batch), grpo (per sequence), dr_grpo, bnpo",
+        Rule(lambda value: value in ("dapo", "grpo", "dr_grpo", "bnpo"), "dapo, grpo, dr_grpo, bnpo"),
+    )
+    scale_rewards: str = described(
+        "group",
+        "advantage scaling: group (by each group's reward std), batch, none",
+        Rule(lambda value: value in ("group", "batch", "none"), "group, batch, none"),
+    )
+    rewards: tuple[str, ...] = described(
+        ("exact_match",),
+        "reward functions, summed: exact_match (the completion, stripped, equals the record's answer), format "
+        "(grpo.format_pattern matches the completion), math_answer (the last number of the completion equals the "
+        "answer's), or 'file.py:function' (your function, in a file beside the run config uploaded with the data; "
+        "called as trl calls reward functions)",
+        Rule(bool, "at least one reward"),
+        Rule(_reward_ok, ", ".join(GRPO_REWARDS) + " or 'file.py:function'", each=True),
+        Rule(lambda items: len(set(items)) == len(items), "each reward once"),
+    )
+    format_pattern: str = described(
+        r"^\s*\d+\s*$",
+        "the format reward's regular expression (Python re.search on the completion): 1 when it matches, else 0",
+        Rule(lambda pattern: _compiles(pattern), "a valid regular expression"),
+    )
+    rollout: RolloutPlacement = described(
+        "auto",
+        "where the vLLM rollout server runs: node (the last node of the allocation serves, the others train), "
+        "colocated (beside the trainer on its first node), auto (node with 2 or more nodes, else colocated)",
+        learns=False,
+    )
+    sync_steps: int = ranged(
+        1,
+        at_least(1),
+        "optimizer steps between weight syncs: the policy's adapter reaches the rollout server every N steps "
+        "(1: on-policy, every step)",
+    )
+
+    def placement(self, nodes: int) -> str:
+        """colocated or node: where the rollout server runs for an allocation of ``nodes``."""
+        if self.rollout == "auto":
+            return "node" if nodes > 1 else "colocated"
+        return self.rollout
+
+    def user_rewards(self) -> list[tuple[str, str]]:
+        """[(file, function)] of the rewards that name a user's file."""
+        return [tuple(item.rsplit(":", 1)) for item in self.rewards if item not in GRPO_REWARDS]
+
+
+def _compiles(pattern: str) -> bool:
+    try:
+        re.compile(pattern)
+    except re.error:
+        return False
+    return True
+
+
 # SageMaker caps a training job's run time (and a spot job's wait) at 28 days.
 JOB_MAX_HOURS = 28 * 24
 
@@ -608,6 +690,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     merge: MergeConfig = field(default_factory=MergeConfig)
     benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
+    grpo: GrpoConfig = field(default_factory=GrpoConfig)
     torchtitan: TorchtitanConfig = field(default_factory=TorchtitanConfig)
     job: JobConfig = field(default_factory=JobConfig)
 
@@ -615,15 +698,20 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def learned(self) -> dict[str, dict[str, Any]]:
-        """{section: {key: value}} of every key that changes what the run learns (learning_keys)."""
+        """{section: {key: value}} of every key that changes what the run learns (learning_keys, and the keys of
+        the objective's own section)."""
+        own = OBJECTIVE_SECTIONS.get(self.train.objective)
         return {
             section: {key: getattr(getattr(self, section), key) for key in keys}
             for section, keys in learning_keys().items()
+            if section in LEARNING_SECTIONS or section == own
         }
 
 
 # The sections whose keys may change what a run learns; each field says whether it does (``learns``).
 LEARNING_SECTIONS = ("model", "data", "lora", "train")
+# An objective's own section (train.objective: section): its learning keys count for the runs of that objective only.
+OBJECTIVE_SECTIONS = {"grpo": "grpo"}
 
 
 def learning_keys() -> dict[str, dict[str, Any]]:
@@ -637,7 +725,7 @@ def learning_keys() -> dict[str, dict[str, Any]]:
             for item in dataclasses.fields(sections[name]())
             if item.metadata.get("learns", True)
         }
-        for name in LEARNING_SECTIONS
+        for name in (*LEARNING_SECTIONS, *OBJECTIVE_SECTIONS.values())
     }
 
 
@@ -780,6 +868,8 @@ def validate(cfg: RunConfig) -> None:
         )
         _require(Path(titan.dataset_dir).is_absolute(), "torchtitan.dataset_dir", titan.dataset_dir, "an absolute path")
     check_benchmark_tasks(cfg.benchmark)
+    if tr.objective == "grpo":
+        check_grpo(cfg)
     _require(
         job.max_wait_hours == 0 or job.max_runtime_hours <= job.max_wait_hours <= JOB_MAX_HOURS,
         "job.max_wait_hours",
@@ -813,6 +903,59 @@ def check_benchmark_tasks(bench: BenchmarkConfig) -> None:
             "benchmark.tasks",
             name,
             ", ".join(sorted(known)) + " (or a task of your benchmark.task_dir)" + did_you_mean(name, known),
+        )
+
+
+def check_grpo(cfg: RunConfig) -> None:
+    """What train.objective = "grpo" joins: a LoRA adapter (what reaches the rollout server), prompt records
+    (no blocks or packing), groups that fill the batch, a rollout node left over, the user's reward functions."""
+    grpo, train, par = cfg.grpo, cfg.train, cfg.parallel
+    _require(
+        train.method == "lora",
+        "train.method",
+        train.method,
+        "lora with train.objective grpo: the policy reaches the vLLM rollout server as a LoRA adapter it loads at "
+        "runtime; full weights cannot be synced to it here",
+    )
+    _require(not cfg.data.blocks, "data.blocks", True, "false with train.objective grpo (it samples from prompts)")
+    _require(not cfg.data.packing, "data.packing", True, "false with train.objective grpo (it samples from prompts)")
+    placement = grpo.placement(par.nodes)
+    _require(
+        placement == "colocated" or par.nodes > 1,
+        "grpo.rollout",
+        grpo.rollout,
+        "colocated or auto with parallel.nodes = 1 (node needs a node to train besides the rollout node)",
+    )
+    processes = par.devices_per_node * (par.nodes - 1 if placement == "node" else par.nodes)
+    batch = train.per_device_batch_size * processes * train.gradient_accumulation_steps
+    _require(
+        batch % grpo.num_generations == 0,
+        "grpo.num_generations",
+        grpo.num_generations,
+        f"a divisor of the {batch} completions per optimizer step (per_device_batch_size x {processes} training "
+        "process(es) x gradient_accumulation_steps)",
+    )
+    for path, function in grpo.user_rewards():
+        check_user_reward(path, function)
+
+
+def check_user_reward(path: str, function: str) -> None:
+    """A user's reward 'file.py:function': the file is there and defines the function at its top level. Read, not
+    run: the submitting side never executes the user's code (the train step imports it)."""
+    import ast
+
+    key = f"grpo.rewards: {path}:{function}"
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"{key}: no such file; put it beside the run config (it is uploaded with the data)")
+    try:
+        tree = ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
+    except (SyntaxError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{key}: the file is not valid Python ({exc})") from None
+    defined = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if function not in defined:
+        raise ConfigError(
+            f"{key}: the file defines no function {function} at its top level{did_you_mean(function, defined)}"
         )
 
 
@@ -897,6 +1040,19 @@ def from_dict(raw: dict[str, Any], base_dir: Path | None = None, env: dict[str, 
         if not folder.is_absolute() and base_dir is not None:
             folder = base_dir / folder
         parts["benchmark"] = dataclasses.replace(bench, task_dir=str(folder))
+    grpo = parts["grpo"]
+    if grpo.user_rewards():  # a reward file resolves like data.dataset: beside the config unless absolute
+        rewards = []
+        for item in grpo.rewards:
+            if item in GRPO_REWARDS:
+                rewards.append(item)
+                continue
+            path, function = item.rsplit(":", 1)
+            file = Path(expand(path, "grpo.rewards", env)).expanduser()
+            if not file.is_absolute() and base_dir is not None:
+                file = base_dir / file
+            rewards.append(f"{file}:{function}")
+        parts["grpo"] = dataclasses.replace(grpo, rewards=tuple(rewards))
     train = parts["train"]
     if "gradient_checkpointing" not in raw.get("train", {}) and train.method == "full":
         # every weight's gradient and optimizer state compete with activations for memory

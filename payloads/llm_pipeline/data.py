@@ -1,5 +1,6 @@
-"""Data step: dolly or chat-format (`messages`) records from a Hub dataset, a local JSON/JSONL/Parquet
-file or a folder -> validated, optionally split, saved in the run folder (paths.data_dir) with a padding report.
+"""Data step: dolly, chat-format (`messages`) or GRPO's prompt (`prompt`, `answer`) records from a Hub dataset, a
+local JSON/JSONL/Parquet file or a folder -> validated, optionally split, saved in the run folder
+(paths.data_dir) with a padding report.
 
 Every training process then reads the same prepared copy: the Hub is hit once, the split is fixed
 once, and a change of the [data] config, the seed, the tokenizer or a local dataset file is noticed
@@ -19,13 +20,30 @@ import sys
 from pathlib import Path
 
 from llm_pipeline import cli
-from llm_pipeline.config import DATASET_FILE_FORMATS, DataConfig, RunConfig, dataset_looks_like_a_path
+from llm_pipeline.config import (
+    ANSWER_REWARDS,
+    DATASET_FILE_FORMATS,
+    DataConfig,
+    GrpoConfig,
+    RunConfig,
+    dataset_looks_like_a_path,
+)
 from llm_pipeline.errors import StepError
-from llm_pipeline.prompt import CHAT_ROLES, COLUMNS, GENERATION_MARKER, MESSAGES_COLUMN, REQUIRED_COLUMNS, is_chat
+from llm_pipeline.prompt import (
+    CHAT_ROLES,
+    COLUMNS,
+    GENERATION_MARKER,
+    MESSAGES_COLUMN,
+    PROMPT_COLUMN,
+    REQUIRED_COLUMNS,
+    format_prompt,
+    is_chat,
+)
 from llm_pipeline.run_files import DATA_SOURCE_FILE, DATA_STATS_FILE, DataSource, DataStats
 from llm_pipeline.training import data_stats, text_blocks
 from llm_pipeline.training.backends import resolve_backend
 from llm_pipeline.training.plan import say
+from llm_pipeline.training.rewards import ANSWER_COLUMN
 from llm_pipeline.weights import model_files
 from llm_pipeline.weights.atomic_output import AtomicOutputDir
 
@@ -191,12 +209,55 @@ def validate_chat(dataset, data: DataConfig, tokenizer):
     return dataset.select_columns([MESSAGES_COLUMN])
 
 
-def validated_records(data: DataConfig, tokenizer):
-    """The loaded records, validated as chat-format or dolly records by their columns."""
+def validate_prompts(dataset, source: str, needs_answer: bool):
+    """GRPO's records: a text prompt each (dolly and alpaca records read as prompt = the formatted instruction and
+    context, answer = the response), and an answer where a built-in reward compares with it; other columns stay
+    (a user's reward function receives them). A bad record is refused by its row."""
+    if len(dataset) == 0:
+        raise StepError(f"data.dataset {source} is empty: there is nothing to train on")
+    dataset = map_columns(dataset, source)
+    names = dataset.column_names
+    if PROMPT_COLUMN not in names and "instruction" in names:
+        print(f"data.dataset {source}: dolly columns read as prompt (instruction, context) and answer (response)")
+        dataset = dataset.map(
+            lambda record: {
+                PROMPT_COLUMN: format_prompt(record["instruction"] or "", record.get("context") or ""),
+                ANSWER_COLUMN: record.get("response") or "",
+            },
+            remove_columns=[name for name in COLUMNS if name in names],
+            desc="prompt records",
+        )
+    required = [PROMPT_COLUMN, *([ANSWER_COLUMN] if needs_answer else [])]
+    missing = [name for name in required if name not in dataset.column_names]
+    if missing:
+        raise StepError(
+            f"data.dataset {source} lacks column(s) {', '.join(missing)} (has: {', '.join(dataset.column_names)}); "
+            f"grpo records need {PROMPT_COLUMN}, and {ANSWER_COLUMN} for the exact_match and math_answer rewards"
+        )
+    for name in required:
+        for row, value in enumerate(dataset[name]):
+            if not isinstance(value, str) or (name == PROMPT_COLUMN and not value.strip()):
+                what = "empty" if isinstance(value, str) or value is None else f"{type(value).__name__}, not text"
+                raise StepError(
+                    f"data.dataset {source}, record {row}: {name} is {what}: give every record a text {name}"
+                )
+    return dataset
+
+
+def validated_records(data: DataConfig, tokenizer, grpo: GrpoConfig | None = None):
+    """The loaded records, validated as chat-format or dolly records by their columns; with ``grpo`` (train.objective
+    grpo), as prompt records."""
     dataset = load_source(data)
+    if grpo is not None:
+        return validate_prompts(dataset, data.dataset, needs_answer=bool(set(grpo.rewards) & ANSWER_REWARDS))
     if is_chat(dataset.column_names):
         return validate_chat(dataset, data, tokenizer)
     return validate(dataset, data.dataset)
+
+
+def grpo_records(cfg: RunConfig) -> GrpoConfig | None:
+    """cfg.grpo where the run trains on prompt records (train.objective grpo), else None."""
+    return cfg.grpo if cfg.train.objective == "grpo" else None
 
 
 def split(dataset, data: DataConfig, seed: int):
@@ -276,8 +337,8 @@ def prepare(cfg: RunConfig, tokenizer=None) -> Path:
         prepared, report = prepare_blocks(cfg, tokenizer, backend)
         describe = text_blocks.describe_blocks
     else:
-        records = validated_records(cfg.data, tokenizer)
-        if not is_chat(records.column_names):
+        records = validated_records(cfg.data, tokenizer, grpo_records(cfg))
+        if not is_chat(records.column_names) and PROMPT_COLUMN not in records.column_names:
             data_stats.check_template_fits(tokenizer, cfg.data.max_length)
         prepared = split(records, cfg.data, cfg.train.seed)
         report = data_stats.padding_report(prepared["train"], tokenizer, cfg, backend)
@@ -368,10 +429,21 @@ def preview(cfg: RunConfig, tokenizer_dir: str = "") -> None:
     tokenizer = load_tokenizer(tokenizer_dir or cfg.paths.model_dir)
     if cfg.data.blocks:
         raise StepError("data.blocks trains on every token of fixed-length blocks: there is no span to preview")
-    records = validated_records(cfg.data, tokenizer)
-    if not is_chat(records.column_names):
+    records = validated_records(cfg.data, tokenizer, grpo_records(cfg))
+    if not is_chat(records.column_names) and PROMPT_COLUMN not in records.column_names:
         data_stats.check_template_fits(tokenizer, cfg.data.max_length)
     train = split(records, cfg.data, cfg.train.seed)["train"]
+    if PROMPT_COLUMN in train.column_names:  # GRPO: the prompt the rollouts continue, and what rewards read
+        first = train[0]
+        ids = tokenizer(first[PROMPT_COLUMN])["input_ids"]
+        print(
+            f"first training prompt of {cfg.data.dataset} ({len(ids)} tokens), as the rollouts receive it", flush=True
+        )
+        print(first[PROMPT_COLUMN], flush=True)
+        others = {key: value for key, value in first.items() if key != PROMPT_COLUMN}
+        print(f"its other columns (the reward functions receive them): {others}", flush=True)
+        print(data_stats.describe(data_stats.padding_report(train, tokenizer, cfg, resolve_backend(cfg.train.backend))))
+        return
     example = torch_preview.prepared_example(cfg, train.select([0]), tokenizer)
     print(f"first training record of {cfg.data.dataset}, as the trainer tokenizes it", flush=True)
     print(torch_preview.describe(example, tokenizer, cfg.data.max_length), flush=True)

@@ -19,6 +19,7 @@ COLUMNS = ("instruction", "context", "response")
 REQUIRED_COLUMNS = ("instruction", "response")
 # Chat-format records: one column of turns, each {role, content}, formatted by the tokenizer's chat template.
 MESSAGES_COLUMN = "messages"
+PROMPT_COLUMN = "prompt"  # GRPO's records: the prompt the rollouts continue (train.objective grpo)
 CHAT_ROLES = ("system", "user", "assistant")
 # The marker transformers needs in a chat template to report which tokens the assistant wrote.
 GENERATION_MARKER = "{% generation %}"

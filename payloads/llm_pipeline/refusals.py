@@ -58,6 +58,12 @@ REFUSALS = (
         "or a GPU",
         ("bitsandbytes", "bitsandbytes"),
     ),
+    Refusal(
+        "train.objective",
+        "grpo",
+        frozenset({NOT_TRN1, NOT_TRN2}),
+        "GRPO samples from a vLLM server that loads the policy's LoRA adapter at runtime (CPU and CUDA); use a GPU",
+    ),
     Refusal("train.compile", True, frozenset({NOT_TRN1}), "neuronx-cc already compiles every graph; set it to false"),
     Refusal(
         "train.liger_kernel",

@@ -730,10 +730,18 @@ RUN_SERIES = (
         "real (non-padding) tokens per second over all data-parallel replicas",
     ),
     RunSeries("mfu", "hpl_train_mfu_ratio", "model FLOPs utilisation, 0 to 1"),
+    RunSeries("reward", "hpl_train_reward", "GRPO: mean reward of the step's completions, reward functions summed"),
+    RunSeries("kl", "hpl_train_kl", "GRPO: mean KL divergence of the policy from the base model"),
+    RunSeries("completions/mean_length", "hpl_train_completion_length", "GRPO: mean completion length in tokens"),
     RunSeries("eta_seconds", "hpl_train_eta_seconds", "estimated seconds until the last step"),
     RunSeries("timestamp", "hpl_train_last_update_timestamp_seconds", "when these figures were written (Unix time)"),
 )
 RUN_SERIES_BY_KEY = {series.key: series for series in RUN_SERIES}
+# GRPO: one series per reward function (trl logs rewards/<function>/mean), the function in its label
+REWARD_FUNCTION_SERIES = RunSeries(
+    "rewards/{function}/mean", "hpl_train_reward_function", "GRPO: mean reward of one reward function"
+)
+REWARD_FUNCTION_KEY = re.compile(r"rewards/(?P<function>[^/]+)/mean")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 _SAMPLE = re.compile(r"(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)")
 _UNESCAPE = {"\\": "\\", '"': '"', "n": "\n"}
@@ -778,7 +786,13 @@ class MetricsTextfile:
     samples: tuple[MetricSample, ...]
 
     def format(self) -> str:
-        return "".join(sample.format() + "\n" for sample in self.samples)
+        """HELP and TYPE once per series (one series may hold several samples: GRPO's per-function rewards)."""
+        seen, lines = set(), []
+        for sample in self.samples:
+            text = sample.format()
+            lines.append(text.splitlines()[-1] if sample.name in seen else text)
+            seen.add(sample.name)
+        return "".join(line + "\n" for line in lines)
 
     def values(self) -> dict[str, float]:
         return {sample.name: sample.value for sample in self.samples}

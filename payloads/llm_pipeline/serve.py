@@ -30,15 +30,17 @@ ADAPTER_CONFIG = "adapter_config.json"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-def lora_rank(adapter_dir: Path) -> int:
-    """The smallest --max-lora-rank vLLM takes that holds the adapter's rank."""
-    rank = int(json.loads((adapter_dir / ADAPTER_CONFIG).read_text())["r"])
+def rank_slot(rank: int, what: str) -> int:
+    """The smallest --max-lora-rank vLLM takes that holds a LoRA rank."""
     for choice in LORA_RANKS:
         if choice >= rank:
             return choice
-    raise StepError(
-        f"{adapter_dir}: LoRA rank {rank} is above vLLM's largest ({LORA_RANKS[-1]}): serve the merged model"
-    )
+    raise StepError(f"{what}: LoRA rank {rank} is above vLLM's largest ({LORA_RANKS[-1]}): use a smaller lora.r")
+
+
+def lora_rank(adapter_dir: Path) -> int:
+    """The smallest --max-lora-rank vLLM takes that holds the adapter's rank."""
+    return rank_slot(int(json.loads((adapter_dir / ADAPTER_CONFIG).read_text())["r"]), str(adapter_dir))
 
 
 def lora_arguments(adapter: Path) -> list[str]:
@@ -59,14 +61,23 @@ def what_to_serve(cfg: RunConfig) -> tuple[Path, str, list[str]]:
 
 def serve(cfg: RunConfig) -> None:
     model_dir, name, extra = what_to_serve(cfg)
+    serve_until_stopped(cfg, model_dir, serve_dir(Path(cfg.paths.output_dir)), served_name=name, extra=extra)
+
+
+def serve_until_stopped(
+    cfg: RunConfig, model_dir: Path, folder: Path, *, served_name: str, extra: list[str], **command_keys
+) -> None:
+    """vLLM's server for ``model_dir`` on this node, its address in ``folder``/endpoint (host:port) while it
+    answers, until SIGTERM (scancel, the time limit, the job's end) or the server's exit."""
     if on_cpu():
         check_cpu_head_size(model_dir)
-    folder = serve_dir(Path(cfg.paths.output_dir))
+    folder.mkdir(parents=True, exist_ok=True)
     endpoint = folder / ENDPOINT_FILE
+    endpoint.unlink(missing_ok=True)  # a former server's address: no client may take it for this one's
     # scancel and the time limit send SIGTERM: leave through the server's stop and the endpoint's removal
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     port = free_port("0.0.0.0")
-    command = server_command(model_dir, port, cfg, host="0.0.0.0", served_name=name, extra=extra)
+    command = server_command(model_dir, port, cfg, host="0.0.0.0", served_name=served_name, extra=extra, **command_keys)
     log = folder / "server.log"
     try:
         with started(command, url=f"http://127.0.0.1:{port}", what=str(model_dir), log=log) as server:

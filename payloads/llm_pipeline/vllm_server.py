@@ -61,6 +61,7 @@ def server_command(
     host: str = "127.0.0.1",
     served_name: str = SERVED_NAME,
     extra: Sequence[str] = (),
+    max_model_len: int | None = None,
 ) -> list[str]:
     """vLLM's OpenAI-compatible server for one model folder (the project's server settings, bench/serve_bench)."""
     return [
@@ -78,7 +79,7 @@ def server_command(
         "--port",
         str(port),
         "--max-model-len",
-        str(cfg.benchmark.max_model_len),
+        str(max_model_len or cfg.benchmark.max_model_len),
         "--seed",
         str(cfg.benchmark.seed),
         "--dtype",

@@ -96,3 +96,21 @@ def test_a_failed_write_is_a_warning(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(prom_textfile.tempfile, "mkstemp", lambda **_: (_ for _ in ()).throw(OSError("disk full")))
     assert prom_textfile.publish_event({"loss": 1.0}, step=1, max_steps=2, eta_seconds=1.0, run="r") is None
     assert "warning: the run's metrics were not written for node exporter: disk full" in capsys.readouterr().out
+
+
+def test_grpo_figures_are_published_with_one_series_per_reward_function(tmp_path, monkeypatch):
+    monkeypatch.setenv(prom_textfile.FOLDER_ENV, str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    logs = {"loss": 0.1, "reward": 1.25, "kl": 0.02, "completions/mean_length": 3.5}
+    logs |= {"rewards/format/mean": 0.75, "rewards/exact_match/mean": 0.5, "rewards/format/std": 0.4}
+    prom_textfile.publish_event(logs, step=3, max_steps=10, eta_seconds=1.0, run="grpo-demo")
+
+    text = (tmp_path / "hpl_run_9.prom").read_text()
+    samples = MetricsTextfile.parse(text).samples
+    values = {(s.name, dict(s.labels).get("function")): s.value for s in samples}
+    assert values[("hpl_train_reward", None)] == 1.25 and values[("hpl_train_kl", None)] == 0.02
+    assert values[("hpl_train_completion_length", None)] == 3.5
+    assert values[("hpl_train_reward_function", "format")] == 0.75
+    assert values[("hpl_train_reward_function", "exact_match")] == 0.5
+    assert len(samples) == len(values)  # a std is not a series
+    assert text.count("# HELP hpl_train_reward_function ") == 1  # one family, however many functions

@@ -17,7 +17,16 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from llm_pipeline.run_files import RUN_SERIES, MetricSample, MetricsTextfile
+from llm_pipeline.run_files import (
+    REWARD_FUNCTION_KEY,
+    REWARD_FUNCTION_SERIES,
+    RUN_SERIES,
+    RUN_SERIES_BY_KEY,
+    MetricSample,
+    MetricsTextfile,
+)
+
+PUBLISHER_KEYS = ("step", "max_steps", "eta_seconds", "timestamp")  # publish_event's own figures, not the log's
 
 FOLDER_ENV = "HPL_METRICS_TEXTFILE_PATH"
 
@@ -30,6 +39,13 @@ def run_textfile_name(job_id: str) -> str:
 def render(figures: Mapping[str, float], *, run: str, job_id: str) -> str:
     labels = (("run", run), ("slurm_job_id", job_id))
     samples = [MetricSample(s.name, labels, figures[s.key], s.help) for s in RUN_SERIES if s.key in figures]
+    for key, value in figures.items():
+        found = REWARD_FUNCTION_KEY.fullmatch(key)
+        if found:
+            function = REWARD_FUNCTION_SERIES
+            samples.append(
+                MetricSample(function.name, (*labels, ("function", found["function"])), value, function.help)
+            )
     return MetricsTextfile(tuple(samples)).format()
 
 
@@ -57,7 +73,11 @@ def publish_event(
     metrics: Mapping[str, float], *, step: int, max_steps: int, eta_seconds: float, run: str
 ) -> Path | None:
     """One log event of the engines' metrics logger; a failed write is a warning, never a failed run."""
-    figures = {key: metrics[key] for key in ("loss", "learning_rate", "tokens_per_second", "mfu") if key in metrics}
+    figures = {
+        key: value
+        for key, value in metrics.items()
+        if (key in RUN_SERIES_BY_KEY and key not in PUBLISHER_KEYS) or REWARD_FUNCTION_KEY.fullmatch(key)
+    }
     figures.update(step=step, max_steps=max_steps, eta_seconds=eta_seconds, timestamp=time.time())
     try:
         return publish(figures, run=run)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from llm_pipeline.config import PathsConfig, dataset_in, parse_toml
+from llm_pipeline.config import GRPO_REWARDS, PathsConfig, dataset_in, parse_toml
 
 _TABLE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.-]+)\s*\]\s*(#.*)?$")
 _KEY = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*=\s*(.*?)\s*$")
@@ -70,11 +70,23 @@ def with_keys(text: str, keys: Mapping[tuple[str, str], object]) -> str:
 
 
 def with_absolute_paths(config: Path) -> str:
-    """The text of ``config`` with its relative ``[paths]`` and a relative local ``data.dataset`` made absolute
-    (config.load resolves them against its folder): a copy elsewhere reads and writes the same places."""
+    """The text of ``config`` with its relative ``[paths]``, a relative local ``data.dataset`` and relative reward
+    files (grpo.rewards) made absolute (config.load resolves them against its folder): a copy elsewhere reads and
+    writes the same places."""
     text, base = config.read_text(), config.resolve().parent
     tables = parse_toml(text, f"run config {config}")
-    paths, data = (tables.get(name) if isinstance(tables.get(name), dict) else {} for name in ("paths", "data"))
+    paths, data, grpo = (
+        tables.get(name) if isinstance(tables.get(name), dict) else {} for name in ("paths", "data", "grpo")
+    )
+    rewards = grpo.get("rewards")
+    if isinstance(rewards, list) and any(isinstance(item, str) and ":" in item for item in rewards):
+        absolute = [
+            item
+            if item in GRPO_REWARDS or not isinstance(item, str) or item.startswith(("/", "$", "~"))
+            else str(base / item)
+            for item in rewards
+        ]
+        text = set_key(text, "grpo", "rewards", absolute)
     for name in PathsConfig.__dataclass_fields__:
         raw = paths.get(name)
         if isinstance(raw, str) and not raw.startswith(("/", "$", "~")):

@@ -11,7 +11,14 @@ import math
 
 from llm_pipeline.config import RunConfig, data_parallel_size
 from llm_pipeline.errors import StepError
-from llm_pipeline.prompt import MESSAGES_COLUMN, format_example, format_prompt, is_chat, template_skeleton
+from llm_pipeline.prompt import (
+    MESSAGES_COLUMN,
+    PROMPT_COLUMN,
+    format_example,
+    format_prompt,
+    is_chat,
+    template_skeleton,
+)
 from llm_pipeline.run_files import DataStats, LayoutStats, data_layout
 
 
@@ -61,6 +68,9 @@ def token_ids(dataset, tokenizer) -> tuple[list[list[int]], list[int]]:
             for messages in conversations
         ]
         return ids, prompt_lengths
+    if PROMPT_COLUMN in dataset.column_names:  # GRPO's prompt records: the prompt is what data.max_length holds
+        ids = tokenizer(list(dataset[PROMPT_COLUMN]))["input_ids"]
+        return ids, [len(x) for x in ids]
     texts = [format_example(record) + tokenizer.eos_token for record in dataset]
     prompts = [format_prompt(record["instruction"], record["context"]) for record in dataset]
     return tokenizer(texts)["input_ids"], [len(p) for p in tokenizer(prompts)["input_ids"]]
@@ -84,6 +94,8 @@ def padding_report(dataset, tokenizer, cfg: RunConfig, backend: str) -> DataStat
     length = cfg.data.max_length
     ids, prompt_lengths = token_ids(dataset, tokenizer)
     kept = sum(min(len(x), length) for x in ids)
+    # GRPO: every prompt is sampled grpo.num_generations times, each completion one sequence of the batch
+    repeats = cfg.grpo.num_generations if PROMPT_COLUMN in dataset.column_names else 1
     packed_rows = len(pack_dataset(datasets.Dataset.from_dict({"input_ids": ids}), length, "bfd"))
     counts = {
         "examples": len(ids),
@@ -95,8 +107,8 @@ def padding_report(dataset, tokenizer, cfg: RunConfig, backend: str) -> DataStat
         "max_length_leaving_room": length_leaving_room(prompt_lengths, NO_ROOM_SHARE),
     }
     layouts = {
-        "padded": layout_stats(len(ids), kept, cfg, backend),
-        "packed": layout_stats(packed_rows, kept, cfg, backend),
+        "padded": layout_stats(len(ids) * repeats, kept * repeats, cfg, backend),
+        "packed": layout_stats(packed_rows * repeats, kept * repeats, cfg, backend),
     }
     return DataStats(data_layout(False, cfg.data.packing), layouts, counts)
 

@@ -37,7 +37,7 @@ from llm_pipeline.training.plan import (
     world_size,
 )
 from llm_pipeline.training.text_blocks import formatting_func
-from llm_pipeline.training.torch import methods, parallel
+from llm_pipeline.training.torch import grpo, methods, parallel
 from llm_pipeline.training.torch.profiling import StepProfiler
 
 TRL_TRAINERS = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "grpo": "GRPOTrainer"}  # train.objective: trl's trainer
@@ -170,6 +170,14 @@ def export_adapter(trainer, folder: Path) -> None:
         model.save_pretrained(str(folder), state_dict=trainable)
 
 
+def save_adapter(trainer, folder: Path) -> None:
+    """The adapter as a plain peft folder: gathered from every rank under FSDP2 (rank 0 writes), else saved."""
+    if trainer.is_fsdp_enabled:
+        export_adapter(trainer, folder)
+    elif trainer.args.should_save:
+        trainer.model.save_pretrained(str(folder))
+
+
 def check_lever_packages(cfg: RunConfig, *, kind: str | None = None) -> None:
     """Stop before any work when the device (``kind``: torch's accelerator) cannot run a chosen lever
     (device.refused_levers: the native Neuron device's, CUDA-only kernels elsewhere) or the lever's package
@@ -226,8 +234,9 @@ def load_for_rank(cfg: RunConfig, processes: int):
     return load_model(cfg, empty=parallel.builds_empty(cfg, processes, int(os.environ.get("RANK", "0"))))
 
 
-def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
-    """The configured trainer and the token counter around its collator (the benchmark times it too)."""
+def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, *, rollout_func=None):
+    """The configured trainer and the token counter around its collator (the benchmark times it too).
+    ``rollout_func``: GRPO's completions from elsewhere than the rollout server (the parity test replays some)."""
     from transformers import PrinterCallback, set_seed
     from trl import SFTConfig
 
@@ -250,14 +259,23 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
         "assistant_only_loss": chat and completion_only(cfg),
         "optim": cfg.train.optimizer,
     }
-    args = SFTConfig(
-        **sft_arguments(cfg, plan),
-        **evaluation,
-        **parallel_arguments,
-        **device_arguments,
-        **levers,
-        **loss,
-    )
+    if cfg.train.objective == "grpo":
+        parts = (parallel_arguments, device_arguments, levers)
+        args, inputs = grpo.trainer_parts(cfg, plan, datasets, rollout_func, *parts, export=save_adapter)
+    else:
+        args = SFTConfig(
+            **sft_arguments(cfg, plan),
+            **evaluation,
+            **parallel_arguments,
+            **device_arguments,
+            **levers,
+            **loss,
+        )
+        inputs = {
+            "train_dataset": loss_records(cfg, datasets["train"]),
+            "eval_dataset": loss_records(cfg, validation),
+            "formatting_func": None if completion_only(cfg) or chat else formatting_func(cfg),
+        }
     # trl creates the adapter before the Trainer seeds anything: seed first, so every rank (FSDP2 shards
     # each rank's own copy, it does not broadcast) and every run starts from the same LoRA A.
     set_seed(cfg.train.seed)
@@ -271,11 +289,9 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     trainer = engine_trainer_class(cfg.train.objective)(
         model=model,
         args=args,
-        train_dataset=loss_records(cfg, datasets["train"]),
-        eval_dataset=loss_records(cfg, validation),
+        **inputs,
         processing_class=tokenizer,
         peft_config=peft_config,
-        formatting_func=None if completion_only(cfg) or chat else formatting_func(cfg),
         fsdp=fsdp,
         run_config=cfg,
     )
@@ -304,7 +320,11 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     dtypes = ", ".join(f"{name} {count:,}" for name, count in sorted(trainer.parameter_dtypes.items()))
     compute = "bf16" if methods.computes_in_bf16(cfg) else "fp32"
     say(f"precision: trainable parameters fp32, compute {compute}, loss and gradient reduction fp32 ({dtypes})")
-    trainer.data_collator = tokens = TokenCounter(trainer.data_collator)
+    tokens = TokenCounter(trainer.data_collator)
+    if cfg.train.objective == "grpo":  # its batches are records: the rollouts count the tokens
+        trainer.rollout_func.tokens = tokens
+    else:
+        trainer.data_collator = tokens
     trainer.remove_callback(PrinterCallback)
     full = cfg.train.method == "full"
     trainer.add_callback(
