@@ -43,11 +43,13 @@ def serve_rollouts(cfg: RunConfig) -> None:
 
 
 def launcher_alive(pid: int) -> bool:
+    """Whether the server's launcher (train.sbatch's background srun) still runs: not gone, not a zombie."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return not Path(f"/proc/{pid}/stat").is_file() or Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.is_file() or stat.read_text().rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def main(argv=None) -> int:
@@ -57,8 +59,9 @@ def main(argv=None) -> int:
         return 0
     if argv[:1] == ["--wait"] and len(argv) == 3:  # train.sbatch, before the trainer starts (host Python)
         try:
-            folder = rollout_dir(config.load(argv[1]))
-            print(f"rollout server at {wait_for_endpoint(folder, ENDPOINT_WAIT_S, lambda: launcher_alive(int(argv[2])))}")
+            folder, launcher = rollout_dir(config.load(argv[1])), int(argv[2])
+            url = wait_for_endpoint(folder, ENDPOINT_WAIT_S, lambda: launcher_alive(launcher))
+            print(f"rollout server at {url}")
         except PipelineError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
