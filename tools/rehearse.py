@@ -181,7 +181,8 @@ def write_inputs(config_path: Path, env: dict[str, str], records: int = DOLLY_RE
             f"{config_path}: paths.model_dir {model_dir} is outside the rehearsal's folder {fsx}: the tiny model is "
             f"written only there (set it to {OWN_INPUTS['paths', 'model_dir']})"
         )
-    tiny.write_tiny_model(model_dir, dtype=cfg.model.dtype, **(tiny.SERVABLE_SHAPE if cfg.benchmark.runs() else {}))
+    served = cfg.benchmark.runs() or cfg.train.objective == "grpo"  # by vLLM: the benchmark's, GRPO's rollouts
+    tiny.write_tiny_model(model_dir, dtype=cfg.model.dtype, **(tiny.SERVABLE_SHAPE if served else {}))
     if Path(cfg.data.dataset).is_relative_to(fsx):
         tiny.write_dolly_jsonl(Path(cfg.data.dataset), records)
 

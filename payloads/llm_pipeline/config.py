@@ -926,7 +926,7 @@ def check_grpo(cfg: RunConfig) -> None:
         grpo.rollout,
         "colocated or auto with parallel.nodes = 1 (node needs a node to train besides the rollout node)",
     )
-    processes = par.devices_per_node * (par.nodes - 1 if placement == "node" else par.nodes)
+    processes = par.devices_per_node * training_nodes(cfg)
     batch = train.per_device_batch_size * processes * train.gradient_accumulation_steps
     _require(
         batch % grpo.num_generations == 0,
@@ -959,10 +959,17 @@ def check_user_reward(path: str, function: str) -> None:
         )
 
 
+def training_nodes(cfg: RunConfig) -> int:
+    """The nodes that train: all of parallel.nodes, less the rollout node of a GRPO run that has one."""
+    nodes = cfg.parallel.nodes
+    rollout_node = cfg.train.objective == "grpo" and cfg.grpo.placement(nodes) == "node"
+    return nodes - 1 if rollout_node else nodes
+
+
 def data_parallel_size(cfg: RunConfig, backend: str) -> int:
     """Model replicas: neuron shards each one over TP x PP NeuronCores; torch runs one per process (FSDP/DDP)."""
     par = cfg.parallel
-    processes = par.devices_per_node * par.nodes
+    processes = par.devices_per_node * training_nodes(cfg)
     return processes // (par.tensor_parallel_size * par.pipeline_parallel_size) if backend == "neuron" else processes
 
 

@@ -119,6 +119,13 @@ class ProgressLine:
     def parse_all(cls, text: str) -> list[ProgressLine]:
         return [found for line in text.splitlines() if (found := cls.parse(line))]
 
+    def figure(self, label: str) -> float | None:
+        """The number of an extra field by its label (``reward`` of ``reward 0.1250``), None when absent."""
+        for part in self.extra:
+            if part.startswith(label + " "):
+                return _float(part[len(label) + 1 :].split()[0].rstrip("%"))
+        return None
+
 
 @dataclass(frozen=True)
 class EventLine:

@@ -20,7 +20,7 @@ from llm_pipeline import cli
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.jobs.serve_job import ENDPOINT_FILE, serve_dir
-from llm_pipeline.vllm_server import check_cpu_head_size, free_port, on_cpu, server_command, started
+from llm_pipeline.vllm_server import SERVER_LOG, check_cpu_head_size, free_port, on_cpu, server_command, started
 from llm_pipeline.weights import model_files
 
 TUNED_NAME = "tuned"  # what a request names as its model
@@ -78,7 +78,7 @@ def serve_until_stopped(
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     port = free_port("0.0.0.0")
     command = server_command(model_dir, port, cfg, host="0.0.0.0", served_name=served_name, extra=extra, **command_keys)
-    log = folder / "server.log"
+    log = folder / SERVER_LOG
     try:
         with started(command, url=f"http://127.0.0.1:{port}", what=str(model_dir), log=log) as server:
             host = socket.gethostbyname(socket.gethostname())  # what the controller reaches this node by

@@ -136,9 +136,44 @@ hpl_precompile_wrap() {
   fi
 }
 
+HPL_TRAIN_NODES=()  # srun options of hpl_torchrun's nodes: all of the allocation, less a GRPO run's rollout node
 hpl_torchrun() {
   hpl_torchrun_command "$@"
-  hpl_srun --ntasks-per-node=1 "${HPL_LAUNCH[@]}"
+  hpl_srun "${HPL_TRAIN_NODES[@]}" --ntasks-per-node=1 "${HPL_LAUNCH[@]}"
+}
+
+# -- GRPO's rollout server (llm_pipeline.rollout_server; docs/training.md, GRPO) ----------------------------
+# grpo.rollout: node (a step on the allocation's last node; the trainer's torchrun on the others, whose step node
+# list jobs/launch.py reads), colocated (a step beside the trainer on the first node: --overlap shares its CPUs and
+# memory), none (not a GRPO run). The server runs in the vLLM site; the trainer starts once it answers, and
+# hpl_on_exit stops it whichever way the step ends.
+hpl_rollout_start() {
+  local placement node training="$HPL_NODES" vllm
+  placement="$("$HPL_HOST_PYTHON" -m llm_pipeline.rollout_server --placement "$HPL_RUN_CONFIG")"
+  if [[ "$placement" == none ]]; then return 0; fi
+  local -a nodes
+  mapfile -t nodes < <(scontrol show hostnames "${SLURM_JOB_NODELIST:-$(hostname)}")
+  node="${nodes[0]}"
+  if [[ "$placement" == node ]]; then
+    node="${nodes[-1]}"
+    training=$((HPL_NODES - 1))
+    HPL_TRAIN_NODES=(--nodes="$training" --exclude="$node")
+  fi
+  echo "== GRPO: the rollout server ($placement) on $node, training on $training node(s)"
+  vllm="$(hpl_vllm_python)"
+  hpl_srun --nodes=1 --ntasks=1 --overlap --nodelist="$node" \
+    "$vllm" -m llm_pipeline.rollout_server --config "$HPL_RUN_CONFIG" &
+  HPL_ROLLOUT_SERVER=$!
+  "$HPL_HOST_PYTHON" -m llm_pipeline.rollout_server --wait "$HPL_RUN_CONFIG" "$HPL_ROLLOUT_SERVER"
+}
+
+hpl_rollout_stop() {
+  if [[ -n "${HPL_ROLLOUT_SERVER:-}" ]] && kill -0 "$HPL_ROLLOUT_SERVER" 2>/dev/null; then
+    echo "== stopping the rollout server"
+    # the background launch is a subshell running srun, which passes SIGTERM on to the server
+    pkill -TERM -P "$HPL_ROLLOUT_SERVER" -x srun 2>/dev/null || true
+    wait "$HPL_ROLLOUT_SERVER" 2>/dev/null || true
+  fi
 }
 
 # -- step state markers (read by `submit status` once Slurm has forgotten the job) ---------------
@@ -153,6 +188,7 @@ hpl_mark() {
 
 hpl_on_exit() {
   local rc="$1" state=COMPLETED
+  hpl_rollout_stop
   if [[ -n "${HPL_SIGNAL:-}" ]]; then
     state=CANCELLED
   elif (( rc != 0 )); then

@@ -201,5 +201,8 @@ def test_the_trainer_reads_the_address_where_the_rollout_server_writes_it(tmp_pa
     assert rollouts.ENDPOINT_FILE == serve_job.ENDPOINT_FILE  # serve.serve_until_stopped writes it by that name
     (tmp_path / rollouts.ENDPOINT_FILE).write_text("10.0.0.7:8123\n")
     assert rollouts.wait_for_endpoint(tmp_path, 1) == "http://10.0.0.7:8123"
-    with pytest.raises(StepError, match=r"no rollout server wrote .*endpoint in 0 s"):
+    with pytest.raises(StepError, match=r"did not write .*endpoint in 0 s: see .*none/server.log"):
         rollouts.wait_for_endpoint(tmp_path / "none", 0)
+    # the server's launcher ended (train.sbatch's srun): no wait for the deadline
+    with pytest.raises(StepError, match=r"the rollout server ended before it answered: see .*none/server.log"):
+        rollouts.wait_for_endpoint(tmp_path / "none", 600, alive=lambda: False)

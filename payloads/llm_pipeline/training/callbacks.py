@@ -47,8 +47,15 @@ class TokenCounter:
         return batch
 
 
-# Optional fields other callbacks add to a log event (training.metrics): key, label, scale, digits, unit.
-EXTRA_FIELDS = (("mfu", "mfu", 100, 1, "%"), ("peak_memory_gb", "peak mem", 1, 2, " GB"))
+# Optional fields of a log event, as the progress line prints them: key, label, scale, digits, unit. Other callbacks
+# add mfu and peak memory (training.metrics); trl's GRPOTrainer logs the reward, KL and completion length.
+EXTRA_FIELDS = (
+    ("mfu", "mfu", 100, 1, "%"),
+    ("peak_memory_gb", "peak mem", 1, 2, " GB"),
+    ("reward", "reward", 1, 4, ""),
+    ("kl", "kl", 1, 4, ""),
+    ("completions/mean_length", "completion len", 1, 1, ""),
+)
 
 
 def _scalar_name(key: str) -> str:

@@ -15,9 +15,11 @@ from pathlib import Path
 
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
+from llm_pipeline.vllm_server import SERVER_LOG
 
 ROLLOUT_DIR = "rollout"  # in the run folder: the server's address and log, the synced adapter
 ADAPTER_NAME = "policy"  # the name the server knows the synced adapter by
+ADAPTER_FOLDER = "adapter"  # <run>/rollout/adapter-<step>: the adapter synced at that step
 ENDPOINT_FILE = "endpoint"  # host:port, written once the server answers (the serve step's name for it too)
 REQUEST_TIMEOUT_S = 600
 # How long the trainer waits for the server's address: the server starts beside it (the same job) and loads the
@@ -40,13 +42,16 @@ def post(url: str, body: dict) -> bytes:
         raise StepError(f"the rollout server at {url} is out of reach ({exc}): see its log in rollout/") from None
 
 
-def wait_for_endpoint(folder: Path, deadline_s: float) -> str:
-    """The rollout server's http://host:port, once it wrote it (it writes it when it answers)."""
-    endpoint = folder / ENDPOINT_FILE
+def wait_for_endpoint(folder: Path, deadline_s: float, alive: Callable[[], bool] = lambda: True) -> str:
+    """The rollout server's http://host:port, once it wrote it (it writes it when it answers); a StepError naming
+    its log when ``alive`` says it ended first or it took over ``deadline_s``."""
+    endpoint, log = folder / ENDPOINT_FILE, folder / SERVER_LOG
     end = time.monotonic() + deadline_s
     while not endpoint.is_file():
+        if not alive():
+            raise StepError(f"the rollout server ended before it answered: see {log}")
         if time.monotonic() > end:
-            raise StepError(f"no rollout server wrote {endpoint} in {deadline_s:.0f} s: see its log in {folder}")
+            raise StepError(f"the rollout server did not write {endpoint} in {deadline_s:.0f} s: see {log}")
         time.sleep(2)
     return f"http://{endpoint.read_text().strip()}"
 
@@ -62,17 +67,23 @@ class ServerRollouts:
         self.tokens = None  # the engine's TokenCounter: rollout tokens count as the step's tokens
 
     def sync(self, trainer) -> None:
-        """Save the adapter where the server reads it, and have the server load it in place."""
-        folder = rollout_dir(self.cfg) / "adapter"
-        partial = folder.with_name("adapter.partial")
+        """Save the adapter where the server reads it, and have the server load it in place. Each sync writes a
+        new folder (adapter-<step>): vLLM keeps prompt blocks it cached under an adapter's path, so weights
+        reloaded from the same path would sample from the old policy's cached prompts."""
+        step = trainer.state.global_step
+        folder = rollout_dir(self.cfg) / f"{ADAPTER_FOLDER}-{step}"
+        partial = folder.with_name(folder.name + ".partial")
         self.export(trainer, partial)
         if trainer.args.should_save:
             shutil.rmtree(folder, ignore_errors=True)
             partial.rename(folder)
             body = {"lora_name": ADAPTER_NAME, "lora_path": str(folder), "load_inplace": True}
             post(f"{self.url}/v1/load_lora_adapter", body)
+            for earlier in folder.parent.glob(f"{ADAPTER_FOLDER}-*"):  # the server now reads only this one
+                if earlier != folder:
+                    shutil.rmtree(earlier, ignore_errors=True)
         trainer.accelerator.wait_for_everyone()
-        self.synced_step = trainer.state.global_step
+        self.synced_step = step
 
     def __call__(self, prompts: list[str], trainer) -> dict:
         step = trainer.state.global_step
