@@ -35,7 +35,10 @@ ENTRY_POINTS = {
     "merge": ("hpl_step_python (merge.sbatch); a job step on the first host", ("slurm", "job")),
     "generate": ("hpl_step_python (generate.sbatch); a job step on the first host", ("slurm", "job")),
     "evaluate": ("hpl_step_python (evaluate.sbatch); a job step on the first host", ("slurm", "job")),
-    "benchmark": ("hpl_step_python (benchmark.sbatch), in the vLLM site: after merge, by hand for now", ("slurm",)),
+    "benchmark": (
+        "hpl_step_python (benchmark.sbatch), in the vLLM site: after merge when benchmark.tasks names tasks",
+        ("slurm",),
+    ),
     "pretrain": ("hpl_step_python llm_pipeline.pretrain tokenizer|dataset|job|retain|report|export", ("slurm",)),
     "config_show": ("python -m llm_pipeline.config_show RUN.toml: the run config as the steps see it", ("laptop",)),
     "compare": ("python -m llm_pipeline.compare RUN [RUN...] (hpctl run compare)", ("laptop", "slurm")),
@@ -69,6 +72,15 @@ ENTRY_POINTS = {
     ),
     "serve": (
         "hpl_step_python (serve.sbatch), in the vLLM site: the run's model behind vLLM (hpctl serve)",
+        ("slurm",),
+    ),
+    "jobs.health": (
+        "python3 -m llm_pipeline.jobs.health gate (env.sh's hpl_health_gate: train, precompile, ladder rungs)",
+        ("slurm",),
+    ),
+    "rollout_server": (
+        "hpl_vllm_python -m llm_pipeline.rollout_server (env.sh's hpl_rollout_start, train.sbatch of a GRPO run), "
+        "in the vLLM site: the rollout server; --placement and --wait from the host",
         ("slurm",),
     ),
     "jobs.serve_job": (

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from llm_pipeline import cli, download
-from llm_pipeline.config import RunConfig
+from llm_pipeline.config import RunConfig, load
 from llm_pipeline.errors import StepError
 from llm_pipeline.run_files import BENCHMARK_DIR, BENCHMARK_JSON, server_log
 from llm_pipeline.vllm_server import SERVED_NAME, SERVING_FIGURES, accelerator_label, serving_figures, vllm_server
@@ -215,10 +215,18 @@ def build_parser():
         action="store_true",
         help="only fetch the tasks' datasets into the cache (the download step runs this)",
     )
+    parser.add_argument(
+        "--wanted",
+        action="store_true",
+        help="only say whether the run benchmarks: exit 0 when benchmark.tasks names tasks, else 1 (download.sbatch)",
+    )
     return parser
 
 
 def main(argv=None) -> int:
+    args, _ = build_parser().parse_known_args(argv)
+    if args.wanted:  # the host's python3, before the vLLM site is asked for
+        return 0 if load(args.config).benchmark.runs() else 1
     return cli.run_step(
         build_parser, lambda cfg, args: (cache_datasets if args.cache_datasets else benchmark)(cfg), argv
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -509,19 +510,23 @@ def test_status_arithmetic_while_running_and_when_done():
     assert "cost       not shown: no published on-demand training price for ml.trn1.32xlarge" in done
 
 
+# CloudWatch Logs (and moto) refuse events over 14 days old: the streams' times are an hour ago, not a fixed date.
+LOG_START_S = int(time.time()) - 3600
+
+
 def test_logs_print_every_host_stream(jobs_stack, hpctl):
     logs = FIXTURE_SESSION.client("logs")
     logs.create_log_group(logGroupName="/aws/sagemaker/TrainingJobs")
     for host in ("algo-1", "algo-2"):
-        stream = f"hpl-run-1/{host}-1795390000"
+        stream = f"hpl-run-1/{host}-{LOG_START_S}"
         logs.create_log_stream(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream)
-        events = [{"timestamp": 1795390000000 + i, "message": f"{host} line {i}"} for i in range(3)]
+        events = [{"timestamp": LOG_START_S * 1000 + i, "message": f"{host} line {i}"} for i in range(3)]
         logs.put_log_events(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream, logEvents=events)
 
     code, out, err = hpctl("job", "logs", "hpl-run-1", "--tail", "2")
 
     assert code == 0, err
-    assert "==> /aws/sagemaker/TrainingJobs hpl-run-1/algo-1-1795390000 (3 lines) <==" in out
+    assert f"==> /aws/sagemaker/TrainingJobs hpl-run-1/algo-1-{LOG_START_S} (3 lines) <==" in out
     assert "algo-1 line 0" not in out and "algo-1 line 2" in out and "algo-2 line 1" in out
 
 
@@ -534,17 +539,17 @@ def test_logs_follow_prints_every_host_until_the_job_ends(jobs_stack, requests_s
     job.training_job_status = "InProgress"
     lines = {"algo-1": ["== train: COMPLETED"], "algo-2": ["step 5/30 | loss 1.0000 |"]}
     for host, messages in lines.items():
-        stream = f"{name}/{host}-1795390000"
+        stream = f"{name}/{host}-{LOG_START_S}"
         logs.create_log_stream(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream)
-        events = [{"timestamp": 1795390000000 + i, "message": m} for i, m in enumerate(messages)]
+        events = [{"timestamp": LOG_START_S * 1000 + i, "message": m} for i, m in enumerate(messages)]
         logs.put_log_events(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream, logEvents=events)
     polls = []
 
     def next_poll(seconds):  # the job ends after the first poll; a later line arrives before the last read
         polls.append(seconds)
         job.training_job_status = "Completed"
-        stream = f"{name}/algo-1-1795390000"
-        event = {"timestamp": 1795390009000, "message": "== generate: COMPLETED"}
+        stream = f"{name}/algo-1-{LOG_START_S}"
+        event = {"timestamp": LOG_START_S * 1000 + 9000, "message": "== generate: COMPLETED"}
         logs.put_log_events(logGroupName="/aws/sagemaker/TrainingJobs", logStreamName=stream, logEvents=[event])
 
     monkeypatch.setattr(job_status.time, "sleep", next_poll)

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from llm_pipeline.config import HEALTH_CHECKS
+from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs.run_facts import read_run_facts
 
 # Bumped with any change to a check, its command or its threshold; recorded with each result (the checks ship in
@@ -48,7 +49,7 @@ ACROSS_NODES = {"cuda": ("nccl-all-reduce",)}
 NODE_ACTIONS = {"reboot": "Action:Reboot", "replace": "Action:Replace"}
 
 
-class HealthError(RuntimeError):
+class HealthError(PipelineError, RuntimeError):
     """The gate cannot run (no run config, no node list): one line."""
 
 
