@@ -4,6 +4,8 @@ and no module keeps a list of step names of its own."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,3 +84,8 @@ def test_the_benchmark_step_is_in_the_chain_of_a_run_that_asks_for_tasks(tmp_pat
     facts = RunFacts(config=asked, output_dir=tmp_path / "run", nodes=1, run=with_tasks)
     staged = [job.step for job, _ in staged_chain(facts, submit.pipeline_jobs("train", with_tasks), smoke_stage=True)]
     assert "benchmark" in staged and "smoke-benchmark" not in staged and "smoke-evaluate" in staged
+    # download.sbatch asks the same rule on the host's python3 before it fetches the tasks' datasets
+    wanted = [sys.executable, "-m", "llm_pipeline.benchmark", "--wanted", "--config"]
+    payloads = Path(sagemaker_job.__file__).parents[1]
+    codes = [subprocess.run([*wanted, str(path)], cwd=payloads).returncode for path in (plain, asked)]
+    assert codes == [1, 0]
