@@ -38,6 +38,9 @@ Retention = Literal["all", "last", "none"]
 QloraMergeBase = Literal["dequantized", "bf16"]  # merge.qlora_base: what a qlora adapter is added to
 BACKENDS, DTYPES, METHODS = get_args(Backend), get_args(Dtype), get_args(Method)
 OBJECTIVES = get_args(Objective)
+# dpo.loss_type: trl 1.16 DPOConfig's pairwise losses that need nothing beyond beta and label_smoothing
+DpoLoss = Literal["sigmoid", "ipo", "hinge", "robust", "exo_pair", "sigmoid_norm", "apo_zero", "apo_down"]
+DpoReference = Literal["auto", "precomputed"]
 STRATEGIES, ATTENTIONS, OPTIMIZERS = get_args(Strategy), get_args(Attention), get_args(Optimizer)
 QLORA_MERGE_BASES = get_args(QloraMergeBase)
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head")
@@ -349,7 +352,7 @@ class TrainConfig:
         "optimization on prompt/chosen/rejected records), grpo (group relative policy optimization with rewards "
         "on completions sampled from a vLLM server); dpo and grpo on the torch backend; train.method still says "
         "what is trained",
-        Rule(lambda value: value == "sft", "sft for now (dpo and grpo are being built)"),
+        Rule(lambda value: value != "grpo", "sft or dpo (grpo is being built)"),
     )
     optimizer: Optimizer = described(
         "adamw_torch",
@@ -407,6 +410,32 @@ class TrainConfig:
             return None
         first, _, last = self.profile.partition("-")
         return int(first), int(last or first)
+
+
+@dataclass(frozen=True)
+class DpoConfig:
+    """train.objective = "dpo" (trl's DPOTrainer on the torch backend; docs/training.md, Preference tuning)."""
+
+    beta: float = ranged(
+        0.1, POSITIVE, "how far the policy may move from the reference: higher keeps it closer (trl's beta)"
+    )
+    loss_type: DpoLoss = described(
+        "sigmoid",
+        "the preference loss: sigmoid (DPO), ipo, hinge, robust (label-noise robust, with label_smoothing), "
+        "exo_pair, sigmoid_norm (length-normalized), apo_zero or apo_down (anchored)",
+    )
+    label_smoothing: float = ranged(
+        0.0,
+        Rule(lambda value: 0 <= value < 0.5, "0 <= x < 0.5"),
+        "the share of preference labels assumed flipped (loss_type robust; exo_pair's epsilon); 0: none",
+    )
+    reference: DpoReference = described(
+        "auto",
+        "the reference model the policy is held to: auto (adapter methods: the policy with its adapter disabled, no "
+        "second copy; full: a frozen copy of the base, its weights' memory again, stated by the dry run), "
+        "precomputed (the reference's log-probabilities of every record computed once before training, then no "
+        "reference is held: worth it for full, where it saves the copy)",
+    )
 
 
 @dataclass(frozen=True)
@@ -584,6 +613,7 @@ class RunConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    dpo: DpoConfig = field(default_factory=DpoConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     merge: MergeConfig = field(default_factory=MergeConfig)
@@ -603,7 +633,7 @@ class RunConfig:
 
 
 # The sections whose keys may change what a run learns; each field says whether it does (``learns``).
-LEARNING_SECTIONS = ("model", "data", "lora", "train")
+LEARNING_SECTIONS = ("model", "data", "lora", "train", "dpo")
 
 
 def learning_keys() -> dict[str, dict[str, Any]]:
@@ -712,7 +742,16 @@ def check_fields(cfg: RunConfig) -> None:
 
 def validate(cfg: RunConfig) -> None:
     """Each key's rules, then the checks that join keys; each failure names the key."""
+    _require(
+        cfg.train.method not in OBJECTIVES,
+        "train.method",
+        cfg.train.method,
+        f"{', '.join(METHODS)}: {cfg.train.method} is a loss, not what is trained; set train.objective = "
+        f'"{cfg.train.method}" and train.method to what it trains',
+    )
     check_fields(cfg)
+    if cfg.train.objective == "dpo":
+        check_preference_keys(cfg)
     _require(
         not (cfg.data.blocks and cfg.data.packing),
         "data.packing",
@@ -766,6 +805,12 @@ def validate(cfg: RunConfig) -> None:
         job.max_wait_hours,
         "0 (twice max_runtime_hours), or between job.max_runtime_hours and 672",
     )
+
+
+def check_preference_keys(cfg: RunConfig) -> None:
+    """What train.objective = "dpo" cannot run with: each pair is padded on its own (trl 1.16's DPO has no packing)."""
+    _require(not cfg.data.packing, "data.packing", cfg.data.packing, "false with train.objective dpo (no DPO packing)")
+    _require(not cfg.data.blocks, "data.blocks", cfg.data.blocks, "false with train.objective dpo (it needs pairs)")
 
 
 _TASK_LINE = re.compile(r"^task:\s*['\"]?([A-Za-z0-9_.-]+)", re.MULTILINE)

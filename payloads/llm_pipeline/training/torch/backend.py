@@ -32,6 +32,8 @@ from llm_pipeline.training.plan import (
     check_target_modules,
     completion_only,
     loss_records,
+    preference_arguments,
+    reference_line,
     say,
     sft_arguments,
     world_size,
@@ -250,14 +252,26 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
         "assistant_only_loss": chat and completion_only(cfg),
         "optim": cfg.train.optimizer,
     }
-    args = SFTConfig(
-        **sft_arguments(cfg, plan),
-        **evaluation,
-        **parallel_arguments,
-        **device_arguments,
-        **levers,
-        **loss,
-    )
+    if cfg.train.objective == "dpo":
+        from trl import DPOConfig
+
+        args = DPOConfig(
+            **preference_arguments(cfg, plan),
+            **evaluation,
+            **parallel_arguments,
+            **device_arguments,
+            **levers,
+            optim=cfg.train.optimizer,
+        )
+    else:
+        args = SFTConfig(
+            **sft_arguments(cfg, plan),
+            **evaluation,
+            **parallel_arguments,
+            **device_arguments,
+            **levers,
+            **loss,
+        )
     # trl creates the adapter before the Trainer seeds anything: seed first, so every rank (FSDP2 shards
     # each rank's own copy, it does not broadcast) and every run starts from the same LoRA A.
     set_seed(cfg.train.seed)
@@ -268,16 +282,22 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
     if peft_config is not None:
         check_target_modules(model, cfg.lora)
     total = sum(p.numel() for p in model.parameters())
+    if cfg.train.objective == "dpo":  # pairs as prepared; trl disables the adapter or loads the copy for its reference
+        records = {"train_dataset": datasets["train"], "eval_dataset": validation}
+    else:
+        records = {
+            "train_dataset": loss_records(cfg, datasets["train"]),
+            "eval_dataset": loss_records(cfg, validation),
+            "formatting_func": None if completion_only(cfg) or chat else formatting_func(cfg),
+        }
     trainer = engine_trainer_class(cfg.train.objective)(
         model=model,
         args=args,
-        train_dataset=loss_records(cfg, datasets["train"]),
-        eval_dataset=loss_records(cfg, validation),
         processing_class=tokenizer,
         peft_config=peft_config,
-        formatting_func=None if completion_only(cfg) or chat else formatting_func(cfg),
         fsdp=fsdp,
         run_config=cfg,
+        **records,
     )
     trainer.peft_config_for_export = peft_config
     trainer.loss_guard = NonFiniteLossGuard(
@@ -299,7 +319,11 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer):
         f"attention {methods.attention_kernel(cfg)}, compile {cfg.train.compile}, liger {methods.liger_enabled(cfg)}, "
         f"gradient checkpointing {cfg.train.gradient_checkpointing}; "
         f"{'chat-format records, ' if chat else ''}"
-        f"loss on {'the answers only' if completion_only(cfg) else 'every token'}"
+        + (
+            reference_line(cfg)
+            if cfg.train.objective == "dpo"
+            else f"loss on {'the answers only' if completion_only(cfg) else 'every token'}"
+        )
     )
     dtypes = ", ".join(f"{name} {count:,}" for name, count in sorted(trainer.parameter_dtypes.items()))
     compute = "bf16" if methods.computes_in_bf16(cfg) else "fp32"
