@@ -3,7 +3,7 @@ DPOTrainer's on the same tiny model, pairs, LoRA config and seed; a run with ano
 
 Both read the same prompt/chosen/rejected JSONL; the plain run is trl as its docs use it (DPOConfig, DPOTrainer,
 peft LoraConfig, the adapter-disabled reference), with the run config's numbers typed in. On CPU in fp32 the two
-take the same operations, so the tolerance is float noise (measured: identical to 1e-6 relative)."""
+take the same operations, so the tolerance is float noise (measured: 6.0e-7 relative at most over the 4 steps)."""
 
 from __future__ import annotations
 

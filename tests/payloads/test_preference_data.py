@@ -119,3 +119,35 @@ def test_dpo_keys_and_refusals_are_one_line_each():
     with pytest.raises(config.ConfigError, match=r"dpo.beta: invalid value 0.0"):
         config.from_dict({"train": {"objective": "dpo", "backend": "torch"}, "dpo": {"beta": 0}})
     assert "dpo" in config.learning_keys()  # a finished run resubmitted with another beta is refused
+
+
+def doc_block(text: str, name: str) -> str:
+    """The fenced block after docs/training.md's ``<!-- dpo example: NAME -->`` marker."""
+    after = text.split(f"<!-- dpo example: {name} -->\n", 1)[1]
+    return after.split("```", 2)[1].split("\n", 1)[1]
+
+
+def test_the_docs_worked_example_runs_as_written(tmp_path, tiny_models_dir):
+    import os
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    text = (repo / "docs" / "training.md").read_text()
+    (tmp_path / "pairs.jsonl").write_text(doc_block(text, "pairs.jsonl"))
+    (tmp_path / "dpo.toml").write_text(doc_block(text, "dpo.toml"))
+    models = tmp_path / ".rehearsal" / "fsx" / "models"
+    models.mkdir(parents=True)
+    (models / "tiny-llama").symlink_to(tiny_models_dir / "tiny-llama")
+    env = {**os.environ, "PYTHONPATH": str(repo / "payloads")}
+    outputs = []
+    for line in doc_block(text, "commands").splitlines():
+        program, *args = shlex.split(line)
+        assert program == ".venv/bin/python"
+        done = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        outputs.append(done.stdout)
+    assert "[[" in outputs[0] and "4 preference pairs" in outputs[0]
+    assert "reference: the policy with its adapter disabled" in outputs[1] and "finished at step 2" in outputs[1]
