@@ -742,16 +742,8 @@ def check_fields(cfg: RunConfig) -> None:
 
 def validate(cfg: RunConfig) -> None:
     """Each key's rules, then the checks that join keys; each failure names the key."""
-    _require(
-        cfg.train.method not in OBJECTIVES,
-        "train.method",
-        cfg.train.method,
-        f"{', '.join(METHODS)}: {cfg.train.method} is a loss, not what is trained; set train.objective = "
-        f'"{cfg.train.method}" and train.method to what it trains',
-    )
+    check_objective_keys(cfg)
     check_fields(cfg)
-    if cfg.train.objective == "dpo":
-        check_preference_keys(cfg)
     _require(
         not (cfg.data.blocks and cfg.data.packing),
         "data.packing",
@@ -807,8 +799,18 @@ def validate(cfg: RunConfig) -> None:
     )
 
 
-def check_preference_keys(cfg: RunConfig) -> None:
-    """What train.objective = "dpo" cannot run with: each pair is padded on its own (trl 1.16's DPO has no packing)."""
+def check_objective_keys(cfg: RunConfig) -> None:
+    """train.method naming a loss (train.objective's), and what train.objective = "dpo" cannot run with: each pair
+    is padded on its own (trl 1.16's DPO has no packing)."""
+    _require(
+        cfg.train.method not in OBJECTIVES,
+        "train.method",
+        cfg.train.method,
+        f"{', '.join(METHODS)}: {cfg.train.method} is a loss, not what is trained; set train.objective = "
+        f'"{cfg.train.method}" and train.method to what it trains',
+    )
+    if cfg.train.objective != "dpo":
+        return
     _require(not cfg.data.packing, "data.packing", cfg.data.packing, "false with train.objective dpo (no DPO packing)")
     _require(not cfg.data.blocks, "data.blocks", cfg.data.blocks, "false with train.objective dpo (it needs pairs)")
 
