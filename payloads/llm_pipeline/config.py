@@ -354,6 +354,13 @@ class TrainConfig:
         "what is trained",
         Rule(lambda value: value != "grpo", "sft or dpo (grpo is being built)"),
     )
+    init_from: str = described(
+        "",
+        "start from another finished run's merged model (its merged/ folder becomes paths.model_dir, which must then "
+        "be left unset): a run folder name in the same outputs folder as paths.output_dir, or an absolute run "
+        "folder; submit chains this run after that run's merge job while its chain is queued or running; empty: "
+        "paths.model_dir's model",
+    )
     optimizer: Optimizer = described(
         "adamw_torch",
         "AdamW implementation (torch backend): adamw_torch (fp32 moments), adamw_8bit (bitsandbytes 8-bit moments), "
@@ -906,6 +913,8 @@ def from_dict(raw: dict[str, Any], base_dir: Path | None = None, env: dict[str, 
             value = base_dir / value
         resolved[f.name] = str(value)
     parts["paths"] = PathsConfig(**resolved)
+    if parts["train"].init_from:
+        parts["train"], parts["paths"] = _from_init_run(parts["train"], parts["paths"], raw, env)
     # The dataset may be a local file under a cluster folder (e.g. ${HPL_DATASETS_DIR}/dolly.jsonl), or beside
     # the config (a relative path).
     data = parts["data"]
@@ -931,6 +940,33 @@ def from_dict(raw: dict[str, Any], base_dir: Path | None = None, env: dict[str, 
     cfg = RunConfig(**parts)
     validate(cfg)
     return cfg
+
+
+def init_run_dir(init_from: str, output_dir: str) -> Path:
+    """The run folder train.init_from names: a bare name is a run beside ``output_dir`` (the same outputs folder)."""
+    return Path(init_from) if Path(init_from).is_absolute() else Path(output_dir).parent / init_from
+
+
+def _from_init_run(train: TrainConfig, paths: PathsConfig, raw: dict, env) -> tuple[TrainConfig, PathsConfig]:
+    """train.init_from made the absolute run folder, and paths.model_dir its merged model."""
+    name = str(Path(expand(train.init_from, "train.init_from", env)).expanduser())
+    if "/" in name and not Path(name).is_absolute():
+        raise ConfigError(
+            f"train.init_from: {name!r} is a relative path: give a run folder name (beside paths.output_dir) or an "
+            "absolute run folder"
+        )
+    if "model_dir" in raw.get("paths", {}):
+        raise ConfigError(
+            "paths.model_dir: train.init_from sets it (to the named run's merged/ folder): remove one of the two"
+        )
+    folder = init_run_dir(name, paths.output_dir)
+    if folder == Path(paths.output_dir):
+        raise ConfigError(f"train.init_from: {name!r} is this run's own folder: name the finished run to start from")
+    return (
+        dataclasses.replace(train, init_from=str(folder)),
+        # the named run's merge step output, in its run folder's layout
+        dataclasses.replace(paths, model_dir=str(dataclasses.replace(paths, output_dir=str(folder)).merged_dir)),
+    )
 
 
 # Python 3.10 (the controller's python3, and a laptop's) has no tomllib: there run configs are read with tomli,

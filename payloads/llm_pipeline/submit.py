@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from llm_pipeline import __version__, ladder_submit, run_state
+from llm_pipeline.config import PathsConfig
 from llm_pipeline.jobs import accounts, capacity_chain, deploy_facts, estimate, pipeline_status, smoke
 from llm_pipeline.jobs.chain import (
     PAYLOADS_DIR,
@@ -38,6 +39,7 @@ from llm_pipeline.jobs.chain import (
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts, read_run_facts
 from llm_pipeline.run_files import CHECKPOINT, StepLog
+from llm_pipeline.weights import model_files
 
 # The pipeline: every step in order, each one record (payloads/slurm/<step>.sbatch; a training job runs the same
 # steps, gather too: sagemaker_job). Shared steps run once, their image, model and data serve the smoke run too;
@@ -126,6 +128,37 @@ def check_earlier_outputs(facts: RunFacts, first: str, *, replace: bool) -> list
     return [checkpoints, *found] if changed else found
 
 
+INIT_STEP = "merge"  # the step whose output train.init_from starts from (config.py: the named run's merged/)
+
+
+def init_run_wait(facts: RunFacts) -> str | None:
+    """train.init_from's run: the job id of its merge job while that is queued or running (this chain waits for it),
+    None when its merged model is there; refused when the run is not there, or has neither."""
+    cfg = facts.run
+    if cfg is None or not cfg.train.init_from:
+        return None
+    folder, model = Path(cfg.train.init_from), Path(cfg.paths.model_dir)
+    if not folder.is_dir():
+        raise SubmitError(
+            f"train.init_from: no run {folder.name} in {folder.parent}: name a run folder there, or submit that "
+            "run first"
+        )
+    try:
+        states = pipeline_status.step_states(PathsConfig(output_dir=str(folder)).logs_dir, slurm)
+    except pipeline_status.SlurmUnreachable as exc:
+        raise SubmitError(f"cannot tell whether train.init_from's run {folder} still runs ({exc}): try again") from None
+    merge = next((state for state in states if state.step == INIT_STEP and state.active), None)
+    if merge:
+        return merge.job
+    missing = model_files.missing_parts(model) if model.is_dir() else [model.name + "/"]
+    if missing:
+        raise SubmitError(
+            f"train.init_from: run {folder} has no merged model (lacks {', '.join(missing)}) and no {INIT_STEP} job "
+            "queued or running: submit that run (through merge) first"
+        )
+    return None
+
+
 def move_aside(facts: RunFacts, outputs: list[Path]) -> Path | None:
     """Move ``outputs`` into <run>/replaced/<UTC time>/, each with one rename (same file system): every
     output is either still in place or moved whole, never half."""
@@ -151,10 +184,15 @@ def submit(
             for job in pipeline_status.read_record(facts.logs_dir)
             if job.step in STEPS and STEPS.index(job.step) < STEPS.index(first)  # (a ladder's steps are not)
         ]
+        after = init_run_wait(facts)
+        if after:
+            print(
+                f"train.init_from: this chain starts after {Path(facts.run.train.init_from).name}'s merge job {after}"
+            )
         claim_id = capacity_chain.claim_for_chain(facts, env)  # a group that scales with runs: its nodes first
         jobs = [capacity_chain.wait_job(facts), *pipeline_jobs(first)] if claim_id else pipeline_jobs(first)
         try:
-            submitted = submit_chain(facts, jobs, env, kept=kept, smoke_stage=smoke_stage)
+            submitted = submit_chain(facts, jobs, env, kept=kept, smoke_stage=smoke_stage, after=after)
         except BaseException:
             capacity_chain.give_back_now(claim_id, env)
             raise
@@ -287,7 +325,7 @@ def _main(args: argparse.Namespace) -> int:
         else:
             for path in check_earlier_outputs(facts, args.first, replace=args.replace_outputs):
                 print(f"# first: move {path} aside into {facts.output_dir / REPLACED_FOLDER}/<time>/")
-            dry_run(facts, pipeline_jobs(args.first), env, smoke_stage=args.smoke)
+            dry_run(facts, pipeline_jobs(args.first), env, smoke_stage=args.smoke, after=init_run_wait(facts))
         print(f"# {accounts.describe(env)}", file=sys.stderr)  # stdout stays the script
         return 0
     require_sbatch()

@@ -145,3 +145,5 @@ def test_the_dpo_example_starts_from_the_sft_examples_merged_model():
     assert (dpo.train.objective, dpo.train.method, dpo.train.backend) == ("dpo", "lora", "torch")
     assert dpo.parallel.devices_per_node == INSTANCE_TYPES["ml.g6e.xlarge"].devices
     assert dpo.paths.model_dir == f"{sft.paths.output_dir}/merged" and dpo.model.id == sft.model.id
+    assert dpo.train.init_from == sft.paths.output_dir  # named, not a hard-coded path
+    assert "model_dir" not in (CONFIGS / "llama3-8b-dpo-g6e.toml").read_text()

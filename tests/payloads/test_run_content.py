@@ -29,6 +29,7 @@ CHANGED = {
     "data": ("max_length", 96, "data.max_length (finished with 128, now 96)"),
     "lora": ("r", 16, "lora.r (finished with 8, now 16)"),
     "train": ("learning_rate", 1e-3, "train.learning_rate (finished with 0.005, now 0.001)"),
+    "dpo": ("beta", 0.2, "dpo.beta (finished with 0.1, now 0.2)"),
 }
 
 
