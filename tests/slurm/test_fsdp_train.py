@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -148,7 +149,11 @@ def test_two_ranks_match_one_process_step_by_step(request, runs):
     assert "2 process(es), FSDP2" in log and "2 data-parallel replica(s)" in log
     assert len(losses(fsdp)) == STEPS
     assert losses(fsdp) == pytest.approx(losses(single), abs=1e-4)
-    assert losses(fsdp)[-1] < losses(fsdp)[0]
+    if fsdp.train.objective == "dpo":  # four noisy pairs' batches: no trend, but the policy leaves its reference
+        assert losses(fsdp)[0] == pytest.approx(math.log(2), abs=1e-6)  # the adapter disabled: policy = reference
+        assert all(abs(loss - math.log(2)) > 1e-4 for loss in losses(fsdp)[1:])
+    else:
+        assert losses(fsdp)[-1] < losses(fsdp)[0]
     checkpoint = fsdp.paths.checkpoints_dir / f"checkpoint-{STEPS}"
     shards = sorted(p.name for p in (checkpoint / "pytorch_model_fsdp_0").glob("*.distcp"))
     assert shards == ["__0_0.distcp", "__1_0.distcp"]  # one shard per rank
