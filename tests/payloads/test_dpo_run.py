@@ -140,3 +140,15 @@ def test_a_short_run_with_each_reference_and_adapter_method_trains(keys, line, h
     assert line in out and "finished at step 2" in out
     assert all(line.loss == line.loss for line in ProgressLine.parse_all(out))  # not NaN
     assert tiny_config(hpl_env, **sections).train.objective == "dpo"
+
+
+def test_the_estimate_counts_a_dpo_epoch_in_pairs_from_the_data_steps_report(dpo_run):
+    import dataclasses
+
+    from llm_pipeline.jobs import estimate
+
+    _, cfg, _ = dpo_run
+    by_epochs = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=-1, epochs=2.0))
+    steps, basis = estimate.long_steps(by_epochs, cfg.paths.checkpoints_dir.parent, "train")
+    # 24 pairs, 6 held out: 18 pairs of 4 a step, one replica
+    assert (steps, basis.split(" (")[0]) == (10, "train.epochs 2 x 5 steps per epoch on 1 data-parallel replica(s)")
