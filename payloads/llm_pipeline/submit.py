@@ -4,7 +4,8 @@
     python3 -m llm_pipeline.submit status --config configs/default.toml
 
 One sbatch job per step (payloads/slurm/<step>.sbatch), each after the previous one succeeded
-(--dependency=afterok, --kill-on-invalid-dep=yes: a failed step cancels the rest). Prints one line
+(--dependency=afterok, --kill-on-invalid-dep=yes: a failed step cancels the rest); with train.init_from, the first
+waits for the named run's merge job while that run's chain is queued or running (init_run_wait). Prints one line
 `submitted <step> job <id>` per step and where the logs are (<run folder>/logs/<step>-<job>.log).
 Runs on the controller's system python3 (3.10, stdlib only): it loads and validates the whole run config
 (config.load, llm_pipeline.jobs.run_facts) as the steps do.
