@@ -85,7 +85,9 @@ def test_sft_then_dpo_submitted_back_to_back_runs_as_one_chain(one_node, tmp_pat
     assert "reference: the policy with its adapter disabled" in logs["train"]
     assert [line.step for line in ProgressLine.parse_all(logs["train"])] == [1, 2, 3, 4]
     assert "eval_rewards/accuracies" in logs["train"]  # trl's held-out reward accuracy at the evaluation
-    assert f"adapter written to {dpo.adapter_dir}" in logs["consolidate"] or dpo.adapter_dir.is_dir()
+    assert f"adapter written to {dpo.adapter_dir}: " in logs["consolidate"]
+    assert f"merge: base {sft.merged_dir} " in logs["merge"]  # the DPO adapter added to the SFT model
+    assert f"merged model written to {dpo.merged_dir}" in logs["merge"]
     assert str(dpo.merged_dir) in logs["generate"] and dpo.generation_file.is_file()
     dpo_model = (dpo.merged_dir / "model.safetensors").read_bytes()
     assert dpo_model != (sft.merged_dir / "model.safetensors").read_bytes()  # DPO changed the SFT model
