@@ -151,6 +151,40 @@ def write_chat_jsonl(path: Path, count: int, seed: int = 0) -> Path:
     return path
 
 
+def preference_records(count: int, seed: int = 0, *, chat: bool = False) -> list[dict]:
+    """Preference pairs (train.objective dpo): the dolly prompt with its response chosen and the response's words
+    reversed rejected; ``chat``: the prompt as a user turn and each answer as an assistant turn."""
+    pairs = []
+    for record in dolly_records(count, seed):
+        chosen = record["response"]
+        rejected = " ".join(reversed(chosen.rstrip(".").split())).capitalize() + "."
+        if chat:
+            turn = [{"role": "user", "content": record["instruction"]}]
+            pairs.append(
+                {
+                    "prompt": turn,
+                    "chosen": [{"role": "assistant", "content": chosen}],
+                    "rejected": [{"role": "assistant", "content": rejected}],
+                }
+            )
+        else:
+            pairs.append(
+                {
+                    "instruction": record["instruction"],
+                    "context": record["context"],
+                    "chosen": chosen,
+                    "rejected": rejected,
+                }
+            )
+    return pairs
+
+
+def write_preference_jsonl(path: Path, count: int, seed: int = 0, *, chat: bool = False) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(record) + "\n" for record in preference_records(count, seed, chat=chat)))
+    return path
+
+
 def build_tokenizer():
     """A word-level fast tokenizer over the tiny vocabulary, saved like a Hub tokenizer."""
     from tokenizers import Tokenizer, models, pre_tokenizers

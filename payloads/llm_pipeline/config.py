@@ -41,6 +41,9 @@ HealthNodeAction = Literal["drain", "reboot", "replace"]
 RolloutPlacement = Literal["auto", "colocated", "node"]  # grpo.rollout: where the vLLM rollout server runs
 BACKENDS, DTYPES, METHODS = get_args(Backend), get_args(Dtype), get_args(Method)
 OBJECTIVES = get_args(Objective)
+# dpo.loss_type: trl 1.16 DPOConfig's pairwise losses that need nothing beyond beta and label_smoothing
+DpoLoss = Literal["sigmoid", "ipo", "hinge", "robust", "exo_pair", "sigmoid_norm", "apo_zero", "apo_down"]
+DpoReference = Literal["auto", "precomputed"]
 STRATEGIES, ATTENTIONS, OPTIMIZERS = get_args(Strategy), get_args(Attention), get_args(Optimizer)
 QLORA_MERGE_BASES = get_args(QloraMergeBase)
 # The health gate's checks by name (jobs/health.py runs them; train.health_skip may name them).
@@ -367,7 +370,13 @@ class TrainConfig:
         "optimization on prompt/chosen/rejected records), grpo (group relative policy optimization with rewards "
         "on completions sampled from a vLLM server); dpo and grpo on the torch backend; train.method still says "
         "what is trained",
-        Rule(lambda value: value != "dpo", "sft or grpo for now (dpo is being built)"),
+    )
+    init_from: str = described(
+        "",
+        "start from another finished run's merged model (its merged/ folder becomes paths.model_dir, which must then "
+        "be left unset): a run folder name in the same outputs folder as paths.output_dir, or an absolute run "
+        "folder; submit chains this run after that run's merge job while its chain is queued or running; empty: "
+        "paths.model_dir's model",
     )
     optimizer: Optimizer = described(
         "adamw_torch",
@@ -425,6 +434,32 @@ class TrainConfig:
             return None
         first, _, last = self.profile.partition("-")
         return int(first), int(last or first)
+
+
+@dataclass(frozen=True)
+class DpoConfig:
+    """train.objective = "dpo" (trl's DPOTrainer on the torch backend; docs/training.md, Preference tuning)."""
+
+    beta: float = ranged(
+        0.1, POSITIVE, "how far the policy may move from the reference: higher keeps it closer (trl's beta)"
+    )
+    loss_type: DpoLoss = described(
+        "sigmoid",
+        "the preference loss: sigmoid (DPO), ipo, hinge, robust (label-noise robust, with label_smoothing), "
+        "exo_pair, sigmoid_norm (length-normalized), apo_zero or apo_down (anchored)",
+    )
+    label_smoothing: float = ranged(
+        0.0,
+        Rule(lambda value: 0 <= value < 0.5, "0 <= x < 0.5"),
+        "the share of preference labels assumed flipped (loss_type robust; exo_pair's epsilon); 0: none",
+    )
+    reference: DpoReference = described(
+        "auto",
+        "the reference model the policy is held to: auto (adapter methods: the policy with its adapter disabled, no "
+        "second copy; full: a frozen copy of the base, its weights' memory again, stated by the dry run), "
+        "precomputed (the reference's log-probabilities of every record computed once before training, then no "
+        "reference is held: worth it for full, where it saves the copy)",
+    )
 
 
 @dataclass(frozen=True)
@@ -686,6 +721,7 @@ class RunConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    dpo: DpoConfig = field(default_factory=DpoConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     merge: MergeConfig = field(default_factory=MergeConfig)
@@ -711,7 +747,7 @@ class RunConfig:
 # The sections whose keys may change what a run learns; each field says whether it does (``learns``).
 LEARNING_SECTIONS = ("model", "data", "lora", "train")
 # An objective's own section (train.objective: section): its learning keys count for the runs of that objective only.
-OBJECTIVE_SECTIONS = {"grpo": "grpo"}
+OBJECTIVE_SECTIONS = {"dpo": "dpo", "grpo": "grpo"}
 
 
 def learning_keys() -> dict[str, dict[str, Any]]:
@@ -820,6 +856,7 @@ def check_fields(cfg: RunConfig) -> None:
 
 def validate(cfg: RunConfig) -> None:
     """Each key's rules, then the checks that join keys; each failure names the key."""
+    check_objective_keys(cfg)
     check_fields(cfg)
     _require(
         not (cfg.data.blocks and cfg.data.packing),
@@ -876,6 +913,22 @@ def validate(cfg: RunConfig) -> None:
         job.max_wait_hours,
         "0 (twice max_runtime_hours), or between job.max_runtime_hours and 672",
     )
+
+
+def check_objective_keys(cfg: RunConfig) -> None:
+    """train.method naming a loss (train.objective's), and what train.objective = "dpo" cannot run with: each pair
+    is padded on its own (trl 1.16's DPO has no packing)."""
+    _require(
+        cfg.train.method not in OBJECTIVES,
+        "train.method",
+        cfg.train.method,
+        f"{', '.join(METHODS)}: {cfg.train.method} is a loss, not what is trained; set train.objective = "
+        f'"{cfg.train.method}" and train.method to what it trains',
+    )
+    if cfg.train.objective != "dpo":
+        return
+    _require(not cfg.data.packing, "data.packing", cfg.data.packing, "false with train.objective dpo (no DPO packing)")
+    _require(not cfg.data.blocks, "data.blocks", cfg.data.blocks, "false with train.objective dpo (it needs pairs)")
 
 
 _TASK_LINE = re.compile(r"^task:\s*['\"]?([A-Za-z0-9_.-]+)", re.MULTILINE)
@@ -1029,6 +1082,8 @@ def from_dict(raw: dict[str, Any], base_dir: Path | None = None, env: dict[str, 
             value = base_dir / value
         resolved[f.name] = str(value)
     parts["paths"] = PathsConfig(**resolved)
+    if parts["train"].init_from:
+        parts["train"], parts["paths"] = _from_init_run(parts["train"], parts["paths"], raw, env)
     # The dataset may be a local file under a cluster folder (e.g. ${HPL_DATASETS_DIR}/dolly.jsonl), or beside
     # the config (a relative path).
     data = parts["data"]
@@ -1067,6 +1122,33 @@ def from_dict(raw: dict[str, Any], base_dir: Path | None = None, env: dict[str, 
     cfg = RunConfig(**parts)
     validate(cfg)
     return cfg
+
+
+def init_run_dir(init_from: str, output_dir: str) -> Path:
+    """The run folder train.init_from names: a bare name is a run beside ``output_dir`` (the same outputs folder)."""
+    return Path(init_from) if Path(init_from).is_absolute() else Path(output_dir).parent / init_from
+
+
+def _from_init_run(train: TrainConfig, paths: PathsConfig, raw: dict, env) -> tuple[TrainConfig, PathsConfig]:
+    """train.init_from made the absolute run folder, and paths.model_dir its merged model."""
+    name = str(Path(expand(train.init_from, "train.init_from", env)).expanduser())
+    if "/" in name and not Path(name).is_absolute():
+        raise ConfigError(
+            f"train.init_from: {name!r} is a relative path: give a run folder name (beside paths.output_dir) or an "
+            "absolute run folder"
+        )
+    if "model_dir" in raw.get("paths", {}):
+        raise ConfigError(
+            "paths.model_dir: train.init_from sets it (to the named run's merged/ folder): remove one of the two"
+        )
+    folder = init_run_dir(name, paths.output_dir)
+    if folder == Path(paths.output_dir):
+        raise ConfigError(f"train.init_from: {name!r} is this run's own folder: name the finished run to start from")
+    return (
+        dataclasses.replace(train, init_from=str(folder)),
+        # the named run's merge step output, in its run folder's layout
+        dataclasses.replace(paths, model_dir=str(dataclasses.replace(paths, output_dir=str(folder)).merged_dir)),
+    )
 
 
 # Python 3.10 (the controller's python3, and a laptop's) has no tomllib: there run configs are read with tomli,

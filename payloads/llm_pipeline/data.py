@@ -40,7 +40,7 @@ from llm_pipeline.prompt import (
     is_chat,
 )
 from llm_pipeline.run_files import DATA_SOURCE_FILE, DATA_STATS_FILE, DataSource, DataStats
-from llm_pipeline.training import data_stats, text_blocks
+from llm_pipeline.training import data_stats, preference_data, text_blocks
 from llm_pipeline.training.backends import resolve_backend
 from llm_pipeline.training.plan import say
 from llm_pipeline.training.rewards import ANSWER_COLUMN
@@ -244,10 +244,13 @@ def validate_prompts(dataset, source: str, needs_answer: bool):
     return dataset
 
 
-def validated_records(data: DataConfig, tokenizer, grpo: GrpoConfig | None = None):
-    """The loaded records, validated as chat-format or dolly records by their columns; with ``grpo`` (train.objective
-    grpo), as prompt records."""
+def validated_records(data: DataConfig, tokenizer, objective: str = "sft", grpo: GrpoConfig | None = None):
+    """The loaded records, validated as preference pairs (train.objective dpo), as prompt records (``grpo``: train.
+    objective grpo, whose rewards say whether an answer is needed), or as chat-format or dolly records by their
+    columns."""
     dataset = load_source(data)
+    if objective == "dpo":
+        return preference_data.validate_preferences(dataset, data.dataset, tokenizer)
     if grpo is not None:
         return validate_prompts(dataset, data.dataset, needs_answer=bool(set(grpo.rewards) & ANSWER_REWARDS))
     if is_chat(dataset.column_names):
@@ -321,6 +324,7 @@ def source_record(cfg: RunConfig) -> DataSource:
         seed=cfg.train.seed,
         tokenizer=tokenizer_digest(cfg.paths.model_dir),
         dataset_files=dataset_files_digest(cfg.data.dataset),
+        objective=cfg.train.objective,
     )
     return DataSource.from_json(made.to_json())
 
@@ -336,8 +340,13 @@ def prepare(cfg: RunConfig, tokenizer=None) -> Path:
     if cfg.data.blocks:
         prepared, report = prepare_blocks(cfg, tokenizer, backend)
         describe = text_blocks.describe_blocks
+    elif cfg.train.objective == "dpo":
+        prepared = split(validated_records(cfg.data, tokenizer, "dpo"), cfg.data, cfg.train.seed)
+        report = preference_data.preference_report(prepared["train"], tokenizer, cfg, backend)
+        check_room_for_answers(report, cfg.data)
+        describe = preference_data.describe_preferences
     else:
-        records = validated_records(cfg.data, tokenizer, grpo_records(cfg))
+        records = validated_records(cfg.data, tokenizer, grpo=grpo_records(cfg))
         if not is_chat(records.column_names) and PROMPT_COLUMN not in records.column_names:
             data_stats.check_template_fits(tokenizer, cfg.data.max_length)
         prepared = split(records, cfg.data, cfg.train.seed)
@@ -429,7 +438,10 @@ def preview(cfg: RunConfig, tokenizer_dir: str = "") -> None:
     tokenizer = load_tokenizer(tokenizer_dir or cfg.paths.model_dir)
     if cfg.data.blocks:
         raise StepError("data.blocks trains on every token of fixed-length blocks: there is no span to preview")
-    records = validated_records(cfg.data, tokenizer, grpo_records(cfg))
+    if cfg.train.objective == "dpo":
+        preference_preview(cfg, tokenizer)
+        return
+    records = validated_records(cfg.data, tokenizer, grpo=grpo_records(cfg))
     if not is_chat(records.column_names) and PROMPT_COLUMN not in records.column_names:
         data_stats.check_template_fits(tokenizer, cfg.data.max_length)
     train = split(records, cfg.data, cfg.train.seed)["train"]
@@ -449,6 +461,15 @@ def preview(cfg: RunConfig, tokenizer_dir: str = "") -> None:
     print(torch_preview.describe(example, tokenizer, cfg.data.max_length), flush=True)
     report = data_stats.padding_report(train, tokenizer, cfg, resolve_backend(cfg.train.backend))
     print(data_stats.describe(report), flush=True)
+
+
+def preference_preview(cfg: RunConfig, tokenizer) -> None:
+    """The first training pair as trl's DPOTrainer tokenizes it, each answer's trained span marked, then the report."""
+    train = split(validated_records(cfg.data, tokenizer, "dpo"), cfg.data, cfg.train.seed)["train"]
+    print(f"first training pair of {cfg.data.dataset}, as the trainer tokenizes it", flush=True)
+    print(preference_data.describe_pair(train[0], tokenizer, cfg.data.max_length), flush=True)
+    report = preference_data.preference_report(train, tokenizer, cfg, resolve_backend(cfg.train.backend))
+    print(preference_data.describe_preferences(report), flush=True)
 
 
 DESCRIPTION = (

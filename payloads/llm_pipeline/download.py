@@ -106,6 +106,15 @@ def fetch(model_id: str, revision: str, folder: Path, token: str | None, endpoin
 def download(cfg: RunConfig, endpoint: str | None = None) -> Path:
     folder = Path(cfg.paths.model_dir)
     dtype = cfg.model.dtype
+    if cfg.train.init_from:  # another run's merged model: read as it is, never written here
+        missing = model_files.missing_parts(folder) if folder.is_dir() else ["the folder"]
+        if missing:
+            raise StepError(
+                f"train.init_from: {folder} lacks {', '.join(missing)}: that run's merge step writes it; submit "
+                "that run (or its merge) first"
+            )
+        print(f"{folder} is train.init_from's merged model; nothing to download", flush=True)
+        return folder
     if model_files.is_complete(folder, dtype):
         model_files.share(folder)  # what this user put there (a download stand-in) for the cluster's other users
         print(f"{folder} already holds {cfg.model.id} in {dtype}; nothing to download", flush=True)

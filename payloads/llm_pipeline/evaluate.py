@@ -17,6 +17,12 @@ models, greedily. Writes into <run>/eval/: eval.json,
 report.md (the numbers, the answers side by side, the chart) and result.png, the run's one chart: its
 training loss and learning rate from its own metrics, with the base and tuned validation loss.
 compare shows these numbers next to the run's curve when it compares runs.
+
+A DPO run's held-out rows are preference pairs: each model scores both answers of each pair (the summed
+log-probability of the answer tokens after the prompt, split and cut as training did), and the report gives its
+preference accuracy (the share of pairs whose chosen answer it finds likelier) and mean log-probability margin;
+then the tuned model's DPO reward accuracy and margin against the base as reference (PREFERENCE_METRICS), the
+figures trl logs as eval rewards/accuracies and rewards/margins during training, here on the finished models.
 """
 
 from __future__ import annotations
@@ -34,6 +40,14 @@ from llm_pipeline.training.plan import completion_only
 from llm_pipeline.training.trained_tokens import IGNORED, prepared_records
 
 EVAL_JSON, REPORT, RESULT_CHART = "eval.json", "report.md", "result.png"
+# A DPO run's figures in eval.json and report.md: per model, then the tuned model's against the base as reference.
+PREFERENCE_METRICS = {
+    "preference_accuracy": "share of held-out pairs whose chosen answer the model finds likelier than the rejected",
+    "logp_margin": "mean log-probability of the chosen answer minus the rejected's",
+    "reward_accuracy": "share of pairs whose chosen-minus-rejected log-probability margin the tuning raised "
+    "(tuned minus base > 0): DPO's reward accuracy with the base as reference",
+    "reward_margin": "dpo.beta x the mean of that raise: DPO's reward margin with the base as reference",
+}
 OBJECTIVE_ANSWERS = "answer tokens only, as training computed its loss"
 OBJECTIVE_ALL = "every token, as training computed its loss"
 
@@ -104,6 +118,55 @@ def score(model, rows: list[list[int]], *, batch_size: int, labels: list[list[in
     return {"validation_loss": loss, "perplexity": math.exp(loss), "tokens": tokens, "rows": len(rows)}
 
 
+def is_preference(rows: list[dict]) -> bool:
+    from llm_pipeline.training.preference_data import PREFERENCE_COLUMNS
+
+    return bool(rows) and set(PREFERENCE_COLUMNS) <= rows[0].keys()
+
+
+def answer_logps(cfg: RunConfig, model, tokenizer, rows: list[dict]) -> list[tuple[float, float]]:
+    """(chosen, rejected) summed log-probability of each pair's answer tokens after its prompt, split as trl splits
+    them and cut at data.max_length."""
+    import torch
+
+    from llm_pipeline.training.preference_data import ANSWERS, answer_ids
+
+    device = next(model.parameters()).device
+    found = []
+    for row in rows:
+        sums = []
+        for name in ANSWERS:
+            prompt, answer = answer_ids(row, name, tokenizer)
+            ids = (prompt + answer)[: cfg.data.max_length]
+            if len(ids) <= len(prompt):
+                raise StepError(f"a held-out pair's prompt fills data.max_length {cfg.data.max_length}: raise it")
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([ids], device=device)).logits.float()[0, :-1]
+            picked = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:], device=device)[:, None])[:, 0]
+            sums.append(float(picked[len(prompt) - 1 :].sum()))
+        found.append((sums[0], sums[1]))
+    return found
+
+
+def preference_scores(pairs: list[tuple[float, float]]) -> dict:
+    margins = [chosen - rejected for chosen, rejected in pairs]
+    return {
+        "preference_accuracy": sum(m > 0 for m in margins) / len(margins),
+        "logp_margin": sum(margins) / len(margins),
+        "rows": len(margins),
+        "pair_logps": pairs,
+    }
+
+
+def reward_scores(cfg: RunConfig, base: dict, tuned: dict) -> dict:
+    """The tuned model's DPO reward accuracy and margin with the base as reference (PREFERENCE_METRICS)."""
+    raised = [(tc - tr) - (bc - br) for (bc, br), (tc, tr) in zip(base["pair_logps"], tuned["pair_logps"], strict=True)]
+    return {
+        "reward_accuracy": sum(r > 0 for r in raised) / len(raised),
+        "reward_margin": cfg.dpo.beta * sum(raised) / len(raised),
+    }
+
+
 def held_out_scores(cfg: RunConfig, model, tokenizer, rows: list[dict]) -> dict:
     """The validation loss as training computed it (the objective), and the all-token figure beside it when
     training trained on the answers only."""
@@ -141,7 +204,14 @@ def evaluate_model(
     if torch.cuda.is_available():
         model = model.to("cuda")
     result: dict = {"model": using}
-    if rows:
+    if is_preference(rows):
+        result |= preference_scores(answer_logps(cfg, model, tokenizer, rows))
+        print(
+            f"{name}: preference accuracy {result['preference_accuracy']:.3f}, log-probability margin "
+            f"{result['logp_margin']:+.4f} ({result['rows']} held-out pairs)",
+            flush=True,
+        )
+    elif rows:
         result |= held_out_scores(cfg, model, tokenizer, rows)
         beside = f"; every token: {result['all_tokens']['validation_loss']:.4f}" if "all_tokens" in result else ""
         print(
@@ -193,7 +263,9 @@ def as_markdown(result: dict) -> str:
     base, tuned = result["base"], result["tuned"]
     lines = ["# Evaluation: base vs tuned", "", f"- base: `{base['model']}`", f"- tuned: `{tuned['model']}`"]
     lines += [*([run_by_line(result["run_by"])] if result.get("run_by") else []), ""]
-    if result["held_out_rows"]:
+    if "reward_accuracy" in result:
+        lines += preference_markdown(result)
+    elif result["held_out_rows"]:
         both = "all_tokens" in base
         lines += [
             f"Held-out rows scored: {result['held_out_rows']} ({base['tokens']} tokens: {base['objective']}); loss "
@@ -226,6 +298,41 @@ def as_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def preference_markdown(result: dict) -> list[str]:
+    base, tuned = result["base"], result["tuned"]
+    return [
+        f"Held-out preference pairs scored: {result['held_out_rows']}; each answer's log-probability is summed over "
+        "its tokens after the prompt.",
+        "",
+        "| model | preference accuracy | log-probability margin |",
+        "|---|---|---|",
+        *(
+            f"| {name} | {scores['preference_accuracy']:.3f} | {scores['logp_margin']:+.4f} |"
+            for name, scores in (("base", base), ("tuned", tuned))
+        ),
+        "",
+        f"DPO reward accuracy {result['reward_accuracy']:.3f}, reward margin {result['reward_margin']:+.4f} (the base "
+        "as reference): "
+        + "; ".join(f"{key}: {PREFERENCE_METRICS[key]}" for key in ("reward_accuracy", "reward_margin")),
+    ]
+
+
+def preference_questions(rows: list[dict], tokenizer) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """(prompt, "", chosen answer) and the prompt as the model is given it, of each preference pair."""
+    from llm_pipeline.training.preference_data import text_of
+
+    asked, prompts = [], []
+    for row in rows:
+        prompt = row["prompt"]
+        if isinstance(prompt, list):
+            asked.append((prompt[-1]["content"], "", text_of(row["chosen"])))
+            prompts.append(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False))
+        else:
+            asked.append((prompt, "", row["chosen"]))
+            prompts.append(prompt)
+    return asked, prompts
+
+
 def chat_questions(rows: list[dict], tokenizer) -> tuple[list[tuple[str, str, str]], list[str]]:
     """(question, "", reference) and the chat-template prompt of each chat record: the conversation up to its
     last assistant turn, which is the reference."""
@@ -240,7 +347,13 @@ def chat_questions(rows: list[dict], tokenizer) -> tuple[list[tuple[str, str, st
 
 def evaluate(cfg: RunConfig) -> dict:
     rows = held_out_rows(cfg)
-    if rows and is_chat(rows[0].keys()):
+    if is_preference(rows):
+        from transformers import AutoTokenizer
+
+        asked, prompts = preference_questions(
+            rows[: cfg.eval.answers], AutoTokenizer.from_pretrained(cfg.paths.model_dir)
+        )
+    elif rows and is_chat(rows[0].keys()):
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.paths.model_dir)
@@ -251,17 +364,20 @@ def evaluate(cfg: RunConfig) -> dict:
         if not rows:
             print("no held-out split (data.validation_fraction = 0): answers only, no validation loss", flush=True)
         asked = [(cfg.generate.instruction, cfg.generate.context, None)]
-    if not (rows and is_chat(rows[0].keys())):
+    if not (rows and (is_chat(rows[0].keys()) or is_preference(rows))):
         prompts = [format_prompt(instruction, context) for instruction, context, _ in asked]
     tuned_dir, adapter_dir, quantization = tuned_model(cfg)
     base = evaluate_model(cfg, "base", Path(cfg.paths.model_dir), None, rows, prompts)
     tuned = evaluate_model(cfg, "tuned", tuned_dir, adapter_dir, rows, prompts, quantization)
     folder = cfg.paths.eval_dir
     folder.mkdir(parents=True, exist_ok=True)
+    rewards = reward_scores(cfg, base, tuned) if is_preference(rows) else {}
+    kept = ("answers", "pair_logps")  # per pair: the summaries stand for them
     result = {
         "held_out_rows": len(rows),
-        "base": {k: v for k, v in base.items() if k != "answers"},
-        "tuned": {k: v for k, v in tuned.items() if k != "answers"},
+        **rewards,
+        "base": {k: v for k, v in base.items() if k not in kept},
+        "tuned": {k: v for k, v in tuned.items() if k not in kept},
         "answers": [
             {"instruction": instruction, "context": context, "reference": reference, "base": b, "tuned": t}
             for (instruction, context, reference), b, t in zip(asked, base["answers"], tuned["answers"], strict=True)

@@ -44,6 +44,12 @@ class Refusal:
 
 REFUSALS = (
     Refusal(
+        "train.objective",
+        "dpo",
+        frozenset({NOT_TRN1}),
+        "optimum-neuron 0.4.5 trains SFT only; run DPO with the torch backend (GPU, or trn2's neuron device)",
+    ),
+    Refusal(
         "train.method",
         "dora",
         frozenset({NOT_TRN1}),

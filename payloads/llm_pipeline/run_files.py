@@ -440,6 +440,9 @@ SLURM_JOB_ID = "%j"  # sbatch --output fills it with the job id
 BENCHMARK_DIR, BENCHMARK_JSON = "benchmark", "benchmark.json"
 
 
+SERVER_LOG = "server.log"  # in its folder: a served model's vLLM output (serve, rollout_server)
+
+
 def server_log(model: str) -> str:
     """The vLLM server's log of one model (base or tuned) beside the benchmark's results (benchmark.py)."""
     return f"server-{model}.log"
@@ -528,12 +531,14 @@ DATA_SOURCE_FILE = "source.json"
 @dataclass(frozen=True)
 class DataSource:
     """What a prepared copy of the data was made from: the [data] config, the seed of its split, and
-    digests of the tokenizer files and of the local dataset file(s) ("" for a Hub dataset or when not recorded)."""
+    digests of the tokenizer files and of the local dataset file(s) ("" for a Hub dataset or when not recorded), and
+    the train.objective whose records it holds (a copy written before objectives were recorded holds sft's)."""
 
     data: dict
     seed: int
     tokenizer: str = ""
     dataset_files: str = ""
+    objective: str = "sft"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -542,7 +547,11 @@ class DataSource:
     def from_json(cls, text: str) -> DataSource:
         body = json.loads(text)
         return cls(
-            dict(body["data"]), int(body["seed"]), str(body.get("tokenizer", "")), str(body.get("dataset_files", ""))
+            dict(body["data"]),
+            int(body["seed"]),
+            str(body.get("tokenizer", "")),
+            str(body.get("dataset_files", "")),
+            str(body.get("objective", "sft")),
         )
 
     def changes(self, now: DataSource) -> list[str]:
@@ -559,6 +568,8 @@ class DataSource:
             changed.append("tokenizer (the tokenizer files in paths.model_dir differ)")
         if self.dataset_files != now.dataset_files:
             changed.append("data.dataset file(s) (written again since)")
+        if self.objective != now.objective:
+            changed.append(f"train.objective (prepared for {self.objective}, now {now.objective})")
         return changed
 
 

@@ -20,7 +20,8 @@ from llm_pipeline import cli
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.jobs.serve_job import ENDPOINT_FILE, serve_dir
-from llm_pipeline.vllm_server import SERVER_LOG, check_cpu_head_size, free_port, on_cpu, server_command, started
+from llm_pipeline.run_files import SERVER_LOG
+from llm_pipeline.vllm_server import check_cpu_head_size, free_port, on_cpu, server_command, started
 from llm_pipeline.weights import model_files
 
 TUNED_NAME = "tuned"  # what a request names as its model

@@ -4,7 +4,8 @@
     python3 -m llm_pipeline.submit status --config configs/default.toml
 
 One sbatch job per step (payloads/slurm/<step>.sbatch), each after the previous one succeeded
-(--dependency=afterok, --kill-on-invalid-dep=yes: a failed step cancels the rest). Prints one line
+(--dependency=afterok, --kill-on-invalid-dep=yes: a failed step cancels the rest); with train.init_from, the first
+waits for the named run's merge job while that run's chain is queued or running (init_run_wait). Prints one line
 `submitted <step> job <id>` per step and where the logs are (<run folder>/logs/<step>-<job>.log).
 Runs on the controller's system python3 (3.10, stdlib only): it loads and validates the whole run config
 (config.load, llm_pipeline.jobs.run_facts) as the steps do.
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 
 from llm_pipeline import __version__, ladder_submit, run_state
-from llm_pipeline.config import RunConfig
+from llm_pipeline.config import PathsConfig, RunConfig
 from llm_pipeline.jobs import accounts, capacity_chain, deploy_facts, estimate, pipeline_status, smoke
 from llm_pipeline.jobs.chain import (
     PAYLOADS_DIR,
@@ -39,6 +40,7 @@ from llm_pipeline.jobs.chain import (
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts, read_run_facts
 from llm_pipeline.run_files import CHECKPOINT, StepLog
+from llm_pipeline.weights import model_files
 
 # The pipeline: every step in order, each one record (payloads/slurm/<step>.sbatch; a training job runs the same
 # steps, gather too: sagemaker_job). Shared steps run once, their image, model and data serve the smoke run too;
@@ -138,6 +140,37 @@ def check_earlier_outputs(facts: RunFacts, first: str, *, replace: bool) -> list
     return [checkpoints, *found] if changed else found
 
 
+INIT_STEP = "merge"  # the step whose output train.init_from starts from (config.py: the named run's merged/)
+
+
+def init_run_wait(facts: RunFacts) -> str | None:
+    """train.init_from's run: the job id of its merge job while that is queued or running (this chain waits for it),
+    None when its merged model is there; refused when the run is not there, or has neither."""
+    cfg = facts.run
+    if cfg is None or not cfg.train.init_from:
+        return None
+    folder, model = Path(cfg.train.init_from), Path(cfg.paths.model_dir)
+    if not folder.is_dir():
+        raise SubmitError(
+            f"train.init_from: no run {folder.name} in {folder.parent}: name a run folder there, or submit that "
+            "run first"
+        )
+    try:
+        states = pipeline_status.step_states(PathsConfig(output_dir=str(folder)).logs_dir, slurm)
+    except pipeline_status.SlurmUnreachable as exc:
+        raise SubmitError(f"cannot tell whether train.init_from's run {folder} still runs ({exc}): try again") from None
+    merge = next((state for state in states if state.step == INIT_STEP and state.active), None)
+    if merge:
+        return merge.job
+    missing = model_files.missing_parts(model) if model.is_dir() else [model.name + "/"]
+    if missing:
+        raise SubmitError(
+            f"train.init_from: run {folder} has no merged model (lacks {', '.join(missing)}) and no {INIT_STEP} job "
+            "queued or running: submit that run (through merge) first"
+        )
+    return None
+
+
 def move_aside(facts: RunFacts, outputs: list[Path]) -> Path | None:
     """Move ``outputs`` into <run>/replaced/<UTC time>/, each with one rename (same file system): every
     output is either still in place or moved whole, never half."""
@@ -163,11 +196,14 @@ def submit(
             for job in pipeline_status.read_record(facts.logs_dir)
             if job.step in STEPS and STEPS.index(job.step) < STEPS.index(first)  # (a ladder's steps are not)
         ]
+        after = init_run_wait(facts)
+        if after:
+            print(f"train.init_from: this chain starts after the merge job {after} of {facts.run.train.init_from}")
         claim_id = capacity_chain.claim_for_chain(facts, env)  # a group that scales with runs: its nodes first
         wanted = pipeline_jobs(first, facts.run)
         jobs = [capacity_chain.wait_job(facts), *wanted] if claim_id else wanted
         try:
-            submitted = submit_chain(facts, jobs, env, kept=kept, smoke_stage=smoke_stage)
+            submitted = submit_chain(facts, jobs, env, kept=kept, smoke_stage=smoke_stage, after=after)
         except BaseException:
             capacity_chain.give_back_now(claim_id, env)
             raise
@@ -300,7 +336,12 @@ def _main(args: argparse.Namespace) -> int:
         else:
             for path in check_earlier_outputs(facts, args.first, replace=args.replace_outputs):
                 print(f"# first: move {path} aside into {facts.output_dir / REPLACED_FOLDER}/<time>/")
-            dry_run(facts, pipeline_jobs(args.first, facts.run), env, smoke_stage=args.smoke)
+            try:
+                after = init_run_wait(facts)
+            except SubmitError as exc:  # a dry run away from the cluster (hpctl's) has no run folders to find
+                print(f"# at submit: {exc}")
+                after = None
+            dry_run(facts, pipeline_jobs(args.first, facts.run), env, smoke_stage=args.smoke, after=after)
         print(f"# {accounts.describe(env)}", file=sys.stderr)  # stdout stays the script
         return 0
     require_sbatch()

@@ -23,7 +23,6 @@ from llm_pipeline.weights import model_files
 
 SERVER_START_S = 900  # an 8B model's load and warm-up; the tiny model's takes seconds
 SERVED_NAME = "model"  # the name the server answers to (lm-eval's model argument)
-SERVER_LOG = "server.log"  # in its folder: a served model's vLLM output (serve, rollout_server)
 # On a host without an accelerator (the rehearsal): vLLM's CPU backend reserves this fraction of the host's memory
 # (its --gpu-memory-utilization; 0.92 by default, refused on a shared host), and runs eagerly (its torch.compile
 # warm-up takes minutes on a few cores, for a model that answers in milliseconds).

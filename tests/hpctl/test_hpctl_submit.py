@@ -243,6 +243,18 @@ def test_dry_run_is_offline_and_prints_the_chain(offline, capfd):
     assert "prepare_job=" not in out and "smoke" not in out  # --from and --no-smoke reach the chain
 
 
+def test_the_dpo_examples_dry_run_says_at_submit_it_needs_its_sft_run(offline, capfd):
+    from hpctl.cli import main
+
+    example = "llama3-8b-dpo-g6e.toml"
+    (offline / "payloads/configs" / example).write_text((REPO / "payloads/configs" / example).read_text())
+    assert main(["submit", "--config", "llama3-8b-dpo-g6e", "--dry-run"]) == 0
+    out = capfd.readouterr().out
+    # no run folders here: where its train.init_from run stands is known on the cluster only
+    assert "# at submit: train.init_from: no run llama3-8b-lora-g6e in /fsx/outputs: " in out
+    assert "prepare_job=" in out and "after_job" not in out
+
+
 def test_dry_run_validates_the_config_first(offline, capfd):
     from hpctl.cli import main
 

@@ -135,3 +135,15 @@ def prepare_on_node(path, model_id: str, devices: int, monkeypatch, capsys) -> N
     assert prepare.main(["--config", str(path)]) == 0, capsys.readouterr().err
     assert ("model.id", model_id) in asked
     assert f"processes per node: {devices}" in capsys.readouterr().out
+
+
+def test_the_dpo_example_starts_from_the_sft_examples_merged_model():
+    from stacks.accelerators import INSTANCE_TYPES
+
+    dpo, sft = (config.load(CONFIGS / name, env={}) for name in ("llama3-8b-dpo-g6e.toml", "llama3-8b-lora-g6e.toml"))
+    assert "ml.g6e.xlarge" in (CONFIGS / "llama3-8b-dpo-g6e.toml").read_text().split("\n\n", 1)[0]
+    assert (dpo.train.objective, dpo.train.method, dpo.train.backend) == ("dpo", "lora", "torch")
+    assert dpo.parallel.devices_per_node == INSTANCE_TYPES["ml.g6e.xlarge"].devices
+    assert dpo.paths.model_dir == f"{sft.paths.output_dir}/merged" and dpo.model.id == sft.model.id
+    assert dpo.train.init_from == sft.paths.output_dir  # named, not a hard-coded path
+    assert "model_dir" not in (CONFIGS / "llama3-8b-dpo-g6e.toml").read_text()

@@ -1,6 +1,6 @@
 """FSDP2 training under the local Slurm: two nodes, one process each, gloo, through train.sbatch and
-the Slurm-derived torchrun rendezvous. The losses equal one process's over several steps (LoRA and
-full fine-tuning), a restarted job resumes exactly from the newest complete sharded checkpoint, and
+the Slurm-derived torchrun rendezvous. The losses equal one process's over several steps (LoRA, full fine-tuning,
+LoRA DPO), a restarted job resumes exactly from the newest complete sharded checkpoint, and
 the sharded full-model checkpoint consolidates into a model folder that loads."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ from slurm_helpers import REPO, wait_for
 from llm_pipeline import compare, config, consolidate, data, train
 from llm_pipeline.jobs.run_config_text import write_derived
 from llm_pipeline.run_files import StepMarker
+from tools import tiny_model as tiny
 from tools.rehearse import fsx_environment, write_inputs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-fsdp_train")]
@@ -39,8 +41,8 @@ def cluster(two_nodes, tmp_path_factory):
     return env, root
 
 
-def write_run(root: Path, name: str, *, method: str, processes: int) -> Path:
-    """tiny-cpu.toml for `processes` ranks with the same global batch (4) and no evaluation."""
+def write_run(root: Path, name: str, *, method: str, processes: int, extra: dict | None = None) -> Path:
+    """tiny-cpu.toml for `processes` ranks with the same global batch (4) and no evaluation (``extra``: more keys)."""
     keys = {
         ("data", "validation_fraction"): 0.0,
         ("train", "per_device_batch_size"): 4 // processes,
@@ -54,6 +56,7 @@ def write_run(root: Path, name: str, *, method: str, processes: int) -> Path:
         # near-zero gradient follows its sign (reduction order can flip it); the whole-text loss gives every
         # weight a clear gradient, the answers-only loss leaves more of them near zero.
         ("data", "completion_only_loss"): False,
+        **(extra or {}),
     }
     return write_derived(TINY, root / f"{name}.toml", keys, run_dir=f"${{HPL_OUTPUTS_DIR}}/{name}")
 
@@ -108,11 +111,12 @@ def hpl_environment(cluster):
         yield env
 
 
-def train_pair(cluster, method: str):
+def train_pair(cluster, method: str, name: str = "", extra: dict | None = None):
     """(two-rank FSDP2 run config, its config, one-process config, the FSDP job's log)."""
     env, root = cluster
-    two = write_run(root, f"{method}-fsdp", method=method, processes=2)
-    one = write_run(root, f"{method}-one", method=method, processes=1)
+    name = name or method
+    two = write_run(root, f"{name}-fsdp", method=method, processes=2, extra=extra)
+    one = write_run(root, f"{name}-one", method=method, processes=1, extra=extra)
     two_cfg = config.load(two, env=env)
     with contextlib.redirect_stdout(io.StringIO()):
         data.prepare(two_cfg)  # several processes need the data step first
@@ -130,13 +134,26 @@ def full_runs(cluster, hpl_environment):
     return train_pair(cluster, "full")
 
 
-@pytest.mark.parametrize("runs", ["lora_runs", "full_runs"])
+@pytest.fixture(scope="module")
+def dpo_runs(cluster, hpl_environment):
+    """LoRA DPO (train.objective dpo, the adapter-disabled reference) on tiny preference pairs."""
+    env, _ = cluster
+    pairs = tiny.write_preference_jsonl(Path(env["HPL_DATASETS_DIR"]) / "pairs.jsonl", 40)
+    keys = {("train", "objective"): "dpo", ("data", "dataset"): str(pairs), ("data", "packing"): False}
+    return train_pair(cluster, "lora", name="dpo", extra=keys)
+
+
+@pytest.mark.parametrize("runs", ["lora_runs", "full_runs", "dpo_runs"])
 def test_two_ranks_match_one_process_step_by_step(request, runs):
     _, fsdp, single, log = request.getfixturevalue(runs)
     assert "2 process(es), FSDP2" in log and "2 data-parallel replica(s)" in log
     assert len(losses(fsdp)) == STEPS
     assert losses(fsdp) == pytest.approx(losses(single), abs=1e-4)
-    assert losses(fsdp)[-1] < losses(fsdp)[0]
+    if fsdp.train.objective == "dpo":  # four noisy pairs' batches: no trend, but the policy leaves its reference
+        assert losses(fsdp)[0] == pytest.approx(math.log(2), abs=1e-6)  # the adapter disabled: policy = reference
+        assert all(abs(loss - math.log(2)) > 1e-4 for loss in losses(fsdp)[1:])
+    else:
+        assert losses(fsdp)[-1] < losses(fsdp)[0]
     checkpoint = fsdp.paths.checkpoints_dir / f"checkpoint-{STEPS}"
     shards = sorted(p.name for p in (checkpoint / "pytorch_model_fsdp_0").glob("*.distcp"))
     assert shards == ["__0_0.distcp", "__1_0.distcp"]  # one shard per rank

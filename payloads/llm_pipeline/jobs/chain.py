@@ -32,6 +32,7 @@ SLURM_FALLBACK_BIN = Path("/opt/slurm/bin")  # HyperPod's Slurm, for shells with
 # its own dry run with what lies between them).
 DRY_RUN_OPENING = "# dry run: nothing submitted."
 DRY_RUN_SCRIPT_OPENING = "# the same "
+AFTER_VARIABLE = "after_job"  # the dry run's shell variable for a job outside the chain that its first job waits for
 
 
 class SubmitError(PipelineError, RuntimeError):
@@ -200,12 +201,13 @@ def sbatch_command(job: ChainJob, facts: RunFacts, after: str | None, env: dict[
     return [*command, str(PAYLOADS_DIR / "slurm" / job.script), *job.args]
 
 
-def plan_table(planned: list[tuple[ChainJob, RunFacts]], env: dict[str, str]) -> list[str]:
-    """Where each job of a chain runs, as a table: step, partition, nodes x devices, the job it waits for."""
+def plan_table(planned: list[tuple[ChainJob, RunFacts]], env: dict[str, str], *, after: str | None = None) -> list[str]:
+    """Where each job of a chain runs, as a table: step, partition, nodes x devices, the job it waits for
+    (``after``: a job outside the chain the first one waits for)."""
     partition = env.get("HPL_PARTITION") or "(cluster default)"
     accelerator = env.get("HPL_ACCELERATOR", "")
     rows = [("step", "partition", "nodes x devices", "depends on")]
-    previous = "-"
+    previous = f"job {after}" if after else "-"
     for job, facts in planned:
         devices = env.get("HPL_DEVICES_PER_NODE") or (str(facts.devices_per_node) if facts.devices_per_node else "?")
         kind = f" {accelerator}" if accelerator and accelerator != partitions.NO_ACCELERATOR else ""
@@ -216,18 +218,27 @@ def plan_table(planned: list[tuple[ChainJob, RunFacts]], env: dict[str, str]) ->
 
 
 def dry_run(
-    facts: RunFacts, jobs: list[ChainJob], env: dict[str, str], *, what: str = "submission", smoke_stage: bool = True
+    facts: RunFacts,
+    jobs: list[ChainJob],
+    env: dict[str, str],
+    *,
+    what: str = "submission",
+    smoke_stage: bool = True,
+    after: str | None = None,
 ) -> None:
     """The chain as a table (plan_table), then the submission as a shell script: each job id captured and fed
-    to the next dependency."""
+    to the next dependency (the first's: ``after``, a job outside the chain, when given)."""
     print(f"{DRY_RUN_OPENING} The {what}, job by job (each starts after the one it depends on):")
-    for line in plan_table(staged_chain(facts, jobs, smoke_stage=smoke_stage), env):
+    for line in plan_table(staged_chain(facts, jobs, smoke_stage=smoke_stage), env, after=after):
         print(line)
     print(f"{DRY_RUN_SCRIPT_OPENING}{what} as a script:")
     print(f"mkdir -p {shlex.quote(str(facts.logs_dir))}/state")
     if smoke_stage_runs(jobs, smoke_stage):
         print(f"# first: {smoke.smoke_dir(facts)}/ with {' and '.join(smoke.CONFIGS)} (the smoke run's configs)")
     previous = None
+    if after:
+        print(f"{AFTER_VARIABLE}={shlex.quote(after)}")
+        previous = AFTER_VARIABLE
     for job, job_facts in staged_chain(facts, jobs, smoke_stage=smoke_stage):
         variable = job.step.replace("-", "_") + "_job"
         words = [
@@ -267,12 +278,14 @@ def submit_jobs(
     env: dict[str, str],
     *,
     label: Callable[[ChainJob, RunFacts], str] = lambda job, facts: job.step,
+    after: str | None = None,
 ) -> list[StepJob]:
-    """Submit each (job, the run it belongs to) after the previous; on a refused one, cancel what this call
-    submitted and raise. Prints `submitted <label> job <id>` per job."""
+    """Submit each (job, the run it belongs to) after the previous (the first after ``after``, a job outside the
+    chain, when given); on a refused one, cancel what this call submitted and raise. Prints `submitted <label>
+    job <id>` per job."""
     submitted: list[StepJob] = []
     for job, facts in planned:
-        after = submitted[-1].job if submitted else None
+        after = submitted[-1].job if submitted else after
         out = slurm(sbatch_command(job, facts, after, env))
         if out.returncode != 0:
             if submitted:
@@ -297,9 +310,11 @@ def submit_chain(
     *,
     kept: list[StepJob] | None = None,
     smoke_stage: bool = True,
+    after: str | None = None,
 ) -> list[StepJob]:
-    """Submit one run's ``jobs`` as a chain, after a smoke stage unless ``smoke_stage`` is off; the record
-    (logs/pipeline.json) lists ``kept`` (earlier jobs still valid) and the new ones."""
+    """Submit one run's ``jobs`` as a chain (its first job after ``after`` when given), after a smoke stage unless
+    ``smoke_stage`` is off; the record (logs/pipeline.json) lists ``kept`` (earlier jobs still valid) and the new
+    ones."""
     (facts.logs_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
     if smoke_stage_runs(jobs, smoke_stage):
         smoke.write_smoke_run(facts)
@@ -310,7 +325,7 @@ def submit_chain(
         )
     elif not smoke_stage:
         print(f"note: {smoke.NO_SMOKE_RISK}", flush=True)
-    submitted = submit_jobs(staged_chain(facts, jobs, smoke_stage=smoke_stage), env)
+    submitted = submit_jobs(staged_chain(facts, jobs, smoke_stage=smoke_stage), env, after=after)
     pipeline_status.write_record(facts.logs_dir, facts.config, [*(kept or []), *submitted])
     return submitted
 

@@ -70,9 +70,9 @@ def with_keys(text: str, keys: Mapping[tuple[str, str], object]) -> str:
 
 
 def with_absolute_paths(config: Path) -> str:
-    """The text of ``config`` with its relative ``[paths]``, a relative local ``data.dataset`` and relative reward
-    files (grpo.rewards) made absolute (config.load resolves them against its folder): a copy elsewhere reads and
-    writes the same places."""
+    """The text of ``config`` with its relative ``[paths]``, a relative local ``data.dataset``, relative reward
+    files (grpo.rewards) and a train.init_from run name made absolute (config.load resolves them against its
+    folder, or its run folder's): a copy elsewhere reads and writes the same places."""
     text, base = config.read_text(), config.resolve().parent
     tables = parse_toml(text, f"run config {config}")
     paths, data, grpo = (
@@ -91,6 +91,12 @@ def with_absolute_paths(config: Path) -> str:
         raw = paths.get(name)
         if isinstance(raw, str) and not raw.startswith(("/", "$", "~")):
             text = set_key(text, "paths", name, str(base / raw))
+    train = tables.get("train") if isinstance(tables.get("train"), dict) else {}
+    init_from, output_dir = train.get("init_from"), paths.get("output_dir", PathsConfig.output_dir)
+    if isinstance(init_from, str) and init_from and "/" not in init_from and isinstance(output_dir, str):
+        # a run named beside this run's folder: a copy in another folder still starts from that run
+        parent = output_dir if output_dir.startswith(("/", "$", "~")) else str(base / output_dir)
+        text = set_key(text, "train", "init_from", f"{parent.rstrip('/').rsplit('/', 1)[0]}/{init_from}")
     dataset = data.get("dataset")
     beside = dataset_in(dataset, base) if isinstance(dataset, str) and not dataset.startswith("$") else None
     return set_key(text, "data", "dataset", str(beside)) if beside else text

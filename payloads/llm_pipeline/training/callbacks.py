@@ -20,6 +20,13 @@ from llm_pipeline.run_files import CHECKPOINT, TRAINED_FROM_FILE, EventLine, Pro
 from llm_pipeline.weights.checkpoints import prune, write_seal
 
 
+def row_lengths(feature: dict) -> list[int]:
+    """The batch rows one record becomes: one (SFT), or a preference pair's prompt + chosen and prompt + rejected."""
+    if "input_ids" in feature:
+        return [len(feature["input_ids"])]
+    return [len(feature["prompt_ids"]) + len(feature[name]) for name in ("chosen_ids", "rejected_ids")]
+
+
 class TokenCounter:
     """Wraps a data collator and counts the real tokens of the batches it builds, and all positions.
 
@@ -36,8 +43,8 @@ class TokenCounter:
         self.context = 0
 
     def __call__(self, features):
-        lengths = [len(feature["input_ids"]) for feature in features]
-        examples = [feature.get("seq_lengths") or [length] for feature, length in zip(features, lengths, strict=True)]
+        rows = [(length, f.get("seq_lengths") or [length]) for f in features for length in row_lengths(f)]
+        lengths, examples = [length for length, _ in rows], [row for _, row in rows]
         batch = self.collator(features)
         ids = batch["input_ids"]
         width = ids.shape[-1]

@@ -104,6 +104,33 @@ def sft_arguments(cfg: config.RunConfig, plan: TrainPlan) -> dict[str, Any]:
     }
 
 
+def preference_arguments(cfg: config.RunConfig, plan: TrainPlan) -> dict[str, Any]:
+    """trl's DPOConfig keywords: the shared ones (no packing: each pair is padded on its own) and the [dpo] section.
+    Dropout stays off (trl's default): the policy's and the reference's log-probabilities must be comparable."""
+    shared = {key: value for key, value in sft_arguments(cfg, plan).items() if key != "packing"}
+    dpo = cfg.dpo
+    return {
+        **shared,
+        "beta": dpo.beta,
+        "loss_type": [dpo.loss_type],
+        "label_smoothing": dpo.label_smoothing,
+        "precompute_ref_log_probs": dpo.reference == "precomputed",
+        "disable_dropout": True,
+    }
+
+
+def reference_line(cfg: config.RunConfig) -> str:
+    """What DPO's reference model is and costs (the train step and the dry run say it)."""
+    dpo = cfg.dpo
+    if dpo.reference == "precomputed":
+        held = "log-probabilities computed once before training, no reference model held"
+    elif cfg.train.method == "full":
+        held = "a frozen copy of the base model (its weights' memory again on every process)"
+    else:
+        held = "the policy with its adapter disabled (no second copy)"
+    return f"DPO loss {dpo.loss_type}, beta {dpo.beta}, on the answers; reference: {held}"
+
+
 def check_target_modules(model, lora: config.LoraConfig) -> None:
     """Every LoRA target must name a module of the model (peft's own error is easy to miss)."""
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}

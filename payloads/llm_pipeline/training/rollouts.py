@@ -15,7 +15,7 @@ from pathlib import Path
 
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
-from llm_pipeline.vllm_server import SERVER_LOG
+from llm_pipeline.run_files import SERVER_LOG
 
 ROLLOUT_DIR = "rollout"  # in the run folder: the server's address and log, the synced adapter
 ADAPTER_NAME = "policy"  # the name the server knows the synced adapter by

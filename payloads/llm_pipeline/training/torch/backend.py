@@ -32,6 +32,8 @@ from llm_pipeline.training.plan import (
     check_target_modules,
     completion_only,
     loss_records,
+    preference_arguments,
+    reference_line,
     say,
     sft_arguments,
     world_size,
@@ -262,6 +264,19 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, *, rollo
     if cfg.train.objective == "grpo":
         parts = (parallel_arguments, device_arguments, levers)
         args, inputs = grpo.trainer_parts(cfg, plan, datasets, rollout_func, *parts, export=save_adapter)
+    elif cfg.train.objective == "dpo":
+        from trl import DPOConfig
+
+        args = DPOConfig(
+            **preference_arguments(cfg, plan),
+            **evaluation,
+            **parallel_arguments,
+            **device_arguments,
+            **levers,
+            optim=cfg.train.optimizer,
+        )
+        # pairs as prepared; trl disables the adapter or loads the copy for its reference
+        inputs = {"train_dataset": datasets["train"], "eval_dataset": validation}
     else:
         args = SFTConfig(
             **sft_arguments(cfg, plan),
@@ -315,7 +330,11 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, *, rollo
         f"attention {methods.attention_kernel(cfg)}, compile {cfg.train.compile}, liger {methods.liger_enabled(cfg)}, "
         f"gradient checkpointing {cfg.train.gradient_checkpointing}; "
         f"{'chat-format records, ' if chat else ''}"
-        f"loss on {'the answers only' if completion_only(cfg) else 'every token'}"
+        + (
+            reference_line(cfg)
+            if cfg.train.objective == "dpo"
+            else f"loss on {'the answers only' if completion_only(cfg) else 'every token'}"
+        )
     )
     dtypes = ", ".join(f"{name} {count:,}" for name, count in sorted(trainer.parameter_dtypes.items()))
     compute = "bf16" if methods.computes_in_bf16(cfg) else "fp32"
