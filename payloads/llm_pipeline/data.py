@@ -321,7 +321,6 @@ def source_record(cfg: RunConfig) -> DataSource:
         seed=cfg.train.seed,
         tokenizer=tokenizer_digest(cfg.paths.model_dir),
         dataset_files=dataset_files_digest(cfg.data.dataset),
-        objective=cfg.train.objective,
     )
     return DataSource.from_json(made.to_json())
 

@@ -530,15 +530,13 @@ DATA_SOURCE_FILE = "source.json"
 
 @dataclass(frozen=True)
 class DataSource:
-    """What a prepared copy of the data was made from: the [data] config, the seed of its split, digests of the
-    tokenizer files and of the local dataset file(s) ("" for a Hub dataset or when not recorded), and train.objective
-    (the records each objective reads differ; "sft" for a copy made before it was recorded)."""
+    """What a prepared copy of the data was made from: the [data] config, the seed of its split, and
+    digests of the tokenizer files and of the local dataset file(s) ("" for a Hub dataset or when not recorded)."""
 
     data: dict
     seed: int
     tokenizer: str = ""
     dataset_files: str = ""
-    objective: str = "sft"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -547,11 +545,7 @@ class DataSource:
     def from_json(cls, text: str) -> DataSource:
         body = json.loads(text)
         return cls(
-            dict(body["data"]),
-            int(body["seed"]),
-            str(body.get("tokenizer", "")),
-            str(body.get("dataset_files", "")),
-            str(body.get("objective", "sft")),
+            dict(body["data"]), int(body["seed"]), str(body.get("tokenizer", "")), str(body.get("dataset_files", ""))
         )
 
     def changes(self, now: DataSource) -> list[str]:
@@ -564,8 +558,6 @@ class DataSource:
         ]
         if self.seed != now.seed:
             changed.append(f"train.seed (prepared with {self.seed}, now {now.seed})")
-        if self.objective != now.objective:
-            changed.append(f"train.objective (prepared with {self.objective!r}, now {now.objective!r})")
         if self.tokenizer != now.tokenizer:
             changed.append("tokenizer (the tokenizer files in paths.model_dir differ)")
         if self.dataset_files != now.dataset_files:

@@ -157,10 +157,6 @@ def test_a_changed_tokenizer_or_dataset_file_makes_the_prepared_copy_stale(hpl_e
     data.prepare(cfg)
     tiny.write_dolly_jsonl(rows, 40)  # the same rows written again: a rewrite is noticed by its time
     assert data.stale_reason(cfg).endswith("prepared with another data.dataset file(s) (written again since)")
-    data.prepare(cfg)
-    shape = {"paths": {"model_dir": str(model)}, "data": {"dataset": str(rows), "packing": False}}
-    grpo = tiny_config(hpl_env, train={"objective": "grpo"}, **shape)  # GRPO reads its prompts unpacked
-    assert "train.objective (prepared with 'sft', now 'grpo')" in data.stale_reason(grpo)
 
 
 def test_data_cli_reports_bad_input_and_exits_2(hpl_env, tmp_path, capsys):

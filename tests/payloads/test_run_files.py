@@ -194,16 +194,14 @@ def test_the_data_source_reads_back_and_names_each_change():
     record = DataSource({"max_length": 128, "packing": False, "dataset": "rows.jsonl"}, 42, "ab12", "cd34")
     assert DataSource.from_json(record.to_json()) == record
     assert record.changes(DataSource.from_json(record.to_json())) == []
-    now = DataSource({"max_length": 64, "packing": False, "dataset": "rows.jsonl"}, 7, "ab12", "", "grpo")
+    now = DataSource({"max_length": 64, "packing": False, "dataset": "rows.jsonl"}, 7, "ab12", "")
     assert record.changes(now) == [
         "data.max_length (prepared with 128, now 64)",
         "train.seed (prepared with 42, now 7)",
-        "train.objective (prepared with 'sft', now 'grpo')",
         "data.dataset file(s) (written again since)",
     ]
     older = DataSource.from_json('{"data": {"max_length": 128}, "seed": 42}')  # before the digests were recorded
     assert older.tokenizer == "" and "tokenizer (the tokenizer files in paths.model_dir differ)" in older.changes(now)
-    assert older.objective == "sft"  # copies made before the objective was recorded were SFT's
 
 
 def test_a_diverged_loss_is_spelled_for_people():
