@@ -181,8 +181,11 @@ def write_inputs(config_path: Path, env: dict[str, str], records: int = DOLLY_RE
             f"{config_path}: paths.model_dir {model_dir} is outside the rehearsal's folder {fsx}: the tiny model is "
             f"written only there (set it to {OWN_INPUTS['paths', 'model_dir']})"
         )
-    served = cfg.benchmark.runs() or cfg.train.objective == "grpo"  # by vLLM: the benchmark's, GRPO's rollouts
-    tiny.write_tiny_model(model_dir, dtype=cfg.model.dtype, **(tiny.SERVABLE_SHAPE if served else {}))
+    grpo = cfg.train.objective == "grpo"
+    shape = tiny.SERVABLE_SHAPE if cfg.benchmark.runs() or grpo else {}  # by vLLM: the benchmark's, GRPO's rollouts
+    if grpo:  # an output the policy's adapter can move, so the reward can rise
+        shape = {**shape, "head_std": tiny.STEERABLE_HEAD_STD}
+    tiny.write_tiny_model(model_dir, dtype=cfg.model.dtype, **shape)
     if Path(cfg.data.dataset).is_relative_to(fsx):
         tiny.write_dolly_jsonl(Path(cfg.data.dataset), records)
 

@@ -213,9 +213,17 @@ def build_tokenizer():
 
 
 def build_llama(
-    vocab_size: int, *, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2, seed: int = 0
+    vocab_size: int,
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    seed: int = 0,
+    head_std: float | None = None,
 ):
-    """A randomly initialised LlamaForCausalLM with GQA (kv_heads < heads), like Llama 3."""
+    """A randomly initialised LlamaForCausalLM with GQA (kv_heads < heads), like Llama 3; ``head_std``: the output
+    layer's init std instead of the config's initializer_range (STEERABLE_HEAD_STD)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -230,7 +238,11 @@ def build_llama(
         max_position_embeddings=2048,
         tie_word_embeddings=False,
     )
-    return LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config)
+    if head_std is not None:
+        with torch.no_grad():
+            model.lm_head.weight.normal_(0.0, head_std)
+    return model
 
 
 def write_tiny_model(folder: Path, *, dtype: str = "float32", seed: int = 0, **shape) -> Path:
@@ -260,6 +272,11 @@ TINY_TASK_DIR = Path(__file__).with_name("tiny_tasks")
 # vLLM's CPU attention serves head sizes from 32 (llm_pipeline.vllm_server.CPU_HEAD_SIZES): the tiny Llama with two
 # heads of 32 (hidden 64) where a run serves it.
 SERVABLE_SHAPE = {"heads": 2, "kv_heads": 1}
+# The output layer's init std where an adapter must move the model's output (GRPO's rehearsal). With the default
+# 0.02 the logits are 0.02 x |normed hidden state| (8 at hidden 64), so about 0.16 wide: the output is uniform
+# whatever the adapter does to the hidden state, the entropy stays at ln(vocab) and the reward cannot rise. At 0.2
+# the logits span a few nats, and a LoRA on attention and MLP steers them within a few steps.
+STEERABLE_HEAD_STD = 0.2
 
 
 def write_tiny_task(folder: Path) -> Path:

@@ -121,9 +121,12 @@ class ProgressLine:
 
     def figure(self, label: str) -> float | None:
         """The number of an extra field by its label (``reward`` of ``reward 0.1250``), None when absent."""
-        for part in self.extra:
-            if part.startswith(label + " "):
-                return _float(part[len(label) + 1 :].split()[0].rstrip("%"))
+        for part in self.extra:  # "reward" is not "reward std 0.4": the label ends where the number starts
+            if (
+                part.startswith(label + " ")
+                and (value := _float(part[len(label) + 1 :].split()[0].rstrip("%"))) is not None
+            ):
+                return value
         return None
 
 

@@ -57,6 +57,13 @@ def test_the_progress_line_reads_back_what_it_wrote(loss):
     assert parsed.loss == loss or (math.isnan(loss) and math.isnan(parsed.loss))
 
 
+def test_a_figure_is_read_by_its_whole_label():
+    # "reward std" starts with "reward ": whichever comes first, each label reads its own number
+    for extra in (("reward std 0.4000", "reward 0.2500"), ("reward 0.2500", "reward std 0.4000")):
+        line = ProgressLine.parse(ProgressLine(1, 2, 0.5, 1e-5, 1.0, 10.0, "0:00:01", extra).format())
+        assert (line.figure("reward"), line.figure("reward std"), line.figure("kl")) == (0.25, 0.4, None)
+
+
 def test_a_line_without_the_throughput_fields_is_no_progress_line():
     assert ProgressLine.parse("step 3/4 | eval_loss 1.2 | epoch 1") is None
     assert ProgressLine.parse("step 3/4 | loss x | lr 1e-5 | 1.00 samples/s | 10 tokens/s | eta 0:00:01") is None

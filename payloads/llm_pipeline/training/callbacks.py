@@ -55,11 +55,13 @@ class TokenCounter:
 
 
 # Optional fields of a log event, as the progress line prints them: key, label, scale, digits, unit. Other callbacks
-# add mfu and peak memory (training.metrics); trl's GRPOTrainer logs the reward, KL and completion length.
+# add mfu and peak memory (training.metrics); trl's GRPOTrainer logs the reward (and its std), KL and
+# completion length.
 EXTRA_FIELDS = (
     ("mfu", "mfu", 100, 1, "%"),
     ("peak_memory_gb", "peak mem", 1, 2, " GB"),
     ("reward", "reward", 1, 4, ""),
+    ("reward_std", "reward std", 1, 4, ""),  # over the step's completions: the spread the advantages come from
     ("kl", "kl", 1, 4, ""),
     ("completions/mean_length", "completion len", 1, 1, ""),
 )
