@@ -1019,6 +1019,19 @@ def training_nodes(cfg: RunConfig) -> int:
     return nodes - 1 if rollout_node else nodes
 
 
+def rollout_split(cfg: RunConfig) -> str | None:
+    """How a GRPO run's train step shares its allocation between training and the vLLM rollout server, in words
+    (the dry run's table and the estimate); None for the other objectives."""
+    if cfg.train.objective != "grpo":
+        return None
+    nodes = cfg.parallel.nodes
+    if cfg.grpo.placement(nodes) == "node":
+        return (
+            f"GRPO rollouts: the vLLM server on the allocation's last node, training on the other {nodes - 1} node(s)"
+        )
+    return f"GRPO rollouts: the vLLM server colocated with training on the {nodes} node(s)"
+
+
 def data_parallel_size(cfg: RunConfig, backend: str) -> int:
     """Model replicas: neuron shards each one over TP x PP NeuronCores; torch runs one per process (FSDP/DDP)."""
     par = cfg.parallel

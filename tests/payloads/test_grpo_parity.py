@@ -14,7 +14,7 @@ import pytest
 from payload_configs import tiny_config
 
 from llm_pipeline import data, train
-from llm_pipeline.config import GRPO_REWARDS, ConfigError, GrpoConfig, load
+from llm_pipeline.config import GRPO_REWARDS, ConfigError, GrpoConfig, load, rollout_split
 from llm_pipeline.errors import StepError
 from llm_pipeline.training import rewards
 from llm_pipeline.training.torch import backend as torch_backend
@@ -194,6 +194,23 @@ def test_grpo_joins_are_refused_at_load(tmp_path, hpl_env):
         tiny_config(hpl_env, train={"objective": "grpo", "backend": "neuron"}, data={"packing": False})
 
 
+def test_the_dry_run_shows_where_the_rollouts_run(tmp_path, hpl_env):
+    """The split the train step makes of its allocation (config.rollout_split), in the dry run's table."""
+    from llm_pipeline.jobs import chain
+    from llm_pipeline.jobs.run_facts import RunFacts
+    from llm_pipeline.submit import pipeline_jobs
+
+    keys = {"train": {"objective": "grpo"}, "data": {"packing": False}}
+    for nodes, split in ((2, "on the allocation's last node, training on the other 1 node(s)"), (1, "colocated")):
+        cfg = tiny_config(hpl_env, parallel={"nodes": nodes}, **keys)
+        facts = RunFacts(config=tmp_path / "run.toml", output_dir=tmp_path / "run", nodes=nodes, run=cfg)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            chain.dry_run(facts, pipeline_jobs("train", cfg), {}, smoke_stage=False)
+        assert f"# train: GRPO rollouts: the vLLM server {split}" in out.getvalue()
+    assert tiny_config(hpl_env).train.objective == "sft" and rollout_split(tiny_config(hpl_env)) is None
+
+
 def test_the_trainer_reads_the_address_where_the_rollout_server_writes_it(tmp_path):
     from llm_pipeline.jobs import serve_job
     from llm_pipeline.training import rollouts
@@ -206,3 +223,37 @@ def test_the_trainer_reads_the_address_where_the_rollout_server_writes_it(tmp_pa
     # the server's launcher ended (train.sbatch's srun): no wait for the deadline
     with pytest.raises(StepError, match=r"the rollout server ended before it answered: see .*none/server.log"):
         rollouts.wait_for_endpoint(tmp_path / "none", 600, alive=lambda: False)
+
+
+def test_the_docs_worked_example_runs_as_written(tmp_path, tiny_models_dir):
+    """docs/training.md's GRPO example: its records and run config written as the page shows them, its commands run
+    from their folder (the rehearsal's tiny model where the page names it)."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    text = (repo / "docs" / "training.md").read_text()
+
+    def block(name: str) -> str:
+        after = text.split(f"<!-- grpo example: {name} -->\n", 1)[1]
+        return after.split("```", 2)[1].split("\n", 1)[1]
+
+    (tmp_path / "prompts.jsonl").write_text(block("prompts.jsonl"))
+    (tmp_path / "grpo.toml").write_text(block("grpo.toml"))
+    models = tmp_path / ".rehearsal" / "fsx" / "models"
+    models.mkdir(parents=True)
+    (models / "tiny-llama").symlink_to(tiny_models_dir / "tiny-llama")
+    env = {**os.environ, "PYTHONPATH": str(repo / "payloads")}
+    outputs = []
+    for line in block("commands").splitlines():
+        program, *args = shlex.split(line)
+        assert program == ".venv/bin/python", line
+        done = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout[-1000:] + done.stderr[-2000:]
+        outputs.append(done.stdout + done.stderr)
+    preview, prepared, planned = outputs
+    assert "first training prompt" in preview and "Name a llama fiber." in preview
+    assert (tmp_path / "grpo-run" / "data").is_dir(), prepared
+    assert "# train: GRPO rollouts: the vLLM server on the allocation's last node, training on the other 1" in planned

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from llm_pipeline.config import FP8_RUNGS, RunConfig
+from llm_pipeline.config import FP8_RUNGS, RunConfig, rollout_split
 from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs import accounts, capacity, deploy_facts, partitions, pipeline_status, run_lock, smoke
 from llm_pipeline.jobs.pipeline_status import StepJob
@@ -231,6 +231,9 @@ def dry_run(
     print(f"{DRY_RUN_OPENING} The {what}, job by job (each starts after the one it depends on):")
     for line in plan_table(staged_chain(facts, jobs, smoke_stage=smoke_stage), env, after=after):
         print(line)
+    split = facts.run and rollout_split(facts.run)
+    if split and any(job.step == "train" for job in jobs):
+        print(f"# train: {split}")
     print(f"{DRY_RUN_SCRIPT_OPENING}{what} as a script:")
     print(f"mkdir -p {shlex.quote(str(facts.logs_dir))}/state")
     if smoke_stage_runs(jobs, smoke_stage):

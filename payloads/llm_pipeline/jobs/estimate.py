@@ -163,6 +163,9 @@ def estimate_job(job: pipeline_status.StepJob, copies: list[pipeline_status.Step
     steps, source = long_steps(cfg, run_dir, job.step)
     start_up = max(0.0, logs[0].run_seconds - logs[0].trained_steps * step_seconds)
     basis = f"{start_up:.0f} s start-up + {steps} steps ({source}) x {step_seconds:.3f} s/step measured in smoke"
+    split = run_config.rollout_split(cfg)
+    if split:  # every node of the allocation is billed, the rollout server's too
+        basis += f"; {split}"
     return StepEstimate(job.step, job.nodes, start_up + steps * step_seconds, basis), step_seconds
 
 
