@@ -44,16 +44,22 @@ PRIMARY_METRICS = {
 # The tasks' datasets as `datasets` prepared them (its HF_DATASETS_CACHE): filled by the download step
 # (cache_datasets, the one step that reaches the Hub), read offline by this step; shared by every run on the FSx.
 DATASETS_CACHE = "benchmark-datasets"
+BASE_SCORES = "benchmark-base-scores"  # below
+
+
+def datasets_dir() -> Path:
+    """HPL_DATASETS_DIR: where the benchmark's caches live (the task datasets, the base model's scores)."""
+    if not os.environ.get("HPL_DATASETS_DIR"):
+        raise StepError(
+            f"HPL_DATASETS_DIR is not set: the benchmark's caches ({DATASETS_CACHE}, {BASE_SCORES}) are folders of "
+            "it (slurm/env.sh sets it; by hand, name the datasets folder of the FSx)"
+        )
+    return Path(os.environ["HPL_DATASETS_DIR"])
 
 
 def use_datasets_cache() -> Path:
     """HF_DATASETS_CACHE = <HPL_DATASETS_DIR>/DATASETS_CACHE for this process (before `datasets` is imported)."""
-    if not os.environ.get("HPL_DATASETS_DIR"):
-        raise StepError(
-            f"HPL_DATASETS_DIR is not set: the task datasets are cached in its {DATASETS_CACHE} folder "
-            "(slurm/env.sh sets it; by hand, name the datasets folder of the FSx)"
-        )
-    folder = Path(os.environ["HPL_DATASETS_DIR"]) / DATASETS_CACHE
+    folder = datasets_dir() / DATASETS_CACHE
     os.environ["HF_DATASETS_CACHE"] = str(folder)
     return folder
 
@@ -197,10 +203,10 @@ def report(rows: list[dict], serving: dict, base_from: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-# The base model's scores, kept for the next run of the project (beside the runs, in the outputs folder): a run
-# whose base model (weights and tokenizer digests), tasks (names, few-shot counts, a task_dir's files), score
-# settings, accelerator kind and lm-eval and vLLM versions are all the same reads them instead of serving the base.
-BASE_SCORES = "benchmark-base-scores"
+# The base model's scores, kept for the project's next runs (beside the datasets cache, not among the runs in the
+# outputs folder): a run whose base model (weights and tokenizer digests), tasks (names, few-shot counts, a
+# task_dir's files), score settings, accelerator kind and lm-eval and vLLM versions are all the same reads them
+# instead of serving the base.
 SCORE_SETTINGS = ("limit", "max_gen_toks", "seed", "max_model_len")  # benchmark.*; concurrency changes only the speed
 
 
@@ -222,7 +228,7 @@ def base_scores_key(cfg: RunConfig) -> dict:
 
 def base_scores_file(cfg: RunConfig, key: dict) -> Path:
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return Path(cfg.paths.output_dir).parent / BASE_SCORES / f"{name}.json"
+    return datasets_dir() / BASE_SCORES / f"{name}.json"
 
 
 def base_scores(cfg: RunConfig, folder: Path) -> tuple[dict[str, dict], str | None]:

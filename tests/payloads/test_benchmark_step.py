@@ -122,9 +122,9 @@ def test_step_scores_equal_lm_eval_direct_and_the_gate_names_the_dropped_task(tm
     record = json.loads((run_dir / "benchmark" / benchmark.BENCHMARK_JSON).read_text())
     (row,) = record["tasks"]
     assert (row["base"], row["tuned"], row["delta"]) == (1.0, 0.0, -1.0)
-    # the base's scores kept for the project's next run with the same base model, tasks and settings
+    # the base's scores kept (beside the datasets cache) for the project's next run with the same inputs
     assert record["base_scores_from"] is None
-    (kept,) = (tmp_path / benchmark.BASE_SCORES).glob("*.json")
+    (kept,) = (tmp_path / "datasets" / benchmark.BASE_SCORES).glob("*.json")
     assert json.loads(kept.read_text())["scores"][tiny.TINY_TASK]["score"] == row["base"]
     # lm-eval on the base model directly (the tuned one's 0 follows from its construction): the same score and stderr
     direct = direct_lm_eval(base, tasks)
@@ -190,13 +190,14 @@ def scored_config(folder: Path, run: str, model: Path, **keys) -> config.RunConf
 
 
 def test_the_base_scores_key_follows_the_base_model_the_tasks_and_the_score_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("HPL_DATASETS_DIR", str(tmp_path / "datasets"))
     model = tiny.write_tiny_model(tmp_path / "base", **tiny.SERVABLE_SHAPE)
     key = benchmark.base_scores_key(scored_config(tmp_path, "one", model))
     # another run of the project with the same inputs: the same key and file, beside the runs
     other = scored_config(tmp_path, "two", model, concurrency=8)  # concurrency changes only the speed
     assert benchmark.base_scores_key(other) == key
     kept = benchmark.base_scores_file(other, key)
-    assert kept.parent == tmp_path / "outputs" / benchmark.BASE_SCORES
+    assert kept.parent == tmp_path / "datasets" / benchmark.BASE_SCORES
     assert kept == benchmark.base_scores_file(scored_config(tmp_path, "one", model), key)
     changed = {
         "seed": benchmark.base_scores_key(scored_config(tmp_path, "three", model, seed=7)),
@@ -214,8 +215,9 @@ def test_the_base_scores_key_follows_the_base_model_the_tasks_and_the_score_sett
     assert {what: found == key for what, found in changed.items()} == dict.fromkeys(changed, False)
 
 
-def test_kept_base_scores_are_read_instead_of_serving_the_base(tmp_path, capsys):
+def test_kept_base_scores_are_read_instead_of_serving_the_base(tmp_path, capsys, monkeypatch):
     """No vLLM in this venv: serving the base would fail, so the kept scores are what the step takes."""
+    monkeypatch.setenv("HPL_DATASETS_DIR", str(tmp_path / "datasets"))
     model = tiny.write_tiny_model(tmp_path / "base", **tiny.SERVABLE_SHAPE)
     cfg = scored_config(tmp_path, "two", model)
     key = benchmark.base_scores_key(cfg)
@@ -232,7 +234,8 @@ def test_kept_base_scores_are_read_instead_of_serving_the_base(tmp_path, capsys)
 
 def test_the_datasets_cache_needs_its_folder(monkeypatch):
     monkeypatch.delenv("HPL_DATASETS_DIR", raising=False)
-    with pytest.raises(benchmark.StepError, match=r"^HPL_DATASETS_DIR is not set: .* benchmark-datasets folder"):
+    caches = rf"the benchmark's caches \({benchmark.DATASETS_CACHE}, {benchmark.BASE_SCORES}\)"
+    with pytest.raises(benchmark.StepError, match=rf"^HPL_DATASETS_DIR is not set: {caches}"):
         benchmark.use_datasets_cache()
 
 
