@@ -21,10 +21,9 @@ import json
 import os
 from pathlib import Path
 
-from llm_pipeline import cli, download, run_inputs
+from llm_pipeline import cli, download
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
-from llm_pipeline.jobs.partitions import NO_ACCELERATOR
 from llm_pipeline.run_files import BENCHMARK_DIR, BENCHMARK_JSON, server_log
 from llm_pipeline.vllm_server import SERVED_NAME, SERVING_FIGURES, accelerator_label, serving_figures, vllm_server
 from llm_pipeline.weights import model_files
@@ -213,6 +212,9 @@ SCORE_SETTINGS = ("limit", "max_gen_toks", "seed", "max_model_len")  # benchmark
 def base_scores_key(cfg: RunConfig) -> dict:
     """What the base model's scores depend on (BASE_SCORES)."""
     from importlib import metadata
+
+    from llm_pipeline import run_inputs
+    from llm_pipeline.jobs.partitions import NO_ACCELERATOR
 
     bench = cfg.benchmark
     installed = {dist.metadata["Name"].lower() for dist in metadata.distributions()}
