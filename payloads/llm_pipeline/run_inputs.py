@@ -147,6 +147,12 @@ def input_digests(cfg: RunConfig, names: Iterable[str] = INPUTS) -> dict[str, st
         return {name: cache.files_digest(listers[name]()) for name in names}
 
 
+def folder_digest(cfg: RunConfig, folder: Path) -> str:
+    """One digest of every file under ``folder`` (names and contents; "" when it has none), cached like the inputs'."""
+    with DigestCache(Path(cfg.paths.output_dir)) as cache:
+        return cache.files_digest(_folder_files(folder) if folder.is_dir() else [])
+
+
 def trained_from(cfg: RunConfig, names: Iterable[str] = INPUTS) -> TrainedFrom:
     """What a checkpoint trained now with this config would record (JSON types, as read back from its file)."""
     made = TrainedFrom(cfg.learned(), input_digests(cfg, names))

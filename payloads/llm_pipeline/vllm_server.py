@@ -25,8 +25,9 @@ SERVER_START_S = 900  # an 8B model's load and warm-up; the tiny model's takes s
 SERVED_NAME = "model"  # the name the server answers to (lm-eval's model argument)
 # On a host without an accelerator (the rehearsal): vLLM's CPU backend reserves this fraction of the host's memory
 # (its --gpu-memory-utilization; 0.92 by default, refused on a shared host), and runs eagerly (its torch.compile
-# warm-up takes minutes on a few cores, for a model that answers in milliseconds).
-CPU_SERVER_ARGS = ("--gpu-memory-utilization", "0.05", "--enforce-eager")
+# warm-up: a slower start for more tokens/s; bench/serve_bench.py measures both, docs/benchmark.md).
+CPU_MEMORY_ARGS = ("--gpu-memory-utilization", "0.05")
+CPU_SERVER_ARGS = (*CPU_MEMORY_ARGS, "--enforce-eager")
 # The head sizes vLLM 0.32's CPU attention takes (vllm/v1/attention/backends/cpu_attn.py); another fails at the
 # first request ("Unsupported CPU attention configuration"), after the server said it was ready.
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)

@@ -14,19 +14,21 @@ from pathlib import Path
 
 import pytest
 
-from bench import merge_bench, options, train_bench
+from bench import merge_bench, options, serve_bench, train_bench
 from bench.synthetic_llama import SHAPES, SMOKE_SHAPE, tensor_shapes
+from llm_pipeline import vllm_server
+from tests.vllm_site import site_python
 
 REPO = Path(__file__).resolve().parents[2]
 LIMIT_S = 1200  # a hung benchmark fails the test instead of the suite
 
 
-def run_bench(script: str, tmp_path: Path, *args: str) -> str:
+def run_bench(script: str, tmp_path: Path, *args: str, python: Path | str = sys.executable) -> str:
     """Run bench/<script> with a temporary report and work folder; the report's text."""
     report, work = tmp_path / "report.md", tmp_path / "work"
     committed = {path: path.read_bytes() for path in (REPO / "docs").glob("*benchmark*.md")}
     done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / script), *args, "--workdir", str(work), "--report", str(report)],
+        [python, str(REPO / "bench" / script), *args, "--workdir", str(work), "--report", str(report)],
         capture_output=True,
         text=True,
         timeout=LIMIT_S,
@@ -114,6 +116,34 @@ def test_consolidate_bench_runs_ours_and_the_copy(tmp_path):
     for method in ("ours", "copy"):
         assert runs[method]["wall_s"] > 0 and runs[method]["peak_rss_gib"] > 0, method
         assert float(table_row(report, key + " | " + method)[2]) > 0
+
+
+@pytest.mark.rehearsal
+def test_serve_bench_measures_the_project_settings_against_vllm_defaults(tmp_path):
+    """Each configuration served once and measured with the benchmark step's figures, in the vLLM site."""
+    report = run_bench("serve_bench.py", tmp_path, "--repeats", "1", python=site_python())
+    ((device, entry),) = json_block(report).items()
+    for name in serve_bench.CONFIGURATIONS:
+        assert all(entry[name][key] > 0 for key in serve_bench.FIGURES), (name, entry[name])
+        assert entry[name]["ttft_p50_s"] <= entry[name]["ttft_p95_s"], name
+        cells = table_row(report, name)
+        assert [float(cell) for cell in cells[1:]] == [float(f"{entry[name][key]:.4g}") for key in serve_bench.FIGURES]
+    for key, ratio in entry["ratios"].items():
+        assert ratio == pytest.approx(entry["project"][key] / entry[serve_bench.REFERENCE][key]), key
+    assert table_row(report, "project / defaults")[2] == f"{entry['ratios']['output_tokens_per_s']:.2f}x"
+
+    # the project's command is the benchmark step's; the reference's has none of its settings but, on CPU, the memory
+    def flags(command: list[str]) -> list[str]:
+        return [arg for arg in command if arg.startswith("--")]
+
+    project, defaults = entry["project"]["command"], entry[serve_bench.REFERENCE]["command"]
+    where = ["--model", "--served-model-name", "--host", "--port"]
+    on_cpu = [] if entry["gpu"] else list(vllm_server.CPU_SERVER_ARGS)
+    assert flags(project) == [*where, "--max-model-len", "--seed", "--dtype", *flags(on_cpu)]
+    assert flags(defaults) == [*where, *flags(vllm_server.CPU_MEMORY_ARGS if on_cpu else [])]
+    if on_cpu:
+        assert defaults[-2:] == list(vllm_server.CPU_MEMORY_ARGS) and device.startswith("cpu")
+        assert f"GPU: {serve_bench.NOT_ON_GPU}." in report
 
 
 def test_an_unknown_shape_is_refused_with_the_known_ones(capsys):

