@@ -40,3 +40,10 @@ def test_the_check_finds_a_bare_command_in_a_span_and_a_block():
     assert found == ["1: Run `hpctl status`.", "3: cd x && python -m llm_pipeline.data --preview run.toml"]
     assert bare_commands("Run `.venv/bin/hpctl status`, then `python3 -m llm_pipeline.submit` there.\n") == []
     assert bare_commands("```\nhpctl/   the operations CLI\nhpctl status\n```\n") == ["3: hpctl status"]
+
+
+def test_every_docs_page_is_in_the_docs_index():
+    """docs/README.md's table is the way in: a page it does not name is a page nobody finds."""
+    index = (REPO / "docs" / "README.md").read_text()
+    unlisted = [path.name for path in DOCS if path.parent.name == "docs" and f"]({path.name})" not in index]
+    assert [name for name in unlisted if name != "README.md"] == []
