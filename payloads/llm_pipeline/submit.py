@@ -29,6 +29,7 @@ from llm_pipeline.jobs.chain import (
     ChainJob,
     SubmitError,
     check_runtime_sees,
+    check_vllm_on_the_nodes,
     dry_run,
     one_chain,
     partition_environment,
@@ -325,6 +326,8 @@ def _main(args: argparse.Namespace) -> int:
     # The latest deploy's image and runtime (FSx payloads) win over the node profile's.
     env.update(deploy_facts.read_deploy_facts(PAYLOADS_DIR, partition=env.get("HPL_PARTITION")))
     check_runtime_sees(facts, env)
+    if args.action != "status":
+        check_vllm_on_the_nodes(facts, env)
     if args.action == "status":
         if not pipeline_status.read_record(facts.logs_dir):
             raise SubmitError(f"no pipeline submitted for {facts.output_dir} (no {facts.logs_dir}/pipeline.json)")

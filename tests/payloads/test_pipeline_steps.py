@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from llm_pipeline import config, sagemaker_job, submit
-from llm_pipeline.jobs.chain import SubmitError, staged_chain
+from llm_pipeline.jobs.chain import SubmitError, check_vllm_on_the_nodes, staged_chain
 from llm_pipeline.jobs.run_facts import RunFacts
 from llm_pipeline.jobs.sagemaker_env import JobHosts
 
@@ -89,3 +89,26 @@ def test_the_benchmark_step_is_in_the_chain_of_a_run_that_asks_for_tasks(tmp_pat
     payloads = Path(sagemaker_job.__file__).parents[1]
     codes = [subprocess.run([*wanted, str(path)], cwd=payloads).returncode for path in (plain, asked)]
     assert codes == [1, 0]
+
+
+def test_a_run_that_needs_vllm_is_refused_at_submit_where_the_nodes_have_none(tmp_path):
+    """benchmark.tasks or GRPO on the Pyxis runtime (the training images carry no vLLM yet): one line at submit;
+    on a host runtime (the rehearsal's vLLM site) and for a run that starts no server, nothing."""
+    asked = tmp_path / "asked.toml"
+    asked.write_text('[benchmark]\ntasks = ["arc_challenge:25"]\n')
+    grpo = tmp_path / "grpo.toml"
+    grpo.write_text('[train]\nobjective = "grpo"\n[data]\npacking = false\n')
+    plain = tmp_path / "plain.toml"
+    plain.write_text("")
+    facts = {
+        path.stem: RunFacts(config=path, output_dir=tmp_path / path.stem, nodes=1, run=config.load(path))
+        for path in (asked, grpo, plain)
+    }
+    pyxis, host = {"HPL_RUNTIME": "pyxis"}, {"HPL_RUNTIME": "host"}
+    with pytest.raises(SubmitError, match=r"^benchmark.tasks need\(s\) a vLLM server on the nodes"):
+        check_vllm_on_the_nodes(facts["asked"], pyxis)
+    with pytest.raises(SubmitError, match=r"^train.objective = 'grpo' need\(s\) a vLLM server"):
+        check_vllm_on_the_nodes(facts["grpo"], pyxis)
+    check_vllm_on_the_nodes(facts["plain"], pyxis)
+    for found in facts.values():
+        check_vllm_on_the_nodes(found, host)
