@@ -7,7 +7,12 @@ import sys
 import time
 from pathlib import Path
 
+from llm_pipeline.config import RunConfig
+from llm_pipeline.submit import STEPS, pipeline_jobs
+
 REPO = Path(__file__).resolve().parents[2]
+# The chain of a run that asks for no benchmark (the tests' tiny configs name no benchmark.tasks), in order.
+RUN_STEPS = tuple(job.step for job in pipeline_jobs(STEPS[0], RunConfig()))
 
 
 def submit(env: dict[str, str], config: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -12,11 +12,10 @@ import subprocess
 import sys
 
 import pytest
-from slurm_helpers import REPO
+from slurm_helpers import REPO, RUN_STEPS
 
 from llm_pipeline import config
 from llm_pipeline.run_files import ProgressLine, SubmittedLine
-from llm_pipeline.submit import STEPS
 from tools.rehearse import GPU_EXAMPLES, TINY_SHAPE, fsx_environment, tiny_shape_config, write_inputs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.rehearsal, pytest.mark.xdist_group("slurm-gpu_examples_rehearsal")]
@@ -45,9 +44,9 @@ def test_every_gpu_example_runs_its_chain_at_tiny_shape(two_nodes, tmp_path):
         assert chains[name].returncode == 0 and "pipeline: COMPLETED" in out, f"{name}:\n{out}"
         own, run = config.load(CONFIGS / name, env={}), configs[name].paths
         jobs = SubmittedLine.jobs(out)
-        assert set(jobs) == set(STEPS), name
+        assert set(jobs) == set(RUN_STEPS), name
         logs = {step: (run.logs_dir / f"{step}-{job}.log").read_text() for step, job in jobs.items()}
-        assert [step for step in STEPS if f"== {step}: COMPLETED (exit 0)" in logs[step]] == list(STEPS), name
+        assert [step for step in RUN_STEPS if f"== {step}: COMPLETED (exit 0)" in logs[step]] == list(RUN_STEPS), name
         train = own.train
         # What trained is the example's own configuration (read back from the steps' logs), at tiny shape.
         assert f"backend torch: method {train.method}, strategy {own.parallel.strategy}" in logs["prepare"], name

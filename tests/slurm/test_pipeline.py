@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_helpers import REPO, read_png, submit, wait_for
+from slurm_helpers import REPO, RUN_STEPS, read_png, submit, wait_for
 
 from llm_pipeline.jobs import estimate, pipeline_status, smoke
 from llm_pipeline.jobs.run_config_text import write_derived
 from llm_pipeline.run_files import ALERTS_FILE, AlertLine, Estimate, ProgressLine, StepMarker, SubmittedLine
-from llm_pipeline.submit import SHARED_STEPS, STEPS
+from llm_pipeline.submit import SHARED_STEPS
 from tools.rehearse import fsx_environment, write_inputs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-pipeline")]
@@ -69,7 +69,7 @@ def job_folder(out_dir: Path, step: str) -> Path:
     return out_dir / smoke.SMOKE_FOLDER if smoke.is_smoke(step) else out_dir
 
 
-LONG_STEPS = [step for step in STEPS if step not in SHARED_STEPS]
+LONG_STEPS = [step for step in RUN_STEPS if step not in SHARED_STEPS]
 SMOKE_JOBS = [
     f"smoke-{name}" for step in LONG_STEPS for name in ((step, f"{step}-resume") if step == "train" else (step,))
 ]
@@ -251,7 +251,7 @@ def test_killed_training_resumes_from_its_checkpoint(cluster):
     second = submit(env, config, "--from", "train", "--no-smoke", "--wait", "--poll", "1")
     assert second.returncode == 0, second.stdout + second.stderr
     resumed = submitted_jobs(second.stdout)
-    assert list(resumed) == list(STEPS[STEPS.index("train") :])
+    assert list(resumed) == list(RUN_STEPS[RUN_STEPS.index("train") :])
     train_log = (out_dir / "logs" / f"train-{resumed['train']}.log").read_text()
     resumed_from = int(re.search(rf"resuming from {re.escape(str(checkpoints))}/checkpoint-(\d+)", train_log).group(1))
     assert 4 <= resumed_from <= killed_at

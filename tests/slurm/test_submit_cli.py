@@ -11,13 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from slurm_helpers import REPO
+from slurm_helpers import REPO, RUN_STEPS
 
 from llm_pipeline import config as run_config
 from llm_pipeline import run_state
 from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs.run_facts import read_run_facts
-from llm_pipeline.submit import REPLACED_FOLDER, STEPS, TRAINED_OUTPUTS, check_earlier_outputs, move_aside
+from llm_pipeline.submit import REPLACED_FOLDER, TRAINED_OUTPUTS, check_earlier_outputs, move_aside
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-submit_cli")]
 PAYLOADS = REPO / "payloads"
@@ -110,8 +110,8 @@ def test_dry_run_prints_the_chain_without_tomllib_or_site_packages(tmp_path):
     lines = script_lines(out.stdout)
     assert lines[1] == f"mkdir -p {tmp_path}/outputs/run-a/logs/state"
     jobs = lines[2:]
-    assert [line.split("=", 1)[0] for line in jobs] == [f"{step}_job" for step in STEPS]
-    for previous, step, line in zip((None, *STEPS[:-1]), STEPS, jobs, strict=True):
+    assert [line.split("=", 1)[0] for line in jobs] == [f"{step}_job" for step in RUN_STEPS]
+    for previous, step, line in zip((None, *RUN_STEPS[:-1]), RUN_STEPS, jobs, strict=True):
         assert f"--job-name=hpl-{step} " in line and line.endswith(f"{PAYLOADS}/slurm/{step}.sbatch)")
         assert f"--output={tmp_path}/outputs/run-a/logs/{step}-%j.log" in line
         assert f"--nodes={4 if step in ('precompile', 'train') else 1} " in line

@@ -12,11 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from slurm_helpers import REPO
+from slurm_helpers import REPO, RUN_STEPS
 
 from llm_pipeline.errors import StepError
 from llm_pipeline.jobs.deploy_facts import DEPLOY_FACTS_FILE, read_deploy_facts
-from llm_pipeline.submit import STEPS
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-submit_deploy_facts")]
 OLD_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/cdk-assets:aaaa"  # the node profile's, from provisioning
@@ -82,7 +81,7 @@ def test_jobs_get_the_latest_deploys_image_and_runtime(fsx, partition, image):
     assert out.returncode == 0, out.stderr
     jobs = job_lines(out.stdout)
     assert [line.split("=", 1)[0] for line in jobs if not line.startswith(("smoke_", "estimate_"))] == [
-        f"{step}_job" for step in STEPS
+        f"{step}_job" for step in RUN_STEPS
     ]  # the smoke stage's jobs too: every job of the chain gets the same image
     for line in jobs:
         assert f"HPL_IMAGE_URI={image}" in line and "HPL_RUNTIME=pyxis" in line

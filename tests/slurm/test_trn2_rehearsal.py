@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from slurm_helpers import submit
+from slurm_helpers import RUN_STEPS, submit
 
 from llm_pipeline import config
 from llm_pipeline.jobs import smoke
 from llm_pipeline.run_files import ProgressLine, SubmittedLine
-from llm_pipeline.submit import SHARED_STEPS, STEPS
+from llm_pipeline.submit import SHARED_STEPS
 from llm_pipeline.training import device
 from tools.rehearse import FSX_VARIABLES, TRN2_RANKS, fsx_environment, trn2_environment, trn2_shape_config, write_inputs
 
@@ -43,7 +43,7 @@ def test_trn2_pipeline_shape_runs_on_cpu_without_the_xla_tool(one_node, tmp_path
     assert result.returncode == 0, result.stdout + result.stderr
     assert "pipeline: COMPLETED" in result.stdout
     jobs = SubmittedLine.jobs(result.stdout)
-    long_steps = [step for step in STEPS if step not in SHARED_STEPS]
+    long_steps = [step for step in RUN_STEPS if step not in SHARED_STEPS]
     assert set(jobs) >= {*SHARED_STEPS, *long_steps, "smoke-train", "smoke-train-resume", "estimate"}
 
     out_dir = config.load(path, env=env).paths.output_dir
