@@ -41,6 +41,8 @@ for step in range(1, 9):
     tokens.real += 2048
     state.global_step = step
     logs = {{"loss": 3.0 / step, "learning_rate": 1e-4 * (9 - step) / 8, "mfu": 0.3}}  # mfu: as the engines add it
+    # as trl's GRPOTrainer logs them, so the dashboard's GRPO panels have a run to show
+    logs |= {{"reward": step / 8, "kl": 0.01 * step, "completions/mean_length": 12.0, "rewards/format/mean": step / 8}}
     logger.on_log(args, state, None, logs=logs)
 time.sleep(3)
 PY
