@@ -915,9 +915,16 @@ def validate(cfg: RunConfig) -> None:
     )
 
 
+# The objectives whose records are neither packed nor cut into blocks: (why not data.packing, why not data.blocks).
+# dpo: each pair is padded on its own (trl 1.16's DPO has no packing); grpo: it samples from prompts.
+UNPACKED_OBJECTIVES = {
+    "dpo": ("no DPO packing", "it needs pairs"),
+    "grpo": ("it samples from prompts", "it samples from prompts"),
+}
+
+
 def check_objective_keys(cfg: RunConfig) -> None:
-    """train.method naming a loss (train.objective's), and what train.objective = "dpo" cannot run with: each pair
-    is padded on its own (trl 1.16's DPO has no packing)."""
+    """train.method naming a loss (train.objective's), and the record layouts an objective cannot train on."""
     _require(
         cfg.train.method not in OBJECTIVES,
         "train.method",
@@ -925,10 +932,16 @@ def check_objective_keys(cfg: RunConfig) -> None:
         f"{', '.join(METHODS)}: {cfg.train.method} is a loss, not what is trained; set train.objective = "
         f'"{cfg.train.method}" and train.method to what it trains',
     )
-    if cfg.train.objective != "dpo":
+    objective = cfg.train.objective
+    if objective not in UNPACKED_OBJECTIVES:
         return
-    _require(not cfg.data.packing, "data.packing", cfg.data.packing, "false with train.objective dpo (no DPO packing)")
-    _require(not cfg.data.blocks, "data.blocks", cfg.data.blocks, "false with train.objective dpo (it needs pairs)")
+    no_packing, no_blocks = UNPACKED_OBJECTIVES[objective]
+    _require(
+        not cfg.data.packing, "data.packing", cfg.data.packing, f"false with train.objective {objective} ({no_packing})"
+    )
+    _require(
+        not cfg.data.blocks, "data.blocks", cfg.data.blocks, f"false with train.objective {objective} ({no_blocks})"
+    )
 
 
 _TASK_LINE = re.compile(r"^task:\s*['\"]?([A-Za-z0-9_.-]+)", re.MULTILINE)
@@ -960,8 +973,8 @@ def check_benchmark_tasks(bench: BenchmarkConfig) -> None:
 
 
 def check_grpo(cfg: RunConfig) -> None:
-    """What train.objective = "grpo" joins: a LoRA adapter (what reaches the rollout server), prompt records
-    (no blocks or packing), groups that fill the batch, a rollout node left over, the user's reward functions."""
+    """What train.objective = "grpo" joins: a LoRA adapter (what reaches the rollout server; its prompt records:
+    check_objective_keys), groups that fill the batch, a rollout node left over, the user's reward functions."""
     grpo, train, par = cfg.grpo, cfg.train, cfg.parallel
     _require(
         train.method == "lora",
@@ -970,8 +983,6 @@ def check_grpo(cfg: RunConfig) -> None:
         "lora with train.objective grpo: the policy reaches the vLLM rollout server as a LoRA adapter it loads at "
         "runtime; full weights cannot be synced to it here",
     )
-    _require(not cfg.data.blocks, "data.blocks", True, "false with train.objective grpo (it samples from prompts)")
-    _require(not cfg.data.packing, "data.packing", True, "false with train.objective grpo (it samples from prompts)")
     placement = grpo.placement(par.nodes)
     _require(
         placement == "colocated" or par.nodes > 1,

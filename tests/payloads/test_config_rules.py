@@ -90,3 +90,17 @@ def test_a_mistyped_key_gets_the_closest_known_one(raw, message):
     with pytest.raises(config.ConfigError) as refused:
         config.from_dict(raw)
     assert str(refused.value).startswith(message)
+
+
+@pytest.mark.parametrize("objective", sorted(config.UNPACKED_OBJECTIVES))
+@pytest.mark.parametrize("layout", ["packing", "blocks"])
+def test_an_objective_without_packed_records_refuses_packing_and_blocks(objective, layout):
+    no_packing, no_blocks = config.UNPACKED_OBJECTIVES[objective]
+    why = no_packing if layout == "packing" else no_blocks
+    raw = {"train": {"objective": objective, "backend": "torch"}, "data": {"packing": False, layout: True}}
+    with pytest.raises(
+        config.ConfigError, match=rf"^data\.{layout}: .*false with train\.objective {objective} \("
+    ) as e:
+        config.from_dict(raw)
+    assert why in str(e.value)
+    config.from_dict({**raw, "data": {"packing": False}})  # unpacked records: accepted
