@@ -549,8 +549,14 @@ def _check_offered_in_region(config: HyperPodConfig) -> None:
                 raise GroupError.at(f"[{index}] ({group.name})", key, value, allowed + hint)
 
 
-def partition_facts(config: HyperPodConfig, group: ComputeGroup, image_uris: Mapping[str, str]) -> dict[str, Any]:
+def partition_facts(
+    config: HyperPodConfig,
+    group: ComputeGroup,
+    image_uris: Mapping[str, str],
+    serving_image_uris: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """What a node (and a job) on ``group``'s partition needs: accelerator, devices, EFA, image."""
+    family = config.image_family_of(group)
     return {
         "group": group.name,
         "partition": group.partition,
@@ -561,8 +567,10 @@ def partition_facts(config: HyperPodConfig, group: ComputeGroup, image_uris: Map
         "efa_interfaces": group.efa_interfaces,
         "efa_device_rdma": int(group.efa_device_rdma),  # 0/1: node facts are strings and integers
         "fp8": int(group.supports_fp8),  # the ladder's FP8 rungs may run there (llm_pipeline.jobs.partitions)
-        "image_uri": image_uris[config.image_family_of(group)],
-        "image_family": config.image_family_of(group),  # torchneuron: Trainium2's native runtime
+        "image_uri": image_uris[family],
+        "image_family": family,  # torchneuron: Trainium2's native runtime
+        # vLLM for the steps that serve under Pyxis (benchmark, GRPO's rollouts, hpctl serve); empty on a host runtime
+        "serving_image_uri": (serving_image_uris or {}).get(family, ""),
         "peak_tflops": group.peak_tflops_per_device,  # MFU peak per rank where the payload lacks one (0: none)
         "host_memory_gib": group.host_memory_gib,  # prepare's check of a full fine-tuning load (0: not recorded)
         "capacity": group.capacity,
@@ -599,13 +607,15 @@ def cluster_facts(
     config: HyperPodConfig,
     *,
     image_uris: Mapping[str, str],
+    serving_image_uris: Mapping[str, str] | None = None,
     metrics: Mapping[str, str] | None = None,
     hf_token_secret_arn: str = "",
     alerts_topic_arn: str = "",
 ) -> dict[str, Any]:
     """The cluster-facts.json contract: what every node exports as HPL_<KEY>.
 
-    ``image_uris`` maps each of :attr:`HyperPodConfig.image_families` to its image. The flat
+    ``image_uris`` maps each of :attr:`HyperPodConfig.image_families` to its image, ``serving_image_uris`` to its
+    serving image (vLLM; a Pyxis cluster's, none on a host runtime). The flat
     per-partition keys (partition, accelerator, devices_per_node, ...) describe the default
     group; the lifecycle script replaces them with the node's own group on compute nodes.
     ``partitions`` holds every partition's facts for submit. ``metrics`` is :func:`observability_facts`
@@ -613,7 +623,10 @@ def cluster_facts(
     ``hf_token_secret_arn`` names the Hugging Face token's secret (the token is read from it at run time).
     ``alerts_topic_arn`` names the stack's alerts topic (stacks/alerts.py; empty: the run side only logs its alerts).
     """
-    partitions = {group.partition: partition_facts(config, group, image_uris) for group in config.compute_groups}
+    partitions = {
+        group.partition: partition_facts(config, group, image_uris, serving_image_uris)
+        for group in config.compute_groups
+    }
     default = partitions[config.default_group.partition]
     return {
         "cluster_name": config.cluster_name,

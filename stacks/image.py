@@ -1,4 +1,5 @@
-"""Images: one training image per accelerator family and lane the config uses, built at deploy and pushed to ECR."""
+"""Images: one training image per accelerator family and lane the config uses, and on a Pyxis cluster one serving
+image (vLLM) per family, built at deploy and pushed to ECR."""
 
 from __future__ import annotations
 
@@ -57,6 +58,17 @@ RECIPES = {
 }
 
 
+# The serving images: one Dockerfile whose base stage is the family's published vLLM image (the build argument
+# names the family, so each is its own tag), one pins file (lm-eval). The steps that start a vLLM server on the
+# nodes run in it under Pyxis (payloads/slurm/env.sh, hpl_vllm_srun).
+SERVING_FAMILY_BUILD_ARG = "SERVING_FAMILY"  # payloads/Dockerfile.serve's ARG before FROM (default cuda)
+SERVING_RECIPES = {
+    family: ImageRecipe(f"{prefix}ServingImage", "Dockerfile.serve", "requirements-serve.txt", f"serving-image{suffix}")
+    for family, prefix, suffix in ((NEURON, "", ""), (TORCHNEURON, "Trn2", "-trn2"), (CUDA, "Cuda", "-cuda"))
+}
+ALL_RECIPES = (*RECIPES.values(), *SERVING_RECIPES.values())
+
+
 class TrainingImage(Construct):
     """A CDK Docker image asset (cdk-assets builds and pushes it on deploy; synth needs no Docker).
 
@@ -75,17 +87,17 @@ class TrainingImage(Construct):
         context_dir: Path,
         family: str = NEURON,
         variant: DlcVariant | None = None,
+        serving: bool = False,
     ) -> None:
         super().__init__(scope, construct_id)
-        recipe = RECIPES[family]
+        recipe = SERVING_RECIPES[family] if serving else RECIPES[family]
         if variant is None and recipe.variants:
             variant = recipe.variants[0]
         if variant is not None and variant not in recipe.variants:
             allowed = ", ".join(recipe.variants) or "none (its base has no variants)"
             raise ValueError(f"the {family} image has no base variant {variant!r}; variants: {allowed}")
-        others = [
-            path for other in RECIPES.values() if other != recipe for path in (other.dockerfile, other.requirements)
-        ]
+        own = {recipe.dockerfile, recipe.requirements}
+        others = sorted({path for other in ALL_RECIPES for path in (other.dockerfile, other.requirements)} - own)
         self.family = family
         self.variant = variant
         self.asset = ecr_assets.DockerImageAsset(
@@ -93,16 +105,32 @@ class TrainingImage(Construct):
             "Asset",
             directory=str(context_dir),
             file=recipe.dockerfile,
-            build_args={VARIANT_BUILD_ARG: variant} if variant else None,
+            build_args=self._build_args(family, variant, serving),
             ignore_mode=IgnoreMode.DOCKER,
             exclude=others,
             platform=ecr_assets.Platform.LINUX_AMD64,  # Trainium and the GPU instances are x86_64
             display_name=recipe.names(variant)[1],
         )
 
+    @staticmethod
+    def _build_args(family: str, variant: DlcVariant | None, serving: bool) -> dict[str, str] | None:
+        if serving:
+            return {SERVING_FAMILY_BUILD_ARG: family}
+        return {VARIANT_BUILD_ARG: variant} if variant else None
+
     @property
     def image_uri(self) -> str:
         return self.asset.image_uri
+
+
+def serving_images(scope: Construct, *, context_dir: Path, families: tuple[str, ...]) -> dict[str, TrainingImage]:
+    """The serving image of each family the cluster's groups use."""
+    return {
+        family: TrainingImage(
+            scope, SERVING_RECIPES[family].construct_id, context_dir=context_dir, family=family, serving=True
+        )
+        for family in families
+    }
 
 
 def lane_images(

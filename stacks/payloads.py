@@ -24,7 +24,7 @@ from cluster_contract import (
 )
 from llm_pipeline.config import TOMLI_WHEEL
 from llm_pipeline.jobs.deploy_facts import DEPLOY_FACTS_FILE, KEYS, OPTIONAL_PARTITION_KEYS, PARTITION_KEYS
-from stacks.image import RECIPES
+from stacks.image import ALL_RECIPES
 from stacks.uploads import CACHE_EXCLUDES, deploy_to_prefix
 from stacks.validation import StackError
 
@@ -33,7 +33,7 @@ from stacks.validation import StackError
 PAYLOAD_EXCLUDES = [
     *CACHE_EXCLUDES,
     "tests",
-    *(recipe.dockerfile for recipe in RECIPES.values()),
+    *sorted({recipe.dockerfile for recipe in ALL_RECIPES}),
     ".dockerignore",
     "image",
     DEPLOY_FACTS_FILE,

@@ -16,7 +16,7 @@ from stacks.cluster import ControllerAccess, HyperPodCluster
 from stacks.config import ACCOUNTING_EXTERNAL, HyperPodConfig, cluster_facts, observability_facts
 from stacks.handler_logs import attach_provider_log_groups
 from stacks.iam import ClusterRole, scaler_grant
-from stacks.image import lane_images
+from stacks.image import lane_images, serving_images
 from stacks.jobs import JobRole
 from stacks.lifecycle import LifecycleUpload
 from stacks.nag import acknowledge_cdk_providers
@@ -65,6 +65,12 @@ class HyperPodStack(Stack):
         lanes = tuple(lane for lane, on in (("cluster", config.cluster_lane), ("jobs", config.jobs_lane)) if on)
         images = lane_images(self, context_dir=source_root / "payloads", families=config.image_families, lanes=lanes)
         self.images = images.get("cluster", {})  # CUDA: the -ec2 base
+        # vLLM for the steps that serve on the nodes (benchmark, GRPO's rollouts, hpctl serve); a host runtime
+        # runs them from the nodes' own vLLM site instead.
+        self.serving_images = {}
+        if config.cluster_lane and config.runtime == "pyxis":
+            families = tuple(self.images)
+            self.serving_images = serving_images(self, context_dir=source_root / "payloads", families=families)
         self.job_images = images.get("jobs", {})  # CUDA: the -sagemaker base
         if config.cluster_lane:
             self._cluster_lane(config, source_root)
@@ -178,6 +184,7 @@ class HyperPodStack(Stack):
         self.facts = facts = cluster_facts(
             config,
             image_uris=image_uris,
+            serving_image_uris={family: image.image_uri for family, image in self.serving_images.items()},
             metrics=metrics,
             hf_token_secret_arn=self.hub_token.arn,
             alerts_topic_arn=self.alerts.topic_arn,

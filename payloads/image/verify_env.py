@@ -9,9 +9,10 @@ DLC variant the build asked for, so a drifted or broken environment fails the im
 instead of the first training job on the cluster. The
 versions are read from the requirements file itself; nothing here retypes them.
 
-On the Trainium2 image (torchneuron) it also asserts that torch_xla is absent.
+On the Trainium2 image (torchneuron) it also asserts that torch_xla is absent. On a serving image
+(Dockerfile.serve, --family serving) it checks the pins and that vLLM's server and lm-eval import.
 
-Usage: python3 verify_env.py [--family neuron|cuda|torchneuron] [--variant ec2|sagemaker] REQUIREMENTS_FILE
+Usage: python3 verify_env.py [--family neuron|cuda|torchneuron|serving] [--variant ec2|sagemaker] REQUIREMENTS_FILE
 (exit 0 ok, 1 check failed, 2 bad input)
 """
 
@@ -62,7 +63,21 @@ TORCHNEURON_IMPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("peft", ("LoraConfig",)),
     ("accelerate", ()),
 )
-FAMILY_IMPORTS = {"neuron": NEURON_IMPORTS, "cuda": CUDA_IMPORTS, "torchneuron": TORCHNEURON_IMPORTS}
+# The serving image (Dockerfile.serve, any accelerator): vLLM's OpenAI-compatible server and lm-eval's task
+# manager and its API model (the benchmark step's); importing them needs no device.
+SERVING_IMPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("vllm", ()),
+    ("vllm.entrypoints.openai.api_server", ()),
+    ("lm_eval", ("simple_evaluate",)),
+    ("lm_eval.tasks", ("TaskManager",)),
+    ("lm_eval.models.openai_completions", ()),
+)
+FAMILY_IMPORTS = {
+    "neuron": NEURON_IMPORTS,
+    "cuda": CUDA_IMPORTS,
+    "torchneuron": TORCHNEURON_IMPORTS,
+    "serving": SERVING_IMPORTS,
+}
 # Modules an image must not hold: with torch_xla present accelerate and transformers take their XLA
 # branch before the native `neuron` device (tests/payloads/test_trn2_contract.py), and the torch engine
 # would train through torch-xla or not at all.
@@ -237,7 +252,7 @@ def quantize_4bit() -> None:
 
 # (lever, check): on the CUDA image every speed lever must work, not just import.
 CUDA_LEVERS = (("liger-kernel", apply_liger), ("flash-attn", load_flash_attention), ("bitsandbytes", quantize_4bit))
-FAMILY_LEVERS = {"neuron": (), "cuda": CUDA_LEVERS, "torchneuron": ()}
+FAMILY_LEVERS = {"neuron": (), "cuda": CUDA_LEVERS, "torchneuron": (), "serving": ()}
 
 
 def lever_problems(levers) -> list[str]:

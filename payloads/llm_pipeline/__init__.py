@@ -54,6 +54,10 @@ ENTRY_POINTS = {
         "hpl_torchrun (ladder-rung.sbatch): runs torchtitan's trainer, its metric lines to node exporter",
         ("slurm",),
     ),
+    "jobs.serving_image": (
+        "python3 -m llm_pipeline.jobs.serving_image --needed RUN.toml (prepare.sbatch: import the serving image?)",
+        ("slurm",),
+    ),
     "jobs.estimate": ("python3 -m llm_pipeline.jobs.estimate (estimate.sbatch; a job step)", ("slurm", "job")),
     "jobs.capacity": (
         "python3 -m llm_pipeline.jobs.capacity wait|release (wait-capacity.sbatch, release-capacity.sbatch)",

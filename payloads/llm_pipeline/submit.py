@@ -23,13 +23,12 @@ from pathlib import Path
 
 from llm_pipeline import __version__, ladder_submit, run_state
 from llm_pipeline.config import PathsConfig, RunConfig
-from llm_pipeline.jobs import accounts, capacity_chain, deploy_facts, estimate, pipeline_status, smoke
+from llm_pipeline.jobs import accounts, capacity_chain, deploy_facts, estimate, pipeline_status, serving_image, smoke
 from llm_pipeline.jobs.chain import (
     PAYLOADS_DIR,
     ChainJob,
     SubmitError,
     check_runtime_sees,
-    check_vllm_on_the_nodes,
     dry_run,
     one_chain,
     partition_environment,
@@ -326,8 +325,9 @@ def _main(args: argparse.Namespace) -> int:
     # The latest deploy's image and runtime (FSx payloads) win over the node profile's.
     env.update(deploy_facts.read_deploy_facts(PAYLOADS_DIR, partition=env.get("HPL_PARTITION")))
     check_runtime_sees(facts, env)
-    if args.action != "status":
-        check_vllm_on_the_nodes(facts, env)
+    if args.action != "status" and facts.run is not None:
+        grpo = facts.run.train.objective == "grpo"
+        serving_image.check_serving(serving_image.vllm_uses(facts.run), env, grpo=grpo)
     if args.action == "status":
         if not pipeline_status.read_record(facts.logs_dir):
             raise SubmitError(f"no pipeline submitted for {facts.output_dir} (no {facts.logs_dir}/pipeline.json)")

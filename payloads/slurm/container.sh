@@ -5,9 +5,38 @@
 #
 # Reads: HPL_IMAGE_URI, HPL_IMAGES_DIR, HPL_FSX_MOUNT_PATH, HPL_PAYLOADS_DIR, HPL_METRICS_TEXTFILE_PATH.
 
-# The squashfs the prepare step imports HPL_IMAGE_URI into: one per image tag, on FSx.
+# The squashfs the prepare step imports an image into (default HPL_IMAGE_URI): one per image tag, on FSx.
 hpl_image_file() {
-  printf '%s/%s.sqsh\n' "$HPL_IMAGES_DIR" "$(printf '%s' "${HPL_IMAGE_URI##*/}" | tr -c 'A-Za-z0-9._-' '_')"
+  local uri="${1:-$HPL_IMAGE_URI}"
+  printf '%s/%s.sqsh\n' "$HPL_IMAGES_DIR" "$(printf '%s' "${uri##*/}" | tr -c 'A-Za-z0-9._-' '_')"
+}
+
+# docker://<registry>#<repository>:<tag> into its squashfs on FSx, once per tag: hpl_import_image URI. ECR
+# credentials come from the node's role and live in a private enroot config folder only for the import.
+hpl_import_image() {
+  local uri="$1" file
+  file="$(hpl_image_file "$uri")"
+  if [[ -s "$file" ]]; then
+    echo "image already imported: $file"
+    return
+  fi
+  local registry="${uri%%/*}" repository="${uri#*/}"
+  local partial="$file.partial-${SLURM_JOB_ID:-$$}" enroot_config
+  enroot_config="$(mktemp -d)"
+  mkdir -p "$HPL_IMAGES_DIR"
+  if [[ "$registry" == *.dkr.ecr.*.amazonaws.com ]]; then
+    local region="${HPL_REGION:-$(cut -d. -f4 <<<"$registry")}" password
+    password="$(aws ecr get-login-password --region "$region")"
+    (umask 077 && printf 'machine %s login AWS password %s\n' "$registry" "$password" >"$enroot_config/.credentials")
+  fi
+  echo "importing $uri into $file"
+  if ! ENROOT_CONFIG_PATH="$enroot_config" enroot import --output "$partial" "docker://$registry#$repository"; then
+    rm -rf "$enroot_config" "$partial"
+    echo "error: enroot could not import $uri (see above)" >&2
+    return 1
+  fi
+  rm -rf "$enroot_config"
+  mv -f "$partial" "$file"
 }
 
 # Pyxis sets the host's exported variables in the container, but where the image sets one too the image's value

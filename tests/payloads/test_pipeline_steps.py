@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from llm_pipeline import config, sagemaker_job, submit
-from llm_pipeline.jobs.chain import SubmitError, check_vllm_on_the_nodes, staged_chain
+from llm_pipeline.jobs import serving_image
+from llm_pipeline.jobs.chain import SubmitError, staged_chain
 from llm_pipeline.jobs.run_facts import RunFacts
 from llm_pipeline.jobs.sagemaker_env import JobHosts
+from llm_pipeline.jobs.serving_image import ServingImageError
 
 ROOT = Path(__file__).parents[2]
 STEP_NAMES = {job.step for job in submit.PIPELINE}
@@ -91,24 +93,56 @@ def test_the_benchmark_step_is_in_the_chain_of_a_run_that_asks_for_tasks(tmp_pat
     assert codes == [1, 0]
 
 
-def test_a_run_that_needs_vllm_is_refused_at_submit_where_the_nodes_have_none(tmp_path):
-    """benchmark.tasks or GRPO on the Pyxis runtime (the training images carry no vLLM yet): one line at submit;
-    on a host runtime (the rehearsal's vLLM site) and for a run that starts no server, nothing."""
+def test_a_run_that_serves_needs_the_partitions_serving_image_under_pyxis(tmp_path):
+    """benchmark.tasks or GRPO on the Pyxis runtime run vLLM in the partition's serving image: refused in one line at
+    submit when the deploy facts name none (a deploy before serving images) and for GRPO on Trainium; nothing on a
+    host runtime (the rehearsal's vLLM site) or for a run that starts no server. The prepare step asks the same
+    rule (--needed) before it imports the serving image."""
     asked = tmp_path / "asked.toml"
     asked.write_text('[benchmark]\ntasks = ["arc_challenge:25"]\n')
     grpo = tmp_path / "grpo.toml"
     grpo.write_text('[train]\nobjective = "grpo"\n[data]\npacking = false\n')
     plain = tmp_path / "plain.toml"
     plain.write_text("")
-    facts = {
-        path.stem: RunFacts(config=path, output_dir=tmp_path / path.stem, nodes=1, run=config.load(path))
-        for path in (asked, grpo, plain)
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[train]\nobjective = 3\n")
+    runs = {path.stem: config.load(path) for path in (asked, grpo, plain)}
+    assert {name: serving_image.vllm_uses(run) for name, run in runs.items()} == {
+        "asked": ["benchmark.tasks"],
+        "grpo": ["train.objective = 'grpo'"],
+        "plain": [],
     }
-    pyxis, host = {"HPL_RUNTIME": "pyxis"}, {"HPL_RUNTIME": "host"}
-    with pytest.raises(SubmitError, match=r"^benchmark.tasks need\(s\) a vLLM server on the nodes"):
-        check_vllm_on_the_nodes(facts["asked"], pyxis)
-    with pytest.raises(SubmitError, match=r"^train.objective = 'grpo' need\(s\) a vLLM server"):
-        check_vllm_on_the_nodes(facts["grpo"], pyxis)
-    check_vllm_on_the_nodes(facts["plain"], pyxis)
-    for found in facts.values():
-        check_vllm_on_the_nodes(found, host)
+    gpu = {"HPL_RUNTIME": "pyxis", "HPL_PARTITION": "gpu", "HPL_ACCELERATOR": "cuda"}
+    served = {**gpu, "HPL_SERVING_IMAGE_URI": "1.dkr.ecr.us-west-2.amazonaws.com/assets:serve"}
+
+    def check(name, env):
+        run = runs[name]
+        serving_image.check_serving(serving_image.vllm_uses(run), env, grpo=run.train.objective == "grpo")
+
+    with pytest.raises(
+        ServingImageError,
+        match=r"^benchmark.tasks start\(s\) a vLLM server on the nodes, and "
+        r"partition gpu has no serving image .*deploy again \(make deploy\)",
+    ):
+        check("asked", gpu)
+    with pytest.raises(ServingImageError, match=r"^train.objective = 'grpo' start\(s\)"):
+        check("grpo", gpu)
+    with pytest.raises(ServingImageError, match=r"^hpctl serve start\(s\)"):
+        serving_image.check_serving(["hpctl serve"], gpu)
+    trainium = {**served, "HPL_PARTITION": "trn", "HPL_ACCELERATOR": "neuron"}
+    with pytest.raises(ServingImageError, match=r"^train.objective = 'grpo' on partition trn \(Trainium\)"):
+        check("grpo", trainium)
+    check("asked", trainium)  # the benchmark step serves on Trainium (vLLM-Neuron)
+    for name in runs:
+        check(name, served)
+        check(name, {"HPL_RUNTIME": "host"})
+    check("plain", gpu)
+    needed = [sys.executable, "-m", "llm_pipeline.jobs.serving_image", "--needed"]
+    payloads = Path(sagemaker_job.__file__).parents[1]
+    found = [
+        subprocess.run([*needed, str(path)], cwd=payloads, capture_output=True, text=True)
+        for path in (asked, grpo, plain, broken)
+    ]
+    assert [result.returncode for result in found] == [0, 0, 1, 2]
+    assert found[3].stderr.startswith("error: ") and "train.objective" in found[3].stderr
+    assert "Traceback" not in found[3].stderr

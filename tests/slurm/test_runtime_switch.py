@@ -191,3 +191,63 @@ def test_submit_refuses_a_pyxis_run_outside_fsx(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HPL_FSX_MOUNT_PATH", "/fsx")
     assert submit_main(["--config", str(config), "--dry-run"]) == 2
     assert f"run config {config} is outside /fsx" in capsys.readouterr().err
+
+
+SERVING_IMAGE = f"{REGISTRY}/cdk-hnb659fds-container-assets-123456789012-us-west-2:9c2e7d"
+SERVING_SQSH = "cdk-hnb659fds-container-assets-123456789012-us-west-2_9c2e7d.sqsh"
+
+
+def serving_node(node, tmp_path, config_text: str) -> tuple[dict[str, str], Path]:
+    """The Pyxis node with both images in its facts and a real run config (the host's Python reads it)."""
+    env, calls = node
+    config = tmp_path / "run.toml"
+    config.write_text(config_text)
+    env.update(
+        HPL_RUNTIME="pyxis", HPL_IMAGE_URI=IMAGE, HPL_SERVING_IMAGE_URI=SERVING_IMAGE, HPL_RUN_CONFIG=str(config)
+    )
+    return env, calls
+
+
+def test_prepare_imports_the_serving_image_only_for_a_run_that_starts_a_vllm_server(node, tmp_path):
+    env, calls = serving_node(node, tmp_path, "")
+    plain = run_step("prepare.sbatch", env)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    images = tmp_path / "images"
+    assert sorted(path.name for path in images.iterdir()) == [SQSH]
+
+    (tmp_path / "run.toml").write_text('[benchmark]\ntasks = ["arc_challenge:25"]\n')
+    benchmarking = run_step("prepare.sbatch", env)
+    assert benchmarking.returncode == 0, benchmarking.stdout + benchmarking.stderr
+    assert f"image already imported: {images / SQSH}" in benchmarking.stdout
+    assert (calls / "enroot").read_text().split()[-1] == f"docker://{REGISTRY}#{SERVING_IMAGE.split('/', 1)[1]}"
+    assert sorted(path.name for path in images.iterdir()) == sorted([SQSH, SERVING_SQSH])
+    # the prepare step's own check still runs in the training image
+    assert all(f"--container-image={images / SQSH}" in call for call in srun_calls(calls))
+
+
+def test_the_benchmark_step_runs_vllm_in_the_serving_image_and_refuses_without_one(node, tmp_path):
+    env, calls = serving_node(node, tmp_path, '[benchmark]\ntasks = ["arc_challenge:25"]\n')
+    out = run_step("benchmark.sbatch", env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    [srun] = srun_calls(calls)  # the chart's step runs only after a benchmark.json (the stand-in writes none)
+    assert srun[1] == f"--container-image={tmp_path / 'images' / SERVING_SQSH}"
+    assert srun[-5:] == ["python3", "-m", "llm_pipeline.benchmark", "--config", str(tmp_path / "run.toml")]
+
+    for path in calls.glob("srun*"):
+        path.unlink()
+    env.pop("HPL_SERVING_IMAGE_URI")
+    refused = run_step("benchmark.sbatch", env)
+    assert refused.returncode != 0
+    assert "HPL_SERVING_IMAGE_URI: is not set: the deploy facts name no serving image" in refused.stderr
+    assert srun_calls(calls) == []
+
+
+def test_the_serve_job_imports_the_serving_image_then_serves_in_it(node, tmp_path):
+    env, calls = serving_node(node, tmp_path, "")
+    out = run_step("serve.sbatch", env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    image = tmp_path / "images" / SERVING_SQSH
+    assert image.read_text() == "squashfs\n"
+    [srun] = srun_calls(calls)
+    assert srun[1] == f"--container-image={image}"
+    assert srun[-5:-2] == ["python3", "-m", "llm_pipeline.serve"]

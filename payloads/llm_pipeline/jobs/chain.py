@@ -118,27 +118,6 @@ def check_runtime_sees(facts: RunFacts, env: dict[str, str]) -> None:
             )
 
 
-def check_vllm_on_the_nodes(facts: RunFacts, env: dict[str, str]) -> None:
-    """The steps that start a vLLM server (benchmark, GRPO's rollout server) run it from the vLLM site on a host
-    runtime; the cluster's training images (Pyxis) carry no vLLM yet (docs/benchmark.md): refuse at submit, not
-    in the middle of the chain."""
-    if env.get("HPL_RUNTIME") != "pyxis" or facts.run is None:
-        return
-    wants = [
-        what
-        for what, wanted in (
-            ("benchmark.tasks", facts.run.benchmark.runs()),
-            ("train.objective = 'grpo'", facts.run.train.objective == "grpo"),
-        )
-        if wanted
-    ]
-    if wants:
-        raise SubmitError(
-            f"{' and '.join(wants)} need(s) a vLLM server on the nodes, and the cluster's training images carry no "
-            "vLLM yet (docs/benchmark.md, Not done yet): rehearse it locally (make rehearse CONFIG=...) or leave it out"
-        )
-
-
 def partition_environment(
     facts: RunFacts, env: dict[str, str], *, ladder: bool = False, rungs: tuple[str, ...] = ()
 ) -> dict[str, str]:

@@ -20,7 +20,7 @@ KEYS = ("runtime", "default_partition", "partition_images", "partitions")
 # Per partition (llm_pipeline.jobs.partitions reads them): what the launch and env.sh need.
 PARTITION_KEYS = ("accelerator", "devices_per_node", "efa_interfaces", "efa_device_rdma", "fp8")
 # Written by newer deploys, read when present (llm_pipeline.jobs.partitions.OPTIONAL_FACT_ENV).
-OPTIONAL_PARTITION_KEYS = ("image_family", "peak_tflops", "host_memory_gib")
+OPTIONAL_PARTITION_KEYS = ("image_family", "peak_tflops", "host_memory_gib", "serving_image_uri")
 # What submit pins for every job of a chain (slurm/env.sh reads them).
 ENV_NAMES = ("HPL_IMAGE_URI", "HPL_RUNTIME")
 

@@ -46,10 +46,12 @@ FACT_ENV = {
 # image_family: torchneuron on Trainium2 (the native runtime; slurm/accelerator_env.sh, precompile.sbatch),
 # else the accelerator. peak_tflops: one rank's dense bf16 peak for MFU where the payload's table lacks it.
 # host_memory_gib: the node's memory, for prepare's check of a full fine-tuning load (training.full_rules).
+# serving_image_uri: the partition's vLLM image under Pyxis (slurm/env.sh's hpl_vllm_srun; jobs/serving_image.py).
 OPTIONAL_FACT_ENV = {
     "image_family": "HPL_IMAGE_FAMILY",
     "peak_tflops": "HPL_PEAK_TFLOPS",
     "host_memory_gib": "HPL_HOST_MEMORY_GIB",
+    "serving_image_uri": "HPL_SERVING_IMAGE_URI",
 }
 ENV_NAMES = ("HPL_PARTITION", *FACT_ENV.values(), *OPTIONAL_FACT_ENV.values())
 
@@ -97,6 +99,8 @@ def partition_environment(name: str, facts: Mapping[str, object]) -> dict[str, s
         env["HPL_PEAK_TFLOPS"] = str(facts["peak_tflops"])
     if int(facts.get("host_memory_gib") or 0) > 0:
         env["HPL_HOST_MEMORY_GIB"] = str(facts["host_memory_gib"])
+    if facts.get("serving_image_uri"):
+        env["HPL_SERVING_IMAGE_URI"] = str(facts["serving_image_uri"])
     return env
 
 

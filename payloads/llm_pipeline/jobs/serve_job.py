@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from llm_pipeline.errors import PipelineError
-from llm_pipeline.jobs import accounts, chain
+from llm_pipeline.jobs import accounts, chain, deploy_facts, serving_image
 from llm_pipeline.jobs.run_facts import read_run_facts
 from llm_pipeline.run_files import PIPELINE_FILE, PipelineRecord, StepLog
 
@@ -63,6 +63,9 @@ def sbatch_command(run_dir: Path, hours: float) -> list[str]:
         raise ServeError(f"{record_file} is missing: serve a run that was submitted (hpctl submit)")
     facts = read_run_facts(PipelineRecord.from_json(record_file.read_text()).config)
     env = chain.partition_environment(facts, dict(os.environ))
+    # The latest deploy's runtime and images win over the node profile's, as for a chain (submit).
+    env.update(deploy_facts.read_deploy_facts(chain.PAYLOADS_DIR, partition=env.get("HPL_PARTITION")))
+    serving_image.check_serving(["hpctl serve"], env)
     exports = ",".join(["ALL", *(f"{key}={value}" for key, value in chain.job_environment(facts, env).items())])
     command = [
         "sbatch",
