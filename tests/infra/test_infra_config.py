@@ -41,6 +41,7 @@ PARTITION_KEYS = {
     "efa_device_rdma",
     "fp8",
     "image_uri",
+    "serving_image_uri",
     "image_family",
     "peak_tflops",
     "host_memory_gib",
