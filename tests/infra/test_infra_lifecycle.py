@@ -52,8 +52,8 @@ def test_generated_facts_hold_the_config_and_the_image_uri(synth):
     props = lifecycle_deployment(synth)
     # The image URI is a deploy-time value: CDK leaves a marker the deployment fills in.
     (markers,) = [m for m in props["SourceMarkers"] if m]
-    # One per place an image URI appears (default group, its partition, the exporters), the remote write URL
-    # the Hugging Face token's secret ARN and the alerts topic's.
+    # One per place an image URI appears (default group, its partition and serving image, the exporters), the
+    # remote write URL, the Hugging Face token's secret ARN and the alerts topic's.
     for marker in markers:
         value = json.dumps(markers[marker])
         stands_for = {
@@ -71,6 +71,7 @@ def test_generated_facts_hold_the_config_and_the_image_uri(synth):
     assert facts == cluster_facts(
         synth.config,
         image_uris={"neuron": "IMAGE"},
+        serving_image_uris={"neuron": "IMAGE"},  # a Pyxis cluster's serving image (the default runtime)
         metrics=metrics,
         hf_token_secret_arn="SECRET",
         alerts_topic_arn="TOPIC",
