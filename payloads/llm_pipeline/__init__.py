@@ -36,7 +36,7 @@ ENTRY_POINTS = {
     "generate": ("hpl_step_python (generate.sbatch); a job step on the first host", ("slurm", "job")),
     "evaluate": ("hpl_step_python (evaluate.sbatch); a job step on the first host", ("slurm", "job")),
     "benchmark": (
-        "hpl_step_python (benchmark.sbatch), in the vLLM site: after merge when benchmark.tasks names tasks",
+        "hpl_vllm_step_python (benchmark.sbatch; vLLM site or serving image): after merge if benchmark.tasks",
         ("slurm",),
     ),
     "pretrain": ("hpl_step_python llm_pipeline.pretrain tokenizer|dataset|job|retain|report|export", ("slurm",)),
@@ -83,7 +83,7 @@ ENTRY_POINTS = {
         ("slurm",),
     ),
     "rollout_server": (
-        "hpl_vllm_python -m llm_pipeline.rollout_server (env.sh's hpl_rollout_start, train.sbatch of a GRPO run), "
+        "hpl_vllm_srun ... -m llm_pipeline.rollout_server (env.sh's hpl_rollout_start, train.sbatch of a GRPO run), "
         "in the vLLM site: the rollout server; --placement and --wait from the host",
         ("slurm",),
     ),

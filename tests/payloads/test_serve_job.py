@@ -57,3 +57,42 @@ def test_the_adapter_is_served_over_the_base_else_the_merged_model(tmp_path):
     (run_dir / "adapter" / "adapter_config.json").write_text(json.dumps({"r": 1024}))
     with pytest.raises(StepError, match="above vLLM's largest"):
         lora_rank(run_dir / "adapter")
+
+
+def test_on_pyxis_the_serve_job_takes_the_deploys_serving_image_or_is_refused_before_sbatch(tmp_path, monkeypatch):
+    """The serve job reads the latest deploy's facts as a chain does: their serving image reaches the job
+    (HPL_SERVING_IMAGE_URI); a deploy before serving images is refused in one line, before any sbatch."""
+    from llm_pipeline.jobs import chain, deploy_facts
+    from llm_pipeline.jobs.serving_image import ServingImageError
+    from llm_pipeline.run_files import PIPELINE_FILE, PipelineRecord
+
+    payloads, run_dir = tmp_path / "payloads", tmp_path / "fsx" / "outputs" / "run"
+    payloads.mkdir()
+    (run_dir / "logs").mkdir(parents=True)
+    config = tmp_path / "fsx" / "run.toml"
+    config.write_text(f'[paths]\noutput_dir = "{run_dir}"\n')
+    (run_dir / "logs" / PIPELINE_FILE).write_text(PipelineRecord(str(config), ()).to_json())
+    partition = {"accelerator": "cuda", "devices_per_node": 8, "efa_interfaces": 32, "efa_device_rdma": 1, "fp8": 1}
+    serving = "1.dkr.ecr.us-west-2.amazonaws.com/assets:serve"
+
+    def deploy(facts: dict) -> None:
+        written = {
+            "runtime": "pyxis",
+            "default_partition": "p5",
+            "partition_images": {"p5": "1.dkr.ecr.us-west-2.amazonaws.com/assets:train"},
+            "partitions": {"p5": {**partition, **facts}},
+        }
+        (payloads / deploy_facts.DEPLOY_FACTS_FILE).write_text(json.dumps(written))
+
+    monkeypatch.setattr(chain, "PAYLOADS_DIR", payloads)
+    monkeypatch.setenv("HPL_FSX_MOUNT_PATH", str(tmp_path / "fsx"))
+    deploy({})
+    with pytest.raises(
+        ServingImageError, match=r"^hpctl serve start\(s\) a vLLM server on the nodes, and partition p5"
+    ):
+        serve_job.sbatch_command(run_dir, 1.0)
+    deploy({"serving_image_uri": serving})
+    command = serve_job.sbatch_command(run_dir, 1.0)
+    (export,) = [option for option in command if option.startswith("--export=")]
+    assert f"HPL_SERVING_IMAGE_URI={serving}" in export.split(",") and "HPL_RUNTIME=pyxis" in export.split(",")
+    assert "--partition=p5" in command
