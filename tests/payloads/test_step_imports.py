@@ -1,7 +1,7 @@
 """What a Slurm job's Python processes import before they work. Each step of a chain is a fresh process: a
 training library imported where it is not used costs seconds per job (peft alone, through bitsandbytes, takes
 several), so the host-side helpers stay stdlib only and the step modules load the training stack only on the
-branches that use it. Checked in a fresh interpreter per module: what ``import`` alone loads."""
+branches that use it. Checked in fresh interpreters: what ``import`` alone loads, and what a consolidate run loads."""
 
 from __future__ import annotations
 
