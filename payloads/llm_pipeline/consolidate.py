@@ -4,9 +4,10 @@
 
 Defaults: the finished checkpoint in paths.checkpoints_dir (run_state: refused when the run has not finished
 or its newest complete checkpoint is another step) -> paths.adapter_dir. A sharded
-neuronx-distributed adapter (neuron backend) is rebuilt into full tensors (tp_layout); a plain peft
-adapter (torch backend) is checked and copied. The output holds ``adapter_model.safetensors`` and
-``adapter_config.json`` with Hugging Face module names, so ``PeftModel.from_pretrained`` loads it.
+neuronx-distributed adapter (neuron backend) is rebuilt into full tensors (weights/sharded_adapter); a plain
+peft adapter (torch backend) is checked and copied, without importing torch. The output holds
+``adapter_model.safetensors`` and ``adapter_config.json`` with Hugging Face module names, so
+``PeftModel.from_pretrained`` loads it.
 A full-model checkpoint (neuron backend, ``train.method = full``: ``checkpoint-N/shards/``) becomes a
 Hugging Face model folder instead, by default in paths.merged_dir (weights/full_consolidation); so
 does a torch backend full-model checkpoint (one process, DDP or FSDP2; weights/torch_checkpoint).
@@ -18,9 +19,6 @@ import json
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
-
-import torch
-from safetensors.torch import save_file
 
 from llm_pipeline import cli, run_state
 from llm_pipeline.errors import CheckpointError
@@ -36,45 +34,11 @@ from llm_pipeline.weights.adapter_files import (
 from llm_pipeline.weights.adapter_layout import PlainAdapter, ShardedAdapter, find_adapter
 from llm_pipeline.weights.adapter_shapes import check_adapter_shapes
 from llm_pipeline.weights.atomic_output import AtomicOutputDir
-from llm_pipeline.weights.full_checkpoint import FullCheckpoint, find_full_checkpoint
-from llm_pipeline.weights.full_consolidation import consolidate_full
+from llm_pipeline.weights.full_checkpoint import FullCheckpoint, find_full_checkpoint, find_torch_full_checkpoint
 from llm_pipeline.weights.model_files import read_model_config
-from llm_pipeline.weights.torch_checkpoint import find_torch_full_checkpoint, write_model_folder
-from llm_pipeline.weights.tp_layout import StageShards, consolidate_stage
-from llm_pipeline.weights.xser_reader import load_rank_file
 
 # optimum-neuron's fused modules, in case a config still names them: fused name -> HF names.
 FUSED_TARGETS = {"gate_up_proj": ("gate_proj", "up_proj"), "qkv_proj": ("q_proj", "k_proj", "v_proj")}
-
-
-def read_metadata(path: Path, tp_size: int, rank_dir: Path, pp: int) -> dict:
-    try:
-        metadata = json.loads(path.read_text())
-        parameters = metadata["parameters"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{path} is not valid neuronx-distributed metadata ({exc})") from None
-    expected = max(
-        (p.get("num_partitions", 1) for p in parameters.values() if p.get("tensor_model_parallel")), default=1
-    )
-    if expected > tp_size:
-        raise CheckpointError(
-            f"rank file {rank_dir / f'dp_rank_00_tp_rank_{tp_size:02d}_pp_rank_{pp:02d}.pt'} is missing: {path.name} "
-            f"describes TP={expected} but only {tp_size} rank file(s) exist"
-        )
-    return metadata
-
-
-def consolidated_tensors(adapter: ShardedAdapter) -> dict[str, torch.Tensor]:
-    tensors: dict[str, torch.Tensor] = {}
-    for pp, (metadata_file, rank_files) in enumerate(zip(adapter.metadata_files, adapter.rank_files, strict=True)):
-        metadata = read_metadata(metadata_file, adapter.tp_size, rank_files[0].parent, pp)
-        print(f"reading pipeline stage {pp}: {len(rank_files)} TP rank file(s) in {rank_files[0].parent}", flush=True)
-        stage = StageShards(metadata=metadata, ranks=[load_rank_file(f) for f in rank_files], source=str(metadata_file))
-        for name, tensor in consolidate_stage(stage, adapter.adapter_name).items():
-            if name in tensors and tensors[name].shape != tensor.shape:
-                raise CheckpointError(f"{name} differs between pipeline stages")
-            tensors.setdefault(name, tensor)
-    return tensors
 
 
 def hf_adapter_config(config: dict) -> dict:
@@ -100,10 +64,11 @@ def check_targets(config: dict, updates: Iterable[LoraUpdate], source: Path) -> 
 
 
 def write_sharded(adapter: ShardedAdapter, output: Path) -> AdapterFolder:
+    from llm_pipeline.weights import sharded_adapter  # torch: this branch alone reads tensors
+
     config = hf_adapter_config(read_adapter_config(adapter.folder))
-    tensors = {name: t.contiguous() for name, t in sorted(consolidated_tensors(adapter).items())}
     (output / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
-    save_file(tensors, output / WEIGHTS_NAME, metadata={"format": "pt"})
+    sharded_adapter.write_tensors(adapter, output / WEIGHTS_NAME)
     written = open_adapter_folder(output)  # the result must read back as a mergeable adapter
     check_targets(config, written.updates.values(), adapter.folder / CONFIG_NAME)
     return written
@@ -154,6 +119,8 @@ def consolidate_full_checkpoint(
     checkpoint: FullCheckpoint, output: Path, *, overwrite: bool = False, base: Path | None = None
 ) -> Path:
     """Write the Hugging Face model folder of a full-model neuron checkpoint, atomically."""
+    from llm_pipeline.weights.full_consolidation import consolidate_full  # torch: this branch alone reads tensors
+
     atomic = AtomicOutputDir(output, overwrite=overwrite)
     atomic.check()
     print(
@@ -168,6 +135,8 @@ def consolidate_full_checkpoint(
 
 def consolidate_torch_full(checkpoint: Path, base: Path, output: Path, dtype: str, *, overwrite: bool) -> Path:
     """Write the Hugging Face model folder of a torch backend full-model checkpoint, atomically."""
+    from llm_pipeline.weights.torch_checkpoint import write_model_folder  # torch: this branch alone reads tensors
+
     atomic = AtomicOutputDir(output, overwrite=overwrite)
     atomic.check()
     print(f"consolidate: full-model checkpoint {checkpoint} -> {output} ({dtype})", flush=True)

@@ -1,4 +1,4 @@
-"""A full-model checkpoint of the torch backend -> a Hugging Face model folder.
+"""A full-model checkpoint of the torch backend -> a Hugging Face model folder (weights/full_checkpoint finds it).
 
 The transformers Trainer writes `train.method = full` checkpoints in one of two forms:
 - one process or DDP: ``checkpoint-N/model.safetensors`` (or shards + index), as save_pretrained;
@@ -22,34 +22,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from llm_pipeline.errors import CheckpointError
-from llm_pipeline.weights.checkpoints import complete_checkpoints
+from llm_pipeline.weights.full_checkpoint import FSDP_MODEL_DIR
 from llm_pipeline.weights.model_files import INDEX_NAME, SINGLE_NAME, open_model_folder
 
-FSDP_MODEL_DIR = "pytorch_model_fsdp_0"  # accelerate's name for the first model's distributed checkpoint
 FSDP_KEY_PREFIX = "model."
 MAX_SHARD_BYTES = 5 * 10**9  # save_pretrained's default max_shard_size
-ADAPTER_CONFIG = "adapter_config.json"
-
-
-def is_full_checkpoint(folder: Path) -> bool:
-    """A torch backend checkpoint holding every weight (not an adapter)."""
-    if (folder / ADAPTER_CONFIG).is_file():
-        return False
-    return (folder / FSDP_MODEL_DIR / ".metadata").is_file() or any(
-        (folder / name).is_file() for name in (SINGLE_NAME, INDEX_NAME)
-    )
-
-
-def find_torch_full_checkpoint(path: Path) -> Path | None:
-    """The checkpoint at ``path``, or the newest complete one under it (or its checkpoints/), if full."""
-    path = Path(path)
-    if is_full_checkpoint(path):
-        return path
-    container = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    found = complete_checkpoints(container)
-    if found and is_full_checkpoint(found[-1][1]):
-        return found[-1][1]
-    return None
 
 
 def _distributed_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
