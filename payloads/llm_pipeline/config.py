@@ -39,6 +39,9 @@ QloraMergeBase = Literal["dequantized", "bf16"]  # merge.qlora_base: what a qlor
 # train.health_node_action: what the health gate (jobs/health.py) does to a node whose check failed.
 HealthNodeAction = Literal["drain", "reboot", "replace"]
 RolloutPlacement = Literal["auto", "colocated", "node"]  # grpo.rollout: where the vLLM rollout server runs
+# grpo.server_memory's default per placement: vLLM's own default on a node of its own; beside the trainer, a share
+# that leaves an 8B LoRA trainer most of the GPU
+ROLLOUT_SERVER_MEMORY = {"node": 0.9, "colocated": 0.3}
 BACKENDS, DTYPES, METHODS = get_args(Backend), get_args(Dtype), get_args(Method)
 OBJECTIVES = get_args(Objective)
 # dpo.loss_type: trl 1.16 DPOConfig's pairwise losses that need nothing beyond beta and label_smoothing
@@ -599,12 +602,24 @@ class GrpoConfig:
         "optimizer steps between weight syncs: the policy's adapter reaches the rollout server every N steps "
         "(1: on-policy, every step)",
     )
+    server_memory: float = ranged(
+        0.0,
+        FRACTION,
+        "the share of each GPU's memory the rollout server's vLLM may take (its --gpu-memory-utilization); 0: "
+        f"{ROLLOUT_SERVER_MEMORY['node']} on a node of its own, {ROLLOUT_SERVER_MEMORY['colocated']} colocated, "
+        "where the trainer holds the rest",
+        learns=False,
+    )
 
     def placement(self, nodes: int) -> str:
         """colocated or node: where the rollout server runs for an allocation of ``nodes``."""
         if self.rollout == "auto":
             return "node" if nodes > 1 else "colocated"
         return self.rollout
+
+    def server_memory_share(self, nodes: int) -> float:
+        """The GPU memory share the rollout server takes for an allocation of ``nodes``."""
+        return self.server_memory or ROLLOUT_SERVER_MEMORY[self.placement(nodes)]
 
     def user_rewards(self) -> list[tuple[str, str]]:
         """[(file, function)] of the rewards that name a user's file."""

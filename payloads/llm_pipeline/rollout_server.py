@@ -18,6 +18,7 @@ from pathlib import Path
 from llm_pipeline import cli, config
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import PipelineError
+from llm_pipeline.jobs.partitions import CUDA
 from llm_pipeline.training.rollouts import ENDPOINT_WAIT_S, rollout_dir, wait_for_endpoint
 
 
@@ -26,12 +27,23 @@ def placement(cfg: RunConfig) -> str:
     return cfg.grpo.placement(cfg.parallel.nodes) if cfg.train.objective == "grpo" else "none"
 
 
+def server_arguments(cfg: RunConfig, *, gpu: bool) -> list[str]:
+    """vLLM's arguments beyond the served model: runtime LoRA of the policy's rank and, on a GPU, the memory share
+    of the placement (colocated: the trainer holds the rest of the GPU)."""
+    from llm_pipeline.serve import rank_slot
+
+    extra = ["--enable-lora", "--max-loras", "1", "--max-lora-rank", str(rank_slot(cfg.lora.r, "lora.r"))]
+    if gpu:
+        extra += ["--gpu-memory-utilization", str(cfg.grpo.server_memory_share(cfg.parallel.nodes))]
+    return extra
+
+
 def serve_rollouts(cfg: RunConfig) -> None:
-    from llm_pipeline.serve import rank_slot, serve_until_stopped  # the vLLM site's side only (not --placement)
+    from llm_pipeline.serve import serve_until_stopped  # the vLLM site's side only (not --placement)
 
     print(f"rollout server on {os.environ.get('SLURMD_NODENAME') or socket.gethostname()}", flush=True)
     os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter, which the trainer calls
-    extra = ["--enable-lora", "--max-loras", "1", "--max-lora-rank", str(rank_slot(cfg.lora.r, "lora.r"))]
+    extra = server_arguments(cfg, gpu=os.environ.get("HPL_ACCELERATOR") == CUDA)
     serve_until_stopped(
         cfg,
         Path(cfg.paths.model_dir),

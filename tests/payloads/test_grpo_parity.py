@@ -211,6 +211,27 @@ def test_the_dry_run_shows_where_the_rollouts_run(tmp_path, hpl_env):
     assert tiny_config(hpl_env).train.objective == "sft" and rollout_split(tiny_config(hpl_env)) is None
 
 
+def test_the_rollout_server_takes_a_gpu_share_that_leaves_a_colocated_trainer_the_rest(hpl_env):
+    """vLLM takes 90% of a GPU by default: beside the trainer (colocated) that leaves too little to train. The
+    server's share follows its placement unless grpo.server_memory sets one; CPU serving takes no such argument."""
+    from llm_pipeline.rollout_server import server_arguments
+
+    def share(**keys) -> str | None:
+        args = server_arguments(
+            tiny_config(hpl_env, train={"objective": "grpo"}, data={"packing": False}, **keys), gpu=True
+        )
+        return args[args.index("--gpu-memory-utilization") + 1] if "--gpu-memory-utilization" in args else None
+
+    assert share(parallel={"nodes": 1}) == "0.3"  # auto: colocated on one node
+    assert share(parallel={"nodes": 2}) == "0.9"  # auto: a node of its own
+    assert share(parallel={"nodes": 2}, grpo={"rollout": "colocated"}) == "0.3"
+    assert share(parallel={"nodes": 1}, grpo={"server_memory": 0.5}) == "0.5"
+    cpu = server_arguments(tiny_config(hpl_env, train={"objective": "grpo"}, data={"packing": False}), gpu=False)
+    assert "--gpu-memory-utilization" not in cpu and cpu[:2] == ["--enable-lora", "--max-loras"]
+    with pytest.raises(ConfigError, match=r"grpo.server_memory"):
+        tiny_config(hpl_env, train={"objective": "grpo"}, data={"packing": False}, grpo={"server_memory": 1.0})
+
+
 def test_the_trainer_reads_the_address_where_the_rollout_server_writes_it(tmp_path):
     from llm_pipeline.jobs import serve_job
     from llm_pipeline.training import rollouts
