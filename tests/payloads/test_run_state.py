@@ -68,7 +68,7 @@ def submit(cfg, losses=None, kill_at=None) -> tuple[str, StandInEngine]:
     """One train step on ``cfg``: its outcome (trained, nothing, refused, stopped, killed) and the engine."""
     engine = StandInEngine(cfg, losses or {}, kill_at)
     try:
-        train.run_in_state(cfg, train.make_plan(cfg, "torch", False), engine)
+        train.run_in_state(train.run_end(cfg), train.make_plan(cfg, "torch", False), engine)
     except run_state.RunStateError:
         return "refused", engine
     except NonFiniteLoss:
@@ -175,4 +175,4 @@ def test_refilled_model_weights_are_refused_naming_them(hpl_env, tmp_path):
     assert submit(cfg)[0] == "trained"
     tiny_model.write_tiny_model(models / "tiny-llama", seed=1)  # other weights in the same folder
     with pytest.raises(run_state.RunStateError, match=r"model weights \(the weight files and config\.json in"):
-        train.run_in_state(cfg, train.make_plan(cfg, "torch", False), StandInEngine(cfg, {}))
+        train.run_in_state(train.run_end(cfg), train.make_plan(cfg, "torch", False), StandInEngine(cfg, {}))

@@ -1,0 +1,72 @@
+"""What each part of training reads from the run config. The train step reads the loaded RunConfig once into
+these records and hands each part its own (train.py): a part sees the keys it needs, never the whole config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from llm_pipeline import config
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelPart:
+    """How the base model loads and which adapter wraps it (torch/methods.py): train.method, the precision and
+    kernel levers, and the [lora] section."""
+
+    model_dir: str
+    method: str
+    bf16: bool
+    attention: str
+    liger_kernel: bool | str
+    lora: config.LoraConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class WatchPart:
+    """What watches a run from its callbacks: the non-finite loss guard, the checkpoint seals, the metrics and
+    the profiler (the engines' add_run_callbacks and the torch engine's profiler)."""
+
+    checkpoints_dir: Path
+    nonfinite_loss_grace: int
+    save_total_limit: int
+    sequence_length: int
+    full: bool  # train.method full: every parameter counts towards the FLOPs
+    profile_window: tuple[int, int] | None
+    profile_dir: Path
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainParts:
+    """The parts' records of one run, read at once (read): what the engine hands its model loading and its
+    callbacks."""
+
+    model: ModelPart
+    watch: WatchPart
+
+
+def read(cfg: config.RunConfig) -> TrainParts:
+    return TrainParts(model=model_part(cfg), watch=watch_part(cfg))
+
+
+def model_part(cfg: config.RunConfig) -> ModelPart:
+    return ModelPart(
+        model_dir=cfg.paths.model_dir,
+        method=cfg.train.method,
+        bf16=cfg.train.bf16,
+        attention=cfg.train.attention,
+        liger_kernel=cfg.train.liger_kernel,
+        lora=cfg.lora,
+    )
+
+
+def watch_part(cfg: config.RunConfig) -> WatchPart:
+    return WatchPart(
+        checkpoints_dir=cfg.paths.checkpoints_dir,
+        nonfinite_loss_grace=cfg.train.nonfinite_loss_grace,
+        save_total_limit=cfg.train.save_total_limit,
+        sequence_length=cfg.data.max_length,
+        full=cfg.train.method == "full",
+        profile_window=cfg.train.profile_window,
+        profile_dir=cfg.paths.profile_dir,
+    )
