@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from llm_pipeline import config
+from llm_pipeline import config, run_inputs
+from llm_pipeline.run_files import TrainedFrom
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +35,16 @@ class WatchPart:
     full: bool  # train.method full: every parameter counts towards the FLOPs
     profile_window: tuple[int, int] | None
     profile_dir: Path
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunEnd:
+    """What the run's state rules read (run_state.run_in_state): where its checkpoints are, its end
+    (train.max_steps) and what a checkpoint trained now records (run_inputs.trained_from)."""
+
+    checkpoints_dir: Path
+    max_steps: int
+    trained_from: TrainedFrom
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,4 +80,12 @@ def watch_part(cfg: config.RunConfig) -> WatchPart:
         full=cfg.train.method == "full",
         profile_window=cfg.train.profile_window,
         profile_dir=cfg.paths.profile_dir,
+    )
+
+
+def run_end(cfg: config.RunConfig) -> RunEnd:
+    return RunEnd(
+        checkpoints_dir=cfg.paths.checkpoints_dir,
+        max_steps=cfg.train.max_steps,
+        trained_from=run_inputs.trained_from(cfg),
     )

@@ -41,7 +41,7 @@ def uses_fsdp(cfg: RunConfig, world_size: int) -> bool:
 
 def loads_once(cfg: RunConfig, world_size: int) -> bool:
     """Full fine-tuning under FSDP reads the fp32 weights on rank 0 only: the other ranks allocate the
-    model without reading it (backend.empty_model) and accelerate's FSDP2 preparation
+    model without reading it (methods.empty_model) and accelerate's FSDP2 preparation
     (cpu_ram_efficient_loading) broadcasts each rank its shards. 64 whole copies would fill a
     trn2.48xlarge's host memory (training.full_rules.check_host_memory). transformers 5.24's
     from_pretrained does not skip the weights on the other ranks by itself (its FSDP branch only fixes
