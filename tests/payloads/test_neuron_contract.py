@@ -287,7 +287,7 @@ def test_neuron_checkpoints_are_sealed_where_optimum_neuron_has_written_them(hpl
     cfg = tiny_config(hpl_env, train={"method": "full"})
     assert "async_save" not in {**sft_arguments(cfg, neuron_plan()), **train_neuron.neuron_arguments(cfg)}
     run = next(n for n in ast.parse(Path(train_neuron.__file__).read_text()).body if getattr(n, "name", "") == "run")
-    handed = "seal=seal_checkpoints(args, xm.rendezvous, keep=cfg.train.save_total_limit)"
+    handed = "seal=seal_checkpoints(args, xm.rendezvous, keep=watch.save_total_limit)"
     assert handed in ast.unparse(run)  # to add_run_callbacks
 
 
