@@ -264,6 +264,7 @@ def build_trainer(cfg: RunConfig, run_parts: TrainParts, plan: TrainPlan, datase
     set_seed(cfg.train.seed)
     model, peft_config = methods.method_model(model_part, empty=empty)
     total = sum(p.numel() for p in model.parameters())
+    # what the method says of this model, asked once: the trainable count it must give, its kernels, its compute
     expected = methods.expected_trainable(model.config, model_part, total)
     attention, liger = methods.attention_kernel(model_part), methods.liger_enabled(model_part)
     compute = "bf16" if methods.computes_in_bf16(model_part) else "fp32"
