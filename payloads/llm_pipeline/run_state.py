@@ -21,7 +21,7 @@
   run learned: replaced_by) and the outputs made after train aside; the run starts anew from the base model.
 
 The train step moves through these states with run_in_state, reading only the run-state record the step read
-from the config (training/parts.RunEnd). Stdlib only, like config.py.
+from the config (RunEnd). Stdlib only, like config.py.
 """
 
 from __future__ import annotations
@@ -29,9 +29,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llm_pipeline import run_inputs
+from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.run_files import (
     CHECKPOINT,
@@ -43,7 +46,6 @@ from llm_pipeline.run_files import (
     FinishedRecord,
     TrainedFrom,
 )
-from llm_pipeline.training.parts import RunEnd
 from llm_pipeline.training.plan import TrainPlan, say
 from llm_pipeline.weights.checkpoints import COMPLETE_MARKER, discard_after, newest_complete
 
@@ -53,6 +55,25 @@ WAYS_FORWARD = (
     f"train anew from the base model, resubmit with {REPLACE_FLAG} (which moves the checkpoints and the outputs "
     "made after train aside into the run folder's replaced/<time>/) or use a new run folder (paths.output_dir)"
 )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunEnd:
+    """What the run's state rules read (run_in_state): where its checkpoints are, its end
+    (train.max_steps) and what a checkpoint trained now records (run_inputs.trained_from)."""
+
+    checkpoints_dir: Path
+    max_steps: int
+    trained_from: TrainedFrom
+
+
+def run_end(cfg: RunConfig) -> RunEnd:
+    """The run-state record of ``cfg``, what a checkpoint trained now records included (run_inputs)."""
+    return RunEnd(
+        checkpoints_dir=cfg.paths.checkpoints_dir,
+        max_steps=cfg.train.max_steps,
+        trained_from=run_inputs.trained_from(cfg),
+    )
 
 
 class RunStateError(StepError):

@@ -7,9 +7,9 @@ full (every parameter, no adapter). Backends: neuron (optimum-neuron on trn1's t
 tensor parallel; lora and full) and torch (trl + peft + accelerate on CUDA, Trainium2's native
 `neuron` device or CPU, FSDP2 or DDP); auto picks neuron on the torch-xla runtime, else torch.
 The engines live in training/neuron and training/torch; this step checks the config against the
-chosen backend, reads the config once into each part's record (training/parts.py: the model's, the
-callbacks', the run state's), reads the prepared data once and hands them to the engine, inside the run's
-state rules (run_state.run_in_state).
+chosen backend, reads the config once into each part's record (training/parts.py: the model's and the
+callbacks'; run_state.RunEnd: the run state's), reads the prepared data once and hands them to the engine,
+inside the run's state rules (run_state.run_in_state).
 
 Checkpoints go to paths.checkpoints_dir/checkpoint-<step> every train.save_steps and at the last
 step; TensorBoard events to paths.tensorboard_dir. A restart resumes from the newest complete
@@ -88,7 +88,7 @@ def train(
     model_dir = model_files.require_model_folder(Path(cfg.paths.model_dir), "the base model to train")
     plan = make_plan(cfg, backend, precompile, resume_from)
     # what each part needs of the run config, read once: the run's state rules, the model, the callbacks
-    end, run_parts = parts.run_end(cfg), parts.read(cfg)
+    end, run_parts = run_state.run_end(cfg), parts.read(cfg)
 
     def engine(plan: TrainPlan) -> None:
         datasets, tokenizer = data.training_inputs(cfg)

@@ -19,7 +19,6 @@ from payload_configs import tiny_config, write_config
 from llm_pipeline import consolidate, merge, run_state, train
 from llm_pipeline.config import learning_keys
 from llm_pipeline.run_files import TRAINED_FROM_FILE
-from llm_pipeline.training import parts
 from llm_pipeline.training.loss_guard import NonFiniteLoss, NonFiniteLossGuard
 from llm_pipeline.weights.checkpoints import newest_complete
 from tools import tiny_model
@@ -69,7 +68,7 @@ def submit(cfg, losses=None, kill_at=None) -> tuple[str, StandInEngine]:
     """One train step on ``cfg``: its outcome (trained, nothing, refused, stopped, killed) and the engine."""
     engine = StandInEngine(cfg, losses or {}, kill_at)
     try:
-        run_state.run_in_state(parts.run_end(cfg), train.make_plan(cfg, "torch", False), engine)
+        run_state.run_in_state(run_state.run_end(cfg), train.make_plan(cfg, "torch", False), engine)
     except run_state.RunStateError:
         return "refused", engine
     except NonFiniteLoss:
@@ -176,4 +175,4 @@ def test_refilled_model_weights_are_refused_naming_them(hpl_env, tmp_path):
     assert submit(cfg)[0] == "trained"
     tiny_model.write_tiny_model(models / "tiny-llama", seed=1)  # other weights in the same folder
     with pytest.raises(run_state.RunStateError, match=r"model weights \(the weight files and config\.json in"):
-        run_state.run_in_state(parts.run_end(cfg), train.make_plan(cfg, "torch", False), StandInEngine(cfg, {}))
+        run_state.run_in_state(run_state.run_end(cfg), train.make_plan(cfg, "torch", False), StandInEngine(cfg, {}))

@@ -1,13 +1,13 @@
-"""What each part of training reads from the run config. The train step reads the loaded RunConfig once into
-these records and hands each part its own (train.py): a part sees the keys it needs, never the whole config."""
+"""What the training parts read from the run config: the train step reads the loaded RunConfig once into these
+records (and the run state's, run_state.RunEnd) and hands each part its own (train.py): the model loading and
+the callbacks see the keys they need, never the whole config."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from llm_pipeline import config, run_inputs
-from llm_pipeline.run_files import TrainedFrom
+from llm_pipeline import config
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,16 +35,6 @@ class WatchPart:
     full: bool  # train.method full: every parameter counts towards the FLOPs
     profile_window: tuple[int, int] | None
     profile_dir: Path
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunEnd:
-    """What the run's state rules read (run_state.run_in_state): where its checkpoints are, its end
-    (train.max_steps) and what a checkpoint trained now records (run_inputs.trained_from)."""
-
-    checkpoints_dir: Path
-    max_steps: int
-    trained_from: TrainedFrom
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,12 +70,4 @@ def watch_part(cfg: config.RunConfig) -> WatchPart:
         full=cfg.train.method == "full",
         profile_window=cfg.train.profile_window,
         profile_dir=cfg.paths.profile_dir,
-    )
-
-
-def run_end(cfg: config.RunConfig) -> RunEnd:
-    return RunEnd(
-        checkpoints_dir=cfg.paths.checkpoints_dir,
-        max_steps=cfg.train.max_steps,
-        trained_from=run_inputs.trained_from(cfg),
     )
