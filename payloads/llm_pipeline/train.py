@@ -30,45 +30,9 @@ from llm_pipeline.config import BACKENDS, RunConfig, check_backend
 from llm_pipeline.errors import StepError
 from llm_pipeline.training import full_rules, parts
 from llm_pipeline.training.backends import resolve_backend
+from llm_pipeline.training.parts import FROM_BASE_MODEL
 from llm_pipeline.training.plan import TrainPlan, say, world_size
 from llm_pipeline.weights import model_files
-from llm_pipeline.weights.checkpoints import checkpoint_step, newest_complete
-
-FROM_BASE_MODEL = "none"  # --resume-from: no checkpoint
-
-
-def make_plan(cfg: RunConfig, backend: str, precompile: bool, resume_from: str | None = None) -> TrainPlan:
-    """``resume_from``: the checkpoint folder (or FROM_BASE_MODEL) the hosts agreed on; None: the newest
-    complete checkpoint in paths.checkpoints_dir."""
-    train = cfg.train
-    if precompile:
-        # Same graphs as the real run, a few steps, one log event (its graph is compiled too), no saving.
-        return TrainPlan(
-            backend=backend,
-            max_steps=train.precompile_steps,
-            logging_steps=min(train.logging_steps, train.precompile_steps),
-            save_checkpoints=False,
-            resume_from=None,
-            start_step=0,
-            tensorboard_dir=None,
-        )
-    if resume_from == FROM_BASE_MODEL:
-        step, folder = 0, None
-    elif resume_from is not None:
-        step, folder = checkpoint_step(Path(resume_from)), Path(resume_from)
-    else:
-        newest = newest_complete(cfg.paths.checkpoints_dir)
-        step, folder = newest if newest else (0, None)
-    return TrainPlan(
-        backend=backend,
-        max_steps=train.max_steps,
-        logging_steps=train.logging_steps,
-        save_checkpoints=train.save_checkpoints,
-        resume_from=folder,
-        start_step=step,
-        tensorboard_dir=cfg.paths.tensorboard_dir,
-        stop_after_step=train.stop_after_step,
-    )
 
 
 def check_scheduler(name: str) -> None:
@@ -86,9 +50,10 @@ def train(
     backend = resolve_backend(backend_override or cfg.train.backend)
     check_backend(cfg, backend)
     model_dir = model_files.require_model_folder(Path(cfg.paths.model_dir), "the base model to train")
-    plan = make_plan(cfg, backend, precompile, resume_from)
-    # what each part needs of the run config, read once: the run's state rules, the model, the callbacks
-    end, run_parts = run_state.run_end(cfg), parts.read(cfg)
+    # what each part needs of the run config, read once: the model, the callbacks, the plan, the run's state rules
+    run_parts = parts.read(cfg)
+    plan = parts.make_plan(cfg, backend, precompile, resume_from)
+    end = run_state.run_end(cfg)
 
     def engine(plan: TrainPlan) -> None:
         datasets, tokenizer = data.training_inputs(cfg)

@@ -14,7 +14,6 @@ from payload_configs import tiny_config
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import CallbackHandler
 
-from llm_pipeline import train
 from llm_pipeline.data import prepare_if_stale, training_inputs
 from llm_pipeline.errors import StepError
 from llm_pipeline.training import parts
@@ -182,7 +181,7 @@ def test_a_save_total_limit_of_one_keeps_the_sealed_checkpoint_until_the_next_is
     )
     prepare_if_stale(cfg)
     datasets, tokenizer = training_inputs(cfg)
-    plan = train.make_plan(cfg, "torch", precompile=False)
+    plan = parts.make_plan(cfg, "torch", precompile=False)
     trainer, _ = torch_backend.build_trainer(cfg, parts.read(cfg), plan, datasets, tokenizer)
     assert trainer.args.save_total_limit is None
     checkpoints, at_seal = cfg.paths.checkpoints_dir, []

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from payload_configs import tiny_config
 
-from llm_pipeline import data, train
+from llm_pipeline import data
 from llm_pipeline.config import GRPO_REWARDS, ConfigError, GrpoConfig, load, rollout_split
 from llm_pipeline.errors import StepError
 from llm_pipeline.training import parts, rewards
@@ -129,7 +129,7 @@ def test_engine_grpo_equals_plain_trl_for_the_same_rollouts(tmp_path, hpl_env):
     with contextlib.redirect_stdout(io.StringIO()):
         data.prepare_if_stale(cfg)
         datasets, tokenizer = data.training_inputs(cfg)
-        plan = train.make_plan(cfg, "torch", precompile=False)
+        plan = parts.make_plan(cfg, "torch", precompile=False)
         replay, run_parts = Replay(tokenizer), parts.read(cfg)
         engine = torch_backend.build_trainer(cfg, run_parts, plan, datasets, tokenizer, rollout_func=replay)[0]
         engine.train()

@@ -52,7 +52,7 @@ def training_inputs(cfg):
 
 def unsaved_trainer(cfg, datasets, tokenizer):
     """The engine's trainer as a short run builds it (the precompile plan: nothing is saved)."""
-    plan = train.make_plan(cfg, "torch", precompile=True)
+    plan = parts.make_plan(cfg, "torch", precompile=True)
     return torch_backend.build_trainer(cfg, parts.read(cfg), plan, datasets, tokenizer)[0]
 
 

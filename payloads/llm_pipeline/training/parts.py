@@ -1,6 +1,6 @@
 """What the training parts read from the run config: the train step reads the loaded RunConfig once into these
-records (and the run state's, run_state.RunEnd) and hands each part its own (train.py): the model loading and
-the callbacks see the keys they need, never the whole config."""
+records, and the plan (make_plan: TrainPlan), and hands each part its own (train.py; the run state's record is
+run_state.RunEnd): the model loading and the callbacks see the keys they need, never the whole config."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llm_pipeline import config
+from llm_pipeline.training.plan import TrainPlan
+from llm_pipeline.weights.checkpoints import checkpoint_step, newest_complete
+
+FROM_BASE_MODEL = "none"  # --resume-from: no checkpoint
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,4 +74,38 @@ def watch_part(cfg: config.RunConfig) -> WatchPart:
         full=cfg.train.method == "full",
         profile_window=cfg.train.profile_window,
         profile_dir=cfg.paths.profile_dir,
+    )
+
+
+def make_plan(cfg: config.RunConfig, backend: str, precompile: bool, resume_from: str | None = None) -> TrainPlan:
+    """``resume_from``: the checkpoint folder (or FROM_BASE_MODEL) the hosts agreed on; None: the newest
+    complete checkpoint in paths.checkpoints_dir."""
+    train = cfg.train
+    if precompile:
+        # Same graphs as the real run, a few steps, one log event (its graph is compiled too), no saving.
+        return TrainPlan(
+            backend=backend,
+            max_steps=train.precompile_steps,
+            logging_steps=min(train.logging_steps, train.precompile_steps),
+            save_checkpoints=False,
+            resume_from=None,
+            start_step=0,
+            tensorboard_dir=None,
+        )
+    if resume_from == FROM_BASE_MODEL:
+        step, folder = 0, None
+    elif resume_from is not None:
+        step, folder = checkpoint_step(Path(resume_from)), Path(resume_from)
+    else:
+        newest = newest_complete(cfg.paths.checkpoints_dir)
+        step, folder = newest if newest else (0, None)
+    return TrainPlan(
+        backend=backend,
+        max_steps=train.max_steps,
+        logging_steps=train.logging_steps,
+        save_checkpoints=train.save_checkpoints,
+        resume_from=folder,
+        start_step=step,
+        tensorboard_dir=cfg.paths.tensorboard_dir,
+        stop_after_step=train.stop_after_step,
     )

@@ -262,12 +262,10 @@ def build_trainer(cfg: RunConfig, run_parts: TrainParts, plan: TrainPlan, datase
     # trl creates the adapter before the Trainer seeds anything: seed first, so every rank (FSDP2 shards
     # each rank's own copy, it does not broadcast) and every run starts from the same LoRA A.
     set_seed(cfg.train.seed)
-    model, peft_config = methods.method_model(model_part, empty=empty)
-    total = sum(p.numel() for p in model.parameters())
-    # what the method says of this model, asked once: the trainable count it must give, its kernels, its compute
-    expected = methods.expected_trainable(model.config, model_part, total)
+    # what the method says of this run, asked together: its kernels, its compute dtype, then its model
     attention, liger = methods.attention_kernel(model_part), methods.liger_enabled(model_part)
     compute = "bf16" if methods.computes_in_bf16(model_part) else "fp32"
+    model, peft_config, expected = methods.method_model(model_part, empty=empty)
     trainer = trainer_class(
         model=model,
         args=args,

@@ -150,15 +150,17 @@ def empty_model(part: ModelPart, kwargs):
 
 
 def method_model(part: ModelPart, *, empty: bool = False):
-    """(the model as the method trains it, its adapter's peft config or None): the base loaded (``empty``:
-    load_model), liger's kernels applied when on, the adapter's targets checked against the model."""
+    """(the model as the method trains it, its adapter's peft config or None, the trainable parameters the method
+    must give): the base loaded (``empty``: load_model), liger's kernels applied when on, the count from its
+    shape (expected_trainable), the adapter's targets checked against the model."""
     model = load_model(part, empty=empty)
     if liger_enabled(part):
         apply_liger(model)
+    expected = expected_trainable(model.config, part, sum(p.numel() for p in model.parameters()))
     peft_config = adapter_config(part)
     if peft_config is not None:
         check_target_modules(model, part.lora)
-    return model, peft_config
+    return model, peft_config, expected
 
 
 def apply_precision(model, part: ModelPart) -> dict[str, int]:
