@@ -169,12 +169,13 @@ def engine_config(spec: dict, folder: Path):
 
 def engine_flags(cfg) -> dict:
     """The speed and loss flags the engine resolves for this device, as SFTConfig arguments."""
+    from llm_pipeline.training import parts
     from llm_pipeline.training.torch import backend, methods, parallel
 
     return {
         **parallel.trainer_arguments(cfg, 1),
         "torch_compile": cfg.train.compile,
-        "use_liger_kernel": methods.liger_enabled(cfg),
+        "use_liger_kernel": methods.liger_enabled(parts.model_part(cfg)),
         "optim": cfg.train.optimizer,
         "completion_only_loss": backend.completion_only(cfg),
     }
@@ -182,6 +183,7 @@ def engine_flags(cfg) -> dict:
 
 def engine_trainer(spec: dict, folder: Path):
     from llm_pipeline import data
+    from llm_pipeline.training import parts
     from llm_pipeline.training.plan import TrainPlan
     from llm_pipeline.training.torch import backend as torch_backend
 
@@ -197,7 +199,7 @@ def engine_trainer(spec: dict, folder: Path):
         start_step=0,
         tensorboard_dir=None,
     )
-    trainer, _ = torch_backend.build_trainer(cfg, plan, datasets, tokenizer)
+    trainer, _ = torch_backend.build_trainer(cfg, parts.read(cfg), plan, datasets, tokenizer)
     return trainer
 
 
@@ -210,6 +212,7 @@ def trl_trainer(spec: dict, folder: Path):
     from trl import SFTConfig, SFTTrainer
 
     from llm_pipeline.prompt import format_example, prompt_completion
+    from llm_pipeline.training import parts
     from llm_pipeline.training.torch import methods
 
     dtype = getattr(torch, spec["dtype"])
@@ -218,7 +221,7 @@ def trl_trainer(spec: dict, folder: Path):
     flags, model_kwargs, formatting = {"activation_checkpointing": True}, {"dtype": dtype}, format_example
     if spec["kind"] == "trl-engine-flags":
         cfg = engine_config(spec, folder)
-        flags, model_kwargs = engine_flags(cfg), methods.model_kwargs(cfg)
+        flags, model_kwargs = engine_flags(cfg), methods.model_kwargs(parts.model_part(cfg))
         if flags["completion_only_loss"]:  # trl labels the prompt -100 on prompt-completion records
             records, formatting = records.map(prompt_completion, remove_columns=records.column_names), None
     args = SFTConfig(  # only what must match the engine: batch, length, layout, steps, precision, no saving

@@ -184,9 +184,10 @@ def tuned_model(cfg: RunConfig) -> tuple[Path, Path | None, object | None]:
     was trained against (the run's BitsAndBytesConfig), not on the bf16 base a merge starts from; else as
     generate picks it."""
     if cfg.train.method == "qlora" and (cfg.paths.adapter_dir / generate.ADAPTER_CONFIG).is_file():
+        from llm_pipeline.training.parts import model_part
         from llm_pipeline.training.torch.methods import quantization_config
 
-        return Path(cfg.paths.model_dir), cfg.paths.adapter_dir, quantization_config(cfg)
+        return Path(cfg.paths.model_dir), cfg.paths.adapter_dir, quantization_config(model_part(cfg))
     return (*generate.choose_model(cfg, None, None), None)
 
 

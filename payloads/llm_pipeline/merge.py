@@ -233,10 +233,12 @@ def qlora_rounding(cfg: RunConfig, base: Path, qlora_base: str) -> BaseRounding 
     if cfg.train.method != "qlora" or qlora_base != "dequantized":
         return None
     from llm_pipeline.qlora_base import RoundTrip, quantized_weights
+    from llm_pipeline.training.parts import model_part
     from llm_pipeline.training.torch.methods import load_dtype, quantization_config
 
-    quantization = quantization_config(cfg)
-    return BaseRounding(quantized_weights(base, quantization), RoundTrip(quantization, load_dtype(cfg)))
+    part = model_part(cfg)
+    quantization = quantization_config(part)
+    return BaseRounding(quantized_weights(base, quantization), RoundTrip(quantization, load_dtype(part)))
 
 
 def check_rounded(model: ModelFolder, rounding: BaseRounding) -> None:

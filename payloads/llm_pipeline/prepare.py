@@ -210,6 +210,7 @@ def check_full_storage(cfg: config.RunConfig, backend: str) -> None:
 def check_load_memory(cfg: config.RunConfig, env: Mapping[str, str], backend: str) -> None:
     """Full fine-tuning on the torch engine: does a node's load of the model fit its host memory?"""
     from llm_pipeline.training.full_rules import check_host_memory
+    from llm_pipeline.training.parts import model_part
     from llm_pipeline.training.torch import methods, parallel
     from llm_pipeline.weights.model_files import read_model_config
 
@@ -225,7 +226,7 @@ def check_load_memory(cfg: config.RunConfig, env: Mapping[str, str], backend: st
         return
     ranks = cfg.parallel.devices_per_node
     once = parallel.loads_once(cfg, ranks * cfg.parallel.nodes)
-    load_bytes = methods.load_dtype(cfg).itemsize
+    load_bytes = methods.load_dtype(model_part(cfg)).itemsize
     print(
         check_host_memory(
             model_config, ranks=ranks, load_bytes=load_bytes, loads_once=once, host_memory_gib=float(memory)

@@ -20,18 +20,34 @@
 - replaced: submit --replace-outputs moves its checkpoints folder (when the config changes what the finished
   run learned: replaced_by) and the outputs made after train aside; the run starts anew from the base model.
 
-Stdlib only, like config.py.
+The train step moves through these states with run_in_state, reading only the run-state record the step read
+from the config (RunEnd). Stdlib only, like config.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llm_pipeline import run_inputs
+from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
-from llm_pipeline.run_files import CHECKPOINT, FINISHED_FILE, INPUTS, TRAINED_FROM_FILE, FinishedRecord, TrainedFrom
-from llm_pipeline.weights.checkpoints import COMPLETE_MARKER, newest_complete
+from llm_pipeline.run_files import (
+    CHECKPOINT,
+    FINISHED_FILE,
+    INPUTS,
+    RESUMING_FROM,
+    TRAINED_FROM_FILE,
+    BackendLine,
+    FinishedRecord,
+    TrainedFrom,
+)
+from llm_pipeline.training.plan import TrainPlan, say
+from llm_pipeline.weights.checkpoints import COMPLETE_MARKER, discard_after, newest_complete
 
 REPLACE_FLAG = "--replace-outputs"  # submit's flag (submit.py) that moves an earlier training aside
 EXTENSION_KEEPS = ("model weights", "tokenizer")  # inputs an extension may not change (the keys and data may)
@@ -39,6 +55,25 @@ WAYS_FORWARD = (
     f"train anew from the base model, resubmit with {REPLACE_FLAG} (which moves the checkpoints and the outputs "
     "made after train aside into the run folder's replaced/<time>/) or use a new run folder (paths.output_dir)"
 )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunEnd:
+    """What the run's state rules read (run_in_state): where its checkpoints are, its end
+    (train.max_steps) and what a checkpoint trained now records (run_inputs.trained_from)."""
+
+    checkpoints_dir: Path
+    max_steps: int
+    trained_from: TrainedFrom
+
+
+def run_end(cfg: RunConfig) -> RunEnd:
+    """The run-state record of ``cfg``, what a checkpoint trained now records included (run_inputs)."""
+    return RunEnd(
+        checkpoints_dir=cfg.paths.checkpoints_dir,
+        max_steps=cfg.train.max_steps,
+        trained_from=run_inputs.trained_from(cfg),
+    )
 
 
 class RunStateError(StepError):
@@ -258,3 +293,74 @@ def shipped_checkpoint(checkpoints_dir: Path, now: TrainedFrom, step: str) -> Pa
             f"train.max_steps first, submit from train (an extension); to {WAYS_FORWARD}"
         )
     return folder
+
+
+def check_not_past_end(end: RunEnd, plan: TrainPlan) -> bool:
+    """A run never trains past its end: False when the checkpoint it starts from is already train.max_steps
+    but not its run's end by its own record (run_in_state refuses it: a finished one never gets here), refused
+    when it is beyond (a lower max_steps)."""
+    if end.max_steps <= 0 or plan.start_step < end.max_steps:
+        return True  # epochs decide: the Trainer starts no epoch past the last one
+    if plan.start_step > end.max_steps:
+        raise RunStateError(
+            f"train.max_steps = {end.max_steps}, but this run's checkpoint {plan.resume_from} is step "
+            f"{plan.start_step}: it would train past its end. Set train.max_steps above {plan.start_step} to extend "
+            f"it, or resubmit with {REPLACE_FLAG} to train anew"
+        )
+    return False
+
+
+def finished_already(end: RunEnd) -> bool:
+    """Whether a finished run has nothing to train with this config and these inputs (end.trained_from),
+    compared against its newest checkpoint's own record (trains_from: refused on any difference but an
+    extension, which drops the marker and trains on). A run at its end without a marker (killed after its last
+    save) gets it, copied from that checkpoint's record."""
+    checkpoints = end.checkpoints_dir
+    finished = trains_from(checkpoints, end.trained_from)
+    if finished is True:
+        record = read_finished(checkpoints)
+        if record is not None and record.step == (newest_complete(checkpoints) or (0,))[0]:
+            say(f"extending the run that finished at step {record.step}: training on to train.max_steps")
+        return False
+    if os.environ.get("RANK", "0") == "0":
+        mark_if_finished(checkpoints)
+    say(
+        f"training already finished at step {finished.step} ({marker_path(checkpoints)}), and no key "
+        "that changes what it learns and no input differs: nothing to do; raise train.max_steps (or train.epochs) "
+        "to train on"
+    )
+    return True
+
+
+def run_in_state(end: RunEnd, plan: TrainPlan, engine, *, precompile: bool = False) -> TrainPlan:
+    """The train step's move: ``engine(plan)`` as the run's state allows: not at all for a finished run or one at
+    its end, refused past its end or when it would change what a finished run learned; then marked finished when
+    its newest checkpoint is its end."""
+    rank_zero = os.environ.get("RANK", "0") == "0"
+    if finished_already(end):
+        return plan  # a resubmitted finished run would otherwise recompile and take one more (zero-LR) step
+    if not precompile and not check_not_past_end(end, plan):
+        raise RunStateError(
+            f"the newest checkpoint, {plan.resume_from}, is step train.max_steps = {end.max_steps} but not its "
+            f"run's end by its own trainer state, or it has no {TRAINED_FROM_FILE}: set train.max_steps above "
+            f"{plan.start_step} to train on, or, to {WAYS_FORWARD}"
+        )
+    # each checkpoint's record (SealCheckpoints)
+    plan = dataclasses.replace(plan, trained_from=end.trained_from.to_json())
+    if not precompile and rank_zero:
+        forget_finished(end.checkpoints_dir)  # an extension: finished again only at its new end
+    if not precompile and os.environ.get("LOCAL_RANK", "0") == "0":  # each node's disk (a training job's hosts)
+        for folder in discard_after(end.checkpoints_dir, plan.start_step):
+            print(f"discarded {folder}: incomplete, newer than the checkpoint training starts from", flush=True)
+    what = "precompile run" if precompile else "training"
+    start = f"{RESUMING_FROM}{plan.resume_from}" if plan.resume_from else "from the base model"
+    if os.environ.get("LOCAL_RANK", "0") == "0":  # each node: a training job's hosts resume from their own folders
+        print(BackendLine(what, plan.backend, start).format(), flush=True)
+    engine(plan)
+    if not precompile:
+        newest = newest_complete(end.checkpoints_dir)
+        say(f"training done; newest checkpoint: {newest[1] if newest else 'none'}")
+        if rank_zero:
+            finished = mark_if_finished(end.checkpoints_dir)
+            say(f"finished at step {finished}" if finished else "not at the run's end: not marked finished")
+    return plan

@@ -44,7 +44,7 @@ import sys
 import time
 from pathlib import Path
 
-from llm_pipeline import compile_cache, config, gather, submit, train
+from llm_pipeline import compile_cache, config, gather, submit
 from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs import chain, launch, pipeline_status, sagemaker_env, smoke
 from llm_pipeline.jobs.chain import ChainJob
@@ -52,6 +52,7 @@ from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts
 from llm_pipeline.run_files import CHECKPOINT, StepLog, StepVerdict
 from llm_pipeline.training import backends
+from llm_pipeline.training.parts import FROM_BASE_MODEL
 from llm_pipeline.weights.checkpoints import checkpoint_step
 
 # The Slurm chain's order, plus gather after train: a job's hosts share no file system (gather.py).
@@ -263,7 +264,7 @@ def run(run_config: Path, *, first_step: str, env: dict[str, str], smoke_stage: 
             resume = agree_on_resume(facts.config, env, hosts)
             start = f"step {checkpoint_step(resume) if resume else 0}"
             print(f"== {name}: every host starts from {start} (the newest checkpoint all hold their part of)")
-            command = [*command, "--resume-from", str(resume or train.FROM_BASE_MODEL)]
+            command = [*command, "--resume-from", str(resume or FROM_BASE_MODEL)]
         print(f"== {name}: {' '.join(command)}", flush=True)
         start = time.monotonic()
         code = run_step(command, env, Path(step_log.log))

@@ -7,7 +7,9 @@ full (every parameter, no adapter). Backends: neuron (optimum-neuron on trn1's t
 tensor parallel; lora and full) and torch (trl + peft + accelerate on CUDA, Trainium2's native
 `neuron` device or CPU, FSDP2 or DDP); auto picks neuron on the torch-xla runtime, else torch.
 The engines live in training/neuron and training/torch; this step checks the config against the
-chosen backend, reads the prepared data once and hands both to it.
+chosen backend, reads the config once into each part's record (training/parts.py: the model's and the
+callbacks'; run_state.RunEnd: the run state's), reads the prepared data once and hands them to the engine,
+inside the run's state rules (run_state.run_in_state).
 
 Checkpoints go to paths.checkpoints_dir/checkpoint-<step> every train.save_steps and at the last
 step; TensorBoard events to paths.tensorboard_dir. A restart resumes from the newest complete
@@ -20,93 +22,17 @@ precompile step runs it under neuron_parallel_compile so the real run finds ever
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
 from llm_pipeline import cli, data, run_inputs, run_state
 from llm_pipeline.config import BACKENDS, RunConfig, check_backend
 from llm_pipeline.errors import StepError
-from llm_pipeline.run_files import RESUMING_FROM, TRAINED_FROM_FILE, BackendLine, TrainedFrom
-from llm_pipeline.training import full_rules
+from llm_pipeline.training import full_rules, parts
 from llm_pipeline.training.backends import resolve_backend
+from llm_pipeline.training.parts import FROM_BASE_MODEL
 from llm_pipeline.training.plan import TrainPlan, say, world_size
 from llm_pipeline.weights import model_files
-from llm_pipeline.weights.checkpoints import checkpoint_step, discard_after, newest_complete
-
-FROM_BASE_MODEL = "none"  # --resume-from: no checkpoint
-
-
-def make_plan(cfg: RunConfig, backend: str, precompile: bool, resume_from: str | None = None) -> TrainPlan:
-    """``resume_from``: the checkpoint folder (or FROM_BASE_MODEL) the hosts agreed on; None: the newest
-    complete checkpoint in paths.checkpoints_dir."""
-    train = cfg.train
-    if precompile:
-        # Same graphs as the real run, a few steps, one log event (its graph is compiled too), no saving.
-        return TrainPlan(
-            backend=backend,
-            max_steps=train.precompile_steps,
-            logging_steps=min(train.logging_steps, train.precompile_steps),
-            save_checkpoints=False,
-            resume_from=None,
-            start_step=0,
-            tensorboard_dir=None,
-        )
-    if resume_from == FROM_BASE_MODEL:
-        step, folder = 0, None
-    elif resume_from is not None:
-        step, folder = checkpoint_step(Path(resume_from)), Path(resume_from)
-    else:
-        newest = newest_complete(cfg.paths.checkpoints_dir)
-        step, folder = newest if newest else (0, None)
-    return TrainPlan(
-        backend=backend,
-        max_steps=train.max_steps,
-        logging_steps=train.logging_steps,
-        save_checkpoints=train.save_checkpoints,
-        resume_from=folder,
-        start_step=step,
-        tensorboard_dir=cfg.paths.tensorboard_dir,
-        stop_after_step=train.stop_after_step,
-    )
-
-
-def check_not_past_end(cfg: RunConfig, plan: TrainPlan) -> bool:
-    """A run never trains past its end: False when the checkpoint it starts from is already train.max_steps
-    but not its run's end by its own record (run_in_state refuses it: a finished one never gets here), refused
-    when it is beyond (a lower max_steps)."""
-    end = cfg.train.max_steps
-    if end <= 0 or plan.start_step < end:
-        return True  # epochs decide: the Trainer starts no epoch past the last one
-    if plan.start_step > end:
-        raise run_state.RunStateError(
-            f"train.max_steps = {end}, but this run's checkpoint {plan.resume_from} is step {plan.start_step}: it "
-            f"would train past its end. Set train.max_steps above {plan.start_step} to extend it, or resubmit with "
-            f"{run_state.REPLACE_FLAG} to train anew"
-        )
-    return False
-
-
-def finished_already(cfg: RunConfig, now: TrainedFrom | None = None) -> bool:
-    """Whether a finished run has nothing to train with this config and these inputs (``now``, by default
-    run_inputs.trained_from), compared against its newest checkpoint's own record (run_state.trains_from:
-    refused on any difference but an extension, which drops the marker and trains on). A run at its end without
-    a marker (killed after its last save) gets it, copied from that checkpoint's record."""
-    checkpoints = cfg.paths.checkpoints_dir
-    finished = run_state.trains_from(checkpoints, now or run_inputs.trained_from(cfg))
-    if finished is True:
-        record = run_state.read_finished(checkpoints)
-        if record is not None and record.step == (newest_complete(checkpoints) or (0,))[0]:
-            say(f"extending the run that finished at step {record.step}: training on to train.max_steps")
-        return False
-    if os.environ.get("RANK", "0") == "0":
-        run_state.mark_if_finished(checkpoints)
-    say(
-        f"training already finished at step {finished.step} ({run_state.marker_path(checkpoints)}), and no key "
-        "that changes what it learns and no input differs: nothing to do; raise train.max_steps (or train.epochs) "
-        "to train on"
-    )
-    return True
 
 
 def check_scheduler(name: str) -> None:
@@ -124,7 +50,10 @@ def train(
     backend = resolve_backend(backend_override or cfg.train.backend)
     check_backend(cfg, backend)
     model_dir = model_files.require_model_folder(Path(cfg.paths.model_dir), "the base model to train")
-    plan = make_plan(cfg, backend, precompile, resume_from)
+    # what each part needs of the run config, read once: the model, the callbacks, the plan, the run's state rules
+    run_parts = parts.read(cfg)
+    plan = parts.make_plan(cfg, backend, precompile, resume_from)
+    end = run_state.run_end(cfg)
 
     def engine(plan: TrainPlan) -> None:
         datasets, tokenizer = data.training_inputs(cfg)
@@ -136,49 +65,12 @@ def train(
             say(f"storage: {full_rules.check_storage(cfg, model_config, backend=backend)}")
         # Each engine counts what its method should train itself (optimum-neuron's layout; methods.py)
         if backend == "neuron":
-            from llm_pipeline.training.neuron import backend as neuron_engine
-
-            neuron_engine.run(cfg, plan, datasets, tokenizer)
+            from llm_pipeline.training.neuron import backend as chosen
         else:
-            from llm_pipeline.training.torch import backend as torch_engine
+            from llm_pipeline.training.torch import backend as chosen
+        chosen.run(cfg, run_parts, plan, datasets, tokenizer)
 
-            torch_engine.run(cfg, plan, datasets, tokenizer)
-
-    return run_in_state(cfg, plan, engine, precompile=precompile)
-
-
-def run_in_state(cfg: RunConfig, plan: TrainPlan, engine, *, precompile: bool = False) -> TrainPlan:
-    """``engine(plan)`` as the run's state allows (run_state): not at all for a finished run or one at its end,
-    refused past its end or when it would change what a finished run learned; then marked finished when
-    its newest checkpoint is its end."""
-    rank_zero = os.environ.get("RANK", "0") == "0"
-    now = run_inputs.trained_from(cfg)
-    if finished_already(cfg, now):
-        return plan  # a resubmitted finished run would otherwise recompile and take one more (zero-LR) step
-    if not precompile and not check_not_past_end(cfg, plan):
-        raise run_state.RunStateError(
-            f"the newest checkpoint, {plan.resume_from}, is step train.max_steps = {cfg.train.max_steps} but not its "
-            f"run's end by its own trainer state, or it has no {TRAINED_FROM_FILE}: set train.max_steps above "
-            f"{plan.start_step} to train on, or, to {run_state.WAYS_FORWARD}"
-        )
-    plan = dataclasses.replace(plan, trained_from=now.to_json())  # each checkpoint's record (SealCheckpoints)
-    if not precompile and rank_zero:
-        run_state.forget_finished(cfg.paths.checkpoints_dir)  # an extension: finished again only at its new end
-    if not precompile and os.environ.get("LOCAL_RANK", "0") == "0":  # each node's disk (a training job's hosts)
-        for folder in discard_after(cfg.paths.checkpoints_dir, plan.start_step):
-            print(f"discarded {folder}: incomplete, newer than the checkpoint training starts from", flush=True)
-    what = "precompile run" if precompile else "training"
-    start = f"{RESUMING_FROM}{plan.resume_from}" if plan.resume_from else "from the base model"
-    if os.environ.get("LOCAL_RANK", "0") == "0":  # each node: a training job's hosts resume from their own folders
-        print(BackendLine(what, plan.backend, start).format(), flush=True)
-    engine(plan)
-    if not precompile:
-        newest = newest_complete(cfg.paths.checkpoints_dir)
-        say(f"training done; newest checkpoint: {newest[1] if newest else 'none'}")
-        if rank_zero:
-            finished = run_state.mark_if_finished(cfg.paths.checkpoints_dir)
-            say(f"finished at step {finished}" if finished else "not at the run's end: not marked finished")
-    return plan
+    return run_state.run_in_state(end, plan, engine, precompile=precompile)
 
 
 def build_parser():

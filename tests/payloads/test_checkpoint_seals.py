@@ -14,9 +14,9 @@ from payload_configs import tiny_config
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import CallbackHandler
 
-from llm_pipeline import train
 from llm_pipeline.data import prepare_if_stale, training_inputs
 from llm_pipeline.errors import StepError
+from llm_pipeline.training import parts
 from llm_pipeline.training.callbacks import SealCheckpoints
 from llm_pipeline.training.neuron.backend import SEAL_RENDEZVOUS, seal_checkpoints
 from llm_pipeline.training.torch import backend as torch_backend
@@ -181,7 +181,8 @@ def test_a_save_total_limit_of_one_keeps_the_sealed_checkpoint_until_the_next_is
     )
     prepare_if_stale(cfg)
     datasets, tokenizer = training_inputs(cfg)
-    trainer, _ = torch_backend.build_trainer(cfg, train.make_plan(cfg, "torch", precompile=False), datasets, tokenizer)
+    plan = parts.make_plan(cfg, "torch", precompile=False)
+    trainer, _ = torch_backend.build_trainer(cfg, parts.read(cfg), plan, datasets, tokenizer)
     assert trainer.args.save_total_limit is None
     checkpoints, at_seal = cfg.paths.checkpoints_dir, []
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from payload_configs import tiny_config
 
-from llm_pipeline import data, train
+from llm_pipeline import data
 from llm_pipeline.config import GRPO_REWARDS, ConfigError, GrpoConfig, load, rollout_split
 from llm_pipeline.errors import StepError
-from llm_pipeline.training import rewards
+from llm_pipeline.training import parts, rewards
 from llm_pipeline.training.torch import backend as torch_backend
 from llm_pipeline.training.torch import methods
 
@@ -117,7 +117,7 @@ def plain_trl(cfg, datasets, tokenizer, replay):
         train_dataset=datasets["train"],
         processing_class=tokenizer,
         reward_funcs=[rewards.exact_match, rewards.format_reward("^ *(llama|alpaca|camel)")],
-        peft_config=methods.adapter_config(cfg),
+        peft_config=methods.adapter_config(parts.model_part(cfg)),
         rollout_func=replay,
     )
     trainer.train()
@@ -129,8 +129,9 @@ def test_engine_grpo_equals_plain_trl_for_the_same_rollouts(tmp_path, hpl_env):
     with contextlib.redirect_stdout(io.StringIO()):
         data.prepare_if_stale(cfg)
         datasets, tokenizer = data.training_inputs(cfg)
-        plan = train.make_plan(cfg, "torch", precompile=False)
-        engine = torch_backend.build_trainer(cfg, plan, datasets, tokenizer, rollout_func=Replay(tokenizer))[0]
+        plan = parts.make_plan(cfg, "torch", precompile=False)
+        replay, run_parts = Replay(tokenizer), parts.read(cfg)
+        engine = torch_backend.build_trainer(cfg, run_parts, plan, datasets, tokenizer, rollout_func=replay)[0]
         engine.train()
         plain = plain_trl(cfg, datasets, tokenizer, Replay(tokenizer))
     assert engine.rollout_func.calls == plain.rollout_func.calls == STEPS

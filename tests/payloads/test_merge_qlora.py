@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from llm_pipeline import config, generate, merge
+from llm_pipeline.training.parts import model_part
 from llm_pipeline.training.torch.methods import quantization_config
 from tools import tiny_model as tiny
 
@@ -59,7 +60,7 @@ def trained_adapter(base, folder, targets):
 
 def on_4bit(base, adapter=None):
     cfg = config.from_dict({"train": {"method": "qlora"}})
-    return generate.load(base, adapter, "bfloat16", quantization=quantization_config(cfg))[0]
+    return generate.load(base, adapter, "bfloat16", quantization=quantization_config(model_part(cfg)))[0]
 
 
 def weights(folder):

@@ -18,7 +18,7 @@ from datasets import Dataset
 from payload_configs import neuron_plan, tiny_config
 
 from llm_pipeline.errors import StepError
-from llm_pipeline.training import backends
+from llm_pipeline.training import backends, parts
 from llm_pipeline.training.neuron import backend as train_neuron
 from llm_pipeline.training.plan import sft_arguments
 from tools.tiny_model import dolly_records
@@ -234,7 +234,7 @@ def test_tp_that_does_not_divide_the_cores_is_refused(hpl_env, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "12")
     plan = neuron_plan()
     with pytest.raises(StepError, match="tensor_parallel_size"):
-        train_neuron.run(cfg, plan, {}, None)
+        train_neuron.run(cfg, parts.read(cfg), plan, {}, None)
 
 
 def test_too_few_processes_per_node_names_the_launch_setting_not_tp(hpl_env):
@@ -253,7 +253,7 @@ def test_neuron_backend_without_neuron_software_is_a_clear_error(hpl_env, monkey
     monkeypatch.setenv("WORLD_SIZE", "1")
     dolly = Dataset.from_list(dolly_records(4))  # what the data step hands over: dolly records pass the chat check
     with pytest.raises(StepError, match="needs optimum-neuron with torch-neuronx"):
-        train_neuron.run(cfg, neuron_plan(), {"train": dolly}, None)
+        train_neuron.run(cfg, parts.read(cfg), neuron_plan(), {"train": dolly}, None)
 
 
 def test_auto_backend_is_torch_without_neuron_devices():
@@ -287,7 +287,7 @@ def test_neuron_checkpoints_are_sealed_where_optimum_neuron_has_written_them(hpl
     cfg = tiny_config(hpl_env, train={"method": "full"})
     assert "async_save" not in {**sft_arguments(cfg, neuron_plan()), **train_neuron.neuron_arguments(cfg)}
     run = next(n for n in ast.parse(Path(train_neuron.__file__).read_text()).body if getattr(n, "name", "") == "run")
-    handed = "seal=seal_checkpoints(args, xm.rendezvous, keep=cfg.train.save_total_limit)"
+    handed = "seal=seal_checkpoints(args, xm.rendezvous, keep=watch.save_total_limit)"
     assert handed in ast.unparse(run)  # to add_run_callbacks
 
 

@@ -2,7 +2,7 @@
 resubmitted trains nothing, is extended, or is refused naming the keys that would change what it learned, no run
 trains past its end, and consolidate and merge ship the finished checkpoint only.
 
-These cases drive the train step's real state rules (train.make_plan, train.run_in_state, run_state) and the real
+These cases drive the train step's real state rules (parts.make_plan, run_state.run_in_state) and the real
 NaN guard with a stand-in engine that writes checkpoints (and their record) as the Trainer and SealCheckpoints do,
 for speed; test_run_content.py drives every history through the real steps on the tiny model, and
 test_run_life.py the real NaN skip."""
@@ -19,6 +19,7 @@ from payload_configs import tiny_config, write_config
 from llm_pipeline import consolidate, merge, run_state, train
 from llm_pipeline.config import learning_keys
 from llm_pipeline.run_files import TRAINED_FROM_FILE
+from llm_pipeline.training import parts
 from llm_pipeline.training.loss_guard import NonFiniteLoss, NonFiniteLossGuard
 from llm_pipeline.weights.checkpoints import newest_complete
 from tools import tiny_model
@@ -68,7 +69,7 @@ def submit(cfg, losses=None, kill_at=None) -> tuple[str, StandInEngine]:
     """One train step on ``cfg``: its outcome (trained, nothing, refused, stopped, killed) and the engine."""
     engine = StandInEngine(cfg, losses or {}, kill_at)
     try:
-        train.run_in_state(cfg, train.make_plan(cfg, "torch", False), engine)
+        run_state.run_in_state(run_state.run_end(cfg), parts.make_plan(cfg, "torch", False), engine)
     except run_state.RunStateError:
         return "refused", engine
     except NonFiniteLoss:
@@ -175,4 +176,4 @@ def test_refilled_model_weights_are_refused_naming_them(hpl_env, tmp_path):
     assert submit(cfg)[0] == "trained"
     tiny_model.write_tiny_model(models / "tiny-llama", seed=1)  # other weights in the same folder
     with pytest.raises(run_state.RunStateError, match=r"model weights \(the weight files and config\.json in"):
-        train.run_in_state(cfg, train.make_plan(cfg, "torch", False), StandInEngine(cfg, {}))
+        run_state.run_in_state(run_state.run_end(cfg), parts.make_plan(cfg, "torch", False), StandInEngine(cfg, {}))

@@ -10,6 +10,7 @@ import pytest
 import torch
 from payload_configs import tiny_config
 
+from llm_pipeline.training.parts import model_part
 from llm_pipeline.training.torch import parallel as torch_parallel
 
 
@@ -46,13 +47,13 @@ def test_fsdp_is_full_shard_fsdp2_per_decoder_layer_with_sharded_checkpoints(hpl
     assert plugin.activation_checkpointing and not args.gradient_checkpointing  # FSDP's own, not both
     # train.bf16 (the default): gather and compute in bf16, reduce gradients and return the loss in fp32
     # (accelerate's own bf16 policy, which the engine replaces, reduces and returns bf16)
-    policy = torch_parallel.mixed_precision_policy(tiny_config(hpl_env, train={"bf16": True}))
+    policy = torch_parallel.mixed_precision_policy(model_part(tiny_config(hpl_env, train={"bf16": True})))
     assert policy.param_dtype == torch.bfloat16
     assert policy.reduce_dtype == torch.float32 and policy.output_dtype == torch.float32
-    assert torch_parallel.mixed_precision_policy(tiny_config(hpl_env, train={"bf16": False})) is None
+    assert torch_parallel.mixed_precision_policy(model_part(tiny_config(hpl_env, train={"bf16": False}))) is None
     # qlora computes in bf16 whatever train.bf16 says
     qlora = tiny_config(hpl_env, train={"bf16": False, "method": "qlora"})
-    assert torch_parallel.mixed_precision_policy(qlora).param_dtype == torch.bfloat16
+    assert torch_parallel.mixed_precision_policy(model_part(qlora)).param_dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize(("strategy", "world_size"), [("ddp", 8), ("fsdp", 1)])

@@ -29,13 +29,14 @@ def test_finished_run_is_left_alone_for_train_and_precompile(hpl_env, capsys):
 
 def test_a_longer_config_or_a_newer_checkpoint_trains_on(hpl_env):
     cfg = _finished(hpl_env)
-    assert train.finished_already(cfg)
+    assert run_state.finished_already(run_state.run_end(cfg))
     longer = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=60))
-    assert not train.finished_already(longer)
+    assert not run_state.finished_already(run_state.run_end(longer))
     newer = cfg.paths.checkpoints_dir / "checkpoint-40"
     newer.mkdir()
     (newer / "trainer_state.json").write_text("{}")
-    assert not train.finished_already(cfg)  # the marker names another step than the newest checkpoint
+    # the marker names another step than the newest checkpoint
+    assert not run_state.finished_already(run_state.run_end(cfg))
 
 
 def _finished(hpl_env):

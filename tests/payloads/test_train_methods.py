@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from llm_pipeline import consolidate, data, generate, merge, train
 from llm_pipeline.config import ConfigError
 from llm_pipeline.errors import StepError
+from llm_pipeline.training import parts
 from llm_pipeline.training.neuron import backend as neuron_backend
 from llm_pipeline.training.torch import backend as torch_backend
 from llm_pipeline.training.torch import methods as torch_methods
@@ -51,7 +52,8 @@ def training_inputs(cfg):
 
 def unsaved_trainer(cfg, datasets, tokenizer):
     """The engine's trainer as a short run builds it (the precompile plan: nothing is saved)."""
-    return torch_backend.build_trainer(cfg, train.make_plan(cfg, "torch", precompile=True), datasets, tokenizer)[0]
+    plan = parts.make_plan(cfg, "torch", precompile=True)
+    return torch_backend.build_trainer(cfg, parts.read(cfg), plan, datasets, tokenizer)[0]
 
 
 def losses(cfg, step: int) -> list[float]:
@@ -60,12 +62,12 @@ def losses(cfg, step: int) -> list[float]:
 
 
 def test_qlora_config_is_nf4_double_quant_bf16_compute_and_bf16_storage(hpl_env):
-    config = torch_methods.quantization_config(tiny_config(hpl_env, train={"method": "qlora"}))
+    config = torch_methods.quantization_config(parts.model_part(tiny_config(hpl_env, train={"method": "qlora"})))
     assert config.load_in_4bit and config.bnb_4bit_quant_type == "nf4" and config.bnb_4bit_use_double_quant
     assert config.bnb_4bit_compute_dtype == torch.bfloat16
     # FSDP shards float tensors of one dtype: the packed 4-bit weights must live in bf16 tensors.
     assert config.bnb_4bit_quant_storage == torch.bfloat16
-    assert torch_methods.quantization_config(tiny_config(hpl_env)) is None
+    assert torch_methods.quantization_config(parts.model_part(tiny_config(hpl_env))) is None
 
 
 def test_qlora_loads_a_4bit_base_and_trains(hpl_env, tmp_path):
@@ -73,7 +75,7 @@ def test_qlora_loads_a_4bit_base_and_trains(hpl_env, tmp_path):
     from bitsandbytes.nn import Linear4bit
 
     cfg = tiny_config(hpl_env, train={"method": "qlora"})
-    model = torch_backend.load_model(cfg)
+    model = torch_methods.load_model(parts.model_part(cfg))
     q_proj = model.model.layers[0].self_attn.q_proj
     assert isinstance(q_proj, Linear4bit)
     assert q_proj.weight.dtype == torch.bfloat16  # the storage dtype
@@ -200,13 +202,13 @@ def test_on_a_gpu_the_profiler_dumps_the_allocator_s_record_and_stops_recording(
 def test_each_method_counts_its_trainable_parameters(hpl_env, method):
     from transformers import AutoConfig
 
-    cfg = tiny_config(hpl_env, train={"method": method})
-    model_config = AutoConfig.from_pretrained(cfg.paths.model_dir)
+    part = parts.model_part(tiny_config(hpl_env, train={"method": method}))
+    model_config = AutoConfig.from_pretrained(part.model_dir)
     expected = {"lora": 16_384, "dora": 17_408, "qlora": 16_384, "full": 87_360}[method]
-    assert torch_methods.expected_trainable(model_config, cfg, 87_360) == expected
-    assert (torch_methods.adapter_config(cfg) is None) == (method == "full")
+    assert torch_methods.expected_trainable(model_config, part, 87_360) == expected
+    assert (torch_methods.adapter_config(part) is None) == (method == "full")
     if method != "full":
-        assert torch_methods.adapter_config(cfg).use_dora == (method == "dora")
+        assert torch_methods.adapter_config(part).use_dora == (method == "dora")
 
 
 @pytest.mark.parametrize(
@@ -235,9 +237,9 @@ def test_a_lever_whose_package_is_missing_stops_before_training(hpl_env, tmp_pat
     ],
 )
 def test_attention_auto_picks_flash_attention_on_cuda_when_installed(hpl_env, attention, cuda, flash_installed, kernel):
-    cfg = tiny_config(hpl_env, train={"attention": attention})
-    assert torch_methods.attention_kernel(cfg, cuda=cuda, flash_installed=flash_installed) == kernel
-    assert torch_methods.model_kwargs(cfg)["attn_implementation"] == ("sdpa" if attention == "auto" else attention)
+    part = parts.model_part(tiny_config(hpl_env, train={"attention": attention}))
+    assert torch_methods.attention_kernel(part, cuda=cuda, flash_installed=flash_installed) == kernel
+    assert torch_methods.model_kwargs(part)["attn_implementation"] == ("sdpa" if attention == "auto" else attention)
 
 
 @pytest.mark.parametrize(
@@ -251,8 +253,8 @@ def test_attention_auto_picks_flash_attention_on_cuda_when_installed(hpl_env, at
     ],
 )
 def test_liger_auto_is_on_on_cuda_when_installed(hpl_env, liger, cuda, liger_installed, enabled):
-    cfg = tiny_config(hpl_env, train={"liger_kernel": liger})
-    assert torch_methods.liger_enabled(cfg, cuda=cuda, liger_installed=liger_installed) is enabled
+    part = parts.model_part(tiny_config(hpl_env, train={"liger_kernel": liger}))
+    assert torch_methods.liger_enabled(part, cuda=cuda, liger_installed=liger_installed) is enabled
 
 
 def test_liger_accepts_only_true_false_or_auto(hpl_env):
@@ -369,7 +371,7 @@ def test_the_neuron_backend_refuses_chat_records(hpl_env, tmp_path, monkeypatch)
     monkeypatch.setenv("WORLD_SIZE", "1")
     datasets, tokenizer = training_inputs(cfg)
     with pytest.raises(StepError, match=r"data.dataset .*chat-format.* convert the records to the dolly columns"):
-        neuron_backend.run(cfg, neuron_plan(), datasets, tokenizer)
+        neuron_backend.run(cfg, parts.read(cfg), neuron_plan(), datasets, tokenizer)
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from llm_pipeline import sagemaker_job, train
 from llm_pipeline.errors import StepError
 from llm_pipeline.jobs import partitions
 from llm_pipeline.training import backends, device
+from llm_pipeline.training.parts import model_part
 from llm_pipeline.training.torch import backend as torch_backend
 from llm_pipeline.training.torch import methods as torch_methods
 
@@ -47,9 +48,9 @@ def test_auto_picks_the_torch_engine_and_the_neuron_engine_names_the_lane(neuron
 
 
 def test_auto_attention_is_sdpa_on_neuron(hpl_env, neuron_accelerator):
-    cfg = tiny_config(hpl_env, train={"attention": "auto", "liger_kernel": "auto"})
-    assert torch_methods.attention_kernel(cfg, flash_installed=True) == "sdpa"
-    assert not torch_methods.liger_enabled(cfg, liger_installed=True)
+    part = model_part(tiny_config(hpl_env, train={"attention": "auto", "liger_kernel": "auto"}))
+    assert torch_methods.attention_kernel(part, flash_installed=True) == "sdpa"
+    assert not torch_methods.liger_enabled(part, liger_installed=True)
 
 
 @pytest.mark.parametrize(

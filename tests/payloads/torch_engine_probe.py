@@ -21,7 +21,7 @@ import liger_standin
 import torch
 
 from llm_pipeline import config, data
-from llm_pipeline.training import device
+from llm_pipeline.training import device, parts
 from llm_pipeline.training.plan import TrainPlan
 from llm_pipeline.training.torch import backend, methods
 
@@ -60,7 +60,7 @@ def train_and_measure(run_config: Path) -> dict:
     liger_standin.CALLS.clear()
     data.prepare_if_stale(cfg)
     datasets, tokenizer = data.training_inputs(cfg)
-    trainer, _ = backend.build_trainer(cfg, plan, datasets, tokenizer)
+    trainer, _ = backend.build_trainer(cfg, parts.read(cfg), plan, datasets, tokenizer)
     parameters = named_parameters(trainer.model)
     packed = {name for name, p in parameters.items() if p.__class__.__name__ == "Params4bit"}
     trainable = {name for name, p in parameters.items() if p.requires_grad}
@@ -100,7 +100,7 @@ def act_as_cuda_for_liger() -> None:
     liger_standin.install()
     check_lever_packages, liger_enabled = backend.check_lever_packages, methods.liger_enabled
     backend.check_lever_packages = lambda cfg, kind=None: check_lever_packages(cfg, kind=device.CUDA)
-    methods.liger_enabled = lambda cfg, cuda=None, liger_installed=None: liger_enabled(cfg, cuda=True)
+    methods.liger_enabled = lambda part, cuda=None, liger_installed=None: liger_enabled(part, cuda=True)
 
 
 def main() -> None:

@@ -78,6 +78,7 @@ from llm_pipeline.training.callbacks import SealCheckpoints, TokenCounter, add_r
 from llm_pipeline.training.collator import FixedLengthCollator, pad_token_id
 from llm_pipeline.training.loss_guard import NonFiniteLossGuard, StopAtNonFiniteLoss
 from llm_pipeline.training.neuron.rules import attention_kernel, check_neuron_run, kv_size_multiplier
+from llm_pipeline.training.parts import TrainParts
 from llm_pipeline.training.plan import (
     TrainPlan,
     check_trainable,
@@ -277,9 +278,10 @@ def expected_trainable(cfg: RunConfig, model_config) -> int:
     return lora_count.expected_lora_parameters(model_config, cfg.lora, fused_gate_up=True, kv_size_multiplier=fused_qkv)
 
 
-def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer) -> None:
+def run(cfg: RunConfig, run_parts: TrainParts, plan: TrainPlan, datasets, tokenizer) -> None:
     from llm_pipeline.weights.model_files import read_model_config
 
+    watch = run_parts.watch
     check_neuron_run(cfg, read_model_config(cfg.paths.model_dir), f"{cfg.paths.model_dir}/config.json")
     check_parallel_layout(cfg, world_size())
     refuse_chat_records(cfg, datasets["train"])
@@ -330,9 +332,9 @@ def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer) -> None:
         plan,
         tokens=tokens,
         trainable=trainable,
-        sequence_length=cfg.data.max_length,
-        seal=seal_checkpoints(args, xm.rendezvous, keep=cfg.train.save_total_limit),
+        sequence_length=watch.sequence_length,
+        seal=seal_checkpoints(args, xm.rendezvous, keep=watch.save_total_limit),
     )
-    guard = NonFiniteLossGuard(grace=cfg.train.nonfinite_loss_grace, checkpoints_dir=cfg.paths.checkpoints_dir)
+    guard = NonFiniteLossGuard(grace=watch.nonfinite_loss_grace, checkpoints_dir=watch.checkpoints_dir)
     trainer.add_callback(StopAtNonFiniteLoss(guard, read_logs=True))
     trainer.train()

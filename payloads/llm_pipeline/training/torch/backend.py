@@ -23,13 +23,13 @@ from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import is_chat
 from llm_pipeline.run_files import CHECKPOINT, TrainableLine
-from llm_pipeline.training import device
+from llm_pipeline.training import device, parts
 from llm_pipeline.training.callbacks import SealCheckpoints, TokenCounter, add_run_callbacks
 from llm_pipeline.training.loss_guard import NonFiniteLossGuard, StopAtNonFiniteLoss
 from llm_pipeline.training.metrics import UtilisationMetrics, device_peak_flops
+from llm_pipeline.training.parts import ModelPart, TrainParts, WatchPart
 from llm_pipeline.training.plan import (
     TrainPlan,
-    check_target_modules,
     completion_only,
     loss_records,
     preference_arguments,
@@ -51,18 +51,18 @@ def engine_trainer_class(objective: str = "sft"):
     import trl
 
     class EngineTrainer(getattr(trl, TRL_TRAINERS[objective])):
-        def __init__(self, *args, fsdp: bool, run_config: RunConfig, **kwargs):
+        def __init__(self, *args, fsdp: bool, model_part: ModelPart, **kwargs):
             self._fsdp = fsdp
-            self._run_config = run_config
+            self._model_part = model_part
             super().__init__(*args, **kwargs)
             # after trl wrapped the model, before accelerate shards it and the optimizer reads it
-            self.parameter_dtypes = methods.apply_precision(self.model, run_config)
+            self.parameter_dtypes = methods.apply_precision(self.model, model_part)
 
         def create_accelerator_and_postprocess(self):
             super().create_accelerator_and_postprocess()
             if self._fsdp:
                 parallel.enable_fsdp_on_cpu(self)
-                parallel.apply_mixed_precision_policy(self, self._run_config)
+                parallel.apply_mixed_precision_policy(self, self._model_part)
 
         def _load_optimizer_and_scheduler(self, checkpoint):
             if checkpoint is None or not self.is_fsdp_enabled:
@@ -195,53 +195,21 @@ def check_lever_packages(cfg: RunConfig, *, kind: str | None = None) -> None:
             )
 
 
-def load_model(cfg: RunConfig, *, empty: bool = False):
-    """The base model from cfg.paths.model_dir; ``empty``: no weights read, for a rank that receives them
-    from rank 0 (parallel.loads_once)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    kwargs = methods.model_kwargs(cfg)
-    if empty:
-        return empty_model(cfg, kwargs)
-    if cfg.train.method == "qlora" and torch.cuda.is_available():
-        kwargs["device_map"] = {"": torch.cuda.current_device()}  # quantize on this rank's GPU
-    try:
-        return AutoModelForCausalLM.from_pretrained(cfg.paths.model_dir, **kwargs)
-    except ImportError as exc:  # flash-attn or bitsandbytes missing from this runtime
-        raise StepError(f"train.attention / train.method: {exc}") from None
-
-
-def empty_model(cfg: RunConfig, kwargs):
-    """The model with its buffers computed and its parameters allocated but never written (torch.empty:
-    pages that are never touched are never resident). Real CPU storage, not the meta device, because
-    accelerate's FSDP2 preparation maps the optimizer's parameters to the sharded ones by storage address,
-    and every meta tensor has the same one; accelerate then broadcasts rank 0's weights into the shards."""
-    import torch
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(cfg.paths.model_dir), **kwargs)
-    for module in model.modules():
-        for name, parameter in list(module.named_parameters(recurse=False)):
-            storage = torch.empty_like(parameter, device="cpu")
-            module._parameters[name] = torch.nn.Parameter(storage, requires_grad=parameter.requires_grad)
-    model.tie_weights()
-    return model
-
-
 def load_for_rank(cfg: RunConfig, processes: int):
     """This rank's model: the weights, or (full fine-tuning under FSDP, not rank 0) an empty one."""
-    return load_model(cfg, empty=parallel.builds_empty(cfg, processes, int(os.environ.get("RANK", "0"))))
+    empty = parallel.builds_empty(cfg, processes, int(os.environ.get("RANK", "0")))
+    return methods.load_model(parts.model_part(cfg), empty=empty)
 
 
-def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, *, rollout_func=None):
+def build_trainer(cfg: RunConfig, run_parts: TrainParts, plan: TrainPlan, datasets, tokenizer, *, rollout_func=None):
     """The configured trainer and the token counter around its collator (the benchmark times it too).
-    ``rollout_func``: GRPO's completions from elsewhere than the rollout server (the parity test replays some)."""
-    from transformers import PrinterCallback, set_seed
+    ``run_parts``: the model's and the callbacks' records (parts.read). ``rollout_func``: GRPO's completions
+    from elsewhere than the rollout server (the parity test replays some)."""
+    from transformers import set_seed
     from trl import SFTConfig
 
+    model_part, watch = run_parts.model, run_parts.watch
+    trainer_class = engine_trainer_class(cfg.train.objective)
     # Each helper module once, in turn: the device's refusals and arguments, then the layout's.
     kind = device.accelerator_type()
     check_lever_packages(cfg, kind=kind)
@@ -262,8 +230,8 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, *, rollo
         "optim": cfg.train.optimizer,
     }
     if cfg.train.objective == "grpo":
-        parts = (parallel_arguments, device_arguments, levers)
-        args, inputs = grpo.trainer_parts(cfg, plan, datasets, rollout_func, *parts, export=save_adapter)
+        argument_sets = (parallel_arguments, device_arguments, levers)
+        args, inputs = grpo.trainer_parts(cfg, plan, datasets, rollout_func, *argument_sets, export=save_adapter)
     elif cfg.train.objective == "dpo":
         from trl import DPOConfig
 
@@ -294,40 +262,32 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, *, rollo
     # trl creates the adapter before the Trainer seeds anything: seed first, so every rank (FSDP2 shards
     # each rank's own copy, it does not broadcast) and every run starts from the same LoRA A.
     set_seed(cfg.train.seed)
-    model = load_model(cfg, empty=empty)
-    if methods.liger_enabled(cfg):
-        methods.apply_liger(model)
-    peft_config = methods.adapter_config(cfg)
-    if peft_config is not None:
-        check_target_modules(model, cfg.lora)
-    total = sum(p.numel() for p in model.parameters())
-    trainer = engine_trainer_class(cfg.train.objective)(
+    # what the method says of this run, asked together: its kernels, its compute dtype, then its model
+    attention, liger = methods.attention_kernel(model_part), methods.liger_enabled(model_part)
+    compute = "bf16" if methods.computes_in_bf16(model_part) else "fp32"
+    model, peft_config, expected = methods.method_model(model_part, empty=empty)
+    trainer = trainer_class(
         model=model,
         args=args,
         **inputs,
         processing_class=tokenizer,
         peft_config=peft_config,
         fsdp=fsdp,
-        run_config=cfg,
+        model_part=model_part,
     )
     trainer.peft_config_for_export = peft_config
-    trainer.loss_guard = NonFiniteLossGuard(
-        grace=cfg.train.nonfinite_loss_grace,
-        checkpoints_dir=cfg.paths.checkpoints_dir,
-        last_step=plan.stop_after_step or None,  # else the run's max_steps, once training begins
-    )
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-    expected = methods.expected_trainable(model.config, cfg, total)
     if trainable != expected:
         raise StepError(
-            f"{trainable:,} trainable parameters, but train.method {cfg.train.method} should give {expected:,}: "
+            f"{trainable:,} trainable parameters, but train.method {model_part.method} should give {expected:,}: "
             "the adapter is not applied as configured; check the peft version against "
             "payloads/requirements-cluster.txt"
         )
+    dtypes = ", ".join(f"{name} {count:,}" for name, count in sorted(trainer.parameter_dtypes.items()))
     say(
-        TrainableLine(cfg.train.method, f"{trainable:,}", "").format() + "; "
+        TrainableLine(model_part.method, f"{trainable:,}", "").format() + "; "
         f"{processes} process(es), {'FSDP2' if fsdp else 'DDP' if processes > 1 else 'one process'}; "
-        f"attention {methods.attention_kernel(cfg)}, compile {cfg.train.compile}, liger {methods.liger_enabled(cfg)}, "
+        f"attention {attention}, compile {cfg.train.compile}, liger {liger}, "
         f"gradient checkpointing {cfg.train.gradient_checkpointing}; "
         f"{'chat-format records, ' if chat else ''}"
         + (
@@ -336,35 +296,46 @@ def build_trainer(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer, *, rollo
             else f"loss on {'the answers only' if completion_only(cfg) else 'every token'}"
         )
     )
-    dtypes = ", ".join(f"{name} {count:,}" for name, count in sorted(trainer.parameter_dtypes.items()))
-    compute = "bf16" if methods.computes_in_bf16(cfg) else "fp32"
     say(f"precision: trainable parameters fp32, compute {compute}, loss and gradient reduction fp32 ({dtypes})")
+    tokens = watch_run(trainer, plan, watch, model.config, grpo=cfg.train.objective == "grpo", trainable=trainable)
+    return trainer, tokens
+
+
+def watch_run(trainer, plan: TrainPlan, watch: WatchPart, model_config, *, grpo: bool, trainable: int) -> TokenCounter:
+    """The callbacks that watch the run, in their order: the printer out, the utilisation metrics, the shared
+    ones (add_run_callbacks), the non-finite loss stop, then the profiler. Returns the token counter."""
+    from transformers import PrinterCallback
+
     tokens = TokenCounter(trainer.data_collator)
-    if cfg.train.objective == "grpo":  # its batches are records: the rollouts count the tokens
+    if grpo:  # its batches are records: the rollouts count the tokens
         trainer.rollout_func.tokens = tokens
     else:
         trainer.data_collator = tokens
     trainer.remove_callback(PrinterCallback)
-    full = cfg.train.method == "full"
     trainer.add_callback(
-        UtilisationMetrics(tokens=tokens, model_config=model.config, full=full, peak_flops=device_peak_flops())
+        UtilisationMetrics(tokens=tokens, model_config=model_config, full=watch.full, peak_flops=device_peak_flops())
     )
     add_run_callbacks(
         trainer,
         plan,
         tokens=tokens,
         trainable=trainable,
-        sequence_length=cfg.data.max_length,
-        seal=SealCheckpoints(wait_for_everyone=trainer.accelerator.wait_for_everyone, keep=cfg.train.save_total_limit),
+        sequence_length=watch.sequence_length,
+        seal=SealCheckpoints(wait_for_everyone=trainer.accelerator.wait_for_everyone, keep=watch.save_total_limit),
+    )
+    trainer.loss_guard = NonFiniteLossGuard(
+        grace=watch.nonfinite_loss_grace,
+        checkpoints_dir=watch.checkpoints_dir,
+        last_step=plan.stop_after_step or None,  # else the run's max_steps, once training begins
     )
     trainer.add_callback(StopAtNonFiniteLoss(trainer.loss_guard, read_logs=False))
-    if cfg.train.profile_window is not None and plan.save_checkpoints:
-        trainer.add_callback(StepProfiler(window=cfg.train.profile_window, folder=cfg.paths.profile_dir))
-    return trainer, tokens
+    if watch.profile_window is not None and plan.save_checkpoints:
+        trainer.add_callback(StepProfiler(window=watch.profile_window, folder=watch.profile_dir))
+    return tokens
 
 
-def run(cfg: RunConfig, plan: TrainPlan, datasets, tokenizer) -> None:
-    trainer, _ = build_trainer(cfg, plan, datasets, tokenizer)
+def run(cfg: RunConfig, run_parts: TrainParts, plan: TrainPlan, datasets, tokenizer) -> None:
+    trainer, _ = build_trainer(cfg, run_parts, plan, datasets, tokenizer)
     trainer.train(resume_from_checkpoint=str(plan.resume_from) if plan.resume_from else None)
     leave_process_group()
 

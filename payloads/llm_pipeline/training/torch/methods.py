@@ -9,6 +9,8 @@ and how many parameters must end up trainable.
   shards float tensors of one dtype, can shard them with the rest of the model;
 - full: no adapter, every parameter trains.
 
+Every rule here reads the run's model part (training/parts.ModelPart), never the whole config.
+
 Precision (every method and strategy, ``precision_dtypes``): trainable parameters, and so AdamW's
 moments, are fp32 master weights; frozen base weights stay in the load dtype (bf16 with
 ``train.bf16``, or NF4 in bf16 storage); compute runs in bf16 (autocast on one process and DDP,
@@ -19,16 +21,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from llm_pipeline.config import RunConfig
+from llm_pipeline.errors import StepError
 from llm_pipeline.training import lora_count
-from llm_pipeline.training.plan import peft_lora_config
+from llm_pipeline.training.parts import ModelPart
+from llm_pipeline.training.plan import check_target_modules, peft_lora_config
 
 ADAPTER_METHODS = ("lora", "dora", "qlora")
 
 
-def quantization_config(cfg: RunConfig):
+def quantization_config(part: ModelPart):
     """The bitsandbytes settings for qlora (None for the other methods)."""
-    if cfg.train.method != "qlora":
+    if part.method != "qlora":
         return None
     import torch
     from transformers import BitsAndBytesConfig
@@ -42,19 +45,19 @@ def quantization_config(cfg: RunConfig):
     )
 
 
-def load_dtype(cfg: RunConfig):
+def load_dtype(part: ModelPart):
     """The dtype the base loads in: fp32 when every weight trains (they are the master weights), else the
     compute dtype (bf16 with train.bf16; always for qlora, whose 4-bit kernels compute in bf16)."""
     import torch
 
-    if cfg.train.method == "full":
+    if part.method == "full":
         return torch.float32
-    return torch.bfloat16 if computes_in_bf16(cfg) else torch.float32
+    return torch.bfloat16 if computes_in_bf16(part) else torch.float32
 
 
-def computes_in_bf16(cfg: RunConfig) -> bool:
+def computes_in_bf16(part: ModelPart) -> bool:
     """train.bf16, or qlora (bitsandbytes' 4-bit layers compute in bf16 whatever the flag says)."""
-    return cfg.train.bf16 or cfg.train.method == "qlora"
+    return part.bf16 or part.method == "qlora"
 
 
 def cuda_with(module: str, *, cuda: bool | None, installed: bool | None) -> bool:
@@ -70,19 +73,19 @@ def cuda_with(module: str, *, cuda: bool | None, installed: bool | None) -> bool
     return cuda and installed
 
 
-def attention_kernel(cfg: RunConfig, *, cuda: bool | None = None, flash_installed: bool | None = None) -> str:
+def attention_kernel(part: ModelPart, *, cuda: bool | None = None, flash_installed: bool | None = None) -> str:
     """train.attention, with auto resolved: flash-attention 2 on CUDA where flash-attn is installed (the
     CUDA image has it; packed rows then take its variable-length path), else sdpa."""
-    if cfg.train.attention != "auto":
-        return cfg.train.attention
+    if part.attention != "auto":
+        return part.attention
     return "flash_attention_2" if cuda_with("flash_attn", cuda=cuda, installed=flash_installed) else "sdpa"
 
 
-def liger_enabled(cfg: RunConfig, *, cuda: bool | None = None, liger_installed: bool | None = None) -> bool:
+def liger_enabled(part: ModelPart, *, cuda: bool | None = None, liger_installed: bool | None = None) -> bool:
     """train.liger_kernel, with auto resolved: on on CUDA where liger-kernel is installed (the CUDA image;
     its kernels are Triton, GPU only), else off."""
-    if cfg.train.liger_kernel != "auto":
-        return cfg.train.liger_kernel
+    if part.liger_kernel != "auto":
+        return part.liger_kernel
     return cuda_with("liger_kernel", cuda=cuda, installed=liger_installed)
 
 
@@ -98,19 +101,69 @@ def apply_liger(model) -> None:
     apply_liger_kernel(model, {"fused_linear_cross_entropy": False})
 
 
-def model_kwargs(cfg: RunConfig) -> dict[str, Any]:
+def model_kwargs(part: ModelPart) -> dict[str, Any]:
     """Keyword arguments for AutoModelForCausalLM.from_pretrained."""
     kwargs: dict[str, Any] = {
-        "dtype": load_dtype(cfg),
-        "attn_implementation": attention_kernel(cfg),
+        "dtype": load_dtype(part),
+        "attn_implementation": attention_kernel(part),
     }
-    quantization = quantization_config(cfg)
+    quantization = quantization_config(part)
     if quantization is not None:
         kwargs["quantization_config"] = quantization
     return kwargs
 
 
-def apply_precision(model, cfg: RunConfig) -> dict[str, int]:
+def load_model(part: ModelPart, *, empty: bool = False):
+    """The base model from paths.model_dir; ``empty``: no weights read, for a rank that receives them
+    from rank 0 (parallel.loads_once)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kwargs = model_kwargs(part)
+    if empty:
+        return empty_model(part, kwargs)
+    if part.method == "qlora" and torch.cuda.is_available():
+        kwargs["device_map"] = {"": torch.cuda.current_device()}  # quantize on this rank's GPU
+    try:
+        return AutoModelForCausalLM.from_pretrained(part.model_dir, **kwargs)
+    except ImportError as exc:  # flash-attn or bitsandbytes missing from this runtime
+        raise StepError(f"train.attention / train.method: {exc}") from None
+
+
+def empty_model(part: ModelPart, kwargs):
+    """The model with its buffers computed and its parameters allocated but never written (torch.empty:
+    pages that are never touched are never resident). Real CPU storage, not the meta device, because
+    accelerate's FSDP2 preparation maps the optimizer's parameters to the sharded ones by storage address,
+    and every meta tensor has the same one; accelerate then broadcasts rank 0's weights into the shards."""
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(part.model_dir), **kwargs)
+    for module in model.modules():
+        for name, parameter in list(module.named_parameters(recurse=False)):
+            storage = torch.empty_like(parameter, device="cpu")
+            module._parameters[name] = torch.nn.Parameter(storage, requires_grad=parameter.requires_grad)
+    model.tie_weights()
+    return model
+
+
+def method_model(part: ModelPart, *, empty: bool = False):
+    """(the model as the method trains it, its adapter's peft config or None, the trainable parameters the method
+    must give): the base loaded (``empty``: load_model), liger's kernels applied when on, the count from its
+    shape (expected_trainable), the adapter's targets checked against the model."""
+    model = load_model(part, empty=empty)
+    if liger_enabled(part):
+        apply_liger(model)
+    expected = expected_trainable(model.config, part, sum(p.numel() for p in model.parameters()))
+    peft_config = adapter_config(part)
+    if peft_config is not None:
+        check_target_modules(model, part.lora)
+    return model, peft_config, expected
+
+
+def apply_precision(model, part: ModelPart) -> dict[str, int]:
     """Trainable parameters to fp32, frozen floating ones to the load dtype; 4-bit storage untouched.
 
     trl 0.24 prepares a 4-bit model differently by device (``trl/models/utils.py``): on CUDA it casts
@@ -120,7 +173,7 @@ def apply_precision(model, cfg: RunConfig) -> dict[str, int]:
     """
     import torch
 
-    frozen_dtype = load_dtype(cfg)
+    frozen_dtype = load_dtype(part)
     counts: dict[str, int] = {}
     for parameter in model.parameters():
         packed = parameter.__class__.__name__ == "Params4bit"
@@ -133,20 +186,20 @@ def apply_precision(model, cfg: RunConfig) -> dict[str, int]:
     return counts
 
 
-def adapter_config(cfg: RunConfig):
+def adapter_config(part: ModelPart):
     """The peft config for the adapter methods; None for full fine-tuning."""
-    if cfg.train.method not in ADAPTER_METHODS:
+    if part.method not in ADAPTER_METHODS:
         return None
-    config = peft_lora_config(cfg.lora)
-    config.use_dora = cfg.train.method == "dora"
+    config = peft_lora_config(part.lora)
+    config.use_dora = part.method == "dora"
     return config
 
 
-def expected_trainable(model_config, cfg: RunConfig, total_parameters: int) -> int:
+def expected_trainable(model_config, part: ModelPart, total_parameters: int) -> int:
     """Trainable parameters the method must give: LoRA factors (+ DoRA magnitudes), or everything."""
-    if cfg.train.method == "full":
+    if part.method == "full":
         return total_parameters
-    count = lora_count.expected_lora_parameters(model_config, cfg.lora)
-    if cfg.train.method == "dora":
-        count += lora_count.dora_magnitude_parameters(model_config, cfg.lora)
+    count = lora_count.expected_lora_parameters(model_config, part.lora)
+    if part.method == "dora":
+        count += lora_count.dora_magnitude_parameters(model_config, part.lora)
     return count

@@ -24,6 +24,7 @@ from typing import Any
 
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
+from llm_pipeline.training.parts import ModelPart
 from llm_pipeline.training.torch.methods import computes_in_bf16
 
 DECODER_LAYER = "LlamaDecoderLayer"
@@ -40,7 +41,7 @@ def uses_fsdp(cfg: RunConfig, world_size: int) -> bool:
 
 def loads_once(cfg: RunConfig, world_size: int) -> bool:
     """Full fine-tuning under FSDP reads the fp32 weights on rank 0 only: the other ranks allocate the
-    model without reading it (backend.empty_model) and accelerate's FSDP2 preparation
+    model without reading it (methods.empty_model) and accelerate's FSDP2 preparation
     (cpu_ram_efficient_loading) broadcasts each rank its shards. 64 whole copies would fill a
     trn2.48xlarge's host memory (training.full_rules.check_host_memory). transformers 5.24's
     from_pretrained does not skip the weights on the other ranks by itself (its FSDP branch only fixes
@@ -76,9 +77,9 @@ def trainer_arguments(cfg: RunConfig, world_size: int, layer_class: str = DECODE
     }
 
 
-def mixed_precision_policy(cfg: RunConfig):
+def mixed_precision_policy(part: ModelPart):
     """FSDP2's policy: bf16 all-gather and compute, fp32 gradient reduction and outputs (None: all fp32)."""
-    if not computes_in_bf16(cfg):
+    if not computes_in_bf16(part):
         return None
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -103,9 +104,9 @@ def check_accelerate_keeps_4bit(cfg: RunConfig, world_size: int, version: str | 
         )
 
 
-def apply_mixed_precision_policy(trainer, cfg: RunConfig) -> None:
+def apply_mixed_precision_policy(trainer, part: ModelPart) -> None:
     """Replace accelerate's FSDP2 policy (bf16 reduce and outputs) with ours, before the model is sharded."""
-    trainer.accelerator.state.fsdp_plugin.mixed_precision_policy = mixed_precision_policy(cfg)
+    trainer.accelerator.state.fsdp_plugin.mixed_precision_policy = mixed_precision_policy(part)
 
 
 def enable_fsdp_on_cpu(trainer) -> None:
