@@ -3,7 +3,8 @@
 step with the example's own method, strategy and optimizer, and writes its adapter and merged model.
 
 The chains run without the smoke stage (--no-smoke): it is the same stage for any config and
-test_pipeline.py and the trn2 rehearsal run it; here the examples' own keys are what is tested."""
+the newcomer journey's `make rehearse` (tests/docs/test_newcomer_journey.py) and the trn2 rehearsal run it; here
+the examples' own keys are what is tested."""
 
 from __future__ import annotations
 
