@@ -8,6 +8,11 @@ user's: the rehearsal's root, the install, git's metadata, caches) is checksumme
 their data and after the last; nothing changed, nothing new. The absolute form and the checks before the chain
 are tests/docs/test_rehearse_your_files.py (no chain).
 
+The first `make rehearse` is the default chain end to end (the shared steps, the smoke stage, the estimate, the long
+steps, the benchmark), and the suite's one run of it: the journey asserts every step's output on it (it holds
+tests/slurm/test_pipeline.py's former whole-pipeline test, which ran the same chain again). The last rehearsal is a
+GPU example's chain at tiny shape, asserted as tests/slurm/test_gpu_examples_rehearsal.py asserts the others'.
+
 The clone reuses this checkout's .venv and its vLLM site (nothing is installed): venvs that import their packages,
 with the stamps make reads, and PYTHONPATH naming the clone, as the editable install `make rehearse` makes in a real
 fresh clone does.
@@ -18,6 +23,8 @@ HPL_JOURNEY_PYTHON an interpreter of its version that the normal user can run (d
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import os
 import pwd
 import re
@@ -34,9 +41,14 @@ from pathlib import Path
 
 import pytest
 
+from llm_pipeline import config
+from llm_pipeline.jobs import estimate, smoke
 from llm_pipeline.jobs.run_config_text import with_keys
+from llm_pipeline.run_files import ALERTS_FILE, AlertLine, Estimate, ProgressLine, StepMarker, SubmittedLine
 from tests.needs_root import require_root
+from tests.slurm.slurm_helpers import JOURNEY_EXAMPLE, example_trained, read_png
 from tools.local_slurm import kill_processes_of
+from tools.rehearse import DOLLY_RECORDS, fsx_environment
 
 pytestmark = [pytest.mark.slurm, pytest.mark.rehearsal, pytest.mark.xdist_group("newcomer-journey")]
 
@@ -49,7 +61,8 @@ RUNNING_TRAIN = re.compile(r"^\[ *\d+s\] train +RUNNING ", re.MULTILINE)
 RUN_CONFIG = '[data]\ndataset = "my-records.jsonl"\n\n[paths]\noutput_dir = "${HPL_OUTPUTS_DIR}/my-run"\n'
 # What the user rehearses: a GPU example (the rehearsal takes torch-engine runs) copied beside the records,
 # naming them and a model folder of the user's (never written: the rehearsal trains the tiny model) relatively.
-GPU_EXAMPLE = Path("payloads/configs/llama3-8b-lora-g5.toml")
+# Its chain is that example's at tiny shape: tests/slurm/test_gpu_examples_rehearsal.py leaves it to this test.
+GPU_EXAMPLE = Path("payloads/configs") / JOURNEY_EXAMPLE
 OWN_KEYS = {("data", "dataset"): "my-records.jsonl", ("paths", "model_dir"): "models/base"}
 RECORDS = 30
 MARKER = "Which colour is fruit"  # in every record of the user's, in no stand-in record
@@ -59,6 +72,13 @@ NOT_THE_USERS = {".rehearsal", ".venv", "node_modules", ".git", "__pycache__", "
 NOT_THE_USERS |= {".hypothesis", "cdk.out"}
 RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"  # in sbin, outside the user's PATH
 STEP_S = 900  # one rehearsal on a shared 2-core machine, with room
+# `make rehearse`'s chain, in submission order: the shared steps once, the smoke copy of every long step but the
+# benchmark (smoke.NOT_COPIED) with its training twice (saved, then resumed), the estimate, the long steps.
+LONG_STEPS = ["precompile", "train", "consolidate", "merge", "generate", "evaluate", "benchmark"]
+SMOKE_JOBS = ["smoke-precompile", "smoke-train", "smoke-train-resume", "smoke-consolidate", "smoke-merge"]
+SMOKE_JOBS += ["smoke-generate", "smoke-evaluate"]
+DEFAULT_CHAIN = ["prepare", "download", "data", *SMOKE_JOBS, "estimate", *LONG_STEPS]
+DEFAULT_STEPS = 30  # tiny-cpu.toml's train.max_steps
 
 
 @dataclass
@@ -205,6 +225,77 @@ def newcomer() -> Iterator[Newcomer]:
         shutil.rmtree(home, ignore_errors=True)
 
 
+def every_step_output(followed: str, run: Path) -> None:
+    """What the default chain wrote into ``run``, its run folder, and what ``submit --wait`` printed while it
+    ran (``followed``): every job completed with its output, the smoke stage resumed its training, and the
+    estimate came before the long training."""
+    jobs = SubmittedLine.jobs(followed)
+    assert list(jobs) == DEFAULT_CHAIN, followed
+    assert "pipeline: COMPLETED" in followed
+    smoke_dir = run / smoke.SMOKE_FOLDER
+    logs, marked_at = {}, {}
+    for step, job in jobs.items():
+        folder = smoke_dir if smoke.is_smoke(step) else run  # the smoke stage's jobs write in its own run folder
+        logs[step] = (folder / "logs" / f"{step}-{job}.log").read_text()
+        assert f"== {step}: COMPLETED (exit 0)" in logs[step]
+        marked = StepMarker.from_json((folder / "logs" / "state" / f"{step}.json").read_text())
+        assert (marked.step, marked.job, marked.state, marked.exit_code) == (step, job, "COMPLETED", 0)
+        marked_at[step] = marked.time
+
+    assert "run config ok" in logs["prepare"] and "transformers" in logs["prepare"]
+    assert "nothing to download" in logs["download"]  # the tiny model sits where the download puts it
+    assert any((run / "data").iterdir())
+    assert "nothing to do" in logs["precompile"]  # no Neuron devices here: torch backend
+    assert "--nnodes=1" in logs["train"] and "--rdzv_backend=c10d" in logs["train"]
+    headers = [line for line in logs["train"].splitlines() if line.startswith("== train: job ")]
+    assert headers and headers[0].endswith("(none)"), "a CPU run's step log names no accelerator"
+    # One alert for the whole chain: the last job's completion (no step failed; the local Slurm sets no stall time).
+    (alert,) = AlertLine.parse_all((run / "logs" / ALERTS_FILE).read_text())
+    assert (alert.state, alert.job) == ("finished", jobs[DEFAULT_CHAIN[-1]])
+    assert max(int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("checkpoint-*")) == DEFAULT_STEPS
+    assert {"adapter_model.safetensors", "adapter_config.json"} <= {p.name for p in (run / "adapter").iterdir()}
+    merged = {p.name for p in (run / "merged").iterdir()}
+    assert {"config.json", "tokenizer.json"} <= merged and any(name.endswith(".safetensors") for name in merged)
+    generation = (run / "generation.txt").read_text()
+    assert "Describe a llama?" in generation and "### Answer" in generation
+    # evaluate: base vs tuned on the held-out rows (validation_fraction 0.1 of the dolly records), answers side by side
+    evaluation = json.loads((run / "eval" / "eval.json").read_text())
+    assert evaluation["held_out_rows"] == DOLLY_RECORDS // 10 and len(evaluation["answers"]) == 3
+    assert evaluation["tuned"]["model"] == str(run / "merged")
+    for model in ("base", "tuned"):
+        scores = evaluation[model]
+        assert scores["tokens"] > 0 and scores["perplexity"] == pytest.approx(math.exp(scores["validation_loss"]))
+    report = (run / "eval" / "report.md").read_text()
+    assert f"| tuned | {evaluation['tuned']['validation_loss']:.4f} |" in report and "![result](result.png)" in report
+    # the run's one chart: training loss, base and tuned validation loss, learning rate (two axes)
+    assert evaluation["chart"] == "result.png" and not (run / "compare").exists()
+    read_png(run / "eval" / "result.png")
+
+    # The smoke stage: its own run folder and configs, a checkpoint saved, then resumed from, then the
+    # later steps on the resumed run's checkpoint; the real run's folders are the long steps' alone.
+    assert "resuming from" not in logs["smoke-train"] and "checkpoint saved" in logs["smoke-train"]
+    assert f"resuming from {smoke_dir}/checkpoints/checkpoint-{smoke.SAVE_STEP}" in logs["smoke-train-resume"]
+    resumed = {line.step: line for line in ProgressLine.parse_all(logs["smoke-train-resume"])}
+    assert resumed[smoke.SMOKE_STEPS].total == smoke.SMOKE_STEPS
+    # The saving job trained steps 1-2 of the 4-step schedule and stopped: the resumed step 3 still learns.
+    saved = {line.step: line.total for line in ProgressLine.parse_all(logs["smoke-train"])}
+    assert saved[smoke.SAVE_STEP] == smoke.SMOKE_STEPS
+    assert resumed[smoke.SAVE_STEP + 1].learning_rate > 0
+    assert (smoke_dir / "adapter" / "adapter_model.safetensors").is_file() and (smoke_dir / "generation.txt").is_file()
+    assert (smoke_dir / "data").resolve() == (run / "data").resolve()  # tokenized once
+
+    # The estimate, from the smoke run's measured step time, before the long training started.
+    found = Estimate.from_json((run / "logs" / estimate.ESTIMATE_FILE).read_text())
+    assert [row.step for row in found.steps] == LONG_STEPS
+    train = found.steps[LONG_STEPS.index("train")]
+    assert f"{DEFAULT_STEPS} steps (train.max_steps)" in train.basis and found.seconds_per_step["train"] > 0
+    assert "expected:" in logs["estimate"]
+    # --wait printed it as soon as the estimate job finished, before the long training started, and once
+    assert followed.index("estimate from the smoke run") < RUNNING_TRAIN.search(followed).start()
+    assert followed.count("estimate from the smoke run") == 1, "--wait shows the estimate once, not again at the end"
+    assert marked_at["estimate"] < marked_at["train"]
+
+
 def test_a_newcomer_s_first_hour(newcomer):
     user = newcomer
     checkout, data = user.checkout, user.data
@@ -213,6 +304,7 @@ def test_a_newcomer_s_first_hour(newcomer):
 
     first = user.run("make rehearse", checkout, expect=0)
     assert "rehearsal passed in" in first
+    every_step_output(first, checkout / ".rehearsal" / "fsx" / "outputs" / "tiny-lora")
     # The default config benchmarks base vs tuned on the tiny task through vLLM (the reused venv holds the vLLM
     # site): the report's tables and the chart beside the loss chart.
     benchmark = checkout / ".rehearsal" / "fsx" / "outputs" / "tiny-lora" / "benchmark"
@@ -261,6 +353,9 @@ def test_a_newcomer_s_first_hour(newcomer):
     saved = b"".join(path.read_bytes() for path in data_log.parents[1].glob("data/*/data-*.arrow"))
     assert saved.count(MARKER.encode()) == RECORDS
     assert all(f"{MARKER} {n}?".encode() in saved for n in range(RECORDS))
+    # The chain trained, merged and evaluated with the example's own method, strategy, packing and optimizer.
+    shaped = config.load(root / "my-gpu-run-tiny.toml", env=fsx_environment(root / "fsx"))
+    example_trained(GPU_EXAMPLE.name, again, shaped.paths)
 
     # Nothing outside the root changed or appeared; the root is the user's.
     after = checksums(user.home)

@@ -2,17 +2,49 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from llm_pipeline.config import RunConfig
+from llm_pipeline import config
+from llm_pipeline.config import PathsConfig, RunConfig
+from llm_pipeline.run_files import ProgressLine, SubmittedLine
 from llm_pipeline.submit import STEPS, pipeline_jobs
+from tools.rehearse import TINY_SHAPE
 
 REPO = Path(__file__).resolve().parents[2]
 # The chain of a run that asks for no benchmark (the tests' tiny configs name no benchmark.tasks), in order.
 RUN_STEPS = tuple(job.step for job in pipeline_jobs(STEPS[0], RunConfig()))
+# The GPU example (payloads/configs/) the newcomer journey rehearses to the end with the user's own records
+# (tests/docs/test_newcomer_journey.py): its chain there asserts example_trained, so
+# test_gpu_examples_rehearsal.py runs the other examples' chains only.
+JOURNEY_EXAMPLE = "llama3-8b-lora-g5.toml"
+
+
+def example_trained(name: str, followed: str, run: PathsConfig) -> None:
+    """The GPU example ``name`` rehearsed at tiny shape (tools/rehearse.py --tiny) into ``run``, its shaped
+    config's paths, ``followed`` what submit --wait printed: every step completed, with the example's own method,
+    strategy, packing, optimizer and gradient checkpointing (read back from the steps' logs), and wrote its
+    adapter, merged model, answer and report."""
+    own = config.load(REPO / "payloads" / "configs" / name, env={})
+    jobs = SubmittedLine.jobs(followed)
+    assert "pipeline: COMPLETED" in followed and set(RUN_STEPS) <= set(jobs), f"{name}:\n{followed}"
+    logs = {step: (run.logs_dir / f"{step}-{jobs[step]}.log").read_text() for step in RUN_STEPS}
+    assert [step for step in RUN_STEPS if f"== {step}: COMPLETED (exit 0)" in logs[step]] == list(RUN_STEPS), name
+    train = own.train
+    assert f"backend torch: method {train.method}, strategy {own.parallel.strategy}" in logs["prepare"], name
+    assert f"lr_scheduler {train.lr_scheduler}, optimizer {train.optimizer}: known" in logs["prepare"], name
+    assert f"packing is {'on' if own.data.packing else 'off'} (data.packing)" in logs["data"], name
+    trained = rf"(?m)^method {train.method}: [\d,]+ trainable parameters \(as expected\); 1 process"
+    assert re.search(trained, logs["train"]), name
+    assert f"gradient checkpointing {train.gradient_checkpointing}; " in logs["train"], name
+    steps = TINY_SHAPE["train", "max_steps"]
+    assert [(line.step, line.total) for line in ProgressLine.parse_all(logs["train"])][-1] == (steps, steps), name
+    assert (run.adapter_dir / "adapter_model.safetensors").is_file(), name
+    assert {"config.json", "model.safetensors"} <= {path.name for path in run.merged_dir.iterdir()}, name
+    assert "### Answer" in run.generation_file.read_text() and (run.eval_dir / "report.md").is_file(), name
 
 
 def submit(env: dict[str, str], config: Path, *args: str) -> subprocess.CompletedProcess[str]:

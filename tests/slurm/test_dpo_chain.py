@@ -4,8 +4,8 @@ trains from the SFT run's merged model on a tiny preference set, then consolidat
 evaluates (the held-out pairs' reward figures in its report).
 
 Both chains skip the smoke stage (--no-smoke), which would add eight jobs (measured alone: 387 s for the two chains with
-the DPO chain's smoke stage, 161 s without): test_pipeline.py runs it end to end on an SFT chain, and what a
-DPO smoke run adds is tested in tests/payloads: its derived config starting from the same init run
+the DPO chain's smoke stage, 161 s without): the newcomer journey's `make rehearse` runs it end to end on an SFT
+chain, and what a DPO smoke run adds is tested in tests/payloads: its derived config starting from the same init run
 (test_init_from.py), the DPO save and exact resume, evaluate on preference pairs and the estimate from the DPO data
 report (test_dpo_run.py)."""
 

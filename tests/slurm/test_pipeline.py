@@ -1,5 +1,6 @@
-"""The whole pipeline under a real local Slurm: end to end after its smoke stage, a late step failing in
-smoke (the long training never starts), and a resumed training.
+"""The pipeline under a real local Slurm: a late step failing in smoke (the long training never starts), a
+resumed training, the recovery drill and racing submissions. The default chain end to end, every step's
+output asserted, is the newcomer journey's first `make rehearse` (tests/docs/test_newcomer_journey.py).
 
 Each test submits the real sbatch scripts with `python -m llm_pipeline.submit`, on the host
 runtime with the tiny-cpu run config and a tiny random Llama (no downloads).
@@ -8,7 +9,6 @@ runtime with the tiny-cpu run config and a tiny random Llama (no downloads).
 from __future__ import annotations
 
 import json
-import math
 import re
 import shutil
 import subprocess
@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_helpers import REPO, RUN_STEPS, read_png, submit, wait_for
+from slurm_helpers import REPO, RUN_STEPS, submit, wait_for
 
 from llm_pipeline.jobs import estimate, pipeline_status, smoke
 from llm_pipeline.jobs.run_config_text import write_derived
-from llm_pipeline.run_files import ALERTS_FILE, AlertLine, Estimate, ProgressLine, StepMarker, SubmittedLine
+from llm_pipeline.run_files import ALERTS_FILE, AlertLine, ProgressLine, StepMarker, SubmittedLine
 from llm_pipeline.submit import SHARED_STEPS
 from tools.rehearse import fsx_environment, write_inputs
 
@@ -64,92 +64,13 @@ def marker(out_dir: Path, step: str) -> StepMarker:
     return StepMarker.from_json((out_dir / "logs" / "state" / f"{step}.json").read_text())
 
 
-def job_folder(out_dir: Path, step: str) -> Path:
-    """Where a job's log and marker lie: the smoke run's folder for the smoke stage's jobs."""
-    return out_dir / smoke.SMOKE_FOLDER if smoke.is_smoke(step) else out_dir
-
-
 LONG_STEPS = [step for step in RUN_STEPS if step not in SHARED_STEPS]
 SMOKE_JOBS = [
     f"smoke-{name}" for step in LONG_STEPS for name in ((step, f"{step}-resume") if step == "train" else (step,))
 ]
-CHAIN = [*SHARED_STEPS, *SMOKE_JOBS, "estimate", *LONG_STEPS]  # the order of a submission with its smoke stage
-
-
-def test_whole_pipeline_produces_every_step_output(cluster):
-    env, root = cluster
-    config = variant(root, "e2e", max_steps=10, save_steps=5)
-    out_dir = run_dir(env, "e2e")
-
-    result = submit(env, config, "--wait", "--poll", "1")
-    assert result.returncode == 0, result.stdout + result.stderr
-    jobs = submitted_jobs(result.stdout)
-    assert list(jobs) == CHAIN  # shared steps once, the smoke stage, the estimate, then the long steps
-    assert "pipeline: COMPLETED" in result.stdout
-    for step, job in jobs.items():
-        log = (job_folder(out_dir, step) / "logs" / f"{step}-{job}.log").read_text()
-        assert f"== {step}: COMPLETED (exit 0)" in log
-        written = marker(job_folder(out_dir, step), step)
-        assert (written.step, written.job, written.state, written.exit_code) == (step, job, "COMPLETED", 0)
-
-    logs = {step: (job_folder(out_dir, step) / "logs" / f"{step}-{job}.log").read_text() for step, job in jobs.items()}
-    assert "run config ok" in logs["prepare"] and "transformers" in logs["prepare"]
-    assert "nothing to download" in logs["download"]  # the tiny model sits where the download puts it
-    assert any((out_dir / "data").iterdir())
-    assert "nothing to do" in logs["precompile"]  # no Neuron devices here: torch backend
-    assert "--nnodes=1" in logs["train"] and "--rdzv_backend=c10d" in logs["train"]
-    # One alert for the whole chain: the last job's completion (no step failed; the local Slurm sets no stall time).
-    (alert,) = AlertLine.parse_all((out_dir / "logs" / ALERTS_FILE).read_text())
-    assert (alert.state, alert.job) == ("finished", jobs[CHAIN[-1]])
-    assert max(int(p.name.split("-")[1]) for p in (out_dir / "checkpoints").glob("checkpoint-*")) == 10
-    assert {"adapter_model.safetensors", "adapter_config.json"} <= {p.name for p in (out_dir / "adapter").iterdir()}
-    merged = {p.name for p in (out_dir / "merged").iterdir()}
-    assert {"config.json", "tokenizer.json"} <= merged and any(name.endswith(".safetensors") for name in merged)
-    generation = (out_dir / "generation.txt").read_text()
-    assert "Describe a llama?" in generation and "### Answer" in generation
-    # evaluate: base vs tuned on the 12 held-out rows (validation_fraction 0.1 of 120), answers side by side
-    evaluation = json.loads((out_dir / "eval" / "eval.json").read_text())
-    assert evaluation["held_out_rows"] == 12 and len(evaluation["answers"]) == 3
-    assert evaluation["tuned"]["model"] == str(out_dir / "merged")
-    for model in ("base", "tuned"):
-        scores = evaluation[model]
-        assert scores["tokens"] > 0 and scores["perplexity"] == pytest.approx(math.exp(scores["validation_loss"]))
-    report = (out_dir / "eval" / "report.md").read_text()
-    assert f"| tuned | {evaluation['tuned']['validation_loss']:.4f} |" in report and "![result](result.png)" in report
-    # the run's one chart: training loss, base and tuned validation loss, learning rate (two axes)
-    assert evaluation["chart"] == "result.png" and not (out_dir / "compare").exists()
-    read_png(out_dir / "eval" / "result.png")
-
-    status = submit(env, config, "status")
-    assert status.returncode == 0 and "pipeline: COMPLETED" in status.stdout
-
-    # The smoke stage: its own run folder and configs, a checkpoint saved, then resumed from, then the
-    # later steps on the resumed run's checkpoint; the real run's folders are the long steps' alone.
-    smoke_dir = out_dir / smoke.SMOKE_FOLDER
-    assert "resuming from" not in logs["smoke-train"] and "checkpoint saved" in logs["smoke-train"]
-    assert f"resuming from {smoke_dir}/checkpoints/checkpoint-{smoke.SAVE_STEP}" in logs["smoke-train-resume"]
-    resumed = {line.step: line for line in ProgressLine.parse_all(logs["smoke-train-resume"])}
-    assert resumed[smoke.SMOKE_STEPS].total == smoke.SMOKE_STEPS
-    # The saving job trained steps 1-2 of the 4-step schedule and stopped: the resumed step 3 still learns.
-    saved = {line.step: line.total for line in ProgressLine.parse_all(logs["smoke-train"])}
-    assert saved[smoke.SAVE_STEP] == smoke.SMOKE_STEPS
-    assert resumed[smoke.SAVE_STEP + 1].learning_rate > 0
-    assert (smoke_dir / "adapter" / "adapter_model.safetensors").is_file() and (smoke_dir / "generation.txt").is_file()
-    assert (smoke_dir / "data").resolve() == (out_dir / "data").resolve()  # tokenized once
-
-    # The estimate, from the smoke run's measured step time, before the long training started.
-    found = Estimate.from_json((out_dir / "logs" / estimate.ESTIMATE_FILE).read_text())
-    assert [row.step for row in found.steps] == LONG_STEPS
-    train = found.steps[LONG_STEPS.index("train")]
-    assert "10 steps (train.max_steps)" in train.basis and found.seconds_per_step["train"] > 0
-    assert "expected:" in logs["estimate"] and "estimate from the smoke run" in status.stdout
-    # --wait printed it as soon as the estimate job finished, before the long training started
-    followed = result.stdout
-    assert followed.index("estimate from the smoke run") < re.search(r"(?m)\] train +RUNNING", followed).start()
-    assert followed.count("estimate from the smoke run") == 1, "--wait shows the estimate once, not again at the end"
-    headers = [line for line in logs["train"].splitlines() if line.startswith("== train: job ")]
-    assert headers and headers[0].endswith("(none)"), "a CPU run's step log names no accelerator"
-    assert marker(out_dir, "estimate").time < marker(out_dir, "train").time
+# A submission --from data with its smoke stage, in order (prepare and download, shared steps whose outputs the
+# smoke stage does not read, are the newcomer journey's default chain).
+CHAIN = ["data", *SMOKE_JOBS, "estimate", *LONG_STEPS]
 
 
 def test_late_smoke_failure_stops_the_chain_before_any_long_step(cluster):
@@ -160,7 +81,7 @@ def test_late_smoke_failure_stops_the_chain_before_any_long_step(cluster):
     out_dir = run_dir(env, "broken")
     smoke_dir = out_dir / smoke.SMOKE_FOLDER
 
-    result = submit(env, config)
+    result = submit(env, config, "--from", "data")
     assert result.returncode == 0, result.stderr
     jobs = submitted_jobs(result.stdout)
     assert list(jobs) == CHAIN
@@ -230,7 +151,7 @@ def test_killed_training_resumes_from_its_checkpoint(cluster):
     out_dir = run_dir(env, "resume")
     checkpoints = out_dir / "checkpoints"
 
-    first = submit(env, config, "--from", "data", "--no-smoke")  # the smoke stage is the tests' above
+    first = submit(env, config, "--from", "data", "--no-smoke")  # the smoke stage is the journey's and the test above's
     assert first.returncode == 0, first.stderr
     jobs = submitted_jobs(first.stdout)
     busy = submit(env, config, "--from", "train")  # two trainings must never share a run folder

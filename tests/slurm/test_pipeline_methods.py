@@ -58,6 +58,11 @@ def test_pipeline_runs_full_fine_tuning_end_to_end(one_node, tmp_path):
     assert "### Answer" in out_dir.generation_file.read_text()
     losses = logged_losses(logs["train"])
     assert sorted(losses) == [2, 4, 6] and losses[6] < losses[2]  # every parameter trains: the loss falls
+    # status on a finished chain with its smoke stage: every step completed, and the smoke run's estimate (the
+    # default chain's other figures are the newcomer journey's first `make rehearse`; its Slurm stops with it)
+    status = submit(env, path, "status")
+    assert status.returncode == 0 and "pipeline: COMPLETED" in status.stdout, status.stdout + status.stderr
+    assert "estimate from the smoke run" in status.stdout
 
     # The finished run extended (this also holds test_pipeline.py's former extension test): submit refuses in
     # seconds while the step-6 outputs lie in the run folder; with --replace-outputs they move aside whole, the
