@@ -129,8 +129,11 @@ iam-table: $(STAMP)  ## rewrite docs/aws-calls.md: every AWS call in the code, b
 	$(PY) -m tools.aws_calls
 
 # Make builds prerequisites left to right: system packages, then .venv (inside lint), then lint.
+# Three workers on two cores: a chain under the local Slurm keeps about one core busy (its steps run one at a time,
+# with Slurm's scheduling between them; 56% of two cores idle while one chain ran alone), so a third keeps both busy.
+TEST_WORKERS ?= 3
 test: system-packages lint  ## set up a fresh Debian/Ubuntu machine as needed, lint, then run the whole suite (both stacks)
-	$(PY) -m pytest -n 2 --dist loadgroup --durations=25  # the 25 slowest, so a slow new test shows in CI
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25  # the 25 slowest, so a slow new test shows in CI
 	$(MAKE) --no-print-directory test-trn1
 	tools/check_python312.sh  # the laptop side on Ubuntu 24.04's Python: a fresh 3.12 venv installs and synthesizes
 

@@ -94,7 +94,7 @@ def pytest_collection_modifyitems(config, items):
     items[:] = sorted(kept, key=lambda item: heaviest[item.path])  # stable: collection order within a class
 
 
-# The longest work first, so that under `pytest -n 2 --dist loadgroup` the thousands of short tests fill the
+# The longest work first, so that under `pytest -n 3 --dist loadgroup` (make test) the thousands of short tests fill the
 # gaps at the end instead of one worker finishing a chain of minutes alone (longest processing time first).
 # xdist would otherwise order its units by their number of tests (pytest_configure turns that off).
 HEAVIEST_FIRST = ("rehearsal", "slurm", "engine", "xdist_group")
