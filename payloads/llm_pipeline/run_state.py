@@ -31,9 +31,8 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from llm_pipeline import run_inputs
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.run_files import (
@@ -46,8 +45,10 @@ from llm_pipeline.run_files import (
     FinishedRecord,
     TrainedFrom,
 )
-from llm_pipeline.training.plan import TrainPlan, say
 from llm_pipeline.weights.checkpoints import COMPLETE_MARKER, discard_after, newest_complete
+
+if TYPE_CHECKING:
+    from llm_pipeline.training.plan import TrainPlan
 
 REPLACE_FLAG = "--replace-outputs"  # submit's flag (submit.py) that moves an earlier training aside
 EXTENSION_KEEPS = ("model weights", "tokenizer")  # inputs an extension may not change (the keys and data may)
@@ -67,8 +68,18 @@ class RunEnd:
     trained_from: TrainedFrom
 
 
+def say(message: str) -> None:
+    """The train step's progress line (training.plan.say). The train step's side imports the training modules, and
+    only there: submit reads this module on the controller's Python 3.10, with the stdlib alone."""
+    from llm_pipeline.training.plan import say as train_say
+
+    train_say(message)
+
+
 def run_end(cfg: RunConfig) -> RunEnd:
     """The run-state record of ``cfg``, what a checkpoint trained now records included (run_inputs)."""
+    from llm_pipeline import run_inputs  # the train step's side (its digests), as say
+
     return RunEnd(
         checkpoints_dir=cfg.paths.checkpoints_dir,
         max_steps=cfg.train.max_steps,
