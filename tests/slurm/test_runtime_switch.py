@@ -251,3 +251,53 @@ def test_the_serve_job_imports_the_serving_image_then_serves_in_it(node, tmp_pat
     [srun] = srun_calls(calls)
     assert srun[1] == f"--container-image={image}"
     assert srun[-5:-2] == ["python3", "-m", "llm_pipeline.serve"]
+
+
+@pytest.mark.parametrize(("nodes", "placement"), [("1", "colocated"), ("2", "node")])
+def test_a_grpo_train_step_serves_rollouts_from_the_serving_image_and_trains_in_the_training_image(
+    node, tmp_path, nodes, placement
+):
+    """GRPO under Pyxis: the rollout server's srun carries the serving image (beside the trainer with --overlap on
+    one node; on the last node of two, the trainer excluding it), the trainer's the training image; the trainer
+    starts once the server wrote its address, and the server is stopped when the step ends. The stand-in srun of
+    the server writes the address as the real one does, then serves until it is stopped."""
+    env, calls = node
+    run = tmp_path / "outputs" / "grpo"
+    text = (
+        f'[paths]\noutput_dir = "{run}"\nmodel_dir = "{tmp_path / "models" / "base"}"\n'
+        f'[train]\nobjective = "grpo"\n[data]\npacking = false\n[parallel]\nnodes = {nodes}\n'
+    )
+    env, calls = serving_node((env, calls), tmp_path, text)
+    server_srun = Path(env["PATH"].split(":")[0]) / "srun"
+    server_srun.write_text(  # bash itself, not env: the process keeps the name srun, which the step's stop looks for
+        "#!/bin/bash\nset -eu\n"
+        'printf "%s\\n" "$@" >"$CALLS/srun.$(date +%s%N).$$"\n'
+        'if [[ " $* " == *" llm_pipeline.rollout_server "* ]]; then\n'
+        f'  mkdir -p "{run}/rollout"; echo 127.0.0.1:9 >"{run}/rollout/endpoint"\n'
+        '  trap "kill \\$!; echo stopped >$CALLS/server-stopped; exit 0" TERM; sleep 60 & wait\n'
+        "fi\n"
+    )
+    scontrol = server_srun.with_name("scontrol")  # `scontrol show hostnames` without a cluster to ask
+    scontrol.write_text('#!/usr/bin/env bash\n[[ "$3" == "node[1-2]" ]] && printf "node1\\nnode2\\n" || echo "$3"\n')
+    scontrol.chmod(0o755)
+    env.update(
+        SLURM_JOB_NUM_NODES=nodes,
+        SLURM_JOB_NODELIST="node[1-2]" if nodes == "2" else "node1",
+        HPL_OUTPUTS_DIR=str(tmp_path / "outputs"),
+        HPL_MODELS_DIR=str(tmp_path / "models"),
+        HPL_DATASETS_DIR=str(tmp_path / "datasets"),
+    )
+    out = run_step("train.sbatch", env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"== GRPO: the rollout server ({placement}) on node{nodes}" in out.stdout
+    server, trainer = srun_calls(calls)  # in the order they started
+    assert server[1] == f"--container-image={tmp_path / 'images' / SERVING_SQSH}"
+    assert ["--overlap", f"--nodelist=node{nodes}"] == [
+        arg for arg in server if arg.startswith(("--overlap", "--nodelist"))
+    ]
+    assert server[-5:-2] == ["python3", "-m", "llm_pipeline.rollout_server"]
+    assert trainer[1] == f"--container-image={tmp_path / 'images' / SQSH}"
+    excluded = ["--nodes=1", "--exclude=node2"] if placement == "node" else []
+    assert [arg for arg in trainer if arg.startswith(("--nodes=", "--exclude="))] == excluded
+    assert "llm_pipeline.train" in trainer
+    assert (calls / "server-stopped").read_text() == "stopped\n"
