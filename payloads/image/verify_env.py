@@ -64,13 +64,14 @@ TORCHNEURON_IMPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("accelerate", ()),
 )
 # The serving image (Dockerfile.serve, any accelerator): vLLM's OpenAI-compatible server and lm-eval's task
-# manager and its API model (the benchmark step's); importing them needs no device.
+# manager and its API model (the benchmark step's), the AWS SDK; importing them needs no device.
 SERVING_IMPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("vllm", ()),
     ("vllm.entrypoints.openai.api_server", ()),
     ("lm_eval", ("simple_evaluate",)),
     ("lm_eval.tasks", ("TaskManager",)),
     ("lm_eval.models.openai_completions", ()),
+    ("boto3", ()),  # the download step reads the Hub token's secret with it
 )
 FAMILY_IMPORTS = {
     "neuron": NEURON_IMPORTS,

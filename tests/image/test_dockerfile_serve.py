@@ -29,6 +29,7 @@ INSTRUCTIONS = parse_dockerfile(SERVE_DOCKERFILE.read_text())
 NEURON_VLLM = "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx"
 NEURON_TAG = re.compile(r"^(?P<vllm>[\d.]+)-neuronx-py(?P<python>\d+)-sdk(?P<sdk>[\d.]+)-ubuntu(?P<os>[\d.]+)$")
 BASES = {CUDA: "vllm/vllm-openai", NEURON: NEURON_VLLM, TORCHNEURON: NEURON_VLLM}
+AWS_SDK = ("boto3", "botocore", "s3transfer")  # ours to pin over a base's: the download step reads the Hub token
 
 
 def base_stages() -> dict[str, tuple[str, str, str]]:
@@ -82,7 +83,7 @@ def test_the_final_stage_is_the_families_base_and_a_plain_build_is_cudas():
     assert ("ENTRYPOINT", "[]") in INSTRUCTIONS  # srun starts the step's own command, not vLLM's server
 
 
-def test_lm_eval_is_pinned_as_in_the_vllm_site(verify_env):
+def test_lm_eval_and_the_aws_sdk_are_pinned_as_in_the_vllm_site(verify_env):
     ours = verify_env.read_pins(SERVE_REQUIREMENTS)
     site = {
         name: version
@@ -90,7 +91,7 @@ def test_lm_eval_is_pinned_as_in_the_vllm_site(verify_env):
             line.split("==", 1) for line in VLLM_SITE_REQUIREMENTS.read_text().splitlines() if "==" in line
         )
     }
-    assert set(ours) == {"lm-eval", "tenacity"}
+    assert set(ours) == {"lm-eval", "tenacity", *AWS_SDK}
     assert {name: site[name] for name in ours} == ours
 
 
@@ -102,7 +103,11 @@ def test_installs_only_the_pins_under_the_bases_versions_then_checks_the_same_fi
     (install,) = installs
     assert install[install.index("-r") + 1] == "/opt/hyperpod-lora/requirements-serve.txt"
     constraints = install[install.index("-c") + 1]
-    assert ["python3", "-m", "pip", "freeze", "--all", "--exclude-editable", f">{constraints}"] in commands
+    # the base's versions as constraints, less the AWS SDK, which is ours to pin (vLLM's image holds none)
+    (freeze,) = [run for run in runs if "pip freeze --all --exclude-editable" in run]
+    assert f">{constraints}" in freeze.replace("> ", ">")
+    (excluded,) = re.findall(r"grep -viE '\^\((.*?)\)==", freeze)
+    assert set(excluded.split("|")) == set(AWS_SDK)
     assert not any(re.search(r"==\d", word) for command in commands for word in command)  # no version retyped
     verify = [command for command in commands if command[:2] == ["python3", "/opt/hyperpod-lora/verify_env.py"]]
     assert verify == [
@@ -121,7 +126,7 @@ def test_the_serving_check_passes_where_vllm_and_lm_eval_are_and_fails_where_the
     check = [str(PAYLOADS / "image" / "verify_env.py"), "--family", "serving", str(SERVE_REQUIREMENTS)]
     there = subprocess.run([str(site_python()), *check], capture_output=True, text=True, timeout=300)
     assert there.returncode == 0, there.stdout + there.stderr
-    assert "5 key imports (serving)" in there.stdout
+    assert "6 key imports (serving)" in there.stdout
     here = subprocess.run([sys.executable, *check], capture_output=True, text=True, timeout=300)
     assert here.returncode == 1
     assert "FAIL import vllm:" in here.stdout and "FAIL lm-eval: not installed (pinned 0.4.13)" in here.stdout
