@@ -18,10 +18,13 @@ from pathlib import Path
 
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
-from llm_pipeline.jobs.partitions import NO_ACCELERATOR
+from llm_pipeline.jobs.partitions import NEURON, NO_ACCELERATOR
 from llm_pipeline.weights import model_files
 
 SERVER_START_S = 900  # an 8B model's load and warm-up; the tiny model's takes seconds
+# vLLM on Neuron compiles the model for its shapes when the server starts (NxD Inference), which for an 8B model
+# takes far longer than a GPU's load (not measured here: no Trainium): its own limit.
+NEURON_SERVER_START_S = 3600
 SERVED_NAME = "model"  # the name the server answers to (lm-eval's model argument)
 # On a host without an accelerator (the rehearsal): vLLM's CPU backend reserves this fraction of the host's memory
 # (its --gpu-memory-utilization; 0.92 by default, refused on a shared host), and runs eagerly (its torch.compile
@@ -90,9 +93,15 @@ def server_command(
     ]
 
 
+def start_limit_s() -> int:
+    """How long a server may take to answer on this node's accelerator."""
+    return NEURON_SERVER_START_S if os.environ.get("HPL_ACCELERATOR") == NEURON else SERVER_START_S
+
+
 def wait_until_healthy(server: subprocess.Popen, url: str, *, what: str, log: Path) -> None:
-    """Poll ``url``/health until the server answers; a StepError when it exits or takes over SERVER_START_S."""
-    deadline = time.monotonic() + SERVER_START_S
+    """Poll ``url``/health until the server answers; a StepError when it exits or takes over start_limit_s()."""
+    limit = start_limit_s()
+    deadline = time.monotonic() + limit
     while True:
         if server.poll() is not None:
             raise StepError(f"the vLLM server for {what} exited with {server.returncode}: see {log}")
@@ -101,7 +110,7 @@ def wait_until_healthy(server: subprocess.Popen, url: str, *, what: str, log: Pa
             return
         except OSError:
             if time.monotonic() > deadline:
-                raise StepError(f"the vLLM server for {what} did not answer in {SERVER_START_S} s: see {log}") from None
+                raise StepError(f"the vLLM server for {what} did not answer in {limit} s: see {log}") from None
             time.sleep(1)
 
 

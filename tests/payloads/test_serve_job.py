@@ -96,3 +96,17 @@ def test_on_pyxis_the_serve_job_takes_the_deploys_serving_image_or_is_refused_be
     (export,) = [option for option in command if option.startswith("--export=")]
     assert f"HPL_SERVING_IMAGE_URI={serving}" in export.split(",") and "HPL_RUNTIME=pyxis" in export.split(",")
     assert "--partition=p5" in command
+
+
+def test_the_server_may_take_longer_to_answer_on_trainium_and_submit_waits_for_it(monkeypatch):
+    """vLLM on Neuron compiles the model when it starts: the server's start limit, and submit's wait for the
+    endpoint, are longer on a Trainium partition by the same amount."""
+    from llm_pipeline import vllm_server
+
+    monkeypatch.setenv("HPL_ACCELERATOR", "neuron")
+    assert vllm_server.start_limit_s() == vllm_server.NEURON_SERVER_START_S > vllm_server.SERVER_START_S
+    monkeypatch.setenv("HPL_ACCELERATOR", "cuda")
+    assert vllm_server.start_limit_s() == vllm_server.SERVER_START_S
+    extra = vllm_server.NEURON_SERVER_START_S - vllm_server.SERVER_START_S
+    assert serve_job.endpoint_wait_s({"HPL_ACCELERATOR": "neuron"}) == serve_job.ENDPOINT_WAIT_S + extra
+    assert serve_job.endpoint_wait_s({"HPL_ACCELERATOR": "cuda"}) == serve_job.ENDPOINT_WAIT_S

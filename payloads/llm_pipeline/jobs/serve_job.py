@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from llm_pipeline.errors import PipelineError
-from llm_pipeline.jobs import accounts, chain, deploy_facts, serving_image
-from llm_pipeline.jobs.run_facts import read_run_facts
+from llm_pipeline.jobs import accounts, chain, deploy_facts, partitions, serving_image
+from llm_pipeline.jobs.run_facts import RunFacts, read_run_facts
 from llm_pipeline.run_files import PIPELINE_FILE, PipelineRecord, StepLog
 
 JOB_NAME = "hpl-serve"  # hpctl status finds serve jobs by it (the run's name is the job's comment)
@@ -57,15 +57,30 @@ def recorded_job(run_dir: Path) -> str:
     return path.read_text().strip() if path.is_file() else ""
 
 
-def sbatch_command(run_dir: Path, hours: float) -> list[str]:
+def job_environment(run_dir: Path) -> tuple[RunFacts, dict[str, str]]:
+    """The run's facts and what its serve job exports: the partition's, then the latest deploy's runtime and images
+    (they win over the node profile's, as for a chain); refused in one line where the partition cannot serve."""
     record_file = run_dir / "logs" / PIPELINE_FILE
     if not record_file.is_file():
         raise ServeError(f"{record_file} is missing: serve a run that was submitted (hpctl submit)")
     facts = read_run_facts(PipelineRecord.from_json(record_file.read_text()).config)
     env = chain.partition_environment(facts, dict(os.environ))
-    # The latest deploy's runtime and images win over the node profile's, as for a chain (submit).
     env.update(deploy_facts.read_deploy_facts(chain.PAYLOADS_DIR, partition=env.get("HPL_PARTITION")))
     serving_image.check_serving(["hpctl serve"], env)
+    return facts, env
+
+
+def endpoint_wait_s(env: dict[str, str]) -> float:
+    """How long submit waits for the endpoint: the queue and the server's start, longer on Trainium, where vLLM
+    compiles the model when it starts (vllm_server.start_limit_s)."""
+    from llm_pipeline import vllm_server  # the same limits the job's server runs under (stdlib at import)
+
+    extra = vllm_server.NEURON_SERVER_START_S - vllm_server.SERVER_START_S
+    return ENDPOINT_WAIT_S + (extra if env.get("HPL_ACCELERATOR") == partitions.NEURON else 0)
+
+
+def sbatch_command(run_dir: Path, hours: float) -> list[str]:
+    facts, env = job_environment(run_dir)
     exports = ",".join(["ALL", *(f"{key}={value}" for key, value in chain.job_environment(facts, env).items())])
     command = [
         "sbatch",
@@ -82,7 +97,7 @@ def sbatch_command(run_dir: Path, hours: float) -> list[str]:
     return [*command, *accounts.sbatch_options(env), str(chain.PAYLOADS_DIR / "slurm" / "serve.sbatch")]
 
 
-def submit(run_dir: Path, hours: float, wait_s: float = ENDPOINT_WAIT_S) -> tuple[str, str]:
+def submit(run_dir: Path, hours: float, wait_s: float | None = None) -> tuple[str, str]:
     """Submit the serve job and wait for its endpoint: (host:port, job id)."""
     running = recorded_job(run_dir)
     if running and queued(running):
@@ -97,6 +112,8 @@ def submit(run_dir: Path, hours: float, wait_s: float = ENDPOINT_WAIT_S) -> tupl
     job = sent.stdout.strip().split(";")[0]
     (folder / JOB_FILE).write_text(job + "\n")
     print(f"submitted serve job {job} ({hours:g} h limit), waiting for the server", flush=True)
+    if wait_s is None:
+        wait_s = endpoint_wait_s(job_environment(run_dir)[1])
     deadline = time.monotonic() + wait_s
     while not endpoint.is_file():
         if not queued(job):
