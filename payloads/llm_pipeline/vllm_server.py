@@ -18,13 +18,10 @@ from pathlib import Path
 
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
-from llm_pipeline.jobs.partitions import NEURON, NO_ACCELERATOR
+from llm_pipeline.jobs.partitions import NO_ACCELERATOR
+from llm_pipeline.jobs.serving_image import SERVER_START_S, server_start_limit_s
 from llm_pipeline.weights import model_files
 
-SERVER_START_S = 900  # an 8B model's load and warm-up; the tiny model's takes seconds
-# vLLM on Neuron compiles the model for its shapes when the server starts (NxD Inference), which for an 8B model
-# takes far longer than a GPU's load (not measured here: no Trainium): its own limit.
-NEURON_SERVER_START_S = 3600
 SERVED_NAME = "model"  # the name the server answers to (lm-eval's model argument)
 # On a host without an accelerator (the rehearsal): vLLM's CPU backend reserves this fraction of the host's memory
 # (its --gpu-memory-utilization; 0.92 by default, refused on a shared host), and runs eagerly (its torch.compile
@@ -94,8 +91,8 @@ def server_command(
 
 
 def start_limit_s() -> int:
-    """How long a server may take to answer on this node's accelerator."""
-    return NEURON_SERVER_START_S if os.environ.get("HPL_ACCELERATOR") == NEURON else SERVER_START_S
+    """How long a server may take to answer on this node's accelerator (jobs/serving_image.py holds the limits)."""
+    return server_start_limit_s(os.environ.get("HPL_ACCELERATOR", NO_ACCELERATOR))
 
 
 def wait_until_healthy(server: subprocess.Popen, url: str, *, what: str, log: Path) -> None:

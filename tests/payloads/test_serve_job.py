@@ -102,11 +102,12 @@ def test_the_server_may_take_longer_to_answer_on_trainium_and_submit_waits_for_i
     """vLLM on Neuron compiles the model when it starts: the server's start limit, and submit's wait for the
     endpoint, are longer on a Trainium partition by the same amount."""
     from llm_pipeline import vllm_server
+    from llm_pipeline.jobs import serving_image
 
     monkeypatch.setenv("HPL_ACCELERATOR", "neuron")
-    assert vllm_server.start_limit_s() == vllm_server.NEURON_SERVER_START_S > vllm_server.SERVER_START_S
+    assert vllm_server.start_limit_s() == serving_image.NEURON_SERVER_START_S > serving_image.SERVER_START_S
     monkeypatch.setenv("HPL_ACCELERATOR", "cuda")
-    assert vllm_server.start_limit_s() == vllm_server.SERVER_START_S
-    extra = vllm_server.NEURON_SERVER_START_S - vllm_server.SERVER_START_S
+    assert vllm_server.start_limit_s() == serving_image.SERVER_START_S
+    extra = serving_image.NEURON_SERVER_START_S - serving_image.SERVER_START_S
     assert serve_job.endpoint_wait_s({"HPL_ACCELERATOR": "neuron"}) == serve_job.ENDPOINT_WAIT_S + extra
     assert serve_job.endpoint_wait_s({"HPL_ACCELERATOR": "cuda"}) == serve_job.ENDPOINT_WAIT_S

@@ -71,12 +71,10 @@ def job_environment(run_dir: Path) -> tuple[RunFacts, dict[str, str]]:
 
 
 def endpoint_wait_s(env: dict[str, str]) -> float:
-    """How long submit waits for the endpoint: the queue and the server's start, longer on Trainium, where vLLM
-    compiles the model when it starts (vllm_server.start_limit_s)."""
-    from llm_pipeline import vllm_server  # the same limits the job's server runs under (stdlib at import)
-
-    extra = vllm_server.NEURON_SERVER_START_S - vllm_server.SERVER_START_S
-    return ENDPOINT_WAIT_S + (extra if env.get("HPL_ACCELERATOR") == partitions.NEURON else 0)
+    """How long submit waits for the endpoint: the queue and the server's start, longer where the server may take
+    longer to answer (Trainium: vLLM compiles the model when it starts)."""
+    accelerator = env.get("HPL_ACCELERATOR", partitions.NO_ACCELERATOR)
+    return ENDPOINT_WAIT_S + serving_image.server_start_limit_s(accelerator) - serving_image.SERVER_START_S
 
 
 def sbatch_command(run_dir: Path, hours: float) -> list[str]:

@@ -19,6 +19,16 @@ from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs.partitions import NEURON
 
 SERVING_IMAGE_ENV = "HPL_SERVING_IMAGE_URI"
+# How long a vLLM server may take to answer (llm_pipeline.vllm_server; the serve job's wait adds it): an 8B model's
+# load and warm-up, the tiny model's seconds; on Neuron vLLM compiles the model for its shapes when it starts (NxD
+# Inference), far longer than a GPU's load (not measured here: no Trainium).
+SERVER_START_S = 900
+NEURON_SERVER_START_S = 3600
+
+
+def server_start_limit_s(accelerator: str) -> int:
+    """How long a server may take to answer on ``accelerator`` (HPL_ACCELERATOR)."""
+    return NEURON_SERVER_START_S if accelerator == NEURON else SERVER_START_S
 
 
 class ServingImageError(PipelineError):
