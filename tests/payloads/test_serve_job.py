@@ -90,9 +90,9 @@ def test_on_pyxis_the_serve_job_takes_the_deploys_serving_image_or_is_refused_be
     with pytest.raises(
         ServingImageError, match=r"^hpctl serve start\(s\) a vLLM server on the nodes, and partition p5"
     ):
-        serve_job.sbatch_command(run_dir, 1.0)
+        serve_job.sbatch_command(run_dir, 1.0, *serve_job.job_environment(run_dir))
     deploy({"serving_image_uri": serving})
-    command = serve_job.sbatch_command(run_dir, 1.0)
+    command = serve_job.sbatch_command(run_dir, 1.0, *serve_job.job_environment(run_dir))
     (export,) = [option for option in command if option.startswith("--export=")]
     assert f"HPL_SERVING_IMAGE_URI={serving}" in export.split(",") and "HPL_RUNTIME=pyxis" in export.split(",")
     assert "--partition=p5" in command

@@ -77,8 +77,8 @@ def endpoint_wait_s(env: dict[str, str]) -> float:
     return ENDPOINT_WAIT_S + serving_image.server_start_limit_s(accelerator) - serving_image.SERVER_START_S
 
 
-def sbatch_command(run_dir: Path, hours: float) -> list[str]:
-    facts, env = job_environment(run_dir)
+def sbatch_command(run_dir: Path, hours: float, facts: RunFacts, env: dict[str, str]) -> list[str]:
+    """The serve job's sbatch line, from the run's facts and environment (job_environment)."""
     exports = ",".join(["ALL", *(f"{key}={value}" for key, value in chain.job_environment(facts, env).items())])
     command = [
         "sbatch",
@@ -104,14 +104,15 @@ def submit(run_dir: Path, hours: float, wait_s: float | None = None) -> tuple[st
     folder.mkdir(parents=True, exist_ok=True)
     endpoint = folder / ENDPOINT_FILE
     endpoint.unlink(missing_ok=True)  # an earlier job's
-    sent = subprocess.run(sbatch_command(run_dir, hours), capture_output=True, text=True, check=False)
+    facts, env = job_environment(run_dir)
+    sent = subprocess.run(sbatch_command(run_dir, hours, facts, env), capture_output=True, text=True, check=False)
     if sent.returncode != 0:
         raise ServeError(f"sbatch refused the serve job: {sent.stderr.strip()}")
     job = sent.stdout.strip().split(";")[0]
     (folder / JOB_FILE).write_text(job + "\n")
     print(f"submitted serve job {job} ({hours:g} h limit), waiting for the server", flush=True)
     if wait_s is None:
-        wait_s = endpoint_wait_s(job_environment(run_dir)[1])
+        wait_s = endpoint_wait_s(env)
     deadline = time.monotonic() + wait_s
     while not endpoint.is_file():
         if not queued(job):
