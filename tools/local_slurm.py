@@ -307,6 +307,9 @@ class LocalSlurm:
             "DependencyParameters=kill_invalid_depend",
             "SlurmdParameters=config_overrides",
             "KillWait=5",
+            # A job whose dependency just ended starts at once, not up to 3 s later (Slurm's default holds batch
+            # scheduling back for throughput): a chain is a line of short jobs here, ~1.7 s saved per link.
+            "SchedulerParameters=batch_sched_delay=0",
             "InactiveLimit=0",
             # Jobs derive their torchrun port from the job id (jobs/launch.py); clusters started side
             # by side on one host would otherwise all count from 1 and meet on the same port.
