@@ -155,5 +155,6 @@ def folder_digest(cfg: RunConfig, folder: Path) -> str:
 
 def trained_from(cfg: RunConfig, names: Iterable[str] = INPUTS) -> TrainedFrom:
     """What a checkpoint trained now with this config would record (JSON types, as read back from its file)."""
-    made = TrainedFrom(cfg.learned(), input_digests(cfg, names))
+    digests = input_digests(cfg, names)
+    made = TrainedFrom(cfg.learned(), digests)
     return TrainedFrom.from_json(made.to_json())

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.run_files import (
     CHECKPOINT,
@@ -61,7 +60,8 @@ WAYS_FORWARD = (
 @dataclass(frozen=True, kw_only=True)
 class RunEnd:
     """What the run's state rules read (run_in_state): where its checkpoints are, its end
-    (train.max_steps) and what a checkpoint trained now records (run_inputs.trained_from)."""
+    (train.max_steps) and what a checkpoint trained now records (run_inputs.trained_from); the train step reads it
+    from the config with its other parts' records (train.read_run)."""
 
     checkpoints_dir: Path
     max_steps: int
@@ -74,17 +74,6 @@ def say(message: str) -> None:
     from llm_pipeline.training.plan import say as train_say
 
     train_say(message)
-
-
-def run_end(cfg: RunConfig) -> RunEnd:
-    """The run-state record of ``cfg``, what a checkpoint trained now records included (run_inputs)."""
-    from llm_pipeline import run_inputs  # the train step's side (its digests), as say
-
-    return RunEnd(
-        checkpoints_dir=cfg.paths.checkpoints_dir,
-        max_steps=cfg.train.max_steps,
-        trained_from=run_inputs.trained_from(cfg),
-    )
 
 
 class RunStateError(StepError):

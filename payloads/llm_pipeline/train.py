@@ -7,9 +7,9 @@ full (every parameter, no adapter). Backends: neuron (optimum-neuron on trn1's t
 tensor parallel; lora and full) and torch (trl + peft + accelerate on CUDA, Trainium2's native
 `neuron` device or CPU, FSDP2 or DDP); auto picks neuron on the torch-xla runtime, else torch.
 The engines live in training/neuron and training/torch; this step checks the config against the
-chosen backend, reads the config once into each part's record (training/parts.py: the model's and the
-callbacks'; run_state.RunEnd: the run state's), reads the prepared data once and hands them to the engine,
-inside the run's state rules (run_state.run_in_state).
+chosen backend and reads it once into each part's record (read_run: the model's and the callbacks' of
+training/parts.py, the plan, the run state's run_state.RunEnd), reads the prepared data once and hands them to the
+engine, inside the run's state rules (run_state.run_in_state).
 
 Checkpoints go to paths.checkpoints_dir/checkpoint-<step> every train.save_steps and at the last
 step; TensorBoard events to paths.tensorboard_dir. A restart resumes from the newest complete
@@ -23,6 +23,7 @@ precompile step runs it under neuron_parallel_compile so the real run finds ever
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from llm_pipeline import cli, data, run_inputs, run_state
@@ -30,7 +31,7 @@ from llm_pipeline.config import BACKENDS, RunConfig, check_backend
 from llm_pipeline.errors import StepError
 from llm_pipeline.training import full_rules, parts
 from llm_pipeline.training.backends import resolve_backend
-from llm_pipeline.training.parts import FROM_BASE_MODEL
+from llm_pipeline.training.parts import FROM_BASE_MODEL, TrainParts
 from llm_pipeline.training.plan import TrainPlan, say, world_size
 from llm_pipeline.weights import model_files
 
@@ -43,17 +44,40 @@ def check_scheduler(name: str) -> None:
         raise StepError(f"train.lr_scheduler: invalid value {name!r} (allowed: {', '.join(allowed)})")
 
 
-def train(
+@dataclass(frozen=True, kw_only=True)
+class RunRecords:
+    """The run config as the train step reads it (read_run), once and checked: the engine it trains with, the base
+    model's folder, the model's and the callbacks' records (training/parts.py), the plan and the run state's record."""
+
+    backend: str
+    model_dir: Path
+    parts: TrainParts
+    plan: TrainPlan
+    end: run_state.RunEnd
+
+
+def read_run(
     cfg: RunConfig, backend_override: str | None = None, precompile: bool = False, resume_from: str | None = None
-) -> TrainPlan:
+) -> RunRecords:
+    """What each part needs of the run config, read once, after the checks that refuse a config the chosen
+    backend cannot run; the inputs' digests last (minutes for a new model's weights, then cached: run_inputs)."""
     check_scheduler(cfg.train.lr_scheduler)
     backend = resolve_backend(backend_override or cfg.train.backend)
     check_backend(cfg, backend)
     model_dir = model_files.require_model_folder(Path(cfg.paths.model_dir), "the base model to train")
-    # what each part needs of the run config, read once: the model, the callbacks, the plan, the run's state rules
     run_parts = parts.read(cfg)
     plan = parts.make_plan(cfg, backend, precompile, resume_from)
-    end = run_state.run_end(cfg)
+    trained_from = run_inputs.trained_from(cfg)
+    end = run_state.RunEnd(
+        checkpoints_dir=cfg.paths.checkpoints_dir, max_steps=cfg.train.max_steps, trained_from=trained_from
+    )
+    return RunRecords(backend=backend, model_dir=model_dir, parts=run_parts, plan=plan, end=end)
+
+
+def train(
+    cfg: RunConfig, backend_override: str | None = None, precompile: bool = False, resume_from: str | None = None
+) -> TrainPlan:
+    records = read_run(cfg, backend_override, precompile, resume_from)
 
     def engine(plan: TrainPlan) -> None:
         datasets, tokenizer = data.training_inputs(cfg)
@@ -61,16 +85,16 @@ def train(
         if full and not precompile and cfg.train.save_checkpoints and os.environ.get("RANK", "0") == "0":
             from transformers import AutoConfig
 
-            model_config = AutoConfig.from_pretrained(model_dir).to_dict()
-            say(f"storage: {full_rules.check_storage(cfg, model_config, backend=backend)}")
+            model_config = AutoConfig.from_pretrained(records.model_dir).to_dict()
+            say(f"storage: {full_rules.check_storage(cfg, model_config, backend=records.backend)}")
         # Each engine counts what its method should train itself (optimum-neuron's layout; methods.py)
-        if backend == "neuron":
+        if records.backend == "neuron":
             from llm_pipeline.training.neuron import backend as chosen
         else:
             from llm_pipeline.training.torch import backend as chosen
-        chosen.run(cfg, run_parts, plan, datasets, tokenizer)
+        chosen.run(cfg, records.parts, plan, datasets, tokenizer)
 
-    return run_state.run_in_state(end, plan, engine, precompile=precompile)
+    return run_state.run_in_state(records.end, records.plan, engine, precompile=precompile)
 
 
 def build_parser():

@@ -17,8 +17,8 @@ from llm_pipeline import data
 from llm_pipeline.config import GRPO_REWARDS, ConfigError, GrpoConfig, load, rollout_split
 from llm_pipeline.errors import StepError
 from llm_pipeline.training import parts, rewards
+from llm_pipeline.training.plan import adapter_config
 from llm_pipeline.training.torch import backend as torch_backend
-from llm_pipeline.training.torch import methods
 
 pytestmark = pytest.mark.engine
 
@@ -117,7 +117,7 @@ def plain_trl(cfg, datasets, tokenizer, replay):
         train_dataset=datasets["train"],
         processing_class=tokenizer,
         reward_funcs=[rewards.exact_match, rewards.format_reward("^ *(llama|alpaca|camel)")],
-        peft_config=methods.adapter_config(parts.model_part(cfg)),
+        peft_config=adapter_config(cfg.train.method, cfg.lora),
         rollout_func=replay,
     )
     trainer.train()

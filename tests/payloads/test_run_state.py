@@ -2,10 +2,10 @@
 resubmitted trains nothing, is extended, or is refused naming the keys that would change what it learned, no run
 trains past its end, and consolidate and merge ship the finished checkpoint only.
 
-These cases drive the train step's real state rules (parts.make_plan, run_state.run_in_state) and the real
-NaN guard with a stand-in engine that writes checkpoints (and their record) as the Trainer and SealCheckpoints do,
-for speed; test_run_content.py drives every history through the real steps on the tiny model, and
-test_run_life.py the real NaN skip."""
+These cases drive the train step's real state rules (train.read_run's plan and record, run_state.run_in_state)
+and the real NaN guard with a stand-in engine that writes checkpoints (and their record) as the Trainer and
+SealCheckpoints do, for speed; test_run_content.py drives every history through the real steps on the tiny model,
+and test_run_life.py the real NaN skip."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from payload_configs import tiny_config, write_config
 from llm_pipeline import consolidate, merge, run_state, train
 from llm_pipeline.config import learning_keys
 from llm_pipeline.run_files import TRAINED_FROM_FILE
-from llm_pipeline.training import parts
 from llm_pipeline.training.loss_guard import NonFiniteLoss, NonFiniteLossGuard
 from llm_pipeline.weights.checkpoints import newest_complete
 from tools import tiny_model
@@ -69,7 +68,8 @@ def submit(cfg, losses=None, kill_at=None) -> tuple[str, StandInEngine]:
     """One train step on ``cfg``: its outcome (trained, nothing, refused, stopped, killed) and the engine."""
     engine = StandInEngine(cfg, losses or {}, kill_at)
     try:
-        run_state.run_in_state(run_state.run_end(cfg), parts.make_plan(cfg, "torch", False), engine)
+        records = train.read_run(cfg, "torch")
+        run_state.run_in_state(records.end, records.plan, engine)
     except run_state.RunStateError:
         return "refused", engine
     except NonFiniteLoss:
@@ -176,4 +176,5 @@ def test_refilled_model_weights_are_refused_naming_them(hpl_env, tmp_path):
     assert submit(cfg)[0] == "trained"
     tiny_model.write_tiny_model(models / "tiny-llama", seed=1)  # other weights in the same folder
     with pytest.raises(run_state.RunStateError, match=r"model weights \(the weight files and config\.json in"):
-        run_state.run_in_state(run_state.run_end(cfg), parts.make_plan(cfg, "torch", False), StandInEngine(cfg, {}))
+        records = train.read_run(cfg, "torch")
+        run_state.run_in_state(records.end, records.plan, StandInEngine(cfg, {}))

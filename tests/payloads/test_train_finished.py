@@ -29,14 +29,14 @@ def test_finished_run_is_left_alone_for_train_and_precompile(hpl_env, capsys):
 
 def test_a_longer_config_or_a_newer_checkpoint_trains_on(hpl_env):
     cfg = _finished(hpl_env)
-    assert run_state.finished_already(run_state.run_end(cfg))
+    assert run_state.finished_already(train.read_run(cfg, "torch").end)
     longer = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=60))
-    assert not run_state.finished_already(run_state.run_end(longer))
+    assert not run_state.finished_already(train.read_run(longer, "torch").end)
     newer = cfg.paths.checkpoints_dir / "checkpoint-40"
     newer.mkdir()
     (newer / "trainer_state.json").write_text("{}")
     # the marker names another step than the newest checkpoint
-    assert not run_state.finished_already(run_state.run_end(cfg))
+    assert not run_state.finished_already(train.read_run(cfg, "torch").end)
 
 
 def _finished(hpl_env):

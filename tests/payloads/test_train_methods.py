@@ -20,6 +20,7 @@ from llm_pipeline.config import ConfigError
 from llm_pipeline.errors import StepError
 from llm_pipeline.training import parts
 from llm_pipeline.training.neuron import backend as neuron_backend
+from llm_pipeline.training.plan import adapter_config
 from llm_pipeline.training.torch import backend as torch_backend
 from llm_pipeline.training.torch import methods as torch_methods
 from tools import tiny_model
@@ -206,9 +207,9 @@ def test_each_method_counts_its_trainable_parameters(hpl_env, method):
     model_config = AutoConfig.from_pretrained(part.model_dir)
     expected = {"lora": 16_384, "dora": 17_408, "qlora": 16_384, "full": 87_360}[method]
     assert torch_methods.expected_trainable(model_config, part, 87_360) == expected
-    assert (torch_methods.adapter_config(part) is None) == (method == "full")
+    assert (adapter_config(part.method, part.lora) is None) == (method == "full")
     if method != "full":
-        assert torch_methods.adapter_config(part).use_dora == (method == "dora")
+        assert adapter_config(part.method, part.lora).use_dora == (method == "dora")
 
 
 @pytest.mark.parametrize(

@@ -20,10 +20,17 @@ def layer_shapes(model_config) -> dict[str, tuple[int, int]]:
 
 
 def expected_lora_parameters(
-    model_config, lora: LoraConfig, *, fused_gate_up: bool = False, kv_size_multiplier: int | None = None
+    model_config,
+    lora: LoraConfig,
+    *,
+    dora: bool = False,
+    fused_gate_up: bool = False,
+    kv_size_multiplier: int | None = None,
 ) -> int:
     """Trainable parameters of `lora` on a Llama-shaped model.
 
+    dora: DoRA adds one magnitude per output row of every targeted layer (embed_tokens with dora is refused by
+    config.validate).
     fused_gate_up: the Neuron training model fuses gate_proj and up_proj into one layer whose LoRA
     A matrix is shared, so the pair costs r*hidden + 2*inter*r instead of twice r*(hidden + inter).
     kv_size_multiplier: set when the Neuron model fuses q/k/v into qkv_proj (TP above the KV heads,
@@ -32,13 +39,15 @@ def expected_lora_parameters(
     """
     r = lora.r
     targets = set(lora.target_modules)
-    per_layer = sum(
-        r * (fan_in + fan_out) for name, (fan_in, fan_out) in layer_shapes(model_config).items() if name in targets
-    )
+    shapes = layer_shapes(model_config)
+    targeted = [dims for name, dims in shapes.items() if name in targets]
+    per_layer = sum(r * (fan_in + fan_out) for fan_in, fan_out in targeted)
+    if dora:
+        per_layer += sum(fan_out for _, fan_out in targeted)
     if fused_gate_up and {"gate_proj", "up_proj"} <= targets:
         per_layer -= r * model_config.hidden_size
     if kv_size_multiplier is not None and {"q_proj", "k_proj", "v_proj"} <= targets:
-        kv_out = layer_shapes(model_config)["k_proj"][1]
+        kv_out = shapes["k_proj"][1]
         per_layer -= 2 * r * model_config.hidden_size
         per_layer += 2 * r * kv_out * (kv_size_multiplier - 1)
     total = per_layer * model_config.num_hidden_layers
@@ -46,15 +55,5 @@ def expected_lora_parameters(
     if "embed_tokens" in targets:
         total += r * (vocab + hidden)
     if "lm_head" in targets:
-        total += r * (hidden + vocab)
+        total += r * (hidden + vocab) + (vocab if dora else 0)
     return total
-
-
-def dora_magnitude_parameters(model_config, lora: LoraConfig) -> int:
-    """DoRA's extra trainable parameters: one magnitude per output row of every targeted layer."""
-    targets = set(lora.target_modules)
-    per_layer = sum(fan_out for name, (_, fan_out) in layer_shapes(model_config).items() if name in targets)
-    total = per_layer * model_config.num_hidden_layers
-    if "lm_head" in targets:
-        total += model_config.vocab_size
-    return total  # embed_tokens: refused with dora by config.validate

@@ -1,6 +1,6 @@
-"""What the training parts read from the run config: the train step reads the loaded RunConfig once into these
-records, and the plan (make_plan: TrainPlan), and hands each part its own (train.py; the run state's record is
-run_state.RunEnd): the model loading and the callbacks see the keys they need, never the whole config."""
+"""What the training parts read from the run config: the train step reads the loaded RunConfig once
+(train.read_run) into these records, the plan (make_plan: TrainPlan) and the run state's record (run_state.RunEnd),
+and hands each part its own: the model loading and the callbacks see the keys they need, never the whole config."""
 
 from __future__ import annotations
 

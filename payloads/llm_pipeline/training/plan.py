@@ -12,6 +12,8 @@ from llm_pipeline import config
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import is_chat, prompt_completion
 
+ADAPTER_METHODS = ("lora", "dora", "qlora")  # train.method values that train an adapter
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrainPlan:
@@ -52,6 +54,16 @@ def peft_lora_config(lora: config.LoraConfig):
         bias="none",
         task_type="CAUSAL_LM",
     )
+
+
+def adapter_config(method: str, lora: config.LoraConfig):
+    """The peft config of train.method's adapter (dora: the weight-decomposed LoRA; qlora: LoRA on the 4-bit
+    base); None for full fine-tuning, which trains every parameter."""
+    if method not in ADAPTER_METHODS:
+        return None
+    peft_config = peft_lora_config(lora)
+    peft_config.use_dora = method == "dora"
+    return peft_config
 
 
 def scheduler_kwargs(train: config.TrainConfig) -> dict[str, float]:
@@ -104,13 +116,13 @@ def sft_arguments(cfg: config.RunConfig, plan: TrainPlan) -> dict[str, Any]:
     }
 
 
-def preference_arguments(cfg: config.RunConfig, plan: TrainPlan) -> dict[str, Any]:
-    """trl's DPOConfig keywords: the shared ones (no packing: each pair is padded on its own) and the [dpo] section.
-    Dropout stays off (trl's default): the policy's and the reference's log-probabilities must be comparable."""
-    shared = {key: value for key, value in sft_arguments(cfg, plan).items() if key != "packing"}
+def preference_arguments(cfg: config.RunConfig, shared: dict[str, Any]) -> dict[str, Any]:
+    """trl's DPOConfig keywords: the ``shared`` ones (sft_arguments; no packing: each pair is padded on its own) and
+    the [dpo] section. Dropout stays off (trl's default): the policy's and the reference's log-probabilities must
+    be comparable."""
     dpo = cfg.dpo
     return {
-        **shared,
+        **{key: value for key, value in shared.items() if key != "packing"},
         "beta": dpo.beta,
         "loss_type": [dpo.loss_type],
         "label_smoothing": dpo.label_smoothing,

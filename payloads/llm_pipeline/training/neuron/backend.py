@@ -81,10 +81,10 @@ from llm_pipeline.training.neuron.rules import attention_kernel, check_neuron_ru
 from llm_pipeline.training.parts import TrainParts
 from llm_pipeline.training.plan import (
     TrainPlan,
+    adapter_config,
     check_trainable,
     completion_only,
     loss_records,
-    peft_lora_config,
     say,
     sft_arguments,
     world_size,
@@ -302,7 +302,7 @@ def run(cfg: RunConfig, run_parts: TrainParts, plan: TrainPlan, datasets, tokeni
     if full and plan.resume_from is not None:
         source = str(resume_model_folder(cfg, plan.resume_from))
     model = NeuronModelForCausalLM.from_pretrained(source, args.trn_config, **model_arguments(cfg))
-    lora = None if full else peft_lora_config(cfg.lora)
+    lora = adapter_config(cfg.train.method, cfg.lora)  # None for full
     if plan.resume_from is not None and not full:
         model = restore_adapter(cfg, model, lora, plan.resume_from)
     tokens = TokenCounter(data_collator(cfg, tokenizer))

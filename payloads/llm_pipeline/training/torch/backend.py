@@ -229,25 +229,10 @@ def build_trainer(cfg: RunConfig, run_parts: TrainParts, plan: TrainPlan, datase
         "assistant_only_loss": chat and completion_only(cfg),
         "optim": cfg.train.optimizer,
     }
-    if cfg.train.objective == "grpo":
-        argument_sets = (parallel_arguments, device_arguments, levers)
-        args, inputs = grpo.trainer_parts(cfg, plan, datasets, rollout_func, *argument_sets, export=save_adapter)
-    elif cfg.train.objective == "dpo":
-        from trl import DPOConfig
-
-        args = DPOConfig(
-            **preference_arguments(cfg, plan),
-            **evaluation,
-            **parallel_arguments,
-            **device_arguments,
-            **levers,
-            optim=cfg.train.optimizer,
-        )
-        # pairs as prepared; trl disables the adapter or loads the copy for its reference
-        inputs = {"train_dataset": datasets["train"], "eval_dataset": validation}
-    else:
+    shared = sft_arguments(cfg, plan)  # the trl arguments every objective shares, read once
+    if cfg.train.objective == "sft":
         args = SFTConfig(
-            **sft_arguments(cfg, plan),
+            **shared,
             **evaluation,
             **parallel_arguments,
             **device_arguments,
@@ -259,6 +244,22 @@ def build_trainer(cfg: RunConfig, run_parts: TrainParts, plan: TrainPlan, datase
             "eval_dataset": loss_records(cfg, validation),
             "formatting_func": None if completion_only(cfg) or chat else formatting_func(cfg),
         }
+    elif cfg.train.objective == "dpo":
+        from trl import DPOConfig
+
+        args = DPOConfig(
+            **preference_arguments(cfg, shared),
+            **evaluation,
+            **parallel_arguments,
+            **device_arguments,
+            **levers,
+            optim=cfg.train.optimizer,
+        )
+        # pairs as prepared; trl disables the adapter or loads the copy for its reference
+        inputs = {"train_dataset": datasets["train"], "eval_dataset": validation}
+    else:  # grpo
+        argument_sets = (parallel_arguments, device_arguments, levers)
+        args, inputs = grpo.trainer_parts(cfg, shared, datasets, rollout_func, *argument_sets, export=save_adapter)
     # trl creates the adapter before the Trainer seeds anything: seed first, so every rank (FSDP2 shards
     # each rank's own copy, it does not broadcast) and every run starts from the same LoRA A.
     set_seed(cfg.train.seed)

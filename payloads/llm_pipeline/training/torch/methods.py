@@ -24,9 +24,7 @@ from typing import Any
 from llm_pipeline.errors import StepError
 from llm_pipeline.training import lora_count
 from llm_pipeline.training.parts import ModelPart
-from llm_pipeline.training.plan import check_target_modules, peft_lora_config
-
-ADAPTER_METHODS = ("lora", "dora", "qlora")
+from llm_pipeline.training.plan import adapter_config, check_target_modules
 
 
 def quantization_config(part: ModelPart):
@@ -157,7 +155,7 @@ def method_model(part: ModelPart, *, empty: bool = False):
     if liger_enabled(part):
         apply_liger(model)
     expected = expected_trainable(model.config, part, sum(p.numel() for p in model.parameters()))
-    peft_config = adapter_config(part)
+    peft_config = adapter_config(part.method, part.lora)
     if peft_config is not None:
         check_target_modules(model, part.lora)
     return model, peft_config, expected
@@ -186,20 +184,8 @@ def apply_precision(model, part: ModelPart) -> dict[str, int]:
     return counts
 
 
-def adapter_config(part: ModelPart):
-    """The peft config for the adapter methods; None for full fine-tuning."""
-    if part.method not in ADAPTER_METHODS:
-        return None
-    config = peft_lora_config(part.lora)
-    config.use_dora = part.method == "dora"
-    return config
-
-
 def expected_trainable(model_config, part: ModelPart, total_parameters: int) -> int:
     """Trainable parameters the method must give: LoRA factors (+ DoRA magnitudes), or everything."""
     if part.method == "full":
         return total_parameters
-    count = lora_count.expected_lora_parameters(model_config, part.lora)
-    if part.method == "dora":
-        count += lora_count.dora_magnitude_parameters(model_config, part.lora)
-    return count
+    return lora_count.expected_lora_parameters(model_config, part.lora, dora=part.method == "dora")
