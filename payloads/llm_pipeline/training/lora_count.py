@@ -1,4 +1,4 @@
-"""The number of trainable parameters a LoRA config must give on a Llama-shaped model.
+"""The number of trainable parameters a LoRA (or DoRA) config must give on a Llama-shaped model.
 
 Training checks the real count against this and stops when they differ: optimum-neuron issue #821
 reports LoRA silently dropped and the whole model trained. Each adapted linear layer of shape
