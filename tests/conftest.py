@@ -11,10 +11,18 @@ so a plain `pytest` never runs a neuron-lane test against the wrong library vers
 
 from __future__ import annotations
 
+import os
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from tools.rehearse import HOST_THREADS
+
 REPO = Path(__file__).resolve().parents[1]
+# Every process a test starts (steps under the local Slurm, torchrun ranks, in-process training) with the
+# rehearsal's thread count, set before anything imports torch: three workers on two cores each training with a
+# thread per core spent a third of the suite's CPU in OpenMP threads waiting on each other (tools/rehearse.py).
+for _key, _value in HOST_THREADS.items():
+    os.environ.setdefault(_key, _value)
 
 
 def _share_botocore_loader() -> None:

@@ -123,6 +123,11 @@ GPU_EXAMPLES = {
     "llama3-1b-lora-1gpu.toml": ("ml.g5.xlarge", "lora"),
 }
 FSX_VARIABLES = ("HPL_MODELS_DIR", "HPL_DATASETS_DIR", "HPL_OUTPUTS_DIR", "HPL_COMPILE_CACHE_DIR")
+# One OpenMP thread per process for the tiny model's steps on this host: its matrices are too small for a second
+# thread to pay for its start and spin-waits. A tiny training on 2 cores took 14.2 s with one thread against 17.6 s
+# with one per core, and three at once (three chains, or make test's workers) 19.6 s against 32.0 s: six threads
+# spinning on two cores (docs/testing.md). A value the caller set is kept.
+HOST_THREADS = {"OMP_NUM_THREADS": "1"}
 
 
 class RehearsalError(RuntimeError):
@@ -138,6 +143,8 @@ def fsx_environment(fsx: Path, base: dict[str, str] | None = None) -> dict[str, 
             env[f"HPL_{key.upper()}"] = str(fsx / folder)
     # This host's CPU: without partition facts env.sh would assume the Trainium default (and log "(neuron)").
     env.update(HPL_RUNTIME="host", HPL_DEVICES_PER_NODE="1", HPL_ACCELERATOR="none", PYTHON=sys.executable)
+    for key, value in HOST_THREADS.items():
+        env.setdefault(key, value)
     # No Hub here: the tiny model, tokenizer and records are written locally, and prepare's Hub checks
     # say they were skipped instead of failing on a model id no Hub has.
     env["HF_HUB_OFFLINE"] = "1"
