@@ -15,12 +15,12 @@ import os
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from tools.rehearse import HOST_THREADS
+from tools.tiny_model import HOST_THREADS
 
 REPO = Path(__file__).resolve().parents[1]
 # Every process a test starts (steps under the local Slurm, torchrun ranks, in-process training) with the
 # rehearsal's thread count, set before anything imports torch: three workers on two cores each training with a
-# thread per core spent a third of the suite's CPU in OpenMP threads waiting on each other (tools/rehearse.py).
+# thread per core spent a third of the suite's CPU in OpenMP threads waiting on each other (tools/tiny_model.py).
 for _key, _value in HOST_THREADS.items():
     os.environ.setdefault(_key, _value)
 

@@ -48,7 +48,7 @@ from llm_pipeline.jobs.run_config_text import derived_config
 from tools.local_prometheus import LocalPrometheusError
 from tools.local_slurm import LocalSlurm, LocalSlurmError, hand_to_invoking_user
 from tools.rehearsal_lock import RehearsalBusy, RehearsalLock
-from tools.tiny_model import TINY_TASK, TINY_TASK_DIR
+from tools.tiny_model import HOST_THREADS, TINY_TASK, TINY_TASK_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / PAYLOADS_FOLDER / "configs" / "tiny-cpu.toml"
@@ -123,11 +123,6 @@ GPU_EXAMPLES = {
     "llama3-1b-lora-1gpu.toml": ("ml.g5.xlarge", "lora"),
 }
 FSX_VARIABLES = ("HPL_MODELS_DIR", "HPL_DATASETS_DIR", "HPL_OUTPUTS_DIR", "HPL_COMPILE_CACHE_DIR")
-# One OpenMP thread per process for the tiny model's steps on this host: its matrices are too small for a second
-# thread to pay for its start and spin-waits. A tiny training on 2 cores took 14.2 s with one thread against 17.6 s
-# with one per core, and three at once (three chains, or make test's workers) 19.6 s against 32.0 s: six threads
-# spinning on two cores (docs/testing.md). A value the caller set is kept.
-HOST_THREADS = {"OMP_NUM_THREADS": "1"}
 
 
 class RehearsalError(RuntimeError):

@@ -11,6 +11,12 @@ import json
 import random
 from pathlib import Path
 
+# One OpenMP thread per process for the tiny model's steps on this host: its matrices are too small for a second
+# thread to pay for its start and spin-waits. A tiny training on 2 cores took 14.2 s with one thread against 17.6 s
+# with one per core, and three at once (three chains, or make test's workers) 19.6 s against 32.0 s: six threads
+# spinning on two cores (docs/testing.md). A value the caller set is kept.
+HOST_THREADS = {"OMP_NUM_THREADS": "1"}
+
 WORDS = [
     "llama",
     "alpaca",
