@@ -129,9 +129,10 @@ iam-table: $(STAMP)  ## rewrite docs/aws-calls.md: every AWS call in the code, b
 	$(PY) -m tools.aws_calls
 
 # Make builds prerequisites left to right: system packages, then .venv (inside lint), then lint.
-# Three workers on two cores: a chain under the local Slurm keeps about one core busy (its steps run one at a time,
-# with Slurm's scheduling between them; 56% of two cores idle while one chain ran alone), so a third keeps both busy.
-TEST_WORKERS ?= 3
+# Four workers on two cores: a chain under the local Slurm keeps at most one core busy (its steps run one at a time,
+# each with one thread: tools/tiny_model.HOST_THREADS), with Slurm's scheduling and the vLLM starts' waits between
+# them; the main stack took 31 min 12 s with three workers, 28 min 14 s with four (docs/testing.md).
+TEST_WORKERS ?= 4
 test: system-packages lint  ## set up a fresh Debian/Ubuntu machine as needed, lint, then run the whole suite (both stacks)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25  # the 25 slowest, so a slow new test shows in CI
 	$(MAKE) --no-print-directory test-trn1

