@@ -390,11 +390,12 @@ def stale_reason(cfg: RunConfig) -> str | None:
     record = target / SOURCE_FILE
     if not record.is_file():
         return f"no prepared data in {target}"
+    now = source_record(cfg)
     try:
         prepared = DataSource.from_json(record.read_text())
     except (OSError, ValueError, KeyError, TypeError):
         return f"{record} is unreadable"
-    changed = prepared.changes(source_record(cfg))
+    changed = prepared.changes(now)
     return f"the data in {target} was prepared with another {'; '.join(changed)}" if changed else None
 
 
@@ -406,11 +407,12 @@ def training_inputs(cfg: RunConfig):
     data step when it is missing or not this config's (the train step only trains, whatever its world size)."""
     import datasets
 
+    tokenizer = load_tokenizer(cfg.paths.model_dir)  # first: the copy is then checked against its files
     reason = stale_reason(cfg)
     if reason:
         raise StepError(f"{reason}: run the data step first ({DATA_STEP_COMMAND}; one process: train --prepare-data)")
     say(f"using prepared data from {cfg.paths.data_dir}")
-    return datasets.load_from_disk(str(cfg.paths.data_dir)), load_tokenizer(cfg.paths.model_dir)
+    return datasets.load_from_disk(str(cfg.paths.data_dir)), tokenizer
 
 
 def prepare_if_stale(cfg: RunConfig) -> None:

@@ -215,8 +215,9 @@ def run(cfg, args) -> None:
         return
     if args.adapter is None:  # the run's own adapter: consolidate made it from the finished checkpoint, if any,
         # trained with this config and, unless --base names another, on the weights it is added to (run_state)
-        now = run_inputs.trained_from(cfg, run_inputs.MODEL_INPUTS) if args.base is None else None
-        run_state.shipped_checkpoint(cfg.paths.checkpoints_dir, now or TrainedFrom(cfg.learned()), "merge")
+        learned = cfg.learned()
+        now = run_inputs.trained_from(cfg, learned, run_inputs.MODEL_INPUTS) if args.base is None else None
+        run_state.shipped_checkpoint(cfg.paths.checkpoints_dir, now or TrainedFrom(learned), "merge")
     merge(
         args.base or Path(cfg.paths.model_dir),
         args.adapter or cfg.paths.adapter_dir,

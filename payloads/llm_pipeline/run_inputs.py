@@ -153,8 +153,9 @@ def folder_digest(cfg: RunConfig, folder: Path) -> str:
         return cache.files_digest(_folder_files(folder) if folder.is_dir() else [])
 
 
-def trained_from(cfg: RunConfig, names: Iterable[str] = INPUTS) -> TrainedFrom:
-    """What a checkpoint trained now with this config would record (JSON types, as read back from its file)."""
-    digests = input_digests(cfg, names)
-    made = TrainedFrom(cfg.learned(), digests)
+def trained_from(cfg: RunConfig, learned: dict[str, dict], names: Iterable[str] = INPUTS) -> TrainedFrom:
+    """What a checkpoint trained now with this config would record (JSON types, as read back from its file):
+    ``learned``, the config's learning values (RunConfig.learned, read by the caller with its other keys), and the
+    digests of its inputs now."""
+    made = TrainedFrom(learned, input_digests(cfg, names))
     return TrainedFrom.from_json(made.to_json())

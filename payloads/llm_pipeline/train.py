@@ -59,15 +59,17 @@ class RunRecords:
 def read_run(
     cfg: RunConfig, backend_override: str | None = None, precompile: bool = False, resume_from: str | None = None
 ) -> RunRecords:
-    """What each part needs of the run config, read once, after the checks that refuse a config the chosen
-    backend cannot run; the inputs' digests last (minutes for a new model's weights, then cached: run_inputs)."""
+    """What each part needs of the run config, read once: its learning values with the config's own checks
+    (config.py), the parts' records after the checks that refuse a config the chosen backend cannot run; the
+    inputs' digests last (minutes for a new model's weights, then cached: run_inputs)."""
     check_scheduler(cfg.train.lr_scheduler)
     backend = resolve_backend(backend_override or cfg.train.backend)
+    learned = cfg.learned()  # what its checkpoints record it learned with (RunEnd, with the digests below)
     check_backend(cfg, backend)
     model_dir = model_files.require_model_folder(Path(cfg.paths.model_dir), "the base model to train")
     run_parts = parts.read(cfg)
     plan = parts.make_plan(cfg, backend, precompile, resume_from)
-    trained_from = run_inputs.trained_from(cfg)
+    trained_from = run_inputs.trained_from(cfg, learned)
     end = run_state.RunEnd(
         checkpoints_dir=cfg.paths.checkpoints_dir, max_steps=cfg.train.max_steps, trained_from=trained_from
     )
@@ -128,7 +130,7 @@ def run(cfg: RunConfig, args) -> TrainPlan:
         if world_size() > 1:  # every process would write the one data folder
             raise StepError(f"--prepare-data runs in one process: run the data step first ({data.DATA_STEP_COMMAND})")
         # what the run's checkpoints were trained from first: a refused config prepares nothing over its data
-        run_state.trains_from(cfg.paths.checkpoints_dir, run_inputs.trained_from(cfg))
+        run_state.trains_from(cfg.paths.checkpoints_dir, run_inputs.trained_from(cfg, cfg.learned()))
         data.prepare_if_stale(cfg)
     return train(cfg, args.backend, args.precompile, args.resume_from)
 
