@@ -1,12 +1,12 @@
 """The torchtitan ladder as one submission under a real local Slurm, in rehearsal form.
 
 The real chain (ladder-*.sbatch, env.sh, launch arguments from the allocation, torchrun with two
-processes) runs tiny-ladder-cpu.toml: prepare (with the storage check), tokenizer, dataset (a tiny
-c4-format folder staged), each rung's job file checked by torchtitan's ConfigManager; the trainer
-itself needs CUDA, so HPL_TORCHTITAN_MODULE swaps in tools/torchtitan_standin.py, which trains
-torchtitan's debug model with torchtitan's parts on CPU (FSDP2, float8 emulated), saves its
-checkpoints and prints torchtitan's metric lines; the report step parses them, and the export
-converts the fp8_allgather rung's final checkpoint into a Hugging Face folder.
+processes) runs tiny-ladder-cpu.toml with three of its rungs (CHAIN_RUNGS): prepare (with the storage
+check), tokenizer, dataset (a tiny c4-format folder staged), each rung's job file checked by torchtitan's
+ConfigManager; the trainer itself needs CUDA, so HPL_TORCHTITAN_MODULE swaps in
+tools/torchtitan_standin.py, which trains torchtitan's debug model with torchtitan's parts on CPU
+(FSDP2, float8 emulated), saves its checkpoints and prints torchtitan's metric lines; the report step
+parses them, and the export converts the fp8_allgather rung's final checkpoint into a Hugging Face folder.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import tomllib
 from slurm_helpers import REPO, read_png, submit
 
 from llm_pipeline import charts, config
+from llm_pipeline.jobs.run_config_text import write_derived
 from llm_pipeline.jobs.run_facts import read_run_facts
 from llm_pipeline.ladder_submit import resumed_rungs
 from llm_pipeline.run_files import StepMarker, SubmittedLine, TitanMetricLine
@@ -32,10 +33,24 @@ pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-ladder")]
 CONFIGS = REPO / "payloads" / "configs"
 TINY_LADDER = CONFIGS / "tiny-ladder-cpu.toml"
 SHARED = ["prepare", "tokenizer", "dataset"]  # once: their output serves the smoke run and the long one
-LONG = [*(f"rung-{r}" for r in config.TORCHTITAN_RUNGS), "report", "export"]
-RESUMED = [f"rung-{rung}" for rung in resumed_rungs(config.TORCHTITAN_RUNGS)]  # baseline, fp8_allgather
-SMOKE = [f"smoke-{name}" for step in LONG for name in ((step, f"{step}-resume") if step in RESUMED else (step,))]
-LADDER_STEPS = [*SHARED, *SMOKE, "estimate", *LONG]
+# The chain test's ladder: the rehearsal's without fp8, as each rung costs two torchrun starts (smoke and long)
+# and fp8 adds no path of its own. baseline: the reference row and a plain-weights resume; compile: trains as the
+# baseline in the stand-in, the uninterrupted run that resume is compared with; fp8_allgather: the float8 linears
+# (fp8's options, rung_options climbs), the float8 all-gather resume and the export. Every rung's job file, fp8's
+# included, goes through torchtitan's ConfigManager in tests/payloads/test_torchtitan_ladder.py.
+CHAIN_RUNGS = ("baseline", "compile", "fp8_allgather")
+
+
+def ladder_steps(rungs: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
+    """The long jobs, the rungs whose smoke run also resumes, and the whole chain in order, for ``rungs``."""
+    long = [*(f"rung-{r}" for r in rungs), "report", "export"]
+    resumed = [f"rung-{rung}" for rung in resumed_rungs(rungs)]  # baseline, fp8_allgather
+    smoke = [f"smoke-{name}" for step in long for name in ((step, f"{step}-resume") if step in resumed else (step,))]
+    return long, resumed, [*SHARED, *smoke, "estimate", *long]
+
+
+LONG, RESUMED, CHAIN_STEPS = ladder_steps(CHAIN_RUNGS)
+LADDER_STEPS = ladder_steps(config.TORCHTITAN_RUNGS)[2]  # the default ladder's chain
 
 
 def submitted_jobs(stdout: str) -> dict[str, str]:
@@ -45,15 +60,17 @@ def submitted_jobs(stdout: str) -> dict[str, str]:
 def test_ladder_chain_runs_every_rung_and_reports_torchtitans_metrics(one_node, tmp_path_factory):
     root = tmp_path_factory.mktemp("ladder")
     env = ladder_environment(one_node.env(fsx_environment(root / "fsx")))  # what make rehearse-ladder runs
-    cfg = config.load(TINY_LADDER, env=env)
-    write_tokenizer(TINY_LADDER, env)  # the tokenizer step finds it there and skips the Hub
-    write_dataset_source(TINY_LADDER, env)  # what the dataset step stages (allenai/c4 on a cluster)
+    ladder_config = write_derived(TINY_LADDER, root / "ladder.toml", {("torchtitan", "rungs"): list(CHAIN_RUNGS)})
+    cfg = config.load(ladder_config, env=env)
+    assert cfg.torchtitan.rungs == CHAIN_RUNGS
+    write_tokenizer(ladder_config, env)  # the tokenizer step finds it there and skips the Hub
+    write_dataset_source(ladder_config, env)  # what the dataset step stages (allenai/c4 on a cluster)
     run = Path(cfg.paths.output_dir)
 
-    result = submit(env, TINY_LADDER, "ladder", "--wait", "--poll", "1")
+    result = submit(env, ladder_config, "ladder", "--wait", "--poll", "1")
     assert result.returncode == 0, result.stdout + result.stderr
     jobs = submitted_jobs(result.stdout)
-    assert list(jobs) == LADDER_STEPS and "pipeline: COMPLETED" in result.stdout
+    assert list(jobs) == CHAIN_STEPS and "pipeline: COMPLETED" in result.stdout
     logs = {
         step: (run / ("smoke/logs" if step.startswith("smoke-") else "logs") / f"{step}-{job}.log").read_text()
         for step, job in jobs.items()
@@ -61,7 +78,7 @@ def test_ladder_chain_runs_every_rung_and_reports_torchtitans_metrics(one_node, 
     assert "run config ok" in logs["prepare"] and "already holds the tokenizer" in logs["tokenizer"]
     assert "storage: 0.01B parameters; per rung: baseline" in logs["prepare"]
     assert "staged 3 data files" in logs["dataset"] and "first record:" in logs["dataset"]
-    for rung in config.TORCHTITAN_RUNGS:
+    for rung in CHAIN_RUNGS:
         log = logs[f"rung-{rung}"]
         job_file = run / "ladder" / rung / "job.toml"
         assert f"torchtitan job file {job_file}" in log and f"torchtitan's ConfigManager accepts {job_file}" in log
@@ -73,19 +90,20 @@ def test_ladder_chain_runs_every_rung_and_reports_torchtitans_metrics(one_node, 
 
     report = json.loads((run / "ladder" / "report.json").read_text())
     rows = {row["rung"]: row for row in report["rungs"]}
-    assert list(rows) == list(config.TORCHTITAN_RUNGS)
+    assert list(rows) == list(CHAIN_RUNGS)
     for row in rows.values():
         measured = row["measured"]
         assert measured["ranks"] == 2 and measured["last_step"] == 20 and measured["tps"] > 0
         assert measured["steady_steps"] == [5, 10, 15, 20]  # log_freq 5: step 1 is warm-up
     assert rows["baseline"]["tps_vs_baseline"] == 1.0
-    assert rows["fp8"]["tps_vs_baseline"] == rows["fp8"]["measured"]["tps"] / rows["baseline"]["measured"]["tps"]
+    fp8 = rows["fp8_allgather"]
+    assert fp8["tps_vs_baseline"] == fp8["measured"]["tps"] / rows["baseline"]["measured"]["tps"]
     markdown = (run / "ladder" / "report.md").read_text()
     read_png(run / "ladder" / "report.png")  # drawn by the report step from report.json, whose figures it plots:
     (axis,) = charts.ladder_figure(report).axes
     measured = [round(bar.get_height(), 3) for bar in axis.patches[: len(rows)]]
     assert measured == [round(row["measured"]["tps"], 3) for row in rows.values()]
-    assert "| + FP8 tensorwise linears |" in markdown and "8,624" in markdown
+    assert "| + FP8 all-gather, precomputed scales |" in markdown and "8,950" in markdown  # its reference tps
     hf_dir = run / "hf"
     assert f"Hugging Face folder ready: {hf_dir}" in logs["export"]
     exported = json.loads((hf_dir / "config.json").read_text())
@@ -119,7 +137,7 @@ def test_ladder_chain_runs_every_rung_and_reports_torchtitans_metrics(one_node, 
     assert job_file["checkpoint"]["interval"] == 2 and job_file["training"]["steps"] == 4
     found = json.loads((run / "logs" / "estimate.json").read_text())
     assert [row["step"] for row in found["steps"]] == LONG
-    for rung in config.TORCHTITAN_RUNGS:
+    for rung in CHAIN_RUNGS:
         assert (
             f"20 steps (torchtitan.steps) x {found['seconds_per_step'][f'rung-{rung}']:.3f} s/step"
             in (found["steps"][LONG.index(f"rung-{rung}")]["basis"])
