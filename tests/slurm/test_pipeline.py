@@ -294,12 +294,13 @@ def test_drill_a_killed_rank_and_a_failed_node_recover_to_the_uninterrupted_adap
     assert worst <= ADAPTER_TOLERANCE
 
 
-# Two submissions of one run, each process imported and waiting for the go file, so both ask at the same moment.
+# Two submissions of one run, each process imported (it says so with its ready file) and waiting for the go file,
+# so both ask at the same moment.
 RACER = (
     "import sys, time; from pathlib import Path; from llm_pipeline import submit\n"
-    "go = Path(sys.argv[1])\n"
+    "go = Path(sys.argv[1]); Path(sys.argv[2]).touch()\n"
     "while not go.exists(): time.sleep(0.002)\n"
-    "sys.exit(submit.main(sys.argv[2:]))\n"
+    "sys.exit(submit.main(sys.argv[3:]))\n"
 )
 RACES = 20
 
@@ -327,18 +328,19 @@ def test_two_submissions_of_one_run_racing_make_one_chain(cluster, tmp_path):
         for race in range(RACES):
             go = tmp_path / f"go-{race}"
             second = ["--from", "train"] if race % 2 else []
+            ready = [tmp_path / f"ready-{race}-{n}" for n in (1, 2)]
             racers = [
                 subprocess.Popen(
-                    [sys.executable, "-c", RACER, str(go), "--config", str(config), "--no-smoke", *args],
+                    [sys.executable, "-c", RACER, str(go), str(said), "--config", str(config), "--no-smoke", *args],
                     env=env,
                     cwd=REPO / "payloads",
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,
                 )
-                for args in ([], second)
+                for said, args in zip(ready, ([], second), strict=True)
             ]
-            time.sleep(1.0)  # both imported, waiting for the go file
+            wait_for(lambda files=ready: all(f.exists() for f in files), 120, "both racers imported", poll=0.01)
             go.touch()
             outputs = [racer.communicate(timeout=120) for racer in racers]
             done = [(racer.returncode, *output) for racer, output in zip(racers, outputs, strict=True)]
