@@ -1,6 +1,7 @@
 """The pipeline under a real local Slurm: a late step failing in smoke (the long training never starts), a
-resumed training, the recovery drill and racing submissions. The default chain end to end, every step's
-output asserted, is the newcomer journey's first `make rehearse` (tests/docs/test_newcomer_journey.py).
+training cancelled by its user and resumed, the recovery drill on it and racing submissions. The default chain
+end to end, every step's output asserted, is the newcomer journey's first `make rehearse`
+(tests/docs/test_newcomer_journey.py); here the data step runs once and each run starts from a copy of its output.
 
 Each test submits the real sbatch scripts with `python -m llm_pipeline.submit`, on the host
 runtime with the tiny-cpu run config and a tiny random Llama (no downloads).
@@ -31,12 +32,14 @@ TINY = REPO / "payloads" / "configs" / "tiny-cpu.toml"
 
 @pytest.fixture(scope="module")
 def cluster(two_nodes, tmp_path_factory):
-    """(environment for submit, folder for configs): FSx folders in a temp dir, inputs written once. Two nodes: the
-    drill fails one and the training moves to the other."""
+    """(environment for submit, folder for configs, the data step's output): FSx folders in a temp dir, inputs
+    written and the data step run once; each test's run starts from a copy of its output (prepared). Two nodes:
+    the drill fails one and the training moves to the other."""
     root = tmp_path_factory.mktemp("pipeline")
     env = two_nodes.env(fsx_environment(root / "fsx"))
     write_inputs(TINY, env, records=120)
-    return env, root
+    step_alone(env, "data", variant(root, "prepared"), run_dir(env, "prepared"))
+    return env, root, run_dir(env, "prepared") / "data"
 
 
 def variant(root: Path, name: str, **train: int) -> Path:
@@ -47,6 +50,42 @@ def variant(root: Path, name: str, **train: int) -> Path:
 
 def run_dir(env: dict[str, str], name: str) -> Path:
     return Path(env["HPL_OUTPUTS_DIR"]) / name
+
+
+def prepared(cluster, name: str, **train: int) -> tuple[Path, Path]:
+    """(config, run folder) of a variant whose run folder holds a copy of the data step's output: its chains
+    start from precompile (the data step in a chain is the newcomer journey's)."""
+    env, root, data = cluster
+    config = variant(root, name, **train)
+    shutil.copytree(data, run_dir(env, name) / "data")
+    return config, run_dir(env, name)
+
+
+def step_alone(env: dict[str, str], step: str, config: Path, out_dir: Path) -> None:
+    """<step>.sbatch alone (no chain, no record) into ``out_dir``, to its end: it must complete."""
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    step_env = {
+        **env,
+        "HPL_PAYLOADS_DIR": str(REPO / "payloads"),
+        "HPL_RUN_CONFIG": str(config),
+        "HPL_RUN_DIR": str(out_dir),
+        "PYTHON": sys.executable,
+    }
+    job = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            f"--output={out_dir / 'logs' / f'{step}-%j.log'}",
+            str(REPO / f"payloads/slurm/{step}.sbatch"),
+        ],
+        env=step_env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    wait_for(lambda: queue_is_empty(env), 300, f"the {step} step alone")
+    log = (out_dir / "logs" / f"{step}-{job}.log").read_text()
+    assert f"== {step}: COMPLETED" in log, log
 
 
 def submitted_jobs(stdout: str) -> dict[str, str]:
@@ -68,20 +107,20 @@ LONG_STEPS = [step for step in RUN_STEPS if step not in SHARED_STEPS]
 SMOKE_JOBS = [
     f"smoke-{name}" for step in LONG_STEPS for name in ((step, f"{step}-resume") if step == "train" else (step,))
 ]
-# A submission --from data with its smoke stage, in order (prepare and download, shared steps whose outputs the
-# smoke stage does not read, are the newcomer journey's default chain).
-CHAIN = ["data", *SMOKE_JOBS, "estimate", *LONG_STEPS]
+# A submission --from precompile with its smoke stage, in order (the shared steps, whose outputs the smoke stage
+# reads from the run folder, are the newcomer journey's default chain; here the data step's output is a copy).
+FIRST = LONG_STEPS[0]
+CHAIN = [*SMOKE_JOBS, "estimate", *LONG_STEPS]
 
 
 def test_late_smoke_failure_stops_the_chain_before_any_long_step(cluster):
     """Consolidate fails in the smoke stage, on a broken checkpoint: the long training never starts, and
     submit names the failed step and its log."""
-    env, root = cluster
-    config = variant(root, "broken", max_steps=8, save_steps=4)
-    out_dir = run_dir(env, "broken")
+    env = cluster[0]
+    config, out_dir = prepared(cluster, "broken", max_steps=8, save_steps=4)
     smoke_dir = out_dir / smoke.SMOKE_FOLDER
 
-    result = submit(env, config, "--from", "data")
+    result = submit(env, config, "--from", FIRST)
     assert result.returncode == 0, result.stderr
     jobs = submitted_jobs(result.stdout)
     assert list(jobs) == CHAIN
@@ -177,12 +216,12 @@ def test_drill_a_killed_rank_and_a_failed_node_recover_to_the_uninterrupted_adap
     allocation, a node failed mid-run sends the job back to Slurm, which runs it on the other node; each resumes
     from the newest complete checkpoint, the run finishes with the adapter of a run never interrupted, and
     logs/recovery.json has the figures. (The user's cancel comes first: a cancelled job writes no recovery.json.)"""
-    env, root = cluster
-    config = variant(root, "drill", max_steps=DRILL_STEPS, save_steps=DRILL_SAVE, logging_steps=1, max_recoveries=2)
-    out_dir = run_dir(env, "drill")
+    env = cluster[0]
+    drilled = dict(max_steps=DRILL_STEPS, save_steps=DRILL_SAVE, logging_steps=1)
+    config, out_dir = prepared(cluster, "drill", **drilled, max_recoveries=2)
     checkpoints = out_dir / "checkpoints"
 
-    first = submit(env, config, "--from", "data", "--no-smoke")  # the smoke stage is the journey's and the test above's
+    first = submit(env, config, "--from", FIRST, "--no-smoke")  # the smoke stage is the journey's and the test above's
     assert first.returncode == 0, first.stderr
     jobs = submitted_jobs(first.stdout)
     busy = submit(env, config, "--from", "train")  # two trainings must never share a run folder
@@ -241,10 +280,10 @@ def test_drill_a_killed_rank_and_a_failed_node_recover_to_the_uninterrupted_adap
     final = checkpoints / f"checkpoint-{DRILL_STEPS}"
     assert json.loads((final / "trainer_state.json").read_text())["global_step"] == DRILL_STEPS
     assert (out_dir / "adapter" / "adapter_model.safetensors").is_file() and (out_dir / "generation.txt").is_file()
-    # status keeps the data step of the first submission and the resubmitted steps after it
+    # status keeps the first step of the first submission and the resubmitted steps after it
     status = submit(env, config, "status")
     assert status.returncode == 0 and status.stdout.strip().endswith("pipeline: COMPLETED"), status.stdout
-    assert re.search(rf"(?m)^data +{jobs['data']} +COMPLETED", status.stdout)
+    assert re.search(rf"(?m)^{FIRST} +{jobs[FIRST]} +COMPLETED", status.stdout)
     assert re.search(rf"(?m)^train +{resumed['train']} +COMPLETED", status.stdout)
 
     report = json.loads((out_dir / "logs" / "recovery.json").read_text())
@@ -263,33 +302,12 @@ def test_drill_a_killed_rank_and_a_failed_node_recover_to_the_uninterrupted_adap
     recovered = [a for a in AlertLine.parse_all((out_dir / "logs" / ALERTS_FILE).read_text())]
     assert [a.state for a in recovered] == ["recovered", "recovered", "finished"]
 
-    # The same run never interrupted: train.sbatch alone on the drilled run's data.
-    reference = variant(root, "drill-ref", max_steps=DRILL_STEPS, save_steps=DRILL_SAVE, logging_steps=1)
-    ref_dir = run_dir(env, "drill-ref")
-    shutil.copytree(out_dir / "data", ref_dir / "data")
-    ref_env = {
-        **env,
-        "HPL_PAYLOADS_DIR": str(REPO / "payloads"),
-        "HPL_RUN_CONFIG": str(reference),
-        "HPL_RUN_DIR": str(ref_dir),
-        "PYTHON": sys.executable,
-    }
-    (ref_dir / "logs").mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            f"--output={ref_dir / 'logs' / 'train-%j.log'}",
-            str(REPO / "payloads/slurm/train.sbatch"),
-        ],
-        env=ref_env,
-        check=True,
-        capture_output=True,
-    )
-    wait_for(lambda: queue_is_empty(env), 300, "the uninterrupted training")
-    drilled, uninterrupted = adapter(final), adapter(ref_dir / "checkpoints" / final.name)
-    assert drilled.keys() == uninterrupted.keys()
-    worst = max((drilled[k].float() - uninterrupted[k].float()).abs().max().item() for k in drilled)
+    # The same run never interrupted: train.sbatch alone on a copy of the same data.
+    reference, ref_dir = prepared(cluster, "drill-ref", **drilled)
+    step_alone(env, "train", reference, ref_dir)
+    resumed_adapter, uninterrupted = adapter(final), adapter(ref_dir / "checkpoints" / final.name)
+    assert resumed_adapter.keys() == uninterrupted.keys()
+    worst = max((resumed_adapter[k].float() - uninterrupted[k].float()).abs().max().item() for k in uninterrupted)
     print(f"drill: {report['recoveries']}; adapter max abs difference {worst:.3g}")
     assert worst <= ADAPTER_TOLERANCE
 
@@ -320,7 +338,7 @@ def test_two_submissions_of_one_run_racing_make_one_chain(cluster, tmp_path):
     """Both released together, RACES times (every other time the second resubmits --from train): one chain,
     whose jobs are the winner's and the record's; the other is refused in one line naming them. The jobs
     are held (SBATCH_HOLD), then cancelled, so the next race finds that chain ended and may submit again."""
-    env, root = cluster
+    env, root, _ = cluster
     env = {**env, "SBATCH_HOLD": "1"}
     config = variant(root, "race")
     out_dir = run_dir(env, "race")
