@@ -1,6 +1,7 @@
 """The pipeline under a real local Slurm: a late step failing in smoke (the long training never starts), a
-resumed training, the recovery drill and racing submissions. The default chain end to end, every step's
-output asserted, is the newcomer journey's first `make rehearse` (tests/docs/test_newcomer_journey.py).
+training cancelled by its user and resumed, the recovery drill on it and racing submissions. The default chain
+end to end, every step's output asserted, is the newcomer journey's first `make rehearse`
+(tests/docs/test_newcomer_journey.py); here the data step runs once and each run starts from a copy of its output.
 
 Each test submits the real sbatch scripts with `python -m llm_pipeline.submit`, on the host
 runtime with the tiny-cpu run config and a tiny random Llama (no downloads).
@@ -31,12 +32,14 @@ TINY = REPO / "payloads" / "configs" / "tiny-cpu.toml"
 
 @pytest.fixture(scope="module")
 def cluster(two_nodes, tmp_path_factory):
-    """(environment for submit, folder for configs): FSx folders in a temp dir, inputs written once. Two nodes: the
-    drill fails one and the training moves to the other."""
+    """(environment for submit, folder for configs, the data step's output): FSx folders in a temp dir, inputs
+    written and the data step run once; each test's run starts from a copy of its output (prepared). Two nodes:
+    the drill fails one and the training moves to the other."""
     root = tmp_path_factory.mktemp("pipeline")
     env = two_nodes.env(fsx_environment(root / "fsx"))
     write_inputs(TINY, env, records=120)
-    return env, root
+    step_alone(env, "data", variant(root, "prepared"), run_dir(env, "prepared"))
+    return env, root, run_dir(env, "prepared") / "data"
 
 
 def variant(root: Path, name: str, **train: int) -> Path:
@@ -47,6 +50,42 @@ def variant(root: Path, name: str, **train: int) -> Path:
 
 def run_dir(env: dict[str, str], name: str) -> Path:
     return Path(env["HPL_OUTPUTS_DIR"]) / name
+
+
+def prepared(cluster, name: str, **train: int) -> tuple[Path, Path]:
+    """(config, run folder) of a variant whose run folder holds a copy of the data step's output: its chains
+    start from precompile (the data step in a chain is the newcomer journey's)."""
+    env, root, data = cluster
+    config = variant(root, name, **train)
+    shutil.copytree(data, run_dir(env, name) / "data")
+    return config, run_dir(env, name)
+
+
+def step_alone(env: dict[str, str], step: str, config: Path, out_dir: Path) -> None:
+    """<step>.sbatch alone (no chain, no record) into ``out_dir``, to its end: it must complete."""
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    step_env = {
+        **env,
+        "HPL_PAYLOADS_DIR": str(REPO / "payloads"),
+        "HPL_RUN_CONFIG": str(config),
+        "HPL_RUN_DIR": str(out_dir),
+        "PYTHON": sys.executable,
+    }
+    job = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            f"--output={out_dir / 'logs' / f'{step}-%j.log'}",
+            str(REPO / f"payloads/slurm/{step}.sbatch"),
+        ],
+        env=step_env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    wait_for(lambda: queue_is_empty(env), 300, f"the {step} step alone")
+    log = (out_dir / "logs" / f"{step}-{job}.log").read_text()
+    assert f"== {step}: COMPLETED" in log, log
 
 
 def submitted_jobs(stdout: str) -> dict[str, str]:
@@ -68,20 +107,20 @@ LONG_STEPS = [step for step in RUN_STEPS if step not in SHARED_STEPS]
 SMOKE_JOBS = [
     f"smoke-{name}" for step in LONG_STEPS for name in ((step, f"{step}-resume") if step == "train" else (step,))
 ]
-# A submission --from data with its smoke stage, in order (prepare and download, shared steps whose outputs the
-# smoke stage does not read, are the newcomer journey's default chain).
-CHAIN = ["data", *SMOKE_JOBS, "estimate", *LONG_STEPS]
+# A submission --from precompile with its smoke stage, in order (the shared steps, whose outputs the smoke stage
+# reads from the run folder, are the newcomer journey's default chain; here the data step's output is a copy).
+FIRST = LONG_STEPS[0]
+CHAIN = [*SMOKE_JOBS, "estimate", *LONG_STEPS]
 
 
 def test_late_smoke_failure_stops_the_chain_before_any_long_step(cluster):
     """Consolidate fails in the smoke stage, on a broken checkpoint: the long training never starts, and
     submit names the failed step and its log."""
-    env, root = cluster
-    config = variant(root, "broken", max_steps=8, save_steps=4)
-    out_dir = run_dir(env, "broken")
+    env = cluster[0]
+    config, out_dir = prepared(cluster, "broken", max_steps=8, save_steps=4)
     smoke_dir = out_dir / smoke.SMOKE_FOLDER
 
-    result = submit(env, config, "--from", "data")
+    result = submit(env, config, "--from", FIRST)
     assert result.returncode == 0, result.stderr
     jobs = submitted_jobs(result.stdout)
     assert list(jobs) == CHAIN
@@ -140,56 +179,8 @@ def test_late_smoke_failure_stops_the_chain_before_any_long_step(cluster):
     assert pipeline_status.verdict(later)[1].step == "smoke-consolidate"
 
 
-# Enough steps that Slurm's cancel lands mid-run: the tiny model trains about ten steps a second here,
-# reading the data step's copy, and 12 steps were over before scancel arrived.
-RESUME_STEPS = 60
-
-
-def test_killed_training_resumes_from_its_checkpoint(cluster):
-    env, root = cluster
-    config = variant(root, "resume", max_steps=RESUME_STEPS, save_steps=4)
-    out_dir = run_dir(env, "resume")
-    checkpoints = out_dir / "checkpoints"
-
-    first = submit(env, config, "--from", "data", "--no-smoke")  # the smoke stage is the journey's and the test above's
-    assert first.returncode == 0, first.stderr
-    jobs = submitted_jobs(first.stdout)
-    busy = submit(env, config, "--from", "train")  # two trainings must never share a run folder
-    assert busy.returncode == 2 and f"the last submission for {out_dir} is still going" in busy.stderr
-    wait_for(lambda: (checkpoints / "checkpoint-4" / "trainer_state.json").is_file(), 300, "the first checkpoint")
-    subprocess.run(["scancel", jobs["train"]], env=env, check=True)
-    wait_for(lambda: queue_is_empty(env), 60, "the cancelled chain to clear")
-    killed_at = max(int(p.name.split("-")[1]) for p in checkpoints.glob("checkpoint-*"))
-    assert 4 <= killed_at < RESUME_STEPS  # killed mid-run
-    states = {
-        s.step: s.state
-        for s in pipeline_status.step_states(
-            out_dir / "logs", lambda a: subprocess.run(a, env=env, capture_output=True, text=True)
-        )
-    }
-    assert states["train"] == "CANCELLED" and states["generate"] == "CANCELLED"
-
-    second = submit(env, config, "--from", "train", "--no-smoke", "--wait", "--poll", "1")
-    assert second.returncode == 0, second.stdout + second.stderr
-    resumed = submitted_jobs(second.stdout)
-    assert list(resumed) == list(RUN_STEPS[RUN_STEPS.index("train") :])
-    train_log = (out_dir / "logs" / f"train-{resumed['train']}.log").read_text()
-    resumed_from = int(re.search(rf"resuming from {re.escape(str(checkpoints))}/checkpoint-(\d+)", train_log).group(1))
-    assert 4 <= resumed_from <= killed_at
-    first_logged = next(line.step for line in ProgressLine.parse_all(train_log) if line.total == RESUME_STEPS)
-    assert first_logged > resumed_from  # the step count continues; it does not start again at 1
-    final = checkpoints / f"checkpoint-{RESUME_STEPS}" / "trainer_state.json"
-    assert json.loads(final.read_text())["global_step"] == RESUME_STEPS
-    assert (out_dir / "adapter" / "adapter_model.safetensors").is_file() and (out_dir / "generation.txt").is_file()
-
-    # status keeps the data step of the first submission and the resubmitted steps after it
-    status = submit(env, config, "status")
-    assert status.returncode == 0 and status.stdout.strip().endswith("pipeline: COMPLETED")
-    assert re.search(rf"(?m)^data +{jobs['data']} +COMPLETED", status.stdout)
-    assert re.search(rf"(?m)^train +{resumed['train']} +COMPLETED", status.stdout)
-
-
-# Enough steps that each fault lands mid-attempt (an attempt spends most of its time starting), a save every few.
+# Enough steps that each fault lands mid-attempt (an attempt spends most of its time starting; the tiny model trains
+# about ten steps a second here, and 12 steps were over before a scancel arrived), a save every few.
 DRILL_STEPS, DRILL_SAVE = 60, 5
 # The resumed run reads the checkpoint's weights, optimizer and RNG states: it must land on the uninterrupted
 # run's adapter up to float reordering (measured: see docs/operations.md, "The recovery drill").
@@ -220,35 +211,83 @@ def adapter(folder: Path) -> dict:
 
 
 def test_drill_a_killed_rank_and_a_failed_node_recover_to_the_uninterrupted_adapter(cluster):
-    """The rehearsal's drill (jobs/drill.py): a rank killed mid-run starts again in its allocation, a node failed
-    mid-run sends the job back to Slurm, which runs it on the other node; both resume from the newest complete
-    checkpoint, the run finishes with the adapter of a run never interrupted, and logs/recovery.json has the figures."""
-    env, root = cluster
-    config = variant(root, "drill", max_steps=DRILL_STEPS, save_steps=DRILL_SAVE, logging_steps=1, max_recoveries=2)
-    out_dir = run_dir(env, "drill")
+    """A user cancels the training mid-run and submits --from train: it resumes from its checkpoint. On that
+    resubmitted training the rehearsal's drill (jobs/drill.py): a rank killed mid-run starts again in its
+    allocation, a node failed mid-run sends the job back to Slurm, which runs it on the other node; each resumes
+    from the newest complete checkpoint, the run finishes with the adapter of a run never interrupted, and
+    logs/recovery.json has the figures. (The user's cancel comes first: a cancelled job writes no recovery.json.)"""
+    env = cluster[0]
+    drilled = dict(max_steps=DRILL_STEPS, save_steps=DRILL_SAVE, logging_steps=1)
+    config, out_dir = prepared(cluster, "drill", **drilled, max_recoveries=2)
     checkpoints = out_dir / "checkpoints"
-    started = time.monotonic()
-    first = submit(env, config, "--from", "data", "--no-smoke")
+
+    first = submit(env, config, "--from", FIRST, "--no-smoke")  # the smoke stage is the journey's and the test above's
     assert first.returncode == 0, first.stderr
-    train_job = submitted_jobs(first.stdout)["train"]
+    jobs = submitted_jobs(first.stdout)
+    busy = submit(env, config, "--from", "train")  # two trainings must never share a run folder
+    assert busy.returncode == 2 and f"the last submission for {out_dir} is still going" in busy.stderr
     wait_for(lambda: newest_checkpoint(checkpoints) >= DRILL_SAVE, 300, "the first checkpoint")
-    assert "kill-rank on node" in drill(env, "kill-rank", out_dir)
-    killed_at = newest_checkpoint(checkpoints)
-    assert killed_at < DRILL_STEPS
-    # The second attempt saved a checkpoint of its own: the node fails while it trains.
-    wait_for(lambda: newest_checkpoint(checkpoints) >= killed_at + 2 * DRILL_SAVE, 300, "training after the kill")
-    said = drill(env, "fail-node", out_dir)
-    failed_node = re.search(r"fail-node on (\S+),", said).group(1)
+    subprocess.run(["scancel", jobs["train"]], env=env, check=True)
+    wait_for(lambda: queue_is_empty(env), 60, "the cancelled chain to clear")
+    cancelled_at = max(int(p.name.split("-")[1]) for p in checkpoints.glob("checkpoint-*"))
+    assert DRILL_SAVE <= cancelled_at < DRILL_STEPS  # cancelled mid-run
+    states = {
+        s.step: s.state
+        for s in pipeline_status.step_states(
+            out_dir / "logs", lambda a: subprocess.run(a, env=env, capture_output=True, text=True)
+        )
+    }
+    assert states["train"] == "CANCELLED" and states["generate"] == "CANCELLED"
+
+    # The resubmission, followed (--wait) while the drill injects its faults into its training.
+    started = time.monotonic()
+    command = [sys.executable, "-m", "llm_pipeline.submit", "--from", "train", "--no-smoke", "--wait", "--poll", "1"]
+    second = subprocess.Popen(
+        [*command, "--config", str(config)],
+        env=env,
+        cwd=REPO / "payloads",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    failed_node = None
     try:
-        wait_for(lambda: queue_is_empty(env), 600, "the drilled chain to finish")
+        # Its own first checkpoint: the resumed attempt is training.
+        wait_for(lambda: newest_checkpoint(checkpoints) >= cancelled_at + DRILL_SAVE, 300, "the resumed training")
+        assert "kill-rank on node" in drill(env, "kill-rank", out_dir)
+        killed_at = newest_checkpoint(checkpoints)
+        assert killed_at < DRILL_STEPS
+        # The second attempt saved a checkpoint of its own: the node fails while it trains.
+        wait_for(lambda: newest_checkpoint(checkpoints) >= killed_at + 2 * DRILL_SAVE, 300, "training after the kill")
+        said = drill(env, "fail-node", out_dir)
+        failed_node = re.search(r"fail-node on (\S+),", said).group(1)
+        followed, errors = second.communicate(timeout=600)
     finally:
-        subprocess.run(["scontrol", "update", f"nodename={failed_node}", "state=resume"], env=env, check=False)
+        if second.poll() is None:
+            second.kill()
+        if failed_node:
+            subprocess.run(["scontrol", "update", f"nodename={failed_node}", "state=resume"], env=env, check=False)
     drilled_s = time.monotonic() - started
+    assert second.returncode == 0, followed + errors
+    resumed = submitted_jobs(followed)
+    assert list(resumed) == list(RUN_STEPS[RUN_STEPS.index("train") :])
+    train_log = (out_dir / "logs" / f"train-{resumed['train']}.log").read_text()
+    # Its first attempt resumed from the cancelled training's checkpoint, and the step count went on from there.
+    resumed_from = int(re.search(rf"resuming from {re.escape(str(checkpoints))}/checkpoint-(\d+)", train_log).group(1))
+    assert DRILL_SAVE <= resumed_from <= cancelled_at
+    first_logged = next(line.step for line in ProgressLine.parse_all(train_log) if line.total == DRILL_STEPS)
+    assert first_logged > resumed_from  # it does not start again at 1
+    final = checkpoints / f"checkpoint-{DRILL_STEPS}"
+    assert json.loads((final / "trainer_state.json").read_text())["global_step"] == DRILL_STEPS
+    assert (out_dir / "adapter" / "adapter_model.safetensors").is_file() and (out_dir / "generation.txt").is_file()
+    # status keeps the first step of the first submission and the resubmitted steps after it
     status = submit(env, config, "status")
-    assert status.stdout.strip().endswith("pipeline: COMPLETED"), status.stdout
+    assert status.returncode == 0 and status.stdout.strip().endswith("pipeline: COMPLETED"), status.stdout
+    assert re.search(rf"(?m)^{FIRST} +{jobs[FIRST]} +COMPLETED", status.stdout)
+    assert re.search(rf"(?m)^train +{resumed['train']} +COMPLETED", status.stdout)
 
     report = json.loads((out_dir / "logs" / "recovery.json").read_text())
-    assert report["job"] == train_job
+    assert report["job"] == resumed["train"]
     kill, node = report["recoveries"]
     assert "Signal 9 (SIGKILL)" in kill["failed"] and kill["nodes_after"] == kill["nodes_before"]
     assert "requeued by Slurm" in node["failed"] and f"{failed_node} fail" in node["failed"]
@@ -259,47 +298,27 @@ def test_drill_a_killed_rank_and_a_failed_node_recover_to_the_uninterrupted_adap
         assert 0 <= row["steps_lost"] <= 2 * DRILL_SAVE and row["resumed_from_step"] % DRILL_SAVE == 0
         assert row["first_step_after"] == row["resumed_from_step"] + 1  # the loss curve continues
         assert row["replayed_loss_max_diff"] is None or row["replayed_loss_max_diff"] <= 1e-3
+    # A cancel raises no alert; each recovery one, and the chain's end.
     recovered = [a for a in AlertLine.parse_all((out_dir / "logs" / ALERTS_FILE).read_text())]
     assert [a.state for a in recovered] == ["recovered", "recovered", "finished"]
 
-    # The same run never interrupted: train.sbatch alone on the drilled run's data.
-    reference = variant(root, "drill-ref", max_steps=DRILL_STEPS, save_steps=DRILL_SAVE, logging_steps=1)
-    ref_dir = run_dir(env, "drill-ref")
-    shutil.copytree(out_dir / "data", ref_dir / "data")
-    ref_env = {
-        **env,
-        "HPL_PAYLOADS_DIR": str(REPO / "payloads"),
-        "HPL_RUN_CONFIG": str(reference),
-        "HPL_RUN_DIR": str(ref_dir),
-        "PYTHON": sys.executable,
-    }
-    (ref_dir / "logs").mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            f"--output={ref_dir / 'logs' / 'train-%j.log'}",
-            str(REPO / "payloads/slurm/train.sbatch"),
-        ],
-        env=ref_env,
-        check=True,
-        capture_output=True,
-    )
-    wait_for(lambda: queue_is_empty(env), 300, "the uninterrupted training")
-    final = f"checkpoint-{DRILL_STEPS}"
-    drilled, uninterrupted = adapter(checkpoints / final), adapter(ref_dir / "checkpoints" / final)
-    assert drilled.keys() == uninterrupted.keys()
-    worst = max((drilled[k].float() - uninterrupted[k].float()).abs().max().item() for k in drilled)
+    # The same run never interrupted: train.sbatch alone on a copy of the same data.
+    reference, ref_dir = prepared(cluster, "drill-ref", **drilled)
+    step_alone(env, "train", reference, ref_dir)
+    resumed_adapter, uninterrupted = adapter(final), adapter(ref_dir / "checkpoints" / final.name)
+    assert resumed_adapter.keys() == uninterrupted.keys()
+    worst = max((resumed_adapter[k].float() - uninterrupted[k].float()).abs().max().item() for k in uninterrupted)
     print(f"drill: {report['recoveries']}; adapter max abs difference {worst:.3g}")
     assert worst <= ADAPTER_TOLERANCE
 
 
-# Two submissions of one run, each process imported and waiting for the go file, so both ask at the same moment.
+# Two submissions of one run, each process imported (it says so with its ready file) and waiting for the go file,
+# so both ask at the same moment.
 RACER = (
     "import sys, time; from pathlib import Path; from llm_pipeline import submit\n"
-    "go = Path(sys.argv[1])\n"
+    "go = Path(sys.argv[1]); Path(sys.argv[2]).touch()\n"
     "while not go.exists(): time.sleep(0.002)\n"
-    "sys.exit(submit.main(sys.argv[2:]))\n"
+    "sys.exit(submit.main(sys.argv[3:]))\n"
 )
 RACES = 20
 
@@ -319,7 +338,7 @@ def test_two_submissions_of_one_run_racing_make_one_chain(cluster, tmp_path):
     """Both released together, RACES times (every other time the second resubmits --from train): one chain,
     whose jobs are the winner's and the record's; the other is refused in one line naming them. The jobs
     are held (SBATCH_HOLD), then cancelled, so the next race finds that chain ended and may submit again."""
-    env, root = cluster
+    env, root, _ = cluster
     env = {**env, "SBATCH_HOLD": "1"}
     config = variant(root, "race")
     out_dir = run_dir(env, "race")
@@ -327,18 +346,19 @@ def test_two_submissions_of_one_run_racing_make_one_chain(cluster, tmp_path):
         for race in range(RACES):
             go = tmp_path / f"go-{race}"
             second = ["--from", "train"] if race % 2 else []
+            ready = [tmp_path / f"ready-{race}-{n}" for n in (1, 2)]
             racers = [
                 subprocess.Popen(
-                    [sys.executable, "-c", RACER, str(go), "--config", str(config), "--no-smoke", *args],
+                    [sys.executable, "-c", RACER, str(go), str(said), "--config", str(config), "--no-smoke", *args],
                     env=env,
                     cwd=REPO / "payloads",
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,
                 )
-                for args in ([], second)
+                for said, args in zip(ready, ([], second), strict=True)
             ]
-            time.sleep(1.0)  # both imported, waiting for the go file
+            wait_for(lambda files=ready: all(f.exists() for f in files), 120, "both racers imported", poll=0.01)
             go.touch()
             outputs = [racer.communicate(timeout=120) for racer in racers]
             done = [(racer.returncode, *output) for racer, output in zip(racers, outputs, strict=True)]
