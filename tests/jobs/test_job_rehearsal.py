@@ -64,9 +64,11 @@ def job_command(spec: JobSpec, *extra: str) -> list[str]:
     return [sys.executable, *args, *extra]
 
 
-def run_job(container: Container, channels: list[str], *extra: str) -> subprocess.CompletedProcess[str]:
-    env = container.environment(SPEC.environment, job_name="rehearsal", channels=channels)
-    command = job_command(SPEC, *extra)
+def run_job(
+    container: Container, channels: list[str], *extra: str, spec: JobSpec = SPEC
+) -> subprocess.CompletedProcess[str]:
+    env = container.environment(spec.environment, job_name="rehearsal", channels=channels)
+    command = job_command(spec, *extra)
     return subprocess.run(command, cwd=container.code_dir, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -77,14 +79,14 @@ def completed(log: str) -> list[str]:
 
 @pytest.mark.rehearsal
 def test_job_runs_the_pipeline_into_the_checkpoint_folder(tmp_path):
-    # --no-smoke: the module's smoke stage (its order, its save and resume, the estimate) is the two-host
-    # job's below, which runs the same staged chain on every host.
+    # `hpctl job submit --no-smoke`: the module's smoke stage (its order, its save and resume, the estimate)
+    # is the two-host job's below, which runs the same staged chain on every host.
     container = lay_out(tmp_path / "opt" / "ml")
     stage(container)
     tiny.write_tiny_model(container.channel("models"))  # s3://<bucket>/models/tiny-llama/
     tiny.write_dolly_jsonl(container.channel("datasets") / "tiny-dolly.jsonl", 200)
 
-    result = run_job(container, ["code", "models", "datasets"], "--no-smoke")
+    result = run_job(container, ["code", "models", "datasets"], spec=dataclasses.replace(SPEC, smoke=False))
 
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     steps = completed(result.stdout)
