@@ -64,37 +64,38 @@ def job_command(spec: JobSpec, *extra: str) -> list[str]:
     return [sys.executable, *args, *extra]
 
 
-def run_job(container: Container, channels: list[str], *extra: str) -> subprocess.CompletedProcess[str]:
-    env = container.environment(SPEC.environment, job_name="rehearsal", channels=channels)
-    command = job_command(SPEC, *extra)
+def run_job(
+    container: Container, channels: list[str], *extra: str, spec: JobSpec = SPEC
+) -> subprocess.CompletedProcess[str]:
+    env = container.environment(spec.environment, job_name="rehearsal", channels=channels)
+    command = job_command(spec, *extra)
     return subprocess.run(command, cwd=container.code_dir, env=env, capture_output=True, text=True, timeout=600)
+
+
+def completed(log: str) -> list[str]:
+    """The steps a job's log says completed, in order."""
+    return [v.step for line in log.splitlines() if (v := StepVerdict.parse(line)) and v.state == "COMPLETED"]
 
 
 @pytest.mark.rehearsal
 def test_job_runs_the_pipeline_into_the_checkpoint_folder(tmp_path):
+    # `hpctl job submit --no-smoke`: the module's smoke stage (its order, its save and resume, the estimate)
+    # is the two-host job's below, which runs the same staged chain on every host.
     container = lay_out(tmp_path / "opt" / "ml")
     stage(container)
     tiny.write_tiny_model(container.channel("models"))  # s3://<bucket>/models/tiny-llama/
     tiny.write_dolly_jsonl(container.channel("datasets") / "tiny-dolly.jsonl", 200)
 
-    result = run_job(container, ["code", "models", "datasets"])
+    result = run_job(container, ["code", "models", "datasets"], spec=dataclasses.replace(SPEC, smoke=False))
 
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    steps = [v.step for line in result.stdout.splitlines() if (v := StepVerdict.parse(line)) and v.state == "COMPLETED"]
-    smoke_stage = [
-        "smoke-train",
-        "smoke-train-resume",
-        "smoke-consolidate",
-        "smoke-merge",
-        "smoke-generate",
-        "smoke-evaluate",
-    ]
-    # the smoke stage first, on the instances already running, then the estimate and the long steps
-    long = ["train", "consolidate", "merge", "generate", "evaluate"]
-    assert steps == ["prepare", "download", "data", *smoke_stage, "estimate", *long]
+    steps = completed(result.stdout)
+    assert steps == ["prepare", "download", "data", "train", "consolidate", "merge", "generate", "evaluate"]
+    assert smoke.NO_SMOKE_RISK in result.stdout  # the job says what skipping the smoke stage risks
     assert "nothing to do on this host (no Neuron devices)" in result.stdout  # precompile
     assert "already holds tiny-random-llama" in result.stdout  # the models channel, not the Hub
     run_dir = container.root / "checkpoints" / "tiny-lora"  # synced to s3://<bucket>/outputs/tiny-lora/
+    assert not (run_dir / "smoke").exists() and not (run_dir / "logs" / "estimate.json").exists()
     assert (run_dir / "checkpoints" / "checkpoint-30").is_dir()
     assert open_adapter_folder(run_dir / "adapter").config["r"] == 8
     assert (run_dir / "merged" / "model.safetensors").stat().st_size > 0
@@ -106,18 +107,10 @@ def test_job_runs_the_pipeline_into_the_checkpoint_folder(tmp_path):
     assert [s["step"] for s in summary["steps"] if "precompile" not in s["step"]] == steps
     assert {s["exit"] for s in summary["steps"]} == {0}
     assert not (container.root / "output" / "failure").exists()
-    # SageMaker's metric definitions find the loss and the throughput in the job's log.
+    # SageMaker's metric definitions find the loss and the throughput in the job's log: train's 6 log events.
     for name in ("train:loss", "train:tokens_per_second"):
         values = re.findall(METRIC_DEFINITIONS[name], result.stdout)
-        # the long run's 6 log events, after the smoke run's one per step
-        assert len(values) == 6 + smoke.SMOKE_STEPS and all(float(value) > 0 for value in values), name
-    smoke_dir = run_dir / "smoke"
-    resumed = (smoke_dir / "logs" / "smoke-train-resume-algo-1.log").read_text()
-    assert f"resuming from {smoke_dir}/checkpoints/checkpoint-2" in resumed
-    assert (smoke_dir / "adapter" / "adapter_model.safetensors").is_file()
-    estimate = json.loads((run_dir / "logs" / "estimate.json").read_text())
-    train = next(row for row in estimate["steps"] if row["step"] == "train")
-    assert "30 steps (train.max_steps)" in train["basis"] and "training job is billed" in estimate["note"]
+        assert len(values) == 6 and all(float(value) > 0 for value in values), name
 
 
 def test_a_failed_step_stops_the_job_and_names_itself(tmp_path):
@@ -206,9 +199,10 @@ def step_losses(log: str, step: str) -> dict[int, float]:
 HOSTS = ("127.0.0.1", "localhost")  # 127.0.0.1 sorts first: algo-1's role
 
 
-def two_host_job(root: Path, spec: JobSpec, prefix: Path, *, leave_out=frozenset(), smoke_stage: bool = False):
-    """Both hosts run the job's command, their checkpoint folders synced to ``prefix`` (a restart when
-    it holds objects: restored first, but ``leave_out``). Returns the containers, the sync and the logs."""
+def two_host_job(root: Path, spec: JobSpec, prefix: Path, *, leave_out=frozenset()):
+    """Both hosts run the job's command (its smoke stage on), their checkpoint folders synced to ``prefix``
+    (a restart when it holds objects: restored first, but ``leave_out``). Returns the containers, the sync
+    and the logs."""
     port, containers, processes = str(free_port()), [], []
     for host in HOSTS:
         container = lay_out(root / host / "opt" / "ml", host=host, hosts=HOSTS)
@@ -225,7 +219,7 @@ def two_host_job(root: Path, spec: JobSpec, prefix: Path, *, leave_out=frozenset
         env["SM_MASTER_PORT"] = port
         env["HF_HOME"] = str(container.root.parent / "hf-home")  # separate machines: caches of their own
         log = (root / f"{container.host}.log").open("w")
-        command = job_command(spec, *([] if smoke_stage else ["--no-smoke"]))
+        command = job_command(spec)
         processes.append(subprocess.Popen(command, cwd=container.code_dir, env=env, stdout=log, stderr=log, text=True))
     finished = threading.Event()
     syncing = sync.run_until(finished)
@@ -243,7 +237,7 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
     # saves its own shard on its own host, and consolidate on the first host needs both.
     spec = dataclasses.replace(SPEC, config_file=two_host_config(tmp_path, max_steps=4), instance_count=2)
     prefix = tmp_path / "s3" / "outputs" / spec.run
-    containers, sync, (leader, worker) = two_host_job(tmp_path / "job", spec, prefix, smoke_stage=True)
+    containers, sync, (leader, worker) = two_host_job(tmp_path / "job", spec, prefix)
 
     # The smoke stage's resume resumes on both hosts: each holds only its part of checkpoint-2 (the second
     # host gets the first host's shared files), and they train steps 3 and 4 only.
@@ -258,6 +252,11 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
         ), log[-3000:]
     assert re.search(r"gather: received the shared files of checkpoint-2 from 127.0.0.1", worker)
     assert f"/scratch/resume/{spec.run}/smoke/checkpoints/checkpoint-2" in worker  # assembled outside the synced folder
+    run_dir = containers[0].root / "checkpoints" / "tiny-lora"
+    smoke_dir = run_dir / "smoke"
+    resumed_log = (smoke_dir / "logs" / "smoke-train-resume-127.0.0.1.log").read_text()  # the step's own log
+    assert f"resuming from {smoke_dir}/checkpoints/checkpoint-2" in resumed_log
+    assert (smoke_dir / "merged" / "model.safetensors").is_file()  # the smoke steps after train on <run>/smoke
     saving, resumed = step_losses(leader, "smoke-train"), step_losses(leader, "smoke-train-resume")
     assert list(saving) == [1, 2] and list(resumed) == [3, 4]
     # The resume is exact on both hosts (weights, Adam state, schedule, data position): the long run
@@ -271,8 +270,20 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
     assert re.search(rf"gather: checkpoint-4 is complete in {gathered}: the seals of all 2 hosts", leader)
     assert "gather: sent this host's part of checkpoint-4 to 127.0.0.1" in worker
     assert "== consolidate" not in worker  # the first host's steps only
-    assert StepVerdict.last(leader, "consolidate").state == "COMPLETED"
-    run_dir = containers[0].root / "checkpoints" / "tiny-lora"
+    # The smoke stage first, on the instances already running, then the estimate and the long steps.
+    every_host = ["prepare", "download", "data", "smoke-train", "smoke-train-resume", "smoke-gather"]
+    first_host = ["smoke-consolidate", "smoke-merge", "smoke-generate", "smoke-evaluate", "estimate"]
+    shipping = ["consolidate", "merge", "generate", "evaluate"]
+    assert completed(leader) == [*every_host, *first_host, "train", "gather", *shipping]
+    assert completed(worker) == [*every_host, "train", "gather"]
+    estimate = json.loads((run_dir / "logs" / "estimate.json").read_text())
+    train = next(row for row in estimate["steps"] if row["step"] == "train")
+    assert "4 steps (train.max_steps)" in train["basis"] and "training job is billed" in estimate["note"]
+    # SageMaker's metric definitions find the loss and the throughput in the job's log: the smoke run's
+    # one event per step, then the long run's (every 2 steps).
+    for name in ("train:loss", "train:tokens_per_second"):
+        values = re.findall(METRIC_DEFINITIONS[name], leader)
+        assert len(values) == smoke.SMOKE_STEPS + 2 and all(float(value) > 0 for value in values), name
     assert (run_dir / "merged" / "model.safetensors").stat().st_size > 0
     assert "### Answer" in (run_dir / "generation.txt").read_text()
     # S3 holds one copy of each file: the second host uploaded only its ranks' checkpoint files and its logs.
@@ -292,9 +303,10 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
     assert first <= keys and all(sync.writers[key] == {"127.0.0.1"} for key in first)
     assert "logs/train-localhost.log" in keys and "logs/train-127.0.0.1.log" in keys
 
-    # A spot restart: a new pair of instances, every object restored but the second host's model shard
-    # of checkpoint-4 (a restore cut short): both resume from checkpoint-2 (the same run: a checkpoint resumes only
-    # with what trained it, run_state) and save checkpoint-4 again, keeping only it (a key that learns nothing).
+    # A spot restart: the same command on a new pair of instances, every object restored but the second host's
+    # model shard of checkpoint-4 (a restore cut short): the smoke stage is not run again, both resume from
+    # checkpoint-2 (the same run: a checkpoint resumes only with what trained it, run_state) and save
+    # checkpoint-4 again, keeping only it (a key that learns nothing).
     spec = dataclasses.replace(spec, config_file=two_host_config(tmp_path, max_steps=4, keep=1))
     shard = "checkpoints/checkpoint-4/pytorch_model_fsdp_0/__1_0.distcp"
     containers, sync, (leader, worker) = two_host_job(tmp_path / "restart", spec, prefix, leave_out={shard})
@@ -302,9 +314,15 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
     run_dir = containers[0].root / "checkpoints" / "tiny-lora"
     assert f"resuming from {run_dir}/checkpoints/checkpoint-2" in leader
     for log in (leader, worker):  # they agree first, and delete the incomplete checkpoint-4 before saving it again
+        assert "== smoke stage: passed before" in log
         assert "== train: every host starts from step 2" in log
         assert re.search(r"discarded \S+/checkpoint-4: (not complete on every host|incomplete, newer than)", log)
+    every_host = ["prepare", "download", "data", "train", "gather"]
+    assert completed(leader) == [*every_host, *shipping]
+    assert completed(worker) == every_host
     assert (4, 4) in {(line.step, line.total) for line in ProgressLine.parse_all(leader)}
+    # exact from the restored checkpoint-2: steps 3 and 4 as the uninterrupted long run trained them
+    assert step_losses(leader, "train")[4] == pytest.approx(long[4], abs=1e-4)
     assert "gather: node 1 (127.0.0.1) sent its part of checkpoint-4" in leader
     assert StepVerdict.last(leader, "consolidate").state == "COMPLETED"
     assert sync.written_twice() == {}
