@@ -1,13 +1,18 @@
 """The rehearsal's --method: every train.method gets a valid run config, and the whole pipeline runs
 with full fine-tuning (consolidate writes the model folder, merge has nothing to do, generate uses it), then
-is extended: refused while its outputs lie in the run folder, resumed with --replace-outputs."""
+is extended: refused while its outputs lie in the run folder, resumed with --replace-outputs.
+
+The chain runs without its smoke stage (--no-smoke, eight jobs fewer): what that stage proves for full
+fine-tuning, a full-model checkpoint saved, resumed and consolidated, the extension proves on the long run
+(resumed from checkpoint-6, consolidated from checkpoint-8); `submit status` on a finished chain with a smoke
+stage, and its estimate, is asserted on trn2's chain (test_trn2_rehearsal.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from slurm_helpers import REPO, submit
+from slurm_helpers import REPO, RUN_STEPS, submit
 
 from llm_pipeline import config
 from llm_pipeline.config import METHODS
@@ -45,8 +50,9 @@ def test_pipeline_runs_full_fine_tuning_end_to_end(one_node, tmp_path):
     path = method_config(TINY, "full", tmp_path)
     set_keys(path, max_steps=6, logging_steps=2, save_steps=3)
     write_inputs(path, env, records=80)
-    result = submit(env, path, "--wait", "--poll", "1")
+    result = submit(env, path, "--no-smoke", "--wait", "--poll", "1")
     assert result.returncode == 0, result.stdout + result.stderr
+    assert list(SubmittedLine.jobs(result.stdout)) == list(RUN_STEPS)  # every step, from prepare, no smoke stage
     out_dir = config.load(path, env=env).paths
     logs = {p.name.split("-")[0]: p.read_text() for p in (out_dir.logs_dir).glob("*-*.log")}
     assert "method full: 87,360 trainable parameters" in logs["train"]
@@ -58,11 +64,10 @@ def test_pipeline_runs_full_fine_tuning_end_to_end(one_node, tmp_path):
     assert "### Answer" in out_dir.generation_file.read_text()
     losses = logged_losses(logs["train"])
     assert sorted(losses) == [2, 4, 6] and losses[6] < losses[2]  # every parameter trains: the loss falls
-    # status on a finished chain with its smoke stage: every step completed, and the smoke run's estimate (the
-    # default chain's other figures are the newcomer journey's first `make rehearse`; its Slurm stops with it)
+    # status on a finished chain without a smoke stage: every step completed, and no estimate (none was made)
     status = submit(env, path, "status")
     assert status.returncode == 0 and "pipeline: COMPLETED" in status.stdout, status.stdout + status.stderr
-    assert "estimate from the smoke run" in status.stdout
+    assert "estimate from the smoke run" not in status.stdout
 
     # The finished run extended (this also holds test_pipeline.py's former extension test): submit refuses in
     # seconds while the step-6 outputs lie in the run folder; with --replace-outputs they move aside whole, the

@@ -1,10 +1,13 @@
 """The Trainium2 LoRA config's pipeline shape under a real local Slurm, on this host's CPU
 (tools/rehearse.py --trn2): the torch engine with FSDP2 over two ranks, the trn2 partition's job
 environment (TorchNeuron's compile cache on the shared folder), no torch-xla precompile tool anywhere in
-the chain, and every step of the smoke stage and the long run completes."""
+the chain, and every step of the smoke stage and the long run completes; `submit status` then reports the
+finished chain with its smoke stage and the smoke run's estimate (full fine-tuning's chain runs --no-smoke and
+relies on this)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -59,3 +62,9 @@ def test_trn2_pipeline_shape_runs_on_cpu_without_the_xla_tool(one_node, tmp_path
     assert f"--nproc_per_node={TRN2_RANKS}" in logs["train"] and f"{TRN2_RANKS} process(es), FSDP2" in logs["train"]
     assert [(line.step, line.total) for line in ProgressLine.parse_all(logs["train"])][-1] == (6, 6)
     assert (Path(out_dir) / "adapter" / "adapter_model.safetensors").is_file()
+    # status on a finished chain with its smoke stage: every step completed, and the smoke run's estimate (the
+    # default chain's are the newcomer journey's first `make rehearse`; its Slurm stops with it)
+    status = submit(env, path, "status")
+    assert status.returncode == 0 and "pipeline: COMPLETED" in status.stdout, status.stdout + status.stderr
+    assert re.search(rf"(?m)^smoke-train-resume +{jobs['smoke-train-resume']} +COMPLETED", status.stdout), status.stdout
+    assert "estimate from the smoke run" in status.stdout
