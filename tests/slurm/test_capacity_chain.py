@@ -3,6 +3,9 @@
 back after the last, whether the chain succeeds, fails at a step, or is cancelled; two chains share the group
 and neither's release removes a node the other runs on; a node that never comes up is the chain's first failed
 step (wait-capacity), and its claim is given back.
+
+The chains that run steps start at data (the module's inputs hold the model): a claim wraps whatever chain is
+submitted, so prepare and download would add two jobs and prove nothing more here.
 """
 
 from __future__ import annotations
@@ -93,7 +96,7 @@ def assert_removed_only_idle(removals: list[dict]) -> None:
 def test_a_chain_claims_its_node_before_train_and_gives_it_back_after_evaluate(scaled):
     env, root, log = scaled
     config = variant(root, "ok", train__max_steps=2, train__save_steps=2)
-    result = submit(env, config, "--no-smoke")
+    result = submit(env, config, "--from", "data", "--no-smoke")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "capacity: claimed 1 node(s) of group compute" in result.stdout
     (added,) = [call for call in calls(log) if call["action"] == "add"]
@@ -115,7 +118,7 @@ def test_two_chains_share_the_group_a_failed_and_a_cancelled_one_and_no_busy_nod
     env, root, log = scaled
     broken = variant(root, "broken", data__dataset="${HPL_DATASETS_DIR}/missing.jsonl")
     cancelled = variant(root, "cancelled")
-    first = submit(env, broken, "--no-smoke")
+    first = submit(env, broken, "--from", "data", "--no-smoke")
     assert first.returncode == 0, first.stdout + first.stderr
     second = submit(env, cancelled, "--no-smoke")
     assert second.returncode == 0, second.stdout + second.stderr

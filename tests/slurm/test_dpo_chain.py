@@ -1,4 +1,5 @@
-"""SFT then DPO as one submission on a real local Slurm: a short SFT chain, and right after it a DPO chain whose run
+"""SFT then DPO as one submission on a real local Slurm: a short SFT chain (from its data step: the tiny model is
+written, and the DPO chain runs prepare and download), and right after it a DPO chain whose run
 config names it (train.init_from), so the DPO chain's first job waits on the SFT chain's merge job; the DPO run
 trains from the SFT run's merged model on a tiny preference set, then consolidates, merges, generates and
 evaluates (the held-out pairs' reward figures in its report).
@@ -62,7 +63,7 @@ def test_sft_then_dpo_submitted_back_to_back_runs_as_one_chain(one_node, tmp_pat
     assert missing.returncode == 2 and "submitted" not in missing.stdout
     assert f"train.init_from: no run sft in {Path(env['HPL_OUTPUTS_DIR'])}" in missing.stderr
 
-    first = submit(env, sft_path, "--no-smoke")
+    first = submit(env, sft_path, "--from", "data", "--no-smoke")  # the model is written: no prepare, no download
     assert first.returncode == 0, first.stdout + first.stderr
     sft_jobs = SubmittedLine.jobs(first.stdout)
     planned = submit(env, dpo_path, "--no-smoke", "--dry-run")  # the dry run shows the wait
