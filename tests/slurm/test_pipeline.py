@@ -179,9 +179,10 @@ def test_late_smoke_failure_stops_the_chain_before_any_long_step(cluster):
     assert pipeline_status.verdict(later)[1].step == "smoke-consolidate"
 
 
-# Enough steps that each fault lands mid-attempt (an attempt spends most of its time starting; the tiny model trains
-# about ten steps a second here, and 12 steps were over before a scancel arrived), a save every few.
-DRILL_STEPS, DRILL_SAVE = 60, 5
+# Enough steps that each of the three faults (the user's cancel, a killed rank, a failed node) lands mid-attempt: the
+# tiny model trains about ten steps a second here, and under make test's four workers a fault arrived up to 25 steps
+# after the checkpoint it waited for (with 60 steps the failed node met a finished training); a save every few.
+DRILL_STEPS, DRILL_SAVE = 100, 5
 # The resumed run reads the checkpoint's weights, optimizer and RNG states: it must land on the uninterrupted
 # run's adapter up to float reordering (measured: see docs/operations.md, "The recovery drill").
 ADAPTER_TOLERANCE = 1e-5
@@ -259,6 +260,7 @@ def test_drill_a_killed_rank_and_a_failed_node_recover_to_the_uninterrupted_adap
         assert killed_at < DRILL_STEPS
         # The second attempt saved a checkpoint of its own: the node fails while it trains.
         wait_for(lambda: newest_checkpoint(checkpoints) >= killed_at + 2 * DRILL_SAVE, 300, "training after the kill")
+        assert newest_checkpoint(checkpoints) < DRILL_STEPS, "the training ended before the node could fail: more steps"
         said = drill(env, "fail-node", out_dir)
         failed_node = re.search(r"fail-node on (\S+),", said).group(1)
         followed, errors = second.communicate(timeout=600)
