@@ -11,12 +11,18 @@ from pathlib import Path
 from llm_pipeline import config
 from llm_pipeline.config import PathsConfig, RunConfig
 from llm_pipeline.run_files import ProgressLine, SubmittedLine
-from llm_pipeline.submit import STEPS, pipeline_jobs
+from llm_pipeline.submit import SHARED_STEPS, STEPS, pipeline_jobs
 from tools.rehearse import TINY_SHAPE
 
 REPO = Path(__file__).resolve().parents[2]
 # The chain of a run that asks for no benchmark (the tests' tiny configs name no benchmark.tasks), in order.
 RUN_STEPS = tuple(job.step for job in pipeline_jobs(STEPS[0], RunConfig()))
+# Its long steps, and its smoke stage in order: a smoke copy of each long step, the training's twice (saved, then
+# resumed).
+LONG_STEPS = [step for step in RUN_STEPS if step not in SHARED_STEPS]
+SMOKE_JOBS = [
+    f"smoke-{name}" for step in LONG_STEPS for name in ((step, f"{step}-resume") if step == "train" else (step,))
+]
 # The GPU example (payloads/configs/) the newcomer journey rehearses to the end with the user's own records
 # (tests/docs/test_newcomer_journey.py): its chain there asserts example_trained, so
 # test_gpu_examples_rehearsal.py runs the other examples' chains only.
@@ -51,6 +57,11 @@ def submit(env: dict[str, str], config: Path, *args: str) -> subprocess.Complete
     """python -m llm_pipeline.submit, as a user runs it."""
     command = [sys.executable, "-m", "llm_pipeline.submit", *args, "--config", str(config)]
     return subprocess.run(command, env=env, capture_output=True, text=True, cwd=REPO / "payloads")
+
+
+def job_lines(dry_run: str) -> list[str]:
+    """A dry run's sbatch lines (``<job>_job=$(sbatch ...)``), without its comments."""
+    return [line for line in dry_run.splitlines() if "=$(sbatch " in line]
 
 
 def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):

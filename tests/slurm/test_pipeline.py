@@ -18,12 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_helpers import REPO, RUN_STEPS, submit, wait_for
+from slurm_helpers import LONG_STEPS, REPO, RUN_STEPS, SMOKE_JOBS, submit, wait_for
 
 from llm_pipeline.jobs import estimate, pipeline_status, smoke
 from llm_pipeline.jobs.run_config_text import write_derived
 from llm_pipeline.run_files import ALERTS_FILE, AlertLine, ProgressLine, StepMarker, SubmittedLine
-from llm_pipeline.submit import SHARED_STEPS
 from tools.rehearse import fsx_environment, write_inputs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-pipeline")]
@@ -103,10 +102,6 @@ def marker(out_dir: Path, step: str) -> StepMarker:
     return StepMarker.from_json((out_dir / "logs" / "state" / f"{step}.json").read_text())
 
 
-LONG_STEPS = [step for step in RUN_STEPS if step not in SHARED_STEPS]
-SMOKE_JOBS = [
-    f"smoke-{name}" for step in LONG_STEPS for name in ((step, f"{step}-resume") if step == "train" else (step,))
-]
 # A submission --from precompile with its smoke stage, in order (the shared steps, whose outputs the smoke stage
 # reads from the run folder, are the newcomer journey's default chain; here the data step's output is a copy).
 FIRST = LONG_STEPS[0]

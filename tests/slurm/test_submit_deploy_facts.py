@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from slurm_helpers import REPO, RUN_STEPS
+from slurm_helpers import REPO, RUN_STEPS, job_lines
 
 from llm_pipeline.errors import StepError
 from llm_pipeline.jobs.deploy_facts import DEPLOY_FACTS_FILE, read_deploy_facts
@@ -53,11 +53,6 @@ def submit_dry_run(fsx: Path, *, partition: str | None = None) -> subprocess.Com
         text=True,
         env={**os.environ, **profile},
     )
-
-
-def job_lines(dry_run: str) -> list[str]:
-    """The dry run's sbatch lines (``<job>_job=$(sbatch ...)``), without its comments."""
-    return [line for line in dry_run.splitlines() if "=$(sbatch " in line]
 
 
 def write_facts(fsx: Path, **changes) -> None:

@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from slurm_helpers import REPO, RUN_STEPS, submit
+from slurm_helpers import LONG_STEPS, REPO, RUN_STEPS, SMOKE_JOBS, job_lines, submit
 
 from llm_pipeline import config
 from llm_pipeline.jobs import smoke
@@ -58,13 +58,9 @@ def test_trn2_smoke_stage_trains_on_the_long_runs_compile_cache(tmp_path):
     assert result.returncode == 0, result.stderr
     sbatch = {
         re.search(r"--job-name=hpl-(\S+)", line).group(1): shlex.split(line.split("=$(", 1)[1].rstrip(")"))
-        for line in result.stdout.splitlines()
-        if "=$(sbatch " in line
+        for line in job_lines(result.stdout)
     }
-    smoke_steps = [smoke.PREFIX + step for step in RUN_STEPS if step not in SHARED_STEPS]
-    smoke_steps.insert(smoke_steps.index("smoke-train") + 1, "smoke-train-resume")
-    long_steps = [step for step in RUN_STEPS if step not in SHARED_STEPS]
-    assert list(sbatch) == [*SHARED_STEPS, *smoke_steps, smoke.ESTIMATE_STEP, *long_steps]
+    assert list(sbatch) == [*SHARED_STEPS, *SMOKE_JOBS, smoke.ESTIMATE_STEP, *LONG_STEPS]
     assert not [step for step, words in sbatch.items() if "neuron_parallel_compile" in " ".join(words)]
 
     smoke.write_smoke_run(read_run_facts(path, env))  # what submit writes before the smoke jobs
