@@ -7,7 +7,7 @@ from transformers import LlamaConfig
 
 from llm_pipeline.config import LoraConfig
 from llm_pipeline.errors import StepError
-from llm_pipeline.training.lora_count import expected_lora_parameters
+from llm_pipeline.model_shapes import expected_lora_parameters
 from llm_pipeline.training.plan import check_target_modules, check_trainable, peft_lora_config
 from tools import tiny_model as tiny
 

@@ -16,10 +16,9 @@ import pytest
 import torch
 from payload_configs import tiny_config
 
-from llm_pipeline import prepare, train
+from llm_pipeline import model_shapes, prepare, train
 from llm_pipeline.config import ConfigError
 from llm_pipeline.errors import StepError
-from llm_pipeline.training import lora_count
 from llm_pipeline.training.callbacks import TokenCounter
 from llm_pipeline.training.neuron import backend as neuron_backend
 from llm_pipeline.training.neuron import rules as neuron_rules
@@ -166,7 +165,7 @@ def test_trainable_count_on_llama3_8b_matches_optimum_neuron(tp, targets, count)
     model_config = types.SimpleNamespace(**LLAMA3_8B)
     multiplier = neuron_rules.kv_size_multiplier(LLAMA3_8B["num_key_value_heads"], tp)
     lora = LoraConfig(r=16, alpha=16, target_modules=targets)
-    expected = lora_count.expected_lora_parameters(
+    expected = model_shapes.expected_lora_parameters(
         model_config, lora, fused_gate_up=True, kv_size_multiplier=multiplier
     )
     assert expected == count

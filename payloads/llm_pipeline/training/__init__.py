@@ -6,7 +6,7 @@
 - Shared here: the run plan (plan), metrics logging, token counting and checkpoint seals
   (callbacks), MFU (metrics), the fixed-length collator, the data step's padding report
   (data_stats), block mode for full fine-tuning on a corpus (text_blocks), LoRA and full-model
-  parameter counts (lora_count, full_rules).
+  parameter counts (full_rules; LoRA's is the top-level model_shapes).
 
 May import (the shared modules here): the stdlib, the training stack of the image (torch,
 transformers, trl, peft, datasets, accelerate), the top-level config, errors, prompt and

@@ -70,10 +70,11 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import AutoConfig, PrinterCallback, TrainerCallback
 
+from llm_pipeline import model_shapes
 from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import COLUMNS, is_chat
-from llm_pipeline.training import full_rules, lora_count
+from llm_pipeline.training import full_rules
 from llm_pipeline.training.callbacks import SealCheckpoints, TokenCounter, add_run_callbacks
 from llm_pipeline.training.collator import FixedLengthCollator, pad_token_id
 from llm_pipeline.training.loss_guard import NonFiniteLossGuard, StopAtNonFiniteLoss
@@ -275,7 +276,9 @@ def expected_trainable(cfg: RunConfig, model_config) -> int:
     fused_qkv = kv_size_multiplier(model_config.num_key_value_heads, cfg.parallel.tensor_parallel_size)
     if cfg.train.method == "full":
         return full_rules.parameter_count(model_config.to_dict(), fused_qkv)
-    return lora_count.expected_lora_parameters(model_config, cfg.lora, fused_gate_up=True, kv_size_multiplier=fused_qkv)
+    return model_shapes.expected_lora_parameters(
+        model_config, cfg.lora, fused_gate_up=True, kv_size_multiplier=fused_qkv
+    )
 
 
 def run(cfg: RunConfig, run_parts: TrainParts, plan: TrainPlan, datasets, tokenizer) -> None:

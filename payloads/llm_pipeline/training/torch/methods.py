@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from llm_pipeline import model_shapes
 from llm_pipeline.errors import StepError
-from llm_pipeline.training import lora_count
 from llm_pipeline.training.parts import ModelPart
 from llm_pipeline.training.plan import adapter_config, check_target_modules
 
@@ -188,4 +188,4 @@ def expected_trainable(model_config, part: ModelPart, total_parameters: int) -> 
     """Trainable parameters the method must give: LoRA factors (+ DoRA magnitudes), or everything."""
     if part.method == "full":
         return total_parameters
-    return lora_count.expected_lora_parameters(model_config, part.lora, dora=part.method == "dora")
+    return model_shapes.expected_lora_parameters(model_config, part.lora, dora=part.method == "dora")
