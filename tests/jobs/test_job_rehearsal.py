@@ -19,8 +19,8 @@ from checkpoint_sync import CheckpointSync
 from job_container import Container, lay_out
 
 from hpctl.jobs.job_spec import METRIC_DEFINITIONS, JobSpec, job_environment, stage_source
-from llm_pipeline import sagemaker_job
-from llm_pipeline.jobs import smoke
+from llm_pipeline import config, sagemaker_job
+from llm_pipeline.jobs import sagemaker_env, smoke
 from llm_pipeline.jobs.run_config_text import write_derived
 from llm_pipeline.jobs.sagemaker_env import CONTAINER_ROOT, JobHosts
 from llm_pipeline.run_files import BackendLine, ProgressLine, StepVerdict
@@ -130,6 +130,28 @@ def test_a_failed_step_stops_the_job_and_names_itself(tmp_path):
     assert failure.startswith("pipeline step data failed on algo-1 (exit 2)")
 
 
+def test_the_job_stops_after_the_step_to_names_and_refuses_one_before_from(tmp_path, monkeypatch, capsys):
+    """--to STEP: the job's steps end there, its smoke stage's with them; a --to before --from is refused in one
+    line naming the option, before anything runs, and written where SageMaker reads the FailureReason."""
+    container = lay_out(tmp_path / "opt" / "ml", host="algo-1", hosts=("algo-1", "algo-2"))
+    env = container.environment(SPEC.environment, job_name="rehearsal", channels=["code", "models", "datasets"])
+    env |= sagemaker_env.pipeline_environment(env)
+    run_config = write_derived(TINY, tmp_path / "tiny-full.toml", {("train", "method"): "full"})
+    cfg, hosts = config.load(run_config, env=env), sagemaker_env.read_hosts(env)
+    plan = sagemaker_job.job_plan(run_config, cfg, "prepare", hosts, smoke_stage=True, last_step="consolidate")
+    long = ["precompile", "train", "gather", "consolidate"]
+    copies = ["smoke-precompile", "smoke-train", "smoke-train-resume", "smoke-gather", "smoke-consolidate"]
+    assert [job.step for job, _ in plan] == ["prepare", "download", "data", *copies, "estimate", *long]
+    assert "== the job stops after consolidate (--to consolidate)" in capsys.readouterr().out
+
+    monkeypatch.setattr(os, "environ", env)
+    assert sagemaker_job.main(["--config", str(run_config), "--from", "merge", "--to", "train"]) == 2
+    refusal = "--to train: comes before --from merge; give a step from merge on"
+    out, err = capsys.readouterr()
+    assert err == f"error: {refusal}\n" and out == ""  # before the job's first line
+    assert (container.root / "output" / "failure").read_text() == f"{refusal}\n"
+
+
 SETTINGS = re.compile(r"^(NEURON_|FI_|NCCL_|MALLOC_ARENA_MAX$)")
 
 
@@ -199,10 +221,10 @@ def step_losses(log: str, step: str) -> dict[int, float]:
 HOSTS = ("127.0.0.1", "localhost")  # 127.0.0.1 sorts first: algo-1's role
 
 
-def two_host_job(root: Path, spec: JobSpec, prefix: Path, *, leave_out=frozenset()):
-    """Both hosts run the job's command (its smoke stage on), their checkpoint folders synced to ``prefix``
-    (a restart when it holds objects: restored first, but ``leave_out``). Returns the containers, the sync
-    and the logs."""
+def two_host_job(root: Path, spec: JobSpec, prefix: Path, *extra: str, leave_out=frozenset()):
+    """Both hosts run the job's command (its smoke stage on) with ``extra`` arguments, their checkpoint folders
+    synced to ``prefix`` (a restart when it holds objects: restored first, but ``leave_out``). Returns the
+    containers, the sync and the logs."""
     port, containers, processes = str(free_port()), [], []
     for host in HOSTS:
         container = lay_out(root / host / "opt" / "ml", host=host, hosts=HOSTS)
@@ -219,7 +241,7 @@ def two_host_job(root: Path, spec: JobSpec, prefix: Path, *, leave_out=frozenset
         env["SM_MASTER_PORT"] = port
         env["HF_HOME"] = str(container.root.parent / "hf-home")  # separate machines: caches of their own
         log = (root / f"{container.host}.log").open("w")
-        command = job_command(spec)
+        command = job_command(spec, *extra)
         processes.append(subprocess.Popen(command, cwd=container.code_dir, env=env, stdout=log, stderr=log, text=True))
     finished = threading.Event()
     syncing = sync.run_until(finished)
@@ -306,10 +328,12 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
     # A spot restart: the same command on a new pair of instances, every object restored but the second host's
     # model shard of checkpoint-4 (a restore cut short): the smoke stage is not run again, both resume from
     # checkpoint-2 (the same run: a checkpoint resumes only with what trained it, run_state) and save
-    # checkpoint-4 again, keeping only it (a key that learns nothing).
+    # checkpoint-4 again, keeping only it (a key that learns nothing). It stops after consolidating the gathered
+    # checkpoint (--to consolidate): merge, generate and evaluate would repeat on it what the first job proved.
     spec = dataclasses.replace(spec, config_file=two_host_config(tmp_path, max_steps=4, keep=1))
     shard = "checkpoints/checkpoint-4/pytorch_model_fsdp_0/__1_0.distcp"
-    containers, sync, (leader, worker) = two_host_job(tmp_path / "restart", spec, prefix, leave_out={shard})
+    restart = tmp_path / "restart"
+    containers, sync, (leader, worker) = two_host_job(restart, spec, prefix, "--to", "consolidate", leave_out={shard})
 
     run_dir = containers[0].root / "checkpoints" / "tiny-lora"
     assert f"resuming from {run_dir}/checkpoints/checkpoint-2" in leader
@@ -318,8 +342,9 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
         assert "== train: every host starts from step 2" in log
         assert re.search(r"discarded \S+/checkpoint-4: (not complete on every host|incomplete, newer than)", log)
     every_host = ["prepare", "download", "data", "train", "gather"]
-    assert completed(leader) == [*every_host, *shipping]
+    assert completed(leader) == [*every_host, "consolidate"]
     assert completed(worker) == every_host
+    assert "== the job stops after consolidate (--to consolidate)" in leader
     assert (4, 4) in {(line.step, line.total) for line in ProgressLine.parse_all(leader)}
     # exact from the restored checkpoint-2: steps 3 and 4 as the uninterrupted long run trained them
     assert step_losses(leader, "train")[4] == pytest.approx(long[4], abs=1e-4)
