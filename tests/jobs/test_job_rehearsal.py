@@ -339,11 +339,11 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
     assert first <= keys and all(sync.writers[key] == {"127.0.0.1"} for key in first)
     assert "logs/train-localhost.log" in keys and "logs/train-127.0.0.1.log" in keys
 
-    # A spot restart: the same command on a new pair of instances, every object restored but the second host's
+    # A spot restart: the job's command on a new pair of instances, every object restored but the second host's
     # model shard of checkpoint-4 (a restore cut short): the smoke stage is not run again, both resume from
     # checkpoint-2 (the same run: a checkpoint resumes only with what trained it, run_state) and save
-    # checkpoint-4 again, keeping only it (a key that learns nothing), then runs the steps after consolidate.
-    # It starts --from data: prepare and download would check on the new instances what the first job's did.
+    # checkpoint-4 again, keeping only it (a key that learns nothing); then the first host consolidates, merges,
+    # generates and evaluates. It starts --from data: prepare and download would check what the first job did.
     spec = dataclasses.replace(spec, config_file=two_host_config(tmp_path, max_steps=4, keep=1))
     shard = "checkpoints/checkpoint-4/pytorch_model_fsdp_0/__1_0.distcp"
     restart = tmp_path / "restart"
