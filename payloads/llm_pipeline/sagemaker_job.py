@@ -1,6 +1,6 @@
 """The whole pipeline as one SageMaker training job: the command every container of the job runs.
 
-    python3 -m llm_pipeline.sagemaker_job --config configs/<run>.toml [--from STEP]
+    python3 -m llm_pipeline.sagemaker_job --config configs/<run>.toml [--from STEP] [--to STEP] [--no-smoke]
 
 `hpctl job submit` builds the job with the sagemaker SDK; SageMaker starts the project's training
 image on every host, the SDK's container driver exports SM_* and runs this command in the code
@@ -20,7 +20,8 @@ Unless --no-smoke, a smoke stage runs first inside the same job, on the instance
 step counts cut (train saves at step 2, then resumes to 4; llm_pipeline/jobs/smoke.py), then the
 estimate of the long steps (<run>/logs/estimate.json, from the smoke run's measured step time), then
 the long steps. A job restarted with a checkpoint in the run folder (spot) passed its smoke stage
-before and skips it. Every step's output also goes to <run>/[smoke/]logs/<step>-<host>.log.
+before and skips it. --to STEP stops the job after STEP, its smoke stage with it (it smokes only the
+steps the job runs). Every step's output also goes to <run>/[smoke/]logs/<step>-<host>.log.
 
 The first host's run folder is the job's checkpoint folder (synced to s3://<bucket>/outputs/<run>/,
 restored to every host on a spot restart, when train resumes from its newest complete checkpoint);
@@ -47,7 +48,7 @@ from pathlib import Path
 from llm_pipeline import compile_cache, config, gather, submit
 from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs import chain, launch, pipeline_status, sagemaker_env, smoke
-from llm_pipeline.jobs.chain import ChainJob
+from llm_pipeline.jobs.chain import ChainJob, SubmitError
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts
 from llm_pipeline.run_files import CHECKPOINT, StepLog, StepVerdict
@@ -175,15 +176,33 @@ def agree_on_resume(run_config: Path, env: dict[str, str], hosts: sagemaker_env.
     )
 
 
+def job_steps(first_step: str, last_step: str | None) -> tuple[str, ...]:
+    """The job's steps from ``first_step`` through ``last_step`` (None: to the end), in the chain's order."""
+    first, last = STEPS.index(first_step), STEPS.index(last_step or STEPS[-1])
+    if last < first:
+        raise SubmitError(f"--to {last_step}: comes before --from {first_step}; give a step from {first_step} on")
+    return STEPS[first : last + 1]
+
+
 def job_plan(
-    run_config: Path, cfg: config.RunConfig, first_step: str, hosts: sagemaker_env.JobHosts, *, smoke_stage: bool
+    run_config: Path,
+    cfg: config.RunConfig,
+    first_step: str,
+    hosts: sagemaker_env.JobHosts,
+    *,
+    smoke_stage: bool,
+    last_step: str | None = None,
 ) -> list[tuple[ChainJob, RunFacts]]:
     """The steps in order, as the Slurm chain stages them (jobs/chain.py): with the smoke stage unless it
     is off or passed before (a checkpoint in the run folder: a restarted spot job)."""
     facts = RunFacts(config=run_config, output_dir=Path(cfg.paths.output_dir), nodes=len(hosts.hosts), run=cfg)
     jobs = [  # the job's steps (gather too) that the run asks for
-        job for job in map(submit.step_job, STEPS[STEPS.index(first_step) :]) if job.wanted_by(cfg)
+        job for job in map(submit.step_job, job_steps(first_step, last_step)) if job.wanted_by(cfg)
     ]
+    if last_step:
+        print(
+            f"== the job stops after {last_step} (--to {last_step}): {', '.join(job.step for job in jobs)}", flush=True
+        )
     if smoke_stage and chain.smoke_stage_runs(jobs, True) and CHECKPOINT.folders(cfg.paths.checkpoints_dir):
         print(f"== smoke stage: passed before ({cfg.paths.checkpoints_dir} holds checkpoints); not run again")
         smoke_stage = False
@@ -212,7 +231,10 @@ def run_step(command: list[str], env: dict[str, str], log: Path) -> int:
         return process.wait()
 
 
-def run(run_config: Path, *, first_step: str, env: dict[str, str], smoke_stage: bool = True) -> int:
+def run(
+    run_config: Path, *, first_step: str, env: dict[str, str], smoke_stage: bool = True, last_step: str | None = None
+) -> int:
+    job_steps(first_step, last_step)  # a wrong --to before anything starts
     hosts = sagemaker_env.read_hosts(env)
     env = step_environment(env, hosts)
     sagemaker_env.link_model_channel(env)
@@ -230,7 +252,7 @@ def run(run_config: Path, *, first_step: str, env: dict[str, str], smoke_stage: 
         flush=True,
     )
     record: dict = {"host": hosts.current, "hosts": list(hosts.hosts), "config": str(run_config), "steps": []}
-    plan = job_plan(run_config, cfg, first_step, hosts, smoke_stage=smoke_stage)
+    plan = job_plan(run_config, cfg, first_step, hosts, smoke_stage=smoke_stage, last_step=last_step)
     logs = [
         StepJob(
             step=job.step,
@@ -292,11 +314,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m llm_pipeline.sagemaker_job", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, type=Path, metavar="RUN.toml", help="the run config")
     parser.add_argument("--from", dest="first_step", choices=STEPS, default=STEPS[0], help="start at this step")
+    parser.add_argument("--to", dest="last_step", choices=STEPS, help="stop after this step (its smoke stage too)")
     parser.add_argument("--no-smoke", dest="smoke", action="store_false", help="skip the smoke stage (see above)")
     args = parser.parse_args(argv)
     env = dict(os.environ)
     try:
-        return run(args.config.resolve(), first_step=args.first_step, env=env, smoke_stage=args.smoke)
+        return run(
+            args.config.resolve(), first_step=args.first_step, env=env, smoke_stage=args.smoke, last_step=args.last_step
+        )
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         write_failure(env, str(exc))

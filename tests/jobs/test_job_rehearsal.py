@@ -19,8 +19,8 @@ from checkpoint_sync import CheckpointSync
 from job_container import Container, lay_out
 
 from hpctl.jobs.job_spec import METRIC_DEFINITIONS, JobSpec, job_environment, stage_source
-from llm_pipeline import sagemaker_job
-from llm_pipeline.jobs import smoke
+from llm_pipeline import config, sagemaker_job
+from llm_pipeline.jobs import sagemaker_env, smoke
 from llm_pipeline.jobs.run_config_text import write_derived
 from llm_pipeline.jobs.sagemaker_env import CONTAINER_ROOT, JobHosts
 from llm_pipeline.run_files import BackendLine, ProgressLine, StepVerdict
@@ -130,6 +130,40 @@ def test_a_failed_step_stops_the_job_and_names_itself(tmp_path):
     assert failure.startswith("pipeline step data failed on algo-1 (exit 2)")
 
 
+def test_the_job_stops_after_the_step_to_names_and_refuses_one_before_from(tmp_path, monkeypatch, capsys):
+    """--to STEP: the job's steps end there, its smoke stage's with them; a --to before --from is refused in one
+    line naming the option, before anything runs, and written where SageMaker reads the FailureReason."""
+    container = lay_out(tmp_path / "opt" / "ml", host="algo-1", hosts=("algo-1", "algo-2"))
+    env = container.environment(SPEC.environment, job_name="rehearsal", channels=["code", "models", "datasets"])
+    env |= sagemaker_env.pipeline_environment(env)
+    run_config = write_derived(TINY, tmp_path / "tiny-full.toml", {("train", "method"): "full"})
+    cfg, hosts = config.load(run_config, env=env), sagemaker_env.read_hosts(env)
+    plans = {
+        last: [
+            job.step
+            for job, _ in sagemaker_job.job_plan(run_config, cfg, "prepare", hosts, smoke_stage=True, last_step=last)
+        ]
+        for last in (None, "consolidate")
+    }
+    long = ["precompile", "train", "gather", "consolidate"]
+    copies = [smoke.PREFIX + step for step in ("precompile", "train", "train-resume", "gather", "consolidate")]
+    after = ["merge", "generate", "evaluate"]
+    every = [*copies, *(smoke.PREFIX + step for step in after), "estimate", *long, *after]
+    assert plans == {
+        None: ["prepare", "download", "data", *every],
+        "consolidate": ["prepare", "download", "data", *copies, "estimate", *long],
+    }
+    out = capsys.readouterr().out
+    assert out.count("== the job stops after") == 1 and "== the job stops after consolidate (--to consolidate)" in out
+
+    monkeypatch.setattr(os, "environ", env)
+    assert sagemaker_job.main(["--config", str(run_config), "--from", "merge", "--to", "train"]) == 2
+    refusal = "--to train: comes before --from merge; give a step from merge on"
+    out, err = capsys.readouterr()
+    assert err == f"error: {refusal}\n" and out == ""  # before the job's first line
+    assert (container.root / "output" / "failure").read_text() == f"{refusal}\n"
+
+
 SETTINGS = re.compile(r"^(NEURON_|FI_|NCCL_|MALLOC_ARENA_MAX$)")
 
 
@@ -199,10 +233,10 @@ def step_losses(log: str, step: str) -> dict[int, float]:
 HOSTS = ("127.0.0.1", "localhost")  # 127.0.0.1 sorts first: algo-1's role
 
 
-def two_host_job(root: Path, spec: JobSpec, prefix: Path, *, leave_out=frozenset()):
-    """Both hosts run the job's command (its smoke stage on), their checkpoint folders synced to ``prefix``
-    (a restart when it holds objects: restored first, but ``leave_out``). Returns the containers, the sync
-    and the logs."""
+def two_host_job(root: Path, spec: JobSpec, prefix: Path, *extra: str, leave_out=frozenset()):
+    """Both hosts run the job's command (its smoke stage on) with ``extra`` arguments, their checkpoint folders
+    synced to ``prefix`` (a restart when it holds objects: restored first, but ``leave_out``). Returns the
+    containers, the sync and the logs."""
     port, containers, processes = str(free_port()), [], []
     for host in HOSTS:
         container = lay_out(root / host / "opt" / "ml", host=host, hosts=HOSTS)
@@ -219,7 +253,7 @@ def two_host_job(root: Path, spec: JobSpec, prefix: Path, *, leave_out=frozenset
         env["SM_MASTER_PORT"] = port
         env["HF_HOME"] = str(container.root.parent / "hf-home")  # separate machines: caches of their own
         log = (root / f"{container.host}.log").open("w")
-        command = job_command(spec)
+        command = job_command(spec, *extra)
         processes.append(subprocess.Popen(command, cwd=container.code_dir, env=env, stdout=log, stderr=log, text=True))
     finished = threading.Event()
     syncing = sync.run_until(finished)
@@ -235,9 +269,11 @@ def two_host_job(root: Path, spec: JobSpec, prefix: Path, *, leave_out=frozenset
 def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_partial_restore(tmp_path):
     # Full fine-tuning, FSDP2 over two "hosts" (one process each) with separate disks: each rank
     # saves its own shard on its own host, and consolidate on the first host needs both.
+    # The first job stops after consolidate (--to consolidate, its smoke stage too): generate and evaluate run
+    # once, in the restart, on the model its consolidate writes.
     spec = dataclasses.replace(SPEC, config_file=two_host_config(tmp_path, max_steps=4), instance_count=2)
     prefix = tmp_path / "s3" / "outputs" / spec.run
-    containers, sync, (leader, worker) = two_host_job(tmp_path / "job", spec, prefix)
+    containers, sync, (leader, worker) = two_host_job(tmp_path / "job", spec, prefix, "--to", "consolidate")
 
     # The smoke stage's resume resumes on both hosts: each holds only its part of checkpoint-2 (the second
     # host gets the first host's shared files), and they train steps 3 and 4 only.
@@ -256,7 +292,8 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
     smoke_dir = run_dir / "smoke"
     resumed_log = (smoke_dir / "logs" / "smoke-train-resume-127.0.0.1.log").read_text()  # the step's own log
     assert f"resuming from {smoke_dir}/checkpoints/checkpoint-2" in resumed_log
-    assert (smoke_dir / "merged" / "model.safetensors").is_file()  # the smoke steps after train on <run>/smoke
+    assert (smoke_dir / "merged" / "model.safetensors").is_file()  # the smoke steps after train on <run>/smoke:
+    # smoke-consolidate writes a full fine-tuning's model where merge would
     saving, resumed = step_losses(leader, "smoke-train"), step_losses(leader, "smoke-train-resume")
     assert list(saving) == [1, 2] and list(resumed) == [3, 4]
     # The resume is exact on both hosts (weights, Adam state, schedule, data position): the long run
@@ -272,10 +309,9 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
     assert "== consolidate" not in worker  # the first host's steps only
     # The smoke stage first, on the instances already running, then the estimate and the long steps.
     every_host = ["prepare", "download", "data", "smoke-train", "smoke-train-resume", "smoke-gather"]
-    first_host = ["smoke-consolidate", "smoke-merge", "smoke-generate", "smoke-evaluate", "estimate"]
-    shipping = ["consolidate", "merge", "generate", "evaluate"]
-    assert completed(leader) == [*every_host, *first_host, "train", "gather", *shipping]
+    assert completed(leader) == [*every_host, "smoke-consolidate", "estimate", "train", "gather", "consolidate"]
     assert completed(worker) == [*every_host, "train", "gather"]
+    assert all("== the job stops after consolidate (--to consolidate)" in log for log in (leader, worker))
     estimate = json.loads((run_dir / "logs" / "estimate.json").read_text())
     train = next(row for row in estimate["steps"] if row["step"] == "train")
     assert "4 steps (train.max_steps)" in train["basis"] and "training job is billed" in estimate["note"]
@@ -285,7 +321,6 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
         values = re.findall(METRIC_DEFINITIONS[name], leader)
         assert len(values) == smoke.SMOKE_STEPS + 2 and all(float(value) > 0 for value in values), name
     assert (run_dir / "merged" / "model.safetensors").stat().st_size > 0
-    assert "### Answer" in (run_dir / "generation.txt").read_text()
     # S3 holds one copy of each file: the second host uploaded only its ranks' checkpoint files and its logs.
     assert sync.written_twice() == {}
     second = sorted(key for key, hosts in sync.writers.items() if hosts == {"localhost"})
@@ -299,17 +334,20 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
         f"checkpoints/checkpoint-4/{name}" for name in own
     }
     keys = sync.objects()
-    first = {"generation.txt", "logs/pipeline.json", "data/stats.json", "checkpoints/checkpoint-4/trainer_state.json"}
+    first = {"merged/model.safetensors", "logs/pipeline.json", "data/stats.json"}
+    first |= {"checkpoints/checkpoint-4/trainer_state.json"}
     assert first <= keys and all(sync.writers[key] == {"127.0.0.1"} for key in first)
     assert "logs/train-localhost.log" in keys and "logs/train-127.0.0.1.log" in keys
 
-    # A spot restart: the same command on a new pair of instances, every object restored but the second host's
+    # A spot restart: the job's command on a new pair of instances, every object restored but the second host's
     # model shard of checkpoint-4 (a restore cut short): the smoke stage is not run again, both resume from
     # checkpoint-2 (the same run: a checkpoint resumes only with what trained it, run_state) and save
-    # checkpoint-4 again, keeping only it (a key that learns nothing).
+    # checkpoint-4 again, keeping only it (a key that learns nothing); then the first host consolidates, merges,
+    # generates and evaluates. It starts --from data: prepare and download would check what the first job did.
     spec = dataclasses.replace(spec, config_file=two_host_config(tmp_path, max_steps=4, keep=1))
     shard = "checkpoints/checkpoint-4/pytorch_model_fsdp_0/__1_0.distcp"
-    containers, sync, (leader, worker) = two_host_job(tmp_path / "restart", spec, prefix, leave_out={shard})
+    restart = tmp_path / "restart"
+    containers, sync, (leader, worker) = two_host_job(restart, spec, prefix, "--from", "data", leave_out={shard})
 
     run_dir = containers[0].root / "checkpoints" / "tiny-lora"
     assert f"resuming from {run_dir}/checkpoints/checkpoint-2" in leader
@@ -317,8 +355,8 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
         assert "== smoke stage: passed before" in log
         assert "== train: every host starts from step 2" in log
         assert re.search(r"discarded \S+/checkpoint-4: (not complete on every host|incomplete, newer than)", log)
-    every_host = ["prepare", "download", "data", "train", "gather"]
-    assert completed(leader) == [*every_host, *shipping]
+    every_host = ["data", "train", "gather"]
+    assert completed(leader) == [*every_host, "consolidate", "merge", "generate", "evaluate"]
     assert completed(worker) == every_host
     assert (4, 4) in {(line.step, line.total) for line in ProgressLine.parse_all(leader)}
     # exact from the restored checkpoint-2: steps 3 and 4 as the uninterrupted long run trained them
@@ -328,6 +366,8 @@ def test_two_hosts_fine_tune_with_fsdp_keep_one_copy_in_s3_and_resume_after_a_pa
     assert sync.written_twice() == {}
     keys = sync.objects()
     assert shard in keys  # written again by the second host
+    assert "### Answer" in (run_dir / "generation.txt").read_text()
+    assert sync.writers["generation.txt"] == {"127.0.0.1"}  # the first host's steps only
     assert not any(key.startswith("checkpoints/checkpoint-2/") for key in keys)  # pruned on both hosts
 
 
