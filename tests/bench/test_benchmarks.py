@@ -144,6 +144,10 @@ def test_serve_bench_measures_the_project_settings_against_vllm_defaults(tmp_pat
     if on_cpu:
         assert defaults[-2:] == list(vllm_server.CPU_MEMORY_ARGS) and device.startswith("cpu")
         assert f"GPU: {serve_bench.NOT_ON_GPU}." in report
+        # the project's server keeps the model in its engine's process (the uni executor); vLLM's defaults spawn a
+        # worker for it (the mp executor its CPU platform swaps in)
+        processes = {name: entry[name]["python_processes"] for name in serve_bench.CONFIGURATIONS}
+        assert processes["project"] == processes[serve_bench.REFERENCE] - 1, processes
 
 
 def test_an_unknown_shape_is_refused_with_the_known_ones(capsys):
