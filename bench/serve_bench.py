@@ -14,7 +14,7 @@ this process on a free local port:
 For each: seconds until /health answers (the start) and the CPU seconds its processes used by then, one streamed
 request to warm up, then --repeats times the benchmark step's serving figures (vllm_server.serving_figures:
 streamed requests, output tokens/s, time to first token p50/p95), their medians, and the peak resident memory and
-number of Python processes of the server's process tree (on a GPU also the device's memory in use, from
+number of engine processes of the server's process tree (on a GPU also the device's memory in use, from
 nvidia-smi). The report (docs/serve-benchmark.md by default) keeps one entry per
 device: a run on another device adds its own and keeps the others. The test suite runs it once with one repeat
 (tests/bench/test_benchmarks.py).
@@ -57,9 +57,10 @@ FIGURES = {
     "start_cpu_s": "start CPU (s)",
     **vllm_server.SERVING_FIGURES,
     "peak_rss_gib": "peak RSS (GiB)",
-    "python_processes": "Python processes",
+    "engine_processes": "engine processes",
 }
 NOT_ON_GPU = "not measured on GPU"
+ENGINE_TITLE = "VLLM::"  # vLLM 0.32 titles its engine processes VLLM::EngineCore (and the mp executor's VLLM::Worker)
 
 
 def vllm_defaults(command: list[str]) -> list[str]:
@@ -77,21 +78,22 @@ def vllm_defaults(command: list[str]) -> list[str]:
 
 def tree_usage(root: int) -> dict[str, float]:
     """``root`` and every process below it (vLLM runs its engine, and with the mp executor its worker, in child
-    processes): their resident bytes, CPU seconds (with those of the children they waited for) and how many run
-    Python (not a compiler the engine calls)."""
+    processes): their resident bytes, CPU seconds (with those of the children they waited for) and how many are
+    vLLM's engine processes (titled ENGINE_TITLE: the engine and a worker, not a compiler or pool they start)."""
     parents, found = {}, {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            name, stat = (entry / "stat").read_text().split(" (", 1)[1].rsplit(")", 1)
+            stat = stat.split()
             pages = int((entry / "statm").read_text().split()[1])
-            python = Path(os.readlink(entry / "exe")).name.startswith("python")
         except (OSError, ValueError, IndexError):
             continue  # it ended while being read
         parents[int(entry.name)] = int(stat[1])
         ticks = sum(int(stat[field]) for field in (11, 12, 13, 14))  # utime, stime, cutime, cstime
-        found[int(entry.name)] = (pages * os.sysconf("SC_PAGE_SIZE"), ticks / os.sysconf("SC_CLK_TCK"), python)
+        engine = name.startswith(ENGINE_TITLE)
+        found[int(entry.name)] = (pages * os.sysconf("SC_PAGE_SIZE"), ticks / os.sysconf("SC_CLK_TCK"), engine)
     tree, grown = {root}, True
     while grown:
         below = {pid for pid, parent in parents.items() if parent in tree} - tree
@@ -100,7 +102,7 @@ def tree_usage(root: int) -> dict[str, float]:
     return {
         "rss": sum(rss for rss, _, _ in usage),
         "cpu_s": sum(cpu for _, cpu, _ in usage),
-        "python_processes": sum(python for _, _, python in usage),
+        "engine_processes": sum(engine for _, _, engine in usage),
     }
 
 
@@ -114,7 +116,7 @@ def gpu_memory_used_gib() -> float | None:
 
 
 class PeakMemory:
-    """Samples the server tree's RSS and Python processes (and the GPU's memory in use) every ``interval_s`` while it
+    """Samples the server tree's RSS and engine processes (and the GPU's memory in use) every ``interval_s`` while it
     runs; their peaks."""
 
     def __init__(self, pid: int, interval_s: float = 0.2):
@@ -125,7 +127,7 @@ class PeakMemory:
     def _run(self) -> None:
         while not self._stop.is_set():
             usage = tree_usage(self.pid)
-            self.rss, self.processes = max(self.rss, usage["rss"]), max(self.processes, usage["python_processes"])
+            self.rss, self.processes = max(self.rss, usage["rss"]), max(self.processes, usage["engine_processes"])
             gpu = gpu_memory_used_gib()
             if gpu is not None:
                 self.gpu = max(self.gpu or 0.0, gpu)
@@ -171,7 +173,7 @@ class Server:
             **{key: statistics.median(sample[key] for sample in samples) for key in vllm_server.SERVING_FIGURES},
             "samples": [{key: sample[key] for key in vllm_server.SERVING_FIGURES} for sample in samples],
             "peak_rss_gib": round(self.memory.rss / GIB, 3),
-            "python_processes": self.memory.processes,
+            "engine_processes": self.memory.processes,
         }
         if self.memory.gpu is not None:
             result["peak_gpu_memory_gib"] = round(self.memory.gpu, 3)
