@@ -8,13 +8,14 @@ in the rehearsal config's dtype) and serves it twice, one configuration after th
 this process on a free local port:
   (a) project:        vllm_server.server_command for the rehearsal's run config (tools/rehearse.py): what the
                       benchmark step and the serve job start (on CPU with vllm_server.CPU_SERVER_ARGS)
-  (b) vllm-defaults:  the same command without the project's settings (context length, seed, dtype, eager mode);
-                      on CPU it keeps the memory reservation (vllm_server.CPU_MEMORY_ARGS): vLLM's own, 92% of the
-                      host, is refused on a host that runs anything else
-For each: seconds until /health answers (the start), one streamed request to warm up, then --repeats times the
-benchmark step's serving figures (vllm_server.serving_figures: streamed requests, output tokens/s, time to first
-token p50/p95), their medians, and the peak resident memory of the server's process tree (on a GPU also the
-device's memory in use, from nvidia-smi). The report (docs/serve-benchmark.md by default) keeps one entry per
+  (b) vllm-defaults:  the same command without the project's settings (context length, seed, dtype, eager mode,
+                      the uni executor); on CPU it keeps the memory reservation (vllm_server.CPU_MEMORY_ARGS):
+                      vLLM's own, 92% of the host, is refused on a host that runs anything else
+For each: seconds until /health answers (the start) and the CPU seconds its processes used by then, one streamed
+request to warm up, then --repeats times the benchmark step's serving figures (vllm_server.serving_figures:
+streamed requests, output tokens/s, time to first token p50/p95), their medians, and the peak resident memory and
+number of engine processes of the server's process tree (on a GPU also the device's memory in use, from
+nvidia-smi). The report (docs/serve-benchmark.md by default) keeps one entry per
 device: a run on another device adds its own and keeps the others. The test suite runs it once with one repeat
 (tests/bench/test_benchmarks.py).
 """
@@ -49,9 +50,17 @@ REFERENCE = "vllm-defaults"
 # The project's settings (server_command's flags beyond what names the model and where it listens), each with the
 # number of values it takes: what (b) leaves out.
 PROJECT_SETTINGS = {"--max-model-len": 1, "--seed": 1, "--dtype": 1, "--enforce-eager": 0}
+PROJECT_SETTINGS["--distributed-executor-backend"] = 1  # on CPU: (b) runs vLLM's mp executor, a worker process more
 PROJECT_SETTINGS["--gpu-memory-utilization"] = 1  # on CPU (b) takes the project's: vLLM's own is refused
-FIGURES = {"start_s": "start (s)", **vllm_server.SERVING_FIGURES, "peak_rss_gib": "peak RSS (GiB)"}
+FIGURES = {
+    "start_s": "start (s)",
+    "start_cpu_s": "start CPU (s)",
+    **vllm_server.SERVING_FIGURES,
+    "peak_rss_gib": "peak RSS (GiB)",
+    "engine_processes": "engine processes",
+}
 NOT_ON_GPU = "not measured on GPU"
+ENGINE_TITLE = "VLLM::"  # vLLM 0.32 titles its engine processes VLLM::EngineCore (and the mp executor's VLLM::Worker)
 
 
 def vllm_defaults(command: list[str]) -> list[str]:
@@ -67,24 +76,34 @@ def vllm_defaults(command: list[str]) -> list[str]:
     return kept + (list(vllm_server.CPU_MEMORY_ARGS) if vllm_server.on_cpu() else [])
 
 
-def tree_rss_bytes(root: int) -> int:
-    """The resident memory of ``root`` and every process below it (vLLM runs its engine in a child process)."""
-    parents, rss = {}, {}
+def tree_usage(root: int) -> dict[str, float]:
+    """``root`` and every process below it (vLLM runs its engine, and with the mp executor its worker, in child
+    processes): their resident bytes, CPU seconds (with those of the children they waited for) and how many are
+    vLLM's engine processes (titled ENGINE_TITLE: the engine and a worker, not a compiler or pool they start)."""
+    parents, found = {}, {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
+            name, stat = (entry / "stat").read_text().split(" (", 1)[1].rsplit(")", 1)
+            stat = stat.split()
             pages = int((entry / "statm").read_text().split()[1])
         except (OSError, ValueError, IndexError):
             continue  # it ended while being read
-        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-        rss[int(entry.name)] = pages * os.sysconf("SC_PAGE_SIZE")
+        parents[int(entry.name)] = int(stat[1])
+        ticks = sum(int(stat[field]) for field in (11, 12, 13, 14))  # utime, stime, cutime, cstime
+        engine = name.startswith(ENGINE_TITLE)
+        found[int(entry.name)] = (pages * os.sysconf("SC_PAGE_SIZE"), ticks / os.sysconf("SC_CLK_TCK"), engine)
     tree, grown = {root}, True
     while grown:
         below = {pid for pid, parent in parents.items() if parent in tree} - tree
         tree, grown = tree | below, bool(below)
-    return sum(rss.get(pid, 0) for pid in tree)
+    usage = [found[pid] for pid in tree if pid in found]
+    return {
+        "rss": sum(rss for rss, _, _ in usage),
+        "cpu_s": sum(cpu for _, cpu, _ in usage),
+        "engine_processes": sum(engine for _, _, engine in usage),
+    }
 
 
 def gpu_memory_used_gib() -> float | None:
@@ -97,16 +116,18 @@ def gpu_memory_used_gib() -> float | None:
 
 
 class PeakMemory:
-    """Samples the server tree's RSS (and the GPU's memory in use) every ``interval_s`` while it runs."""
+    """Samples the server tree's RSS and engine processes (and the GPU's memory in use) every ``interval_s`` while it
+    runs; their peaks."""
 
     def __init__(self, pid: int, interval_s: float = 0.2):
-        self.pid, self.interval_s, self.rss, self.gpu = pid, interval_s, 0, None
+        self.pid, self.interval_s, self.rss, self.processes, self.gpu = pid, interval_s, 0, 0, None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.rss = max(self.rss, tree_rss_bytes(self.pid))
+            usage = tree_usage(self.pid)
+            self.rss, self.processes = max(self.rss, usage["rss"]), max(self.processes, usage["engine_processes"])
             gpu = gpu_memory_used_gib()
             if gpu is not None:
                 self.gpu = max(self.gpu or 0.0, gpu)
@@ -129,7 +150,8 @@ class Server:
         print(f"{name}: {' '.join(command[1:])}", flush=True)
         started = time.perf_counter()
         with log.open("w") as out:
-            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+            env = vllm_server.server_env(command)
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
         self.memory = PeakMemory(self.process.pid).__enter__()
         try:
             vllm_server.wait_until_healthy(self.process, self.url, what=name, log=log)
@@ -137,6 +159,7 @@ class Server:
             self.stop()
             raise
         self.start_s = round(time.perf_counter() - started, 2)
+        self.start_cpu_s = round(tree_usage(self.process.pid)["cpu_s"], 2)
 
     def measure(self, repeats: int, concurrency: int) -> dict:
         url = f"{self.url}/v1"
@@ -146,9 +169,11 @@ class Server:
         result = {
             "command": shown_command(self.command),
             "start_s": self.start_s,
+            "start_cpu_s": self.start_cpu_s,
             **{key: statistics.median(sample[key] for sample in samples) for key in vllm_server.SERVING_FIGURES},
             "samples": [{key: sample[key] for key in vllm_server.SERVING_FIGURES} for sample in samples],
             "peak_rss_gib": round(self.memory.rss / GIB, 3),
+            "engine_processes": self.memory.processes,
         }
         if self.memory.gpu is not None:
             result["peak_gpu_memory_gib"] = round(self.memory.gpu, 3)

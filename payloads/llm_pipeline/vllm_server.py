@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -27,7 +28,15 @@ SERVED_NAME = "model"  # the name the server answers to (lm-eval's model argumen
 # (its --gpu-memory-utilization; 0.92 by default, refused on a shared host), and runs eagerly (its torch.compile
 # warm-up: a slower start for more tokens/s; bench/serve_bench.py measures both, docs/benchmark.md).
 CPU_MEMORY_ARGS = ("--gpu-memory-utilization", "0.05")
-CPU_SERVER_ARGS = (*CPU_MEMORY_ARGS, "--enforce-eager")
+# It runs the model in the engine's own process (vLLM's uni executor, its choice for one device), not in a worker that
+# vLLM's mp executor spawns (one more process importing torch and vLLM: about 9 CPU-s a start, docs/benchmark.md) to
+# pin its OpenMP threads to cores, keeping a core for the engine: on the rehearsal's 2-core host, shared with Slurm
+# jobs, it pinned every server's model to core 0. vLLM 0.32's CPU platform (vllm/platforms/cpu.py) swaps uni for mp
+# unless KEEP_UNI_EXECUTOR is in the server's environment (server_env): the API server keeps its engine in a process
+# of its own either way (AsyncLLM), and that variable changes nothing else of the server's.
+UNI_EXECUTOR = ("--distributed-executor-backend", "uni")
+KEEP_UNI_EXECUTOR = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+CPU_SERVER_ARGS = (*CPU_MEMORY_ARGS, "--enforce-eager", *UNI_EXECUTOR)
 # The head sizes vLLM 0.32's CPU attention takes (vllm/v1/attention/backends/cpu_attn.py); another fails at the
 # first request ("Unsupported CPU attention configuration"), after the server said it was ready.
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -90,6 +99,13 @@ def server_command(
     ]
 
 
+def server_env(command: Sequence[str]) -> dict[str, str]:
+    """The environment for the server ``command``: this process's, and KEEP_UNI_EXECUTOR where it asks for the uni
+    executor (on CPU: CPU_SERVER_ARGS)."""
+    asks = any(pair == UNI_EXECUTOR for pair in itertools.pairwise(command))
+    return {**os.environ, **(KEEP_UNI_EXECUTOR if asks else {})}
+
+
 def start_limit_s() -> int:
     """How long a server may take to answer on this node's accelerator (jobs/serving_image.py holds the limits)."""
     return server_start_limit_s(os.environ.get("HPL_ACCELERATOR", NO_ACCELERATOR))
@@ -125,7 +141,7 @@ def started(command: list[str], *, url: str, what: str, log: Path) -> Iterator[s
     """The server ``command`` writing to ``log``, healthy at ``url``, while the block runs; stopped after it."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
-        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=server_env(command))
     try:
         wait_until_healthy(server, url, what=what, log=log)
         yield server

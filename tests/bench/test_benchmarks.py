@@ -130,7 +130,8 @@ def test_serve_bench_measures_the_project_settings_against_vllm_defaults(tmp_pat
         assert [float(cell) for cell in cells[1:]] == [float(f"{entry[name][key]:.4g}") for key in serve_bench.FIGURES]
     for key, ratio in entry["ratios"].items():
         assert ratio == pytest.approx(entry["project"][key] / entry[serve_bench.REFERENCE][key]), key
-    assert table_row(report, "project / defaults")[2] == f"{entry['ratios']['output_tokens_per_s']:.2f}x"
+    column = 1 + list(serve_bench.FIGURES).index("output_tokens_per_s")
+    assert table_row(report, "project / defaults")[column] == f"{entry['ratios']['output_tokens_per_s']:.2f}x"
 
     # the project's command is the benchmark step's; the reference's has none of its settings but, on CPU, the memory
     def flags(command: list[str]) -> list[str]:
@@ -144,6 +145,10 @@ def test_serve_bench_measures_the_project_settings_against_vllm_defaults(tmp_pat
     if on_cpu:
         assert defaults[-2:] == list(vllm_server.CPU_MEMORY_ARGS) and device.startswith("cpu")
         assert f"GPU: {serve_bench.NOT_ON_GPU}." in report
+        # the project's server keeps the model in its engine's process (the uni executor); vLLM's defaults spawn a
+        # worker for it (the mp executor its CPU platform swaps in)
+        processes = {name: entry[name]["engine_processes"] for name in serve_bench.CONFIGURATIONS}
+        assert processes == {"project": 1, serve_bench.REFERENCE: 2}, processes
 
 
 def test_an_unknown_shape_is_refused_with_the_known_ones(capsys):

@@ -18,7 +18,7 @@ from chart_checks import read_png
 
 from llm_pipeline import benchmark, charts, config, vllm_server
 from llm_pipeline.config import BENCHMARK_TASKS, ConfigError, load
-from llm_pipeline.run_files import BENCHMARK_JSON
+from llm_pipeline.run_files import BENCHMARK_JSON, server_log
 from tests.vllm_site import site_python
 from tools import tiny_model as tiny
 
@@ -127,6 +127,11 @@ def test_step_scores_equal_lm_eval_direct_and_the_gate_names_the_dropped_task(tm
     found = [(one["acc,none"], one["acc_stderr,none"]) for one in direct]
     assert found == [(row["base"], row["base_stderr"]), (row["tuned"], row["tuned_stderr"])]
     assert "| tiny_words | acc,none | 0 | 1.0000 |" in (run_dir / "benchmark" / benchmark.REPORT).read_text()
+    # each server loaded its model in the engine's process (vllm_server.UNI_EXECUTOR), no worker process beside it
+    for model in benchmark.MODELS:
+        log = (run_dir / "benchmark" / server_log(model)).read_text().splitlines()
+        loaded = [line for line in log if "Starting to load model" in line]
+        assert len(loaded) == 1 and loaded[0].startswith("(EngineCore pid="), (model, loaded)
 
 
 def test_a_bad_task_name_is_refused_at_load(tmp_path):
@@ -150,6 +155,18 @@ def test_a_head_size_the_cpu_backend_lacks_is_refused_before_the_server_starts(t
     with pytest.raises(vllm_server.StepError, match=r"head size 16 .* serves \(32, 64"):
         vllm_server.check_cpu_head_size(tiny_models_dir / "tiny-llama")
     vllm_server.check_cpu_head_size(tiny.write_tiny_model(tmp_path / "m", **tiny.SERVABLE_SHAPE))
+
+
+def test_only_a_cpu_server_asks_for_the_uni_executor_and_gets_what_keeps_it(tmp_path, monkeypatch):
+    cfg = config.from_dict({}, base_dir=tmp_path)
+    keep = vllm_server.KEEP_UNI_EXECUTOR
+    monkeypatch.delenv(*keep, raising=False)
+    for accelerator, on_cpu in (("none", True), ("cuda", False)):
+        monkeypatch.setenv("HPL_ACCELERATOR", accelerator)
+        command = vllm_server.server_command(tmp_path / "model", 8000, cfg)
+        assert ("--distributed-executor-backend" in command) == on_cpu, command
+        env = vllm_server.server_env(command)
+        assert ({key: env.get(key) for key in keep} == keep) == on_cpu and env["PATH"] == os.environ["PATH"]
 
 
 def test_gate_passes_within_max_drop_and_names_the_first_task_beyond():
