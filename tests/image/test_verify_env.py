@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from importlib import metadata
@@ -10,6 +9,10 @@ from pathlib import Path
 
 import pytest
 from image_files import REQUIREMENTS, VERIFY_ENV
+
+# Each CLI run below imports the family's stack (torch, transformers, liger's patch): the tests read two shared
+# runs, one per family, rather than each starting its own.
+pytestmark = pytest.mark.xdist_group("verify_env")
 
 
 def test_every_requirement_line_is_an_exact_pin(pins):
@@ -91,14 +94,28 @@ def test_cli_bad_requirements_file_is_a_clear_usage_error(tmp_path):
     assert run_check(tmp_path / "absent.txt").returncode == 2
 
 
-def test_cli_fails_the_build_when_a_pin_is_not_installed(tmp_path):
-    # Here the Neuron packages are absent, as in a base image that lost them: the check must say so.
-    requirements = tmp_path / "requirements.txt"
+@pytest.fixture(scope="module")
+def neuron_run(tmp_path_factory) -> subprocess.CompletedProcess:
+    """The default (Neuron) family where a pin is not installed, as in a base image that lost it."""
+    requirements = tmp_path_factory.mktemp("neuron") / "requirements.txt"
     requirements.write_text("packaging==0.0.1\n")
-    result = run_check(requirements)
-    assert result.returncode == 1
-    assert "FAIL packaging: installed" in result.stdout
-    assert "FAIL import torch_neuronx" in result.stdout
+    return run_check(requirements)
+
+
+@pytest.fixture(scope="module")
+def cuda_run(tmp_path_factory) -> subprocess.CompletedProcess:
+    """The CUDA family on the -sagemaker variant, every pin installed: what fails is what this machine lacks."""
+    requirements = tmp_path_factory.mktemp("cuda") / "requirements.txt"
+    requirements.write_text("packaging==" + metadata.version("packaging") + "\n")
+    command = [sys.executable, str(VERIFY_ENV), "--family", "cuda", "--variant", "sagemaker", str(requirements)]
+    return subprocess.run(command, capture_output=True, text=True)
+
+
+def test_cli_fails_the_build_when_a_pin_is_not_installed(neuron_run):
+    # Here the Neuron packages are absent, as in a base image that lost them: the check must say so.
+    assert neuron_run.returncode == 1
+    assert "FAIL packaging: installed" in neuron_run.stdout
+    assert "FAIL import torch_neuronx" in neuron_run.stdout
 
 
 def test_cuda_image_needs_the_nccl_efa_plugin(verify_env, tmp_path):
@@ -131,15 +148,10 @@ def test_cuda_image_steps_start_the_interpreter_holding_the_pins(verify_env, mon
     ]
 
 
-def test_cli_checks_the_family_it_is_told(tmp_path):
-    requirements = tmp_path / "requirements.txt"
-    requirements.write_text("packaging==" + metadata.version("packaging") + "\n")
-    result = subprocess.run(
-        [sys.executable, str(VERIFY_ENV), "--family", "cuda", str(requirements)], capture_output=True, text=True
-    )
-    assert result.returncode == 1
-    assert "key imports (cuda)" in result.stdout
-    assert "FAIL NCCL EFA plugin (aws-ofi-nccl" in result.stdout  # this machine has no EFA stack
+def test_cli_checks_the_family_it_is_told(cuda_run):
+    assert cuda_run.returncode == 1
+    assert "key imports (cuda)" in cuda_run.stdout
+    assert "FAIL NCCL EFA plugin (aws-ofi-nccl" in cuda_run.stdout  # this machine has no EFA stack
 
 
 def test_the_base_variant_is_told_by_the_sagemaker_training_toolkit(verify_env, monkeypatch, tmp_path):
@@ -158,30 +170,24 @@ def test_the_base_variant_is_told_by_the_sagemaker_training_toolkit(verify_env, 
     assert "sagemaker-training) is installed" in installed
 
 
-def test_cli_accepts_only_the_published_variants(tmp_path):
+def test_cli_accepts_only_the_published_variants(tmp_path, cuda_run):
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("packaging==" + metadata.version("packaging") + "\n")
-    command = [sys.executable, str(VERIFY_ENV), "--variant"]
-    refused = subprocess.run([*command, "gpu", str(requirements)], capture_output=True, text=True)
+    refused = subprocess.run(
+        [sys.executable, str(VERIFY_ENV), "--variant", "gpu", str(requirements)], capture_output=True, text=True
+    )
     assert refused.returncode == 2 and "invalid choice: 'gpu'" in refused.stderr
-    checked = subprocess.run([*command, "sagemaker", str(requirements)], capture_output=True, text=True)
-    assert checked.returncode == 1 and "FAIL base variant sagemaker" in checked.stdout
+    assert cuda_run.returncode == 1 and "FAIL base variant sagemaker" in cuda_run.stdout
 
 
-def test_cuda_levers_are_applied_not_just_imported():
+def test_cuda_levers_are_applied_not_just_imported(cuda_run):
     """liger-kernel 0.8.5's patch (with the pinned transformers 5, both in the main venv with the Triton
     it imports) builds a tiny Llama with liger's RMSNorm and the NF4 round trip holds; flash-attn
-    (CUDA-only, absent here) is reported by name. On the image all three must pass. A subprocess, as
-    liger's patch rebinds transformers' Llama classes for the rest of the process."""
-    code = (
-        "import json, sys, importlib.util; spec = importlib.util.spec_from_file_location('verify_env', sys.argv[1]); "
-        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
-        "print(json.dumps(m.lever_problems(m.CUDA_LEVERS)))"
-    )
-    done = subprocess.run([sys.executable, "-c", code, str(VERIFY_ENV)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    problems = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(problems) == 1, problems
+    (CUDA-only, absent here) is reported by name. On the image all three must pass. A subprocess (the CUDA
+    family's CLI run), as liger's patch rebinds transformers' Llama classes for the rest of the process."""
+    assert "Traceback" not in cuda_run.stderr, cuda_run.stderr[-3000:]
+    problems = [line.removeprefix("FAIL ") for line in cuda_run.stdout.splitlines() if " lever (" in line]
+    assert len(problems) == 1, cuda_run.stdout
     assert problems[0].startswith("flash-attn lever (load_flash_attention): ModuleNotFoundError")
     assert "flash_attn_2_cuda" in problems[0]
 

@@ -187,10 +187,10 @@ def fill(text: str, values: dict[str, list[str] | None]) -> list[str] | None:
     return results
 
 
-def requests(synth, side: str) -> Iterator[Request]:
+def requests(synth, side: str, table_rows: list[aws_calls.Row]) -> Iterator[Request]:
     """The side's rows as requests in this app: the ones whose resources exist here."""
     values = placeholders(synth, side)
-    for row in aws_calls.rows():
+    for row in table_rows:
         if row.side != side:
             continue
         found = aws_calls.requests_of(row)
@@ -232,6 +232,12 @@ def shapes(synth, external_db_synth, jobs_synth) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
+def table_rows() -> list[aws_calls.Row]:
+    """The table's rows from the code now, scanned once for the module (each scan parses every source file)."""
+    return aws_calls.rows()
+
+
+@pytest.fixture(scope="module")
 def apps(synth, external_db_synth, jobs_synth) -> dict[str, Any]:
     return shapes(synth, external_db_synth, jobs_synth)
 
@@ -262,36 +268,34 @@ def grants(policies: list[Policy]) -> Iterator[tuple[str, list[Policy]]]:
                     yield where, [*policies[:index], Policy(policy.name, document, True), *policies[index + 1 :]]
 
 
-def roles_and_requests(app) -> Iterator[tuple[Any, list[Request]]]:
+def roles_and_requests(app, table_rows: list[aws_calls.Row]) -> Iterator[tuple[Any, list[Request]]]:
     """Each distinct role of the app with the requests of every side that runs as it."""
     by_role: dict[str, tuple[Any, list[Request]]] = {}
     for side, role in side_roles(app).items():
         key = app.logical_id(role.node.default_child)
-        by_role.setdefault(key, (role, []))[1].extend(requests(app, side))
+        by_role.setdefault(key, (role, []))[1].extend(requests(app, side, table_rows))
     yield from by_role.values()
 
 
-def test_the_table_is_fresh():
+def test_the_table_is_fresh(table_rows):
     """docs/aws-calls.md is what `make iam-table` writes from the code now."""
-    assert aws_calls.TABLE.read_text() == aws_calls.render(aws_calls.rows()), "run `make iam-table`"
+    assert aws_calls.TABLE.read_text() == aws_calls.render(table_rows), "run `make iam-table`"
 
 
-def test_every_role_action_in_the_table_is_one_iam_knows_with_a_request_to_evaluate():
+def test_every_role_action_in_the_table_is_one_iam_knows_with_a_request_to_evaluate(table_rows):
     """The actions our roles are evaluated for exist in IAM's reference (cfn-lint's copy lags botocore's model
     for the newest laptop-side APIs, which no role of ours grants), each with its request to evaluate."""
-    evaluated = {row.action for row in aws_calls.rows() if row.side != aws_calls.LAPTOP}
+    evaluated = {row.action for row in table_rows if row.side != aws_calls.LAPTOP}
     assert sorted(a for a in evaluated if a.lower() not in aws_calls.iam_actions()) == []
-    assert [
-        row.action for row in aws_calls.rows() if row.side != aws_calls.LAPTOP and not aws_calls.requests_of(row)
-    ] == []
+    assert [row.action for row in table_rows if row.side != aws_calls.LAPTOP and not aws_calls.requests_of(row)] == []
 
 
 @pytest.mark.parametrize("shape", ["default", "external-db", "jobs"])
-def test_every_call_is_allowed_to_the_role_of_its_side(apps, shape):
+def test_every_call_is_allowed_to_the_role_of_its_side(apps, shape, table_rows):
     app = apps[shape]
     denied = []
     evaluated = 0
-    for role, role_requests in roles_and_requests(app):
+    for role, role_requests in roles_and_requests(app, table_rows):
         policies = role_policies(app, role)
         for request in role_requests:
             evaluated += 1
@@ -301,11 +305,11 @@ def test_every_call_is_allowed_to_the_role_of_its_side(apps, shape):
 
 
 @pytest.mark.parametrize("shape", ["default", "external-db", "jobs"])
-def test_every_grant_is_needed_by_a_call(apps, shape):
+def test_every_grant_is_needed_by_a_call(apps, shape, table_rows):
     """Remove each grant of ours in turn: some call of that role must then be denied (named here)."""
     app = apps[shape]
     unneeded = []
-    for role, role_requests in roles_and_requests(app):
+    for role, role_requests in roles_and_requests(app, table_rows):
         policies = role_policies(app, role)
         assert all(allowed(policies, r) for r in role_requests)
         for where, without in grants(policies):
@@ -315,12 +319,12 @@ def test_every_grant_is_needed_by_a_call(apps, shape):
     assert unneeded == [], "grants no call in docs/aws-calls.md needs"
 
 
-def test_without_the_scalers_grant_its_calls_are_denied_by_name(apps):
+def test_without_the_scalers_grant_its_calls_are_denied_by_name(apps, table_rows):
     """The evaluator against the fault it exists for: the issue's AccessDenied at a chain's first claim."""
     app = apps["external-db"]
     scaler_policy = app.logical_id(app.stack.node.find_child("CapacityScaling").node.default_child)
     denied = set()
-    for role, role_requests in roles_and_requests(app):
+    for role, role_requests in roles_and_requests(app, table_rows):
         without = [p for p in role_policies(app, role) if p.name != scaler_policy]
         denied |= {(r.row.side, r.row.action, r.row.where) for r in role_requests if not allowed(without, r)}
     where = ("payloads/llm_pipeline/jobs/capacity.py",)

@@ -33,3 +33,20 @@ def hpl_env(tmp_path, tiny_models_dir, tiny_datasets_dir) -> dict[str, str]:
         "HPL_DATASETS_DIR": str(tiny_datasets_dir),
         "HPL_OUTPUTS_DIR": str(tmp_path / "outputs"),
     }
+
+
+@pytest.fixture(scope="session")
+def precision_runs(tmp_path_factory, tiny_models_dir, tiny_datasets_dir) -> dict[int, dict[str, dict]]:
+    """ranks -> method -> what the torch engine probe measured with the production precision (bf16, FSDP2), for 1
+    process and 2 ranks, one launch each (test_train_precision.py; test_liger_fsdp.py's runs without liger)."""
+    from engine_launch import PRECISION_METHODS, run_engine, write_precision_run
+    from payload_configs import folder_env
+
+    folder = tmp_path_factory.mktemp("precision")
+    env = folder_env(folder, tiny_models_dir, tiny_datasets_dir)
+    answer = {}
+    for ranks in (1, 2):
+        runs = [write_precision_run(folder, env, method, ranks) for method in PRECISION_METHODS]
+        measured = run_engine(runs, folder / f"ranks-{ranks}.json", ranks=ranks)
+        answer[ranks] = {stem.rsplit("-", 1)[0]: value for stem, value in measured.items()}
+    return answer

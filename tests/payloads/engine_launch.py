@@ -12,6 +12,11 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# The production precision runs (bf16, FSDP2): test_train_precision.py's, and the runs without liger that
+# test_liger_fsdp.py holds liger's to (one 2-rank launch serves both).
+PRECISION_METHODS = ("lora", "dora", "qlora", "full")
+PRECISION_STEPS = 4
+PRECISION_GLOBAL_BATCH = 4
 PROBE = Path(__file__).with_name("torch_engine_probe.py")
 LEAKED_PREFIXES = ("ACCELERATE_", "FSDP_")  # process-wide settings an in-process Trainer exported
 
@@ -36,3 +41,32 @@ def run_engine(
     done = subprocess.run(command, env=engine_env(), capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return json.loads(out.read_text())
+
+
+def write_precision_run(folder: Path, env: dict[str, str], method: str, ranks: int, **train) -> Path:
+    """tiny-cpu.toml with the production precision, ``ranks`` FSDP2 ranks and the same global batch, its data
+    prepared (several ranks need the data step first); ``train`` adds keys (liger_kernel) and names the run."""
+    from payload_configs import write_config
+
+    from llm_pipeline import config, data
+
+    name = "-".join([method, *(f"{key}_{value}" for key, value in train.items()), str(ranks)])
+    path = write_config(
+        folder / f"{name}.toml",
+        env,
+        train={
+            "method": method,
+            "bf16": True,
+            "max_steps": PRECISION_STEPS,
+            "logging_steps": 1,
+            "per_device_batch_size": PRECISION_GLOBAL_BATCH // ranks,
+            # full fine-tuning at the default learning rate: most bf16 weights would not move
+            "learning_rate": 2e-5 if method == "full" else 5e-3,
+            **train,
+        },
+        data={"validation_fraction": 0.0, "max_samples": 48},
+        paths={"output_dir": str(folder / name)},
+        parallel={"strategy": "fsdp", "nodes": ranks},
+    )
+    data.prepare(config.load(path, env=env))
+    return path

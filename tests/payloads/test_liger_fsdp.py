@@ -12,49 +12,27 @@ and liger's Function keeps that autocast, so its matmul is bf16; the last test c
 from __future__ import annotations
 
 import pytest
-from engine_launch import run_engine
-from payload_configs import folder_env, write_config
-
-from llm_pipeline import config, data
+from engine_launch import PRECISION_STEPS as STEPS
+from engine_launch import run_engine, write_precision_run
+from payload_configs import folder_env
 
 pytestmark = [pytest.mark.xdist_group("torch_engine"), pytest.mark.engine]
 METHODS = ("lora", "full")
-STEPS = 3
 RANKS = 2
 # measured: the liger and eager losses differ by at most 2e-5 relative (bf16 compute rounds differently)
 LOSS_RTOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_models_dir, tiny_datasets_dir) -> dict[str, dict]:
-    """'<method>-<liger|eager>' -> what the probe measured on 2 FSDP2 ranks."""
+def runs(tmp_path_factory, tiny_models_dir, tiny_datasets_dir, precision_runs) -> dict[str, dict]:
+    """'<method>-<liger|eager>' -> what the probe measured on 2 FSDP2 ranks: the liger runs in their own launch
+    (liger's stand-in patches the process), the eager ones test_train_precision.py's runs of the same shape."""
     folder = tmp_path_factory.mktemp("liger")
     env = folder_env(folder, tiny_models_dir, tiny_datasets_dir)
-    answer = {}
-    for liger in (True, False):
-        paths = []
-        for method in METHODS:
-            name = f"{method}-{'liger' if liger else 'eager'}"
-            path = write_config(
-                folder / f"{name}.toml",
-                env,
-                train={
-                    "method": method,
-                    "bf16": True,
-                    "liger_kernel": liger,
-                    "max_steps": STEPS,
-                    "logging_steps": 1,
-                    "per_device_batch_size": 2,
-                    "learning_rate": 2e-5 if method == "full" else 5e-3,
-                },
-                data={"validation_fraction": 0.0, "max_samples": 24},
-                paths={"output_dir": str(folder / name)},
-                parallel={"strategy": "fsdp", "nodes": RANKS},
-            )
-            data.prepare(config.load(path, env=env))
-            paths.append(path)
-        answer |= run_engine(paths, folder / f"liger-{liger}.json", ranks=RANKS, liger_standin=liger)
-    return answer
+    paths = [write_precision_run(folder, env, method, RANKS, liger_kernel=True) for method in METHODS]
+    liger = run_engine(paths, folder / "liger.json", ranks=RANKS, liger_standin=True)
+    answer = {f"{path.stem.split('-', 1)[0]}-liger": liger[path.stem] for path in paths}
+    return answer | {f"{method}-eager": precision_runs[RANKS][method] for method in METHODS}
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -126,12 +126,15 @@ def doc_block(text: str, name: str) -> str:
     return after.split("```", 2)[1].split("\n", 1)[1]
 
 
-def test_the_docs_worked_example_runs_as_written(tmp_path, tiny_models_dir):
+def test_the_docs_worked_example_runs_as_written(tmp_path, tiny_models_dir, monkeypatch, capsys):
+    """Each step line runs as `python -m llm_pipeline.<step> ARGS` would: the module's main(ARGS), in this process
+    (test_step_clis.py proves each step's `python -m` entry; four more interpreters would only re-import torch)."""
+    import importlib
     import os
     import shlex
     import subprocess
-    import sys
     from pathlib import Path
+    from unittest import mock
 
     repo = Path(__file__).resolve().parents[2]
     text = (repo / "docs" / "training.md").read_text()
@@ -140,16 +143,23 @@ def test_the_docs_worked_example_runs_as_written(tmp_path, tiny_models_dir):
     models = tmp_path / ".rehearsal" / "fsx" / "models"
     models.mkdir(parents=True)
     (models / "tiny-llama").symlink_to(tiny_models_dir / "tiny-llama")
-    env = {**os.environ, "PYTHONPATH": str(repo / "payloads")}
+    monkeypatch.chdir(tmp_path)
     outputs = []
     for line in doc_block(text, "commands").splitlines():
         program, *args = shlex.split(line)
-        # the shell line stands in the init run's merged model; every other line is a step on this interpreter
-        command = ["bash", "-c", line] if program == "mkdir" else [sys.executable, *args]
         assert program in ("mkdir", ".venv/bin/python"), line
-        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-2000:]
-        outputs.append(done.stdout)
+        if program == "mkdir":  # the shell line stands in the init run's merged model
+            done = subprocess.run(["bash", "-c", line], cwd=tmp_path, capture_output=True, text=True)
+            assert done.returncode == 0, done.stderr[-2000:]
+            outputs.append(done.stdout)
+            continue
+        flag, module, *argv = args
+        assert flag == "-m" and module.startswith("llm_pipeline."), line
+        with mock.patch.dict(os.environ):  # the preview sets the cluster's folder variables it needs
+            status = importlib.import_module(module).main(argv)
+        captured = capsys.readouterr()
+        assert status == 0, captured.err[-2000:]
+        outputs.append(captured.out)
     _, preview, trained, _, evaluated = outputs
     assert "[[" in preview and "6 preference pairs" in preview  # 8, 2 of them held out
     assert "reference: the policy with its adapter disabled" in trained and "finished at step 2" in trained

@@ -5,6 +5,7 @@ guards and their tests."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -17,7 +18,9 @@ import pytest
 
 ROOT = Path(__file__).parents[2]
 
-pytestmark = pytest.mark.engine  # some guards' own tests train the tiny model
+# some guards' own tests train the tiny model; one runner serves every test here
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("run_state_mutations")]
+IMPORT_CHECK = "the focused tests import the copy"
 
 
 @dataclass(frozen=True)
@@ -91,16 +94,34 @@ _FAILED = re.compile(r"^FAILED (\S+)", re.MULTILINE)
 _IGNORE = shutil.ignore_patterns("__pycache__")
 
 
-def _pytest(payloads: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """pytest in the repository on ``args``, importing llm_pipeline from ``payloads`` (the ini's pythonpath)."""
+RUNNER = Path(__file__).with_name("mutation_runner.py")
+
+
+def _pytest(jobs: list[tuple[Path, tuple[str, ...]]], folder: Path) -> list[tuple[int, str]]:
+    """pytest in the repository once per (payloads copy, args), each importing llm_pipeline from its copy (the
+    ini's pythonpath): (exit status, output) per job. Each job is a fresh process forked from one runner that
+    imported the heavy libraries once (mutation_runner.py)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST_", "COV_"))}
     # The copy first; the real payloads folder after it, so conftests that add it when missing (tests/jobs) find it
     # there and put nothing ahead of the copy.
-    pythonpath = f"pythonpath={payloads} . payloads"
-    command = [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", "-p", "no:xdist"]
-    return subprocess.run(
-        [*command, "-o", pythonpath, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
+    options = ["-q", "-rf", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    specs = [
+        {"pythonpath": f"{payloads} . payloads", "args": [*options, *args], "log": str(folder / f"job-{n}.log")}
+        for n, (payloads, args) in enumerate(jobs)
+    ]
+    (folder / "jobs.json").write_text(json.dumps(specs))
+    done = subprocess.run(
+        [sys.executable, str(RUNNER), str(folder / "jobs.json")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
+    assert done.returncode == 0, done.stderr[-3000:]
+    statuses = json.loads(done.stdout.strip().splitlines()[-1])
+    return [(status, Path(spec["log"]).read_text()) for status, spec in zip(statuses, specs, strict=True)]
 
 
 def mutated_copy(guard: Guard, folder: Path) -> Path:
@@ -114,13 +135,33 @@ def mutated_copy(guard: Guard, folder: Path) -> Path:
     return payloads
 
 
+def import_check_copy(folder: Path) -> tuple[Path, tuple[str, ...]]:
+    """A copy that refuses to be imported, and one focused test file of each test folder GUARDS names, collected."""
+    payloads = folder / "payloads"
+    shutil.copytree(ROOT / "payloads" / "llm_pipeline", payloads / "llm_pipeline", ignore=_IGNORE)
+    with (payloads / "llm_pipeline" / "__init__.py").open("a") as init:
+        init.write('\nraise RuntimeError("imported from the copy")\n')
+    folders = sorted({guard.tests[0].rsplit("/", 1)[0] for guard in GUARDS})
+    files = [next(guard.tests[0].split("::")[0] for guard in GUARDS if guard.tests[0].startswith(f"{folder}/"))
+             for folder in folders]  # fmt: skip
+    return payloads, ("--collect-only", *files)
+
+
+@pytest.fixture(scope="module")
+def verdicts(tmp_path_factory) -> dict[str, tuple[int, str]]:
+    """guard name (and IMPORT_CHECK) -> (pytest's exit status, its output) of its focused tests on its copy."""
+    folder = tmp_path_factory.mktemp("mutations")
+    jobs = {guard.name: (mutated_copy(guard, folder / f"guard-{n}"), guard.tests) for n, guard in enumerate(GUARDS)}
+    jobs[IMPORT_CHECK] = import_check_copy(folder / "import-check")
+    return dict(zip(jobs, _pytest(list(jobs.values()), folder), strict=True))
+
+
 @pytest.mark.parametrize("guard", GUARDS, ids=[guard.name.split(":")[0] for guard in GUARDS])
-def test_the_guards_tests_catch_its_mutation(guard, tmp_path):
-    payloads = mutated_copy(guard, tmp_path)
-    out = _pytest(payloads, *guard.tests)
-    failed = set(_FAILED.findall(out.stdout))
-    assert out.returncode == 1 and failed & set(guard.tests), (
-        f"the mutation of '{guard.name}' was not caught by {', '.join(guard.tests)}:\n{out.stdout[-3000:]}"
+def test_the_guards_tests_catch_its_mutation(guard, verdicts):
+    status, out = verdicts[guard.name]
+    failed = set(_FAILED.findall(out))
+    assert status == 1 and failed & set(guard.tests), (
+        f"the mutation of '{guard.name}' was not caught by {', '.join(guard.tests)}:\n{out[-3000:]}"
     )
 
 
@@ -131,18 +172,12 @@ def test_every_guard_names_tests_that_exist():
             assert f"def {name}(" in (ROOT / path).read_text(), test
 
 
-def test_the_guards_tests_import_the_copy(tmp_path):
+def test_the_guards_tests_import_the_copy(verdicts):
     """What makes every verdict above mean something: the focused tests import llm_pipeline from the copy (here a
     copy that refuses to be imported), in every test folder GUARDS names."""
-    payloads = tmp_path / "payloads"
-    shutil.copytree(ROOT / "payloads" / "llm_pipeline", payloads / "llm_pipeline", ignore=_IGNORE)
-    with (payloads / "llm_pipeline" / "__init__.py").open("a") as init:
-        init.write('\nraise RuntimeError("imported from the copy")\n')
-    folders = sorted({guard.tests[0].rsplit("/", 1)[0] for guard in GUARDS})
-    files = [next(guard.tests[0].split("::")[0] for guard in GUARDS if guard.tests[0].startswith(f"{folder}/"))
-             for folder in folders]  # fmt: skip
-    out = _pytest(payloads, "--collect-only", *files)
-    assert out.returncode != 0 and out.stdout.count("imported from the copy") >= len(files), out.stdout[-3000:]
+    status, out = verdicts[IMPORT_CHECK]
+    files = len({guard.tests[0].rsplit("/", 1)[0] for guard in GUARDS})
+    assert status != 0 and out.count("imported from the copy") >= files, out[-3000:]
 
 
 def test_docs_testing_lists_every_guard_and_its_test():
