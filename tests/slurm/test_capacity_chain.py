@@ -11,7 +11,9 @@ submitted, so prepare and download would add two jobs and prove nothing more her
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -154,6 +156,12 @@ def test_a_team_user_cannot_drain_and_the_release_says_so_removing_nothing(clust
     require_root("a release as a team user")
     env, _ = cluster
     user, uid = "hplscaler", 46640
+    # The user reads the cluster's slurm.conf from a folder of their own reach (pytest's tmp is root's only): without
+    # it scontrol retried the unreadable file for a minute and never asked slurmctld, which must be what refuses.
+    readable = Path(tempfile.mkdtemp(prefix="hpl-conf-"))
+    readable.chmod(0o755)
+    conf = Path(shutil.copy(env["SLURM_CONF"], readable / "slurm.conf"))
+    conf.chmod(0o644)
     subprocess.run(["useradd", "--uid", str(uid), "--no-create-home", user], check=True)
     try:
         node = sorted(states(env))[0]
@@ -164,12 +172,18 @@ def test_a_team_user_cannot_drain_and_the_release_says_so_removing_nothing(clust
         )
         done = subprocess.run(
             ["runuser", "-u", user, "--", "/usr/bin/python3", "-c", script],
-            env={**env, "PYTHONPATH": str(REPO / "payloads")}, capture_output=True, text=True, cwd=tmp_path,
+            env={**env, "SLURM_CONF": str(conf), "PYTHONPATH": str(REPO / "payloads")},
+            capture_output=True, text=True, cwd=tmp_path,
         )  # fmt: skip
         after = states(env)[node]
     finally:
         subprocess.run(["userdel", user], check=True)
+        shutil.rmtree(readable)
     assert done.returncode == 0 and done.stderr == "", done.stderr
     (line,) = done.stdout.splitlines() or [""]
     assert line.startswith(f"Slurm refused to drain {node} (") and "capacity sweep --partition" in line, line
+    # slurmctld itself refused the team user's update (not a client that could not read the conf)
+    assert "slurm_update error: Invalid user id" in line, line
+    controller_log = (Path(env["SLURM_CONF"]).parent / "log" / "slurmctld.log").read_text()
+    assert f"Security violation, UPDATE_NODE RPC from uid={uid}" in controller_log
     assert after == before  # nothing changed in Slurm

@@ -4,6 +4,7 @@ config names it (train.init_from), so the DPO chain's first job waits on the SFT
 trains from the SFT run's merged model on a tiny preference set, then consolidates, merges, generates and
 evaluates (the held-out pairs' reward figures in its report).
 
+The SFT chain's generate and evaluate are cancelled as it is submitted: the DPO chain needs its merge only.
 Both chains skip the smoke stage (--no-smoke), which would add eight jobs (measured alone: 387 s for the two chains with
 the DPO chain's smoke stage, 161 s without): the newcomer journey's `make rehearse` runs it end to end on an SFT
 chain, and what a DPO smoke run adds is tested in tests/payloads: its derived config starting from the same init run
@@ -66,6 +67,9 @@ def test_sft_then_dpo_submitted_back_to_back_runs_as_one_chain(one_node, tmp_pat
     first = submit(env, sft_path, "--from", "data", "--no-smoke")  # the model is written: no prepare, no download
     assert first.returncode == 0, first.stdout + first.stderr
     sft_jobs = SubmittedLine.jobs(first.stdout)
+    # The DPO chain needs the SFT run's merged model only: its generate goes as submitted, evaluate with it
+    # (kill_invalid_depend); an SFT chain's generate and evaluate are the newcomer journey's
+    one_node.run("scancel", sft_jobs["generate"])
     planned = submit(env, dpo_path, "--no-smoke", "--dry-run")  # the dry run shows the wait
     assert f"{AFTER_VARIABLE}={sft_jobs['merge']}" in planned.stdout, planned.stdout + planned.stderr
     (prepare,) = (line for line in planned.stdout.splitlines() if line.startswith("prepare_job="))
@@ -77,9 +81,12 @@ def test_sft_then_dpo_submitted_back_to_back_runs_as_one_chain(one_node, tmp_pat
     waits = one_node.run("squeue", "-h", "-j", dpo_jobs["prepare"], "-o", "%E").stdout.strip()
     assert waits.startswith(f"afterok:{sft_jobs['merge']}"), waits  # the DPO chain's first job waits on the merge
     wait_for(lambda: queue_is_empty(one_node), 900, "both chains to end", poll=2)
-    for path in (sft_path, dpo_path):
-        status = submit(env, path, "status")
-        assert status.returncode == 0 and "pipeline: COMPLETED" in status.stdout, status.stdout + status.stderr
+    status = submit(env, dpo_path, "status")
+    assert status.returncode == 0 and "pipeline: COMPLETED" in status.stdout, status.stdout + status.stderr
+    status = submit(env, sft_path, "status")  # through its merge, then the cancel
+    assert status.returncode == 1, status.stdout + status.stderr
+    assert f"pipeline: FAILED at step generate (job {sft_jobs['generate']}, CANCELLED)" in status.stdout
+    assert (sft.merged_dir / "model.safetensors").is_file() and not sft.generation_file.exists()
 
     logs = step_logs(dpo, dpo_jobs)
     assert f"{sft.merged_dir} is train.init_from's merged model; nothing to download" in logs["download"]

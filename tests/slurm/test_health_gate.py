@@ -78,7 +78,10 @@ def test_a_failing_check_drains_its_node_and_the_train_step_runs_on_the_other(tw
 
     sent = submit(env, config, "--from", "data", "--no-smoke")
     assert sent.returncode == 0, sent.stderr
-    train_job = SubmittedLine.jobs(sent.stdout)["train"]
+    sent_jobs = SubmittedLine.jobs(sent.stdout)
+    train_job = sent_jobs["train"]
+    # The steps after train are not needed: consolidate goes now, the rest with it (kill_invalid_depend), none started
+    subprocess.run(["scancel", sent_jobs["consolidate"]], env=env, check=True)
     train_marker = out_dir / "logs" / "state" / "train.json"
     try:
         wait_for(
@@ -87,7 +90,7 @@ def test_a_failing_check_drains_its_node_and_the_train_step_runs_on_the_other(tw
             "the train step to complete",
         )
     finally:
-        subprocess.run(["scancel", "-p", two_nodes.name], env=env, check=False)  # the steps after train: not needed
+        subprocess.run(["scancel", "-p", two_nodes.name], env=env, check=False)  # nothing left behind
 
     bad = (standin_dir / "bad-node").read_text().strip()
     good = next(node for node in two_nodes.node_names if node != bad)
@@ -101,6 +104,7 @@ def test_a_failing_check_drains_its_node_and_the_train_step_runs_on_the_other(tw
     assert f"== health gate: {good} HealthCheck:Passed ({health.CHECKS_VERSION})" in log
     starts = [line for line in log.splitlines() if line.startswith(f"== train: job {train_job} on ")]
     assert [line.split()[5] for line in starts] == [bad, good]  # requeued onto the healthy node
+    assert not list((out_dir / "logs").glob("consolidate-*.log"))  # cancelled before it could start
     lines = [json.loads(line) for line in (out_dir / "logs" / health.RESULTS_FILE).read_text().splitlines()]
     assert [(line["node"], line["passed"]) for line in lines] == [(bad, False), (good, True)]
     assert all(line["version"] == health.CHECKS_VERSION and line["step"] == "train" for line in lines)

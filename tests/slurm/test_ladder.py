@@ -144,6 +144,13 @@ def test_ladder_chain_runs_every_rung_and_reports_torchtitans_metrics(one_node, 
         )
     first_long = StepMarker.from_json((run / "logs" / "state" / "rung-baseline.json").read_text())
     assert StepMarker.from_json((run / "logs" / "state" / "estimate.json").read_text()).time <= first_long.time
+    # status on this finished chain with its smoke stage: every step completed, and the smoke run's estimate (the
+    # suite's one `submit status` of such a chain; the default chain's --wait shows it in the newcomer journey)
+    status = submit(env, ladder_config, "status")
+    assert status.returncode == 0 and "pipeline: COMPLETED" in status.stdout, status.stdout + status.stderr
+    assert f"estimate from the smoke run ({run / 'logs' / 'estimate.json'}):" in status.stdout
+    for step in CHAIN_STEPS:
+        assert re.search(rf"(?m)^{re.escape(step)} +{jobs[step]} +COMPLETED", status.stdout), step
 
 
 def test_ladder_dry_run_chains_the_rungs_on_every_node(tmp_path):

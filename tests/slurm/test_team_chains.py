@@ -5,6 +5,8 @@ ensure_users, ensure_layout); each user's HPL_OUTPUTS_DIR comes from the profile
 Both users submit the same run config, unedited (the rehearsal's tiny CPU chain: the download stand-in ->
 evaluate), on a group that scales with runs (the local Slurm's node scaler), so both claim in the one claims
 folder. One user writes the shared model (the download stand-in, as that user); the other's chain reuses it.
+The other's chain ends after its merge (its generate and evaluate cancelled as submitted: the writer's chain
+runs them as a team user on the same layout).
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from slurm_helpers import REPO, wait_for
+from slurm_helpers import REPO, RUN_STEPS, wait_for
 
 from lifecycle import slurm_teams
 from llm_pipeline.jobs.run_config_text import write_derived
+from llm_pipeline.run_files import SubmittedLine
 from stacks.teams import users_file
 from tools.local_slurm import LocalSlurm, missing_binaries
 from tools.rehearse import DEFAULT_CONFIG, fsx_environment
@@ -166,6 +169,9 @@ def test_two_team_users_run_the_default_chain_at_once_on_the_lifecycles_layout(t
     for user, proc in submits.items():
         assert proc.returncode == 0, (user, *said[user])
         assert "capacity: claimed 1 node(s) of group compute" in said[user][0], said[user]
+    # The reader's chain ends after its merge: its generate goes as submitted, evaluate with it (kill_invalid_depend);
+    # the writer's chain generates and evaluates as a team user, the same steps on the same layout
+    slurm.run("scancel", SubmittedLine.jobs(said[READER][0])["generate"])
     wait_for(lambda: not slurm.run("squeue", "-h").stdout.strip(), 420, "both chains and their release jobs", 2)
 
     claims = Path(base["HPL_FSX_MOUNT_PATH"]) / slurm_teams.CAPACITY_FOLDER / "compute.json"
@@ -177,7 +183,9 @@ def test_two_team_users_run_the_default_chain_at_once_on_the_lifecycles_layout(t
         states = {p.stem: json.loads(p.read_text())["state"] for p in (run / "logs" / "state").glob("*.json")}
         failed = [log.read_text()[-2000:].replace("\n", " | ") for step, state in states.items() if state != "COMPLETED"
                   for log in (run / "logs").glob(f"{step}-*.log")]  # fmt: skip
-        assert states and not failed and "evaluate" in states, (user["name"], states, failed)
+        last = "evaluate" if user["name"] == WRITER else "merge"
+        assert states and not failed and last in states, (user["name"], states, failed)
+        assert not set(states) & set(RUN_STEPS[RUN_STEPS.index(last) + 1 :]), (user["name"], states)
         assert owners(run) == {user["uid"]}, f"{run}: every file is {user['name']}'s"
     model = Path(base["HPL_MODELS_DIR"]) / "tiny-llama"
     assert owners(model) == {USERS[0]["uid"]}, "the writer's download, not rewritten by the other chain"
