@@ -54,6 +54,13 @@ def register(sub: RoomCommands, common: argparse.ArgumentParser) -> None:
         help=f"start the chain at this step ({', '.join(PIPELINE_STEPS)})",
     )
     send.add_argument(
+        "--to",
+        dest="to_step",
+        choices=PIPELINE_STEPS,
+        metavar="STEP",
+        help="stop the chain after this step, its smoke stage with it (e.g. merge: no generate or evaluate)",
+    )
+    send.add_argument(
         "--no-smoke",
         dest="smoke",
         action="store_false",
@@ -117,13 +124,15 @@ ROOM = Room("runs", "submit a run's chain (or dry-run it), serve its model, comp
 
 
 def submit(args: argparse.Namespace) -> None:
-    if args.from_step and (args.ladder or args.sweep):
-        raise HpctlError("--from starts the pipeline at a step: the ladder and the sweep always run whole")
+    for given, flag in ((args.from_step, "--from"), (args.to_step, "--to")):
+        if given and (args.ladder or args.sweep):
+            raise HpctlError(f"{flag} names a step of the pipeline: the ladder and the sweep always run whole")
     if args.account and args.sweep:
         raise HpctlError("--account applies to the pipeline and the ladder: the sweep runs under the user's team")
     options = SubmitOptions(
         config="",
         from_step=args.from_step,
+        to_step=args.to_step,
         smoke=args.smoke,
         replace_outputs=args.replace_outputs,
         ladder=args.ladder,

@@ -58,6 +58,7 @@ CLUSTER_FOLDERS_ENV = cluster_folders_env()
 class SubmitOptions:
     config: str  # path relative to the payloads folder, e.g. run-configs/default-0123456789ab.toml
     from_step: str | None = None
+    to_step: str | None = None  # submit --to: the chain stops after this step
     dry_run: bool = False
     smoke: bool = True  # False: submit --no-smoke (no smoke stage, no estimate)
     replace_outputs: bool = False  # submit --replace-outputs: an earlier training's outputs move aside
@@ -135,6 +136,8 @@ def chain_argv(options: SubmitOptions) -> list[str]:
         argv = ["-m", "llm_pipeline.submit", *(["ladder"] if options.ladder else []), "--config", options.config]
     if options.from_step:
         argv += ["--from", options.from_step]
+    if options.to_step:
+        argv += ["--to", options.to_step]
     if not options.smoke:
         argv.append("--no-smoke")
     if options.replace_outputs:

@@ -48,7 +48,7 @@ from pathlib import Path
 from llm_pipeline import compile_cache, config, gather, submit
 from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs import chain, launch, pipeline_status, sagemaker_env, smoke
-from llm_pipeline.jobs.chain import ChainJob, SubmitError
+from llm_pipeline.jobs.chain import ChainJob
 from llm_pipeline.jobs.pipeline_status import StepJob
 from llm_pipeline.jobs.run_facts import RunFacts
 from llm_pipeline.run_files import CHECKPOINT, StepLog, StepVerdict
@@ -176,14 +176,6 @@ def agree_on_resume(run_config: Path, env: dict[str, str], hosts: sagemaker_env.
     )
 
 
-def job_steps(first_step: str, last_step: str | None) -> tuple[str, ...]:
-    """The job's steps from ``first_step`` through ``last_step`` (None: to the end), in the chain's order."""
-    first, last = STEPS.index(first_step), STEPS.index(last_step or STEPS[-1])
-    if last < first:
-        raise SubmitError(f"--to {last_step}: comes before --from {first_step}; give a step from {first_step} on")
-    return STEPS[first : last + 1]
-
-
 def job_plan(
     run_config: Path,
     cfg: config.RunConfig,
@@ -197,7 +189,7 @@ def job_plan(
     is off or passed before (a checkpoint in the run folder: a restarted spot job)."""
     facts = RunFacts(config=run_config, output_dir=Path(cfg.paths.output_dir), nodes=len(hosts.hosts), run=cfg)
     jobs = [  # the job's steps (gather too) that the run asks for
-        job for job in map(submit.step_job, job_steps(first_step, last_step)) if job.wanted_by(cfg)
+        job for job in map(submit.step_job, submit.chain_steps(first_step, last_step, STEPS)) if job.wanted_by(cfg)
     ]
     if last_step:
         print(
@@ -234,7 +226,7 @@ def run_step(command: list[str], env: dict[str, str], log: Path) -> int:
 def run(
     run_config: Path, *, first_step: str, env: dict[str, str], smoke_stage: bool = True, last_step: str | None = None
 ) -> int:
-    job_steps(first_step, last_step)  # a wrong --to before anything starts
+    submit.chain_steps(first_step, last_step, STEPS)  # a wrong --to before anything starts
     hosts = sagemaker_env.read_hosts(env)
     env = step_environment(env, hosts)
     sagemaker_env.link_model_channel(env)

@@ -1,6 +1,6 @@
 """Submit the whole pipeline as chained Slurm jobs, or report where a submitted one stands.
 
-    python3 -m llm_pipeline.submit --config configs/default.toml [--from train] [--dry-run] [--wait]
+    python3 -m llm_pipeline.submit --config configs/default.toml [--from train] [--to merge] [--dry-run] [--wait]
     python3 -m llm_pipeline.submit status --config configs/default.toml
 
 One sbatch job per step (payloads/slurm/<step>.sbatch), each after the previous one succeeded
@@ -92,11 +92,20 @@ def step_job(step: str) -> ChainJob:
     return PIPELINE_STEPS[step]
 
 
-def pipeline_jobs(first: str, run: RunConfig | None = None) -> list[ChainJob]:
-    """The chain's jobs from ``first``: the steps ``run`` asks for (ChainJob.wanted)."""
-    jobs = [job for job in map(step_job, steps_from(first)) if job.wanted_by(run)]
+def chain_steps(first: str, last: str | None = None, steps: tuple[str, ...] = STEPS) -> tuple[str, ...]:
+    """``steps`` (a Slurm chain's, or a training job's) from ``first`` through ``last`` (None: to the end), in the
+    pipeline's order: --from and --to of submit and of sagemaker_job."""
+    if last is not None and steps.index(last) < steps.index(first):
+        raise SubmitError(f"--to {last}: comes before --from {first}; give a step from {first} on")
+    return steps[steps.index(first) : steps.index(last or steps[-1]) + 1]
+
+
+def pipeline_jobs(first: str, run: RunConfig | None = None, last: str | None = None) -> list[ChainJob]:
+    """The chain's jobs from ``first`` through ``last``: the steps ``run`` asks for (ChainJob.wanted)."""
+    steps = chain_steps(first, last)
+    jobs = [job for job in map(step_job, steps) if job.wanted_by(run)]
     if not jobs:
-        raise SubmitError(f"--from {first}: the run config asks for none of {', '.join(steps_from(first))}")
+        raise SubmitError(f"--from {first}: the run config asks for none of {', '.join(steps)}")
     return jobs
 
 
@@ -185,10 +194,16 @@ def move_aside(facts: RunFacts, outputs: list[Path]) -> Path | None:
 
 
 def submit(
-    facts: RunFacts, first: str, env: dict[str, str], *, smoke_stage: bool = True, replace_outputs: bool = False
+    facts: RunFacts,
+    first: str,
+    env: dict[str, str],
+    *,
+    smoke_stage: bool = True,
+    replace_outputs: bool = False,
+    last: str | None = None,
 ) -> list[StepJob]:
-    """Submit the pipeline from step `first` (after a smoke stage unless ``smoke_stage`` is off); the record
-    keeps the earlier steps' jobs."""
+    """Submit the pipeline from step `first` through `last` (None: to the end), after a smoke stage unless
+    ``smoke_stage`` is off; the record keeps the earlier steps' jobs."""
     with one_chain(facts):
         move_aside(facts, check_earlier_outputs(facts, first, replace=replace_outputs))
         kept = [
@@ -200,7 +215,7 @@ def submit(
         if after:
             print(f"train.init_from: this chain starts after the merge job {after} of {facts.run.train.init_from}")
         claim_id = capacity_chain.claim_for_chain(facts, env)  # a group that scales with runs: its nodes first
-        wanted = pipeline_jobs(first, facts.run)
+        wanted = pipeline_jobs(first, facts.run, last)
         jobs = [capacity_chain.wait_job(facts), *wanted] if claim_id else wanted
         try:
             submitted = submit_chain(facts, jobs, env, kept=kept, smoke_stage=smoke_stage, after=after)
@@ -229,6 +244,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=STEPS,
         default=STEPS[0],
         help="start at this step; earlier steps' outputs must exist (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--to",
+        dest="last",
+        choices=STEPS,
+        help="stop after this step, its smoke stage with it (default: the last step the run asks for)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
     parser.add_argument(
@@ -344,7 +365,8 @@ def _main(args: argparse.Namespace) -> int:
             except SubmitError as exc:  # a dry run away from the cluster (hpctl's) has no run folders to find
                 print(f"# at submit: {exc}")
                 after = None
-            dry_run(facts, pipeline_jobs(args.first, facts.run), env, smoke_stage=args.smoke, after=after)
+            jobs = pipeline_jobs(args.first, facts.run, args.last)
+            dry_run(facts, jobs, env, smoke_stage=args.smoke, after=after)
         print(f"# {accounts.describe(env)}", file=sys.stderr)  # stdout stays the script
         return 0
     require_sbatch()
@@ -352,7 +374,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.action == "ladder":
         ladder_submit.submit(facts, env, smoke_stage=args.smoke)
     else:
-        submit(facts, args.first, env, smoke_stage=args.smoke, replace_outputs=args.replace_outputs)
+        submit(facts, args.first, env, smoke_stage=args.smoke, replace_outputs=args.replace_outputs, last=args.last)
     print(f"logs: {facts.logs_dir / StepLog('<step>', '<job>').name}")
     print(f"status: {status_hint(facts, env)}", flush=True)
     if args.wait:

@@ -57,6 +57,10 @@ def test_remote_command_runs_submit_as_the_default_user_in_a_login_shell():
     assert shlex.split(command) == ["sudo", "-n", "-u", "ubuntu", "-H", "bash", "-lc", REMOTE]
     no_smoke = remote_command(SubmitOptions(config="configs/tiny.toml", smoke=False), facts=FACTS)
     assert "llm_pipeline.submit --config configs/tiny.toml --no-smoke;" in shlex.split(no_smoke)[-1]
+    to_merge = remote_command(
+        SubmitOptions(config="configs/tiny.toml", from_step="train", to_step="merge"), facts=FACTS
+    )
+    assert "llm_pipeline.submit --config configs/tiny.toml --from train --to merge;" in shlex.split(to_merge)[-1]
     replace = remote_command(SubmitOptions(config="configs/tiny.toml", replace_outputs=True), facts=FACTS)
     assert "llm_pipeline.submit --config configs/tiny.toml --replace-outputs;" in shlex.split(replace)[-1]
 
@@ -143,11 +147,12 @@ def test_ladder_and_sweep_reach_their_submitters(deployed, session_tools, hpctl)
         command = json.loads(session_tools.calls()[9])["command"][0]
         assert expected in command, command
     assert "--nodes 1,2 --no-smoke;" in command
-    code, _, err = hpctl("submit", "--config", "tiny", "--ladder", "--from", "train")
-    assert (code, err) == (
-        2,
-        "error: --from starts the pipeline at a step: the ladder and the sweep always run whole\n",
-    )
+    for flag in ("--from", "--to"):
+        code, _, err = hpctl("submit", "--config", "tiny", "--ladder", flag, "train")
+        assert (code, err) == (
+            2,
+            f"error: {flag} names a step of the pipeline: the ladder and the sweep always run whole\n",
+        )
 
 
 def test_a_bad_config_stops_before_any_upload(deployed, session_tools, hpctl, project):

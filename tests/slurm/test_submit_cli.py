@@ -162,6 +162,22 @@ def test_dry_run_from_a_step_starts_the_chain_there(tmp_path):
     ]
 
 
+def test_dry_run_to_a_step_stops_the_chain_and_its_smoke_stage_there(tmp_path):
+    env = {"HPL_OUTPUTS_DIR": str(tmp_path)}
+    config = str(write(tmp_path, ""))
+    out = constrained_submit("--config", config, "--dry-run", "--from", "train", "--to", "merge", env=env)
+    assert out.returncode == 0, out.stderr
+    smoke = ["smoke_train", "smoke_train_resume", "smoke_consolidate", "smoke_merge"]
+    long = ["train", "consolidate", "merge"]
+    assert [line.split("=", 1)[0] for line in script_lines(out.stdout)[3:]] == [
+        f"{job}_job" for job in (*smoke, "estimate", *long)
+    ]
+    # a --to before --from: refused in one line, before anything is printed or submitted
+    refused = constrained_submit("--config", config, "--dry-run", "--from", "merge", "--to", "train", env=env)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.strip() == "error: --to train: comes before --from merge; give a step from merge on"
+
+
 def test_a_chain_that_trains_refuses_an_earlier_trainings_outputs_in_seconds(tmp_path):
     """A finished run extended with --from train: refused at submit, naming the outputs and the flag,
     where before consolidate failed after the whole training on the existing adapter/."""
