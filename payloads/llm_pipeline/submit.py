@@ -83,10 +83,6 @@ REPLACED_FOLDER = "replaced"  # <run>/replaced/<UTC time>/: earlier outputs move
 REPLACE_FLAG = run_state.REPLACE_FLAG
 
 
-def steps_from(first: str) -> tuple[str, ...]:
-    return STEPS[STEPS.index(first) :]
-
-
 def step_job(step: str) -> ChainJob:
     """The record of one step (PIPELINE)."""
     return PIPELINE_STEPS[step]
@@ -112,7 +108,7 @@ def pipeline_jobs(first: str, run: RunConfig | None = None, last: str | None = N
 def earlier_outputs(facts: RunFacts, first: str) -> list[Path]:
     """The outputs of an earlier training that a chain from ``first`` would leave beside a newer checkpoint:
     the steps after train's, when the chain trains (none when it starts after train)."""
-    if not set(TRAINING_STEPS) & set(steps_from(first)):
+    if not set(TRAINING_STEPS) & set(chain_steps(first)):
         return []
     return [facts.output_dir / name for name in TRAINED_OUTPUTS if (facts.output_dir / name).exists()]
 
@@ -123,12 +119,12 @@ def check_earlier_outputs(facts: RunFacts, first: str, *, replace: bool) -> list
     checkpoints when the config changes what it learned (run_state: train would refuse them after the smoke
     stage), unless ``replace``; the outputs to move aside."""
     changed, checkpoints = [], facts.run.paths.checkpoints_dir if facts.run else None
-    if checkpoints is not None and set(TRAINING_STEPS) & set(steps_from(first)):
+    if checkpoints is not None and set(TRAINING_STEPS) & set(chain_steps(first)):
         record = run_state.read_finished(checkpoints)
         changed = run_state.replaced_by(record, facts.run.learned())
         if changed and not replace:
             raise SubmitError(run_state.refusal(record, changed, checkpoints))
-    elif checkpoints is not None and set(SHIPPING_STEPS) & set(steps_from(first)):
+    elif checkpoints is not None and set(SHIPPING_STEPS) & set(chain_steps(first)):
         # a chain after train ships the finished checkpoint: never one another config trained (a raised
         # train.max_steps among them: that trains first); the steps refuse it too (run_state.shipped_checkpoint)
         record = run_state.read_finished(checkpoints)
