@@ -5,8 +5,8 @@ ensure_users, ensure_layout); each user's HPL_OUTPUTS_DIR comes from the profile
 Both users submit the same run config, unedited (the rehearsal's tiny CPU chain: the download stand-in ->
 evaluate), on a group that scales with runs (the local Slurm's node scaler), so both claim in the one claims
 folder. One user writes the shared model (the download stand-in, as that user); the other's chain reuses it.
-The other's chain ends after its merge (its generate and evaluate cancelled as submitted: the writer's chain
-runs them as a team user on the same layout).
+The other's chain ends after its merge (submitted `--to merge`: the writer's chain runs generate and evaluate
+as a team user on the same layout).
 """
 
 from __future__ import annotations
@@ -160,6 +160,7 @@ def test_two_team_users_run_the_default_chain_at_once_on_the_lifecycles_layout(t
             "--config",
             str(config),
             "--no-smoke",
+            *(["--to", "merge"] if user == READER else []),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
@@ -169,9 +170,10 @@ def test_two_team_users_run_the_default_chain_at_once_on_the_lifecycles_layout(t
     for user, proc in submits.items():
         assert proc.returncode == 0, (user, *said[user])
         assert "capacity: claimed 1 node(s) of group compute" in said[user][0], said[user]
-    # The reader's chain ends after its merge: its generate goes as submitted, evaluate with it (kill_invalid_depend);
-    # the writer's chain generates and evaluates as a team user, the same steps on the same layout
-    slurm.run("scancel", SubmittedLine.jobs(said[READER][0])["generate"])
+    # The reader's chain ends after its merge (--to merge, its claim released after it); the writer's chain
+    # generates and evaluates as a team user, the same steps on the same layout
+    reader_jobs = SubmittedLine.jobs(said[READER][0])
+    assert "merge" in reader_jobs and not {"generate", "evaluate"} & set(reader_jobs), said[READER][0]
     wait_for(lambda: not slurm.run("squeue", "-h").stdout.strip(), 420, "both chains and their release jobs", 2)
 
     claims = Path(base["HPL_FSX_MOUNT_PATH"]) / slurm_teams.CAPACITY_FOLDER / "compute.json"
