@@ -11,6 +11,10 @@ export CDK_PYTHON := $(PY)
 STAMP := $(VENV)/.installed
 # This checkout's code wins over whatever an editable install points at (as in pytest's pythonpath).
 export PYTHONPATH := $(CURDIR):$(CURDIR)/payloads
+# Python's default, bytecode caching, even where the environment turns it off (PYTHONDONTWRITEBYTECODE, as some CI
+# images do): a rehearsal or the suite starts thousands of Python processes (steps, hpctl, pytest's workers), and
+# without it each compiles this project's modules, and pytest its rewritten tests, again.
+unexport PYTHONDONTWRITEBYTECODE
 # The rehearsals' local Slurm daemons run as root: sudo (asked once, up front, by tools/need_root.sh) when not root.
 AS_ROOT := $(if $(filter 0,$(shell id -u)),,sudo env PYTHONPATH=$(PYTHONPATH))
 

@@ -9,6 +9,7 @@ import tomllib
 from payload_configs import CONFIGS, DEFAULT_TOML, TINY_TOML, tiny_config
 
 from llm_pipeline import config
+from tests.slurm.slurm_helpers import prepare_said
 from tools.rehearse import GPU_EXAMPLES, TINY_SHAPE, tiny_shape_config
 
 
@@ -104,7 +105,9 @@ def test_gpu_example_at_tiny_shape_is_accepted_by_prepare_on_one_cpu(name, tmp_p
     cfg = config.load(path)
     assert (cfg.train.method, cfg.parallel.devices_per_node) == (GPU_EXAMPLES[name][1], 1)
     check_lever_packages(cfg, kind=device.CPU)  # the train step's lever check on this CPU host
-    prepare_on_node(path, "tiny-random-llama", 1, monkeypatch, capsys)
+    said = prepare_on_node(path, "tiny-random-llama", 1, monkeypatch, capsys)
+    # with the example's own method, strategy, scheduler and optimizer (its chain under Slurm starts at data)
+    assert prepare_said(config.load(CONFIGS / name, env={})) <= set(said.splitlines())
 
 
 TRN2_EXAMPLES = {"llama3-8b-lora-trn2.toml": "lora", "llama3-8b-full-trn2.toml": "full"}
@@ -124,9 +127,9 @@ def test_trn2_example_is_accepted_by_prepare_on_its_node(name, monkeypatch, caps
     prepare_on_node(path, cfg.model.id, facts.devices, monkeypatch, capsys)
 
 
-def prepare_on_node(path, model_id: str, devices: int, monkeypatch, capsys) -> None:
+def prepare_on_node(path, model_id: str, devices: int, monkeypatch, capsys) -> str:
     """prepare accepts the config on a node with ``devices`` devices and asks the Hub for its model (the
-    Hub itself is out of reach here: what prepare asks it is recorded)."""
+    Hub itself is out of reach here: what prepare asks it is recorded); what it printed."""
     from llm_pipeline import prepare
 
     monkeypatch.setenv("HPL_DEVICES_PER_NODE", str(devices))
@@ -134,7 +137,9 @@ def prepare_on_node(path, model_id: str, devices: int, monkeypatch, capsys) -> N
     monkeypatch.setattr(prepare, "hub_check", lambda key, repo_id, **_: asked.append((key, repo_id)))
     assert prepare.main(["--config", str(path)]) == 0, capsys.readouterr().err
     assert ("model.id", model_id) in asked
-    assert f"processes per node: {devices}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"processes per node: {devices}" in out
+    return out
 
 
 def test_the_dpo_example_starts_from_the_sft_examples_merged_model():
