@@ -22,6 +22,7 @@ from hpctl.jobs.job_status import (
     stop_job,
 )
 from hpctl.jobs.job_submit import JobDeployment, build_spec, create_job, describe_spec
+from llm_pipeline.submit import JOB_STEPS
 
 
 def tag(text: str) -> tuple[str, str]:
@@ -56,6 +57,13 @@ def register(sub: RoomCommands, common: argparse.ArgumentParser) -> None:
         action="store_false",
         help="skip the smoke stage the job runs first (a few training steps, save, resume, consolidate, merge, "
         "generate, then the time estimate): a defect in a late step then shows only after the long training",
+    )
+    submit.add_argument(
+        "--to",
+        dest="last_step",
+        choices=JOB_STEPS,
+        metavar="STEP",
+        help="stop the job after this step, its smoke stage too (the job's steps: %(choices)s)",
     )
     submit.add_argument("--dry-run", action="store_true", help="check everything and print the job; create nothing")
     submit.set_defaults(handler=job_submit)
@@ -95,6 +103,7 @@ def job_submit(args: argparse.Namespace) -> None:
         tags=dict(args.tag),
         keep_alive_minutes=args.keep_alive_minutes,
         smoke=args.smoke,
+        last_step=args.last_step,
     )
     cfg = load_run_config(config_file, options)
     stack = describe_stack(deployment.session, deployment.settings.stack_name)

@@ -72,6 +72,7 @@ class JobOptions:
     tags: dict[str, str] = field(default_factory=dict)
     keep_alive_minutes: int = 0  # warm pool: keep the instances this long after the job for the next one
     smoke: bool = True  # the job runs its smoke stage first (llm_pipeline.sagemaker_job); --no-smoke: off
+    last_step: str | None = None  # --to: the job stops after this step (its smoke stage too); None: the whole chain
 
 
 @dataclass(frozen=True)
@@ -103,10 +104,13 @@ class JobSpec:
     resumes: bool = False  # the run folder in S3 already holds files: the job starts from them
     keep_alive_s: int = 0  # ResourceConfig.KeepAlivePeriodInSeconds (0: no warm pool)
     smoke: bool = True  # a smoke stage before the long steps, inside the job
+    last_step: str | None = None  # the job's entry stops after this step (its --to)
 
     @property
     def command(self) -> str:
         command = f"python3 -m {ENTRY_MODULE} --config {CODE_CONFIGS_FOLDER}/{self.config_file.name}"
+        if self.last_step:
+            command += f" --to {self.last_step}"
         return command if self.smoke else f"{command} --no-smoke"
 
     @property

@@ -170,6 +170,7 @@ def build_spec(
         resumes=s3_has(session, bucket, f"{OUTPUTS_PREFIX}/{paths.run}/"),
         keep_alive_s=keep_alive_seconds(options.keep_alive_minutes),
         smoke=options.smoke,
+        last_step=options.last_step,
     )
 
 

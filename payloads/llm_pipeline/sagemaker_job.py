@@ -57,7 +57,7 @@ from llm_pipeline.training.parts import FROM_BASE_MODEL
 from llm_pipeline.weights.checkpoints import checkpoint_step
 
 # The Slurm chain's order, plus gather after train: a job's hosts share no file system (gather.py).
-STEPS = tuple(job.step for job in submit.PIPELINE)  # the job's steps: gather too
+STEPS = submit.JOB_STEPS
 LEADER_ONLY_STEPS = tuple(job.step for job in submit.PIPELINE if job.leader_only)
 COMPILING_STEPS = tuple(job.step for job in submit.PIPELINE if job.compiles)  # then the leader writes the cache back
 PAYLOADS_DIR = Path(__file__).resolve().parents[1]

@@ -75,6 +75,7 @@ PIPELINE = (
 )
 PIPELINE_STEPS = {job.step: job for job in PIPELINE}
 STEPS = tuple(job.step for job in PIPELINE if not job.job_only)  # a Slurm chain's
+JOB_STEPS = tuple(job.step for job in PIPELINE)  # a training job's (llm_pipeline.sagemaker_job): gather too
 SHARED_STEPS = tuple(job.step for job in PIPELINE if job.shared)
 TRAINING_STEPS = tuple(job.step for job in PIPELINE if job.trains)
 SHIPPING_STEPS = ("consolidate", "merge")  # they ship the finished checkpoint (run_state.shipped_checkpoint)

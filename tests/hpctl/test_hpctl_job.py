@@ -350,11 +350,18 @@ def test_neuron_run_gets_the_neuron_image_and_its_cores(jobs_stack, requests_sen
     assert f"channel    neuron_cache <- {cache}" in out and "is empty" not in out
 
 
-def test_the_job_runs_its_smoke_stage_unless_told_not_to(jobs_stack, hpctl):
+def test_the_job_runs_its_smoke_stage_unless_told_not_to(jobs_stack, hpctl, capsys):
     code, out, err = hpctl("job", "submit", "--config", "default", "--dry-run")
     assert code == 0 and "python3 -m llm_pipeline.sagemaker_job --config configs/default.toml\n" in out, err
     code, out, _ = hpctl("job", "submit", "--config", "default", "--dry-run", "--no-smoke")
     assert code == 0 and "python3 -m llm_pipeline.sagemaker_job --config configs/default.toml --no-smoke\n" in out
+    # --to: the job's entry stops after that step (tests/jobs/test_job_rehearsal.py runs it); a step the job lacks
+    # is refused by name before anything is asked of AWS
+    code, out, _ = hpctl("job", "submit", "--config", "default", "--dry-run", "--to", "merge")
+    assert code == 0 and "python3 -m llm_pipeline.sagemaker_job --config configs/default.toml --to merge\n" in out
+    with pytest.raises(SystemExit) as stop:
+        hpctl("job", "submit", "--config", "default", "--dry-run", "--to", "smoke-merge")
+    assert stop.value.code == 2 and "argument --to: invalid choice: 'smoke-merge'" in capsys.readouterr().err
 
 
 def nothing_created(s3) -> bool:

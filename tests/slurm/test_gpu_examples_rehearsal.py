@@ -9,7 +9,7 @@ the newcomer journey's `make rehearse` (tests/docs/test_newcomer_journey.py) and
 the examples' own keys are what is tested. They start at the data step (--from data): prepare's checks of each
 example at tiny shape, with its method, strategy, scheduler and optimizer, run in process
 (tests/payloads/test_run_configs.py), and the download step finds the tiny model in place, as in the journey.
-As the smoke stage, only the QLoRA chain (SHIPPED: evaluate scores its
+Likewise, only the QLoRA chain (SHIPPED: evaluate scores its
 adapter on the 4-bit base) generates and evaluates here: those steps read the [generate] and [eval] keys, which
 every example shares, and a LoRA chain's are the journey's; the other chains are submitted `--to merge`."""
 
