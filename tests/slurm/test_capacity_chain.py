@@ -5,7 +5,8 @@ and neither's release removes a node the other runs on; a node that never comes 
 step (wait-capacity), and its claim is given back.
 
 The chains that run steps start at data (the module's inputs hold the model): a claim wraps whatever chain is
-submitted, so prepare and download would add two jobs and prove nothing more here.
+submitted, so prepare and download would add two jobs and prove nothing more here. For the same reason the chain
+that succeeds stops after train (`submit --to train`): its release follows the last step submitted.
 """
 
 from __future__ import annotations
@@ -95,21 +96,22 @@ def assert_removed_only_idle(removals: list[dict]) -> None:
             assert all(job.endswith("hpl-release-capacity") for job in jobs), (node, jobs)
 
 
-def test_a_chain_claims_its_node_before_train_and_gives_it_back_after_evaluate(scaled):
+def test_a_chain_claims_its_node_before_train_and_gives_it_back_after_its_last_step(scaled):
     env, root, log = scaled
     config = variant(root, "ok", train__max_steps=2, train__save_steps=2)
-    result = submit(env, config, "--from", "data", "--no-smoke")
+    result = submit(env, config, "--from", "data", "--to", "train", "--no-smoke")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "capacity: claimed 1 node(s) of group compute" in result.stdout
     (added,) = [call for call in calls(log) if call["action"] == "add"]
     assert len(added["nodes"]) == 1
     removals = released(env, log)
     out_dir = Path(env["HPL_OUTPUTS_DIR"]) / "ok"
-    evaluate_done = (out_dir / "logs" / "state" / "evaluate.json").stat().st_mtime
+    last_done = (out_dir / "logs" / "state" / "train.json").stat().st_mtime
     train_log = next((out_dir / "logs").glob("train-*.log")).stat().st_ctime
     assert added["t"] < train_log  # claimed before the chain's jobs ran
-    assert [call["nodes"] for call in removals] == [added["nodes"]] and removals[0]["t"] >= evaluate_done
-    assert json.loads((out_dir / "logs" / "state" / "evaluate.json").read_text())["state"] == "COMPLETED"
+    assert [call["nodes"] for call in removals] == [added["nodes"]] and removals[0]["t"] >= last_done
+    assert json.loads((out_dir / "logs" / "state" / "train.json").read_text())["state"] == "COMPLETED"
+    assert not list((out_dir / "logs").glob("consolidate-*.log"))  # --to train: nothing after it was submitted
     assert_removed_only_idle(removals)
     assert in_service(env) == []  # back to the floor
 
