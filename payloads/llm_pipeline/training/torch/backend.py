@@ -31,10 +31,8 @@ from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import is_chat
 from llm_pipeline.run_files import CHECKPOINT, TrainableLine
 from llm_pipeline.training import device, parts
-from llm_pipeline.training.callbacks import SealCheckpoints, TokenCounter, add_run_callbacks
-from llm_pipeline.training.loss_guard import NonFiniteLossGuard, StopAtNonFiniteLoss
-from llm_pipeline.training.metrics import UtilisationMetrics, device_peak_flops
-from llm_pipeline.training.parts import ModelPart, TrainParts, WatchPart
+from llm_pipeline.training.loss_guard import NonFiniteLossGuard
+from llm_pipeline.training.parts import ModelPart, TrainParts
 from llm_pipeline.training.plan import (
     TrainPlan,
     completion_only,
@@ -50,7 +48,7 @@ from llm_pipeline.training.rewards import reward_functions
 from llm_pipeline.training.rollouts import ServerRollouts
 from llm_pipeline.training.text_blocks import formatting_func
 from llm_pipeline.training.torch import methods, parallel
-from llm_pipeline.training.torch.profiling import StepProfiler
+from llm_pipeline.training.torch.watch import watch_run
 
 TRL_TRAINERS = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "grpo": "GRPOTrainer"}  # train.objective: trl's trainer
 
@@ -324,39 +322,6 @@ def build_trainer(cfg: RunConfig, run_parts: TrainParts, plan: TrainPlan, datase
     say(f"precision: trainable parameters fp32, compute {compute}, loss and gradient reduction fp32 ({dtypes})")
     tokens = watch_run(trainer, plan, watch, model.config, grpo=cfg.train.objective == "grpo", trainable=trainable)
     return trainer, tokens
-
-
-def watch_run(trainer, plan: TrainPlan, watch: WatchPart, model_config, *, grpo: bool, trainable: int) -> TokenCounter:
-    """The callbacks that watch the run, in their order: the printer out, the utilisation metrics, the shared
-    ones (add_run_callbacks), the non-finite loss stop, then the profiler. Returns the token counter."""
-    from transformers import PrinterCallback
-
-    tokens = TokenCounter(trainer.data_collator)
-    if grpo:  # its batches are records: the rollouts count the tokens
-        trainer.rollout_func.tokens = tokens
-    else:
-        trainer.data_collator = tokens
-    trainer.remove_callback(PrinterCallback)
-    trainer.add_callback(
-        UtilisationMetrics(tokens=tokens, model_config=model_config, full=watch.full, peak_flops=device_peak_flops())
-    )
-    add_run_callbacks(
-        trainer,
-        plan,
-        tokens=tokens,
-        trainable=trainable,
-        sequence_length=watch.sequence_length,
-        seal=SealCheckpoints(wait_for_everyone=trainer.accelerator.wait_for_everyone, keep=watch.save_total_limit),
-    )
-    trainer.loss_guard = NonFiniteLossGuard(
-        grace=watch.nonfinite_loss_grace,
-        checkpoints_dir=watch.checkpoints_dir,
-        last_step=plan.stop_after_step or None,  # else the run's max_steps, once training begins
-    )
-    trainer.add_callback(StopAtNonFiniteLoss(trainer.loss_guard, read_logs=False))
-    if watch.profile_window is not None and plan.save_checkpoints:
-        trainer.add_callback(StepProfiler(window=watch.profile_window, folder=watch.profile_dir))
-    return tokens
 
 
 def run(cfg: RunConfig, run_parts: TrainParts, plan: TrainPlan, datasets, tokenizer) -> None:
