@@ -35,10 +35,10 @@ from llm_pipeline.config import RunConfig
 from llm_pipeline.errors import StepError
 from llm_pipeline.jobs import sagemaker_env
 from llm_pipeline.run_files import CHECKPOINT
+from llm_pipeline.run_state import discard_after
 from llm_pipeline.weights.checkpoints import (
     checkpoint_folders,
     complete_checkpoints,
-    discard_after,
     has_seals,
     held_steps,
     is_sealed,

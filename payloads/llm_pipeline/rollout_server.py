@@ -1,5 +1,5 @@
 """GRPO's rollout server: vLLM's OpenAI-compatible server for the base model with runtime LoRA loading, which the
-trainer samples completions from and loads the policy's adapter into (training/torch/grpo.py). The train step
+trainer samples completions from and loads the policy's adapter into (training/rollouts.py). The train step
 starts it in the background on the allocation's last node (grpo.rollout node) or beside the trainer (colocated);
 it writes <run>/rollout/endpoint once it answers and serves until the step ends it.
 

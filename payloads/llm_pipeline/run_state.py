@@ -7,7 +7,9 @@
   change nothing learned) and the digests of its inputs (run_inputs.py: model weights, tokenizer, dataset,
   prepared data). Every move below compares against that record, never against the newest config alone.
 - resumed: from the newest complete checkpoint, with a config and inputs equal to its record; any difference
-  (a key, refilled weights, a rewritten dataset) is refused naming them and the ways forward.
+  (a key, refilled weights, a rewritten dataset) is refused naming them and the ways forward. The folders newer
+  than the one it resumes from are incomplete and are discarded first (discard_after; a training job's hosts after
+  they agree on that one, gather.py).
 - finished: ``checkpoints/finished.json`` (run_files.FinishedRecord) names the step the run reached and is
   a copy of that checkpoint's record: the train step writes it only when that checkpoint is the run's end by
   its own trainer state (its train.max_steps, or where its epochs end) and was good (a bad last step stops the
@@ -29,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,7 +47,7 @@ from llm_pipeline.run_files import (
     FinishedRecord,
     TrainedFrom,
 )
-from llm_pipeline.weights.checkpoints import COMPLETE_MARKER, discard_after, newest_complete
+from llm_pipeline.weights.checkpoints import COMPLETE_MARKER, checkpoint_folders, newest_complete
 
 if TYPE_CHECKING:
     from llm_pipeline.training.plan import TrainPlan
@@ -293,6 +296,17 @@ def shipped_checkpoint(checkpoints_dir: Path, now: TrainedFrom, step: str) -> Pa
             f"train.max_steps first, submit from train (an extension); to {WAYS_FORWARD}"
         )
     return folder
+
+
+def discard_after(checkpoints_dir: Path, step: int) -> list[Path]:
+    """Delete the checkpoint folders newer than ``step``, the newest complete checkpoint (0: none), on this
+    node's disk. None of them is complete; saving the same step again into one would mix its leftovers
+    (a partial restore's, an interrupted save's) into the new checkpoint and into the seals that list
+    what the folder holds. Returns what was deleted."""
+    newer = [folder for found, folder in checkpoint_folders(checkpoints_dir) if found > step]
+    for folder in newer:
+        shutil.rmtree(folder, ignore_errors=True)  # on a shared file system every node may try
+    return newer
 
 
 def check_not_past_end(end: RunEnd, plan: TrainPlan) -> bool:

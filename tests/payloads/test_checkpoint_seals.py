@@ -16,6 +16,7 @@ from transformers.trainer_callback import CallbackHandler
 
 from llm_pipeline.data import prepare_if_stale, training_inputs
 from llm_pipeline.errors import StepError
+from llm_pipeline.run_state import discard_after
 from llm_pipeline.training import parts
 from llm_pipeline.training.callbacks import SealCheckpoints
 from llm_pipeline.training.neuron.backend import SEAL_RENDEZVOUS, seal_checkpoints
@@ -23,7 +24,6 @@ from llm_pipeline.training.torch import backend as torch_backend
 from llm_pipeline.weights.checkpoints import (
     checkpoint_folders,
     complete_checkpoints,
-    discard_after,
     is_sealed,
     newest_complete,
     prune,

@@ -8,6 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from llm_pipeline.training import metrics
+from llm_pipeline.training.torch.watch import UtilisationMetrics
 
 LLAMA3_8B = LlamaConfig(
     hidden_size=4096,
@@ -63,7 +64,7 @@ def test_mfu_counts_the_real_tokens_and_their_own_example_lengths():
         }
 
     tokens = TokenCounter(pad_to(1024))
-    callback = metrics.UtilisationMetrics(tokens=tokens, model_config=LLAMA3_8B, full=True, peak_flops=989.4e12)
+    callback = UtilisationMetrics(tokens=tokens, model_config=LLAMA3_8B, full=True, peak_flops=989.4e12)
     callback.on_train_begin(SimpleNamespace(world_size=1), None, None)
     callback.last_time = 0.0  # one second before the log below
     # one packed row of two examples (600 + 400 tokens) and one padded example of 200 tokens

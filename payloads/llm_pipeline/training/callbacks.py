@@ -55,7 +55,7 @@ class TokenCounter:
 
 
 # Optional fields of a log event, as the progress line prints them: key, label, scale, digits, unit. Other callbacks
-# add mfu and peak memory (training.metrics); trl's GRPOTrainer logs the reward (and its std), KL and
+# add mfu and peak memory (training/torch/watch.py); trl's GRPOTrainer logs the reward (and its std), KL and
 # completion length.
 EXTRA_FIELDS = (
     ("mfu", "mfu", 100, 1, "%"),

@@ -1,4 +1,5 @@
-"""Model FLOPs utilisation and peak memory, added to every log event of the torch backend.
+"""Model FLOPs utilisation and peak memory: the accounting (the torch engine adds both to every log event,
+training/torch/watch.py; the training benchmark reports them).
 
 FLOPs per trained token (the PaLM paper's appendix-B accounting, dense matmuls only):
 - N = weights every token multiplies: per decoder layer q, k, v, o, gate, up, down; plus lm_head;
@@ -18,8 +19,6 @@ from __future__ import annotations
 import os
 import resource
 import sys
-
-from transformers import TrainerCallback
 
 # Dense bf16 tensor-core peak per device, TFLOP/s (NVIDIA data sheets, SXM parts, no sparsity).
 PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.05, "A10G": 70.0}
@@ -71,33 +70,3 @@ def peak_memory_bytes() -> int:
         return torch.cuda.max_memory_allocated()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
-
-
-class UtilisationMetrics(TrainerCallback):
-    """Adds non-padding tokens/s, MFU and peak memory to each log event (before MetricsLogger prints it)."""
-
-    def __init__(self, *, tokens, model_config, full: bool, peak_flops: float | None):
-        self.tokens = tokens  # the TokenCounter around the data collator
-        self.model_config = model_config
-        self.full = full
-        self.peak_flops = peak_flops
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        import time
-
-        self._clock = time.perf_counter
-        self.last_time, self.last_tokens, self.last_context = self._clock(), self.tokens.real, self.tokens.context
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs is None or "loss" not in logs:
-            return
-        now = self._clock()
-        elapsed = max(now - self.last_time, 1e-9)
-        tokens = self.tokens.real - self.last_tokens
-        context = self.tokens.context - self.last_context
-        tokens_per_second = tokens * args.world_size / elapsed
-        self.last_time, self.last_tokens, self.last_context = now, self.tokens.real, self.tokens.context
-        logs["peak_memory_gb"] = peak_memory_bytes() / 1e9
-        if self.peak_flops and tokens:
-            flops_token = flops_per_token(self.model_config, context / tokens, full=self.full)
-            logs["mfu"] = mfu(tokens_per_second, flops_token, args.world_size, self.peak_flops)

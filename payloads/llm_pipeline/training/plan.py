@@ -131,6 +131,21 @@ def preference_arguments(cfg: config.RunConfig, shared: dict[str, Any]) -> dict[
     }
 
 
+# GRPOConfig keys named as trl names them, from [grpo]
+GRPO_KEYS = ("num_generations", "max_completion_length", "temperature", "beta", "epsilon", "loss_type")
+SFT_ONLY = ("max_length", "packing")  # the shared trainer arguments GRPOConfig does not take
+
+
+def grpo_arguments(cfg: config.RunConfig, shared: dict[str, Any]) -> dict[str, Any]:
+    """trl's GRPOConfig keywords: the ``shared`` ones (sft_arguments) that apply, and the [grpo] section's."""
+    return {
+        **{key: value for key, value in shared.items() if key not in SFT_ONLY},
+        **{key: getattr(cfg.grpo, key) for key in GRPO_KEYS},
+        "scale_rewards": cfg.grpo.scale_rewards,
+        "log_completions": False,
+    }
+
+
 def reference_line(cfg: config.RunConfig) -> str:
     """What DPO's reference model is and costs (the train step and the dry run say it)."""
     dpo = cfg.dpo

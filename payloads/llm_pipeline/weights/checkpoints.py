@@ -156,14 +156,3 @@ def prune(checkpoints_dir: Path, *, keep: int, node: int) -> list[Path]:
     for folder in old:
         shutil.rmtree(folder, ignore_errors=True)
     return old
-
-
-def discard_after(checkpoints_dir: Path, step: int) -> list[Path]:
-    """Delete the checkpoint folders newer than ``step``, the newest complete checkpoint (0: none), on this
-    node's disk. None of them is complete; saving the same step again into one would mix its leftovers
-    (a partial restore's, an interrupted save's) into the new checkpoint and into the seals that list
-    what the folder holds. Returns what was deleted."""
-    newer = [folder for found, folder in checkpoint_folders(checkpoints_dir) if found > step]
-    for folder in newer:
-        shutil.rmtree(folder, ignore_errors=True)  # on a shared file system every node may try
-    return newer

@@ -10,6 +10,13 @@ a later epoch itself; tests/payloads/test_train_torch.py resumes inside epoch 2)
 sharded distributed checkpoints, and adapter
 methods also get a plain peft adapter in each checkpoint so consolidate and generate read it as
 they read a one-process checkpoint.
+
+Each train.objective is one of trl's trainers (TRL_TRAINERS) with its arguments from training/plan.py. GRPO's
+completions come from the project's vLLM rollout server through trl's ``rollout_func`` hook (training/rollouts.py),
+scored by grpo.rewards (training/rewards.py): trl's own server mode syncs weights over NCCL, which neither a CPU host
+nor the vLLM site (no trl) has, so the policy reaches the server as what the run trains, a LoRA adapter (export_adapter
+under FSDP2, peft's save_pretrained in one process), loaded in place at runtime. The server runs beside the trainer
+(colocated) or on the allocation's last node (grpo.rollout; rollout_server.py).
 """
 
 from __future__ import annotations
@@ -24,13 +31,12 @@ from llm_pipeline.errors import StepError
 from llm_pipeline.prompt import is_chat
 from llm_pipeline.run_files import CHECKPOINT, TrainableLine
 from llm_pipeline.training import device, parts
-from llm_pipeline.training.callbacks import SealCheckpoints, TokenCounter, add_run_callbacks
-from llm_pipeline.training.loss_guard import NonFiniteLossGuard, StopAtNonFiniteLoss
-from llm_pipeline.training.metrics import UtilisationMetrics, device_peak_flops
-from llm_pipeline.training.parts import ModelPart, TrainParts, WatchPart
+from llm_pipeline.training.loss_guard import NonFiniteLossGuard
+from llm_pipeline.training.parts import ModelPart, TrainParts
 from llm_pipeline.training.plan import (
     TrainPlan,
     completion_only,
+    grpo_arguments,
     loss_records,
     preference_arguments,
     reference_line,
@@ -38,9 +44,11 @@ from llm_pipeline.training.plan import (
     sft_arguments,
     world_size,
 )
+from llm_pipeline.training.rewards import reward_functions
+from llm_pipeline.training.rollouts import ServerRollouts
 from llm_pipeline.training.text_blocks import formatting_func
-from llm_pipeline.training.torch import grpo, methods, parallel
-from llm_pipeline.training.torch.profiling import StepProfiler
+from llm_pipeline.training.torch import methods, parallel
+from llm_pipeline.training.torch.watch import watch_run
 
 TRL_TRAINERS = {"sft": "SFTTrainer", "dpo": "DPOTrainer", "grpo": "GRPOTrainer"}  # train.objective: trl's trainer
 
@@ -258,8 +266,22 @@ def build_trainer(cfg: RunConfig, run_parts: TrainParts, plan: TrainPlan, datase
         # pairs as prepared; trl disables the adapter or loads the copy for its reference
         inputs = {"train_dataset": datasets["train"], "eval_dataset": validation}
     else:  # grpo
-        argument_sets = (parallel_arguments, device_arguments, levers)
-        args, inputs = grpo.trainer_parts(cfg, shared, datasets, rollout_func, *argument_sets, export=save_adapter)
+        from trl import GRPOConfig
+
+        args = GRPOConfig(
+            **grpo_arguments(cfg, shared),
+            **parallel_arguments,
+            **device_arguments,
+            **levers,
+            optim=cfg.train.optimizer,
+        )
+        # no evaluation split: its completions would be sampled too; the completions come from the rollout server
+        # unless ``rollout_func`` is given
+        inputs = {
+            "train_dataset": datasets["train"],
+            "reward_funcs": reward_functions(cfg.grpo),
+            "rollout_func": rollout_func or ServerRollouts(cfg, save_adapter),
+        }
     # trl creates the adapter before the Trainer seeds anything: seed first, so every rank (FSDP2 shards
     # each rank's own copy, it does not broadcast) and every run starts from the same LoRA A.
     set_seed(cfg.train.seed)
@@ -300,39 +322,6 @@ def build_trainer(cfg: RunConfig, run_parts: TrainParts, plan: TrainPlan, datase
     say(f"precision: trainable parameters fp32, compute {compute}, loss and gradient reduction fp32 ({dtypes})")
     tokens = watch_run(trainer, plan, watch, model.config, grpo=cfg.train.objective == "grpo", trainable=trainable)
     return trainer, tokens
-
-
-def watch_run(trainer, plan: TrainPlan, watch: WatchPart, model_config, *, grpo: bool, trainable: int) -> TokenCounter:
-    """The callbacks that watch the run, in their order: the printer out, the utilisation metrics, the shared
-    ones (add_run_callbacks), the non-finite loss stop, then the profiler. Returns the token counter."""
-    from transformers import PrinterCallback
-
-    tokens = TokenCounter(trainer.data_collator)
-    if grpo:  # its batches are records: the rollouts count the tokens
-        trainer.rollout_func.tokens = tokens
-    else:
-        trainer.data_collator = tokens
-    trainer.remove_callback(PrinterCallback)
-    trainer.add_callback(
-        UtilisationMetrics(tokens=tokens, model_config=model_config, full=watch.full, peak_flops=device_peak_flops())
-    )
-    add_run_callbacks(
-        trainer,
-        plan,
-        tokens=tokens,
-        trainable=trainable,
-        sequence_length=watch.sequence_length,
-        seal=SealCheckpoints(wait_for_everyone=trainer.accelerator.wait_for_everyone, keep=watch.save_total_limit),
-    )
-    trainer.loss_guard = NonFiniteLossGuard(
-        grace=watch.nonfinite_loss_grace,
-        checkpoints_dir=watch.checkpoints_dir,
-        last_step=plan.stop_after_step or None,  # else the run's max_steps, once training begins
-    )
-    trainer.add_callback(StopAtNonFiniteLoss(trainer.loss_guard, read_logs=False))
-    if watch.profile_window is not None and plan.save_checkpoints:
-        trainer.add_callback(StepProfiler(window=watch.profile_window, folder=watch.profile_dir))
-    return tokens
 
 
 def run(cfg: RunConfig, run_parts: TrainParts, plan: TrainPlan, datasets, tokenizer) -> None:
