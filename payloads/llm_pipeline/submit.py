@@ -202,6 +202,7 @@ def submit(
     """Submit the pipeline from step `first` through `last` (None: to the end), after a smoke stage unless
     ``smoke_stage`` is off; the record keeps the earlier steps' jobs."""
     with one_chain(facts):
+        wanted = pipeline_jobs(first, facts.run, last)  # a --to before --from refused before anything moves
         move_aside(facts, check_earlier_outputs(facts, first, replace=replace_outputs))
         kept = [
             job
@@ -212,7 +213,6 @@ def submit(
         if after:
             print(f"train.init_from: this chain starts after the merge job {after} of {facts.run.train.init_from}")
         claim_id = capacity_chain.claim_for_chain(facts, env)  # a group that scales with runs: its nodes first
-        wanted = pipeline_jobs(first, facts.run, last)
         jobs = [capacity_chain.wait_job(facts), *wanted] if claim_id else wanted
         try:
             submitted = submit_chain(facts, jobs, env, kept=kept, smoke_stage=smoke_stage, after=after)
@@ -355,6 +355,7 @@ def _main(args: argparse.Namespace) -> int:
         if args.action == "ladder":
             ladder_submit.dry_run(facts, env, smoke_stage=args.smoke)
         else:
+            jobs = pipeline_jobs(args.first, facts.run, args.last)
             for path in check_earlier_outputs(facts, args.first, replace=args.replace_outputs):
                 print(f"# first: move {path} aside into {facts.output_dir / REPLACED_FOLDER}/<time>/")
             try:
@@ -362,7 +363,6 @@ def _main(args: argparse.Namespace) -> int:
             except SubmitError as exc:  # a dry run away from the cluster (hpctl's) has no run folders to find
                 print(f"# at submit: {exc}")
                 after = None
-            jobs = pipeline_jobs(args.first, facts.run, args.last)
             dry_run(facts, jobs, env, smoke_stage=args.smoke, after=after)
         print(f"# {accounts.describe(env)}", file=sys.stderr)  # stdout stays the script
         return 0

@@ -17,7 +17,7 @@ from llm_pipeline import config as run_config
 from llm_pipeline import run_state
 from llm_pipeline.errors import PipelineError
 from llm_pipeline.jobs.run_facts import read_run_facts
-from llm_pipeline.submit import REPLACED_FOLDER, TRAINED_OUTPUTS, check_earlier_outputs, move_aside
+from llm_pipeline.submit import REPLACED_FOLDER, TRAINED_OUTPUTS, check_earlier_outputs, move_aside, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm-submit_cli")]
 PAYLOADS = REPO / "payloads"
@@ -220,6 +220,17 @@ def test_replace_outputs_moves_each_output_aside_whole(tmp_path):
     assert {p.name: (p / "file" if p.is_dir() else p).read_text() for p in target.iterdir()} == {
         name: name for name in TRAINED_OUTPUTS
     }
+
+
+def test_a_to_before_from_is_refused_before_any_output_moves_aside(tmp_path):
+    """submit itself (not only its dry run): the chain's steps are checked first, so --replace-outputs has
+    moved nothing and no capacity was claimed when a --to before --from is refused."""
+    run = tmp_path / "run"
+    (run / "merged").mkdir(parents=True)
+    facts = read_run_facts(write(tmp_path, f'[paths]\noutput_dir = "{run}"\n'), {})
+    with pytest.raises(PipelineError, match=r"^--to data: comes before --from train"):
+        submit(facts, "train", {}, replace_outputs=True, last="data")
+    assert (run / "merged").is_dir() and not (run / REPLACED_FOLDER).exists()
 
 
 def test_a_finished_run_with_other_learning_keys_is_refused_at_submit_or_its_checkpoints_moved_aside(tmp_path):
