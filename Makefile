@@ -3,8 +3,13 @@ SHELL := /bin/bash
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 PIP   := $(VENV)/bin/pip
-# The interpreter a new .venv is made with (any of 3.11 to 3.13, e.g. PYTHON=python3.12).
-PYTHON ?= python3
+# The interpreter a new .venv is made with (any of 3.11 to 3.13; PYTHON=python3.12 picks another). Unless told, the
+# distribution's own /usr/bin/python3 when it is one of those: Debian and Ubuntu build it with profile-guided and
+# link-time optimization, which pyenv and other source builds leave out unless asked, and the suite and a rehearsal
+# start thousands of Python processes (docs/testing.md has the difference). Otherwise python3 on PATH.
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(or $(shell /usr/bin/python3 -c 'import sys; print(sys.executable if (3, 11) <= sys.version_info[:2] <= (3, 13) else "")' 2>/dev/null),python3)
+endif
 CDK   := npx --no-install cdk
 # cdk.json's app runs this interpreter (default .venv's), so `make synth VENV=...` synthesizes with that venv.
 export CDK_PYTHON := $(PY)
@@ -112,7 +117,7 @@ need-root:  # the rehearsals' first prerequisite (not in `make help`): says why 
 	@tools/need_root.sh "make $(firstword $(filter rehearse%,$(MAKECMDGOALS)) rehearse)"
 
 system-packages:  ## install slurm-wlm, slurmdbd, munge, mariadb-server, graphviz, prometheus, prometheus-node-exporter, python3-venv, sudo when missing (apt-get; sudo when not root)
-	@tools/system_packages.sh
+	@PYTHON=$(PYTHON) tools/system_packages.sh
 
 venv: $(STAMP)  ## create .venv and node_modules from the pinned files
 

@@ -16,7 +16,8 @@ for pair in slurmctld:slurm-wlm slurmd:slurm-wlm sbatch:slurm-wlm munged:munge d
   slurmdbd:slurmdbd mariadbd:mariadb-server sudo:sudo; do
   PATH="$PATH${sbin_dirs:+:$sbin_dirs}" command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
-python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
+# The interpreter make makes .venv with (the Makefile's PYTHON): its venv module.
+"${PYTHON:-python3}" -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
 mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u | sed '/^$/d')
 if (( ${#missing[@]} == 0 )); then
   exit 0
