@@ -38,7 +38,7 @@ endif
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help need-root system-packages venv hpctl synth lint doc-tables iam-table test test-fast test-engine test-trn1 snapshot-update deploy diff destroy rehearse rehearse-config rehearse-ladder bench bench-train bench-serve diagram clean
+.PHONY: help need-root system-packages venv hpctl synth lint doc-tables iam-table test test-fast test-engine test-trn1 check-python312 snapshot-update deploy diff destroy rehearse rehearse-config rehearse-ladder bench bench-train bench-serve diagram clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -144,8 +144,10 @@ iam-table: $(STAMP)  ## rewrite docs/aws-calls.md: every AWS call in the code, b
 TEST_WORKERS ?= 4
 test: system-packages lint  ## set up a fresh Debian/Ubuntu machine as needed, lint, then run the whole suite (both stacks)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25  # the 25 slowest, so a slow new test shows in CI
-	$(MAKE) --no-print-directory test-trn1
-	tools/check_python312.sh  # the laptop side on Ubuntu 24.04's Python: a fresh 3.12 venv installs and synthesizes
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-trn1 check-python312  # side by side, each one's output whole
+
+check-python312: $(STAMP)  ## the laptop side on Ubuntu 24.04's Python: a fresh 3.12 venv installs every site and synthesizes (make test runs it)
+	env -u MAKEFLAGS tools/check_python312.sh  # its own make -j4 for the sites, not this make's job slots
 
 test-trn1: $(STAMP)  ## the frozen trn1 lane's tests (and the payload code shared with it) on .venv/trn1-site
 	PYTHONPATH=$(CURDIR)/$(VENV)/trn1-site:$(PYTHONPATH) $(PY) -m pytest -n 2 --dist loadgroup

@@ -116,3 +116,24 @@ def test_the_editable_install_leaves_setuptools_information_box_out(checkout, tm
 
     assert "name as your package" in stderr(build)  # what it silences, when not set
     assert "name as your package" not in stderr([str(ROOT / words[0]), *words[1:pip], *build])
+
+
+def venv_interpreter(checkout: Path, *overrides: str) -> str:
+    """The interpreter make would make a fresh venv with (its first recipe line's `<python> -m venv fresh`)."""
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-n", "fresh/bin/python", "VENV=fresh", *overrides],
+        cwd=checkout, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if line.endswith(" -m venv fresh")]
+    return shlex.split(line)[-4]
+
+
+def test_a_new_venv_is_made_on_the_distributions_python_when_it_is_one_the_stack_takes(checkout):
+    """Debian's and Ubuntu's /usr/bin/python3 is built with profile-guided and link-time optimization; a pyenv
+    python3 first on PATH is not unless asked: make prefers the former when it is 3.11 to 3.13."""
+    system = Path("/usr/bin/python3")
+    version = subprocess.run([system, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True)
+    takes = system.is_file() and version.stdout.strip() in {"(3, 11)", "(3, 12)", "(3, 13)"}
+    assert venv_interpreter(checkout) == (str(system) if takes else "python3")
+    assert venv_interpreter(checkout, "PYTHON=python3.12") == "python3.12"  # named: always that one

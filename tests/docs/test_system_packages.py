@@ -90,3 +90,24 @@ def test_the_readme_and_make_help_name_every_package_it_installs():
     for package in sorted(packages):
         assert re.search(rf"(?<![\w-]){package}(?![\w-])", readme), f"README: {package} missing"
         assert re.search(rf"(?<![\w-]){package}(?![\w-])", help_line), f"make help: {package} missing"
+
+
+def test_the_venv_module_is_checked_on_the_interpreter_make_makes_the_venv_with(tmp_path):
+    """make passes its PYTHON (the distribution's python3, or the one named): python3-venv is installed when that
+    one lacks the venv module, whatever python3 comes first on PATH."""
+    for tool in ("slurmctld", "slurmd", "munged", "slurmdbd", "mariadbd", "sbatch", "dot", "prometheus", "sudo"):
+        (tmp_path / tool).symlink_to(shutil.which("true"))
+    (tmp_path / "prometheus-node-exporter").symlink_to(shutil.which("true"))
+    (tmp_path / "python3").symlink_to(sys.executable)  # has ensurepip
+    for tool in ("sort", "sed", "env"):
+        (tmp_path / tool).symlink_to(shutil.which(tool))
+    without_venv = tmp_path / "python-without-venv"
+    without_venv.write_text("#!/bin/sh\nexit 1\n")  # `import ensurepip` fails, as on Debian without python3-venv
+    without_venv.chmod(0o755)
+    fake_apt(tmp_path)
+    env = {"PATH": str(tmp_path), "HPL_SBIN_DIRS": ""}
+    done = subprocess.run([shutil.which("bash"), str(SCRIPT)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
+    env["PYTHON"] = str(without_venv)
+    done = subprocess.run([shutil.which("bash"), str(SCRIPT)], env=env, capture_output=True, text=True)
+    assert done.stdout == "installing system packages: python3-venv\n", done.stdout + done.stderr
