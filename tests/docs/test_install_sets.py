@@ -137,3 +137,46 @@ def test_a_new_venv_is_made_on_the_distributions_python_when_it_is_one_the_stack
     takes = system.is_file() and version.stdout.strip() in {"(3, 11)", "(3, 12)", "(3, 13)"}
     assert venv_interpreter(checkout) == (str(system) if takes else "python3")
     assert venv_interpreter(checkout, "PYTHON=python3.12") == "python3.12"  # named: always that one
+
+
+CHECK_312 = ROOT / "tools" / "check_python312.sh"
+CHECKED_SITES = (".installed-laptop", ".installed-trn1-site", ".installed-torchtitan-site", ".installed-checkov")
+
+
+def check_312_key_files() -> list[str]:
+    """tools/check_python312.sh's KEY_FILES: what its venv's installs read."""
+    (words,) = re.findall(r"^KEY_FILES=\((.*?)\)", CHECK_312.read_text(), re.M | re.S)
+    return shlex.split(words)
+
+
+def test_the_python312_venv_is_keyed_on_every_file_its_sites_make_rules_read():
+    """The 3.12 check reuses its venv while its key holds: every prerequisite of the four sites' make rules is in
+    the key, or a changed pin would be checked against the old install."""
+    makefile = (ROOT / "Makefile").read_text()
+    prerequisites = set()
+    for site in CHECKED_SITES:
+        (rule,) = re.findall(rf"^\$\(VENV\)/{re.escape(site)}:(.*)$", makefile, re.M)
+        prerequisites |= {word for word in rule.split("|")[0].split() if not word.startswith("$(")}
+    assert prerequisites and prerequisites <= set(check_312_key_files()), prerequisites - set(check_312_key_files())
+    assert {"Makefile", "tools/check_python312.sh"} <= set(check_312_key_files())  # the recipes and the check
+
+
+def test_the_python312_venvs_key_follows_the_files_contents_not_their_times(tmp_path):
+    """A fresh clone (new times, another folder) keeps the key; one changed pin changes it."""
+
+    def key(checkout: Path) -> str:
+        done = subprocess.run([checkout / "tools" / "check_python312.sh", "--key"], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    def copy(to: Path) -> Path:
+        for name in check_312_key_files():
+            (to / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / name, to / name)
+        return to
+
+    first, second = copy(tmp_path / "a"), copy(tmp_path / "b")
+    assert len(key(first)) == 64 and key(first) == key(second)
+    pins = second / "requirements-checkov.txt"
+    pins.write_text(pins.read_text() + "# one more line\n")
+    assert key(second) != key(first)
