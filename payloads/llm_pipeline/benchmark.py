@@ -16,6 +16,7 @@ stderr, delta; the serving figures and the accelerator they were measured on) an
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -63,6 +64,21 @@ def use_datasets_cache() -> Path:
     return folder
 
 
+@functools.cache
+def task_index(task_dir: str, tasks: tuple[str, ...]):
+    """lm-eval's TaskManager for ``tasks``, built once per process (the base and the tuned model share it): the
+    task folder's index alone when the folder holds every one of them as a task, else lm-eval's own ~15,000 tasks
+    too, which cost about 8 CPU-s to index. Either way a task resolves to the same YAML: the folder's tasks take
+    precedence over lm-eval's of the same name (TaskManager's include_path)."""
+    from lm_eval.tasks import TaskManager
+
+    if task_dir:
+        own = TaskManager(include_path=task_dir, include_defaults=False)
+        if set(tasks) <= set(own.all_subtasks):
+            return own
+    return TaskManager(include_path=task_dir or None)
+
+
 def cache_datasets(cfg: RunConfig) -> Path:
     """The download step's part: every dataset lm-eval loads for benchmark.tasks, fetched with the stack's Hub token
     and prepared into the cache, exactly as the benchmark step will ask for it (lm-eval builds each task)."""
@@ -70,10 +86,9 @@ def cache_datasets(cfg: RunConfig) -> Path:
     token = download.find_token()
     if token:
         os.environ["HF_TOKEN"] = token
-    from lm_eval.tasks import TaskManager
-
+    tasks = tuple(cfg.benchmark.task_shots())
     with contextlib.chdir(cfg.benchmark.task_dir or os.getcwd()):  # a custom task's relative data_files
-        TaskManager(include_path=cfg.benchmark.task_dir or None).load(list(cfg.benchmark.task_shots()))
+        task_index(cfg.benchmark.task_dir, tasks).load(list(tasks))
     print(f"benchmark datasets of {', '.join(cfg.benchmark.task_shots())} cached in {folder}", flush=True)
     return folder
 
@@ -91,10 +106,9 @@ def score_tasks(cfg: RunConfig, base_url: str, tokenizer_dir: Path, served: str 
     """{task: {metric, score, stderr}} from lm-eval against the server at ``base_url``, task by task (each with its
     own few-shot count)."""
     import lm_eval
-    from lm_eval.tasks import TaskManager
 
     bench = cfg.benchmark
-    manager = TaskManager(include_path=bench.task_dir or None)
+    manager = task_index(bench.task_dir, tuple(bench.task_shots()))
     found = {}
     # A custom task's relative data_files resolve against the working folder: its own.
     with contextlib.chdir(bench.task_dir or os.getcwd()):

@@ -68,10 +68,10 @@ def direct_lm_eval(models: list[Path], task_dir: Path) -> list[dict]:
 import json, os, lm_eval
 from lm_eval.tasks import TaskManager
 os.chdir({str(task_dir)!r})
+tasks = TaskManager(include_path={str(task_dir)!r})  # lm-eval's whole index, as lm-eval's own use builds it
 for model in {[str(model) for model in models]!r}:
     out = lm_eval.simple_evaluate(model="hf", model_args={{"pretrained": model, "dtype": "float32", "device": "cpu",
-        "max_length": 512}}, tasks=[{tiny.TINY_TASK!r}], num_fewshot=0,
-        task_manager=TaskManager(include_path={str(task_dir)!r}),
+        "max_length": 512}}, tasks=[{tiny.TINY_TASK!r}], num_fewshot=0, task_manager=tasks,
         random_seed=1234, numpy_random_seed=1234, torch_random_seed=1234, fewshot_random_seed=1234)
     print("RESULT " + json.dumps(out["results"][{tiny.TINY_TASK!r}]))
 """
@@ -132,6 +132,31 @@ def test_step_scores_equal_lm_eval_direct_and_the_gate_names_the_dropped_task(tm
         log = (run_dir / "benchmark" / server_log(model)).read_text().splitlines()
         loaded = [line for line in log if "Starting to load model" in line]
         assert len(loaded) == 1 and loaded[0].startswith("(EngineCore pid="), (model, loaded)
+
+
+def test_a_task_folder_holding_every_task_is_indexed_alone_and_its_tasks_win_over_lm_evals(tmp_path):
+    """benchmark.task_index: the folder's index alone when it holds every task (the rehearsal's tiny task: no 8 CPU-s
+    spent indexing lm-eval's own), lm-eval's too when a task is not the folder's. A folder task named like one of
+    lm-eval's (arc_easy here) is the folder's either way, so leaving lm-eval's index out changes no task."""
+    tasks = tiny.write_tiny_task(tmp_path / "tasks")
+    shadow = (tasks / f"{tiny.TINY_TASK}.yaml").read_text().replace(f"task: {tiny.TINY_TASK}", "task: arc_easy")
+    (tasks / "arc_easy.yaml").write_text(shadow)
+    code = f"""
+import json
+from llm_pipeline.benchmark import task_index
+own = task_index({str(tasks)!r}, ({tiny.TINY_TASK!r}, "arc_easy"))
+both = task_index({str(tasks)!r}, ({tiny.TINY_TASK!r}, "hellaswag"))
+print(json.dumps({{"own": own.all_subtasks, "both": len(both.all_subtasks), "hellaswag": "hellaswag" in both.all_tasks,
+    "arc_easy": [str(index.task_index["arc_easy"].yaml_path) for index in (own, both)],
+    "once": task_index({str(tasks)!r}, ({tiny.TINY_TASK!r}, "arc_easy")) is own}}))
+"""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "payloads"), "HF_DATASETS_OFFLINE": "1"}
+    run = subprocess.run([site_python(), "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.splitlines()[-1])
+    assert found["own"] == sorted([tiny.TINY_TASK, "arc_easy"]) and found["once"]
+    assert found["hellaswag"] and found["both"] > 1000  # lm-eval's own, indexed
+    assert found["arc_easy"] == [str(tasks / "arc_easy.yaml")] * 2
 
 
 def test_a_bad_task_name_is_refused_at_load(tmp_path):
