@@ -7,8 +7,8 @@
 # torch is left out on purpose: on 3.12 this machine would fetch PyPI's multi-GB CUDA build.
 # Python 3.12 is the first that runs of $PYTHON312, `python3.12` on PATH and pyenv's newest 3.12. Run from
 # anywhere; needs node_modules (make venv). Writes cdk.out, and keeps its venv ($CHECK_VENV, default
-# .venv/python3.12-check): built from nothing whenever what it installs changed (KEY_FILES' contents or the
-# interpreter), as CI's clean clone always builds it, and reused while nothing did.
+# .venv/python3.12-check): built from nothing whenever what it installs changed (the install commands, the files
+# they read, the interpreter), as CI's clean clone always builds it, and reused while nothing did.
 #   tools/check_python312.sh [--key]   (--key: print the install's key and stop)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,12 +29,17 @@ if [[ -z "$python312" ]]; then
   exit 2
 fi
 
-# What the four sites' installs read: their make rules' prerequisites (tests/docs/test_install_sets.py holds this
-# list to them), the recipes, and this script. A change to any of their contents builds the venv again from nothing.
-KEY_FILES=(Makefile tools/install_phase.sh tools/check_python312.sh pyproject.toml requirements.txt
-  requirements-hpctl.txt requirements-dev.txt requirements-trn1-cpu.txt requirements-torchtitan-cpu.txt
-  requirements-checkov.txt)
-key=$({ "$python312" -c 'import sys; print(sys.version, sys.executable)'; cat "${KEY_FILES[@]}"; } | sha256sum | cut -d' ' -f1)
+# What the venv's installs are: the commands make would run to build the four sites (its dry run, so a change
+# elsewhere in the Makefile keeps the venv), the files those commands and their rules read (tests/docs/
+# test_install_sets.py holds this list to the rules' prerequisites), and this script. A change to any builds the venv
+# again from nothing.
+venv=${CHECK_VENV:-.venv/python3.12-check}
+SITES=("$venv/.installed-laptop" "$venv/.installed-trn1-site" "$venv/.installed-torchtitan-site" "$venv/.installed-checkov")
+KEY_FILES=(tools/install_phase.sh tools/check_python312.sh pyproject.toml requirements.txt requirements-hpctl.txt
+  requirements-dev.txt requirements-trn1-cpu.txt requirements-torchtitan-cpu.txt requirements-checkov.txt)
+recipes=$(make --no-print-directory --dry-run --always-make VENV="$venv" PYTHON="$python312" "${SITES[@]}")
+key=$({ "$python312" -c 'import sys; print(sys.version, sys.executable)'; echo "$recipes"; cat "${KEY_FILES[@]}"; } |
+  sha256sum | cut -d' ' -f1)
 if [[ "${1:-}" == "--key" ]]; then
   echo "$key"
   exit 0
@@ -46,8 +51,6 @@ if [[ ! -d node_modules/aws-cdk ]]; then
 fi
 
 started=$SECONDS
-venv=${CHECK_VENV:-.venv/python3.12-check}
-SITES=("$venv/.installed-laptop" "$venv/.installed-trn1-site" "$venv/.installed-torchtitan-site" "$venv/.installed-checkov")
 if [[ "$(cat "$venv/.built-from" 2>/dev/null)" == "$key" ]]; then
   echo "== every site on $("$python312" --version), in $venv: installed from the same files (key ${key:0:12})"
   touch -c "${SITES[@]}"  # up to date by content: a fresh clone's files are newer than the stamps, not different

@@ -158,11 +158,12 @@ def test_the_python312_venv_is_keyed_on_every_file_its_sites_make_rules_read():
         (rule,) = re.findall(rf"^\$\(VENV\)/{re.escape(site)}:(.*)$", makefile, re.M)
         prerequisites |= {word for word in rule.split("|")[0].split() if not word.startswith("$(")}
     assert prerequisites and prerequisites <= set(check_312_key_files()), prerequisites - set(check_312_key_files())
-    assert {"Makefile", "tools/check_python312.sh"} <= set(check_312_key_files())  # the recipes and the check
+    assert {"tools/install_phase.sh", "tools/check_python312.sh"} <= set(check_312_key_files())  # what runs pip
 
 
-def test_the_python312_venvs_key_follows_the_files_contents_not_their_times(tmp_path):
-    """A fresh clone (new times, another folder) keeps the key; one changed pin changes it."""
+def test_the_python312_venvs_key_follows_the_install_not_the_files_times_or_the_rest_of_the_makefile(tmp_path):
+    """A fresh clone (new times, another folder) keeps the key, and so does a change to a Makefile rule the sites do
+    not run; a changed pin or a changed site recipe changes it."""
 
     def key(checkout: Path) -> str:
         done = subprocess.run([checkout / "tools" / "check_python312.sh", "--key"], capture_output=True, text=True)
@@ -170,13 +171,27 @@ def test_the_python312_venvs_key_follows_the_files_contents_not_their_times(tmp_
         return done.stdout.strip()
 
     def copy(to: Path) -> Path:
-        for name in check_312_key_files():
+        for name in ["Makefile", *check_312_key_files()]:
             (to / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(ROOT / name, to / name)
         return to
 
+    def edit(checkout: Path, name: str, old: str, new: str) -> None:
+        text = (checkout / name).read_text()
+        assert text.count(old) == 1, old
+        (checkout / name).write_text(text.replace(old, new))
+
     first, second = copy(tmp_path / "a"), copy(tmp_path / "b")
     assert len(key(first)) == 64 and key(first) == key(second)
-    pins = second / "requirements-checkov.txt"
-    pins.write_text(pins.read_text() + "# one more line\n")
+    edit(second, "Makefile", "TEST_WORKERS ?= 4", "TEST_WORKERS ?= 3")  # not a site's
+    assert key(second) == key(first)
+    edit(
+        second,
+        "Makefile",
+        '"checkov ($(VENV)/checkov)" $(VENV)/checkov/bin/pip install',
+        '"checkov" $(VENV)/checkov/bin/pip install -U',
+    )
     assert key(second) != key(first)
+    third = copy(tmp_path / "c")
+    (third / "requirements-checkov.txt").write_text((third / "requirements-checkov.txt").read_text() + "# one more\n")
+    assert key(third) != key(first)
