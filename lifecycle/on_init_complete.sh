@@ -32,7 +32,8 @@ PATH="$PATH:$ROOT/opt/aws/neuron/bin"  # neuron-ls lives here on the HyperPod AM
 STEP="start"
 SLURM_VERSION=unknown
 
-log() { printf '[hyperpod-lora] %s [%s] %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$STEP" "$*"; }
+# The time from printf's own clock (no date process per line: the script logs hundreds of lines).
+log() { TZ=UTC printf '[hyperpod-lora] %(%Y-%m-%dT%H:%M:%SZ)T [%s] %s\n' -1 "$STEP" "$*"; }
 die() {
   printf '[hyperpod-lora] ERROR in step %s: %s\n' "$STEP" "$*" >&2
   exit 1

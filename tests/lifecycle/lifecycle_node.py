@@ -19,6 +19,10 @@ from pathlib import Path
 
 LIFECYCLE_DIR = Path(__file__).resolve().parents[2] / "lifecycle"
 USER_ID = 4242  # the default user's uid and gid on the fake node
+# The node's python3, which the scripts run their helpers with: the distribution's, as on the AMI, not whatever a
+# developer's PATH puts first (a pyenv shim starts about 40 bash processes before Python: 0.1 CPU-s a call, and the
+# scripts make hundreds of calls in this suite).
+NODE_PYTHON = Path("/usr/bin/python3")
 
 FACTS = {
     "cluster_name": "lora-test",
@@ -241,6 +245,8 @@ class FakeNode:
         (self.slurm_etc / "slurm.conf").write_text(SLURM_CONF)
         self.bin.mkdir()
         self.install_recorders(*RECORDERS)
+        if NODE_PYTHON.is_file():
+            (self.bin / "python3").symlink_to(NODE_PYTHON)
 
     @property
     def fsx(self) -> Path:

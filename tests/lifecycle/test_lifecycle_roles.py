@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import re
 import subprocess
 
 import pytest
@@ -54,6 +56,19 @@ def test_controller_gets_layout_profile_and_motd(node: FakeNode) -> None:
     assert "cd /fsx/payloads && python3 -m llm_pipeline.submit --config /fsx/payloads/configs/default.toml" in motd
     assert "hpctl submit" in motd and "lora-test" in motd and "/fsx/outputs/<run>/" in motd
     assert not run.called("neuron-ls") and not run.called("enroot")
+
+
+def test_every_line_is_the_tool_the_utc_time_and_the_step(node: FakeNode) -> None:
+    """lifecycle/README.md's line format, the time in UTC whatever the node's zone (the log reads its clock itself)."""
+    before = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    run = node.run(CONTROLLER_IP, TZ="Asia/Tokyo")
+    after = datetime.datetime.now(datetime.timezone.utc)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    pattern = re.compile(r"\[hyperpod-lora\] (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) \[[a-z-]+\] \S")
+    assert lines and all(pattern.match(line) for line in lines), [line for line in lines if not pattern.match(line)]
+    stamps = {datetime.datetime.fromisoformat(pattern.match(line)[1].replace("Z", "+00:00")) for line in lines}
+    assert before <= min(stamps) and max(stamps) <= after, (before, stamps, after)
 
 
 def test_login_node_gets_motd_naming_its_role(node: FakeNode) -> None:
