@@ -89,7 +89,7 @@ def cache_datasets(cfg: RunConfig) -> Path:
     tasks = tuple(cfg.benchmark.task_shots())
     with contextlib.chdir(cfg.benchmark.task_dir or os.getcwd()):  # a custom task's relative data_files
         task_index(cfg.benchmark.task_dir, tasks).load(list(tasks))
-    print(f"benchmark datasets of {', '.join(cfg.benchmark.task_shots())} cached in {folder}", flush=True)
+    print(f"benchmark datasets of {', '.join(tasks)} cached in {folder}", flush=True)
     return folder
 
 

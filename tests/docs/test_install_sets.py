@@ -140,13 +140,17 @@ def test_a_new_venv_is_made_on_the_distributions_python_when_it_is_one_the_stack
 
 
 CHECK_312 = ROOT / "tools" / "check_python312.sh"
-CHECKED_SITES = (".installed-laptop", ".installed-trn1-site", ".installed-torchtitan-site", ".installed-checkov")
+
+
+def check_312_array(name: str) -> str:
+    """The words of one of tools/check_python312.sh's arrays (``NAME=(...)``), as written."""
+    (words,) = re.findall(rf"^{name}=\((.*?)\)", CHECK_312.read_text(), re.M | re.S)
+    return words
 
 
 def check_312_key_files() -> list[str]:
     """tools/check_python312.sh's KEY_FILES: what its venv's installs read."""
-    (words,) = re.findall(r"^KEY_FILES=\((.*?)\)", CHECK_312.read_text(), re.M | re.S)
-    return shlex.split(words)
+    return shlex.split(check_312_array("KEY_FILES"))
 
 
 def test_the_python312_venv_is_keyed_on_every_file_its_sites_make_rules_read():
@@ -154,7 +158,9 @@ def test_the_python312_venv_is_keyed_on_every_file_its_sites_make_rules_read():
     the key, or a changed pin would be checked against the old install."""
     makefile = (ROOT / "Makefile").read_text()
     prerequisites = set()
-    for site in CHECKED_SITES:
+    sites = re.findall(r"/(\.installed-[\w-]+)", check_312_array("SITES"))  # the stamps the check builds
+    assert len(sites) == 4, sites
+    for site in sites:
         (rule,) = re.findall(rf"^\$\(VENV\)/{re.escape(site)}:(.*)$", makefile, re.M)
         prerequisites |= {word for word in rule.split("|")[0].split() if not word.startswith("$(")}
     assert prerequisites and prerequisites <= set(check_312_key_files()), prerequisites - set(check_312_key_files())
